@@ -1,0 +1,10 @@
+//! Criterion micro-benchmarks, one module per crate. Names are `crate/what`, so criterion
+//! writes `target/criterion/<crate>/<what>/new/estimates.json`, which `cargo xtask bench`
+//! collects into `target/awaken-bench/summary.json`.
+
+use criterion::{criterion_group, criterion_main};
+
+mod event;
+
+criterion_group!(benches, event::benches);
+criterion_main!(benches);

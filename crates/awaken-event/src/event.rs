@@ -1,0 +1,287 @@
+//! The neutral event stream a run emits, and the sink it is handed to.
+
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::ids::{RunId, ThreadId, ToolCallId};
+use crate::inference::TokenUsage;
+use crate::termination::TerminationReason;
+use crate::tool::{ResumeDecision, SuspendTicket, ToolCallState, ToolResult};
+
+/// What kind of warning a [`AgentEvent::Warning`] carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum WarningKind {
+    /// A stored history had an unpaired tool call or result and was repaired before use.
+    HistoryRepaired,
+    /// The agent's resolved spec changed while the run was waiting.
+    SpecChanged,
+    /// Compaction failed and the context transform fell back to truncation.
+    CompactionFellBack,
+    /// Resolution reported a warning (unmatched pattern, unclaimed section, ...).
+    Resolution,
+    /// Several tool-gate decisions of equal priority disagreed.
+    GateConflict,
+    /// A lifecycle hook or effect handler failed (observational; the run went on).
+    HandlerFailed,
+    /// Anything else.
+    Other,
+}
+
+/// The neutral event vocabulary. Protocol adapters (SSE, AG-UI, ...) translate it at the edge;
+/// the runtime knows no wire format.
+///
+/// One activation (a start or a resume) is `RunStart` … `RunFinish`; steps are
+/// `StepStart` … `StepEnd`, never nested; every `ToolCallStart` is closed by `ToolCallDone`
+/// or `ToolCallSuspended` within its step. [`crate::GrammarChecker`] checks this.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum AgentEvent {
+    /// An activation began.
+    RunStart {
+        /// The thread.
+        thread_id: ThreadId,
+        /// The run.
+        run_id: RunId,
+        /// The agent being run.
+        agent_id: String,
+        /// The parent run, for a delegated child run.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        parent_run_id: Option<RunId>,
+        /// Whether this activation resumes a waiting (or recovered) run.
+        resumed: bool,
+    },
+    /// An activation ended.
+    RunFinish {
+        /// The thread.
+        thread_id: ThreadId,
+        /// The run.
+        run_id: RunId,
+        /// Why it ended.
+        termination: TerminationReason,
+        /// The final assistant text, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        response: Option<String>,
+        /// Token usage of the whole run so far.
+        usage: TokenUsage,
+    },
+    /// A step began.
+    StepStart {
+        /// The step's number within the run, from 1.
+        step: u32,
+    },
+    /// A step ended.
+    StepEnd {
+        /// The step's number.
+        step: u32,
+    },
+    /// Streamed assistant text.
+    TextDelta {
+        /// The new text.
+        delta: String,
+    },
+    /// Streamed reasoning text.
+    ReasoningDelta {
+        /// The new text.
+        delta: String,
+    },
+    /// The model began a tool call.
+    ToolCallStart {
+        /// The call.
+        call_id: ToolCallId,
+        /// The tool's name.
+        name: String,
+    },
+    /// A fragment of a tool call's argument text.
+    ToolCallArgsDelta {
+        /// The call.
+        call_id: ToolCallId,
+        /// The fragment.
+        delta: String,
+    },
+    /// A tool call is complete and about to go through the gate.
+    ToolCallReady {
+        /// The call.
+        call_id: ToolCallId,
+        /// The tool's name.
+        name: String,
+        /// The parsed arguments (`null` if they were not JSON).
+        arguments: Value,
+    },
+    /// A tool call was closed with its result.
+    ToolCallDone {
+        /// The call.
+        call_id: ToolCallId,
+        /// The result the model will see.
+        result: ToolResult,
+        /// The call's final state in the batch.
+        state: ToolCallState,
+    },
+    /// A tool call waits for an external decision.
+    ToolCallSuspended {
+        /// The call.
+        call_id: ToolCallId,
+        /// What is asked, and how to answer.
+        ticket: SuspendTicket,
+    },
+    /// A decision for a suspended call was applied.
+    ToolCallResumed {
+        /// The call.
+        call_id: ToolCallId,
+        /// The decision.
+        decision: ResumeDecision,
+    },
+    /// A running tool reported progress.
+    ToolCallProgress {
+        /// The call.
+        call_id: ToolCallId,
+        /// Tool-defined progress data.
+        progress: Value,
+    },
+    /// An inference finished.
+    InferenceComplete {
+        /// The upstream model that answered.
+        model: String,
+        /// Its token usage.
+        usage: TokenUsage,
+        /// How long it took, in milliseconds.
+        duration_ms: u64,
+    },
+    /// The full (persisted) state after a commit.
+    StateSnapshot {
+        /// The state revision.
+        revision: u64,
+        /// Key name → value.
+        state: Value,
+    },
+    /// The keys a commit changed.
+    StateDelta {
+        /// The state revision after the commit.
+        revision: u64,
+        /// Key name → new value.
+        changes: Value,
+    },
+    /// A scheduled action could not be processed and was dead-lettered.
+    ActionDeadLettered {
+        /// The action's key.
+        action: String,
+        /// The phase it targeted.
+        phase: String,
+        /// Why.
+        reason: String,
+    },
+    /// Something worth knowing that did not stop the run.
+    Warning {
+        /// What kind of warning.
+        kind: WarningKind,
+        /// Details.
+        detail: String,
+    },
+    /// An error inside the run (the run's end is reported by `RunFinish`).
+    Error {
+        /// What went wrong.
+        message: String,
+    },
+}
+
+impl AgentEvent {
+    /// The event's `type` tag as it appears in JSON.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Self::RunStart { .. } => "run_start",
+            Self::RunFinish { .. } => "run_finish",
+            Self::StepStart { .. } => "step_start",
+            Self::StepEnd { .. } => "step_end",
+            Self::TextDelta { .. } => "text_delta",
+            Self::ReasoningDelta { .. } => "reasoning_delta",
+            Self::ToolCallStart { .. } => "tool_call_start",
+            Self::ToolCallArgsDelta { .. } => "tool_call_args_delta",
+            Self::ToolCallReady { .. } => "tool_call_ready",
+            Self::ToolCallDone { .. } => "tool_call_done",
+            Self::ToolCallSuspended { .. } => "tool_call_suspended",
+            Self::ToolCallResumed { .. } => "tool_call_resumed",
+            Self::ToolCallProgress { .. } => "tool_call_progress",
+            Self::InferenceComplete { .. } => "inference_complete",
+            Self::StateSnapshot { .. } => "state_snapshot",
+            Self::StateDelta { .. } => "state_delta",
+            Self::ActionDeadLettered { .. } => "action_dead_lettered",
+            Self::Warning { .. } => "warning",
+            Self::Error { .. } => "error",
+        }
+    }
+
+    /// Whether the event reports a committed, durable fact (and is stored with its commit),
+    /// as opposed to a streamed delta that is only forwarded.
+    pub fn is_lifecycle(&self) -> bool {
+        !matches!(
+            self,
+            Self::TextDelta { .. }
+                | Self::ReasoningDelta { .. }
+                | Self::ToolCallArgsDelta { .. }
+                | Self::ToolCallProgress { .. }
+                | Self::StateSnapshot { .. }
+                | Self::StateDelta { .. }
+        )
+    }
+}
+
+/// Receives a run's events as they happen.
+///
+/// `emit` is called on the run's own task, in event order, once per event; it must not block
+/// for long (hand the event to a channel if the consumer is slow). It cannot fail the run: a
+/// sink whose consumer went away simply drops events. It may be called from several runs at
+/// once when one sink is shared.
+pub trait EventSink: Send + Sync {
+    /// Handles one event.
+    fn emit(&self, event: &AgentEvent);
+}
+
+impl<F> EventSink for F
+where
+    F: Fn(&AgentEvent) + Send + Sync,
+{
+    fn emit(&self, event: &AgentEvent) {
+        self(event)
+    }
+}
+
+/// A sink that drops every event.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NullSink;
+
+impl EventSink for NullSink {
+    fn emit(&self, _event: &AgentEvent) {}
+}
+
+/// A sink that keeps every event in memory (tests, short runs).
+#[derive(Debug, Default)]
+pub struct VecSink {
+    events: Mutex<Vec<AgentEvent>>,
+}
+
+impl VecSink {
+    /// An empty sink.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A copy of the events received so far.
+    pub fn events(&self) -> Vec<AgentEvent> {
+        self.events.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Takes the events received so far, leaving the sink empty.
+    pub fn take(&self) -> Vec<AgentEvent> {
+        std::mem::take(&mut *self.events.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+impl EventSink for VecSink {
+    fn emit(&self, event: &AgentEvent) {
+        self.events.lock().unwrap_or_else(|e| e.into_inner()).push(event.clone());
+    }
+}

@@ -1,0 +1,198 @@
+//! Conversation messages and the tool calls an assistant message carries.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::ids::ToolCallId;
+use crate::tool::ToolResult;
+
+/// Who wrote a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Instructions for the model.
+    System,
+    /// The human (or the program acting for one).
+    User,
+    /// The model.
+    Assistant,
+    /// A tool's result, answering one tool call.
+    Tool,
+}
+
+/// One block of a message's content.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ContentBlock {
+    /// Plain text.
+    Text {
+        /// The text.
+        text: String,
+    },
+    /// The model's visible reasoning, kept so it can be shown or sent back where a
+    /// provider asks for it.
+    Reasoning {
+        /// The reasoning text.
+        text: String,
+    },
+    /// An image, by URL (`https:` or `data:`).
+    Image {
+        /// Where the image is.
+        url: String,
+        /// Its media type, when known (`image/png`, ...).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        media_type: Option<String>,
+    },
+    /// Structured content, typically a tool's JSON result.
+    Json {
+        /// The value.
+        value: Value,
+    },
+}
+
+impl ContentBlock {
+    /// A text block.
+    pub fn text(text: impl Into<String>) -> Self {
+        ContentBlock::Text { text: text.into() }
+    }
+}
+
+/// A tool call requested by the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The call's id, unique within the thread.
+    pub id: ToolCallId,
+    /// The tool's name as the model used it.
+    pub name: String,
+    /// The parsed arguments (`null` when [`ToolCall::invalid_arguments`] is set).
+    pub arguments: Value,
+    /// The raw argument text when the model produced something that is not JSON. The call is
+    /// kept in the history (so it can be answered) and closed with an error result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invalid_arguments: Option<String>,
+}
+
+impl ToolCall {
+    /// A call with parsed arguments.
+    pub fn new(id: ToolCallId, name: impl Into<String>, arguments: Value) -> Self {
+        Self { id, name: name.into(), arguments, invalid_arguments: None }
+    }
+
+    /// Builds a call from the raw argument text a model streamed: parsed when it is JSON (an
+    /// empty string counts as `{}`), otherwise kept raw in [`ToolCall::invalid_arguments`].
+    pub fn from_raw_arguments(id: ToolCallId, name: impl Into<String>, raw: &str) -> Self {
+        let trimmed = raw.trim();
+        if trimmed.is_empty() {
+            return Self::new(id, name, Value::Object(Default::default()));
+        }
+        match serde_json::from_str::<Value>(trimmed) {
+            Ok(arguments) => Self::new(id, name, arguments),
+            Err(_) => Self {
+                id,
+                name: name.into(),
+                arguments: Value::Null,
+                invalid_arguments: Some(raw.to_owned()),
+            },
+        }
+    }
+}
+
+/// One message of a conversation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    /// Who wrote it.
+    pub role: Role,
+    /// Its content blocks (may be empty for an assistant message that only calls tools).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub content: Vec<ContentBlock>,
+    /// Tool calls (assistant messages only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// The call this message answers (tool messages only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<ToolCallId>,
+}
+
+impl Message {
+    fn with_text(role: Role, text: impl Into<String>) -> Self {
+        Self {
+            role,
+            content: vec![ContentBlock::text(text)],
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
+
+    /// A system message.
+    pub fn system(text: impl Into<String>) -> Self {
+        Self::with_text(Role::System, text)
+    }
+
+    /// A user message.
+    pub fn user(text: impl Into<String>) -> Self {
+        Self::with_text(Role::User, text)
+    }
+
+    /// An assistant message with text only.
+    pub fn assistant(text: impl Into<String>) -> Self {
+        Self::with_text(Role::Assistant, text)
+    }
+
+    /// An assistant message with optional text and tool calls.
+    pub fn assistant_with_calls(text: impl Into<String>, tool_calls: Vec<ToolCall>) -> Self {
+        let text = text.into();
+        Self {
+            role: Role::Assistant,
+            content: if text.is_empty() { Vec::new() } else { vec![ContentBlock::text(text)] },
+            tool_calls,
+            tool_call_id: None,
+        }
+    }
+
+    /// A tool message answering `call_id` with `result`: a string result becomes a text block,
+    /// any other JSON a JSON block; an error result is marked so the model sees it failed.
+    pub fn tool(call_id: ToolCallId, result: &ToolResult) -> Self {
+        let block = match (&result.status, &result.content) {
+            (crate::tool::ToolResultStatus::Error, Value::String(s)) => {
+                ContentBlock::text(format!("error: {s}"))
+            }
+            (_, Value::String(s)) => ContentBlock::text(s.clone()),
+            (crate::tool::ToolResultStatus::Error, other) => {
+                ContentBlock::Json { value: serde_json::json!({ "error": other }) }
+            }
+            (_, other) => ContentBlock::Json { value: other.clone() },
+        };
+        Self {
+            role: Role::Tool,
+            content: vec![block],
+            tool_calls: Vec::new(),
+            tool_call_id: Some(call_id),
+        }
+    }
+
+    /// The concatenated text blocks of this message (reasoning excluded).
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        for block in &self.content {
+            if let ContentBlock::Text { text } = block {
+                out.push_str(text);
+            }
+        }
+        out
+    }
+
+    /// The content rendered as one string for providers that take plain text: text blocks
+    /// as they are, JSON blocks serialized.
+    pub fn content_as_text(&self) -> String {
+        let mut out = String::new();
+        for block in &self.content {
+            match block {
+                ContentBlock::Text { text } => out.push_str(text),
+                ContentBlock::Json { value } => out.push_str(&value.to_string()),
+                ContentBlock::Reasoning { .. } | ContentBlock::Image { .. } => {}
+            }
+        }
+        out
+    }
+}

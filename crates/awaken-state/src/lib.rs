@@ -1,0 +1,1 @@
+//! Typed state (work in progress).
