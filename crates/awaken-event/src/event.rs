@@ -271,7 +271,10 @@ impl VecSink {
 
     /// A copy of the events received so far.
     pub fn events(&self) -> Vec<AgentEvent> {
-        self.events.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Takes the events received so far, leaving the sink empty.
@@ -282,6 +285,9 @@ impl VecSink {
 
 impl EventSink for VecSink {
     fn emit(&self, event: &AgentEvent) {
-        self.events.lock().unwrap_or_else(|e| e.into_inner()).push(event.clone());
+        self.events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(event.clone());
     }
 }

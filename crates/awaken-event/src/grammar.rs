@@ -133,17 +133,27 @@ impl GrammarChecker {
     /// A checker for a stream of any number of activations, in which a resumed call must have
     /// been suspended by an earlier activation of the same stream.
     pub fn new() -> Self {
-        Self { strict_resume: true, ..Self::default() }
+        Self {
+            strict_resume: true,
+            ..Self::default()
+        }
     }
 
     /// A checker for activations whose earlier history it has not seen (a resume in another
     /// process): `ToolCallResumed` may name any call that is not open.
     pub fn without_history() -> Self {
-        Self { strict_resume: false, ..Self::default() }
+        Self {
+            strict_resume: false,
+            ..Self::default()
+        }
     }
 
     fn violation(&self, event: &'static str, kind: ViolationKind) -> GrammarViolation {
-        GrammarViolation { index: self.index, event, kind }
+        GrammarViolation {
+            index: self.index,
+            event,
+            kind,
+        }
     }
 
     fn require_step(&self, name: &'static str) -> Result<(), GrammarViolation> {
@@ -153,17 +163,37 @@ impl GrammarChecker {
         Ok(())
     }
 
-    fn require_open(&self, name: &'static str, id: &ToolCallId) -> Result<Opened, GrammarViolation> {
+    fn require_open(
+        &self,
+        name: &'static str,
+        id: &ToolCallId,
+    ) -> Result<Opened, GrammarViolation> {
         self.require_step(name)?;
         self.open_calls.get(id).copied().ok_or_else(|| {
-            self.violation(name, ViolationKind::CallNotOpen { event: name, call_id: id.to_string() })
+            self.violation(
+                name,
+                ViolationKind::CallNotOpen {
+                    event: name,
+                    call_id: id.to_string(),
+                },
+            )
         })
     }
 
-    fn open(&mut self, name: &'static str, id: &ToolCallId, how: Opened) -> Result<(), GrammarViolation> {
+    fn open(
+        &mut self,
+        name: &'static str,
+        id: &ToolCallId,
+        how: Opened,
+    ) -> Result<(), GrammarViolation> {
         self.require_step(name)?;
         if self.open_calls.contains_key(id) || self.seen_calls.contains(id) {
-            return Err(self.violation(name, ViolationKind::CallReopened { call_id: id.to_string() }));
+            return Err(self.violation(
+                name,
+                ViolationKind::CallReopened {
+                    call_id: id.to_string(),
+                },
+            ));
         }
         self.open_calls.insert(id.clone(), how);
         self.seen_calls.insert(id.clone());
@@ -178,7 +208,11 @@ impl GrammarChecker {
         result
     }
 
-    fn push_inner(&mut self, name: &'static str, event: &AgentEvent) -> Result<(), GrammarViolation> {
+    fn push_inner(
+        &mut self,
+        name: &'static str,
+        event: &AgentEvent,
+    ) -> Result<(), GrammarViolation> {
         let is_start = matches!(event, AgentEvent::RunStart { .. });
         if !is_start && !self.in_activation {
             let kind = if self.finished_once {
@@ -207,35 +241,46 @@ impl GrammarChecker {
             }
             AgentEvent::StepStart { step } => {
                 if let Some(open) = self.step {
-                    return Err(self.violation(name, ViolationKind::NestedStep { step: *step, open }));
+                    return Err(
+                        self.violation(name, ViolationKind::NestedStep { step: *step, open })
+                    );
                 }
                 self.step = Some(*step);
             }
             AgentEvent::StepEnd { step } => {
                 let Some(open) = self.step else {
-                    return Err(self.violation(name, ViolationKind::StepEndWithoutStart { step: *step }));
+                    return Err(
+                        self.violation(name, ViolationKind::StepEndWithoutStart { step: *step })
+                    );
                 };
                 if open != *step {
-                    return Err(self.violation(name, ViolationKind::StepMismatch { step: *step, open }));
+                    return Err(
+                        self.violation(name, ViolationKind::StepMismatch { step: *step, open })
+                    );
                 }
                 if !self.open_calls.is_empty() {
                     let mut calls: Vec<String> =
                         self.open_calls.keys().map(ToString::to_string).collect();
                     calls.sort();
-                    return Err(self.violation(name, ViolationKind::UnclosedToolCalls { step: open, calls }));
+                    return Err(self
+                        .violation(name, ViolationKind::UnclosedToolCalls { step: open, calls }));
                 }
                 self.step = None;
             }
             AgentEvent::TextDelta { .. }
             | AgentEvent::ReasoningDelta { .. }
             | AgentEvent::InferenceComplete { .. } => self.require_step(name)?,
-            AgentEvent::ToolCallStart { call_id, .. } => self.open(name, call_id, Opened::Started)?,
+            AgentEvent::ToolCallStart { call_id, .. } => {
+                self.open(name, call_id, Opened::Started)?
+            }
             AgentEvent::ToolCallResumed { call_id, .. } => {
                 if self.strict_resume && !self.suspended.contains(call_id) {
                     self.require_step(name)?;
                     return Err(self.violation(
                         name,
-                        ViolationKind::ResumedUnknownCall { call_id: call_id.to_string() },
+                        ViolationKind::ResumedUnknownCall {
+                            call_id: call_id.to_string(),
+                        },
                     ));
                 }
                 self.open(name, call_id, Opened::Resumed)?;
@@ -245,11 +290,14 @@ impl GrammarChecker {
                 if self.require_open(name, call_id)? == Opened::Resumed {
                     return Err(self.violation(
                         name,
-                        ViolationKind::ArgsForResumedCall { call_id: call_id.to_string() },
+                        ViolationKind::ArgsForResumedCall {
+                            call_id: call_id.to_string(),
+                        },
                     ));
                 }
             }
-            AgentEvent::ToolCallReady { call_id, .. } | AgentEvent::ToolCallProgress { call_id, .. } => {
+            AgentEvent::ToolCallReady { call_id, .. }
+            | AgentEvent::ToolCallProgress { call_id, .. } => {
                 self.require_open(name, call_id)?;
             }
             AgentEvent::ToolCallDone { call_id, .. } => {
@@ -297,7 +345,11 @@ pub fn check_events(events: &[AgentEvent]) -> Result<(), GrammarViolation> {
 pub fn check_activation(events: &[AgentEvent]) -> Result<(), GrammarViolation> {
     let mut checker = GrammarChecker::without_history();
     if events.is_empty() {
-        return Err(GrammarViolation { index: 0, event: "end", kind: ViolationKind::MissingRunFinish });
+        return Err(GrammarViolation {
+            index: 0,
+            event: "end",
+            kind: ViolationKind::MissingRunFinish,
+        });
     }
     for event in events {
         if checker.finished_once {

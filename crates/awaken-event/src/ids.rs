@@ -47,10 +47,21 @@ fn check_id(kind: &'static str, s: &str) -> Result<(), IdError> {
         return Err(IdError::Empty { kind });
     }
     if s.len() > MAX_ID_LEN {
-        return Err(IdError::TooLong { kind, len: s.len(), max: MAX_ID_LEN });
+        return Err(IdError::TooLong {
+            kind,
+            len: s.len(),
+            max: MAX_ID_LEN,
+        });
     }
-    if let Some((at, _)) = s.char_indices().find(|(_, c)| c.is_whitespace() || c.is_control()) {
-        return Err(IdError::BadCharacter { kind, value: s.to_owned(), at });
+    if let Some((at, _)) = s
+        .char_indices()
+        .find(|(_, c)| c.is_whitespace() || c.is_control())
+    {
+        return Err(IdError::BadCharacter {
+            kind,
+            value: s.to_owned(),
+            at,
+        });
     }
     Ok(())
 }

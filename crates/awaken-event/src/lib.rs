@@ -15,7 +15,9 @@ mod termination;
 mod tool;
 
 pub use event::{AgentEvent, EventSink, NullSink, VecSink, WarningKind};
-pub use grammar::{GrammarChecker, GrammarViolation, ViolationKind, check_activation, check_events};
+pub use grammar::{
+    GrammarChecker, GrammarViolation, ViolationKind, check_activation, check_events,
+};
 pub use ids::{IdError, MAX_ID_LEN, ProfileId, RunId, ThreadId, ToolCallId};
 pub use inference::{InferenceResponse, StopReason, TokenUsage};
 pub use message::{ContentBlock, Message, Role, ToolCall};

@@ -76,7 +76,12 @@ pub struct ToolCall {
 impl ToolCall {
     /// A call with parsed arguments.
     pub fn new(id: ToolCallId, name: impl Into<String>, arguments: Value) -> Self {
-        Self { id, name: name.into(), arguments, invalid_arguments: None }
+        Self {
+            id,
+            name: name.into(),
+            arguments,
+            invalid_arguments: None,
+        }
     }
 
     /// Builds a call from the raw argument text a model streamed: parsed when it is JSON (an
@@ -144,7 +149,11 @@ impl Message {
         let text = text.into();
         Self {
             role: Role::Assistant,
-            content: if text.is_empty() { Vec::new() } else { vec![ContentBlock::text(text)] },
+            content: if text.is_empty() {
+                Vec::new()
+            } else {
+                vec![ContentBlock::text(text)]
+            },
             tool_calls,
             tool_call_id: None,
         }
@@ -158,10 +167,12 @@ impl Message {
                 ContentBlock::text(format!("error: {s}"))
             }
             (_, Value::String(s)) => ContentBlock::text(s.clone()),
-            (crate::tool::ToolResultStatus::Error, other) => {
-                ContentBlock::Json { value: serde_json::json!({ "error": other }) }
-            }
-            (_, other) => ContentBlock::Json { value: other.clone() },
+            (crate::tool::ToolResultStatus::Error, other) => ContentBlock::Json {
+                value: serde_json::json!({ "error": other }),
+            },
+            (_, other) => ContentBlock::Json {
+                value: other.clone(),
+            },
         };
         Self {
             role: Role::Tool,

@@ -30,12 +30,17 @@ pub enum TerminationReason {
 impl TerminationReason {
     /// A `Stopped` reason.
     pub fn stopped(code: impl Into<String>, detail: impl Into<String>) -> Self {
-        Self::Stopped { code: code.into(), detail: detail.into() }
+        Self::Stopped {
+            code: code.into(),
+            detail: detail.into(),
+        }
     }
 
     /// An `Error` reason.
     pub fn error(message: impl Into<String>) -> Self {
-        Self::Error { message: message.into() }
+        Self::Error {
+            message: message.into(),
+        }
     }
 
     /// Short name of the kind (`natural_end`, `stopped`, ...).

@@ -93,17 +93,26 @@ pub struct ToolResult {
 impl ToolResult {
     /// A successful result.
     pub fn success(content: Value) -> Self {
-        Self { status: ToolResultStatus::Success, content }
+        Self {
+            status: ToolResultStatus::Success,
+            content,
+        }
     }
 
     /// An error result with a message the model sees.
     pub fn error(message: impl Into<String>) -> Self {
-        Self { status: ToolResultStatus::Error, content: Value::String(message.into()) }
+        Self {
+            status: ToolResultStatus::Error,
+            content: Value::String(message.into()),
+        }
     }
 
     /// A pending result.
     pub fn pending(content: Value) -> Self {
-        Self { status: ToolResultStatus::Pending, content }
+        Self {
+            status: ToolResultStatus::Pending,
+            content,
+        }
     }
 
     /// Whether the status is [`ToolResultStatus::Error`].
