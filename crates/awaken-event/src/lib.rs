@@ -26,3 +26,6 @@ pub use tool::{
     EffectClass, PendingCall, ResumeDecision, ResumeMode, SuspendTicket, ToolCallResume,
     ToolCallState, ToolDescriptor, ToolResult, ToolResultStatus,
 };
+
+#[cfg(test)]
+mod tests;

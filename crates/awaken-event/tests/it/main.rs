@@ -1,1 +1,3 @@
 //! Integration tests of awaken-event.
+
+mod grammar;

@@ -1,1 +1,4 @@
 //! Integration tests of awaken-spec.
+
+mod agent;
+mod merge;
