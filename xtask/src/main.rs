@@ -1,1 +1,135 @@
-fn main() {}
+//! Awaken's project automation (the cargo-xtask pattern): `cargo xtask test`, `lint`, `ci`,
+//! `bench [--quick]` and `deps` (the crate-direction check of DESIGN §2). A program, not a
+//! framework: each command is a short sequence of `cargo` invocations.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use anyhow::{Context, Result, bail};
+
+mod bench;
+mod deps;
+
+const USAGE: &str = "\
+usage: cargo xtask <command>
+
+commands:
+  test            run every test of the workspace (the README's test command)
+  lint            cargo fmt --check, clippy -D warnings, rustdoc -D warnings, deps
+  deps            check crate directions and forbidden dependencies (DESIGN §2)
+  ci              lint, then test
+  bench [--quick] run the benches and write target/awaken-bench/summary.json
+";
+
+fn main() -> ExitCode {
+    match run(std::env::args().skip(1).collect()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            #[allow(clippy::print_stderr)]
+            {
+                eprintln!("xtask: {e:#}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Vec<String>) -> Result<()> {
+    let root = workspace_root();
+    std::env::set_current_dir(&root).with_context(|| format!("cd {}", root.display()))?;
+    match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        ["test"] => test(),
+        ["lint"] => lint(),
+        ["deps"] => deps_check(),
+        ["ci"] => {
+            lint()?;
+            test()
+        }
+        ["bench"] => bench::run(&root, false),
+        ["bench", "--quick"] => bench::run(&root, true),
+        _ => bail!("{USAGE}"),
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
+}
+
+/// Runs a command, failing with its name when it fails.
+pub(crate) fn cmd(program: &str, args: &[&str], envs: &[(&str, &str)]) -> Result<()> {
+    say(&format!("$ {program} {}", args.join(" ")));
+    let status = Command::new(program)
+        .args(args)
+        .envs(envs.iter().copied())
+        .status()
+        .with_context(|| format!("could not start {program}"))?;
+    if !status.success() {
+        bail!("`{program} {}` failed ({status})", args.join(" "));
+    }
+    Ok(())
+}
+
+pub(crate) fn say(line: &str) {
+    #[allow(clippy::print_stderr)]
+    {
+        eprintln!("{line}");
+    }
+}
+
+fn test() -> Result<()> {
+    cmd("cargo", &["test", "--workspace", "--locked"], &[])
+}
+
+fn lint() -> Result<()> {
+    cmd("cargo", &["fmt", "--all", "--", "--check"], &[])?;
+    cmd(
+        "cargo",
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--locked",
+            "--",
+            "-D",
+            "warnings",
+        ],
+        &[],
+    )?;
+    cmd(
+        "cargo",
+        &["doc", "--workspace", "--no-deps", "--locked"],
+        &[("RUSTDOCFLAGS", "-D warnings")],
+    )?;
+    deps_check()
+}
+
+fn deps_check() -> Result<()> {
+    say("$ cargo metadata (crate-direction check)");
+    let out = Command::new("cargo")
+        .args(["metadata", "--format-version", "1", "--locked"])
+        .output()
+        .context("could not start cargo metadata")?;
+    if !out.status.success() {
+        bail!(
+            "cargo metadata failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let meta: serde_json::Value =
+        serde_json::from_slice(&out.stdout).context("cargo metadata output is not JSON")?;
+    let violations = deps::check(&meta)?;
+    if violations.is_empty() {
+        say("deps: every crate respects DESIGN §2");
+        return Ok(());
+    }
+    for v in &violations {
+        say(&format!("deps: {v}"));
+    }
+    bail!("{} dependency rule violation(s)", violations.len())
+}
