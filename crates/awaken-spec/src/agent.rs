@@ -174,13 +174,13 @@ impl AgentSpec {
                 "a local agent must name a model",
             ));
         }
-        if let Some(e) = &self.endpoint {
-            if e.url.trim().is_empty() {
-                return Err(SpecError::invalid(
-                    "agent.endpoint.url",
-                    "must not be blank",
-                ));
-            }
+        if let Some(e) = &self.endpoint
+            && e.url.trim().is_empty()
+        {
+            return Err(SpecError::invalid(
+                "agent.endpoint.url",
+                "must not be blank",
+            ));
         }
         if self.max_rounds == 0 {
             return Err(SpecError::invalid("agent.max_rounds", "must be at least 1"));
@@ -218,13 +218,13 @@ impl AgentSpec {
                 _ => {}
             }
         }
-        if let Some(t) = self.tool_timeout {
-            if t.get().is_zero() {
-                return Err(SpecError::invalid(
-                    "agent.tool_timeout",
-                    "must be longer than zero",
-                ));
-            }
+        if let Some(t) = self.tool_timeout
+            && t.get().is_zero()
+        {
+            return Err(SpecError::invalid(
+                "agent.tool_timeout",
+                "must be longer than zero",
+            ));
         }
         self.inference.validate("agent.inference")?;
         if let Some(p) = &self.context_policy {

@@ -69,21 +69,21 @@ impl ContextPolicy {
                 "must be at least 1",
             ));
         }
-        if let Some(t) = self.compaction_threshold {
-            if !(t > 0.0 && t <= 1.0) {
-                return Err(SpecError::invalid(
-                    "context_policy.compaction_threshold",
-                    format!("{t} is outside (0, 1]"),
-                ));
-            }
+        if let Some(t) = self.compaction_threshold
+            && !(t > 0.0 && t <= 1.0)
+        {
+            return Err(SpecError::invalid(
+                "context_policy.compaction_threshold",
+                format!("{t} is outside (0, 1]"),
+            ));
         }
-        if let Some(m) = &self.summary_model {
-            if m.trim().is_empty() {
-                return Err(SpecError::invalid(
-                    "context_policy.summary_model",
-                    "must not be blank",
-                ));
-            }
+        if let Some(m) = &self.summary_model
+            && m.trim().is_empty()
+        {
+            return Err(SpecError::invalid(
+                "context_policy.summary_model",
+                "must not be blank",
+            ));
         }
         Ok(())
     }

@@ -90,29 +90,29 @@ impl InferenceOverride {
 
     /// Checks ranges, naming the field under `prefix` (`agent.inference`, ...).
     pub fn validate(&self, prefix: &str) -> Result<(), SpecError> {
-        if let Some(m) = &self.upstream_model {
-            if m.trim().is_empty() {
-                return Err(SpecError::invalid(
-                    format!("{prefix}.upstream_model"),
-                    "must not be blank (leave it out to keep the model's own name)",
-                ));
-            }
+        if let Some(m) = &self.upstream_model
+            && m.trim().is_empty()
+        {
+            return Err(SpecError::invalid(
+                format!("{prefix}.upstream_model"),
+                "must not be blank (leave it out to keep the model's own name)",
+            ));
         }
-        if let Some(t) = self.temperature {
-            if !(0.0..=2.0).contains(&t) {
-                return Err(SpecError::invalid(
-                    format!("{prefix}.temperature"),
-                    format!("{t} is outside 0.0..=2.0"),
-                ));
-            }
+        if let Some(t) = self.temperature
+            && !(0.0..=2.0).contains(&t)
+        {
+            return Err(SpecError::invalid(
+                format!("{prefix}.temperature"),
+                format!("{t} is outside 0.0..=2.0"),
+            ));
         }
-        if let Some(p) = self.top_p {
-            if !(0.0..=1.0).contains(&p) {
-                return Err(SpecError::invalid(
-                    format!("{prefix}.top_p"),
-                    format!("{p} is outside 0.0..=1.0"),
-                ));
-            }
+        if let Some(p) = self.top_p
+            && !(0.0..=1.0).contains(&p)
+        {
+            return Err(SpecError::invalid(
+                format!("{prefix}.top_p"),
+                format!("{p} is outside 0.0..=1.0"),
+            ));
         }
         if self.max_tokens == Some(0) {
             return Err(SpecError::invalid(

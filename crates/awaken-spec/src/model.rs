@@ -70,7 +70,9 @@ impl KnowledgeCutoff {
 
 fn days_in_month(year: u16, month: u8) -> u8 {
     match month {
-        2 if (year % 4 == 0 && year % 100 != 0) || year % 400 == 0 => 29,
+        2 if (year.is_multiple_of(4) && !year.is_multiple_of(100)) || year.is_multiple_of(400) => {
+            29
+        }
         2 => 28,
         4 | 6 | 9 | 11 => 30,
         _ => 31,
@@ -204,13 +206,13 @@ impl ModelSpec {
                 "must be at least 1",
             ));
         }
-        if let (Some(window), Some(out)) = (self.context_window, self.max_output_tokens) {
-            if out > window {
-                return Err(SpecError::invalid(
-                    "model.max_output_tokens",
-                    format!("{out} exceeds the context window {window}"),
-                ));
-            }
+        if let (Some(window), Some(out)) = (self.context_window, self.max_output_tokens)
+            && out > window
+        {
+            return Err(SpecError::invalid(
+                "model.max_output_tokens",
+                format!("{out} exceeds the context window {window}"),
+            ));
         }
         if self.modalities.is_empty() {
             return Err(SpecError::invalid(

@@ -12,8 +12,8 @@ pub use awaken_state as state;
 /// The names most programs need.
 pub mod prelude {
     pub use awaken_event::{
-        AgentEvent, EventSink, Message, RunId, TerminationReason, ThreadId, ToolCall,
-        ToolCallId, ToolDescriptor, ToolResult,
+        AgentEvent, EventSink, Message, RunId, TerminationReason, ThreadId, ToolCall, ToolCallId,
+        ToolDescriptor, ToolResult,
     };
     pub use awaken_spec::{AgentSpec, ContextPolicy, InferenceOverride, ModelSpec};
 }
