@@ -6,6 +6,7 @@
 //! This crate must never know tokio, storage, HTTP or any wire protocol, and reads no clock:
 //! ids and times come in as values.
 
+mod cancel;
 mod event;
 mod grammar;
 mod ids;
@@ -14,6 +15,7 @@ mod message;
 mod termination;
 mod tool;
 
+pub use cancel::{CancellationToken, Cancelled};
 pub use event::{AgentEvent, EventSink, NullSink, VecSink, WarningKind};
 pub use grammar::{
     GrammarChecker, GrammarViolation, ViolationKind, check_activation, check_events,
