@@ -5,6 +5,7 @@
 use criterion::{criterion_group, criterion_main};
 
 mod event;
+mod state;
 
-criterion_group!(benches, event::benches);
+criterion_group!(benches, event::benches, state::benches);
 criterion_main!(benches);

@@ -1,0 +1,492 @@
+//! State keys, their options and the registry that gives each name one type.
+
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::fmt;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::error::StateError;
+
+/// A typed piece of state, identified by its stable string name [`StateKey::KEY`].
+///
+/// The reducer [`StateKey::apply`] is the only way a value changes. It is called during a commit
+/// on a private copy of the value; returning `Err` (use [`StateError::invalid_update`]) or
+/// panicking abandons the whole commit, so a reducer may leave `value` half-changed when it
+/// fails. A reducer must be deterministic and do no IO; it may run again when a commit is
+/// retried. A key registered as [`MergeStrategy::Commutative`] promises that any order of its
+/// updates gives the same value; prove it with `awaken_state::testing::check_commutative`
+/// (cargo feature `testing`).
+///
+/// ```
+/// use awaken_state::{StateError, StateKey};
+///
+/// struct TurnCount;
+/// impl StateKey for TurnCount {
+///     const KEY: &'static str = "example.turn_count";
+///     type Value = u64;
+///     type Update = u64;
+///     fn apply(value: &mut u64, add: u64) -> Result<(), StateError> {
+///         *value = value
+///             .checked_add(add)
+///             .ok_or_else(|| StateError::invalid_update(Self::KEY, "overflow"))?;
+///         Ok(())
+///     }
+/// }
+/// ```
+pub trait StateKey: 'static + Send + Sync {
+    /// The key's name: its one identity, in commands, exports and errors. Namespace it
+    /// (`"plugin_id.what"`) and never change it once values are persisted.
+    const KEY: &'static str;
+    /// The value; `Default` is the value before any update (and after a reset).
+    type Value: Clone + Default + Serialize + DeserializeOwned + Send + Sync + 'static;
+    /// What a command carries to change the value.
+    type Update: Clone + Serialize + DeserializeOwned + Send + Sync + 'static;
+
+    /// Applies one update. Called only inside a commit; see the trait docs for failures.
+    fn apply(value: &mut Self::Value, update: Self::Update) -> Result<(), StateError>;
+}
+
+/// Where a key's value lives beyond the process.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyScope {
+    /// Never persisted; starts from `Default` in every process.
+    Ephemeral,
+    /// Persisted with the run, restored when the same run resumes (also in another process).
+    #[default]
+    Run,
+    /// Persisted with the thread, visible to every later run of the thread.
+    Thread,
+    /// Shared by every thread of one profile (user or tenant).
+    Profile,
+}
+
+impl KeyScope {
+    /// Every scope, in declaration order.
+    pub const ALL: [KeyScope; 4] = [
+        KeyScope::Ephemeral,
+        KeyScope::Run,
+        KeyScope::Thread,
+        KeyScope::Profile,
+    ];
+    /// The scopes that are persisted.
+    pub const PERSISTED: [KeyScope; 3] = [KeyScope::Run, KeyScope::Thread, KeyScope::Profile];
+
+    /// Whether values of this scope are exported and restored.
+    pub fn is_persisted(self) -> bool {
+        self != KeyScope::Ephemeral
+    }
+}
+
+/// How updates of one key from parallel commands combine.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MergeStrategy {
+    /// At most one of several parallel commands may write the key; two writers conflict.
+    #[default]
+    Exclusive,
+    /// Updates commute: parallel writers are all applied, in any order, with the same result.
+    Commutative,
+}
+
+/// Options given when a key is registered.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct KeyOptions {
+    /// Where the value is persisted; default [`KeyScope::Run`].
+    pub scope: KeyScope,
+    /// How parallel writers combine; default [`MergeStrategy::Exclusive`].
+    pub merge: MergeStrategy,
+}
+
+impl KeyOptions {
+    /// Default options: `Run` scope, `Exclusive` merge.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// With the given scope.
+    pub fn with_scope(mut self, scope: KeyScope) -> Self {
+        self.scope = scope;
+        self
+    }
+
+    /// With the given merge strategy.
+    pub fn with_merge(mut self, merge: MergeStrategy) -> Self {
+        self.merge = merge;
+        self
+    }
+}
+
+/// What the registry knows about one key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyInfo {
+    /// The key name.
+    pub name: &'static str,
+    /// The Rust type implementing [`StateKey`].
+    pub type_name: &'static str,
+    /// Options given at registration.
+    pub options: KeyOptions,
+}
+
+/// The set of registered keys: one Rust type per name, in registration order.
+///
+/// Build it while plugins register, then hand it to [`crate::StateStore::new`], which freezes
+/// it. Every registration path ([`register_key`](Self::register_key),
+/// [`register_profile_key`](Self::register_profile_key), [`extend`](Self::extend)) rejects a
+/// name that is already taken, whatever its type.
+#[derive(Clone, Default)]
+pub struct KeyRegistry {
+    entries: Vec<KeyEntry>,
+    by_name: HashMap<&'static str, u32>,
+}
+
+impl KeyRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers `K` under `K::KEY` with `options`.
+    ///
+    /// `Err(StateError::DuplicateKey)` when the name is taken (by `K` or another type); the
+    /// registry is then unchanged.
+    pub fn register_key<K: StateKey>(&mut self, options: KeyOptions) -> Result<(), StateError> {
+        self.insert(KeyEntry::of::<K>(options))
+    }
+
+    /// Registers `K` as a [`KeyScope::Profile`] key (merge `Exclusive`).
+    pub fn register_profile_key<K: StateKey>(&mut self) -> Result<(), StateError> {
+        self.register_key::<K>(KeyOptions::new().with_scope(KeyScope::Profile))
+    }
+
+    /// Adds every key of `other` (e.g. another plugin's keys), all or none: if any name of
+    /// `other` is already registered here, returns `DuplicateKey` for the first such name in
+    /// `other`'s order and changes nothing.
+    pub fn extend(&mut self, other: &KeyRegistry) -> Result<(), StateError> {
+        for entry in &other.entries {
+            if let Some(existing) = self.entry(entry.name) {
+                return Err(duplicate(existing, entry));
+            }
+        }
+        for entry in &other.entries {
+            self.insert(entry.clone())?;
+        }
+        Ok(())
+    }
+
+    /// Whether `name` is registered.
+    pub fn contains(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
+    }
+
+    /// What is known about `name`, if registered.
+    pub fn info(&self, name: &str) -> Option<KeyInfo> {
+        self.entry(name).map(KeyEntry::info)
+    }
+
+    /// Options of `name`, if registered.
+    pub fn options(&self, name: &str) -> Option<KeyOptions> {
+        self.entry(name).map(|e| e.options)
+    }
+
+    /// Every registered key, in registration order.
+    pub fn keys(&self) -> impl ExactSizeIterator<Item = KeyInfo> + '_ {
+        self.entries.iter().map(KeyEntry::info)
+    }
+
+    /// Number of registered keys.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no key is registered.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Whether a write of `name` conflicts with a parallel write of the same key: true for
+    /// `Exclusive` keys and for unregistered names (which a commit rejects anyway).
+    pub fn is_exclusive(&self, name: &str) -> bool {
+        self.options(name)
+            .is_none_or(|o| o.merge == MergeStrategy::Exclusive)
+    }
+
+    fn insert(&mut self, entry: KeyEntry) -> Result<(), StateError> {
+        if let Some(existing) = self.entry(entry.name) {
+            return Err(duplicate(existing, &entry));
+        }
+        let index = u32::try_from(self.entries.len()).map_err(|_| StateError::InvalidUpdate {
+            key: entry.name.to_owned(),
+            reason: "too many state keys".to_owned(),
+        })?;
+        self.by_name.insert(entry.name, index);
+        self.entries.push(entry);
+        Ok(())
+    }
+
+    pub(crate) fn entry(&self, name: &str) -> Option<&KeyEntry> {
+        self.by_name.get(name).map(|&i| &self.entries[i as usize])
+    }
+
+    /// Index and entry of `name`, or `UnknownKey`.
+    pub(crate) fn resolve(&self, name: &str) -> Result<(usize, &KeyEntry), StateError> {
+        match self.by_name.get(name) {
+            Some(&i) => Ok((i as usize, &self.entries[i as usize])),
+            None => Err(StateError::UnknownKey {
+                key: name.to_owned(),
+            }),
+        }
+    }
+
+    /// Index of `K`, checking that the name is registered with this very type.
+    pub(crate) fn resolve_typed<K: StateKey>(&self) -> Result<usize, StateError> {
+        let (index, entry) = self.resolve(K::KEY)?;
+        if entry.key_type != TypeId::of::<K>() {
+            return Err(StateError::KeyTypeMismatch {
+                key: K::KEY.to_owned(),
+                registered_type: entry.type_name,
+                used_type: std::any::type_name::<K>(),
+            });
+        }
+        Ok(index)
+    }
+
+    pub(crate) fn entry_at(&self, index: usize) -> &KeyEntry {
+        &self.entries[index]
+    }
+
+    pub(crate) fn entries(&self) -> &[KeyEntry] {
+        &self.entries
+    }
+}
+
+impl fmt::Debug for KeyRegistry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.keys()).finish()
+    }
+}
+
+fn duplicate(existing: &KeyEntry, new: &KeyEntry) -> StateError {
+    StateError::DuplicateKey {
+        key: new.name.to_owned(),
+        first_type: existing.type_name,
+        second_type: new.type_name,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Type erasure. Values live as `Arc<dyn Any>`; updates as boxed `ErasedUpdate`s. The erased code
+// is generic over the value and update types only (not over the key type), so many keys with
+// the same types share one copy of it.
+
+pub(crate) type AnyValue = dyn Any + Send + Sync;
+
+/// One registered key.
+#[derive(Clone)]
+pub(crate) struct KeyEntry {
+    pub(crate) name: &'static str,
+    pub(crate) key_type: TypeId,
+    pub(crate) type_name: &'static str,
+    pub(crate) options: KeyOptions,
+    pub(crate) default: Arc<AnyValue>,
+    pub(crate) codec: Arc<dyn KeyCodec>,
+}
+
+impl KeyEntry {
+    fn of<K: StateKey>(options: KeyOptions) -> Self {
+        KeyEntry {
+            name: K::KEY,
+            key_type: TypeId::of::<K>(),
+            type_name: std::any::type_name::<K>(),
+            options,
+            default: Arc::new(K::Value::default()),
+            codec: Arc::new(Codec::<K::Value, K::Update> {
+                key_type: TypeId::of::<K>(),
+                key_type_name: std::any::type_name::<K>(),
+                apply: K::apply,
+            }),
+        }
+    }
+
+    fn info(&self) -> KeyInfo {
+        KeyInfo {
+            name: self.name,
+            type_name: self.type_name,
+            options: self.options,
+        }
+    }
+}
+
+/// The JSON side of a key: parse updates, read and write values.
+pub(crate) trait KeyCodec: Send + Sync {
+    fn update_from_json(
+        &self,
+        key: &str,
+        json: serde_json::Value,
+    ) -> Result<Box<dyn ErasedUpdate>, StateError>;
+    fn value_to_json(&self, key: &str, value: &AnyValue) -> Result<serde_json::Value, StateError>;
+    fn value_from_json(
+        &self,
+        key: &str,
+        json: serde_json::Value,
+    ) -> Result<Arc<AnyValue>, StateError>;
+}
+
+type Reducer<V, U> = fn(&mut V, U) -> Result<(), StateError>;
+
+struct Codec<V, U> {
+    key_type: TypeId,
+    key_type_name: &'static str,
+    apply: Reducer<V, U>,
+}
+
+impl<V, U> KeyCodec for Codec<V, U>
+where
+    V: Clone + Serialize + DeserializeOwned + Send + Sync + 'static,
+    U: Clone + Serialize + DeserializeOwned + Send + Sync + 'static,
+{
+    fn update_from_json(
+        &self,
+        key: &str,
+        json: serde_json::Value,
+    ) -> Result<Box<dyn ErasedUpdate>, StateError> {
+        let update: U =
+            serde_json::from_value(json).map_err(|e| StateError::UpdateDeserialize {
+                key: key.to_owned(),
+                source: Arc::new(e),
+            })?;
+        Ok(Box::new(TypedUpdate {
+            key_type: self.key_type,
+            key_type_name: self.key_type_name,
+            apply: self.apply,
+            update,
+        }))
+    }
+
+    fn value_to_json(&self, key: &str, value: &AnyValue) -> Result<serde_json::Value, StateError> {
+        let value = downcast::<V>(key, value)?;
+        serde_json::to_value(value).map_err(|e| StateError::Serialize {
+            key: key.to_owned(),
+            source: Arc::new(e),
+        })
+    }
+
+    fn value_from_json(
+        &self,
+        key: &str,
+        json: serde_json::Value,
+    ) -> Result<Arc<AnyValue>, StateError> {
+        let value: V = serde_json::from_value(json).map_err(|e| StateError::ValueDeserialize {
+            key: key.to_owned(),
+            source: Arc::new(e),
+        })?;
+        Ok(Arc::new(value))
+    }
+}
+
+/// A typed update without its key type in the signature.
+pub(crate) trait ErasedUpdate: Send + Sync {
+    /// `TypeId` of the `StateKey` type the update was made for.
+    fn key_type(&self) -> TypeId;
+    /// Name of the `StateKey` type the update was made for (for errors).
+    fn type_name(&self) -> &'static str;
+    /// Applies the reducer to `value`, copying the value first if it is shared. Panics of the
+    /// reducer come back as `ReducerPanicked`.
+    fn apply(self: Box<Self>, key: &str, value: &mut Arc<AnyValue>) -> Result<(), StateError>;
+    fn to_json(&self) -> Result<serde_json::Value, serde_json::Error>;
+    fn clone_box(&self) -> Box<dyn ErasedUpdate>;
+}
+
+pub(crate) struct TypedUpdate<V, U> {
+    pub(crate) key_type: TypeId,
+    pub(crate) key_type_name: &'static str,
+    pub(crate) apply: Reducer<V, U>,
+    pub(crate) update: U,
+}
+
+impl<V, U> TypedUpdate<V, U> {
+    pub(crate) fn of<K: StateKey<Value = V, Update = U>>(update: U) -> Self {
+        TypedUpdate {
+            key_type: TypeId::of::<K>(),
+            key_type_name: std::any::type_name::<K>(),
+            apply: K::apply,
+            update,
+        }
+    }
+}
+
+impl<V, U> ErasedUpdate for TypedUpdate<V, U>
+where
+    V: Clone + Send + Sync + 'static,
+    U: Clone + Serialize + Send + Sync + 'static,
+{
+    fn key_type(&self) -> TypeId {
+        self.key_type
+    }
+
+    fn type_name(&self) -> &'static str {
+        self.key_type_name
+    }
+
+    fn apply(self: Box<Self>, key: &str, value: &mut Arc<AnyValue>) -> Result<(), StateError> {
+        if Arc::get_mut(value).is_none() {
+            let copy: V = downcast::<V>(key, &**value)?.clone();
+            *value = Arc::new(copy);
+        }
+        let Some(target) = Arc::get_mut(value).and_then(|v| v.downcast_mut::<V>()) else {
+            return Err(mismatch::<V>(key));
+        };
+        let TypedUpdate { apply, update, .. } = *self;
+        match catch_unwind(AssertUnwindSafe(|| apply(target, update))) {
+            Ok(result) => result,
+            Err(payload) => Err(StateError::ReducerPanicked {
+                key: key.to_owned(),
+                message: panic_message(payload.as_ref()),
+            }),
+        }
+    }
+
+    fn to_json(&self) -> Result<serde_json::Value, serde_json::Error> {
+        serde_json::to_value(&self.update)
+    }
+
+    fn clone_box(&self) -> Box<dyn ErasedUpdate> {
+        Box::new(TypedUpdate {
+            key_type: self.key_type,
+            key_type_name: self.key_type_name,
+            apply: self.apply,
+            update: self.update.clone(),
+        })
+    }
+}
+
+pub(crate) fn downcast<'a, V: 'static>(
+    key: &str,
+    value: &'a AnyValue,
+) -> Result<&'a V, StateError> {
+    value.downcast_ref::<V>().ok_or_else(|| mismatch::<V>(key))
+}
+
+fn mismatch<V>(key: &str) -> StateError {
+    StateError::KeyTypeMismatch {
+        key: key.to_owned(),
+        registered_type: "another value type",
+        used_type: std::any::type_name::<V>(),
+    }
+}
+
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&'static str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_owned()
+    }
+}

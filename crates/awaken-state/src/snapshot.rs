@@ -1,0 +1,196 @@
+//! Immutable snapshots and their export to JSON.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::StateError;
+use crate::key::{KeyRegistry, KeyScope, StateKey, downcast};
+use crate::table::Table;
+
+/// An immutable view of all state at one revision.
+///
+/// Cloning or taking one is O(1) (one `Arc`); it never changes, whatever is committed later,
+/// and it keeps alive only the values it shares with newer versions. Reads are typed
+/// ([`get`](Self::get)) or by name as JSON ([`get_json`](Self::get_json)); a key never written
+/// reads as its `Default`.
+#[derive(Clone)]
+pub struct Snapshot {
+    pub(crate) version: Arc<Version>,
+}
+
+pub(crate) struct Version {
+    pub(crate) revision: u64,
+    pub(crate) staged: bool,
+    pub(crate) table: Table,
+    pub(crate) registry: Arc<KeyRegistry>,
+}
+
+/// Persisted values by key name, as JSON: what [`Snapshot::export`] writes and
+/// [`crate::StateStore::restore`] reads.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PersistedState {
+    /// Revision of the snapshot the values were exported from.
+    pub revision: u64,
+    /// JSON value of each exported key.
+    pub values: BTreeMap<String, serde_json::Value>,
+}
+
+impl Snapshot {
+    pub(crate) fn new(version: Version) -> Self {
+        Snapshot {
+            version: Arc::new(version),
+        }
+    }
+
+    /// Revision of the last commit this state contains (0: nothing committed yet). For a
+    /// transaction's staged snapshot, the revision the transaction started from.
+    pub fn revision(&self) -> u64 {
+        self.version.revision
+    }
+
+    /// Whether this is a transaction's staged (not yet published) state.
+    pub fn is_staged(&self) -> bool {
+        self.version.staged
+    }
+
+    /// The registry of the store this snapshot comes from.
+    pub fn registry(&self) -> &KeyRegistry {
+        &self.version.registry
+    }
+
+    /// The value of `K`. `Err(UnknownKey)` if `K::KEY` is not registered,
+    /// `Err(KeyTypeMismatch)` if it is registered with another type.
+    pub fn get<K: StateKey>(&self) -> Result<&K::Value, StateError> {
+        let index = self.version.registry.resolve_typed::<K>()?;
+        let slot = self.slot(index, K::KEY)?;
+        downcast::<K::Value>(K::KEY, &*slot.value)
+    }
+
+    /// The value of the key named `key`, as JSON.
+    pub fn get_json(&self, key: &str) -> Result<serde_json::Value, StateError> {
+        let (index, entry) = self.version.registry.resolve(key)?;
+        let slot = self.slot(index, key)?;
+        entry.codec.value_to_json(entry.name, &*slot.value)
+    }
+
+    /// Revision of the last commit that wrote `key` (0 if never written).
+    pub fn changed_at(&self, key: &str) -> Result<u64, StateError> {
+        let (index, _) = self.version.registry.resolve(key)?;
+        Ok(self.slot(index, key)?.changed_at)
+    }
+
+    /// Every key of `scope`, as JSON. Empty for [`KeyScope::Ephemeral`], which is never
+    /// exported.
+    pub fn export(&self, scope: KeyScope) -> Result<PersistedState, StateError> {
+        self.export_where(|s| s == scope && s.is_persisted())
+    }
+
+    /// Every persisted key (scopes `Run`, `Thread` and `Profile`), as JSON.
+    pub fn export_persisted(&self) -> Result<PersistedState, StateError> {
+        self.export_where(KeyScope::is_persisted)
+    }
+
+    /// The persisted keys written by commits after `since_revision`, as JSON: what a store
+    /// must write to go from the export at `since_revision` to this one. Its cost grows with
+    /// the number of changed keys, not with the number of keys.
+    pub fn export_changed(&self, since_revision: u64) -> Result<PersistedState, StateError> {
+        self.export_changed_where(since_revision, KeyScope::is_persisted)
+    }
+
+    /// [`export_changed`](Self::export_changed) restricted to one scope.
+    pub fn export_changed_in(
+        &self,
+        scope: KeyScope,
+        since_revision: u64,
+    ) -> Result<PersistedState, StateError> {
+        self.export_changed_where(since_revision, |s| s == scope && s.is_persisted())
+    }
+
+    /// Every key (ephemeral ones included) as `name = json` lines in registration order; for
+    /// logs and tests.
+    pub fn dump(&self) -> String {
+        let mut out = String::new();
+        for entry in self.version.registry.entries() {
+            let json = self
+                .get_json(entry.name)
+                .map(|v| v.to_string())
+                .unwrap_or_else(|e| format!("<{e}>"));
+            out.push_str(entry.name);
+            out.push_str(" = ");
+            out.push_str(&json);
+            out.push('\n');
+        }
+        out
+    }
+
+    fn export_where(&self, keep: impl Fn(KeyScope) -> bool) -> Result<PersistedState, StateError> {
+        let mut values = BTreeMap::new();
+        for (index, entry) in self.version.registry.entries().iter().enumerate() {
+            if keep(entry.options.scope) {
+                let slot = self.slot(index, entry.name)?;
+                values.insert(
+                    entry.name.to_owned(),
+                    entry.codec.value_to_json(entry.name, &*slot.value)?,
+                );
+            }
+        }
+        Ok(PersistedState {
+            revision: self.revision(),
+            values,
+        })
+    }
+
+    fn export_changed_where(
+        &self,
+        since: u64,
+        keep: impl Fn(KeyScope) -> bool,
+    ) -> Result<PersistedState, StateError> {
+        let registry = &self.version.registry;
+        let mut values = BTreeMap::new();
+        let mut first_error = None;
+        self.version
+            .table
+            .for_each_changed(since, &mut |index, slot| {
+                let entry = registry.entry_at(index);
+                if first_error.is_some() || !keep(entry.options.scope) {
+                    return;
+                }
+                match entry.codec.value_to_json(entry.name, &*slot.value) {
+                    Ok(json) => {
+                        values.insert(entry.name.to_owned(), json);
+                    }
+                    Err(e) => first_error = Some(e),
+                }
+            });
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(PersistedState {
+                revision: self.revision(),
+                values,
+            }),
+        }
+    }
+
+    fn slot(&self, index: usize, key: &str) -> Result<&crate::table::Slot, StateError> {
+        // Every registered index has a slot; a miss would be a bug, reported rather than panicking.
+        self.version
+            .table
+            .get(index)
+            .ok_or_else(|| StateError::UnknownKey {
+                key: key.to_owned(),
+            })
+    }
+}
+
+impl fmt::Debug for Snapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Snapshot")
+            .field("revision", &self.revision())
+            .field("staged", &self.is_staged())
+            .field("keys", &self.version.registry.len())
+            .finish()
+    }
+}

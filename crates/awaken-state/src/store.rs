@@ -1,0 +1,469 @@
+//! `StateStore`: the one place state changes, through validated commits.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+
+use crate::command::{Effect, KeyUpdate, Payload, ScheduledAction, StateCommand};
+use crate::error::StateError;
+use crate::key::KeyRegistry;
+use crate::snapshot::{PersistedState, Snapshot, Version};
+use crate::table::Table;
+
+/// Holds the current [`Snapshot`] and publishes new ones through commits.
+///
+/// Readers take snapshots at any time from any thread ([`snapshot`](Self::snapshot), O(1)).
+/// Writers are serialized: a commit validates the whole command, applies it to a private copy
+/// of the changed table paths and swaps the result in, so a failing commit (unknown key, type
+/// mismatch, stale base revision, a reducer that fails or panics) leaves the store and its
+/// revision exactly as they were. The revision moves by one per non-empty commit.
+///
+/// Commit observers ([`subscribe`](Self::subscribe)) are called after the swap, outside every
+/// lock of the store, on the committing thread; they may read and even commit. When several
+/// threads commit at once, observers may run concurrently and not in revision order; each call
+/// carries its own revision and snapshot.
+pub struct StateStore {
+    registry: Arc<KeyRegistry>,
+    current: RwLock<Snapshot>,
+    writer: Mutex<()>,
+    observers: RwLock<Arc<Vec<(ObserverId, Arc<dyn CommitObserver>)>>>,
+    next_observer: AtomicU64,
+}
+
+/// What a successful commit published.
+#[derive(Debug, Clone)]
+pub struct Committed {
+    /// The store's revision after the commit (unchanged for an empty command).
+    pub revision: u64,
+    /// The state at `revision`.
+    pub snapshot: Snapshot,
+    /// The committed command's scheduled actions, in order.
+    pub actions: Vec<ScheduledAction>,
+    /// The committed command's effects, in emission order (dispatch them against `snapshot`).
+    pub effects: Vec<Effect>,
+}
+
+/// Called after every non-empty commit (see [`StateStore`] for threading). Must not panic: a
+/// panic propagates to the committing caller after the commit is already published.
+pub trait CommitObserver: Send + Sync {
+    /// A commit was published.
+    fn on_commit(&self, committed: &Committed);
+}
+
+impl<F: Fn(&Committed) + Send + Sync> CommitObserver for F {
+    fn on_commit(&self, committed: &Committed) {
+        self(committed)
+    }
+}
+
+/// Identifies a subscription, to [`StateStore::unsubscribe`] it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ObserverId(u64);
+
+/// What [`StateStore::restore`] does with a key name that is not registered.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum UnknownKeyPolicy {
+    /// Fail with `UnknownKey`; nothing is restored.
+    #[default]
+    Reject,
+    /// Skip the key (it is listed in [`Restored::skipped`]) and restore the others.
+    Skip,
+}
+
+/// The outcome of a restore.
+#[derive(Debug, Clone)]
+pub struct Restored {
+    /// The store's revision after the restore (unchanged if nothing was restored).
+    pub revision: u64,
+    /// Names of the restored keys, sorted.
+    pub restored: Vec<String>,
+    /// Names skipped under [`UnknownKeyPolicy::Skip`], sorted.
+    pub skipped: Vec<String>,
+}
+
+/// Several commands applied one after another to staged state, published as one commit.
+///
+/// Made by [`StateStore::transaction`]. Each [`apply`](Self::apply) is atomic: if it fails, the
+/// transaction is as before it. [`snapshot`](Self::snapshot) shows the staged state, so work
+/// can run on top of what is already staged (the phase engine re-runs deferred hooks this
+/// way). [`commit`](Self::commit) publishes everything as one revision, or fails with
+/// `StaleRevision` if another commit was published since the transaction began. Dropping the
+/// transaction discards it.
+pub struct Transaction<'s> {
+    store: &'s StateStore,
+    base: Snapshot,
+    staged: Table,
+    changed: bool,
+    actions: Vec<ScheduledAction>,
+    effects: Vec<Effect>,
+}
+
+impl StateStore {
+    /// A store over `registry` (frozen from now on), every key at its default, revision 0.
+    pub fn new(registry: KeyRegistry) -> Self {
+        let registry = Arc::new(registry);
+        let defaults: Vec<_> = registry
+            .entries()
+            .iter()
+            .map(|e| e.default.clone())
+            .collect();
+        let snapshot = Snapshot::new(Version {
+            revision: 0,
+            staged: false,
+            table: Table::build(&defaults),
+            registry: registry.clone(),
+        });
+        StateStore {
+            registry,
+            current: RwLock::new(snapshot),
+            writer: Mutex::new(()),
+            observers: RwLock::new(Arc::new(Vec::new())),
+            next_observer: AtomicU64::new(0),
+        }
+    }
+
+    /// The registered keys.
+    pub fn registry(&self) -> &KeyRegistry {
+        &self.registry
+    }
+
+    /// The current state. O(1).
+    pub fn snapshot(&self) -> Snapshot {
+        self.current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The current revision.
+    pub fn revision(&self) -> u64 {
+        self.current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .revision()
+    }
+
+    /// Validates and applies `command` as one commit.
+    ///
+    /// Checks, before anything is published: the base revision (if set) is the current one;
+    /// every updated key is registered with the type used; JSON updates parse; every reducer
+    /// succeeds without panicking. On any failure the store is unchanged. An empty command
+    /// (no updates, actions or effects) publishes nothing and keeps the revision.
+    pub fn commit(&self, command: StateCommand) -> Result<Committed, StateError> {
+        let guard = self.lock_writer();
+        let current = self.snapshot();
+        check_base(command.base_revision, current.revision())?;
+        if command.is_empty() {
+            return Ok(Committed {
+                revision: current.revision(),
+                snapshot: current,
+                actions: Vec::new(),
+                effects: Vec::new(),
+            });
+        }
+        let revision = current.revision() + 1;
+        let mut table = current.version.table.clone();
+        apply_updates(&self.registry, &mut table, command.updates, revision)?;
+        let committed = Committed {
+            revision,
+            snapshot: self.publish(revision, table),
+            actions: command.actions,
+            effects: command.effects,
+        };
+        drop(guard);
+        self.notify(&committed);
+        Ok(committed)
+    }
+
+    /// Starts a transaction on the current state.
+    pub fn transaction(&self) -> Transaction<'_> {
+        let base = self.snapshot();
+        Transaction {
+            store: self,
+            staged: base.version.table.clone(),
+            base,
+            changed: false,
+            actions: Vec::new(),
+            effects: Vec::new(),
+        }
+    }
+
+    /// Sets the persisted keys in `state` to its values, all or none, as one commit.
+    ///
+    /// Every value is parsed before anything changes. Errors: `UnknownKey` for a name that is
+    /// not registered (unless `policy` is [`UnknownKeyPolicy::Skip`]), `NotPersisted` for an
+    /// ephemeral key, `ValueDeserialize` for a value of the wrong shape. Keys not named in
+    /// `state` keep their values. Restored keys count as changed at the new revision.
+    pub fn restore(
+        &self,
+        state: &PersistedState,
+        policy: UnknownKeyPolicy,
+    ) -> Result<Restored, StateError> {
+        let mut parsed = Vec::with_capacity(state.values.len());
+        let mut skipped = Vec::new();
+        for (name, json) in &state.values {
+            let (index, entry) = match self.registry.resolve(name) {
+                Ok(found) => found,
+                Err(_) if policy == UnknownKeyPolicy::Skip => {
+                    skipped.push(name.clone());
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if !entry.options.scope.is_persisted() {
+                return Err(StateError::NotPersisted { key: name.clone() });
+            }
+            parsed.push((
+                index,
+                entry.codec.value_from_json(entry.name, json.clone())?,
+            ));
+        }
+        let restored: Vec<String> = parsed
+            .iter()
+            .map(|(i, _)| self.registry.entry_at(*i).name.to_owned())
+            .collect();
+        let guard = self.lock_writer();
+        let current = self.snapshot();
+        if parsed.is_empty() {
+            return Ok(Restored {
+                revision: current.revision(),
+                restored,
+                skipped,
+            });
+        }
+        let revision = current.revision() + 1;
+        let mut table = current.version.table.clone();
+        for (index, value) in parsed {
+            let slot = table
+                .slot_mut(index, revision)
+                .ok_or_else(|| StateError::UnknownKey {
+                    key: self.registry.entry_at(index).name.to_owned(),
+                })?;
+            slot.value = value;
+            slot.changed_at = revision;
+        }
+        let committed = Committed {
+            revision,
+            snapshot: self.publish(revision, table),
+            actions: Vec::new(),
+            effects: Vec::new(),
+        };
+        drop(guard);
+        self.notify(&committed);
+        Ok(Restored {
+            revision,
+            restored,
+            skipped,
+        })
+    }
+
+    /// Calls `observer` after every later non-empty commit.
+    pub fn subscribe(&self, observer: impl CommitObserver + 'static) -> ObserverId {
+        let id = ObserverId(self.next_observer.fetch_add(1, Ordering::Relaxed));
+        let mut observers = self
+            .observers
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut list = Vec::clone(&observers);
+        list.push((id, Arc::new(observer)));
+        *observers = Arc::new(list);
+        id
+    }
+
+    /// Removes a subscription; `false` if it was not there.
+    pub fn unsubscribe(&self, id: ObserverId) -> bool {
+        let mut observers = self
+            .observers
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut list = Vec::clone(&observers);
+        let before = list.len();
+        list.retain(|(i, _)| *i != id);
+        let removed = list.len() != before;
+        *observers = Arc::new(list);
+        removed
+    }
+
+    fn lock_writer(&self) -> MutexGuard<'_, ()> {
+        self.writer.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Swaps in a new version. Call with the writer lock held.
+    fn publish(&self, revision: u64, table: Table) -> Snapshot {
+        let snapshot = Snapshot::new(Version {
+            revision,
+            staged: false,
+            table,
+            registry: self.registry.clone(),
+        });
+        let old = {
+            let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
+            std::mem::replace(&mut *current, snapshot.clone())
+        };
+        drop(old); // outside the read/write lock: freeing old nodes must not block readers
+        snapshot
+    }
+
+    fn notify(&self, committed: &Committed) {
+        let observers = self
+            .observers
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        for (_, observer) in observers.iter() {
+            observer.on_commit(committed);
+        }
+    }
+}
+
+impl fmt::Debug for StateStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StateStore")
+            .field("revision", &self.revision())
+            .field("keys", &self.registry.len())
+            .finish()
+    }
+}
+
+impl Transaction<'_> {
+    /// The revision the transaction started from.
+    pub fn base_revision(&self) -> u64 {
+        self.base.revision()
+    }
+
+    /// The staged state: the base plus every command applied so far. Its
+    /// [`revision`](Snapshot::revision) is the base revision and
+    /// [`is_staged`](Snapshot::is_staged) is true.
+    pub fn snapshot(&self) -> Snapshot {
+        if !self.changed {
+            return self.base.clone();
+        }
+        Snapshot::new(Version {
+            revision: self.base.revision(),
+            staged: true,
+            table: self.staged.clone(),
+            registry: self.store.registry.clone(),
+        })
+    }
+
+    /// Applies `command` to the staged state, validating it as [`StateStore::commit`] does (a
+    /// base revision must equal [`base_revision`](Self::base_revision)). On `Err` the
+    /// transaction is unchanged.
+    pub fn apply(&mut self, command: StateCommand) -> Result<(), StateError> {
+        check_base(command.base_revision, self.base.revision())?;
+        if !command.updates.is_empty() {
+            let mut table = self.staged.clone();
+            apply_updates(
+                &self.store.registry,
+                &mut table,
+                command.updates,
+                self.base.revision() + 1,
+            )?;
+            self.staged = table;
+            self.changed = true;
+        }
+        self.actions.extend(command.actions);
+        self.effects.extend(command.effects);
+        Ok(())
+    }
+
+    /// Whether nothing (no update, action or effect) has been applied.
+    pub fn is_empty(&self) -> bool {
+        !self.changed && self.actions.is_empty() && self.effects.is_empty()
+    }
+
+    /// Publishes everything applied as one commit (revision + 1), with the actions and effects
+    /// of all applied commands in order. `Err(StaleRevision)` if the store moved since the
+    /// transaction began; the store is then unchanged. An empty transaction publishes nothing.
+    pub fn commit(self) -> Result<Committed, StateError> {
+        let store = self.store;
+        let guard = store.lock_writer();
+        let actual = store.revision();
+        if actual != self.base.revision() {
+            return Err(StateError::StaleRevision {
+                expected: self.base.revision(),
+                actual,
+            });
+        }
+        if self.is_empty() {
+            return Ok(Committed {
+                revision: actual,
+                snapshot: self.base,
+                actions: Vec::new(),
+                effects: Vec::new(),
+            });
+        }
+        let revision = actual + 1;
+        let committed = Committed {
+            revision,
+            snapshot: store.publish(revision, self.staged),
+            actions: self.actions,
+            effects: self.effects,
+        };
+        drop(guard);
+        store.notify(&committed);
+        Ok(committed)
+    }
+}
+
+impl fmt::Debug for Transaction<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Transaction")
+            .field("base_revision", &self.base.revision())
+            .field("changed", &self.changed)
+            .field("actions", &self.actions.len())
+            .field("effects", &self.effects.len())
+            .finish()
+    }
+}
+
+fn check_base(base: Option<u64>, actual: u64) -> Result<(), StateError> {
+    match base {
+        Some(expected) if expected != actual => Err(StateError::StaleRevision { expected, actual }),
+        _ => Ok(()),
+    }
+}
+
+/// Validates every update (key registered, type matches, JSON parses), then runs the reducers on
+/// `table`, marking written slots with `revision`. On `Err`, `table` is half-written and must be
+/// discarded by the caller.
+fn apply_updates(
+    registry: &KeyRegistry,
+    table: &mut Table,
+    mut updates: Vec<KeyUpdate>,
+    revision: u64,
+) -> Result<(), StateError> {
+    let mut indexes = Vec::with_capacity(updates.len());
+    for update in &mut updates {
+        let (index, entry) = registry.resolve(&update.key)?;
+        match &mut update.payload {
+            Payload::Typed(typed) => {
+                if typed.key_type() != entry.key_type {
+                    return Err(StateError::KeyTypeMismatch {
+                        key: entry.name.to_owned(),
+                        registered_type: entry.type_name,
+                        used_type: typed.type_name(),
+                    });
+                }
+            }
+            Payload::Json(json) => {
+                let typed = entry.codec.update_from_json(entry.name, json.take())?;
+                update.payload = Payload::Typed(typed);
+            }
+        }
+        indexes.push(index);
+    }
+    for (update, index) in updates.into_iter().zip(indexes) {
+        let Payload::Typed(typed) = update.payload else {
+            unreachable!("every payload was made typed above")
+        };
+        let slot = table
+            .slot_mut(index, revision)
+            .ok_or_else(|| StateError::UnknownKey {
+                key: update.key.to_string(),
+            })?;
+        typed.apply(&update.key, &mut slot.value)?;
+        slot.changed_at = revision;
+    }
+    Ok(())
+}
