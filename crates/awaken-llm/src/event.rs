@@ -1,0 +1,166 @@
+//! The events of a streamed inference and their collection into an [`InferenceResponse`].
+
+use std::pin::Pin;
+
+use awaken_event::ContentBlock;
+use awaken_event::{InferenceResponse, Message, StopReason, TokenUsage, ToolCall, ToolCallId};
+use futures_core::Stream;
+
+use crate::error::InferenceExecutionError;
+
+/// One event of a streamed inference.
+///
+/// The grammar of a successful stream: any number of text, reasoning and tool-call events,
+/// at most one [`LlmStreamEvent::Usage`], then exactly one [`LlmStreamEvent::Stop`], which is
+/// last. A `ToolCallStart` for an index comes before every `ToolCallArgsDelta` for it; deltas
+/// of different calls may interleave. A stream that ends without `Stop` was interrupted.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum LlmStreamEvent {
+    /// A piece of the answer's text.
+    TextDelta(String),
+    /// A piece of the model's visible reasoning.
+    ReasoningDelta(String),
+    /// The model started a tool call.
+    ToolCallStart {
+        /// The call's position in this response (0-based; the key of later argument deltas).
+        index: u32,
+        /// The call's id.
+        id: ToolCallId,
+        /// The tool's name.
+        name: String,
+    },
+    /// A piece of a tool call's JSON argument text.
+    ToolCallArgsDelta {
+        /// The call's position, as in its `ToolCallStart`.
+        index: u32,
+        /// The next fragment of the argument text.
+        delta: String,
+    },
+    /// Token usage of the call.
+    Usage(TokenUsage),
+    /// The model stopped; the last event of a complete stream.
+    Stop(StopReason),
+}
+
+/// The stream `LlmExecutor::execute_stream` returns. It owns everything it needs (`'static`),
+/// so it may outlive the executor's borrow; dropping it cancels the call.
+pub type LlmEventStream =
+    Pin<Box<dyn Stream<Item = Result<LlmStreamEvent, InferenceExecutionError>> + Send + 'static>>;
+
+#[derive(Debug)]
+struct PartialCall {
+    index: u32,
+    id: ToolCallId,
+    name: String,
+    arguments: String,
+}
+
+/// Folds stream events into an [`InferenceResponse`]: text and reasoning concatenated,
+/// tool-call argument fragments assembled per index (in the order the calls started, parsed
+/// with [`ToolCall::from_raw_arguments`] so non-JSON arguments are kept raw), the last usage.
+#[derive(Debug, Default)]
+pub struct ResponseCollector {
+    text: String,
+    reasoning: String,
+    calls: Vec<PartialCall>,
+    usage: TokenUsage,
+    stop: Option<StopReason>,
+}
+
+impl ResponseCollector {
+    /// An empty collector.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds one event. Fails with [`InferenceExecutionError::MalformedResponse`] when the
+    /// event breaks the stream grammar (an event after `Stop`, arguments for a call that never
+    /// started, the same index started twice).
+    pub fn push(&mut self, event: LlmStreamEvent) -> Result<(), InferenceExecutionError> {
+        if self.stop.is_some() {
+            return Err(InferenceExecutionError::malformed(
+                "event after the stop event",
+                &format!("{event:?}"),
+                None,
+            ));
+        }
+        match event {
+            LlmStreamEvent::TextDelta(t) => self.text.push_str(&t),
+            LlmStreamEvent::ReasoningDelta(t) => self.reasoning.push_str(&t),
+            LlmStreamEvent::ToolCallStart { index, id, name } => {
+                if self.calls.iter().any(|c| c.index == index) {
+                    return Err(InferenceExecutionError::malformed(
+                        format!("tool call {index} started twice"),
+                        &name,
+                        None,
+                    ));
+                }
+                self.calls.push(PartialCall {
+                    index,
+                    id,
+                    name,
+                    arguments: String::new(),
+                });
+            }
+            LlmStreamEvent::ToolCallArgsDelta { index, delta } => {
+                match self.calls.iter_mut().find(|c| c.index == index) {
+                    Some(call) => call.arguments.push_str(&delta),
+                    None => {
+                        return Err(InferenceExecutionError::malformed(
+                            format!("arguments for tool call {index}, which never started"),
+                            &delta,
+                            None,
+                        ));
+                    }
+                }
+            }
+            LlmStreamEvent::Usage(u) => self.usage = u,
+            LlmStreamEvent::Stop(reason) => self.stop = Some(reason),
+        }
+        Ok(())
+    }
+
+    /// The collected response. Fails with [`InferenceExecutionError::StreamInterrupted`] when
+    /// no `Stop` event arrived.
+    pub fn finish(self) -> Result<InferenceResponse, InferenceExecutionError> {
+        let Some(stop_reason) = self.stop else {
+            return Err(InferenceExecutionError::interrupted(
+                "the stream ended without a stop event",
+            ));
+        };
+        let mut content = Vec::new();
+        if !self.reasoning.is_empty() {
+            content.push(ContentBlock::Reasoning {
+                text: self.reasoning,
+            });
+        }
+        if !self.text.is_empty() {
+            content.push(ContentBlock::text(self.text));
+        }
+        let tool_calls = self
+            .calls
+            .into_iter()
+            .map(|c| ToolCall::from_raw_arguments(c.id, c.name, &c.arguments))
+            .collect();
+        let mut message = Message::assistant_with_calls("", tool_calls);
+        message.content = content;
+        Ok(InferenceResponse {
+            message,
+            usage: self.usage,
+            stop_reason,
+        })
+    }
+}
+
+/// Drains `stream` into an [`InferenceResponse`], failing with its first error.
+pub async fn collect_stream(
+    mut stream: LlmEventStream,
+) -> Result<InferenceResponse, InferenceExecutionError> {
+    use futures_util::StreamExt;
+    let mut collector = ResponseCollector::new();
+    while let Some(event) = stream.next().await {
+        collector.push(event?)?;
+    }
+    collector.finish()
+}

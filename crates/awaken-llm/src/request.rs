@@ -1,0 +1,77 @@
+//! What one model call is asked: the model, the shared history, the tools and the parameters.
+
+use std::sync::Arc;
+
+use awaken_event::{Message, ToolDescriptor};
+use awaken_spec::InferenceOverride;
+
+/// One inference call's input.
+///
+/// Cloning is cheap: the history and the tool list are shared (`Arc<[_]>`), never copied per
+/// call or per retry attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InferenceRequest {
+    /// The provider-side model name (the model spec's `upstream_model`). A non-blank
+    /// `overrides.upstream_model` replaces it; see [`InferenceRequest::effective_model`].
+    pub upstream_model: String,
+    /// The conversation, oldest first. System instructions usually go in `system_prompt`.
+    pub messages: Arc<[Message]>,
+    /// The tools the model may call.
+    pub tools: Arc<[ToolDescriptor]>,
+    /// The system prompt, sent before `messages` when set.
+    pub system_prompt: Option<String>,
+    /// The merged inference parameters (agent default < run override < step override).
+    pub overrides: InferenceOverride,
+    /// A key for session affinity (usually the thread id): requests with the same key should
+    /// reach the same backend, so its prompt cache is reused. Executors may ignore it.
+    pub routing_key: Option<String>,
+}
+
+impl InferenceRequest {
+    /// A request for `upstream_model` over `messages`, with no tools, no system prompt and no
+    /// overrides.
+    pub fn new(upstream_model: impl Into<String>, messages: impl Into<Arc<[Message]>>) -> Self {
+        Self {
+            upstream_model: upstream_model.into(),
+            messages: messages.into(),
+            tools: Arc::from(Vec::new()),
+            system_prompt: None,
+            overrides: InferenceOverride::default(),
+            routing_key: None,
+        }
+    }
+
+    /// Sets the tools.
+    pub fn with_tools(mut self, tools: impl Into<Arc<[ToolDescriptor]>>) -> Self {
+        self.tools = tools.into();
+        self
+    }
+
+    /// Sets the system prompt.
+    pub fn with_system_prompt(mut self, prompt: impl Into<String>) -> Self {
+        self.system_prompt = Some(prompt.into());
+        self
+    }
+
+    /// Sets the merged overrides.
+    pub fn with_overrides(mut self, overrides: InferenceOverride) -> Self {
+        self.overrides = overrides;
+        self
+    }
+
+    /// Sets the routing key.
+    pub fn with_routing_key(mut self, key: impl Into<String>) -> Self {
+        self.routing_key = Some(key.into());
+        self
+    }
+
+    /// The model name to send: `overrides.upstream_model` when it is set and not blank, else
+    /// `upstream_model`. (It renames the model within the provider; it never switches
+    /// provider.)
+    pub fn effective_model(&self) -> &str {
+        match &self.overrides.upstream_model {
+            Some(m) if !m.trim().is_empty() => m,
+            _ => &self.upstream_model,
+        }
+    }
+}
