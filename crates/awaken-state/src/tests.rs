@@ -1,1 +1,716 @@
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
+use expect_test::{Expect, expect};
+use serde_json::json;
+
+use crate::table::Table;
+use crate::*;
+
+/// Commutative counter, run scope.
+struct Counter;
+impl StateKey for Counter {
+    const KEY: &'static str = "test.counter";
+    type Value = i64;
+    type Update = i64;
+    fn apply(value: &mut i64, add: i64) -> Result<(), StateError> {
+        *value = value
+            .checked_add(add)
+            .ok_or_else(|| StateError::invalid_update(Self::KEY, "overflow"))?;
+        Ok(())
+    }
+}
+
+/// Append-only log, thread scope. Rejects "" and panics on "panic" (after pushing, to show that
+/// a half-changed value is discarded).
+struct Log;
+impl StateKey for Log {
+    const KEY: &'static str = "test.log";
+    type Value = Vec<String>;
+    type Update = String;
+    fn apply(value: &mut Vec<String>, line: String) -> Result<(), StateError> {
+        if line.is_empty() {
+            return Err(StateError::invalid_update(Self::KEY, "empty line"));
+        }
+        value.push(line.clone());
+        if line == "panic" {
+            panic!("log reducer asked to panic");
+        }
+        Ok(())
+    }
+}
+
+/// Last writer wins, ephemeral.
+struct Mode;
+impl StateKey for Mode {
+    const KEY: &'static str = "test.mode";
+    type Value = String;
+    type Update = String;
+    fn apply(value: &mut String, mode: String) -> Result<(), StateError> {
+        *value = mode;
+        Ok(())
+    }
+}
+
+/// Profile-scoped quota.
+struct Quota;
+impl StateKey for Quota {
+    const KEY: &'static str = "test.quota";
+    type Value = u32;
+    type Update = u32;
+    fn apply(value: &mut u32, quota: u32) -> Result<(), StateError> {
+        *value = quota;
+        Ok(())
+    }
+}
+
+/// Another type claiming `Counter`'s name.
+struct Impostor;
+impl StateKey for Impostor {
+    const KEY: &'static str = "test.counter";
+    type Value = i64;
+    type Update = i64;
+    fn apply(value: &mut i64, v: i64) -> Result<(), StateError> {
+        *value = v;
+        Ok(())
+    }
+}
+
+fn registry() -> KeyRegistry {
+    let mut r = KeyRegistry::new();
+    r.register_key::<Counter>(KeyOptions::new().with_merge(MergeStrategy::Commutative))
+        .unwrap();
+    r.register_key::<Log>(KeyOptions::new().with_scope(KeyScope::Thread))
+        .unwrap();
+    r.register_key::<Mode>(KeyOptions::new().with_scope(KeyScope::Ephemeral))
+        .unwrap();
+    r.register_profile_key::<Quota>().unwrap();
+    r
+}
+
+fn store() -> StateStore {
+    StateStore::new(registry())
+}
+
+/// Revision and every value, for comparing whole states.
+fn state(snapshot: &Snapshot) -> String {
+    format!("revision {}\n{}", snapshot.revision(), snapshot.dump())
+}
+
+fn check(actual: impl AsRef<str>, expected: Expect) {
+    expected.assert_eq(actual.as_ref());
+}
+
+#[test]
+fn second_registration_of_a_name_fails_on_every_path() {
+    let mut r = registry();
+    let same = r.register_key::<Counter>(KeyOptions::new()).unwrap_err();
+    let other = r.register_key::<Impostor>(KeyOptions::new()).unwrap_err();
+    let profile = r.register_profile_key::<Log>().unwrap_err();
+    let mut plugin = KeyRegistry::new();
+    struct Fresh;
+    impl StateKey for Fresh {
+        const KEY: &'static str = "test.fresh";
+        type Value = u8;
+        type Update = u8;
+        fn apply(v: &mut u8, u: u8) -> Result<(), StateError> {
+            *v = u;
+            Ok(())
+        }
+    }
+    plugin.register_key::<Fresh>(KeyOptions::new()).unwrap();
+    plugin.register_key::<Impostor>(KeyOptions::new()).unwrap();
+    let across = r.extend(&plugin).unwrap_err();
+    check(
+        format!(
+            "{same}\n{other}\n{profile}\n{across}\nfresh registered: {}\nlen {}",
+            r.contains("test.fresh"),
+            r.len()
+        ),
+        expect![[r#"
+            state key `test.counter` is already registered (as awaken_state::tests::Counter; again as awaken_state::tests::Counter)
+            state key `test.counter` is already registered (as awaken_state::tests::Counter; again as awaken_state::tests::Impostor)
+            state key `test.log` is already registered (as awaken_state::tests::Log; again as awaken_state::tests::Log)
+            state key `test.counter` is already registered (as awaken_state::tests::Counter; again as awaken_state::tests::Impostor)
+            fresh registered: false
+            len 4"#]],
+    );
+    let mut empty = KeyRegistry::new();
+    empty.extend(&plugin).unwrap();
+    assert_eq!(
+        empty.keys().map(|k| k.name).collect::<Vec<_>>(),
+        ["test.fresh", "test.counter"]
+    );
+}
+
+#[test]
+fn registry_reports_options() {
+    let r = registry();
+    check(
+        format!("{r:?}"),
+        expect![[
+            r#"[KeyInfo { name: "test.counter", type_name: "awaken_state::tests::Counter", options: KeyOptions { scope: Run, merge: Commutative } }, KeyInfo { name: "test.log", type_name: "awaken_state::tests::Log", options: KeyOptions { scope: Thread, merge: Exclusive } }, KeyInfo { name: "test.mode", type_name: "awaken_state::tests::Mode", options: KeyOptions { scope: Ephemeral, merge: Exclusive } }, KeyInfo { name: "test.quota", type_name: "awaken_state::tests::Quota", options: KeyOptions { scope: Profile, merge: Exclusive } }]"#
+        ]],
+    );
+    assert!(r.is_exclusive("test.log"));
+    assert!(!r.is_exclusive("test.counter"));
+    assert!(r.is_exclusive("not.registered"));
+}
+
+#[test]
+fn commits_apply_typed_and_json_updates_and_bump_the_revision() {
+    let store = store();
+    let before = store.snapshot();
+    let c1 = store
+        .commit(
+            StateCommand::new()
+                .with_update::<Counter>(2)
+                .with_update::<Log>("a".into()),
+        )
+        .unwrap();
+    let mut json = StateCommand::new();
+    json.update_json("test.counter", json!(40))
+        .update_json("test.log", json!("b"));
+    json.update_json("test.mode", json!("plan"));
+    let c2 = store.commit(json).unwrap();
+    assert_eq!((c1.revision, c2.revision), (1, 2));
+    assert_eq!(*store.snapshot().get::<Counter>().unwrap(), 42);
+    check(
+        format!("{}\n{}", state(&before), state(&c2.snapshot)),
+        expect![[r#"
+            revision 0
+            test.counter = 0
+            test.log = []
+            test.mode = ""
+            test.quota = 0
+
+            revision 2
+            test.counter = 42
+            test.log = ["a","b"]
+            test.mode = "plan"
+            test.quota = 0
+        "#]],
+    );
+    assert_eq!(c2.snapshot.changed_at("test.log").unwrap(), 2);
+    assert_eq!(c2.snapshot.changed_at("test.quota").unwrap(), 0);
+}
+
+#[test]
+fn a_failed_commit_changes_nothing() {
+    let store = store();
+    store
+        .commit(StateCommand::new().with_update::<Log>("kept".into()))
+        .unwrap();
+    let before = state(&store.snapshot());
+    let mut unknown = StateCommand::new().with_update::<Counter>(1);
+    unknown.update_json("test.nope", json!(1));
+    let mut bad_json = StateCommand::new().with_update::<Counter>(1);
+    bad_json.update_json("test.counter", json!("one"));
+    let cases = [
+        ("unknown key", unknown),
+        (
+            "type mismatch",
+            StateCommand::new()
+                .with_update::<Counter>(1)
+                .with_update::<Impostor>(5),
+        ),
+        (
+            "stale base",
+            StateCommand::new()
+                .with_update::<Counter>(1)
+                .with_base_revision(0),
+        ),
+        ("bad json", bad_json),
+        (
+            "reducer error",
+            StateCommand::new()
+                .with_update::<Counter>(1)
+                .with_update::<Log>(String::new()),
+        ),
+        (
+            "reducer panic",
+            StateCommand::new()
+                .with_update::<Counter>(1)
+                .with_update::<Log>("panic".into()),
+        ),
+        (
+            "overflow",
+            StateCommand::new()
+                .with_update::<Counter>(i64::MAX)
+                .with_update::<Counter>(1),
+        ),
+    ];
+    let mut out = String::new();
+    for (name, command) in cases {
+        let err = store.commit(command).unwrap_err();
+        out.push_str(&format!("{name}: {err}\n"));
+        assert_eq!(state(&store.snapshot()), before, "{name} changed the store");
+    }
+    check(
+        out,
+        expect![[r#"
+            unknown key: state key `test.nope` is not registered
+            type mismatch: state key `test.counter` is registered as awaken_state::tests::Counter, used as awaken_state::tests::Impostor
+            stale base: stale state: command expects revision 0, store is at 1
+            bad json: update of state key `test.counter` is not valid JSON for its type: invalid type: string "one", expected i64
+            reducer error: update of state key `test.log` rejected: empty line
+            reducer panic: reducer of state key `test.log` panicked: log reducer asked to panic
+            overflow: update of state key `test.counter` rejected: overflow
+        "#]],
+    );
+    // The store still works after a panicking reducer (no poisoned lock).
+    assert_eq!(
+        store
+            .commit(StateCommand::new().with_update::<Counter>(1))
+            .unwrap()
+            .revision,
+        2
+    );
+}
+
+#[test]
+fn empty_commands_keep_the_revision_but_still_check_the_base() {
+    let store = store();
+    store
+        .commit(StateCommand::new().with_update::<Counter>(1))
+        .unwrap();
+    assert_eq!(store.commit(StateCommand::new()).unwrap().revision, 1);
+    assert!(matches!(
+        store.commit(StateCommand::new().with_base_revision(0)),
+        Err(StateError::StaleRevision {
+            expected: 0,
+            actual: 1
+        })
+    ));
+    let mut effect_only = StateCommand::new();
+    effect_only.emit_json("audit", json!({"n": 1}));
+    let committed = store.commit(effect_only).unwrap();
+    assert_eq!(committed.revision, 2);
+    assert_eq!(
+        committed.effects,
+        [Effect {
+            key: "audit".into(),
+            payload: json!({"n": 1})
+        }]
+    );
+}
+
+#[test]
+fn typed_reads_check_the_key_type() {
+    let store = store();
+    let snapshot = store.snapshot();
+    struct Unregistered;
+    impl StateKey for Unregistered {
+        const KEY: &'static str = "test.unregistered";
+        type Value = ();
+        type Update = ();
+        fn apply(_: &mut (), _: ()) -> Result<(), StateError> {
+            Ok(())
+        }
+    }
+    check(
+        format!(
+            "{}\n{}\n{}",
+            snapshot.get::<Impostor>().unwrap_err(),
+            snapshot.get::<Unregistered>().unwrap_err(),
+            snapshot.get_json("test.none").unwrap_err()
+        ),
+        expect![[r#"
+            state key `test.counter` is registered as awaken_state::tests::Counter, used as awaken_state::tests::Impostor
+            state key `test.unregistered` is not registered
+            state key `test.none` is not registered"#]],
+    );
+}
+
+#[test]
+fn commands_serialize_and_read_back_as_json_updates() {
+    let mut command = StateCommand::new()
+        .with_update::<Counter>(3)
+        .with_base_revision(7);
+    command.update_json("test.log", json!("x"));
+    command.schedule_json("BeforeInference", "compact", json!({"keep": 4}));
+    command.emit_json("audit", json!(null));
+    let text = serde_json::to_string(&command).unwrap();
+    check(
+        &text,
+        expect![[
+            r#"{"base_revision":7,"updates":[{"key":"test.counter","update":3},{"key":"test.log","update":"x"}],"actions":[{"phase":"BeforeInference","key":"compact","payload":{"keep":4}}],"effects":[{"key":"audit","payload":null}]}"#
+        ]],
+    );
+    let back: StateCommand = serde_json::from_str(&text).unwrap();
+    assert!(command.updates()[0].is_typed());
+    assert!(!back.updates()[0].is_typed());
+    assert_eq!(serde_json::to_string(&back).unwrap(), text);
+    // Both forms commit to the same state.
+    let (a, b) = (store(), store());
+    a.commit(StateCommand::new().with_update::<Counter>(1))
+        .unwrap(); // to revision 1 ...
+    b.commit(StateCommand::new().with_update::<Counter>(1))
+        .unwrap();
+    let (command, back) = (rebase(command, 1), rebase(back, 1));
+    assert_eq!(
+        state(&a.commit(command).unwrap().snapshot),
+        state(&b.commit(back).unwrap().snapshot)
+    );
+    let unknown_field = serde_json::from_str::<StateCommand>(r#"{"updates":[],"extra":1}"#);
+    assert!(unknown_field.is_err());
+}
+
+fn rebase(mut command: StateCommand, revision: u64) -> StateCommand {
+    command.base_revision = Some(revision);
+    command
+}
+
+#[test]
+fn merge_parallel_rejects_only_shared_exclusive_keys() {
+    let r = registry();
+    let log = |s: &str| StateCommand::new().with_update::<Log>(s.into());
+    let both = |s: &str| {
+        StateCommand::new()
+            .with_update::<Mode>(s.into())
+            .with_update::<Log>(s.into())
+    };
+    let counter = |n| StateCommand::new().with_update::<Counter>(n);
+    // One command writing a key twice is not a conflict.
+    let twice = log("a").with_update::<Log>("b".into());
+    assert!(twice.conflict_with(&counter(1), &r).is_none());
+    // Commutative keys merge.
+    let merged = counter(1).merge_parallel(counter(2), &r).unwrap();
+    assert_eq!(merged.updates().len(), 2);
+    // The reported key is the first conflicting one in name order, whichever side comes first.
+    let ab = both("a").merge_parallel(both("b"), &r).unwrap_err();
+    let ba = both("b").merge_parallel(both("a"), &r).unwrap_err();
+    check(
+        format!("{ab}\n{ba}"),
+        expect![[r#"
+        parallel commands both write exclusive state key `test.log`
+        parallel commands both write exclusive state key `test.log`"#]],
+    );
+    // Merge keeps order: self first.
+    let mut a = log("a");
+    a.emit_json("e1", json!(1));
+    let mut b = counter(5);
+    b.emit_json("e2", json!(2));
+    let m = a.merge_parallel(b.with_base_revision(3), &r).unwrap();
+    check(
+        serde_json::to_string(&m).unwrap(),
+        expect![[
+            r#"{"base_revision":3,"updates":[{"key":"test.log","update":"a"},{"key":"test.counter","update":5}],"actions":[],"effects":[{"key":"e1","payload":1},{"key":"e2","payload":2}]}"#
+        ]],
+    );
+}
+
+#[test]
+fn extend_keeps_the_lower_base_revision() {
+    let mut a = StateCommand::new().with_base_revision(5);
+    a.extend(StateCommand::new().with_base_revision(3));
+    assert_eq!(a.base_revision(), Some(3));
+    let mut b = StateCommand::new();
+    b.extend(StateCommand::new().with_base_revision(9));
+    assert_eq!(b.base_revision(), Some(9));
+}
+
+#[test]
+fn a_transaction_publishes_several_commands_as_one_revision() {
+    let store = store();
+    let revisions = Arc::new(Mutex::new(Vec::new()));
+    let seen = revisions.clone();
+    store.subscribe(move |c: &Committed| seen.lock().unwrap().push((c.revision, c.effects.len())));
+    let mut tx = store.transaction();
+    let mut first = StateCommand::new().with_update::<Log>("one".into());
+    first.emit_json("e", json!(1));
+    tx.apply(first).unwrap();
+    let staged = tx.snapshot();
+    assert!(staged.is_staged());
+    assert_eq!(staged.get::<Log>().unwrap(), &["one"]);
+    assert_eq!(
+        store.snapshot().get::<Log>().unwrap().len(),
+        0,
+        "not published yet"
+    );
+    // A failing command leaves the transaction as it was.
+    let err = tx.apply(
+        StateCommand::new()
+            .with_update::<Log>("two".into())
+            .with_update::<Log>(String::new()),
+    );
+    assert!(err.is_err());
+    assert_eq!(tx.snapshot().get::<Log>().unwrap(), &["one"]);
+    tx.apply(
+        StateCommand::new()
+            .with_update::<Log>("three".into())
+            .with_base_revision(0),
+    )
+    .unwrap();
+    assert_eq!(
+        staged.get::<Log>().unwrap(),
+        &["one"],
+        "staged snapshots are immutable too"
+    );
+    let committed = tx.commit().unwrap();
+    assert_eq!(committed.revision, 1);
+    check(
+        state(&store.snapshot()),
+        expect![[r#"
+        revision 1
+        test.counter = 0
+        test.log = ["one","three"]
+        test.mode = ""
+        test.quota = 0
+    "#]],
+    );
+    assert_eq!(*revisions.lock().unwrap(), [(1, 1)]);
+}
+
+#[test]
+fn a_transaction_fails_if_the_store_moved() {
+    let store = store();
+    let mut tx = store.transaction();
+    tx.apply(StateCommand::new().with_update::<Counter>(1))
+        .unwrap();
+    store
+        .commit(StateCommand::new().with_update::<Counter>(10))
+        .unwrap();
+    assert!(matches!(
+        tx.commit(),
+        Err(StateError::StaleRevision {
+            expected: 0,
+            actual: 1
+        })
+    ));
+    assert_eq!(*store.snapshot().get::<Counter>().unwrap(), 10);
+    assert!(
+        store.transaction().commit().is_ok_and(|c| c.revision == 1),
+        "empty tx publishes nothing"
+    );
+}
+
+#[test]
+fn observers_run_after_the_swap_outside_the_lock() {
+    let store = Arc::new(store());
+    let weak = Arc::downgrade(&store);
+    let calls = Arc::new(AtomicU64::new(0));
+    let reentered = Arc::new(AtomicBool::new(false));
+    let (c, r) = (calls.clone(), reentered.clone());
+    let id = store.subscribe(move |committed: &Committed| {
+        c.fetch_add(1, Ordering::SeqCst);
+        let store = weak.upgrade().unwrap();
+        // The new state is already visible ...
+        assert_eq!(store.revision(), committed.revision);
+        // ... and the store accepts a commit from inside an observer.
+        if !r.swap(true, Ordering::SeqCst) {
+            store
+                .commit(StateCommand::new().with_update::<Counter>(100))
+                .unwrap();
+        }
+    });
+    store
+        .commit(StateCommand::new().with_update::<Counter>(1))
+        .unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(*store.snapshot().get::<Counter>().unwrap(), 101);
+    assert!(store.unsubscribe(id));
+    assert!(!store.unsubscribe(id));
+    store
+        .commit(StateCommand::new().with_update::<Counter>(1))
+        .unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn export_by_scope_and_restore() {
+    let store = store();
+    store
+        .commit(
+            StateCommand::new()
+                .with_update::<Counter>(7)
+                .with_update::<Log>("l".into())
+                .with_update::<Mode>("m".into())
+                .with_update::<Quota>(9),
+        )
+        .unwrap();
+    let snapshot = store.snapshot();
+    let mut out = String::new();
+    for scope in KeyScope::ALL {
+        out.push_str(&format!(
+            "{scope:?}: {}\n",
+            serde_json::to_string(&snapshot.export(scope).unwrap()).unwrap()
+        ));
+    }
+    check(
+        out,
+        expect![[r#"
+        Ephemeral: {"revision":1,"values":{}}
+        Run: {"revision":1,"values":{"test.counter":7}}
+        Thread: {"revision":1,"values":{"test.log":["l"]}}
+        Profile: {"revision":1,"values":{"test.quota":9}}
+    "#]],
+    );
+    let fresh = self::store();
+    let restored = fresh
+        .restore(
+            &snapshot.export_persisted().unwrap(),
+            UnknownKeyPolicy::Reject,
+        )
+        .unwrap();
+    assert_eq!((restored.revision, restored.restored.len()), (1, 3));
+    check(
+        state(&fresh.snapshot()),
+        expect![[r#"
+        revision 1
+        test.counter = 7
+        test.log = ["l"]
+        test.mode = ""
+        test.quota = 9
+    "#]],
+    );
+}
+
+#[test]
+fn restore_is_all_or_nothing() {
+    let store = store();
+    let with = |pairs: &[(&str, serde_json::Value)]| PersistedState {
+        revision: 0,
+        values: pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect(),
+    };
+    let cases = [
+        with(&[("test.counter", json!(1)), ("test.gone", json!(2))]),
+        with(&[("test.counter", json!(1)), ("test.mode", json!("x"))]),
+        with(&[
+            ("test.counter", json!(1)),
+            ("test.log", json!("not a list")),
+        ]),
+    ];
+    let mut out = String::new();
+    for case in &cases {
+        out.push_str(&format!(
+            "{}\n",
+            store.restore(case, UnknownKeyPolicy::Reject).unwrap_err()
+        ));
+        assert_eq!(store.revision(), 0);
+        assert_eq!(*store.snapshot().get::<Counter>().unwrap(), 0);
+    }
+    check(
+        out,
+        expect![[r#"
+        state key `test.gone` is not registered
+        state key `test.mode` is ephemeral and cannot be restored
+        persisted value of state key `test.log` is not valid for its type: invalid type: string "not a list", expected a sequence
+    "#]],
+    );
+    let skipped = store.restore(&cases[0], UnknownKeyPolicy::Skip).unwrap();
+    assert_eq!(
+        (skipped.revision, skipped.restored, skipped.skipped),
+        (1, vec!["test.counter".into()], vec!["test.gone".into()])
+    );
+    let nothing = store
+        .restore(&with(&[("test.gone", json!(1))]), UnknownKeyPolicy::Skip)
+        .unwrap();
+    assert_eq!(nothing.revision, 1);
+}
+
+#[test]
+fn export_changed_lists_keys_written_since_a_revision() {
+    let store = store();
+    store
+        .commit(StateCommand::new().with_update::<Counter>(1))
+        .unwrap();
+    store
+        .commit(
+            StateCommand::new()
+                .with_update::<Log>("a".into())
+                .with_update::<Mode>("m".into()),
+        )
+        .unwrap();
+    store
+        .commit(StateCommand::new().with_update::<Quota>(3))
+        .unwrap();
+    let s = store.snapshot();
+    let mut out = String::new();
+    for since in 0..=3 {
+        out.push_str(&format!(
+            "since {since}: {:?}\n",
+            s.export_changed(since).unwrap().values
+        ));
+    }
+    out.push_str(&format!(
+        "thread since 0: {:?}\n",
+        s.export_changed_in(KeyScope::Thread, 0).unwrap().values
+    ));
+    check(
+        out,
+        expect![[r#"
+        since 0: {"test.counter": Number(1), "test.log": Array [String("a")], "test.quota": Number(3)}
+        since 1: {"test.log": Array [String("a")], "test.quota": Number(3)}
+        since 2: {"test.quota": Number(3)}
+        since 3: {}
+        thread since 0: {"test.log": Array [String("a")]}
+    "#]],
+    );
+}
+
+#[test]
+fn table_paths_copy_on_write_at_every_depth() {
+    for len in [0, 1, 7, 8, 9, 64, 65, 600] {
+        let values: Vec<Arc<crate::key::AnyValue>> =
+            (0..len).map(|i| Arc::new(i) as Arc<_>).collect();
+        let base = Table::build(&values);
+        let mut next = base.clone();
+        for i in (0..len).step_by(5) {
+            let slot = next.slot_mut(i, 1).unwrap();
+            slot.value = Arc::new(i + 1000);
+            slot.changed_at = 1;
+        }
+        assert!(next.slot_mut(len, 1).is_none());
+        for i in 0..len {
+            let old = *base.get(i).unwrap().value.downcast_ref::<usize>().unwrap();
+            let new = *next.get(i).unwrap().value.downcast_ref::<usize>().unwrap();
+            assert_eq!(old, i, "len {len}: base changed at {i}");
+            assert_eq!(
+                new,
+                if i % 5 == 0 { i + 1000 } else { i },
+                "len {len} at {i}"
+            );
+        }
+        let mut changed = Vec::new();
+        next.for_each_changed(0, &mut |i, _| changed.push(i));
+        assert_eq!(
+            changed,
+            (0..len).step_by(5).collect::<Vec<_>>(),
+            "len {len}"
+        );
+        let mut none = Vec::new();
+        base.for_each_changed(0, &mut |i, _| none.push(i));
+        assert!(none.is_empty());
+    }
+}
+
+#[test]
+fn permutations_cover_every_order_once() {
+    for n in 0..=5 {
+        let mut all = crate::testing::permutations(n);
+        let count = all.len();
+        all.sort();
+        all.dedup();
+        let factorial: usize = (1..=n).product();
+        assert_eq!((count, all.len()), (factorial, factorial), "n = {n}");
+    }
+}
+
+#[test]
+fn key_errors_name_their_key() {
+    let err = StateError::UnknownKey { key: "k".into() };
+    assert_eq!(err.key(), Some("k"));
+    let loop_err = StateError::PhaseRunLoopExceeded {
+        phase: "StepEnd".into(),
+        max_rounds: 16,
+    };
+    assert_eq!(loop_err.key(), None);
+    check(
+        loop_err.to_string(),
+        expect!["phase StepEnd did not converge within 16 rounds"],
+    );
+}
