@@ -1,0 +1,274 @@
+//! The scripted executor: order, exhaustion, errors, deltas, waiting until cancelled, files.
+
+use std::time::Duration;
+
+use awaken_event::TokenUsage;
+use awaken_llm::{
+    InferenceExecutionError, LlmExecutor, LlmStreamEvent, Script, ScriptError, ScriptToolCall,
+    ScriptTurn, ScriptedError, ScriptedErrorKind, ScriptedExecutor,
+};
+use expect_test::expect;
+use futures_util::{FutureExt, StreamExt};
+
+use crate::{render_error, render_response, render_stream, request};
+
+fn three_turns() -> ScriptedExecutor {
+    ScriptedExecutor::from_turns([
+        ScriptTurn::text("first").with_usage(TokenUsage {
+            input_tokens: 3,
+            output_tokens: 1,
+            ..TokenUsage::default()
+        }),
+        ScriptTurn::deltas(["sec", "ond"]).with_reasoning("hmm"),
+        ScriptTurn::tool_call("search", serde_json::json!({"q": "rust"}))
+            .with_tool_call(ScriptToolCall::new("echo", serde_json::json!({})).with_id("my-id")),
+    ])
+    .expect("valid script")
+}
+
+#[tokio::test]
+async fn turns_play_in_order_and_requests_are_recorded() {
+    let exec = three_turns();
+    let mut out = String::new();
+    for prompt in ["a", "b", "c"] {
+        out.push_str(&render_stream(exec.execute_stream(request(prompt))).await);
+        out.push_str("--\n");
+    }
+    expect![[r#"
+        text "first"
+        usage in=3 out=1 cached=0 reasoning=0
+        stop EndTurn
+        --
+        reasoning "hmm"
+        text "sec"
+        text "ond"
+        stop EndTurn
+        --
+        call_start #0 call_3_0 search
+        call_args #0 "{\"q\":\"rust\"}"
+        call_start #1 my-id echo
+        call_args #1 "{}"
+        stop ToolCalls
+        --
+    "#]]
+    .assert_eq(&out);
+    let prompts: Vec<String> = exec
+        .requests()
+        .iter()
+        .map(|r| r.messages[0].text())
+        .collect();
+    assert_eq!(prompts, ["a", "b", "c"]);
+    assert_eq!(exec.remaining(), 0);
+}
+
+#[tokio::test]
+async fn replay_is_deterministic_and_execute_collects() {
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let exec = three_turns();
+        let mut out = String::new();
+        for _ in 0..3 {
+            match exec.execute(request("x")).await {
+                Ok(r) => out.push_str(&render_response(&r)),
+                Err(e) => out.push_str(&render_error(&e)),
+            }
+        }
+        runs.push(out);
+    }
+    assert_eq!(runs[0], runs[1]);
+    expect![[r#"
+        stop=EndTurn usage in=3 out=1
+        block {"type":"text","text":"first"}
+        stop=EndTurn usage in=0 out=0
+        block {"type":"reasoning","text":"hmm"}
+        block {"type":"text","text":"second"}
+        stop=ToolCalls usage in=0 out=0
+        call call_3_0 search {"q":"rust"} raw=None
+        call my-id echo {} raw=None
+    "#]]
+    .assert_eq(&runs[0]);
+}
+
+#[tokio::test]
+async fn an_exhausted_script_is_a_distinct_error() {
+    let exec = ScriptedExecutor::from_turns([ScriptTurn::text("only")]).expect("valid");
+    assert!(exec.execute(request("1")).await.is_ok());
+    let err = exec.execute(request("2")).await.err();
+    assert!(
+        matches!(
+            err,
+            Some(InferenceExecutionError::ScriptExhausted { turns: 1 })
+        ),
+        "{err:?}"
+    );
+    assert_eq!(
+        exec.requests().len(),
+        2,
+        "the call past the end is recorded too"
+    );
+    let again = exec.execute(request("3")).await.err();
+    assert!(matches!(
+        again,
+        Some(InferenceExecutionError::ScriptExhausted { .. })
+    ));
+}
+
+#[tokio::test]
+async fn scripted_errors_come_with_their_class() {
+    let exec = ScriptedExecutor::from_turns([
+        ScriptTurn::error(
+            ScriptedError::new(ScriptedErrorKind::RateLimited)
+                .with_retry_after(Duration::from_millis(250)),
+        ),
+        ScriptTurn::deltas(["par", "tial"]).with_error(ScriptedError {
+            kind: ScriptedErrorKind::StreamInterrupted,
+            message: "cut".into(),
+            retry_after_ms: None,
+        }),
+        ScriptTurn::error(ScriptedError::new(ScriptedErrorKind::ContextOverflow)),
+    ])
+    .expect("valid");
+    let first = exec.execute(request("x")).await.err();
+    assert_eq!(
+        first.as_ref().and_then(|e| e.retry_after()),
+        Some(Duration::from_millis(250))
+    );
+    let mut out = render_stream(exec.execute_stream(request("x"))).await;
+    out.push_str(&render_stream(exec.execute_stream(request("x"))).await);
+    expect![[r#"
+        text "par"
+        text "tial"
+        error Retryable StreamInterrupted: the response stream was interrupted: cut
+        error Permanent ContextOverflow: the request exceeds the model's context window: 
+    "#]]
+    .assert_eq(&out);
+}
+
+#[tokio::test]
+async fn a_waiting_turn_stays_pending_until_dropped() {
+    let exec = ScriptedExecutor::from_turns([ScriptTurn {
+        text: Some("thinking…".into()),
+        wait_for_cancel: true,
+        ..ScriptTurn::default()
+    }])
+    .expect("valid");
+    let mut stream = exec.execute_stream(request("x"));
+    let first = stream.next().await;
+    assert!(matches!(first, Some(Ok(LlmStreamEvent::TextDelta(ref t))) if t == "thinking…"));
+    assert!(
+        stream.next().now_or_never().is_none(),
+        "the turn must wait, not end"
+    );
+    assert_eq!(exec.dropped_waits(), 0);
+    drop(stream);
+    assert_eq!(exec.dropped_waits(), 1, "dropping the stream ends the wait");
+}
+
+#[tokio::test]
+async fn cancel_waiting_ends_a_waiting_turn_with_cancelled() {
+    let exec = ScriptedExecutor::from_turns([ScriptTurn::wait_for_cancel()]).expect("valid");
+    let mut stream = exec.execute_stream(request("x"));
+    assert!(stream.next().now_or_never().is_none());
+    exec.cancel_waiting();
+    let item = stream.next().await;
+    assert!(
+        matches!(item, Some(Err(InferenceExecutionError::Cancelled))),
+        "{item:?}"
+    );
+    assert!(stream.next().await.is_none());
+    drop(stream);
+    assert_eq!(
+        exec.dropped_waits(),
+        0,
+        "a cancelled wait is not counted as dropped"
+    );
+}
+
+const TOML_SCRIPT: &str = r#"
+[[turns]]
+text = "Let me look."
+[[turns.tool_calls]]
+name = "search"
+arguments = { query = "rust" }
+
+[[turns]]
+deltas = ["Found ", "it."]
+usage = { input_tokens = 12, output_tokens = 3 }
+
+[[turns]]
+error = { kind = "rate_limited", retry_after_ms = 200 }
+
+[[turns]]
+wait_for_cancel = true
+"#;
+
+#[test]
+fn scripts_load_from_json_and_toml_files() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let toml_path = dir.join("awaken-llm-script.toml");
+    std::fs::write(&toml_path, TOML_SCRIPT).expect("writable tmp dir");
+    let from_toml = Script::load(&toml_path).expect("valid TOML script");
+    assert_eq!(from_toml.turns.len(), 4);
+
+    let json = serde_json::to_string(&from_toml).expect("serializable");
+    let json_path = dir.join("awaken-llm-script.json");
+    std::fs::write(&json_path, &json).expect("writable tmp dir");
+    let from_json = Script::load(&json_path).expect("valid JSON script");
+    assert_eq!(
+        from_json, from_toml,
+        "JSON and TOML describe the same script"
+    );
+    expect![[r#"{"turns":[{"text":"Let me look.","tool_calls":[{"name":"search","arguments":{"query":"rust"}}]},{"deltas":["Found ","it."],"usage":{"input_tokens":12,"output_tokens":3}},{"error":{"kind":"rate_limited","retry_after_ms":200}},{"wait_for_cancel":true}]}"#]]
+    .assert_eq(&json);
+
+    let exec = ScriptedExecutor::load(&toml_path).expect("loads");
+    assert_eq!(exec.remaining(), 4);
+
+    let missing = Script::load(dir.join("no-such-script.toml"));
+    assert!(
+        matches!(missing, Err(ScriptError::Io { .. })),
+        "{missing:?}"
+    );
+    let yaml = Script::load(dir.join("script.yaml"));
+    assert!(matches!(yaml, Err(ScriptError::UnknownFormat { .. })));
+}
+
+#[test]
+fn bad_scripts_are_rejected_with_their_place() {
+    let unknown = Script::from_toml_str("[[turns]]\ntext = \"a\"\n\n[[turns]]\ntxet = \"b\"\n");
+    let Err(ScriptError::Parse { source, .. }) = &unknown else {
+        panic!("expected a parse error, got {unknown:?}");
+    };
+    assert_eq!(source.line(), Some(5), "{source}");
+
+    let both = Script::from_json_str(r#"{"turns":[{"text":"a"},{"text":"b","deltas":["c"]}]}"#);
+    expect![[r#"script turn 2: set either `text` or `deltas`, not both"#]]
+        .assert_eq(&both.err().map(|e| e.to_string()).unwrap_or_default());
+
+    let bad_id =
+        Script::from_json_str(r#"{"turns":[{"tool_calls":[{"name":"f","id":"has space"}]}]}"#);
+    assert!(
+        matches!(bad_id, Err(ScriptError::Invalid { turn: 1, .. })),
+        "{bad_id:?}"
+    );
+
+    let bad_kind = Script::from_json_str(r#"{"turns":[{"error":{"kind":"meteor"}}]}"#);
+    assert!(matches!(bad_kind, Err(ScriptError::Parse { .. })));
+}
+
+#[tokio::test]
+async fn raw_arguments_reach_the_response_unparsed() {
+    let exec =
+        ScriptedExecutor::from_turns([ScriptTurn::default().with_tool_call(ScriptToolCall {
+            id: None,
+            name: "f".into(),
+            arguments: None,
+            raw_arguments: Some("{not json".into()),
+        })])
+        .expect("valid");
+    let response = exec.execute(request("x")).await.expect("a response");
+    assert_eq!(
+        response.message.tool_calls[0].invalid_arguments.as_deref(),
+        Some("{not json")
+    );
+}
