@@ -135,6 +135,12 @@ impl SseParser {
         Ok(())
     }
 
+    /// How many bytes of unfinished lines and events are buffered (callers bound it to reject
+    /// a body that never ends a line).
+    pub fn buffered_len(&self) -> usize {
+        self.line.len() + self.pending.data.len()
+    }
+
     /// Whether an unfinished line or event is buffered (at the end of a body, it is lost).
     pub fn has_partial(&self) -> bool {
         !self.line.is_empty() || self.pending.has_data

@@ -9,6 +9,9 @@ use crate::error::InferenceExecutionError;
 use crate::event::LlmStreamEvent;
 use crate::sse::{SseEvent, SseParser};
 
+/// The longest SSE line or event accepted (a chunk is normally a few hundred bytes).
+pub(crate) const MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;
+
 #[derive(Debug)]
 struct CallSlot {
     wire_index: u32,
@@ -76,7 +79,15 @@ impl ChatStreamDecoder {
             finish,
             done,
         };
-        sse.push(bytes, |event: SseEvent<'_>| state.on_sse(event, out))
+        sse.push(bytes, |event: SseEvent<'_>| state.on_sse(event, out))?;
+        if sse.buffered_len() > MAX_EVENT_BYTES {
+            return Err(InferenceExecutionError::malformed(
+                format!("an SSE event grew past {MAX_EVENT_BYTES} bytes without ending"),
+                "",
+                None,
+            ));
+        }
+        Ok(())
     }
 
     /// Ends the body: emits the final `Usage`/`Stop` when a `finish_reason` was seen without

@@ -188,6 +188,8 @@ struct Inner {
     config: OpenAiConfig,
     client: reqwest::Client,
     url: reqwest::Url,
+    /// `url` without user info and query, for logs and errors (a key may hide in either).
+    shown_url: String,
     headers: HeaderMap,
 }
 
@@ -264,11 +266,16 @@ impl OpenAiExecutor {
                 field: "client",
                 reason: e.to_string(),
             })?;
+        let mut shown = url.clone();
+        let _ = shown.set_username("");
+        let _ = shown.set_password(None);
+        shown.set_query(None);
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
                 client,
                 url,
+                shown_url: shown.to_string(),
                 headers,
             }),
         })
@@ -368,7 +375,7 @@ impl Inner {
         }
         tracing::debug!(
             executor = %config.name,
-            url = %self.url,
+            url = %self.shown_url,
             model = %model,
             stream = config.stream,
             messages = request.messages.len(),
@@ -391,8 +398,8 @@ impl Inner {
             }
             Ok(Err(e)) => {
                 return Err(InferenceExecutionError::Connection {
-                    url: self.url.to_string(),
-                    source: Box::new(e),
+                    url: self.shown_url.clone(),
+                    source: Box::new(e.without_url()),
                 });
             }
             Ok(Ok(r)) => r,
@@ -419,7 +426,7 @@ impl Inner {
                 })?
                 .map_err(|e| InferenceExecutionError::StreamInterrupted {
                     reason: "reading the response body failed".to_owned(),
-                    source: Some(Box::new(e)),
+                    source: Some(Box::new(e.without_url())),
                 })?;
             let events = ChatStreamDecoder::decode_completion(&body)?;
             return Ok(stream::iter(events.into_iter().map(Ok)).boxed());
@@ -466,7 +473,7 @@ impl BodyStream {
                 }),
                 Ok(Err(e)) => Err(InferenceExecutionError::StreamInterrupted {
                     reason: "the connection failed while streaming".to_owned(),
-                    source: Some(Box::new(e)),
+                    source: Some(Box::new(e.without_url())),
                 }),
                 Ok(Ok(Some(bytes))) => self.decoder.push(&bytes, &mut self.scratch),
                 Ok(Ok(None)) => {

@@ -556,3 +556,24 @@ fn collector_rejects_broken_grammar() {
         Err(InferenceExecutionError::StreamInterrupted { .. })
     ));
 }
+
+#[test]
+fn an_event_that_never_ends_is_rejected_not_buffered_forever() {
+    let mut decoder = ChatStreamDecoder::new();
+    let mut out = Vec::new();
+    let piece = vec![b'x'; 1024 * 1024];
+    let mut result = decoder.push(b"data: ", &mut out);
+    for _ in 0..17 {
+        if result.is_err() {
+            break;
+        }
+        result = decoder.push(&piece, &mut out);
+    }
+    assert!(
+        matches!(
+            result,
+            Err(InferenceExecutionError::MalformedResponse { .. })
+        ),
+        "{result:?}"
+    );
+}
