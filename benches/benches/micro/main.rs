@@ -5,7 +5,15 @@
 use criterion::{criterion_group, criterion_main};
 
 mod event;
+mod llm;
+mod phase;
 mod state;
 
-criterion_group!(benches, event::benches, state::benches);
+criterion_group!(
+    benches,
+    event::benches,
+    llm::benches,
+    phase::benches,
+    state::benches
+);
 criterion_main!(benches);

@@ -1,0 +1,562 @@
+//! The phase engine: GATHER (hooks on one frozen snapshot, merged, with the serial fallback on
+//! `Exclusive` conflicts, published as one commit), EXECUTE (scheduled actions in bounded
+//! rounds), and effect dispatch after each commit.
+
+use std::collections::BTreeSet;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use awaken_state::{Committed, StateCommand, StateError, StateStore, Transaction};
+use futures_util::FutureExt;
+use futures_util::future::join_all;
+use rustc_hash::FxHashMap;
+use serde_json::Value;
+
+use crate::action::{EffectContext, HandlerFailure};
+use crate::context::PhaseContext;
+use crate::env::{PhaseEnv, RegisteredHook};
+use crate::hook::HookError;
+use crate::phase::Phase;
+use crate::queue::{ActionQueueKey, DeadLetter, DeadLettersKey, QueueUpdate, QueuedAction};
+
+/// How many EXECUTE rounds a phase may take before it fails with
+/// `StateError::PhaseRunLoopExceeded` (seed 000).
+pub const DEFAULT_MAX_PHASE_ROUNDS: usize = 16;
+
+/// Why a phase (or a submitted command) failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PhaseError {
+    /// Validation or commit failed (unknown key or handler, stale revision, a failing reducer,
+    /// the round limit); nothing of the failing commit was written.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// A hook returned an error; nothing of the phase's GATHER was published.
+    #[error("hook `{hook}` of plugin `{plugin_id}` failed in {phase}: {source}")]
+    HookFailed {
+        /// The phase.
+        phase: Phase,
+        /// The hook's plugin.
+        plugin_id: String,
+        /// The hook's name.
+        hook: String,
+        /// Its error.
+        #[source]
+        source: HookError,
+    },
+    /// A hook panicked; nothing of the phase's GATHER was published.
+    #[error("hook `{hook}` of plugin `{plugin_id}` panicked in {phase}: {message}")]
+    HookPanicked {
+        /// The phase.
+        phase: Phase,
+        /// The hook's plugin.
+        plugin_id: String,
+        /// The hook's name.
+        hook: String,
+        /// The panic message.
+        message: String,
+    },
+    /// The run was cancelled before or during the phase.
+    #[error("{phase} was cancelled")]
+    Cancelled {
+        /// The phase.
+        phase: Phase,
+    },
+    /// `ToolGate` is driven through gate hooks, never through `run_phase`.
+    #[error("tool_gate is not run through phase hooks")]
+    ToolGatePhase,
+}
+
+/// Counts of effect dispatch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EffectStats {
+    /// Effects handed to a handler.
+    pub attempted: usize,
+    /// Of those, how many failed (error, panic or undecodable payload).
+    pub failed: usize,
+}
+
+impl EffectStats {
+    fn add(&mut self, other: EffectStats) {
+        self.attempted += other.attempted;
+        self.failed += other.failed;
+    }
+}
+
+/// What one `run_phase` did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PhaseReport {
+    /// Whether GATHER published a commit (it does not when no hook wrote anything).
+    pub gather_committed: bool,
+    /// Whether the conflict fallback ran.
+    pub fallback: bool,
+    /// Hooks re-run serially because of a conflict, as `plugin/hook`, in order.
+    pub deferred_hooks: Vec<String>,
+    /// EXECUTE rounds that processed at least one action.
+    pub rounds: usize,
+    /// Actions whose handler succeeded.
+    pub actions_processed: usize,
+    /// Actions dead-lettered during this phase.
+    pub dead_lettered: Vec<DeadLetter>,
+    /// Actions still queued for other phases when the phase ended.
+    pub actions_left: usize,
+    /// Effect dispatch over the phase's commits.
+    pub effects: EffectStats,
+    /// The store's revision when the phase ended.
+    pub revision: u64,
+}
+
+/// What `submit_command` did.
+#[derive(Debug, Clone)]
+pub struct SubmitReport {
+    /// The commit.
+    pub committed: Committed,
+    /// Effect dispatch after it.
+    pub effects: EffectStats,
+}
+
+/// Runs phases and submits commands against one state store and one environment.
+/// Cheap to clone (shared).
+#[derive(Clone)]
+pub struct PhaseEngine {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<StateStore>,
+    env: Arc<PhaseEnv>,
+}
+
+impl std::fmt::Debug for PhaseEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PhaseEngine")
+            .field("store", &self.inner.store)
+            .finish_non_exhaustive()
+    }
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_owned()
+    }
+}
+
+/// Actions a command scheduled, as queue entries.
+fn take_actions(cmd: &mut StateCommand) -> Vec<(String, String, Value)> {
+    cmd.take_actions()
+        .into_iter()
+        .map(|a| (a.phase, a.key, a.payload))
+        .collect()
+}
+
+impl PhaseEngine {
+    /// An engine over `store` (whose registry must hold the engine's keys, see
+    /// [`crate::register_engine_keys`]) and `env`.
+    pub fn new(store: Arc<StateStore>, env: Arc<PhaseEnv>) -> Self {
+        Self {
+            inner: Arc::new(Inner { store, env }),
+        }
+    }
+
+    /// The state store.
+    pub fn store(&self) -> &Arc<StateStore> {
+        &self.inner.store
+    }
+
+    /// The environment.
+    pub fn env(&self) -> &Arc<PhaseEnv> {
+        &self.inner.env
+    }
+
+    /// Checks every scheduled action and effect of `cmd` has a handler and a valid phase.
+    pub fn validate(&self, cmd: &StateCommand) -> Result<(), StateError> {
+        let env = &self.inner.env;
+        for action in cmd.actions() {
+            let phase: Phase =
+                action
+                    .phase
+                    .parse()
+                    .map_err(|_| StateError::InvalidActionPhase {
+                        phase: action.phase.clone(),
+                        key: action.key.clone(),
+                    })?;
+            let handler = env.action(&action.key).ok_or_else(|| {
+                StateError::UnknownScheduledActionHandler {
+                    key: action.key.clone(),
+                }
+            })?;
+            if phase == Phase::ToolGate || handler.handler.phase() != phase {
+                return Err(StateError::InvalidActionPhase {
+                    phase: action.phase.clone(),
+                    key: action.key.clone(),
+                });
+            }
+        }
+        for effect in cmd.effects() {
+            if env.effect(&effect.key).is_none() {
+                return Err(StateError::UnknownEffectHandler {
+                    key: effect.key.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Validates `cmd` (handlers, phases; nothing is written if it fails), commits it with its
+    /// scheduled actions queued, then dispatches its effects.
+    pub async fn submit_command(&self, mut cmd: StateCommand) -> Result<SubmitReport, PhaseError> {
+        self.validate(&cmd)?;
+        let actions = take_actions(&mut cmd);
+        if !actions.is_empty() {
+            cmd.update::<ActionQueueKey>(QueueUpdate::Enqueue { actions });
+        }
+        let committed = self.inner.store.commit(cmd)?;
+        let effects = self.dispatch_effects(&committed).await;
+        Ok(SubmitReport { committed, effects })
+    }
+
+    /// Runs `ctx.phase` with [`DEFAULT_MAX_PHASE_ROUNDS`].
+    pub async fn run_phase(&self, ctx: &PhaseContext) -> Result<PhaseReport, PhaseError> {
+        self.run_phase_with(ctx, DEFAULT_MAX_PHASE_ROUNDS).await
+    }
+
+    /// Runs `ctx.phase`: GATHER, then EXECUTE with at most `max_rounds` processing rounds.
+    /// `ctx.snapshot` is ignored: the engine reads the store's current state.
+    pub async fn run_phase_with(
+        &self,
+        ctx: &PhaseContext,
+        max_rounds: usize,
+    ) -> Result<PhaseReport, PhaseError> {
+        let phase = ctx.phase;
+        if phase == Phase::ToolGate {
+            return Err(PhaseError::ToolGatePhase);
+        }
+        if ctx.cancel.is_cancelled() {
+            return Err(PhaseError::Cancelled { phase });
+        }
+        let mut report = PhaseReport::default();
+        self.gather(ctx, &mut report).await?;
+        if ctx.cancel.is_cancelled() {
+            return Err(PhaseError::Cancelled { phase });
+        }
+        self.execute(ctx, max_rounds, &mut report).await?;
+        report.revision = self.inner.store.revision();
+        Ok(report)
+    }
+
+    async fn run_hook(
+        phase: Phase,
+        hook: &RegisteredHook,
+        ctx: &PhaseContext,
+    ) -> Result<StateCommand, PhaseError> {
+        match AssertUnwindSafe(hook.hook.run(ctx)).catch_unwind().await {
+            Ok(Ok(cmd)) => Ok(cmd),
+            Ok(Err(source)) => Err(PhaseError::HookFailed {
+                phase,
+                plugin_id: hook.plugin_id.to_string(),
+                hook: hook.name.to_string(),
+                source,
+            }),
+            Err(panic) => Err(PhaseError::HookPanicked {
+                phase,
+                plugin_id: hook.plugin_id.to_string(),
+                hook: hook.name.to_string(),
+                message: panic_message(&*panic),
+            }),
+        }
+    }
+
+    /// Applies `cmd` to the transaction, moving its actions to `pending`.
+    fn stage(
+        &self,
+        tx: &mut Transaction<'_>,
+        mut cmd: StateCommand,
+        pending: &mut Vec<(String, String, Value)>,
+    ) -> Result<(), StateError> {
+        self.validate(&cmd)?;
+        let actions = take_actions(&mut cmd);
+        tx.apply(cmd)?;
+        pending.extend(actions);
+        Ok(())
+    }
+
+    async fn gather(&self, ctx: &PhaseContext, report: &mut PhaseReport) -> Result<(), PhaseError> {
+        let phase = ctx.phase;
+        let hooks = self.inner.env.hooks(phase);
+        if hooks.is_empty() {
+            return Ok(());
+        }
+        let store = &*self.inner.store;
+        let registry = store.registry();
+        let mut tx = store.transaction();
+        let frozen = ctx.with_snapshot(tx.snapshot());
+        let outputs = join_all(hooks.iter().map(|h| Self::run_hook(phase, h, &frozen))).await;
+        let mut commands = Vec::with_capacity(outputs.len());
+        for out in outputs {
+            commands.push(out?); // the first failure in registration order fails the phase
+        }
+
+        // Does any Exclusive key have two writers?
+        let mut writer: FxHashMap<&str, usize> = FxHashMap::default();
+        let mut conflict = false;
+        'scan: for (i, cmd) in commands.iter().enumerate() {
+            for update in cmd.updates() {
+                let key = update.key();
+                if registry.is_exclusive(key) && *writer.entry(key).or_insert(i) != i {
+                    conflict = true;
+                    break 'scan;
+                }
+            }
+        }
+
+        let mut pending = Vec::new();
+        if !conflict {
+            let mut commands = commands.into_iter();
+            let mut merged = commands.next().unwrap_or_default();
+            for cmd in commands {
+                merged.extend(cmd);
+            }
+            self.stage(&mut tx, merged, &mut pending)?;
+        } else {
+            report.fallback = true;
+            let mut batch_keys: BTreeSet<String> = BTreeSet::new();
+            let mut batch = StateCommand::new();
+            let mut deferred = Vec::new();
+            for (i, cmd) in commands.into_iter().enumerate() {
+                let keys: BTreeSet<String> = cmd
+                    .exclusive_keys(registry)
+                    .into_iter()
+                    .map(str::to_owned)
+                    .collect();
+                if keys.is_disjoint(&batch_keys) {
+                    batch_keys.extend(keys);
+                    batch.extend(cmd);
+                } else {
+                    deferred.push(i); // its first output is discarded entirely
+                }
+            }
+            self.stage(&mut tx, batch, &mut pending)?;
+            for i in deferred {
+                let hook = &hooks[i];
+                report
+                    .deferred_hooks
+                    .push(format!("{}/{}", hook.plugin_id, hook.name));
+                let fresh = ctx.with_snapshot(tx.snapshot());
+                let cmd = Self::run_hook(phase, hook, &fresh).await?;
+                self.stage(&mut tx, cmd, &mut pending)?;
+            }
+        }
+        if !pending.is_empty() {
+            tx.apply(
+                StateCommand::new()
+                    .with_update::<ActionQueueKey>(QueueUpdate::Enqueue { actions: pending }),
+            )?;
+        }
+        if tx.is_empty() {
+            return Ok(());
+        }
+        let committed = tx.commit()?;
+        report.gather_committed = true;
+        let stats = self.dispatch_effects(&committed).await;
+        report.effects.add(stats);
+        Ok(())
+    }
+
+    async fn execute(
+        &self,
+        ctx: &PhaseContext,
+        max_rounds: usize,
+        report: &mut PhaseReport,
+    ) -> Result<(), PhaseError> {
+        let phase = ctx.phase;
+        let name = phase.as_str();
+        let store = &*self.inner.store;
+        let mut round = 0usize;
+        loop {
+            let batch: Vec<QueuedAction> = store
+                .snapshot()
+                .get::<ActionQueueKey>()?
+                .for_phase(name)
+                .cloned()
+                .collect();
+            if batch.is_empty() {
+                break;
+            }
+            if round == max_rounds {
+                return Err(StateError::PhaseRunLoopExceeded {
+                    phase: name.to_owned(),
+                    max_rounds,
+                }
+                .into());
+            }
+            round += 1;
+            for action in batch {
+                if ctx.cancel.is_cancelled() {
+                    return Err(PhaseError::Cancelled { phase });
+                }
+                match self.process_action(ctx, &action).await? {
+                    Ok(stats) => {
+                        report.actions_processed += 1;
+                        report.effects.add(stats);
+                    }
+                    Err(reason) => {
+                        let letters = self.dead_letter(vec![action], &reason)?;
+                        report.dead_lettered.extend(letters);
+                    }
+                }
+            }
+        }
+        report.rounds = round;
+        report.actions_left = store.snapshot().get::<ActionQueueKey>()?.items.len();
+        Ok(())
+    }
+
+    /// Runs one action's handler and commits its command with the action's removal. The outer
+    /// `Err` is an engine failure; the inner `Err` is a reason to dead-letter the action.
+    async fn process_action(
+        &self,
+        ctx: &PhaseContext,
+        action: &QueuedAction,
+    ) -> Result<Result<EffectStats, String>, PhaseError> {
+        let Some(registered) = self.inner.env.action(&action.key) else {
+            return Ok(Err(format!(
+                "no handler is registered for scheduled action `{}`",
+                action.key
+            )));
+        };
+        let fresh = ctx.with_snapshot(self.inner.store.snapshot());
+        let handled = AssertUnwindSafe(registered.handler.handle_json(&fresh, &action.payload))
+            .catch_unwind()
+            .await;
+        let mut cmd = match handled {
+            Ok(Ok(cmd)) => cmd,
+            Ok(Err(failure)) => return Ok(Err(failure.to_string())),
+            Err(panic) => {
+                let failure = HandlerFailure::Panicked {
+                    key: action.key.clone(),
+                    message: panic_message(&*panic),
+                };
+                return Ok(Err(failure.to_string()));
+            }
+        };
+        if let Err(e) = self.validate(&cmd) {
+            return Ok(Err(format!(
+                "handler of `{}` returned an invalid command: {e}",
+                action.key
+            )));
+        }
+        let actions = take_actions(&mut cmd);
+        cmd.update::<ActionQueueKey>(QueueUpdate::Remove {
+            ids: vec![action.id],
+        });
+        if !actions.is_empty() {
+            cmd.update::<ActionQueueKey>(QueueUpdate::Enqueue { actions });
+        }
+        match self.inner.store.commit(cmd) {
+            Ok(committed) => Ok(Ok(self.dispatch_effects(&committed).await)),
+            Err(e) => Ok(Err(format!(
+                "command of `{}` did not commit: {e}",
+                action.key
+            ))),
+        }
+    }
+
+    /// Removes `actions` from the queue and records them as dead letters, in one commit.
+    fn dead_letter(
+        &self,
+        actions: Vec<QueuedAction>,
+        reason: &str,
+    ) -> Result<Vec<DeadLetter>, PhaseError> {
+        if actions.is_empty() {
+            return Ok(Vec::new());
+        }
+        for a in &actions {
+            tracing::warn!(action = %a.key, phase = %a.phase, reason, "scheduled action dead-lettered");
+        }
+        let letters: Vec<DeadLetter> = actions
+            .into_iter()
+            .map(|action| DeadLetter {
+                action,
+                reason: reason.to_owned(),
+            })
+            .collect();
+        let mut cmd = StateCommand::new();
+        cmd.update::<ActionQueueKey>(QueueUpdate::Remove {
+            ids: letters.iter().map(|l| l.action.id).collect(),
+        });
+        cmd.update::<DeadLettersKey>(letters.clone());
+        self.inner.store.commit(cmd)?;
+        Ok(letters)
+    }
+
+    /// Dead-letters every action still queued (for phases that will not run again), with
+    /// `reason`. The runtime calls this when a run ends.
+    pub fn dead_letter_remaining(&self, reason: &str) -> Result<Vec<DeadLetter>, PhaseError> {
+        let queue = self
+            .inner
+            .store
+            .snapshot()
+            .get::<ActionQueueKey>()?
+            .items
+            .clone();
+        self.dead_letter(queue, reason)
+    }
+
+    /// Dead-letters queued actions that no handler of this environment can process (a resumed
+    /// run resolved a different plugin set), with `reason`.
+    pub fn dead_letter_unhandled(&self, reason: &str) -> Result<Vec<DeadLetter>, PhaseError> {
+        let env = &self.inner.env;
+        let orphans: Vec<QueuedAction> = self
+            .inner
+            .store
+            .snapshot()
+            .get::<ActionQueueKey>()?
+            .items
+            .iter()
+            .filter(|a| {
+                env.action(&a.key)
+                    .is_none_or(|h| h.handler.phase().as_str() != a.phase)
+            })
+            .cloned()
+            .collect();
+        self.dead_letter(orphans, reason)
+    }
+
+    /// Dispatches a commit's effects in emission order, each handler seeing that commit's
+    /// snapshot. Failures are logged and counted, never propagated.
+    pub async fn dispatch_effects(&self, committed: &Committed) -> EffectStats {
+        let mut stats = EffectStats::default();
+        if committed.effects.is_empty() {
+            return stats;
+        }
+        let ctx = EffectContext {
+            snapshot: committed.snapshot.clone(),
+            engine: self.clone(),
+        };
+        for effect in &committed.effects {
+            stats.attempted += 1;
+            let Some(registered) = self.inner.env.effect(&effect.key) else {
+                stats.failed += 1;
+                tracing::error!(effect = %effect.key, "effect has no handler");
+                continue;
+            };
+            let outcome = AssertUnwindSafe(registered.handler.handle_json(&ctx, &effect.payload))
+                .catch_unwind()
+                .await;
+            let failure = match outcome {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(panic) => Some(format!("panicked: {}", panic_message(&*panic))),
+            };
+            if let Some(failure) = failure {
+                stats.failed += 1;
+                tracing::warn!(effect = %effect.key, plugin = %registered.plugin_id, %failure, "effect handler failed");
+            }
+        }
+        stats
+    }
+}

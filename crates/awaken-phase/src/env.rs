@@ -1,0 +1,219 @@
+//! The environment the engine runs against: hooks per phase tagged with their plugin, and
+//! action and effect handlers by key. A plain struct; the plugin crate builds it.
+
+use rustc_hash::FxHashMap as HashMap;
+use std::sync::Arc;
+
+use crate::action::{ErasedActionHandler, ErasedEffectHandler};
+use crate::hook::PhaseHook;
+use crate::phase::Phase;
+
+/// A hook as installed: which plugin contributed it and under what name.
+#[derive(Clone)]
+pub struct RegisteredHook {
+    /// The contributing plugin's id.
+    pub plugin_id: Arc<str>,
+    /// The hook's name (unique within the plugin and phase; used in errors and traces).
+    pub name: Arc<str>,
+    /// The hook.
+    pub hook: Arc<dyn PhaseHook>,
+}
+
+/// An action handler as installed.
+#[derive(Clone)]
+pub struct RegisteredAction {
+    /// The contributing plugin's id.
+    pub plugin_id: Arc<str>,
+    /// The handler.
+    pub handler: Arc<dyn ErasedActionHandler>,
+}
+
+/// An effect handler as installed.
+#[derive(Clone)]
+pub struct RegisteredEffect {
+    /// The contributing plugin's id.
+    pub plugin_id: Arc<str>,
+    /// The handler.
+    pub handler: Arc<dyn ErasedEffectHandler>,
+}
+
+/// A contribution the environment refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PhaseEnvError {
+    /// Phase hooks cannot target `ToolGate` (it is driven through gate hooks).
+    #[error(
+        "plugin `{plugin_id}` registers phase hook `{hook}` for tool_gate; use a tool-gate hook"
+    )]
+    ToolGateHook {
+        /// The plugin.
+        plugin_id: String,
+        /// The hook.
+        hook: String,
+    },
+    /// A plugin registered two hooks with one name for one phase.
+    #[error("plugin `{plugin_id}` registers hook `{hook}` for {phase} twice")]
+    DuplicateHook {
+        /// The plugin.
+        plugin_id: String,
+        /// The phase.
+        phase: Phase,
+        /// The hook.
+        hook: String,
+    },
+    /// An action handler targets `ToolGate`.
+    #[error("plugin `{plugin_id}` registers action `{key}` for tool_gate, which runs no actions")]
+    ActionForToolGate {
+        /// The plugin.
+        plugin_id: String,
+        /// The action key.
+        key: String,
+    },
+    /// Two handlers for one action key.
+    #[error("scheduled action `{key}` is handled by both `{first}` and `{second}`")]
+    DuplicateAction {
+        /// The action key.
+        key: String,
+        /// The plugin that registered it first.
+        first: String,
+        /// The plugin that registered it again.
+        second: String,
+    },
+    /// Two handlers for one effect key.
+    #[error("effect `{key}` is handled by both `{first}` and `{second}`")]
+    DuplicateEffect {
+        /// The effect key.
+        key: String,
+        /// The plugin that registered it first.
+        first: String,
+        /// The plugin that registered it again.
+        second: String,
+    },
+}
+
+/// Hooks and handlers of one resolved agent.
+#[derive(Clone, Default)]
+pub struct PhaseEnv {
+    hooks: [Vec<RegisteredHook>; 9],
+    actions: HashMap<&'static str, RegisteredAction>,
+    effects: HashMap<&'static str, RegisteredEffect>,
+}
+
+impl PhaseEnv {
+    /// An empty environment.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends a hook for `phase` (hooks run in the order they are added).
+    pub fn add_hook(
+        &mut self,
+        phase: Phase,
+        plugin_id: &str,
+        name: &str,
+        hook: Arc<dyn PhaseHook>,
+    ) -> Result<(), PhaseEnvError> {
+        if phase == Phase::ToolGate {
+            return Err(PhaseEnvError::ToolGateHook {
+                plugin_id: plugin_id.into(),
+                hook: name.into(),
+            });
+        }
+        let list = &mut self.hooks[phase as usize];
+        if list
+            .iter()
+            .any(|h| &*h.plugin_id == plugin_id && &*h.name == name)
+        {
+            return Err(PhaseEnvError::DuplicateHook {
+                plugin_id: plugin_id.into(),
+                phase,
+                hook: name.into(),
+            });
+        }
+        list.push(RegisteredHook {
+            plugin_id: plugin_id.into(),
+            name: name.into(),
+            hook,
+        });
+        Ok(())
+    }
+
+    /// Installs an action handler.
+    pub fn add_action(
+        &mut self,
+        plugin_id: &str,
+        handler: Arc<dyn ErasedActionHandler>,
+    ) -> Result<(), PhaseEnvError> {
+        let key = handler.key();
+        if handler.phase() == Phase::ToolGate {
+            return Err(PhaseEnvError::ActionForToolGate {
+                plugin_id: plugin_id.into(),
+                key: key.into(),
+            });
+        }
+        if let Some(existing) = self.actions.get(key) {
+            return Err(PhaseEnvError::DuplicateAction {
+                key: key.into(),
+                first: existing.plugin_id.to_string(),
+                second: plugin_id.into(),
+            });
+        }
+        self.actions.insert(
+            key,
+            RegisteredAction {
+                plugin_id: plugin_id.into(),
+                handler,
+            },
+        );
+        Ok(())
+    }
+
+    /// Installs an effect handler.
+    pub fn add_effect(
+        &mut self,
+        plugin_id: &str,
+        handler: Arc<dyn ErasedEffectHandler>,
+    ) -> Result<(), PhaseEnvError> {
+        let key = handler.key();
+        if let Some(existing) = self.effects.get(key) {
+            return Err(PhaseEnvError::DuplicateEffect {
+                key: key.into(),
+                first: existing.plugin_id.to_string(),
+                second: plugin_id.into(),
+            });
+        }
+        self.effects.insert(
+            key,
+            RegisteredEffect {
+                plugin_id: plugin_id.into(),
+                handler,
+            },
+        );
+        Ok(())
+    }
+
+    /// The hooks of `phase`, in order.
+    pub fn hooks(&self, phase: Phase) -> &[RegisteredHook] {
+        &self.hooks[phase as usize]
+    }
+
+    /// The handler of an action key.
+    pub fn action(&self, key: &str) -> Option<&RegisteredAction> {
+        self.actions.get(key)
+    }
+
+    /// The handler of an effect key.
+    pub fn effect(&self, key: &str) -> Option<&RegisteredEffect> {
+        self.effects.get(key)
+    }
+
+    /// Every action key with a handler.
+    pub fn action_keys(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.actions.keys().copied()
+    }
+
+    /// Every effect key with a handler.
+    pub fn effect_keys(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.effects.keys().copied()
+    }
+}
