@@ -17,9 +17,17 @@ fn activation(steps: u32) -> Vec<AgentEvent> {
     for step in 1..=steps {
         let call_id = ToolCallId::new(format!("c{step}")).expect("generated id");
         events.push(AgentEvent::StepStart { step });
-        events.push(AgentEvent::TextDelta { delta: "hello".into() });
-        events.push(AgentEvent::ToolCallStart { call_id: call_id.clone(), name: "echo".into() });
-        events.push(AgentEvent::ToolCallArgsDelta { call_id: call_id.clone(), delta: "{}".into() });
+        events.push(AgentEvent::TextDelta {
+            delta: "hello".into(),
+        });
+        events.push(AgentEvent::ToolCallStart {
+            call_id: call_id.clone(),
+            name: "echo".into(),
+        });
+        events.push(AgentEvent::ToolCallArgsDelta {
+            call_id: call_id.clone(),
+            delta: "{}".into(),
+        });
         events.push(AgentEvent::ToolCallDone {
             call_id,
             result: ToolResult::success(serde_json::json!({"ok": true})),
@@ -48,7 +56,9 @@ pub(crate) fn benches(c: &mut Criterion) {
             checker.finish().expect("finished")
         })
     });
-    let delta = AgentEvent::TextDelta { delta: "a few words of streamed text".into() };
+    let delta = AgentEvent::TextDelta {
+        delta: "a few words of streamed text".into(),
+    };
     c.bench_function("event/serialize_text_delta", |b| {
         b.iter(|| serde_json::to_vec(black_box(&delta)).expect("serializable"))
     });
