@@ -176,7 +176,12 @@ impl DecodeState<'_> {
         out: &mut Vec<LlmStreamEvent>,
     ) -> Result<(), InferenceExecutionError> {
         let chunk: Chunk<'_> = serde_json::from_str(data).map_err(|e| {
-            InferenceExecutionError::malformed("a chunk is not valid JSON", data, Some(e))
+            let reason = if e.is_data() {
+                "a chunk does not have the shape of a chat-completion chunk"
+            } else {
+                "a chunk is not valid JSON"
+            };
+            InferenceExecutionError::malformed(reason, data, Some(e))
         })?;
         if let Some(error) = &chunk.error {
             return Err(error.to_error());
@@ -185,7 +190,7 @@ impl DecodeState<'_> {
             *self.usage = Some(u.to_usage());
         }
         // Only the first choice is used (n = 1 is what the executor asks for).
-        let Some(choice) = chunk.choices.as_ref().and_then(|c| c.first()) else {
+        let Some(choice) = chunk.choices.as_ref().and_then(|c| c.0.as_ref()) else {
             return Ok(());
         };
         if let Some(delta) = &choice.delta {

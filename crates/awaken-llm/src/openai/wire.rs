@@ -256,12 +256,39 @@ pub(crate) struct Text<'a>(#[serde(borrow)] pub(crate) Cow<'a, str>);
 
 #[derive(Debug, Deserialize)]
 pub(crate) struct Chunk<'a> {
+    /// The first choice only (the executor asks for `n = 1`); the others are skipped
+    /// without allocating.
     #[serde(borrow, default)]
-    pub(crate) choices: Option<Vec<ChunkChoice<'a>>>,
+    pub(crate) choices: Option<FirstChoice<'a>>,
     #[serde(default)]
     pub(crate) usage: Option<WireUsage>,
     #[serde(borrow, default)]
     pub(crate) error: Option<WireError<'a>>,
+}
+
+/// The first element of the `choices` array, if any.
+#[derive(Debug)]
+pub(crate) struct FirstChoice<'a>(pub(crate) Option<ChunkChoice<'a>>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for FirstChoice<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = FirstChoice<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an array of choices")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let first = seq.next_element::<ChunkChoice<'a>>()?;
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(FirstChoice(first))
+            }
+        }
+        d.deserialize_seq(Visit(std::marker::PhantomData))
+    }
 }
 
 #[derive(Debug, Deserialize)]

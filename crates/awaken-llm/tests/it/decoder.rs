@@ -577,3 +577,19 @@ fn an_event_that_never_ends_is_rejected_not_buffered_forever() {
         "{result:?}"
     );
 }
+
+#[test]
+fn only_the_first_choice_is_used_and_null_choices_are_fine() {
+    let body = [
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"first\"}},{\"index\":1,\"delta\":{\"content\":\"second\"}}]}\n\n",
+        "data: {\"choices\":null,\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\n\n",
+        "data: {\"choices\":[],\"usage\":null}\n\n",
+        "data: {\"choices\":{\"not\":\"a list\"}}\n\n",
+    ]
+    .concat();
+    expect![[r#"
+        text "first"
+        error Permanent MalformedResponse: malformed provider response: a chunk does not have the shape of a chat-completion chunk (in "{\"choices\":{\"not\":\"a list\"}}")
+    "#]]
+    .assert_eq(&decode(&[body.as_bytes()]));
+}
