@@ -17,6 +17,9 @@ mod retry;
 mod scripted;
 mod sse;
 
+#[cfg(test)]
+mod tests;
+
 pub use error::{BoxError, ErrorClass, InferenceExecutionError};
 pub use event::{LlmEventStream, LlmStreamEvent, ResponseCollector, collect_stream};
 pub use executor::{LlmExecutor, LlmResponseFuture};
