@@ -1,0 +1,109 @@
+//! The `Tool` trait and what a tool returns.
+
+use async_trait::async_trait;
+use awaken_event::{ToolDescriptor, ToolResult};
+use awaken_state::{KeyRegistry, StateCommand};
+use serde_json::Value;
+
+use crate::context::ToolCallContext;
+use crate::error::ToolError;
+use crate::recovery::ToolRecoveryPolicy;
+
+/// A tool the model can call.
+///
+/// The runtime registers a tool once (as a [`crate::RegisteredTool`], which compiles its
+/// argument schema and checks its recovery policy), and for each call: validates the arguments
+/// (invalid ones never reach `execute`), runs the gates, commits the call as `Executing`, then
+/// calls [`Tool::execute`], checks the returned command against [`Tool::writes`] and commits the
+/// result.
+#[async_trait]
+pub trait Tool: Send + Sync + 'static {
+    /// What the model is told: id, name, description, argument schema and effect class. Read
+    /// once, at registration.
+    fn descriptor(&self) -> ToolDescriptor;
+
+    /// What recovery does with a call of this tool that was executing when the process stopped.
+    /// Defaults from the effect class ([`ToolRecoveryPolicy::default_for`]). Declaring
+    /// [`ToolRecoveryPolicy::Rerun`] for a `SideEffecting` tool is rejected at registration.
+    fn recovery_policy(&self) -> ToolRecoveryPolicy {
+        ToolRecoveryPolicy::default_for(self.descriptor().effect)
+    }
+
+    /// The `Exclusive` state keys the tool's command may write (default: none). Writing any
+    /// other `Exclusive` key fails the call with [`ToolError::UndeclaredStateWrite`];
+    /// `Commutative` keys need no declaration. Also used to serialize concurrent calls whose
+    /// declared writes overlap.
+    fn writes(&self) -> &[&'static str] {
+        &[]
+    }
+
+    /// Runs the call with arguments already validated against the schema.
+    ///
+    /// May do IO (that is what tools are for) and should stop early when
+    /// `ctx.cancel_token()` fires. An `Err` closes the call with that error, which the model
+    /// sees. Pass `ctx.idempotency_key()` to the systems the tool writes to: a call of a
+    /// `ReadOnly` or `Idempotent` tool may run again after a crash with the same key.
+    async fn execute(&self, args: Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError>;
+}
+
+/// What a successful `execute` returns: the result the model sees and, optionally, a state
+/// command committed with it.
+#[derive(Debug, Clone)]
+pub struct ToolOutput {
+    /// The result.
+    pub result: ToolResult,
+    /// State changes to commit with the result.
+    pub command: Option<StateCommand>,
+}
+
+impl ToolOutput {
+    /// An output with this result and no command.
+    pub fn new(result: ToolResult) -> Self {
+        Self {
+            result,
+            command: None,
+        }
+    }
+
+    /// A successful result with this content and no command.
+    pub fn success(content: Value) -> Self {
+        Self::new(ToolResult::success(content))
+    }
+
+    /// With a state command.
+    pub fn with_command(mut self, command: StateCommand) -> Self {
+        self.command = Some(command);
+        self
+    }
+}
+
+impl From<ToolResult> for ToolOutput {
+    fn from(result: ToolResult) -> Self {
+        Self::new(result)
+    }
+}
+
+/// Checks that `command` writes no `Exclusive` key outside `declared` (the tool's
+/// [`Tool::writes`]). Keys unknown to `registry` count as `Exclusive`. The runtime calls this on
+/// every command a tool returns, before committing it.
+///
+/// # Errors
+/// [`ToolError::UndeclaredStateWrite`] naming the first offending key in key-name order.
+pub fn check_writes(
+    tool_id: &str,
+    command: &StateCommand,
+    declared: &[&str],
+    registry: &KeyRegistry,
+) -> Result<(), ToolError> {
+    match command
+        .exclusive_keys(registry)
+        .into_iter()
+        .find(|key| !declared.contains(key))
+    {
+        Some(key) => Err(ToolError::UndeclaredStateWrite {
+            tool_id: tool_id.to_owned(),
+            key: key.to_owned(),
+        }),
+        None => Ok(()),
+    }
+}
