@@ -6,8 +6,10 @@
 //! ([`openai::OpenAiExecutor`]) with its IO-free SSE parser and stream decoder.
 //!
 //! This crate must never know plugins, state, tools' execution or the agent loop: it turns a
-//! request into events and an error class, nothing more. Cancellation is dropping a stream.
+//! request into events and an error class, nothing more. Cancellation is dropping a stream
+//! (or wrapping it with [`with_cancellation`] and cancelling the run's token).
 
+mod cancel;
 mod error;
 mod event;
 mod executor;
@@ -20,6 +22,7 @@ mod sse;
 #[cfg(test)]
 mod tests;
 
+pub use cancel::with_cancellation;
 pub use error::{BoxError, ErrorClass, InferenceExecutionError};
 pub use event::{LlmEventStream, LlmStreamEvent, ResponseCollector, collect_stream};
 pub use executor::{LlmExecutor, LlmResponseFuture};

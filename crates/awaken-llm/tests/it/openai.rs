@@ -429,3 +429,64 @@ fn the_api_key_never_shows_in_debug() {
         })
     ));
 }
+
+#[tokio::test]
+async fn a_server_that_ignores_stream_and_answers_json_still_works() {
+    let server = TestServer::start(vec![vec![Action::Raw(response(200, &[], COMPLETION))]]).await;
+    let exec = executor(&server, |c| c);
+    assert!(exec.config().stream);
+    let response = bounded(exec.execute(request("x"))).await;
+    assert_eq!(
+        response.map(|r| r.message.text()).ok().as_deref(),
+        Some("Hello there.")
+    );
+}
+
+#[tokio::test]
+async fn a_stream_that_goes_silent_times_out_retryably() {
+    let (_never_tx, never) = oneshot::channel::<()>();
+    let server = TestServer::start(vec![vec![
+        sse_head(),
+        Action::Chunk(delta_chunk(r#"{"content":"then nothing"}"#, None).into_bytes()),
+        Action::WaitFor(never),
+    ]])
+    .await;
+    let exec = executor(&server, |c| {
+        c.with_stream_idle_timeout(Duration::from_millis(50))
+    });
+    let out = bounded(render_stream(exec.execute_stream(request("x")))).await;
+    expect![[r#"
+        text "then nothing"
+        error Retryable Timeout: inference timed out after 50ms waiting for next stream chunk
+    "#]]
+    .assert_eq(&out);
+}
+
+#[tokio::test]
+async fn cancelling_the_token_closes_the_connection() {
+    let (closed_tx, closed) = oneshot::channel();
+    let server = TestServer::start(vec![vec![
+        sse_head(),
+        Action::Chunk(delta_chunk(r#"{"content":"streaming"}"#, None).into_bytes()),
+        Action::SignalClientClose(closed_tx),
+    ]])
+    .await;
+    let exec = executor(&server, |c| c);
+    let token = awaken_event::CancellationToken::new();
+    let mut stream =
+        awaken_llm::with_cancellation(exec.execute_stream(request("x")), token.clone());
+    assert!(matches!(
+        bounded(stream.next()).await,
+        Some(Ok(LlmStreamEvent::TextDelta(_)))
+    ));
+    token.cancel();
+    let item = bounded(stream.next()).await;
+    assert!(
+        matches!(item, Some(Err(InferenceExecutionError::Cancelled))),
+        "{item:?}"
+    );
+    assert!(
+        bounded(closed).await.is_ok(),
+        "the server saw the connection close"
+    );
+}

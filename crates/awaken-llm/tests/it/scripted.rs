@@ -272,3 +272,50 @@ async fn raw_arguments_reach_the_response_unparsed() {
         Some("{not json")
     );
 }
+
+#[tokio::test]
+async fn a_cancellation_token_ends_a_waiting_turn() {
+    let exec = ScriptedExecutor::from_turns([ScriptTurn {
+        deltas: vec!["partial".into()],
+        wait_for_cancel: true,
+        ..ScriptTurn::default()
+    }])
+    .expect("valid");
+    let token = awaken_event::CancellationToken::new();
+    let mut stream =
+        awaken_llm::with_cancellation(exec.execute_stream(request("x")), token.clone());
+    assert!(matches!(
+        stream.next().await,
+        Some(Ok(LlmStreamEvent::TextDelta(_)))
+    ));
+    assert!(stream.next().now_or_never().is_none(), "waiting");
+    // Cancel from another task while this one awaits the stream.
+    let canceller = tokio::spawn(async move { token.cancel() });
+    let item = stream.next().await;
+    assert!(
+        matches!(item, Some(Err(InferenceExecutionError::Cancelled))),
+        "{item:?}"
+    );
+    assert!(stream.next().await.is_none());
+    assert_eq!(
+        exec.dropped_waits(),
+        1,
+        "the waiting turn was dropped by the cancellation"
+    );
+    assert!(canceller.await.is_ok());
+}
+
+#[tokio::test]
+async fn an_already_cancelled_token_sends_no_request() {
+    let exec = ScriptedExecutor::from_turns([ScriptTurn::text("never")]).expect("valid");
+    let token = awaken_event::CancellationToken::new();
+    token.cancel();
+    let out = render_stream(awaken_llm::with_cancellation(
+        exec.execute_stream(request("x")),
+        token,
+    ))
+    .await;
+    assert_eq!(out, "error Cancelled Cancelled: inference cancelled\n");
+    assert!(exec.requests().is_empty());
+    assert_eq!(exec.remaining(), 1);
+}

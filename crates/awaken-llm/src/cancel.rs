@@ -1,0 +1,59 @@
+//! Ending an inference stream when a run's cancellation token fires.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use awaken_event::CancellationToken;
+use futures_core::Stream;
+
+use crate::error::InferenceExecutionError;
+use crate::event::{LlmEventStream, LlmStreamEvent};
+
+/// Wraps `stream` so that it ends with [`InferenceExecutionError::Cancelled`] as soon as
+/// `token` is cancelled: the inner stream is dropped at that moment (which aborts an HTTP
+/// request and closes its connection, or ends a scripted `wait_for_cancel` turn). A token
+/// already cancelled yields `Cancelled` without polling the inner stream, so no request is
+/// sent. Events that were already delivered stay delivered.
+///
+/// This is the cancellation protocol for callers that hold an `awaken_event::CancellationToken`;
+/// dropping the stream does the same without the final `Cancelled` item.
+pub fn with_cancellation(stream: LlmEventStream, token: CancellationToken) -> LlmEventStream {
+    Box::pin(CancellableStream {
+        inner: Some(stream),
+        token,
+    })
+}
+
+struct CancellableStream {
+    inner: Option<LlmEventStream>,
+    token: CancellationToken,
+}
+
+impl Stream for CancellableStream {
+    type Item = Result<LlmStreamEvent, InferenceExecutionError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        if this.token.is_cancelled() {
+            this.inner = None;
+            return Poll::Ready(Some(Err(InferenceExecutionError::Cancelled)));
+        }
+        if let Poll::Ready(item) = inner.as_mut().poll_next(cx) {
+            if item.is_none() {
+                this.inner = None;
+            }
+            return Poll::Ready(item);
+        }
+        // Pending: be woken by the token too.
+        let mut cancelled = this.token.cancelled();
+        if Pin::new(&mut cancelled).poll(cx).is_ready() {
+            this.inner = None;
+            return Poll::Ready(Some(Err(InferenceExecutionError::Cancelled)));
+        }
+        Poll::Pending
+    }
+}
