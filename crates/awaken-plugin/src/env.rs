@@ -1,0 +1,329 @@
+//! `ExecutionEnv`: seed 003's resolved execution environment, built from the agent's plugins
+//! and the built-ins in the one plugin order.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use awaken_phase::{PhaseEnv, register_engine_keys};
+use awaken_state::KeyRegistry;
+use awaken_tool::{Tool, ToolGateHook};
+
+use crate::config::ConfigSchema;
+use crate::error::{ContributionKind, EnvError, PluginError};
+use crate::order::execution_order;
+use crate::plugin::Plugin;
+use crate::registrar::PluginRegistrar;
+use crate::transform::RegisteredTransform;
+
+/// A tool contributed by a plugin.
+#[derive(Clone)]
+pub struct PluginTool {
+    /// The contributing plugin.
+    pub plugin_id: Arc<str>,
+    /// The tool.
+    pub tool: Arc<dyn Tool>,
+}
+
+/// A tool-gate hook as installed.
+#[derive(Clone)]
+pub struct RegisteredGateHook {
+    /// The contributing plugin.
+    pub plugin_id: Arc<str>,
+    /// The hook's name.
+    pub name: Arc<str>,
+    /// The hook.
+    pub hook: Arc<dyn ToolGateHook>,
+}
+
+/// Everything a run executes against: the ordered plugins, the phase environment, the state
+/// keys (the engine's included), plugin tools, gate hooks, transforms and config claims.
+#[derive(Clone)]
+pub struct ExecutionEnv {
+    plugins: Vec<Arc<dyn Plugin>>,
+    active: BTreeSet<String>,
+    phase_env: Arc<PhaseEnv>,
+    keys: KeyRegistry,
+    tools: Vec<PluginTool>,
+    gate_hooks: Vec<RegisteredGateHook>,
+    transforms: Vec<RegisteredTransform>,
+    config_claims: Vec<(String, ConfigSchema)>,
+}
+
+impl std::fmt::Debug for ExecutionEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecutionEnv")
+            .field("plugins", &self.plugin_ids())
+            .field("active", &self.active)
+            .field("keys", &self.keys.len())
+            .field(
+                "tools",
+                &self
+                    .tools
+                    .iter()
+                    .map(|t| t.tool.descriptor().id)
+                    .collect::<Vec<_>>(),
+            )
+            .field(
+                "gate_hooks",
+                &self
+                    .gate_hooks
+                    .iter()
+                    .map(|g| format!("{}/{}", g.plugin_id, g.name))
+                    .collect::<Vec<_>>(),
+            )
+            .field(
+                "transforms",
+                &self
+                    .transforms
+                    .iter()
+                    .map(|t| format!("{}/{}", t.plugin_id, t.transform.name()))
+                    .collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+fn outside(plugin_id: &str, kind: ContributionKind, name: impl Into<String>) -> EnvError {
+    EnvError::OutsideBound {
+        plugin_id: plugin_id.to_owned(),
+        kind,
+        name: name.into(),
+    }
+}
+
+impl ExecutionEnv {
+    /// Builds the environment. `user_plugins` are the agent's plugins in its `plugin_ids`
+    /// order, `builtin_plugins` the runtime's (always active); disabled plugins are skipped;
+    /// the order is the stable topological sort of DESIGN §5. `active_hook_filter` empty means
+    /// every plugin contributes behaviour; otherwise only listed plugins (and the built-ins) do.
+    /// Structural parts are installed for every plugin.
+    pub fn from_plugins(
+        user_plugins: &[Arc<dyn Plugin>],
+        builtin_plugins: &[Arc<dyn Plugin>],
+        active_hook_filter: &[String],
+    ) -> Result<Self, EnvError> {
+        let builtin_ids: BTreeSet<&str> = builtin_plugins
+            .iter()
+            .map(|p| p.manifest().id.as_str())
+            .collect();
+        let enabled: Vec<Arc<dyn Plugin>> = user_plugins
+            .iter()
+            .chain(builtin_plugins)
+            .filter(|p| p.manifest().enabled)
+            .cloned()
+            .collect();
+        for p in &enabled {
+            p.manifest().validate()?;
+        }
+        let plugins = execution_order(&enabled)?;
+
+        let mut keys = KeyRegistry::new();
+        register_engine_keys(&mut keys).map_err(EnvError::EngineKeys)?;
+        let mut key_owner: HashMap<String, String> = keys
+            .keys()
+            .map(|k| (k.name.to_owned(), "awaken-phase".to_owned()))
+            .collect();
+        let mut phase_env = PhaseEnv::new();
+        let mut action_owner: HashMap<&'static str, String> = HashMap::new();
+        let mut effect_owner: HashMap<&'static str, String> = HashMap::new();
+        let mut tool_owner: HashMap<String, String> = HashMap::new();
+        let mut env = ExecutionEnv {
+            plugins: Vec::with_capacity(plugins.len()),
+            active: BTreeSet::new(),
+            phase_env: Arc::new(PhaseEnv::new()),
+            keys: KeyRegistry::new(),
+            tools: Vec::new(),
+            gate_hooks: Vec::new(),
+            transforms: Vec::new(),
+            config_claims: Vec::new(),
+        };
+
+        for plugin in &plugins {
+            let manifest = plugin.manifest();
+            let id = manifest.id.as_str();
+            let bound = &manifest.bound;
+            let mut r = PluginRegistrar::new(id);
+            plugin.register(&mut r)?;
+
+            // Structural parts, for every plugin.
+            for (name, kind) in &r.key_kinds {
+                if !bound.allows(*kind, name) {
+                    return Err(outside(id, *kind, *name));
+                }
+                if let Some(first) = key_owner.get(*name) {
+                    return Err(EnvError::DuplicateContribution {
+                        kind: *kind,
+                        name: (*name).to_owned(),
+                        first: first.clone(),
+                        second: id.to_owned(),
+                    });
+                }
+                key_owner.insert((*name).to_owned(), id.to_owned());
+            }
+            keys.extend(&r.keys).map_err(|source| PluginError::State {
+                plugin_id: id.to_owned(),
+                source,
+            })?;
+            for handler in r.actions {
+                let key = handler.key();
+                if !bound.allows(ContributionKind::Action, key) {
+                    return Err(outside(id, ContributionKind::Action, key));
+                }
+                if let Some(first) = action_owner.insert(key, id.to_owned()) {
+                    return Err(EnvError::DuplicateContribution {
+                        kind: ContributionKind::Action,
+                        name: key.to_owned(),
+                        first,
+                        second: id.to_owned(),
+                    });
+                }
+                phase_env.add_action(id, handler)?;
+            }
+            for handler in r.effects {
+                let key = handler.key();
+                if !bound.allows(ContributionKind::Effect, key) {
+                    return Err(outside(id, ContributionKind::Effect, key));
+                }
+                if let Some(first) = effect_owner.insert(key, id.to_owned()) {
+                    return Err(EnvError::DuplicateContribution {
+                        kind: ContributionKind::Effect,
+                        name: key.to_owned(),
+                        first,
+                        second: id.to_owned(),
+                    });
+                }
+                phase_env.add_effect(id, handler)?;
+            }
+
+            // Behavioural parts: checked against the bound always, installed only if active.
+            for (phase, name, _) in &r.phase_hooks {
+                if !bound.allows_phase(*phase) {
+                    return Err(outside(
+                        id,
+                        ContributionKind::PhaseHook,
+                        format!("{phase}/{name}"),
+                    ));
+                }
+            }
+            for (name, _) in &r.gate_hooks {
+                if !bound.allows(ContributionKind::GateHook, name) {
+                    return Err(outside(id, ContributionKind::GateHook, name.clone()));
+                }
+            }
+            let tool_ids: Vec<String> = r.tools.iter().map(|t| t.descriptor().id).collect();
+            for tool_id in &tool_ids {
+                if !bound.allows(ContributionKind::Tool, tool_id) {
+                    return Err(outside(id, ContributionKind::Tool, tool_id.clone()));
+                }
+            }
+            let mut transform_names = BTreeSet::new();
+            for t in &r.transforms {
+                let name = t.name();
+                if !bound.allows(ContributionKind::RequestTransform, name) {
+                    return Err(outside(id, ContributionKind::RequestTransform, name));
+                }
+                if !transform_names.insert(name.to_owned()) {
+                    return Err(PluginError::Duplicate {
+                        plugin_id: id.to_owned(),
+                        kind: ContributionKind::RequestTransform,
+                        name: name.to_owned(),
+                    }
+                    .into());
+                }
+            }
+
+            let active = builtin_ids.contains(id)
+                || active_hook_filter.is_empty()
+                || active_hook_filter.iter().any(|f| f == id);
+            if active {
+                env.active.insert(id.to_owned());
+                for (phase, name, hook) in r.phase_hooks {
+                    phase_env.add_hook(phase, id, &name, hook)?;
+                }
+                let plugin_id: Arc<str> = Arc::from(id);
+                for (name, hook) in r.gate_hooks {
+                    env.gate_hooks.push(RegisteredGateHook {
+                        plugin_id: plugin_id.clone(),
+                        name: name.into(),
+                        hook,
+                    });
+                }
+                for (tool, tool_id) in r.tools.into_iter().zip(tool_ids) {
+                    if let Some(first) = tool_owner.insert(tool_id.clone(), id.to_owned()) {
+                        return Err(EnvError::DuplicateContribution {
+                            kind: ContributionKind::Tool,
+                            name: tool_id,
+                            first,
+                            second: id.to_owned(),
+                        });
+                    }
+                    env.tools.push(PluginTool {
+                        plugin_id: plugin_id.clone(),
+                        tool,
+                    });
+                }
+                for transform in r.transforms {
+                    env.transforms.push(RegisteredTransform {
+                        plugin_id: plugin_id.clone(),
+                        transform,
+                    });
+                }
+            }
+            for schema in plugin.config_schemas() {
+                env.config_claims.push((id.to_owned(), schema));
+            }
+            env.plugins.push(plugin.clone());
+        }
+        env.keys = keys;
+        env.phase_env = Arc::new(phase_env);
+        Ok(env)
+    }
+
+    /// The plugins in execution order (enabled only).
+    pub fn plugins(&self) -> &[Arc<dyn Plugin>] {
+        &self.plugins
+    }
+
+    /// Their ids, in order.
+    pub fn plugin_ids(&self) -> Vec<&str> {
+        self.plugins
+            .iter()
+            .map(|p| p.manifest().id.as_str())
+            .collect()
+    }
+
+    /// Whether the plugin contributes behaviour.
+    pub fn is_active(&self, plugin_id: &str) -> bool {
+        self.active.contains(plugin_id)
+    }
+
+    /// The phase environment (hooks of active plugins, every plugin's handlers).
+    pub fn phase_env(&self) -> &Arc<PhaseEnv> {
+        &self.phase_env
+    }
+
+    /// Every state key (the phase engine's included).
+    pub fn keys(&self) -> &KeyRegistry {
+        &self.keys
+    }
+
+    /// Tools of active plugins, in plugin order.
+    pub fn tools(&self) -> &[PluginTool] {
+        &self.tools
+    }
+
+    /// Gate hooks of active plugins, in plugin order.
+    pub fn gate_hooks(&self) -> &[RegisteredGateHook] {
+        &self.gate_hooks
+    }
+
+    /// Request transforms of active plugins, in plugin order.
+    pub fn transforms(&self) -> &[RegisteredTransform] {
+        &self.transforms
+    }
+
+    /// Config sections claimed by the plugins, as `(plugin id, schema)`.
+    pub fn config_claims(&self) -> &[(String, ConfigSchema)] {
+        &self.config_claims
+    }
+}

@@ -1,0 +1,46 @@
+//! Awaken's plugin system (seeds 000, 002, 003; DESIGN §5): the [`Plugin`] trait with its
+//! [`PluginManifest`] and [`CapabilityBound`], the [`PluginRegistrar`] (structural parts always
+//! installed, behavioural parts only for active plugins), [`InferenceRequestTransform`]s,
+//! [`ExecutionEnv`] built in the one plugin order, config schemas, the lifecycle dispatcher,
+//! the [`PluginRegistry`] with its agent definitions, loading (list, configurator, directory of
+//! declarative manifests) and atomic reload.
+//!
+//! This crate must never know the agent loop, storage engines or HTTP; it may read plugin
+//! directories (the loader) and use timers (lifecycle-hook timeouts).
+
+mod config;
+mod declarative;
+mod env;
+mod error;
+mod lifecycle;
+mod manifest;
+mod order;
+mod plugin;
+mod registrar;
+mod registry;
+mod transform;
+
+pub use config::{
+    ConfigSchema, ConfigSchemaError, SectionReport, SectionStatus, SectionViolation,
+    validate_sections,
+};
+pub use declarative::{DECLARATIVE_TRANSFORM, DeclarativePlugin, Reminder, load_dir};
+pub use env::{ExecutionEnv, PluginTool, RegisteredGateHook};
+pub use error::{ContributionKind, EnvError, LoadError, PluginError, RegistryError};
+pub use lifecycle::{
+    DEFAULT_LIFECYCLE_TIMEOUT, HookStats, LifecycleDispatcher, LifecycleEvent, LifecycleHook,
+};
+pub use manifest::{CapabilityBound, PluginManifest};
+pub use order::execution_order;
+pub use plugin::{
+    AgentBuildContext, AgentDefinition, DelegateCall, OnConflict, Plugin, RunLifecycle,
+};
+pub use registrar::PluginRegistrar;
+pub use registry::{
+    AgentConfigs, Configurator, PluginRegistry, PluginSet, RegisteredAgent, RegistrySnapshot,
+    ReloadOutcome,
+};
+pub use transform::{
+    InferenceRequestTransform, RegisteredTransform, TokenCounts, TransformContext, TransformError,
+    TransformFailure, apply_transforms,
+};

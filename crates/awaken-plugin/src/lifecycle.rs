@@ -1,0 +1,226 @@
+//! Dispatching the observational lifecycle hooks: plugin order, a timeout per call, failures
+//! and timeouts logged and counted per plugin and hook, never stopping the others.
+
+use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use awaken_event::TerminationReason;
+use futures_util::FutureExt;
+
+use crate::error::PluginError;
+use crate::plugin::{DelegateCall, Plugin, RunLifecycle};
+
+/// Default time a lifecycle hook may take.
+pub const DEFAULT_LIFECYCLE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The observational lifecycle hooks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LifecycleHook {
+    /// `on_runtime_start`.
+    RuntimeStart,
+    /// `on_runtime_shutdown`.
+    RuntimeShutdown,
+    /// `on_run_start`.
+    RunStart,
+    /// `on_run_complete`.
+    RunComplete,
+    /// `on_run_error`.
+    RunError,
+    /// `on_run_cancel`.
+    RunCancel,
+    /// `on_delegate_call_start`.
+    DelegateCallStart,
+    /// `on_delegate_call_complete`.
+    DelegateCallComplete,
+    /// `on_delegate_call_error`.
+    DelegateCallError,
+    /// `on_delegate_return_start`.
+    DelegateReturnStart,
+    /// `on_delegate_return_complete`.
+    DelegateReturnComplete,
+    /// `on_delegate_return_error`.
+    DelegateReturnError,
+}
+
+impl LifecycleHook {
+    /// The hook's method name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::RuntimeStart => "on_runtime_start",
+            Self::RuntimeShutdown => "on_runtime_shutdown",
+            Self::RunStart => "on_run_start",
+            Self::RunComplete => "on_run_complete",
+            Self::RunError => "on_run_error",
+            Self::RunCancel => "on_run_cancel",
+            Self::DelegateCallStart => "on_delegate_call_start",
+            Self::DelegateCallComplete => "on_delegate_call_complete",
+            Self::DelegateCallError => "on_delegate_call_error",
+            Self::DelegateReturnStart => "on_delegate_return_start",
+            Self::DelegateReturnComplete => "on_delegate_return_complete",
+            Self::DelegateReturnError => "on_delegate_return_error",
+        }
+    }
+}
+
+/// One lifecycle moment with its arguments.
+#[derive(Debug, Clone, Copy)]
+pub enum LifecycleEvent<'a> {
+    /// The runtime started.
+    RuntimeStart,
+    /// The runtime is shutting down.
+    RuntimeShutdown,
+    /// An activation started.
+    RunStart(&'a RunLifecycle),
+    /// An activation ended normally.
+    RunComplete(&'a RunLifecycle, &'a TerminationReason),
+    /// An activation failed.
+    RunError(&'a RunLifecycle, &'a str),
+    /// An activation was cancelled.
+    RunCancel(&'a RunLifecycle),
+    /// A delegate call starts.
+    DelegateCallStart(&'a DelegateCall),
+    /// A delegate call completed with a response.
+    DelegateCallComplete(&'a DelegateCall, &'a str),
+    /// A delegate call failed.
+    DelegateCallError(&'a DelegateCall, &'a str),
+    /// A delegate's result is being returned.
+    DelegateReturnStart(&'a DelegateCall),
+    /// A delegate's result was returned.
+    DelegateReturnComplete(&'a DelegateCall),
+    /// Returning a delegate's result failed.
+    DelegateReturnError(&'a DelegateCall, &'a str),
+}
+
+impl LifecycleEvent<'_> {
+    /// Which hook this event calls.
+    pub fn hook(&self) -> LifecycleHook {
+        match self {
+            Self::RuntimeStart => LifecycleHook::RuntimeStart,
+            Self::RuntimeShutdown => LifecycleHook::RuntimeShutdown,
+            Self::RunStart(_) => LifecycleHook::RunStart,
+            Self::RunComplete(..) => LifecycleHook::RunComplete,
+            Self::RunError(..) => LifecycleHook::RunError,
+            Self::RunCancel(_) => LifecycleHook::RunCancel,
+            Self::DelegateCallStart(_) => LifecycleHook::DelegateCallStart,
+            Self::DelegateCallComplete(..) => LifecycleHook::DelegateCallComplete,
+            Self::DelegateCallError(..) => LifecycleHook::DelegateCallError,
+            Self::DelegateReturnStart(_) => LifecycleHook::DelegateReturnStart,
+            Self::DelegateReturnComplete(_) => LifecycleHook::DelegateReturnComplete,
+            Self::DelegateReturnError(..) => LifecycleHook::DelegateReturnError,
+        }
+    }
+
+    async fn call(&self, plugin: &dyn Plugin) -> Result<(), PluginError> {
+        match *self {
+            Self::RuntimeStart => plugin.on_runtime_start().await,
+            Self::RuntimeShutdown => plugin.on_runtime_shutdown().await,
+            Self::RunStart(r) => plugin.on_run_start(r).await,
+            Self::RunComplete(r, t) => plugin.on_run_complete(r, t).await,
+            Self::RunError(r, e) => plugin.on_run_error(r, e).await,
+            Self::RunCancel(r) => plugin.on_run_cancel(r).await,
+            Self::DelegateCallStart(c) => plugin.on_delegate_call_start(c).await,
+            Self::DelegateCallComplete(c, s) => plugin.on_delegate_call_complete(c, s).await,
+            Self::DelegateCallError(c, e) => plugin.on_delegate_call_error(c, e).await,
+            Self::DelegateReturnStart(c) => plugin.on_delegate_return_start(c).await,
+            Self::DelegateReturnComplete(c) => plugin.on_delegate_return_complete(c).await,
+            Self::DelegateReturnError(c, e) => plugin.on_delegate_return_error(c, e).await,
+        }
+    }
+}
+
+/// Counters of one plugin's one hook.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HookStats {
+    /// Calls made.
+    pub calls: u64,
+    /// Calls that returned an error or panicked.
+    pub failures: u64,
+    /// Calls that did not finish within the timeout.
+    pub timeouts: u64,
+    /// Time spent in the hook, in total.
+    pub total_time: Duration,
+}
+
+/// Calls lifecycle hooks on plugins in order and keeps statistics. Cheap to clone (shared
+/// statistics).
+#[derive(Clone)]
+pub struct LifecycleDispatcher {
+    timeout: Duration,
+    stats: Arc<Mutex<BTreeMap<(String, LifecycleHook), HookStats>>>,
+}
+
+impl Default for LifecycleDispatcher {
+    fn default() -> Self {
+        Self::new(DEFAULT_LIFECYCLE_TIMEOUT)
+    }
+}
+
+impl std::fmt::Debug for LifecycleDispatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LifecycleDispatcher")
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LifecycleDispatcher {
+    /// A dispatcher giving each hook call at most `timeout`.
+    pub fn new(timeout: Duration) -> Self {
+        Self {
+            timeout,
+            stats: Arc::default(),
+        }
+    }
+
+    /// Calls the event's hook on every plugin, in order. Needs a tokio runtime with timers.
+    /// Never fails: each failure or timeout is logged and counted.
+    pub async fn dispatch(&self, plugins: &[Arc<dyn Plugin>], event: LifecycleEvent<'_>) {
+        let hook = event.hook();
+        for plugin in plugins {
+            let id = plugin.manifest().id.as_str();
+            let started = Instant::now();
+            let call = AssertUnwindSafe(event.call(plugin.as_ref())).catch_unwind();
+            let outcome = tokio::time::timeout(self.timeout, call).await;
+            let elapsed = started.elapsed();
+            let (failed, timed_out) = match outcome {
+                Ok(Ok(Ok(()))) => (false, false),
+                Ok(Ok(Err(e))) => {
+                    tracing::warn!(plugin = id, hook = hook.as_str(), error = %e, "lifecycle hook failed");
+                    (true, false)
+                }
+                Ok(Err(_panic)) => {
+                    tracing::warn!(plugin = id, hook = hook.as_str(), "lifecycle hook panicked");
+                    (true, false)
+                }
+                Err(_elapsed) => {
+                    tracing::warn!(plugin = id, hook = hook.as_str(), timeout = ?self.timeout, "lifecycle hook timed out");
+                    (false, true)
+                }
+            };
+            let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+            let entry = stats.entry((id.to_owned(), hook)).or_default();
+            entry.calls += 1;
+            entry.failures += u64::from(failed);
+            entry.timeouts += u64::from(timed_out);
+            entry.total_time += elapsed;
+        }
+    }
+
+    /// Statistics of one plugin's hook.
+    pub fn stats(&self, plugin_id: &str, hook: LifecycleHook) -> HookStats {
+        let stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        stats
+            .get(&(plugin_id.to_owned(), hook))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Every statistic, by plugin and hook.
+    pub fn all_stats(&self) -> BTreeMap<(String, LifecycleHook), HookStats> {
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}

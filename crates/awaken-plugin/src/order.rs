@@ -1,0 +1,99 @@
+//! The one plugin order (DESIGN §5): a stable topological sort of the given list by
+//! `depends_on`, where among plugins whose dependencies are all placed, higher `priority` goes
+//! first and equal priority keeps list order.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use crate::error::EnvError;
+use crate::plugin::Plugin;
+
+/// Orders `plugins` (already filtered to enabled ones). Errors: a duplicate id, a dependency
+/// not in the list, a cycle (naming its members).
+pub fn execution_order(plugins: &[Arc<dyn Plugin>]) -> Result<Vec<Arc<dyn Plugin>>, EnvError> {
+    let mut index: HashMap<&str, usize> = HashMap::with_capacity(plugins.len());
+    for (i, p) in plugins.iter().enumerate() {
+        if index.insert(p.manifest().id.as_str(), i).is_some() {
+            return Err(EnvError::DuplicatePlugin {
+                plugin_id: p.manifest().id.clone(),
+            });
+        }
+    }
+    for p in plugins {
+        for dep in &p.manifest().depends_on {
+            if !index.contains_key(dep.as_str()) {
+                return Err(EnvError::MissingDependency {
+                    plugin_id: p.manifest().id.clone(),
+                    missing: dep.clone(),
+                });
+            }
+        }
+    }
+    let mut placed = vec![false; plugins.len()];
+    let mut order = Vec::with_capacity(plugins.len());
+    while order.len() < plugins.len() {
+        // The ready plugin with the highest priority; ties keep list order.
+        let next = (0..plugins.len())
+            .filter(|&i| !placed[i])
+            .filter(|&i| {
+                plugins[i]
+                    .manifest()
+                    .depends_on
+                    .iter()
+                    .all(|d| placed[index[d.as_str()]])
+            })
+            .min_by_key(|&i| (std::cmp::Reverse(plugins[i].manifest().priority), i));
+        match next {
+            Some(i) => {
+                placed[i] = true;
+                order.push(plugins[i].clone());
+            }
+            None => {
+                return Err(EnvError::DependencyCycle {
+                    members: find_cycle(plugins, &index, &placed),
+                });
+            }
+        }
+    }
+    Ok(order)
+}
+
+/// Walks dependencies from the first unplaced plugin until a plugin repeats; returns that cycle.
+fn find_cycle(
+    plugins: &[Arc<dyn Plugin>],
+    index: &HashMap<&str, usize>,
+    placed: &[bool],
+) -> Vec<String> {
+    let Some(start) = (0..plugins.len()).find(|&i| !placed[i]) else {
+        return Vec::new();
+    };
+    let mut path: Vec<usize> = vec![start];
+    let mut seen: BTreeSet<usize> = BTreeSet::from([start]);
+    let mut current = start;
+    loop {
+        // Follow the first unplaced dependency (every unplaced plugin has one, or it would be ready).
+        let Some(next) = plugins[current]
+            .manifest()
+            .depends_on
+            .iter()
+            .map(|d| index[d.as_str()])
+            .find(|&j| !placed[j])
+        else {
+            return path
+                .iter()
+                .map(|&i| plugins[i].manifest().id.clone())
+                .collect();
+        };
+        if !seen.insert(next) {
+            let from = path.iter().position(|&i| i == next).unwrap_or(0);
+            let mut members: Vec<String> = path[from..]
+                .iter()
+                .map(|&i| plugins[i].manifest().id.clone())
+                .collect();
+            members.push(plugins[next].manifest().id.clone());
+            return members;
+        }
+        path.push(next);
+        current = next;
+    }
+}

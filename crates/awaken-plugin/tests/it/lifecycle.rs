@@ -1,0 +1,98 @@
+//! Lifecycle hooks: plugin order, failures and timeouts counted, never stopping the others.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use awaken_event::{RunId, TerminationReason, ThreadId};
+use awaken_phase::RunIdentity;
+use awaken_plugin::*;
+
+use crate::support::*;
+
+fn run() -> RunLifecycle {
+    RunLifecycle {
+        run: Arc::new(RunIdentity {
+            thread_id: ThreadId::new("t").expect("id"),
+            run_id: RunId::new("r").expect("id"),
+            agent_id: "a".into(),
+            profile_id: None,
+        }),
+        resumed: false,
+        parent_run_id: None,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn hooks_run_in_order_and_failures_and_timeouts_are_counted() {
+    let log = Log::default();
+    let plugin = |id: &str, how: Behaviour| {
+        let mut p = TestPlugin::new(id);
+        p.log = log.clone();
+        p.lifecycle = how;
+        p.arc()
+    };
+    let plugins = vec![
+        plugin("first", Behaviour::Ok),
+        plugin("failing", Behaviour::Fail),
+        plugin("hanging", Behaviour::Hang),
+        plugin("last", Behaviour::Ok),
+    ];
+    let dispatcher = LifecycleDispatcher::new(Duration::from_secs(2));
+    let run = run();
+    dispatcher
+        .dispatch(&plugins, LifecycleEvent::RunStart(&run))
+        .await;
+    dispatcher
+        .dispatch(
+            &plugins,
+            LifecycleEvent::RunComplete(&run, &TerminationReason::NaturalEnd),
+        )
+        .await;
+    assert_eq!(
+        log.lines(),
+        vec![
+            "first on_run_start",
+            "failing on_run_start",
+            "hanging on_run_start",
+            "last on_run_start",
+            "first on_run_complete(natural_end)",
+            "failing on_run_complete(natural_end)",
+            "hanging on_run_complete(natural_end)",
+            "last on_run_complete(natural_end)",
+        ]
+    );
+    let s = dispatcher.stats("failing", LifecycleHook::RunStart);
+    assert_eq!((s.calls, s.failures, s.timeouts), (1, 1, 0));
+    let s = dispatcher.stats("hanging", LifecycleHook::RunComplete);
+    assert_eq!((s.calls, s.failures, s.timeouts), (1, 0, 1));
+    assert!(
+        s.total_time >= Duration::from_secs(2),
+        "the timeout elapsed on the paused clock: {:?}",
+        s.total_time
+    );
+    let s = dispatcher.stats("last", LifecycleHook::RunStart);
+    assert_eq!((s.calls, s.failures, s.timeouts), (1, 0, 0));
+    assert_eq!(dispatcher.all_stats().len(), 8);
+}
+
+#[tokio::test]
+async fn default_hooks_are_no_ops_that_count_as_calls() {
+    let plugins = vec![TestPlugin::new("quiet").arc()];
+    let dispatcher = LifecycleDispatcher::default();
+    dispatcher
+        .dispatch(&plugins, LifecycleEvent::RuntimeStart)
+        .await;
+    dispatcher
+        .dispatch(&plugins, LifecycleEvent::RuntimeShutdown)
+        .await;
+    assert_eq!(
+        dispatcher.stats("quiet", LifecycleHook::RuntimeStart).calls,
+        1
+    );
+    assert_eq!(
+        dispatcher
+            .stats("quiet", LifecycleHook::RuntimeShutdown)
+            .failures,
+        0
+    );
+}

@@ -1,0 +1,257 @@
+//! The plugin registry: agent definitions and conflicts, loading, reload.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use awaken_plugin::*;
+
+use crate::support::*;
+
+fn defines(id: &str, agents: Vec<AgentDefinition>) -> Arc<dyn Plugin> {
+    TestPlugin::new(id)
+        .defining(move |_| Ok(agents.clone()))
+        .arc()
+}
+
+fn prompts(configs: &AgentConfigs) -> String {
+    configs
+        .agents
+        .values()
+        .map(|a| format!("{}={} ({})", a.spec.id, a.spec.system_prompt, a.plugin_id))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[test]
+fn on_conflict_error_skip_and_overwrite() {
+    let base = defines(
+        "base",
+        vec![
+            AgentDefinition::new(agent("helper", "v1")),
+            AgentDefinition::new(agent("other", "o")),
+        ],
+    );
+    let skip = defines(
+        "skipper",
+        vec![AgentDefinition::new(agent("helper", "v2")).with_on_conflict(OnConflict::Skip)],
+    );
+    let over = defines(
+        "overwriter",
+        vec![AgentDefinition::new(agent("helper", "v3")).with_on_conflict(OnConflict::Overwrite)],
+    );
+    let registry = PluginRegistry::from_plugins(vec![base.clone(), skip]).expect("registry");
+    assert_eq!(
+        prompts(&registry.build_agent_configs()),
+        "helper=v1 (base), other=o (base)"
+    );
+    let registry = PluginRegistry::from_plugins(vec![base.clone(), over]).expect("registry");
+    assert_eq!(
+        prompts(&registry.build_agent_configs()),
+        "helper=v3 (overwriter), other=o (base)"
+    );
+
+    // `error` (the default) refuses the whole batch of the colliding plugin: its new agent too.
+    let clash = defines(
+        "clasher",
+        vec![
+            AgentDefinition::new(agent("fresh", "f")),
+            AgentDefinition::new(agent("helper", "v4")),
+        ],
+    );
+    let registry = PluginRegistry::from_plugins(vec![base, clash]).expect("registry");
+    let configs = registry.build_agent_configs();
+    assert_eq!(prompts(&configs), "helper=v1 (base), other=o (base)");
+    assert_eq!(configs.rejected.len(), 1);
+    assert_eq!(
+        configs.rejected[0].to_string(),
+        "agent `helper` from plugin `clasher` collides with an existing definition"
+    );
+}
+
+#[test]
+fn the_build_context_shows_earlier_definitions_and_can_replace_them() {
+    let base = defines(
+        "base",
+        vec![
+            AgentDefinition::new(agent("a", "1")),
+            AgentDefinition::new(agent("b", "2")),
+        ],
+    );
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let editor = TestPlugin::new("editor")
+        .defining(move |ctx| {
+            s.lock()
+                .expect("seen")
+                .extend(ctx.list_agent_configs().iter().map(|a| a.id.clone()));
+            let kept: Vec<_> = ctx
+                .list_agent_configs()
+                .iter()
+                .filter(|a| a.id != "a")
+                .cloned()
+                .collect();
+            ctx.set_agent_configs(kept);
+            Ok(vec![AgentDefinition::new(agent("c", "3"))])
+        })
+        .arc();
+    let registry = PluginRegistry::from_plugins(vec![base, editor]).expect("registry");
+    assert_eq!(*seen.lock().expect("seen"), vec!["a", "b"]);
+    assert_eq!(
+        prompts(&registry.build_agent_configs()),
+        "b=2 (base), c=3 (editor)"
+    );
+}
+
+#[test]
+fn an_invalid_contributed_agent_rejects_the_batch() {
+    let bad = defines(
+        "bad",
+        vec![
+            AgentDefinition::new(agent("ok", "x")),
+            AgentDefinition::new(agent("zero", "y").with_max_rounds(0)),
+        ],
+    );
+    let configs = PluginRegistry::from_plugins(vec![bad])
+        .expect("registry")
+        .build_agent_configs();
+    assert!(configs.agents.is_empty());
+    assert!(
+        configs.rejected[0].to_string().contains("agent.max_rounds"),
+        "{}",
+        configs.rejected[0]
+    );
+}
+
+#[test]
+fn duplicate_plugin_ids_are_refused_and_plugins_are_listed_in_execution_order() {
+    let registry = PluginRegistry::new();
+    registry
+        .register_bundle(
+            TestPlugin::new("b")
+                .with_manifest(|m| m.with_dependency("a"))
+                .arc(),
+        )
+        .expect("b");
+    registry
+        .register_bundle(TestPlugin::new("a").arc())
+        .expect("a");
+    let err = registry
+        .register_bundle(TestPlugin::new("a").arc())
+        .expect_err("dup");
+    assert_eq!(err.to_string(), "plugin `a` is already registered");
+    let ids: Vec<String> = registry
+        .list_plugins()
+        .iter()
+        .map(|p| p.manifest().id.clone())
+        .collect();
+    assert_eq!(ids, vec!["a", "b"]);
+    assert!(registry.get_plugin("b").is_some() && registry.get_plugin("zzz").is_none());
+}
+
+fn fixtures(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+#[test]
+fn a_directory_of_good_manifests_loads_plugins_and_their_agents() {
+    let registry = PluginRegistry::new();
+    registry.load_dir(fixtures("good")).expect("loads");
+    let ids: Vec<String> = registry
+        .list_plugins()
+        .iter()
+        .map(|p| p.manifest().id.clone())
+        .collect();
+    assert_eq!(ids, vec!["house-style", "reviewers"]);
+    let configs = registry.build_agent_configs();
+    assert_eq!(
+        configs.agents.keys().cloned().collect::<Vec<_>>(),
+        vec!["reviewer"]
+    );
+    assert_eq!(configs.agents["reviewer"].plugin_id, "reviewers");
+    let style = registry.get_plugin("house-style").expect("loaded");
+    assert_eq!(style.manifest().version, semver::Version::new(1, 2, 0));
+}
+
+#[test]
+fn one_bad_manifest_fails_the_whole_load_naming_the_file_and_line() {
+    let registry = PluginRegistry::new();
+    let err = registry.load_dir(fixtures("bad")).expect_err("bad file");
+    let msg = err.to_string();
+    assert!(msg.contains("b_typo.toml:3:"), "{msg}");
+    assert!(msg.contains("promt_fragments"), "{msg}");
+    assert!(registry.list_plugins().is_empty(), "nothing registered");
+    let err = registry
+        .load_dir(fixtures("missing-dir"))
+        .expect_err("no dir");
+    assert!(matches!(err, LoadError::Io { .. }));
+}
+
+#[tokio::test]
+async fn reload_swaps_atomically_only_when_every_plugin_agrees() {
+    let generation = Arc::new(AtomicUsize::new(0));
+    let log = Log::default();
+    let g = generation.clone();
+    let l = log.clone();
+    let fail_next = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let f = fail_next.clone();
+    let registry = PluginRegistry::from_configurator(move |set| {
+        let n = g.fetch_add(1, Ordering::SeqCst);
+        let mut p = TestPlugin::new("versioned");
+        p.log = l.clone();
+        if f.load(Ordering::SeqCst) {
+            p.reload = Behaviour::Fail;
+        }
+        let spec = agent("assistant", &format!("generation {n}"));
+        set.register_bundle(
+            p.defining(move |_| Ok(vec![AgentDefinition::new(spec.clone())]))
+                .arc(),
+        );
+        Ok(())
+    })
+    .expect("registry");
+    let held = registry.snapshot();
+    assert_eq!(
+        held.agent_configs().agents["assistant"].spec.system_prompt,
+        "generation 0"
+    );
+
+    let outcome = registry.reload("r1").await.expect("reload");
+    assert_eq!(outcome, ReloadOutcome::Applied { version: 2 });
+    assert_eq!(
+        registry.build_agent_configs().agents["assistant"]
+            .spec
+            .system_prompt,
+        "generation 1"
+    );
+    assert_eq!(
+        held.agent_configs().agents["assistant"].spec.system_prompt,
+        "generation 0",
+        "a held snapshot is unchanged"
+    );
+    assert_eq!(log.lines(), vec!["versioned on_reload(r1)"]);
+
+    assert_eq!(
+        registry.reload("r1").await.expect("repeat"),
+        ReloadOutcome::AlreadyApplied
+    );
+    assert_eq!(
+        generation.load(Ordering::SeqCst),
+        2,
+        "a repeated reload id rebuilds nothing"
+    );
+
+    fail_next.store(true, Ordering::SeqCst);
+    let err = registry.reload("r2").await.expect_err("a plugin refuses");
+    assert!(matches!(err, RegistryError::ReloadFailed { .. }));
+    assert_eq!(
+        registry.build_agent_configs().agents["assistant"]
+            .spec
+            .system_prompt,
+        "generation 1",
+        "old snapshot stays"
+    );
+    assert_eq!(registry.snapshot().version, 2);
+}
