@@ -82,7 +82,9 @@ pub enum BatchError {
         to: ToolCallState,
     },
     /// A result was given for a move to a state that is not terminal.
-    #[error("tool call `{call_id}` cannot take a result when moving to {to}, which is not terminal")]
+    #[error(
+        "tool call `{call_id}` cannot take a result when moving to {to}, which is not terminal"
+    )]
     UnexpectedResult {
         /// The call.
         call_id: ToolCallId,

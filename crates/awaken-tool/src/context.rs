@@ -98,7 +98,12 @@ pub struct ToolCallContext {
 impl ToolCallContext {
     /// The context of call `call_id` of run `run_id` on thread `thread_id`, reading `snapshot`,
     /// with a fresh cancellation token, no progress sink and no resume decision.
-    pub fn new(thread_id: ThreadId, run_id: RunId, call_id: ToolCallId, snapshot: Snapshot) -> Self {
+    pub fn new(
+        thread_id: ThreadId,
+        run_id: RunId,
+        call_id: ToolCallId,
+        snapshot: Snapshot,
+    ) -> Self {
         let idempotency_key = IdempotencyKey::derive(&thread_id, &run_id, &call_id);
         Self {
             thread_id,

@@ -36,7 +36,10 @@ impl fmt::Display for Violation {
 pub enum ToolError {
     /// The arguments do not match the tool's schema (or its argument type); the tool did not
     /// run.
-    #[error("invalid arguments for tool `{tool_id}`: {}", render_violations(violations))]
+    #[error(
+        "invalid arguments for tool `{tool_id}`: {}",
+        render_violations(violations)
+    )]
     InvalidArguments {
         /// The tool.
         tool_id: String,
@@ -122,7 +125,9 @@ pub enum ToolRegistrationError {
     },
     /// The declared recovery policy is not allowed for the tool's effect class (re-running a
     /// `SideEffecting` tool could do its effect twice).
-    #[error("tool `{tool_id}` declares recovery policy {policy:?}, which is not allowed for effect class {effect:?}")]
+    #[error(
+        "tool `{tool_id}` declares recovery policy {policy:?}, which is not allowed for effect class {effect:?}"
+    )]
     PolicyNotAllowed {
         /// The tool.
         tool_id: String,

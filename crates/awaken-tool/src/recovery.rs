@@ -70,9 +70,9 @@ impl RecoveryAction {
             RecoveryAction::Rerun => Some(ToolCallState::Executing),
             RecoveryAction::CloseOutcomeUnknown => Some(ToolCallState::OutcomeUnknown),
             RecoveryAction::SuspendForHuman => Some(ToolCallState::Suspended),
-            RecoveryAction::Regate | RecoveryAction::AwaitDecision | RecoveryAction::AlreadyClosed => {
-                None
-            }
+            RecoveryAction::Regate
+            | RecoveryAction::AwaitDecision
+            | RecoveryAction::AlreadyClosed => None,
         }
     }
 }

@@ -136,15 +136,14 @@ impl<T: TypedTool> Tool for TypedToolAdapter<T> {
     }
 
     async fn execute(&self, args: Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
-        let args: T::Args = serde_json::from_value(args).map_err(|e| {
-            ToolError::InvalidArguments {
+        let args: T::Args =
+            serde_json::from_value(args).map_err(|e| ToolError::InvalidArguments {
                 tool_id: self.0.descriptor().id,
                 violations: vec![Violation {
                     path: String::new(),
                     message: e.to_string(),
                 }],
-            }
-        })?;
+            })?;
         let out = self.0.call(args, ctx).await?;
         let content = serde_json::to_value(&out.value).map_err(|e| ToolError::Execution {
             message: format!("the tool's output could not be serialized: {e}"),

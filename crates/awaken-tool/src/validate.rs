@@ -32,12 +32,13 @@ impl ArgumentValidator {
     /// # Errors
     /// [`ToolRegistrationError::InvalidSchema`] when the schema is not a valid JSON Schema.
     pub fn compile(tool_id: &str, schema: &Value) -> Result<Self, ToolRegistrationError> {
-        let validator =
-            jsonschema::validator_for(schema).map_err(|e| ToolRegistrationError::InvalidSchema {
+        let validator = jsonschema::validator_for(schema).map_err(|e| {
+            ToolRegistrationError::InvalidSchema {
                 tool_id: tool_id.to_owned(),
                 schema_path: e.instance_path().as_str().to_owned(),
                 message: e.to_string(),
-            })?;
+            }
+        })?;
         Ok(Self {
             tool_id: Arc::from(tool_id),
             validator: Arc::new(validator),

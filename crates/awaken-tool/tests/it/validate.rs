@@ -1,0 +1,171 @@
+//! Argument validation: valid, missing required, wrong type, extra properties, nested paths,
+//! every violation listed, the tool not called, invalid schemas rejected at registration.
+
+use std::sync::atomic::Ordering;
+
+use awaken_tool::{RegisteredTool, ToolError, ToolRegistrationError, Violation};
+use expect_test::{Expect, expect};
+use serde_json::{Value, json};
+
+use crate::support::{Behaviour, Scripted, registry, tool_ctx};
+
+fn schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "city": { "type": "string" },
+            "days": { "type": "integer", "minimum": 1 },
+            "address": {
+                "type": "object",
+                "properties": {
+                    "zip": { "type": "string", "pattern": "^[0-9]{5}$" },
+                    "lines": { "type": "array", "items": { "type": "string" } }
+                },
+                "required": ["zip"]
+            }
+        },
+        "required": ["city"],
+        "additionalProperties": false
+    })
+}
+
+fn weather() -> RegisteredTool {
+    RegisteredTool::from_tool(Scripted::new("weather", Behaviour::Echo).with_schema(schema()))
+        .expect("valid schema")
+}
+
+/// Renders the violations as `path | message` lines (`-` when the arguments are valid).
+fn check(args: Value, expected: Expect) {
+    let tool = weather();
+    let rendered = match tool.validate(&args) {
+        Ok(()) => "-".to_owned(),
+        Err(ToolError::InvalidArguments {
+            tool_id,
+            violations,
+        }) => {
+            assert_eq!(tool_id, "weather");
+            assert!(!tool.validator().is_valid(&args));
+            violations
+                .iter()
+                .map(|Violation { path, message }| format!("{path:?} | {message}\n"))
+                .collect()
+        }
+        Err(other) => panic!("unexpected error {other:?}"),
+    };
+    expected.assert_eq(&rendered);
+}
+
+#[test]
+fn valid_arguments_pass() {
+    check(json!({"city": "Paris"}), expect!["-"]);
+    check(
+        json!({"city": "Paris", "days": 3, "address": {"zip": "75001", "lines": ["a"]}}),
+        expect!["-"],
+    );
+}
+
+#[test]
+fn a_missing_required_property_is_reported_at_its_object() {
+    check(
+        json!({"days": 2}),
+        expect![[r#"
+            "" | "city" is a required property
+        "#]],
+    );
+}
+
+#[test]
+fn a_wrong_type_is_reported_at_its_path() {
+    check(
+        json!({"city": 7, "days": "three"}),
+        expect![[r#"
+            "/city" | 7 is not of type "string"
+            "/days" | "three" is not of type "integer"
+        "#]],
+    );
+}
+
+#[test]
+fn extra_properties_are_rejected_when_the_schema_forbids_them() {
+    check(
+        json!({"city": "Paris", "country": "FR"}),
+        expect![[r#"
+            "" | Additional properties are not allowed ('country' was unexpected)
+        "#]],
+    );
+}
+
+#[test]
+fn nested_violations_carry_their_full_path() {
+    check(
+        json!({"city": "Paris", "address": {"zip": "7500", "lines": ["ok", 3]}}),
+        expect![[r#"
+            "/address/lines/1" | 3 is not of type "string"
+            "/address/zip" | "7500" does not match "^[0-9]{5}$"
+        "#]],
+    );
+    check(
+        json!({"city": "Paris", "address": {}}),
+        expect![[r#"
+            "/address" | "zip" is a required property
+        "#]],
+    );
+}
+
+#[tokio::test]
+async fn invalid_arguments_become_an_error_result_and_the_tool_is_not_called() {
+    let scripted = Scripted::new("weather", Behaviour::Echo).with_schema(schema());
+    let calls = scripted.calls.clone();
+    let tool = RegisteredTool::from_tool(scripted).expect("valid schema");
+    let err = tool
+        .invoke(json!({"city": 1, "days": 0}), &tool_ctx("c1"), &registry())
+        .await
+        .expect_err("invalid arguments");
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "the tool must not run");
+    let result = err.to_result();
+    assert!(result.is_error());
+    expect![[r#"invalid arguments for tool `weather`: at /city: 1 is not of type "string"; at /days: 0 is less than the minimum of 1"#]]
+        .assert_eq(result.content.as_str().expect("text"));
+    // The same tool runs once the arguments are valid.
+    tool.invoke(json!({"city": "Oslo"}), &tool_ctx("c2"), &registry())
+        .await
+        .expect("valid call");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+fn register_error(schema: Value) -> String {
+    match RegisteredTool::from_tool(Scripted::new("bad", Behaviour::Echo).with_schema(schema)) {
+        Ok(_) => "registered".to_owned(),
+        Err(ToolRegistrationError::InvalidSchema {
+            tool_id,
+            schema_path,
+            message,
+        }) => {
+            assert_eq!(tool_id, "bad");
+            format!("{schema_path:?} | {message}")
+        }
+        Err(other) => panic!("unexpected error {other:?}"),
+    }
+}
+
+#[test]
+fn an_invalid_schema_is_rejected_at_registration() {
+    expect![[
+        r#""/type" | 12 is not valid under any of the schemas listed in the 'anyOf' keyword"#
+    ]]
+    .assert_eq(&register_error(json!({"type": 12})));
+    expect![[r#""/properties/a/type" | "nope" is not valid under any of the schemas listed in the 'anyOf' keyword"#]]
+        .assert_eq(&register_error(
+            json!({"type": "object", "properties": {"a": {"type": "nope"}}}),
+        ));
+    expect![[r#""" | "not a schema" is not of types "boolean", "object""#]]
+        .assert_eq(&register_error(json!("not a schema")));
+}
+
+#[test]
+fn a_schema_that_needs_io_to_resolve_is_rejected_at_registration() {
+    let message = register_error(json!({"$ref": "https://schemas.invalid/args.json"}));
+    assert_ne!(message, "registered");
+    let message = register_error(json!({"$ref": "file:///etc/args.json"}));
+    assert_ne!(message, "registered");
+}
