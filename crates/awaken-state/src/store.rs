@@ -26,9 +26,12 @@ pub struct StateStore {
     registry: Arc<KeyRegistry>,
     current: RwLock<Snapshot>,
     writer: Mutex<()>,
-    observers: RwLock<Arc<Vec<(ObserverId, Arc<dyn CommitObserver>)>>>,
+    observers: RwLock<Observers>,
     next_observer: AtomicU64,
 }
+
+/// The subscribed observers; replaced (never mutated) so a commit can iterate a copy lock-free.
+type Observers = Arc<Vec<(ObserverId, Arc<dyn CommitObserver>)>>;
 
 /// What a successful commit published.
 #[derive(Debug, Clone)]

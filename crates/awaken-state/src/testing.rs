@@ -3,11 +3,22 @@
 //! Every key registered as [`crate::MergeStrategy::Commutative`] must pass
 //! [`check_commutative`] (or [`check_commutative_from`]) in its crate's tests:
 //!
-//! ```ignore
-//! #[test]
-//! fn counter_is_commutative() {
-//!     awaken_state::testing::assert_commutative::<MyCounter>(0u64..1000);
+//! ```
+//! use awaken_state::{StateError, StateKey};
+//!
+//! struct Hits;
+//! impl StateKey for Hits {
+//!     const KEY: &'static str = "example.hits";
+//!     type Value = u64;
+//!     type Update = u64;
+//!     fn apply(value: &mut u64, add: u64) -> Result<(), StateError> {
+//!         *value += add;
+//!         Ok(())
+//!     }
 //! }
+//!
+//! // In a #[test] of the crate that declares `Hits` as Commutative:
+//! awaken_state::testing::assert_commutative::<Hits>(0u64..1_000);
 //! ```
 
 use std::fmt;

@@ -1,3 +1,6 @@
+// Tests unwrap freely: a panic is a failed test with its location.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 

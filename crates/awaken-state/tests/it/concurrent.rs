@@ -1,0 +1,131 @@
+//! Readers on other threads, taking snapshots while one writer commits, only ever see states
+//! that a prefix of the commit sequence produced.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+
+use awaken_state::{Committed, StateCommand};
+
+use crate::keys::{self, Count, Phase, Scratch, Tally};
+
+const COMMITS: u64 = 2_000;
+const READERS: usize = 2;
+/// The writer pauses at these revisions until every reader has seen them, so the readers are
+/// known to observe the sequence mid-way (a signal, not a sleep).
+const CHECKPOINTS: [u64; 4] = [250, 750, 1_250, 1_750];
+
+/// Commit `i` (1-based) adds 1 to `Count` and `Tally`, adds `i` to `Phase` and pushes `i` onto
+/// `Scratch`, so the prefix of length `r` is: count = tally = r, phase = r(r+1)/2, scratch = 1..=r.
+/// Every third commit goes through a transaction of two commands (still one revision).
+fn commit(store: &awaken_state::StateStore, i: u64) {
+    let i32 = u32::try_from(i).unwrap();
+    let first = StateCommand::new()
+        .with_update::<Count>(1)
+        .with_update::<Scratch>(i32);
+    let second = StateCommand::new()
+        .with_update::<Tally>(1)
+        .with_update::<Phase>(i32);
+    if i.is_multiple_of(3) {
+        let mut tx = store.transaction();
+        tx.apply(first).unwrap();
+        tx.apply(second).unwrap();
+        assert_eq!(tx.commit().unwrap().revision, i);
+    } else {
+        let mut both = first;
+        both.extend(second);
+        assert_eq!(store.commit(both).unwrap().revision, i);
+    }
+}
+
+fn check_prefix(snapshot: &awaken_state::Snapshot) {
+    let r = snapshot.revision();
+    assert_eq!(*snapshot.get::<Count>().unwrap(), r as i64, "count at {r}");
+    assert_eq!(
+        u64::from(*snapshot.get::<Tally>().unwrap()),
+        r,
+        "tally at {r}"
+    );
+    assert_eq!(
+        u64::from(*snapshot.get::<Phase>().unwrap()),
+        r * (r + 1) / 2,
+        "phase at {r}"
+    );
+    let log = snapshot.get::<Scratch>().unwrap();
+    assert_eq!(log.len() as u64, r, "log length at {r}");
+    if let (Some(&first), Some(&last)) = (log.first(), log.last()) {
+        assert_eq!((first, u64::from(last)), (1, r), "log ends at {r}");
+    }
+}
+
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+#[test]
+fn readers_only_see_prefix_states() {
+    let store = keys::store();
+    let observed = Arc::new(Mutex::new(Vec::new()));
+    let log = observed.clone();
+    store.subscribe(move |c: &Committed| log.lock().unwrap().push(c.revision));
+    let done = AtomicBool::new(false);
+    let seen: Vec<AtomicU64> = (0..READERS).map(|_| AtomicU64::new(0)).collect();
+    let start = Barrier::new(READERS + 1);
+    let distinct = std::thread::scope(|scope| {
+        let readers: Vec<_> = (0..READERS)
+            .map(|n| {
+                let (store, done, seen, start) = (&store, &done, &seen, &start);
+                scope.spawn(move || {
+                    start.wait();
+                    let mut last = 0;
+                    let mut distinct = 0;
+                    while !done.load(Ordering::Acquire) {
+                        let snapshot = store.snapshot();
+                        check_prefix(&snapshot);
+                        assert!(snapshot.revision() >= last, "revisions went backwards");
+                        if snapshot.revision() > last {
+                            distinct += 1;
+                            last = snapshot.revision();
+                        }
+                        seen[n].store(last, Ordering::Release);
+                    }
+                    distinct
+                })
+            })
+            .collect();
+        start.wait();
+        // Stops the readers even if the writer fails, so a failure is reported, not a hang.
+        let _stop = StopOnDrop(&done);
+        for i in 1..=COMMITS {
+            commit(&store, i);
+            if CHECKPOINTS.contains(&i) {
+                // A reader that stopped (failed) can no longer catch up: go on and let the join
+                // below report its panic.
+                while seen
+                    .iter()
+                    .zip(&readers)
+                    .any(|(s, r)| s.load(Ordering::Acquire) < i && !r.is_finished())
+                {
+                    std::thread::yield_now();
+                }
+            }
+        }
+        drop(_stop);
+        readers
+            .into_iter()
+            .map(|r| r.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    for (reader, count) in distinct.iter().enumerate() {
+        assert!(
+            *count >= CHECKPOINTS.len(),
+            "reader {reader} saw only {count} revisions"
+        );
+    }
+    check_prefix(&store.snapshot());
+    assert_eq!(store.revision(), COMMITS);
+    assert_eq!(*observed.lock().unwrap(), (1..=COMMITS).collect::<Vec<_>>());
+}

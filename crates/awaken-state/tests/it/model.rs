@@ -1,0 +1,91 @@
+//! The store against the reference model: snapshot isolation, and failed commits (including
+//! panicking reducers and stale bases) change nothing.
+
+use awaken_state::{Snapshot, StateError};
+use proptest::prelude::*;
+
+use crate::keys::{self, Model, Op, any_op};
+
+#[derive(Debug, Clone)]
+enum Step {
+    /// Commit these updates; `stale` sets a base revision one behind the store's.
+    Commit {
+        ops: Vec<Op>,
+        as_json: bool,
+        stale: bool,
+    },
+    /// Several commands in one transaction.
+    Transaction(Vec<Vec<Op>>),
+    /// Keep a snapshot to check at the end.
+    Snapshot,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => (prop::collection::vec(any_op(), 0..4), any::<bool>(), prop::bool::weighted(0.15))
+            .prop_map(|(ops, as_json, stale)| Step::Commit { ops, as_json, stale }),
+        1 => prop::collection::vec(prop::collection::vec(any_op(), 0..3), 0..4)
+            .prop_map(Step::Transaction),
+        2 => Just(Step::Snapshot),
+    ]
+}
+
+proptest! {
+    /// Every snapshot, read after any later sequence of commits, equals the model's state at the
+    /// snapshot's revision; every failed commit leaves the store (values and revision) as it was.
+    #[test]
+    fn snapshots_are_isolated_and_failed_commits_change_nothing(
+        steps in prop::collection::vec(step(), 1..40)
+    ) {
+        let store = keys::store();
+        let mut model = Model::default();
+        let mut history = vec![model.values()]; // history[revision]
+        let mut kept: Vec<Snapshot> = vec![store.snapshot()];
+        for step in steps {
+            match step {
+                Step::Commit { ops, as_json, stale } => {
+                    let mut command = keys::command(&ops, as_json);
+                    let stale = stale && store.revision() > 0;
+                    if stale {
+                        command = command.with_base_revision(store.revision() - 1);
+                    }
+                    let mut next = model.clone();
+                    let valid = next.apply_all(&ops) && !stale;
+                    let result = store.commit(command);
+                    prop_assert_eq!(result.is_ok(), valid, "ops {:?}: {:?}", ops, result.as_ref().err());
+                    if stale {
+                        let is_stale = matches!(result, Err(StateError::StaleRevision { .. }));
+                        prop_assert!(is_stale);
+                    }
+                    if valid && !ops.is_empty() {
+                        model = next;
+                        history.push(model.values());
+                    }
+                }
+                Step::Transaction(commands) => {
+                    let mut tx = store.transaction();
+                    let mut staged = model.clone();
+                    let mut changed = false;
+                    for ops in &commands {
+                        let valid = staged.apply_all(ops);
+                        prop_assert_eq!(tx.apply(keys::command(ops, false)).is_ok(), valid);
+                        changed |= valid && !ops.is_empty();
+                        prop_assert_eq!(keys::values(&tx.snapshot()), staged.values());
+                    }
+                    let committed = tx.commit().unwrap();
+                    if changed {
+                        model = staged;
+                        history.push(model.values());
+                    }
+                    prop_assert_eq!(committed.revision as usize, history.len() - 1);
+                }
+                Step::Snapshot => kept.push(store.snapshot()),
+            }
+            prop_assert_eq!(store.revision() as usize, history.len() - 1);
+            prop_assert_eq!(keys::values(&store.snapshot()), model.values());
+        }
+        for snapshot in kept {
+            prop_assert_eq!(&keys::values(&snapshot), &history[snapshot.revision() as usize]);
+        }
+    }
+}
