@@ -255,3 +255,13 @@ async fn reload_swaps_atomically_only_when_every_plugin_agrees() {
     );
     assert_eq!(registry.snapshot().version, 2);
 }
+
+#[test]
+fn the_documented_example_plugin_loads() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/plugins");
+    let registry = PluginRegistry::new();
+    registry.load_dir(&dir).expect("examples/plugins loads");
+    let style = registry.get_plugin("house-style").expect("house-style");
+    assert_eq!(style.manifest().version, semver::Version::new(1, 0, 0));
+    assert_eq!(registry.build_agent_configs().agents["editor"].spec.plugin_ids, vec!["house-style"]);
+}
