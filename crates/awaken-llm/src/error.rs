@@ -48,7 +48,8 @@ pub enum InferenceExecutionError {
     Timeout {
         /// The timeout that elapsed.
         after: Duration,
-        /// What was awaited: `"response headers"`, `"response body"` or `"next stream chunk"`.
+        /// What was awaited: `"connection"`, `"response headers"`, `"response body"` or
+        /// `"next stream chunk"`.
         waiting_for: &'static str,
     },
     /// The response stream broke off before it was complete (connection dropped, body error,

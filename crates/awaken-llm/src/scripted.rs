@@ -502,6 +502,9 @@ struct ScriptState {
 /// Cancellation of a `wait_for_cancel` turn: dropping its stream ends it (counted by
 /// [`ScriptedExecutor::dropped_waits`]); [`ScriptedExecutor::cancel_waiting`] makes every
 /// waiting stream yield [`InferenceExecutionError::Cancelled`] instead.
+///
+/// Clones share the script position, the recorded requests and the counters, so a test can
+/// keep a clone while the runtime owns another.
 #[derive(Debug, Clone)]
 pub struct ScriptedExecutor {
     name: String,
