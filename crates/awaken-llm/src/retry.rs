@@ -72,7 +72,7 @@ impl RetryPolicy {
         if !raw.is_finite() || raw >= cap {
             self.max_backoff
         } else {
-            Duration::from_secs_f64(raw)
+            Duration::try_from_secs_f64(raw).unwrap_or(self.max_backoff)
         }
     }
 

@@ -327,7 +327,7 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
         .and_then(|v| v.trim().parse::<f64>().ok())
         .filter(|ms| ms.is_finite() && *ms >= 0.0)
     {
-        return Some(Duration::from_secs_f64(ms / 1000.0));
+        return Some(Duration::try_from_secs_f64(ms / 1000.0).unwrap_or(Duration::MAX));
     }
     let value = headers.get(header::RETRY_AFTER)?.to_str().ok()?;
     let now = std::time::SystemTime::now()

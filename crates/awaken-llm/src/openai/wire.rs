@@ -534,7 +534,9 @@ pub fn error_from_status(
 pub fn parse_retry_after(value: &str, now_unix_secs: u64) -> Option<Duration> {
     let v = value.trim();
     if let Ok(secs) = v.parse::<f64>() {
-        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs));
+        // Finite and non-negative, but possibly too large for a `Duration`: saturate.
+        return (secs.is_finite() && secs >= 0.0)
+            .then(|| Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX));
     }
     let at = parse_http_date(v)?;
     Some(Duration::from_secs(at.saturating_sub(now_unix_secs)))

@@ -399,6 +399,12 @@ fn retry_after_accepts_seconds_and_http_dates() {
         Some(Duration::ZERO),
         "a date in the past means now"
     );
+    assert_eq!(
+        parse_retry_after("1e300", now),
+        Some(Duration::MAX),
+        "huge, not a panic"
+    );
+    assert_eq!(parse_retry_after("NaN", now), None);
     assert_eq!(parse_retry_after("-1", now), None);
     assert_eq!(parse_retry_after("soon", now), None);
     assert_eq!(

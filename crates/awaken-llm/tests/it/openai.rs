@@ -490,3 +490,16 @@ async fn cancelling_the_token_closes_the_connection() {
         "the server saw the connection close"
     );
 }
+
+#[tokio::test]
+async fn an_absurd_retry_after_saturates_instead_of_panicking() {
+    let server = TestServer::start(vec![vec![Action::Raw(response(
+        429,
+        &[("retry-after-ms", "1e300")],
+        "{}",
+    ))]])
+    .await;
+    let exec = RetryingExecutor::with_policy(Arc::new(executor(&server, |c| c)), fast_retry(3));
+    let error = bounded(exec.execute(request("x"))).await.err();
+    assert_eq!(error.and_then(|e| e.retry_after()), Some(Duration::MAX));
+}
