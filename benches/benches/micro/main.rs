@@ -8,12 +8,14 @@ mod event;
 mod llm;
 mod phase;
 mod state;
+mod tool;
 
 criterion_group!(
     benches,
     event::benches,
     llm::benches,
     phase::benches,
-    state::benches
+    state::benches,
+    tool::benches
 );
 criterion_main!(benches);

@@ -599,3 +599,27 @@ fn only_the_first_choice_is_used_and_null_choices_are_fine() {
     "#]]
     .assert_eq(&decode(&[body.as_bytes()]));
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    /// Any number of cuts anywhere (inside characters, strings, `\n\n`) decodes the same.
+    #[test]
+    fn any_pieces_decode_like_the_whole(
+        cuts in proptest::collection::vec(0usize..4000, 0..12),
+        tools in proptest::bool::ANY,
+    ) {
+        let body = if tools { parallel_tool_stream() } else { text_stream() };
+        let bytes = body.as_bytes();
+        let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c % (bytes.len() + 1)).collect();
+        cuts.sort_unstable();
+        let mut pieces = Vec::new();
+        let mut start = 0;
+        for cut in cuts {
+            pieces.push(&bytes[start..cut]);
+            start = cut;
+        }
+        pieces.push(&bytes[start..]);
+        proptest::prop_assert_eq!(decode(&pieces), decode(&[bytes]));
+    }
+}
