@@ -1,10 +1,11 @@
 //! The tool batch of one step (seed 003's active tool batch) and DESIGN §6's transition table.
 
-use awaken_event::{SuspendTicket, ToolCall, ToolCallId, ToolCallState, ToolResult};
+use awaken_event::{EffectClass, SuspendTicket, ToolCall, ToolCallId, ToolCallState, ToolResult};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ToolError;
 use crate::gate::ToolInterceptPayload;
+use crate::recovery::{RecoveryAction, ToolRecoveryPolicy, recovery_action};
 
 /// The result the model sees for a call closed as outcome unknown.
 pub const OUTCOME_UNKNOWN_MESSAGE: &str = "outcome unknown: the call was interrupted while it \
@@ -387,6 +388,29 @@ impl ToolBatch {
             closed.push(c.call.id.clone());
         }
         closed
+    }
+
+    /// What recovery does with each call of a batch read back after a crash, in call order.
+    ///
+    /// `lookup` gives the effect class and declared policy of a call's tool (from the resolved
+    /// agent's registered tools). A call whose tool is no longer known is treated as
+    /// `SideEffecting` with the default policy: an `Executing` call of it is closed as outcome
+    /// unknown, never re-run (a `Requested` one is still re-gated; the runtime then answers it
+    /// as a call of an unknown tool).
+    pub fn recovery_plan(
+        &self,
+        lookup: impl Fn(&ToolCall) -> Option<(EffectClass, ToolRecoveryPolicy)>,
+    ) -> Vec<(ToolCallId, RecoveryAction)> {
+        self.calls
+            .iter()
+            .map(|c| {
+                let (effect, policy) = lookup(&c.call).unwrap_or((
+                    EffectClass::SideEffecting,
+                    ToolRecoveryPolicy::CloseOutcomeUnknown,
+                ));
+                (c.call.id.clone(), recovery_action(effect, policy, c.state))
+            })
+            .collect()
     }
 
     fn apply(

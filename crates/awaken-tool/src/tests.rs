@@ -194,3 +194,50 @@ fn a_tie_is_logged_at_error_level_and_an_outranked_decision_is_not() {
         log[0].1
     );
 }
+
+fn arb_json() -> impl proptest::strategy::Strategy<Value = Value> {
+    use proptest::prelude::*;
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        any::<u64>().prop_map(Value::from),
+        prop::sample::select(vec![0.5f64, -2.25, 1e100, 3.0]).prop_map(Value::from),
+        "\\PC{0,6}|[\"\\\\\n\t\u{1}é]{0,3}".prop_map(Value::from),
+    ];
+    leaf.prop_recursive(4, 48, 6, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+            prop::collection::vec(("[a-cA-C_é]{0,3}", inner), 0..5)
+                .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+        ]
+    })
+}
+
+/// Rebuilds every object inserting its keys in reverse order (a no-op for the default sorted
+/// map; the guard for a build where `serde_json/preserve_order` is on).
+fn reversed(v: &Value) -> Value {
+    match v {
+        Value::Array(items) => Value::Array(items.iter().map(reversed).collect()),
+        Value::Object(map) => {
+            let mut entries: Vec<(String, Value)> =
+                map.iter().map(|(k, v)| (k.clone(), reversed(v))).collect();
+            entries.reverse();
+            Value::Object(entries.into_iter().collect())
+        }
+        other => other.clone(),
+    }
+}
+
+proptest::proptest! {
+    #[test]
+    fn canonical_json_is_lossless_and_independent_of_key_order(v in arb_json()) {
+        let text = canonical_json(&v);
+        let back: Value = serde_json::from_str(&text)
+            .map_err(|e| proptest::test_runner::TestCaseError::fail(format!("{e}: {text}")))?;
+        proptest::prop_assert_eq!(&back, &v);
+        proptest::prop_assert_eq!(canonical_json(&back), text.clone());
+        proptest::prop_assert_eq!(canonical_json(&reversed(&v)), text);
+        proptest::prop_assert_eq!(argument_digest(&reversed(&v)), argument_digest(&v));
+    }
+}

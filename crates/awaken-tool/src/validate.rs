@@ -5,7 +5,7 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
-use awaken_event::{EffectClass, ToolCallState, ToolDescriptor};
+use awaken_event::{EffectClass, ToolCall, ToolCallState, ToolDescriptor};
 use awaken_state::KeyRegistry;
 use serde_json::Value;
 
@@ -179,6 +179,27 @@ impl RegisteredTool {
     /// [`ToolError::InvalidArguments`] listing every violation with its JSON path.
     pub fn validate(&self, args: &Value) -> Result<(), ToolError> {
         self.validator.validate(args)
+    }
+
+    /// Checks a call as the model sent it: arguments that were not JSON at all
+    /// (`ToolCall::invalid_arguments`) or that break the schema.
+    ///
+    /// # Errors
+    /// [`ToolError::InvalidArguments`]; for non-JSON arguments, one violation at the root
+    /// quoting (at most 200 characters of) the text the model sent.
+    pub fn check_call(&self, call: &ToolCall) -> Result<(), ToolError> {
+        if let Some(raw) = &call.invalid_arguments {
+            let shown: String = raw.chars().take(200).collect();
+            let ellipsis = if shown.len() < raw.len() { "…" } else { "" };
+            return Err(ToolError::InvalidArguments {
+                tool_id: self.id().to_owned(),
+                violations: vec![Violation {
+                    path: String::new(),
+                    message: format!("the arguments are not valid JSON: {shown:?}{ellipsis}"),
+                }],
+            });
+        }
+        self.validate(&call.arguments)
     }
 
     /// Runs one allowed call: validate, execute (panics caught, cancellation observed), check

@@ -116,3 +116,45 @@ fn the_default_policy_comes_from_the_effect_class() {
         assert_eq!(tool.recovery_action(S::Executing), executing);
     }
 }
+
+#[test]
+fn a_recovered_batch_gets_one_action_per_call_and_unknown_tools_are_never_rerun() {
+    use awaken_event::ToolResult;
+    use awaken_tool::ToolBatch;
+    use serde_json::json;
+
+    use crate::support::{call, call_id};
+
+    let mut b = ToolBatch::new([
+        call("a", "search", json!({})),
+        call("b", "search", json!({})),
+        call("c", "pay", json!({})),
+        call("d", "vanished", json!({})),
+        call("e", "pay", json!({})),
+    ])
+    .expect("batch");
+    for id in ["b", "c", "d", "e"] {
+        b.start(&call_id(id)).expect("executing");
+    }
+    b.succeed(&call_id("e"), ToolResult::success(json!(1)))
+        .expect("done");
+    let plan = b.recovery_plan(|c| match c.name.as_str() {
+        "search" => Some((RO, PRerun)),
+        "pay" => Some((SE, PSuspend)),
+        _ => None,
+    });
+    let plan: Vec<(String, RecoveryAction)> = plan
+        .into_iter()
+        .map(|(id, a)| (id.to_string(), a))
+        .collect();
+    assert_eq!(
+        plan,
+        vec![
+            ("a".to_owned(), Regate),
+            ("b".to_owned(), RerunA),
+            ("c".to_owned(), SuspendA),
+            ("d".to_owned(), Unknown),
+            ("e".to_owned(), Closed),
+        ]
+    );
+}

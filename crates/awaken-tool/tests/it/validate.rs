@@ -169,3 +169,17 @@ fn a_schema_that_needs_io_to_resolve_is_rejected_at_registration() {
     let message = register_error(json!({"$ref": "file:///etc/args.json"}));
     assert_ne!(message, "registered");
 }
+
+#[test]
+fn arguments_that_are_not_json_are_reported_without_running_anything() {
+    let tool = weather();
+    let mut bad = crate::support::call("c1", "weather", Value::Null);
+    bad.invalid_arguments = Some("{\"city\": Par".into());
+    let err = tool.check_call(&bad).expect_err("not JSON");
+    expect![[r#"invalid arguments for tool `weather`: at (root): the arguments are not valid JSON: "{\"city\": Par""#]]
+        .assert_eq(&err.to_string());
+    let good = crate::support::call("c2", "weather", json!({"city": "Rome"}));
+    assert_eq!(tool.check_call(&good), Ok(()));
+    let wrong = crate::support::call("c3", "weather", json!({"city": 1}));
+    assert!(tool.check_call(&wrong).is_err());
+}
