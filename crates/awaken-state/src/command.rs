@@ -35,6 +35,9 @@ pub struct StateCommand {
 pub struct KeyUpdate {
     pub(crate) key: Cow<'static, str>,
     pub(crate) payload: Payload,
+    /// Index of the key in the registry, set by a commit's validation pass and read by its
+    /// apply pass (meaningless outside one commit).
+    pub(crate) slot: usize,
 }
 
 pub(crate) enum Payload {
@@ -81,6 +84,7 @@ impl StateCommand {
         self.updates.push(KeyUpdate {
             key: Cow::Borrowed(K::KEY),
             payload: Payload::Typed(Box::new(TypedUpdate::of::<K>(update))),
+            slot: 0,
         });
         self
     }
@@ -97,6 +101,7 @@ impl StateCommand {
         self.updates.push(KeyUpdate {
             key: Cow::Owned(key.into()),
             payload: Payload::Json(update),
+            slot: 0,
         });
         self
     }
@@ -268,6 +273,7 @@ impl Clone for KeyUpdate {
         KeyUpdate {
             key: self.key.clone(),
             payload,
+            slot: 0,
         }
     }
 }
@@ -330,6 +336,7 @@ impl<'de> Deserialize<'de> for KeyUpdate {
         Ok(KeyUpdate {
             key: Cow::Owned(key),
             payload: Payload::Json(update),
+            slot: 0,
         })
     }
 }

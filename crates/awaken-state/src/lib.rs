@@ -13,7 +13,7 @@
 //! payload) for the phase engine, which also raises the phase errors declared in
 //! [`StateError`].
 //!
-//! With the cargo feature `testing`, [`testing`] offers the commutativity check every
+//! With the cargo feature `testing`, the module `testing` offers the commutativity check every
 //! `Commutative` key must pass.
 
 mod command;

@@ -1,7 +1,7 @@
 //! `StateStore`: the one place state changes, through validated commits.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
 use crate::command::{Effect, KeyUpdate, Payload, ScheduledAction, StateCommand};
@@ -24,9 +24,14 @@ use crate::table::Table;
 /// carries its own revision and snapshot.
 pub struct StateStore {
     registry: Arc<KeyRegistry>,
+    /// What readers see. Replaced, under the `writer` lock, by every publishing commit.
     current: RwLock<Snapshot>,
-    writer: Mutex<()>,
+    /// Serializes writers and holds the head (the same version as `current`), so a commit reads
+    /// it without touching the readers' lock.
+    writer: Mutex<Snapshot>,
     observers: RwLock<Observers>,
+    /// Number of subscribed observers, so a commit with none skips their lock.
+    observer_count: AtomicUsize,
     next_observer: AtomicU64,
 }
 
@@ -118,9 +123,10 @@ impl StateStore {
         });
         StateStore {
             registry,
-            current: RwLock::new(snapshot),
-            writer: Mutex::new(()),
+            current: RwLock::new(snapshot.clone()),
+            writer: Mutex::new(snapshot),
             observers: RwLock::new(Arc::new(Vec::new())),
+            observer_count: AtomicUsize::new(0),
             next_observer: AtomicU64::new(0),
         }
     }
@@ -153,27 +159,26 @@ impl StateStore {
     /// succeeds without panicking. On any failure the store is unchanged. An empty command
     /// (no updates, actions or effects) publishes nothing and keeps the revision.
     pub fn commit(&self, command: StateCommand) -> Result<Committed, StateError> {
-        let guard = self.lock_writer();
-        let current = self.snapshot();
-        check_base(command.base_revision, current.revision())?;
+        let mut head = self.lock_writer();
+        check_base(command.base_revision, head.revision())?;
         if command.is_empty() {
             return Ok(Committed {
-                revision: current.revision(),
-                snapshot: current,
+                revision: head.revision(),
+                snapshot: head.clone(),
                 actions: Vec::new(),
                 effects: Vec::new(),
             });
         }
-        let revision = current.revision() + 1;
-        let mut table = current.version.table.clone();
+        let revision = head.revision() + 1;
+        let mut table = head.version.table.clone();
         apply_updates(&self.registry, &mut table, command.updates, revision)?;
         let committed = Committed {
             revision,
-            snapshot: self.publish(revision, table),
+            snapshot: self.publish(&mut head, revision, table),
             actions: command.actions,
             effects: command.effects,
         };
-        drop(guard);
+        drop(head);
         self.notify(&committed);
         Ok(committed)
     }
@@ -225,17 +230,16 @@ impl StateStore {
             .iter()
             .map(|(i, _)| self.registry.entry_at(*i).name.to_owned())
             .collect();
-        let guard = self.lock_writer();
-        let current = self.snapshot();
+        let mut head = self.lock_writer();
         if parsed.is_empty() {
             return Ok(Restored {
-                revision: current.revision(),
+                revision: head.revision(),
                 restored,
                 skipped,
             });
         }
-        let revision = current.revision() + 1;
-        let mut table = current.version.table.clone();
+        let revision = head.revision() + 1;
+        let mut table = head.version.table.clone();
         for (index, value) in parsed {
             let slot = table
                 .slot_mut(index, revision)
@@ -247,11 +251,11 @@ impl StateStore {
         }
         let committed = Committed {
             revision,
-            snapshot: self.publish(revision, table),
+            snapshot: self.publish(&mut head, revision, table),
             actions: Vec::new(),
             effects: Vec::new(),
         };
-        drop(guard);
+        drop(head);
         self.notify(&committed);
         Ok(Restored {
             revision,
@@ -269,6 +273,7 @@ impl StateStore {
             .unwrap_or_else(PoisonError::into_inner);
         let mut list = Vec::clone(&observers);
         list.push((id, Arc::new(observer)));
+        self.observer_count.store(list.len(), Ordering::Release);
         *observers = Arc::new(list);
         id
     }
@@ -283,16 +288,17 @@ impl StateStore {
         let before = list.len();
         list.retain(|(i, _)| *i != id);
         let removed = list.len() != before;
+        self.observer_count.store(list.len(), Ordering::Release);
         *observers = Arc::new(list);
         removed
     }
 
-    fn lock_writer(&self) -> MutexGuard<'_, ()> {
+    fn lock_writer(&self) -> MutexGuard<'_, Snapshot> {
         self.writer.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Swaps in a new version. Call with the writer lock held.
-    fn publish(&self, revision: u64, table: Table) -> Snapshot {
+    /// Swaps in a new version as the head and for readers.
+    fn publish(&self, head: &mut Snapshot, revision: u64, table: Table) -> Snapshot {
         let snapshot = Snapshot::new(Version {
             revision,
             staged: false,
@@ -304,10 +310,14 @@ impl StateStore {
             std::mem::replace(&mut *current, snapshot.clone())
         };
         drop(old); // outside the read/write lock: freeing old nodes must not block readers
+        *head = snapshot.clone();
         snapshot
     }
 
     fn notify(&self, committed: &Committed) {
+        if self.observer_count.load(Ordering::Acquire) == 0 {
+            return;
+        }
         let observers = self
             .observers
             .read()
@@ -380,8 +390,8 @@ impl Transaction<'_> {
     /// transaction began; the store is then unchanged. An empty transaction publishes nothing.
     pub fn commit(self) -> Result<Committed, StateError> {
         let store = self.store;
-        let guard = store.lock_writer();
-        let actual = store.revision();
+        let mut head = store.lock_writer();
+        let actual = head.revision();
         if actual != self.base.revision() {
             return Err(StateError::StaleRevision {
                 expected: self.base.revision(),
@@ -399,11 +409,11 @@ impl Transaction<'_> {
         let revision = actual + 1;
         let committed = Committed {
             revision,
-            snapshot: store.publish(revision, self.staged),
+            snapshot: store.publish(&mut head, revision, self.staged),
             actions: self.actions,
             effects: self.effects,
         };
-        drop(guard);
+        drop(head);
         store.notify(&committed);
         Ok(committed)
     }
@@ -436,9 +446,9 @@ fn apply_updates(
     mut updates: Vec<KeyUpdate>,
     revision: u64,
 ) -> Result<(), StateError> {
-    let mut indexes = Vec::with_capacity(updates.len());
     for update in &mut updates {
         let (index, entry) = registry.resolve(&update.key)?;
+        update.slot = index;
         match &mut update.payload {
             Payload::Typed(typed) => {
                 if typed.key_type() != entry.key_type {
@@ -454,14 +464,13 @@ fn apply_updates(
                 update.payload = Payload::Typed(typed);
             }
         }
-        indexes.push(index);
     }
-    for (update, index) in updates.into_iter().zip(indexes) {
+    for update in updates {
         let Payload::Typed(typed) = update.payload else {
             unreachable!("every payload was made typed above")
         };
         let slot = table
-            .slot_mut(index, revision)
+            .slot_mut(update.slot, revision)
             .ok_or_else(|| StateError::UnknownKey {
                 key: update.key.to_string(),
             })?;
