@@ -717,3 +717,35 @@ fn key_errors_name_their_key() {
         expect!["phase StepEnd did not converge within 16 rounds"],
     );
 }
+
+#[test]
+fn state_types_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<StateStore>();
+    send_sync::<Snapshot>();
+    send_sync::<StateCommand>();
+    send_sync::<Transaction<'static>>();
+    send_sync::<Committed>();
+    send_sync::<StateError>();
+    send_sync::<KeyRegistry>();
+}
+
+#[test]
+fn restore_notifies_observers() {
+    let store = store();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    store.subscribe(move |c: &Committed| {
+        log.lock()
+            .unwrap()
+            .push((c.revision, c.snapshot.get_json("test.counter").unwrap()))
+    });
+    let state = PersistedState {
+        revision: 0,
+        values: [("test.counter".to_owned(), json!(5))]
+            .into_iter()
+            .collect(),
+    };
+    store.restore(&state, UnknownKeyPolicy::Reject).unwrap();
+    assert_eq!(*seen.lock().unwrap(), [(1, json!(5))]);
+}

@@ -13,6 +13,8 @@ const READERS: usize = 2;
 /// The writer pauses at these revisions until every reader has seen them, so the readers are
 /// known to observe the sequence mid-way (a signal, not a sleep).
 const CHECKPOINTS: [u64; 4] = [250, 750, 1_250, 1_750];
+/// Yields the writer allows per checkpoint (far more than readers need to take one snapshot).
+const MAX_SPINS: u64 = 100_000_000;
 
 /// Commit `i` (1-based) adds 1 to `Count` and `Tally`, adds `i` to `Phase` and pushes `i` onto
 /// `Scratch`, so the prefix of length `r` is: count = tally = r, phase = r(r+1)/2, scratch = 1..=r.
@@ -102,6 +104,7 @@ fn readers_only_see_prefix_states() {
         for i in 1..=COMMITS {
             commit(&store, i);
             if CHECKPOINTS.contains(&i) {
+                let mut spins = 0u64;
                 // A reader that stopped (failed) can no longer catch up: go on and let the join
                 // below report its panic.
                 while seen
@@ -109,6 +112,9 @@ fn readers_only_see_prefix_states() {
                     .zip(&readers)
                     .any(|(s, r)| s.load(Ordering::Acquire) < i && !r.is_finished())
                 {
+                    // Bounded, so readers stuck on an old revision fail the test, not hang it.
+                    spins += 1;
+                    assert!(spins < MAX_SPINS, "a reader never saw revision {i}");
                     std::thread::yield_now();
                 }
             }
