@@ -2,8 +2,8 @@
 //! writes its own figures), then gathers every figure into `target/awaken-bench/summary.json`,
 //! a JSON array of `{"name", "value", "unit"}`, and prints it as a table.
 //!
-//! Criterion figures are medians in `ns`, read from
-//! `target/criterion/<group>/<bench>/new/estimates.json` files written by this run. Other
+//! Criterion figures are medians in `ns`, read from the `new/estimates.json` files under
+//! `target/criterion/` written by this run, named by the `full_id` in `new/benchmark.json`. Other
 //! benchmark programs append their figures as JSON arrays of the same shape to files in
 //! `target/awaken-bench/extra/`, which this run empties first.
 
@@ -110,10 +110,19 @@ fn criterion_figures(dir: &Path, since: SystemTime) -> Result<Vec<Value>> {
             let Some(bench_dir) = path.parent().and_then(Path::parent) else {
                 continue;
             };
-            let name = bench_dir
-                .strip_prefix(dir)?
-                .to_string_lossy()
-                .replace('\\', "/");
+            // Criterion flattens `group/name` into one directory name; its `benchmark.json`
+            // keeps the full id.
+            let full_id = std::fs::read_to_string(path.with_file_name("benchmark.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+                .and_then(|v| v["full_id"].as_str().map(str::to_owned));
+            let name = match full_id {
+                Some(id) => id,
+                None => bench_dir
+                    .strip_prefix(dir)?
+                    .to_string_lossy()
+                    .replace('\\', "/"),
+            };
             out.push(json!({ "name": name, "value": median, "unit": "ns" }));
         }
     }

@@ -7,6 +7,8 @@ use criterion::{criterion_group, criterion_main};
 mod event;
 mod llm;
 mod phase;
+mod plugin;
+mod resolver;
 mod state;
 mod tool;
 
@@ -15,6 +17,8 @@ criterion_group!(
     event::benches,
     llm::benches,
     phase::benches,
+    plugin::benches,
+    resolver::benches,
     state::benches,
     tool::benches
 );

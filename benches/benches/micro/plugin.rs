@@ -55,7 +55,12 @@ impl Plugin for BenchPlugin {
     }
     fn register(&self, r: &mut PluginRegistrar) -> Result<(), PluginError> {
         (self.keys)(r)?;
-        for phase in [Phase::StepStart, Phase::BeforeInference, Phase::AfterToolExecute, Phase::StepEnd] {
+        for phase in [
+            Phase::StepStart,
+            Phase::BeforeInference,
+            Phase::AfterToolExecute,
+            Phase::StepEnd,
+        ] {
             r.register_phase_hook(phase, "h", self.hook.clone())?;
         }
         Ok(())
@@ -66,8 +71,11 @@ pub(crate) fn benches(c: &mut Criterion) {
     let hook: Arc<dyn PhaseHook> = Arc::new(FnHook(|_: &PhaseContext| Ok(StateCommand::new())));
     let plugins: Vec<Arc<dyn Plugin>> = (0..16)
         .map(|i| {
-            Arc::new(BenchPlugin { manifest: PluginManifest::new(format!("p{i}")), keys: REGISTER[i], hook: hook.clone() })
-                as Arc<dyn Plugin>
+            Arc::new(BenchPlugin {
+                manifest: PluginManifest::new(format!("p{i}")),
+                keys: REGISTER[i],
+                hook: hook.clone(),
+            }) as Arc<dyn Plugin>
         })
         .collect();
     c.bench_function("plugin/env_from_16_plugins", |b| {

@@ -1,0 +1,250 @@
+//! Resolution errors, warnings and registration errors.
+
+use awaken_plugin::{EnvError, RegistryError, SectionViolation};
+use awaken_spec::SpecError;
+use awaken_tool::ToolRegistrationError;
+
+/// Why an agent could not be resolved. Resolution is all-or-nothing: nothing partial is returned.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ResolveError {
+    /// No agent has this id.
+    #[error("agent `{agent_id}` is not registered")]
+    AgentNotFound {
+        /// The id asked for.
+        agent_id: String,
+    },
+    /// The agent's spec does not validate.
+    #[error("agent `{agent_id}` has an invalid spec: {source}")]
+    InvalidSpec {
+        /// The agent.
+        agent_id: String,
+        /// The validation error.
+        #[source]
+        source: SpecError,
+    },
+    /// The agent is served by a remote endpoint; run it through its plan.
+    #[error(
+        "agent `{agent_id}` is served by endpoint `{endpoint}` and cannot be resolved for the local loop"
+    )]
+    RemoteAgentNotDirectlyRunnable {
+        /// The agent.
+        agent_id: String,
+        /// Its endpoint URL.
+        endpoint: String,
+    },
+    /// No execution backend claims the agent's endpoint.
+    #[error("no execution backend claims endpoint `{endpoint}` of agent `{agent_id}`")]
+    NoBackendForEndpoint {
+        /// The agent.
+        agent_id: String,
+        /// Its endpoint URL.
+        endpoint: String,
+    },
+    /// The agent's model id is not registered.
+    #[error("agent `{agent_id}` uses model `{model_id}`, which is not registered")]
+    ModelNotFound {
+        /// The agent.
+        agent_id: String,
+        /// The model id.
+        model_id: String,
+    },
+    /// The model's provider is not registered.
+    #[error(
+        "model `{model_id}` of agent `{agent_id}` is served by provider `{provider_id}`, which is not registered"
+    )]
+    ProviderNotFound {
+        /// The agent.
+        agent_id: String,
+        /// The model.
+        model_id: String,
+        /// The provider id.
+        provider_id: String,
+    },
+    /// A plugin the agent lists is not in the plugin source.
+    #[error("agent `{agent_id}` lists plugin `{plugin_id}`, which is not registered")]
+    PluginNotFound {
+        /// The agent.
+        agent_id: String,
+        /// The plugin id.
+        plugin_id: String,
+    },
+    /// A config section does not satisfy its claiming plugin's schema.
+    #[error("agent `{agent_id}`: config section `{section}` (claimed by `{plugin_id}`) is invalid: {}", violations.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    InvalidPluginConfig {
+        /// The agent.
+        agent_id: String,
+        /// The section.
+        section: String,
+        /// The claiming plugin.
+        plugin_id: String,
+        /// Every violation, with its JSON path.
+        violations: Vec<SectionViolation>,
+    },
+    /// The built-in plugins could not be made for this agent.
+    #[error("agent `{agent_id}`: built-in plugins: {message}")]
+    BuiltinPlugins {
+        /// The agent.
+        agent_id: String,
+        /// Why.
+        message: String,
+    },
+    /// The execution environment could not be built.
+    #[error("agent `{agent_id}`: {source}")]
+    Env {
+        /// The agent.
+        agent_id: String,
+        /// The cause, with its structure.
+        #[source]
+        source: EnvError,
+    },
+    /// A delegate names an agent that is not registered.
+    #[error("agent `{agent_id}` delegates to `{delegate_id}`, which is not registered")]
+    DelegateNotFound {
+        /// The agent.
+        agent_id: String,
+        /// The delegate.
+        delegate_id: String,
+    },
+    /// The agent has delegates but no delegate-tool factory is installed.
+    #[error(
+        "agent `{agent_id}` delegates to `{delegate_id}`, but no delegate tool factory is installed"
+    )]
+    NoDelegateFactory {
+        /// The agent.
+        agent_id: String,
+        /// The delegate.
+        delegate_id: String,
+    },
+    /// The delegate-tool factory refused.
+    #[error("agent `{agent_id}`: delegate tool for `{delegate_id}`: {message}")]
+    DelegateTool {
+        /// The agent.
+        agent_id: String,
+        /// The delegate.
+        delegate_id: String,
+        /// Why.
+        message: String,
+    },
+    /// A tool is invalid (schema, recovery policy).
+    #[error("agent `{agent_id}`: {source}")]
+    InvalidTool {
+        /// The agent.
+        agent_id: String,
+        /// The cause.
+        #[source]
+        source: ToolRegistrationError,
+    },
+    /// Two tool sources provide the same id.
+    #[error("tool id `{id}` is provided by both {first} and {second}")]
+    ToolIdConflict {
+        /// The id.
+        id: String,
+        /// The first source (`global`, `delegate:<agent>`, `plugin:<id>`).
+        first: String,
+        /// The second source.
+        second: String,
+    },
+}
+
+/// Something resolution noticed that does not stop it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ResolveWarning {
+    /// A catalog pattern matched no tool.
+    UnmatchedPattern {
+        /// `allowed_tool_patterns` or `excluded_tool_patterns`.
+        field: &'static str,
+        /// The pattern.
+        pattern: String,
+    },
+    /// A catalog entry looks like a permission rule (contains `(`); it probably belongs in
+    /// the `permission` section.
+    PermissionLikeCatalogEntry {
+        /// The catalog field.
+        field: &'static str,
+        /// The entry.
+        entry: String,
+    },
+    /// A permission rule names only tools the catalog filtered out.
+    PermissionRuleForFilteredTool {
+        /// The rule's index in the `permission` section.
+        rule: usize,
+        /// Its tool glob.
+        tool: String,
+    },
+    /// A config section no plugin claims (maybe a typo).
+    UnclaimedSection {
+        /// The section key.
+        section: String,
+    },
+}
+
+impl std::fmt::Display for ResolveWarning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::UnmatchedPattern { field, pattern } => {
+                write!(f, "{field} pattern `{pattern}` matches no tool")
+            }
+            Self::PermissionLikeCatalogEntry { field, entry } => write!(
+                f,
+                "{field} entry `{entry}` looks like a permission rule; put it in the `permission` section"
+            ),
+            Self::PermissionRuleForFilteredTool { rule, tool } => {
+                write!(
+                    f,
+                    "permission rule {rule} (`{tool}`) names only tools the catalog filtered out"
+                )
+            }
+            Self::UnclaimedSection { section } => {
+                write!(f, "config section `{section}` is claimed by no plugin")
+            }
+        }
+    }
+}
+
+/// A registration refused by [`crate::Registries`], recorded and reported later.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegistrationError {
+    /// An id registered twice in one registry.
+    #[error("{kind} `{id}` is registered twice")]
+    Duplicate {
+        /// `agent`, `tool`, `model`, `provider` or `plugin`.
+        kind: &'static str,
+        /// The id.
+        id: String,
+    },
+    /// A global tool is invalid.
+    #[error("{0}")]
+    InvalidTool(String),
+    /// A plugin registry refused agent definitions.
+    #[error("{0}")]
+    AgentDefinitions(String),
+}
+
+impl From<&RegistryError> for RegistrationError {
+    fn from(e: &RegistryError) -> Self {
+        RegistrationError::AgentDefinitions(e.to_string())
+    }
+}
+
+/// Everything `validate` found, all of it.
+#[derive(Debug, thiserror::Error)]
+#[error("{} problem(s): {}", problems.len(), problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+pub struct ValidationFailed {
+    /// Each problem.
+    pub problems: Vec<ValidationProblem>,
+}
+
+/// One problem found by `validate`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ValidationProblem {
+    /// A recorded registration error.
+    #[error(transparent)]
+    Registration(RegistrationError),
+    /// An agent that fails a dry resolution.
+    #[error(transparent)]
+    Agent(ResolveError),
+}

@@ -1,0 +1,532 @@
+//! The three-stage resolution of seed 004: lookup, plugin pipeline, tool pipeline.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, OnceLock};
+
+use async_trait::async_trait;
+use awaken_event::{
+    CancellationToken, EventSink, Message, RunId, TerminationReason, ThreadId, TokenUsage,
+};
+use awaken_llm::{LlmExecutor, RetryingExecutor};
+use awaken_plugin::{ConfigSchema, ExecutionEnv, Plugin, SectionStatus, validate_sections};
+use awaken_spec::{AgentSpec, EndpointSpec, InferenceOverride, ModelSpec, RETRY_SECTION};
+use awaken_tool::{RegisteredTool, Tool};
+use serde_json::json;
+
+use crate::catalog::filter_catalog;
+use crate::error::{ResolveError, ResolveWarning, ValidationFailed, ValidationProblem};
+use crate::registries::Registries;
+
+/// The plugin id under which the resolver claims the `retry` section.
+pub const RESOLVER_PLUGIN_ID: &str = "awaken-resolver";
+
+/// The built-in plugins the runtime supplies for an agent: always its loop actions and stop
+/// conditions; context management only when the spec sets `context_policy`.
+pub trait BuiltinPlugins: Send + Sync {
+    /// The built-ins for `spec` (resolved against `model`). An `Err` fails resolution.
+    fn builtin_plugins(
+        &self,
+        spec: &AgentSpec,
+        model: &ModelSpec,
+    ) -> Result<Vec<Arc<dyn Plugin>>, String>;
+}
+
+/// No built-ins (for tests and tools that only inspect resolution).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoBuiltins;
+
+impl BuiltinPlugins for NoBuiltins {
+    fn builtin_plugins(
+        &self,
+        _spec: &AgentSpec,
+        _model: &ModelSpec,
+    ) -> Result<Vec<Arc<dyn Plugin>>, String> {
+        Ok(Vec::new())
+    }
+}
+
+/// Makes the tool through which an agent hands a task to a delegate agent.
+pub trait DelegateToolFactory: Send + Sync {
+    /// The tool by which `parent` calls `delegate`. Its id must be unique among the parent's
+    /// tools. An `Err` fails resolution.
+    fn delegate_tool(
+        &self,
+        parent: &AgentSpec,
+        delegate: &AgentSpec,
+    ) -> Result<Arc<dyn Tool>, String>;
+}
+
+/// A request handed to an execution backend.
+#[derive(Debug, Clone)]
+pub struct BackendRequest {
+    /// The thread.
+    pub thread_id: ThreadId,
+    /// The run.
+    pub run_id: RunId,
+    /// The new messages.
+    pub messages: Vec<Message>,
+    /// A run-level inference override.
+    pub overrides: Option<InferenceOverride>,
+    /// Cancellation of the run.
+    pub cancel: CancellationToken,
+}
+
+/// What a backend run produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackendOutcome {
+    /// Why it ended.
+    pub termination: TerminationReason,
+    /// The final text, if any.
+    pub response: Option<String>,
+    /// Token usage.
+    pub usage: TokenUsage,
+}
+
+/// A backend failure.
+#[derive(Debug, thiserror::Error)]
+#[error("execution backend `{backend}` failed: {message}")]
+pub struct BackendError {
+    /// The backend's id.
+    pub backend: String,
+    /// What went wrong.
+    pub message: String,
+}
+
+/// Runs endpoint-backed agents instead of the local loop (A2A and the like).
+#[async_trait]
+pub trait ExecutionBackend: Send + Sync + 'static {
+    /// The backend's id.
+    fn id(&self) -> &str;
+    /// Whether this backend serves `endpoint`.
+    fn claims(&self, endpoint: &EndpointSpec) -> bool;
+    /// Runs `agent` for `request`, streaming its events to `sink` (one activation: `RunStart`
+    /// … `RunFinish`).
+    async fn run(
+        &self,
+        agent: &AgentSpec,
+        request: BackendRequest,
+        sink: &dyn EventSink,
+    ) -> Result<BackendOutcome, BackendError>;
+}
+
+/// Where a resolved tool came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolSource {
+    /// A global tool.
+    Global,
+    /// The tool of a delegate agent.
+    Delegate(String),
+    /// A plugin's tool.
+    Plugin(String),
+}
+
+impl std::fmt::Display for ToolSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ToolSource::Global => f.write_str("global"),
+            ToolSource::Delegate(a) => write!(f, "delegate:{a}"),
+            ToolSource::Plugin(p) => write!(f, "plugin:{p}"),
+        }
+    }
+}
+
+/// A tool of the final set, with its compiled validator and source.
+#[derive(Debug, Clone)]
+pub struct ResolvedTool {
+    /// The tool.
+    pub tool: RegisteredTool,
+    /// Where it came from.
+    pub source: ToolSource,
+}
+
+/// A locally runnable agent. A fresh one per resolution; nothing is shared between calls.
+#[derive(Clone)]
+pub struct ResolvedAgent {
+    /// The spec.
+    pub spec: Arc<AgentSpec>,
+    /// Its model.
+    pub model: ModelSpec,
+    /// The executor (wrapped in `RetryingExecutor` when the `retry` section asks).
+    pub executor: Arc<dyn LlmExecutor>,
+    /// The execution environment.
+    pub env: ExecutionEnv,
+    /// The final tool set, in source order, after the catalog filter.
+    pub tools: Vec<ResolvedTool>,
+    /// Warnings found on the way.
+    pub warnings: Vec<ResolveWarning>,
+    /// Digest of the resolved spec (spec, model, plugins with versions, tool ids), stable
+    /// across processes.
+    pub spec_digest: String,
+}
+
+impl std::fmt::Debug for ResolvedAgent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResolvedAgent")
+            .field("agent", &self.spec.id)
+            .field("model", &self.model.id)
+            .field("executor", &self.executor.name())
+            .field("env", &self.env)
+            .field(
+                "tools",
+                &self
+                    .tools
+                    .iter()
+                    .map(|t| t.tool.id().to_owned())
+                    .collect::<Vec<_>>(),
+            )
+            .field("warnings", &self.warnings)
+            .field("spec_digest", &self.spec_digest)
+            .finish()
+    }
+}
+
+/// An endpoint-backed agent and the backend that runs it.
+#[derive(Clone)]
+pub struct ResolvedBackendAgent {
+    /// The spec.
+    pub spec: Arc<AgentSpec>,
+    /// The backend that claims its endpoint.
+    pub backend: Arc<dyn ExecutionBackend>,
+}
+
+/// How a run executes: through the local loop or a backend.
+#[derive(Clone)]
+pub enum ResolvedRunPlan {
+    /// The local loop.
+    Local(Box<ResolvedAgent>),
+    /// An execution backend.
+    Backend(ResolvedBackendAgent),
+}
+
+/// Resolves agent ids against [`Registries`], with the runtime's injection points.
+#[derive(Clone)]
+pub struct Resolver {
+    registries: Arc<Registries>,
+    builtins: Arc<dyn BuiltinPlugins>,
+    delegates: Option<Arc<dyn DelegateToolFactory>>,
+    backends: Vec<Arc<dyn ExecutionBackend>>,
+}
+
+fn retry_schema() -> &'static ConfigSchema {
+    static SCHEMA: OnceLock<ConfigSchema> = OnceLock::new();
+    SCHEMA.get_or_init(|| {
+        let duration =
+            json!({"type": ["string", "integer"], "minimum": 0, "pattern": "^[0-9]+(ms|s|m|h)?$"});
+        ConfigSchema::new(
+            RETRY_SECTION,
+            json!({
+                "type": "object",
+                "properties": {
+                    "max_retries": {"type": "integer", "minimum": 0},
+                    "initial_backoff": duration,
+                    "max_backoff": duration,
+                    "multiplier": {"type": "number", "minimum": 1},
+                    "jitter": {"type": "boolean"}
+                },
+                "additionalProperties": false
+            }),
+        )
+        .unwrap_or_else(|e| unreachable!("the retry schema is a constant and compiles: {e}"))
+    })
+}
+
+impl Resolver {
+    /// A resolver over `registries` with the runtime's built-in plugins.
+    pub fn new(registries: Arc<Registries>, builtins: Arc<dyn BuiltinPlugins>) -> Self {
+        Self {
+            registries,
+            builtins,
+            delegates: None,
+            backends: Vec::new(),
+        }
+    }
+
+    /// Installs the delegate-tool factory.
+    pub fn with_delegate_factory(mut self, factory: Arc<dyn DelegateToolFactory>) -> Self {
+        self.delegates = Some(factory);
+        self
+    }
+
+    /// Adds an execution backend.
+    pub fn with_backend(mut self, backend: Arc<dyn ExecutionBackend>) -> Self {
+        self.backends.push(backend);
+        self
+    }
+
+    /// The registries.
+    pub fn registries(&self) -> &Arc<Registries> {
+        &self.registries
+    }
+
+    fn lookup(&self, agent_id: &str) -> Result<AgentSpec, ResolveError> {
+        let spec = self
+            .registries
+            .agent(agent_id)
+            .ok_or_else(|| ResolveError::AgentNotFound {
+                agent_id: agent_id.to_owned(),
+            })?;
+        spec.validate()
+            .map_err(|source| ResolveError::InvalidSpec {
+                agent_id: agent_id.to_owned(),
+                source,
+            })?;
+        Ok(spec)
+    }
+
+    /// The run plan for `agent_id`: local, or the backend that claims its endpoint.
+    pub fn plan(&self, agent_id: &str) -> Result<ResolvedRunPlan, ResolveError> {
+        let spec = self.lookup(agent_id)?;
+        match &spec.endpoint {
+            None => Ok(ResolvedRunPlan::Local(Box::new(self.resolve_spec(spec)?))),
+            Some(endpoint) => {
+                let backend = self
+                    .backends
+                    .iter()
+                    .find(|b| b.claims(endpoint))
+                    .cloned()
+                    .ok_or_else(|| ResolveError::NoBackendForEndpoint {
+                        agent_id: agent_id.to_owned(),
+                        endpoint: endpoint.url.clone(),
+                    })?;
+                Ok(ResolvedRunPlan::Backend(ResolvedBackendAgent {
+                    spec: Arc::new(spec),
+                    backend,
+                }))
+            }
+        }
+    }
+
+    /// Resolves `agent_id` for the local loop, all or nothing.
+    pub fn resolve(&self, agent_id: &str) -> Result<ResolvedAgent, ResolveError> {
+        let spec = self.lookup(agent_id)?;
+        self.resolve_spec(spec)
+    }
+
+    fn resolve_spec(&self, spec: AgentSpec) -> Result<ResolvedAgent, ResolveError> {
+        let agent_id = spec.id.clone();
+        if let Some(endpoint) = &spec.endpoint {
+            return Err(ResolveError::RemoteAgentNotDirectlyRunnable {
+                agent_id,
+                endpoint: endpoint.url.clone(),
+            });
+        }
+
+        // Stage 1: model, executor, retry.
+        let model =
+            self.registries
+                .model(&spec.model)
+                .ok_or_else(|| ResolveError::ModelNotFound {
+                    agent_id: agent_id.clone(),
+                    model_id: spec.model.clone(),
+                })?;
+        let mut executor = self.registries.provider(&model.provider).ok_or_else(|| {
+            ResolveError::ProviderNotFound {
+                agent_id: agent_id.clone(),
+                model_id: model.id.clone(),
+                provider_id: model.provider.clone(),
+            }
+        })?;
+        let retry = spec.retry().map_err(|source| ResolveError::InvalidSpec {
+            agent_id: agent_id.clone(),
+            source,
+        })?;
+        if retry.max_retries > 0 {
+            executor = Arc::new(RetryingExecutor::new(executor, &retry));
+        }
+
+        // Stage 2: plugins, built-ins, sections, environment.
+        let mut user_plugins = Vec::with_capacity(spec.plugin_ids.len());
+        for plugin_id in &spec.plugin_ids {
+            let plugin =
+                self.registries
+                    .plugin(plugin_id)
+                    .ok_or_else(|| ResolveError::PluginNotFound {
+                        agent_id: agent_id.clone(),
+                        plugin_id: plugin_id.clone(),
+                    })?;
+            user_plugins.push(plugin);
+        }
+        let builtins = self
+            .builtins
+            .builtin_plugins(&spec, &model)
+            .map_err(|message| ResolveError::BuiltinPlugins {
+                agent_id: agent_id.clone(),
+                message,
+            })?;
+        let env = ExecutionEnv::from_plugins(&user_plugins, &builtins, &spec.active_hook_filter)
+            .map_err(|source| ResolveError::Env {
+                agent_id: agent_id.clone(),
+                source,
+            })?;
+        let mut warnings = Vec::new();
+        let mut claims = Vec::with_capacity(env.config_claims().len() + 1);
+        claims.push((RESOLVER_PLUGIN_ID.to_owned(), retry_schema().clone()));
+        claims.extend(env.config_claims().iter().cloned());
+        for report in validate_sections(&spec.sections, &claims) {
+            match report.status {
+                SectionStatus::Invalid(violations) => {
+                    return Err(ResolveError::InvalidPluginConfig {
+                        agent_id,
+                        section: report.section,
+                        plugin_id: report.claimed_by.unwrap_or_default(),
+                        violations,
+                    });
+                }
+                SectionStatus::Unclaimed => warnings.push(ResolveWarning::UnclaimedSection {
+                    section: report.section,
+                }),
+                SectionStatus::Valid | SectionStatus::Missing => {}
+            }
+        }
+
+        // Stage 3: global tools, delegate tools, plugin tools; conflicts; catalog.
+        let mut collected: Vec<ResolvedTool> = self
+            .registries
+            .global_tools()
+            .iter()
+            .map(|t| ResolvedTool {
+                tool: t.clone(),
+                source: ToolSource::Global,
+            })
+            .collect();
+        for delegate_id in &spec.delegates {
+            let delegate = self.registries.agent(delegate_id).ok_or_else(|| {
+                ResolveError::DelegateNotFound {
+                    agent_id: agent_id.clone(),
+                    delegate_id: delegate_id.clone(),
+                }
+            })?;
+            let factory =
+                self.delegates
+                    .as_ref()
+                    .ok_or_else(|| ResolveError::NoDelegateFactory {
+                        agent_id: agent_id.clone(),
+                        delegate_id: delegate_id.clone(),
+                    })?;
+            let tool = factory.delegate_tool(&spec, &delegate).map_err(|message| {
+                ResolveError::DelegateTool {
+                    agent_id: agent_id.clone(),
+                    delegate_id: delegate_id.clone(),
+                    message,
+                }
+            })?;
+            let tool = RegisteredTool::new(tool).map_err(|source| ResolveError::InvalidTool {
+                agent_id: agent_id.clone(),
+                source,
+            })?;
+            push_unique(
+                &mut collected,
+                ResolvedTool {
+                    tool,
+                    source: ToolSource::Delegate(delegate_id.clone()),
+                },
+            )?;
+        }
+        for plugin_tool in env.tools() {
+            let tool = RegisteredTool::new(plugin_tool.tool.clone()).map_err(|source| {
+                ResolveError::InvalidTool {
+                    agent_id: agent_id.clone(),
+                    source,
+                }
+            })?;
+            push_unique(
+                &mut collected,
+                ResolvedTool {
+                    tool,
+                    source: ToolSource::Plugin(plugin_tool.plugin_id.to_string()),
+                },
+            )?;
+        }
+        let ids: Vec<&str> = collected.iter().map(|t| t.tool.id()).collect();
+        let catalog = filter_catalog(&spec, &ids);
+        warnings.extend(catalog.warnings);
+        if let Ok(Some(permission)) = spec.permission() {
+            for (i, rule) in permission.rules.iter().enumerate() {
+                let matched: Vec<bool> = ids
+                    .iter()
+                    .zip(&catalog.keep)
+                    .filter(|(id, _)| rule.tool.matches(id))
+                    .map(|(_, keep)| *keep)
+                    .collect();
+                if !matched.is_empty() && matched.iter().all(|k| !k) {
+                    warnings.push(ResolveWarning::PermissionRuleForFilteredTool {
+                        rule: i,
+                        tool: rule.tool.to_string(),
+                    });
+                }
+            }
+        }
+        let tools: Vec<ResolvedTool> = collected
+            .into_iter()
+            .zip(catalog.keep)
+            .filter_map(|(t, keep)| keep.then_some(t))
+            .collect();
+        for w in &warnings {
+            tracing::warn!(agent = %spec.id, warning = %w, "resolution warning");
+        }
+        let spec_digest = digest(&spec, &model, &env, &tools);
+        Ok(ResolvedAgent {
+            spec: Arc::new(spec),
+            model,
+            executor,
+            env,
+            tools,
+            warnings,
+            spec_digest,
+        })
+    }
+
+    /// Reports every recorded registration problem and every agent that fails a dry
+    /// resolution (its plan, for endpoint-backed agents), all of them.
+    pub fn validate(&self) -> Result<(), ValidationFailed> {
+        let mut problems: Vec<ValidationProblem> = self
+            .registries
+            .registration_problems()
+            .into_iter()
+            .map(ValidationProblem::Registration)
+            .collect();
+        for id in self.registries.agent_ids() {
+            if let Err(e) = self.plan(&id) {
+                problems.push(ValidationProblem::Agent(e));
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ValidationFailed { problems })
+        }
+    }
+}
+
+fn push_unique(tools: &mut Vec<ResolvedTool>, tool: ResolvedTool) -> Result<(), ResolveError> {
+    if let Some(existing) = tools.iter().find(|t| t.tool.id() == tool.tool.id()) {
+        return Err(ResolveError::ToolIdConflict {
+            id: tool.tool.id().to_owned(),
+            first: existing.source.to_string(),
+            second: tool.source.to_string(),
+        });
+    }
+    tools.push(tool);
+    Ok(())
+}
+
+fn digest(
+    spec: &AgentSpec,
+    model: &ModelSpec,
+    env: &ExecutionEnv,
+    tools: &[ResolvedTool],
+) -> String {
+    let plugins: Vec<String> = env
+        .plugins()
+        .iter()
+        .map(|p| format!("{}@{}", p.manifest().id, p.manifest().version))
+        .collect();
+    let tool_ids: BTreeSet<&str> = tools.iter().map(|t| t.tool.id()).collect();
+    let value = json!({
+        "spec": serde_json::to_value(spec).unwrap_or_default(),
+        "model": serde_json::to_value(model).unwrap_or_default(),
+        "plugins": plugins,
+        "tools": tool_ids,
+    });
+    awaken_tool::argument_digest(&value)
+}

@@ -1,0 +1,5 @@
+//! Integration tests of awaken-resolver.
+
+mod catalog;
+mod resolve;
+mod support;
