@@ -236,10 +236,14 @@ impl Registries {
     /// Adds an executor in place.
     pub fn add_provider(&mut self, id: impl Into<String>, executor: Arc<dyn LlmExecutor>) {
         let id = id.into();
-        if self.providers.0.contains_key(&id) {
-            self.duplicate("provider", &id);
-        } else {
-            self.providers.0.insert(id, executor);
+        match self.providers.0.entry(id) {
+            std::collections::hash_map::Entry::Occupied(e) => {
+                let id = e.key().clone();
+                self.duplicate("provider", &id);
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(executor);
+            }
         }
     }
 

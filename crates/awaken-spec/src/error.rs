@@ -29,9 +29,9 @@ pub enum SpecError {
         line: usize,
         /// 1-based column of the error (0 when the parser gave no position).
         column: usize,
-        /// The parser's error.
+        /// The parser's error (boxed: it is large, and errors travel far).
         #[source]
-        source: toml::de::Error,
+        source: Box<toml::de::Error>,
     },
     /// The JSON text did not parse into the expected shape.
     #[error("invalid JSON at line {line}, column {column}: {source}", line = source.line(), column = source.column())]
@@ -88,7 +88,7 @@ pub fn parse_toml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, SpecE
         SpecError::Toml {
             line,
             column,
-            source,
+            source: Box::new(source),
         }
     })
 }

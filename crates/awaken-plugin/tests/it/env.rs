@@ -447,12 +447,12 @@ fn tools_gates_and_actions_are_installed_bounded_and_unique_across_plugins() {
             r.register_tool(Arc::new(Echo("echo")))
         })
         .arc();
-    let env = ExecutionEnv::from_plugins(&[full.clone()], &[], &[]).expect("env");
+    let env = ExecutionEnv::from_plugins(std::slice::from_ref(&full), &[], &[]).expect("env");
     assert_eq!(env.tools().len(), 1);
     assert_eq!(&*env.gate_hooks()[0].name, "gate");
     assert!(env.phase_env().action("t.noop").is_some());
     // Filtered out: the action handler stays, the tool and the gate go.
-    let env = ExecutionEnv::from_plugins(&[full.clone()], &[], &["other".into()]).expect("env");
+    let env = ExecutionEnv::from_plugins(std::slice::from_ref(&full), &[], &["other".into()]).expect("env");
     assert!(env.tools().is_empty() && env.gate_hooks().is_empty());
     assert!(env.phase_env().action("t.noop").is_some());
 
