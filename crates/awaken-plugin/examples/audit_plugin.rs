@@ -10,7 +10,9 @@ use awaken_phase::{
     CommandExt, EffectContext, EffectHandler, EffectSpec, FnHook, HookError, Phase, PhaseContext,
     PhaseEngine, RunIdentity,
 };
-use awaken_plugin::{ConfigSchema, ExecutionEnv, Plugin, PluginError, PluginManifest, PluginRegistrar};
+use awaken_plugin::{
+    ConfigSchema, ExecutionEnv, Plugin, PluginError, PluginManifest, PluginRegistrar,
+};
 use awaken_state::{KeyOptions, KeyScope, StateCommand, StateError, StateKey, StateStore};
 use serde_json::json;
 
@@ -21,7 +23,9 @@ impl StateKey for StepsSeen {
     type Value = u64;
     type Update = u64;
     fn apply(value: &mut u64, add: u64) -> Result<(), StateError> {
-        *value = value.checked_add(add).ok_or_else(|| StateError::invalid_update(Self::KEY, "overflow"))?;
+        *value = value
+            .checked_add(add)
+            .ok_or_else(|| StateError::invalid_update(Self::KEY, "overflow"))?;
         Ok(())
     }
 }
@@ -75,7 +79,10 @@ impl Plugin for AuditPlugin {
             "count_steps",
             Arc::new(FnHook(|ctx: &PhaseContext| {
                 let mut cmd = StateCommand::new().with_update::<StepsSeen>(1);
-                cmd.emit::<AuditLine>(format!("step {} of run {} ended", ctx.step, ctx.run.run_id))?;
+                cmd.emit::<AuditLine>(format!(
+                    "step {} of run {} ended",
+                    ctx.step, ctx.run.run_id
+                ))?;
                 Ok(cmd)
             })),
         )
@@ -89,16 +96,22 @@ impl Plugin for AuditPlugin {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let plugin: Arc<dyn Plugin> = Arc::new(AuditPlugin::new()?);
     let env = ExecutionEnv::from_plugins(&[plugin], &[], &[])?;
-    let engine = PhaseEngine::new(Arc::new(StateStore::new(env.keys().clone())), env.phase_env().clone());
+    let engine = PhaseEngine::new(
+        Arc::new(StateStore::new(env.keys().clone())),
+        env.phase_env().clone(),
+    );
     let run = Arc::new(RunIdentity {
         thread_id: ThreadId::new("thread-1")?,
         run_id: RunId::new("run-1")?,
         agent_id: "assistant".into(),
         profile_id: None,
     });
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()?;
     for step in 1..=3 {
-        let ctx = PhaseContext::new(Phase::StepEnd, engine.store().snapshot(), run.clone()).with_step(step);
+        let ctx = PhaseContext::new(Phase::StepEnd, engine.store().snapshot(), run.clone())
+            .with_step(step);
         runtime.block_on(engine.run_phase(&ctx))?;
     }
     let seen = *engine.store().snapshot().get::<StepsSeen>()?;

@@ -452,7 +452,8 @@ fn tools_gates_and_actions_are_installed_bounded_and_unique_across_plugins() {
     assert_eq!(&*env.gate_hooks()[0].name, "gate");
     assert!(env.phase_env().action("t.noop").is_some());
     // Filtered out: the action handler stays, the tool and the gate go.
-    let env = ExecutionEnv::from_plugins(std::slice::from_ref(&full), &[], &["other".into()]).expect("env");
+    let env = ExecutionEnv::from_plugins(std::slice::from_ref(&full), &[], &["other".into()])
+        .expect("env");
     assert!(env.tools().is_empty() && env.gate_hooks().is_empty());
     assert!(env.phase_env().action("t.noop").is_some());
 

@@ -263,5 +263,10 @@ fn the_documented_example_plugin_loads() {
     registry.load_dir(&dir).expect("examples/plugins loads");
     let style = registry.get_plugin("house-style").expect("house-style");
     assert_eq!(style.manifest().version, semver::Version::new(1, 0, 0));
-    assert_eq!(registry.build_agent_configs().agents["editor"].spec.plugin_ids, vec!["house-style"]);
+    assert_eq!(
+        registry.build_agent_configs().agents["editor"]
+            .spec
+            .plugin_ids,
+        vec!["house-style"]
+    );
 }
