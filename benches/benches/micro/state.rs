@@ -114,6 +114,14 @@ pub(crate) fn benches(c: &mut Criterion) {
 
     let store = StateStore::new(registry_64());
     c.bench_function("state/snapshot_take", |b| b.iter(|| store.snapshot()));
+    let snapshot = store.snapshot();
+    c.bench_function("state/snapshot_get_typed", |b| {
+        b.iter(|| {
+            *black_box(&snapshot)
+                .get::<Counter<37>>()
+                .expect("registered")
+        })
+    });
 
     // Export every persisted key of a 64-key store with every key written, restore it into a
     // fresh store.

@@ -143,7 +143,7 @@ pub struct KeyInfo {
 #[derive(Clone, Default)]
 pub struct KeyRegistry {
     entries: Vec<KeyEntry>,
-    by_name: HashMap<&'static str, u32>,
+    by_name: HashMap<&'static str, u32, BuildNameHasher>,
 }
 
 impl KeyRegistry {
@@ -269,6 +269,32 @@ impl KeyRegistry {
 impl fmt::Debug for KeyRegistry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_list().entries(self.keys()).finish()
+    }
+}
+
+/// FNV-1a over the key name: names are short and chosen by developers, not attackers, and every
+/// typed read and every update looks one up, so SipHash's cost buys nothing here.
+#[derive(Clone, Copy, Default)]
+struct BuildNameHasher;
+
+impl std::hash::BuildHasher for BuildNameHasher {
+    type Hasher = NameHasher;
+    fn build_hasher(&self) -> NameHasher {
+        NameHasher(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+struct NameHasher(u64);
+
+impl std::hash::Hasher for NameHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
     }
 }
 
