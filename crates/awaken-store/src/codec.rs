@@ -1,0 +1,111 @@
+//! Row encoding shared by the SQL stores: ids and JSON as text, times as milliseconds.
+
+use awaken_event::{AgentEvent, Message, ProfileId, RunId, ThreadId};
+
+use crate::commit::{RunRecord, RunStatus, Timestamp};
+use crate::error::StoreError;
+
+/// Column list of a run record, in [`RawRun`]'s order.
+pub(crate) const RUN_COLUMNS: &str = "run_id, parent_run_id, agent_id, profile_id, status, \
+     termination, steps, usage, spec_digest, created_at, updated_at";
+
+/// A run record's columns as stored.
+pub(crate) struct RawRun {
+    pub(crate) run_id: String,
+    pub(crate) parent_run_id: Option<String>,
+    pub(crate) agent_id: String,
+    pub(crate) profile_id: Option<String>,
+    pub(crate) status: String,
+    pub(crate) termination: Option<String>,
+    pub(crate) steps: i64,
+    pub(crate) usage: String,
+    pub(crate) spec_digest: String,
+    pub(crate) created_at: i64,
+    pub(crate) updated_at: i64,
+}
+
+impl RawRun {
+    pub(crate) fn decode(self) -> Result<RunRecord, StoreError> {
+        let what = "run record";
+        Ok(RunRecord {
+            run_id: RunId::new(&self.run_id).map_err(|e| StoreError::corrupt(what, e))?,
+            parent_run_id: self
+                .parent_run_id
+                .map(RunId::new)
+                .transpose()
+                .map_err(|e| StoreError::corrupt(what, e))?,
+            agent_id: self.agent_id,
+            profile_id: self
+                .profile_id
+                .map(ProfileId::new)
+                .transpose()
+                .map_err(|e| StoreError::corrupt(what, e))?,
+            status: RunStatus::parse(&self.status)
+                .ok_or_else(|| StoreError::corrupt(what, format!("status {:?}", self.status)))?,
+            termination: self
+                .termination
+                .map(|t| serde_json::from_str(&t))
+                .transpose()
+                .map_err(|e| StoreError::corrupt(what, e))?,
+            steps: u32::try_from(self.steps).map_err(|e| StoreError::corrupt(what, e))?,
+            usage: serde_json::from_str(&self.usage).map_err(|e| StoreError::corrupt(what, e))?,
+            spec_digest: self.spec_digest,
+            created_at: Timestamp::from_unix_millis(self.created_at),
+            updated_at: Timestamp::from_unix_millis(self.updated_at),
+        })
+    }
+}
+
+/// The JSON columns of a run record.
+pub(crate) struct EncodedRun {
+    pub(crate) termination: Option<String>,
+    pub(crate) usage: String,
+}
+
+pub(crate) fn encode_run(run: &RunRecord) -> Result<EncodedRun, StoreError> {
+    Ok(EncodedRun {
+        termination: run
+            .termination
+            .as_ref()
+            .map(|t| to_json("termination", t))
+            .transpose()?,
+        usage: to_json("token usage", &run.usage)?,
+    })
+}
+
+pub(crate) fn to_json<T: serde::Serialize + ?Sized>(
+    what: &'static str,
+    value: &T,
+) -> Result<String, StoreError> {
+    serde_json::to_string(value).map_err(|source| StoreError::Serialize { what, source })
+}
+
+pub(crate) fn message(body: &str) -> Result<Message, StoreError> {
+    serde_json::from_str(body).map_err(|e| StoreError::corrupt("message", e))
+}
+
+pub(crate) fn event(body: &str) -> Result<AgentEvent, StoreError> {
+    serde_json::from_str(body).map_err(|e| StoreError::corrupt("event", e))
+}
+
+pub(crate) fn value(what: &'static str, body: &str) -> Result<serde_json::Value, StoreError> {
+    serde_json::from_str(body).map_err(|e| StoreError::corrupt(what, e))
+}
+
+pub(crate) fn thread_id(s: &str) -> Result<ThreadId, StoreError> {
+    ThreadId::new(s).map_err(|e| StoreError::corrupt("thread id", e))
+}
+
+pub(crate) fn run_id(s: &str) -> Result<RunId, StoreError> {
+    RunId::new(s).map_err(|e| StoreError::corrupt("run id", e))
+}
+
+/// A count or version stored as a signed integer.
+pub(crate) fn count(what: &'static str, n: i64) -> Result<u64, StoreError> {
+    u64::try_from(n).map_err(|e| StoreError::corrupt(what, e))
+}
+
+/// A count or version to store as a signed integer (saturating: no real count gets near).
+pub(crate) fn int(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}

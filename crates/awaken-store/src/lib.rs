@@ -1,0 +1,46 @@
+//! Awaken's durable stores (DESIGN §10, seed 003's one committed-fact boundary): the
+//! [`ThreadCommit`] that is the unit written (new messages guarded by the expected message
+//! count, the run record, the changed run-, thread- and profile-scoped state as deltas, the
+//! active tool batch, the lifecycle events, the writer's lease token), the [`ThreadStore`] trait
+//! that writes a commit atomically or not at all and reads a thread back as one consistent
+//! [`Checkpoint`], run leases for several workers ([`ThreadStore::claim_runnable`],
+//! [`ThreadStore::heartbeat`], [`ThreadStore::release`]) with the clock as an input, and three
+//! backends that pass one conformance suite: [`MemoryStore`] (tests, the library default),
+//! [`SqliteStore`] (feature `sqlite`, the embedded default) and [`PostgresStore`] (feature
+//! `postgres`, several workers on one database).
+//!
+//! This crate must never know the agent loop or plugins: it stores what the runtime hands it and
+//! gives it back. It does not depend on `awaken-tool` (which reaches the phase engine), so the
+//! tool batch travels as its serde JSON form; [`ThreadCommit::validate`] reads only the call ids
+//! and states from it. A commit's cost does not grow with the thread's length: messages are
+//! appended by index and only changed keys are upserted.
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod codec;
+mod commit;
+mod error;
+mod failpoint;
+mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+mod store;
+
+pub use commit::{
+    BatchWrite, CommitViolation, LeaseToken, RunRecord, RunStatus, ThreadCommit, Timestamp,
+};
+pub use error::StoreError;
+pub use failpoint::FailPoint;
+pub use memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub use postgres::{PostgresConfig, PostgresStore};
+#[cfg(feature = "sqlite")]
+pub use sqlite::{SqliteConfig, SqliteStore, Synchronous};
+pub use store::{
+    Checkpoint, ClaimedRun, CommitReceipt, ProfileEntry, ProfileState, StoredEvent, ThreadStore,
+    ThreadSummary,
+};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,542 @@
+//! [`MemoryStore`]: everything in process memory, for tests and as the library default.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use awaken_event::{Message, ProfileId, RunId, ThreadId};
+use awaken_state::PersistedState;
+
+use crate::commit::{BatchWrite, LeaseToken, RunRecord, RunStatus, ThreadCommit, Timestamp};
+use crate::error::StoreError;
+use crate::failpoint::{FailPoint, Failpoints};
+use crate::store::{
+    Checkpoint, ClaimedRun, CommitReceipt, ProfileEntry, ProfileState, StoredEvent, ThreadStore,
+    ThreadSummary,
+};
+
+/// A [`ThreadStore`] in process memory. Commits are atomic: every check runs before the first
+/// change, and a failure between changes (an injected fault) is rolled back from an undo log,
+/// so the cost of a commit stays proportional to what it writes.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    inner: Mutex<Inner>,
+    failpoints: Failpoints,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    threads: BTreeMap<ThreadId, ThreadRow>,
+    messages: HashMap<ThreadId, Vec<Message>>,
+    events: HashMap<ThreadId, Vec<StoredEvent>>,
+    thread_state: HashMap<ThreadId, BTreeMap<String, serde_json::Value>>,
+    runs: HashMap<RunId, RunRow>,
+    run_state: HashMap<RunId, BTreeMap<String, serde_json::Value>>,
+    profiles: HashMap<ProfileId, BTreeMap<String, ProfileEntry>>,
+}
+
+#[derive(Debug, Clone)]
+struct ThreadRow {
+    state_revision: u64,
+    latest_run_id: Option<RunId>,
+    created_at: Timestamp,
+    updated_at: Timestamp,
+}
+
+#[derive(Debug, Clone)]
+struct RunRow {
+    thread_id: ThreadId,
+    record: RunRecord,
+    state_revision: u64,
+    batch: Option<serde_json::Value>,
+    lease_owner: Option<String>,
+    lease_epoch: u64,
+    lease_expires_at: Option<Timestamp>,
+}
+
+/// One change to undo if a later write of the same commit fails.
+enum Undo {
+    Messages(usize),
+    Events(usize),
+    Run(Option<Box<RunRow>>),
+    Thread(Option<ThreadRow>),
+    ThreadKey(String, Option<serde_json::Value>),
+    RunKey(String, Option<serde_json::Value>),
+    ProfileKey(String, Option<ProfileEntry>),
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Makes the next commit that reaches `point` fail there (tests of atomicity).
+    #[cfg(feature = "failpoints")]
+    pub fn arm_failpoint(&self, point: FailPoint) {
+        self.failpoints.arm(point);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave a half-applied commit (the undo log runs
+        // on errors, and nothing in the write path panics), so the data is still consistent.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Inner {
+    fn check(&self, c: &ThreadCommit) -> Result<(), StoreError> {
+        let actual = self
+            .messages
+            .get(&c.thread_id)
+            .map_or(0, |m| m.len() as u64);
+        if actual != c.expected_message_count {
+            return Err(StoreError::VersionConflict {
+                expected: c.expected_message_count,
+                actual,
+            });
+        }
+        let run = self.runs.get(&c.run.run_id);
+        if let Some(run) = run
+            && run.thread_id != c.thread_id
+        {
+            return Err(StoreError::RunOnOtherThread {
+                run_id: c.run.run_id.clone(),
+                thread_id: c.thread_id.clone(),
+                stored_thread_id: run.thread_id.clone(),
+            });
+        }
+        if let Some(lease) = &c.lease {
+            let held = run.is_some_and(|r| {
+                r.lease_owner.as_deref() == Some(lease.worker_id.as_str())
+                    && r.lease_epoch == lease.epoch
+            });
+            if !held {
+                return Err(StoreError::LeaseLost {
+                    run_id: c.run.run_id.clone(),
+                });
+            }
+        }
+        if c.run.status == RunStatus::Done
+            && c.batch == BatchWrite::Keep
+            && let Some(batch) = run.and_then(|r| r.batch.as_ref())
+        {
+            crate::commit::check_batch(batch, RunStatus::Done)
+                .map_err(|v| StoreError::invalid(&c.thread_id, v))?;
+        }
+        if let Some(profile_id) = &c.run.profile_id {
+            let stored = self.profiles.get(profile_id);
+            for (key, read) in &c.profile_versions {
+                let current = stored.and_then(|p| p.get(key)).map_or(0, |e| e.version);
+                if current != *read {
+                    return Err(StoreError::ProfileConflict { key: key.clone() });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn apply(
+        &mut self,
+        c: &ThreadCommit,
+        fp: &Failpoints,
+        undo: &mut Vec<Undo>,
+    ) -> Result<CommitReceipt, StoreError> {
+        let tid = &c.thread_id;
+        let rid = &c.run.run_id;
+
+        let messages = self.messages.entry(tid.clone()).or_default();
+        undo.push(Undo::Messages(messages.len()));
+        messages.extend(c.messages.iter().cloned());
+        let message_count = messages.len() as u64;
+        fp.check(FailPoint::AfterMessages)?;
+
+        let old_run = self.runs.get(rid).cloned();
+        let mut row = old_run.clone().unwrap_or_else(|| RunRow {
+            thread_id: tid.clone(),
+            record: c.run.clone(),
+            state_revision: 0,
+            batch: None,
+            lease_owner: None,
+            lease_epoch: 0,
+            lease_expires_at: None,
+        });
+        let created_at = row.record.created_at;
+        row.record = c.run.clone();
+        row.record.created_at = created_at;
+        match &c.batch {
+            BatchWrite::Keep => {}
+            BatchWrite::Set(b) => row.batch = Some(b.clone()),
+            BatchWrite::Clear => row.batch = None,
+        }
+        if !c.run_state.values.is_empty() {
+            row.state_revision = c.run_state.revision;
+        }
+        if c.run.status == RunStatus::Done {
+            row.lease_owner = None;
+            row.lease_expires_at = None;
+        }
+        undo.push(Undo::Run(old_run.map(Box::new)));
+        self.runs.insert(rid.clone(), row);
+        fp.check(FailPoint::AfterRun)?;
+
+        let run_state = self.run_state.entry(rid.clone()).or_default();
+        for (k, v) in &c.run_state.values {
+            undo.push(Undo::RunKey(
+                k.clone(),
+                run_state.insert(k.clone(), v.clone()),
+            ));
+        }
+        let thread_state = self.thread_state.entry(tid.clone()).or_default();
+        for (k, v) in &c.thread_state.values {
+            undo.push(Undo::ThreadKey(
+                k.clone(),
+                thread_state.insert(k.clone(), v.clone()),
+            ));
+        }
+        let mut profile_versions = BTreeMap::new();
+        if let Some(pid) = &c.run.profile_id
+            && !c.profile_state.values.is_empty()
+        {
+            let profile = self.profiles.entry(pid.clone()).or_default();
+            for (k, v) in &c.profile_state.values {
+                let version = profile.get(k).map_or(0, |e| e.version) + 1;
+                let entry = ProfileEntry {
+                    value: v.clone(),
+                    version,
+                };
+                undo.push(Undo::ProfileKey(
+                    k.clone(),
+                    profile.insert(k.clone(), entry),
+                ));
+                profile_versions.insert(k.clone(), version);
+            }
+        }
+        fp.check(FailPoint::AfterState)?;
+
+        let events = self.events.entry(tid.clone()).or_default();
+        undo.push(Undo::Events(events.len()));
+        let mut seq = events.len() as u64;
+        for event in &c.events {
+            seq += 1;
+            events.push(StoredEvent {
+                seq,
+                run_id: rid.clone(),
+                event: event.clone(),
+            });
+        }
+        fp.check(FailPoint::AfterEvents)?;
+
+        let old_thread = self.threads.get(tid).cloned();
+        let mut thread = old_thread.clone().unwrap_or(ThreadRow {
+            state_revision: 0,
+            latest_run_id: None,
+            created_at: c.run.updated_at,
+            updated_at: c.run.updated_at,
+        });
+        if !c.thread_state.values.is_empty() {
+            thread.state_revision = c.thread_state.revision;
+        }
+        thread.latest_run_id = Some(rid.clone());
+        thread.updated_at = c.run.updated_at;
+        undo.push(Undo::Thread(old_thread));
+        self.threads.insert(tid.clone(), thread);
+
+        Ok(CommitReceipt {
+            message_count,
+            last_event_seq: seq,
+            profile_versions,
+        })
+    }
+
+    fn rollback(&mut self, c: &ThreadCommit, undo: Vec<Undo>) {
+        let tid = &c.thread_id;
+        let rid = &c.run.run_id;
+        for op in undo.into_iter().rev() {
+            match op {
+                Undo::Messages(len) => {
+                    if let Some(m) = self.messages.get_mut(tid) {
+                        m.truncate(len);
+                    }
+                }
+                Undo::Events(len) => {
+                    if let Some(e) = self.events.get_mut(tid) {
+                        e.truncate(len);
+                    }
+                }
+                Undo::Run(old) => restore(&mut self.runs, rid, old.map(|b| *b)),
+                Undo::Thread(old) => restore(&mut self.threads, tid, old),
+                Undo::RunKey(k, old) => {
+                    if let Some(m) = self.run_state.get_mut(rid) {
+                        restore(m, &k, old);
+                    }
+                }
+                Undo::ThreadKey(k, old) => {
+                    if let Some(m) = self.thread_state.get_mut(tid) {
+                        restore(m, &k, old);
+                    }
+                }
+                Undo::ProfileKey(k, old) => {
+                    if let Some(m) = c
+                        .run
+                        .profile_id
+                        .as_ref()
+                        .and_then(|p| self.profiles.get_mut(p))
+                    {
+                        restore(m, &k, old);
+                    }
+                }
+            }
+        }
+        // Drop the empty containers a first commit created.
+        if !self.threads.contains_key(tid) {
+            self.messages.remove(tid);
+            self.events.remove(tid);
+            self.thread_state.remove(tid);
+        }
+        if !self.runs.contains_key(rid) {
+            self.run_state.remove(rid);
+        }
+    }
+}
+
+trait MapLike<K, V> {
+    fn put(&mut self, k: K, v: V);
+    fn del(&mut self, k: &K);
+}
+
+impl<K: Ord, V> MapLike<K, V> for BTreeMap<K, V> {
+    fn put(&mut self, k: K, v: V) {
+        self.insert(k, v);
+    }
+    fn del(&mut self, k: &K) {
+        self.remove(k);
+    }
+}
+
+impl<K: std::hash::Hash + Eq, V> MapLike<K, V> for HashMap<K, V> {
+    fn put(&mut self, k: K, v: V) {
+        self.insert(k, v);
+    }
+    fn del(&mut self, k: &K) {
+        self.remove(k);
+    }
+}
+
+fn restore<K: Clone, V>(map: &mut impl MapLike<K, V>, key: &K, old: Option<V>) {
+    match old {
+        Some(v) => map.put(key.clone(), v),
+        None => map.del(key),
+    }
+}
+
+fn persisted(revision: u64, map: Option<&BTreeMap<String, serde_json::Value>>) -> PersistedState {
+    PersistedState {
+        revision,
+        values: map.cloned().unwrap_or_default(),
+    }
+}
+
+fn profile_state(inner: &Inner, profile_id: &ProfileId) -> ProfileState {
+    ProfileState {
+        profile_id: profile_id.clone(),
+        keys: inner.profiles.get(profile_id).cloned().unwrap_or_default(),
+    }
+}
+
+#[async_trait]
+impl ThreadStore for MemoryStore {
+    async fn commit(&self, commit: ThreadCommit) -> Result<CommitReceipt, StoreError> {
+        commit
+            .validate()
+            .map_err(|v| StoreError::invalid(&commit.thread_id, v))?;
+        let mut inner = self.lock();
+        inner.check(&commit)?;
+        let mut undo = Vec::new();
+        match inner.apply(&commit, &self.failpoints, &mut undo) {
+            Ok(receipt) => Ok(receipt),
+            Err(e) => {
+                inner.rollback(&commit, undo);
+                Err(e)
+            }
+        }
+    }
+
+    async fn load_checkpoint(
+        &self,
+        thread_id: &ThreadId,
+    ) -> Result<Option<Checkpoint>, StoreError> {
+        let inner = self.lock();
+        let Some(thread) = inner.threads.get(thread_id) else {
+            return Ok(None);
+        };
+        let run = thread
+            .latest_run_id
+            .as_ref()
+            .and_then(|r| inner.runs.get(r));
+        Ok(Some(Checkpoint {
+            thread_id: thread_id.clone(),
+            messages: inner.messages.get(thread_id).cloned().unwrap_or_default(),
+            thread_state: persisted(thread.state_revision, inner.thread_state.get(thread_id)),
+            run: run.map(|r| r.record.clone()),
+            run_state: run.map_or_else(PersistedState::default, |r| {
+                persisted(r.state_revision, inner.run_state.get(&r.record.run_id))
+            }),
+            profile: run
+                .and_then(|r| r.record.profile_id.as_ref())
+                .map(|p| profile_state(&inner, p)),
+            batch: run.and_then(|r| r.batch.clone()),
+            last_event_seq: inner.events.get(thread_id).map_or(0, |e| e.len() as u64),
+        }))
+    }
+
+    async fn load_profile(&self, profile_id: &ProfileId) -> Result<ProfileState, StoreError> {
+        Ok(profile_state(&self.lock(), profile_id))
+    }
+
+    async fn list_threads(&self) -> Result<Vec<ThreadSummary>, StoreError> {
+        let inner = self.lock();
+        Ok(inner
+            .threads
+            .iter()
+            .map(|(id, t)| ThreadSummary {
+                thread_id: id.clone(),
+                message_count: inner.messages.get(id).map_or(0, |m| m.len() as u64),
+                latest_run_id: t.latest_run_id.clone(),
+                created_at: t.created_at,
+                updated_at: t.updated_at,
+            })
+            .collect())
+    }
+
+    async fn list_runs(&self, thread_id: &ThreadId) -> Result<Vec<RunRecord>, StoreError> {
+        let inner = self.lock();
+        let mut runs: Vec<RunRecord> = inner
+            .runs
+            .values()
+            .filter(|r| &r.thread_id == thread_id)
+            .map(|r| r.record.clone())
+            .collect();
+        runs.sort_by(|a, b| (a.created_at, &a.run_id).cmp(&(b.created_at, &b.run_id)));
+        Ok(runs)
+    }
+
+    async fn load_events(
+        &self,
+        thread_id: &ThreadId,
+        since: u64,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        let inner = self.lock();
+        let events = inner.events.get(thread_id).map_or(&[][..], |e| &e[..]);
+        let start = usize::try_from(since)
+            .unwrap_or(usize::MAX)
+            .min(events.len());
+        Ok(events[start..].to_vec())
+    }
+
+    async fn delete_thread(&self, thread_id: &ThreadId) -> Result<bool, StoreError> {
+        let mut inner = self.lock();
+        let existed = inner.threads.remove(thread_id).is_some();
+        inner.messages.remove(thread_id);
+        inner.events.remove(thread_id);
+        inner.thread_state.remove(thread_id);
+        let runs: Vec<RunId> = inner
+            .runs
+            .iter()
+            .filter(|(_, r)| &r.thread_id == thread_id)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for run in runs {
+            inner.runs.remove(&run);
+            inner.run_state.remove(&run);
+        }
+        Ok(existed)
+    }
+
+    async fn claim_runnable(
+        &self,
+        worker_id: &str,
+        lease_duration: Duration,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<ClaimedRun>, StoreError> {
+        check_worker(worker_id)?;
+        let mut inner = self.lock();
+        let mut free: Vec<&mut RunRow> = inner
+            .runs
+            .values_mut()
+            .filter(|r| {
+                r.record.status != RunStatus::Done
+                    && (r.lease_owner.is_none() || r.lease_expires_at.is_none_or(|t| t <= now))
+            })
+            .collect();
+        free.sort_by(|a, b| {
+            (a.record.updated_at, &a.record.run_id).cmp(&(b.record.updated_at, &b.record.run_id))
+        });
+        let expires_at = now.saturating_add(lease_duration);
+        Ok(free
+            .into_iter()
+            .take(limit)
+            .map(|r| {
+                r.lease_owner = Some(worker_id.to_owned());
+                r.lease_epoch += 1;
+                r.lease_expires_at = Some(expires_at);
+                ClaimedRun {
+                    thread_id: r.thread_id.clone(),
+                    run: r.record.clone(),
+                    lease: LeaseToken {
+                        run_id: r.record.run_id.clone(),
+                        worker_id: worker_id.to_owned(),
+                        epoch: r.lease_epoch,
+                    },
+                    expires_at,
+                }
+            })
+            .collect())
+    }
+
+    async fn heartbeat(
+        &self,
+        lease: &LeaseToken,
+        lease_duration: Duration,
+        now: Timestamp,
+    ) -> Result<Timestamp, StoreError> {
+        let mut inner = self.lock();
+        match inner.runs.get_mut(&lease.run_id) {
+            Some(r) if holds(r, lease) => {
+                let expires_at = now.saturating_add(lease_duration);
+                r.lease_expires_at = Some(expires_at);
+                Ok(expires_at)
+            }
+            _ => Err(StoreError::LeaseLost {
+                run_id: lease.run_id.clone(),
+            }),
+        }
+    }
+
+    async fn release(&self, lease: &LeaseToken) -> Result<bool, StoreError> {
+        let mut inner = self.lock();
+        match inner.runs.get_mut(&lease.run_id) {
+            Some(r) if holds(r, lease) => {
+                r.lease_owner = None;
+                r.lease_expires_at = None;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+}
+
+fn holds(r: &RunRow, lease: &LeaseToken) -> bool {
+    r.lease_owner.as_deref() == Some(lease.worker_id.as_str()) && r.lease_epoch == lease.epoch
+}
+
+pub(crate) fn check_worker(worker_id: &str) -> Result<(), StoreError> {
+    if worker_id.trim().is_empty() {
+        return Err(StoreError::Config {
+            detail: "worker id is blank".to_owned(),
+        });
+    }
+    Ok(())
+}

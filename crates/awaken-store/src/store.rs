@@ -1,0 +1,198 @@
+//! The [`ThreadStore`] trait and what it reads back.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use awaken_event::{AgentEvent, Message, ProfileId, RunId, ThreadId};
+use awaken_state::PersistedState;
+
+use crate::commit::{LeaseToken, RunRecord, ThreadCommit, Timestamp};
+use crate::error::StoreError;
+
+/// What a successful commit left behind.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CommitReceipt {
+    /// The thread's message count after the commit (the next commit's guard).
+    pub message_count: u64,
+    /// Sequence number of the last stored event of the thread (0: none yet).
+    pub last_event_seq: u64,
+    /// The new version of every profile key the commit wrote (the next commit's guards).
+    pub profile_versions: BTreeMap<String, u64>,
+}
+
+/// One profile key's value and version (the number of commits that wrote it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProfileEntry {
+    /// The value, as exported.
+    pub value: serde_json::Value,
+    /// Its version: 1 after the first write, +1 per write.
+    pub version: u64,
+}
+
+/// A profile's stored keys.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProfileState {
+    /// The profile.
+    pub profile_id: ProfileId,
+    /// Key name → value and version. A key never written is absent (version 0).
+    pub keys: BTreeMap<String, ProfileEntry>,
+}
+
+impl ProfileState {
+    /// The values as a [`PersistedState`] for `StateStore::restore` (revision 0).
+    pub fn to_persisted(&self) -> PersistedState {
+        PersistedState {
+            revision: 0,
+            values: self
+                .keys
+                .iter()
+                .map(|(k, e)| (k.clone(), e.value.clone()))
+                .collect(),
+        }
+    }
+
+    /// Every key's version: the guards of the next commit that writes them.
+    pub fn versions(&self) -> BTreeMap<String, u64> {
+        self.keys
+            .iter()
+            .map(|(k, e)| (k.clone(), e.version))
+            .collect()
+    }
+}
+
+/// A thread read back in one consistent read: what a run needs to continue.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Checkpoint {
+    /// The thread.
+    pub thread_id: ThreadId,
+    /// Every message, in order.
+    pub messages: Vec<Message>,
+    /// The thread-scoped state (revision: that of the last commit that wrote it).
+    pub thread_state: PersistedState,
+    /// The run committed last, if any.
+    pub run: Option<RunRecord>,
+    /// That run's run-scoped state.
+    pub run_state: PersistedState,
+    /// That run's profile state, when it has a profile.
+    pub profile: Option<ProfileState>,
+    /// That run's active tool batch (serialized `ToolBatch`), if any.
+    pub batch: Option<serde_json::Value>,
+    /// Sequence number of the thread's last stored event (0: none).
+    pub last_event_seq: u64,
+}
+
+impl Checkpoint {
+    /// The guard of the next commit: the number of messages.
+    pub fn message_count(&self) -> u64 {
+        self.messages.len() as u64
+    }
+}
+
+/// A thread as listed by [`ThreadStore::list_threads`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadSummary {
+    /// The thread.
+    pub thread_id: ThreadId,
+    /// How many messages it holds.
+    pub message_count: u64,
+    /// The run committed last.
+    pub latest_run_id: Option<RunId>,
+    /// Time of its first commit.
+    pub created_at: Timestamp,
+    /// Time of its last commit.
+    pub updated_at: Timestamp,
+}
+
+/// A stored lifecycle event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredEvent {
+    /// Its position in the thread's event log, from 1, without gaps.
+    pub seq: u64,
+    /// The run whose commit stored it.
+    pub run_id: RunId,
+    /// The event.
+    pub event: AgentEvent,
+}
+
+/// A run handed to a worker by [`ThreadStore::claim_runnable`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimedRun {
+    /// The run's thread.
+    pub thread_id: ThreadId,
+    /// The run record.
+    pub run: RunRecord,
+    /// The lease to carry in commits, heartbeats and the release.
+    pub lease: LeaseToken,
+    /// When the lease expires unless renewed.
+    pub expires_at: Timestamp,
+}
+
+/// Durable storage of threads: the one committed-fact boundary (DESIGN §10).
+///
+/// Every method may be called concurrently from several tasks (and, for a shared database,
+/// several processes). A method that returns `Err` wrote nothing; calling it again is safe,
+/// except that a repeated successful `commit` is a new commit (its guard then fails with
+/// `VersionConflict` if it appended messages). Stores never read a clock: time comes in.
+#[async_trait]
+pub trait ThreadStore: Send + Sync {
+    /// Writes `commit` atomically, or nothing.
+    ///
+    /// Called by the runtime at each checkpoint (before a tool runs, after it, at step end and
+    /// at run end). Errors: `InvalidCommit` ([`ThreadCommit::validate`], a run of another
+    /// thread, a finished run keeping a batch with an open call), `VersionConflict` (the
+    /// thread holds another number of messages than `expected_message_count`),
+    /// `ProfileConflict` (a profile key's version moved), `LeaseLost` (the commit's lease is
+    /// not the run's lease any more), or a backend error. A `Done` run's lease is released.
+    async fn commit(&self, commit: ThreadCommit) -> Result<CommitReceipt, StoreError>;
+
+    /// Reads the thread back in one consistent read; `None` if it was never committed (or was
+    /// deleted).
+    async fn load_checkpoint(&self, thread_id: &ThreadId)
+    -> Result<Option<Checkpoint>, StoreError>;
+
+    /// A profile's keys with their versions (empty for an unknown profile), for a new thread.
+    async fn load_profile(&self, profile_id: &ProfileId) -> Result<ProfileState, StoreError>;
+
+    /// Every thread, ordered by thread id.
+    async fn list_threads(&self) -> Result<Vec<ThreadSummary>, StoreError>;
+
+    /// The runs of a thread, oldest first (by creation time, then run id).
+    async fn list_runs(&self, thread_id: &ThreadId) -> Result<Vec<RunRecord>, StoreError>;
+
+    /// The thread's stored events with a sequence number above `since` (0: all), in order.
+    async fn load_events(
+        &self,
+        thread_id: &ThreadId,
+        since: u64,
+    ) -> Result<Vec<StoredEvent>, StoreError>;
+
+    /// Deletes the thread with its messages, events, state, runs (with their state, batches and
+    /// leases). Profile state stays. `false` if there was no such thread.
+    async fn delete_thread(&self, thread_id: &ThreadId) -> Result<bool, StoreError>;
+
+    /// Claims up to `limit` unfinished runs (`Running` or `Waiting`) whose lease is free or
+    /// expired at `now`, for `worker_id`, until `now + lease_duration`; oldest update first.
+    /// Each claim increments the run's lease epoch, so the previous holder's token is lost.
+    /// Concurrent claimers never get the same run.
+    async fn claim_runnable(
+        &self,
+        worker_id: &str,
+        lease_duration: Duration,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<ClaimedRun>, StoreError>;
+
+    /// Extends `lease` to `now + lease_duration` and returns the new expiry. `LeaseLost` if it
+    /// is not the run's lease any more (taken over, released, or the run finished). An expired
+    /// lease nobody claimed since is still held and is renewed.
+    async fn heartbeat(
+        &self,
+        lease: &LeaseToken,
+        lease_duration: Duration,
+        now: Timestamp,
+    ) -> Result<Timestamp, StoreError>;
+
+    /// Gives `lease` up; `false` if it was not held any more.
+    async fn release(&self, lease: &LeaseToken) -> Result<bool, StoreError>;
+}

@@ -1,0 +1,205 @@
+use std::collections::BTreeMap;
+use std::time::{Duration, UNIX_EPOCH};
+
+use awaken_event::{AgentEvent, RunId, TerminationReason, ThreadId};
+use awaken_state::PersistedState;
+use serde_json::json;
+
+use super::*;
+
+fn commit() -> ThreadCommit {
+    let run_id = RunId::new("r1").expect("id");
+    let run = RunRecord::new(run_id, "assistant", Timestamp::from_unix_millis(10));
+    ThreadCommit::new(ThreadId::new("t1").expect("id"), run, 0)
+}
+
+fn violation(c: &ThreadCommit) -> String {
+    c.validate()
+        .err()
+        .map_or("ok".to_owned(), |v| v.to_string())
+}
+
+#[test]
+fn a_plain_commit_is_valid() {
+    assert_eq!(violation(&commit()), "ok");
+    assert_eq!(commit().message_count_after(), 0);
+}
+
+#[test]
+fn status_and_termination_must_agree() {
+    let mut table = String::new();
+    for status in [RunStatus::Running, RunStatus::Waiting, RunStatus::Done] {
+        for termination in [
+            None,
+            Some(TerminationReason::Suspended),
+            Some(TerminationReason::NaturalEnd),
+        ] {
+            let mut c = commit();
+            c.run.status = status;
+            c.run.termination = termination.clone();
+            table.push_str(&format!(
+                "{status} {:?}: {}\n",
+                termination.map(|t| t.kind()),
+                violation(&c)
+            ));
+        }
+    }
+    expect_test::expect![[r#"
+        running None: ok
+        running Some("suspended"): a running run cannot have termination suspended
+        running Some("natural_end"): a running run cannot have termination natural_end
+        waiting None: a waiting run cannot have termination none
+        waiting Some("suspended"): ok
+        waiting Some("natural_end"): a waiting run cannot have termination natural_end
+        done None: a done run cannot have termination none
+        done Some("suspended"): a done run cannot have termination suspended
+        done Some("natural_end"): ok
+    "#]]
+    .assert_eq(&table);
+}
+
+#[test]
+fn blank_ids_own_parent_and_time_travel_are_rejected() {
+    let mut c = commit();
+    c.run.agent_id = String::new();
+    assert_eq!(violation(&c), "agent_id is blank");
+    let mut c = commit();
+    c.run.parent_run_id = Some(c.run.run_id.clone());
+    assert_eq!(violation(&c), "run r1 names itself as its parent");
+    let mut c = commit();
+    c.run.updated_at = Timestamp::from_unix_millis(9);
+    assert_eq!(violation(&c), "updated_at 9ms is before created_at 10ms");
+    let c = commit().with_lease(LeaseToken {
+        run_id: RunId::new("r1").expect("id"),
+        worker_id: "  ".to_owned(),
+        epoch: 1,
+    });
+    assert_eq!(violation(&c), "lease.worker_id is blank");
+}
+
+#[test]
+fn profile_deltas_need_a_profile_and_a_guard_per_key() {
+    let delta = PersistedState {
+        revision: 1,
+        values: BTreeMap::from([("k".to_owned(), json!(1))]),
+    };
+    let c = commit().with_profile_state(delta.clone(), BTreeMap::new());
+    assert_eq!(
+        violation(&c),
+        "profile state is written but the run has no profile id"
+    );
+    let mut c = commit().with_profile_state(delta.clone(), BTreeMap::new());
+    c.run.profile_id = Some(awaken_event::ProfileId::new("p").expect("id"));
+    assert_eq!(
+        violation(&c),
+        "profile key \"k\" is written without the version it was read at"
+    );
+    c.profile_versions.insert("k".to_owned(), 0);
+    assert_eq!(violation(&c), "ok");
+}
+
+#[test]
+fn only_lifecycle_events_are_stored() {
+    let c = commit().with_events([AgentEvent::StepStart { step: 1 }]);
+    assert_eq!(violation(&c), "ok");
+    let c = commit().with_events([AgentEvent::ReasoningDelta {
+        delta: "x".to_owned(),
+    }]);
+    assert_eq!(
+        violation(&c),
+        "event reasoning_delta is not a lifecycle event and is not stored"
+    );
+}
+
+#[test]
+fn a_finished_run_cannot_hold_an_open_call() {
+    let batch = |state: &str| {
+        json!({"calls": [
+            {"call": {"id": "a", "name": "t", "arguments": {}}, "state": "succeeded"},
+            {"call": {"id": "b", "name": "t", "arguments": {}}, "state": state},
+        ]})
+    };
+    for (state, expected) in [
+        (
+            "requested",
+            "the run is done but tool call b is still Requested",
+        ),
+        (
+            "executing",
+            "the run is done but tool call b is still Executing",
+        ),
+        (
+            "suspended",
+            "the run is done but tool call b is still Suspended",
+        ),
+        ("failed", "ok"),
+        ("outcome_unknown", "ok"),
+    ] {
+        let mut c = commit().with_batch(batch(state));
+        c.run.status = RunStatus::Done;
+        c.run.termination = Some(TerminationReason::NaturalEnd);
+        assert_eq!(violation(&c), expected, "{state}");
+        // A running run may hold it.
+        let c = commit().with_batch(batch(state));
+        assert_eq!(violation(&c), "ok");
+    }
+    let c = commit().with_batch(json!([1, 2]));
+    assert!(violation(&c).starts_with("the tool batch is not a serialized ToolBatch"));
+}
+
+#[test]
+fn timestamps_convert_and_saturate() {
+    let t = Timestamp::from_system_time(UNIX_EPOCH + Duration::from_millis(1_500));
+    assert_eq!(t.as_unix_millis(), 1_500);
+    assert_eq!(
+        t.saturating_add(Duration::from_secs(2)).as_unix_millis(),
+        3_500
+    );
+    assert_eq!(
+        Timestamp::from_unix_millis(i64::MAX)
+            .saturating_add(Duration::from_secs(1))
+            .as_unix_millis(),
+        i64::MAX
+    );
+    assert_eq!(
+        Timestamp::from_system_time(UNIX_EPOCH - Duration::from_secs(1)),
+        Timestamp::EPOCH
+    );
+    for s in [RunStatus::Running, RunStatus::Waiting, RunStatus::Done] {
+        assert_eq!(RunStatus::parse(s.as_str()), Some(s));
+    }
+    assert_eq!(RunStatus::parse("paused"), None);
+}
+
+#[test]
+fn a_failpoint_fires_once_and_only_where_armed() {
+    let fp = failpoint::Failpoints::default();
+    assert!(fp.check(FailPoint::AfterRun).is_ok());
+    fp.arm(FailPoint::AfterRun);
+    assert!(fp.check(FailPoint::AfterMessages).is_ok());
+    assert!(matches!(
+        fp.check(FailPoint::AfterRun),
+        Err(StoreError::Injected {
+            point: FailPoint::AfterRun
+        })
+    ));
+    assert!(fp.check(FailPoint::AfterRun).is_ok());
+}
+
+#[test]
+fn conflicts_are_retryable_and_render_their_fields() {
+    let e = StoreError::VersionConflict {
+        expected: 3,
+        actual: 5,
+    };
+    assert!(e.is_conflict());
+    assert_eq!(
+        e.to_string(),
+        "stale message guard: the commit expected 3 messages, the thread holds 5"
+    );
+    let e = StoreError::LeaseLost {
+        run_id: RunId::new("r9").expect("id"),
+    };
+    assert!(!e.is_conflict());
+    assert_eq!(e.to_string(), "the lease on run r9 was lost");
+}

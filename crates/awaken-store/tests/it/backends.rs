@@ -1,0 +1,216 @@
+//! Instantiates every conformance function for every backend.
+//!
+//! PostgreSQL needs a server: set `AWAKEN_TEST_POSTGRES_URL` (e.g. `eval "$(bash
+//! .ci/postgres.sh start)"`). Without it the PostgreSQL tests print one line saying they were
+//! skipped and pass, unless `AWAKEN_REQUIRE_POSTGRES=1`, which turns a missing or unreachable
+//! server into a failure (CI sets it).
+
+use std::sync::{Arc, Once};
+
+use awaken_store::{MemoryStore, PostgresConfig, PostgresStore, SqliteConfig, SqliteStore};
+
+use crate::conformance::Harness;
+
+pub async fn memory(_test: &str) -> Option<Harness> {
+    let store = Arc::new(MemoryStore::new());
+    let armed = Arc::clone(&store);
+    Some(Harness {
+        store: Box::new(ArcStore(store)),
+        arm: Box::new(move |p| armed.arm_failpoint(p)),
+        _guard: None,
+    })
+}
+
+pub async fn sqlite(_test: &str) -> Option<Harness> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = SqliteStore::open(SqliteConfig::file(dir.path().join("awaken.db")))
+        .await
+        .expect("open sqlite");
+    let armed = store.clone();
+    Some(Harness {
+        store: Box::new(store),
+        arm: Box::new(move |p| armed.arm_failpoint(p)),
+        _guard: Some(Box::new(dir)),
+    })
+}
+
+fn postgres_required() -> bool {
+    std::env::var("AWAKEN_REQUIRE_POSTGRES").is_ok_and(|v| v == "1")
+}
+
+/// Prints the one line saying the suite was skipped. Written to the stderr handle directly (not
+/// through `eprintln!`), so the test harness does not capture it and it shows in every run.
+fn note_skipped() {
+    use std::io::Write as _;
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let _ = writeln!(
+            std::io::stderr(),
+            "awaken-store: PostgreSQL conformance tests SKIPPED (AWAKEN_TEST_POSTGRES_URL is not \
+             set); run `eval \"$(bash .ci/postgres.sh start)\"` first to include them, and set \
+             AWAKEN_REQUIRE_POSTGRES=1 to make a missing server fail"
+        );
+    });
+}
+
+/// The URL of the test server, `None` (skip) when it is not configured and not required.
+pub fn postgres_url() -> Option<String> {
+    match std::env::var("AWAKEN_TEST_POSTGRES_URL") {
+        Ok(url) if !url.trim().is_empty() => Some(url),
+        _ => {
+            assert!(
+                !postgres_required(),
+                "AWAKEN_REQUIRE_POSTGRES=1 but AWAKEN_TEST_POSTGRES_URL is not set"
+            );
+            note_skipped();
+            None
+        }
+    }
+}
+
+/// A store in a fresh schema named after the test (tests run in parallel).
+pub async fn postgres_store(test: &str) -> Option<PostgresStore> {
+    let url = postgres_url()?;
+    let schema = format!("awaken_t_{test}");
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("AWAKEN_TEST_POSTGRES_URL is set but unreachable: {e}"));
+    let conn = tokio::spawn(connection);
+    client
+        .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+        .await
+        .expect("drop the test schema");
+    drop(client);
+    let _ = conn.await;
+    let store = PostgresStore::connect(
+        PostgresConfig::new(url)
+            .with_schema(schema)
+            .with_max_connections(4),
+    )
+    .await
+    .expect("connect postgres store");
+    Some(store)
+}
+
+pub async fn postgres(test: &str) -> Option<Harness> {
+    let store = postgres_store(test).await?;
+    let armed = store.clone();
+    Some(Harness {
+        store: Box::new(store),
+        arm: Box::new(move |p| armed.arm_failpoint(p)),
+        _guard: None,
+    })
+}
+
+/// `Arc<MemoryStore>` as a store (the harness keeps another handle to arm failpoints).
+struct ArcStore(Arc<MemoryStore>);
+
+#[async_trait::async_trait]
+impl awaken_store::ThreadStore for ArcStore {
+    async fn commit(
+        &self,
+        commit: awaken_store::ThreadCommit,
+    ) -> Result<awaken_store::CommitReceipt, awaken_store::StoreError> {
+        self.0.commit(commit).await
+    }
+    async fn load_checkpoint(
+        &self,
+        thread_id: &awaken_event::ThreadId,
+    ) -> Result<Option<awaken_store::Checkpoint>, awaken_store::StoreError> {
+        self.0.load_checkpoint(thread_id).await
+    }
+    async fn load_profile(
+        &self,
+        profile_id: &awaken_event::ProfileId,
+    ) -> Result<awaken_store::ProfileState, awaken_store::StoreError> {
+        self.0.load_profile(profile_id).await
+    }
+    async fn list_threads(
+        &self,
+    ) -> Result<Vec<awaken_store::ThreadSummary>, awaken_store::StoreError> {
+        self.0.list_threads().await
+    }
+    async fn list_runs(
+        &self,
+        thread_id: &awaken_event::ThreadId,
+    ) -> Result<Vec<awaken_store::RunRecord>, awaken_store::StoreError> {
+        self.0.list_runs(thread_id).await
+    }
+    async fn load_events(
+        &self,
+        thread_id: &awaken_event::ThreadId,
+        since: u64,
+    ) -> Result<Vec<awaken_store::StoredEvent>, awaken_store::StoreError> {
+        self.0.load_events(thread_id, since).await
+    }
+    async fn delete_thread(
+        &self,
+        thread_id: &awaken_event::ThreadId,
+    ) -> Result<bool, awaken_store::StoreError> {
+        self.0.delete_thread(thread_id).await
+    }
+    async fn claim_runnable(
+        &self,
+        worker_id: &str,
+        lease_duration: std::time::Duration,
+        now: awaken_store::Timestamp,
+        limit: usize,
+    ) -> Result<Vec<awaken_store::ClaimedRun>, awaken_store::StoreError> {
+        self.0
+            .claim_runnable(worker_id, lease_duration, now, limit)
+            .await
+    }
+    async fn heartbeat(
+        &self,
+        lease: &awaken_store::LeaseToken,
+        lease_duration: std::time::Duration,
+        now: awaken_store::Timestamp,
+    ) -> Result<awaken_store::Timestamp, awaken_store::StoreError> {
+        self.0.heartbeat(lease, lease_duration, now).await
+    }
+    async fn release(
+        &self,
+        lease: &awaken_store::LeaseToken,
+    ) -> Result<bool, awaken_store::StoreError> {
+        self.0.release(lease).await
+    }
+}
+
+/// One `#[tokio::test]` per conformance function and backend.
+macro_rules! conformance_suite {
+    ($backend:ident; $($name:ident),* $(,)?) => {
+        mod $backend {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let Some(h) = super::$backend(stringify!($name)).await else { return };
+                    crate::conformance::$name(&h).await;
+                }
+            )*
+        }
+    };
+}
+
+macro_rules! every_backend {
+    ($($name:ident),* $(,)?) => {
+        conformance_suite!(memory; $($name),*);
+        conformance_suite!(sqlite; $($name),*);
+        conformance_suite!(postgres; $($name),*);
+    };
+}
+
+every_backend!(
+    round_trip,
+    message_guard_conflict,
+    concurrent_writers_one_wins,
+    profile_versions_and_conflict,
+    deltas_upsert_changed_keys,
+    events_in_order_since,
+    batch_keep_set_clear,
+    invalid_commits_write_nothing,
+    list_and_delete,
+    lease_claim_expiry_takeover,
+    concurrent_claims_never_share,
+    failpoint_inside_the_write,
+    commit_cost_shape_at_length,
+);

@@ -1,0 +1,876 @@
+//! The conformance suite: one set of behaviours every [`ThreadStore`] must show. Each function
+//! takes a fresh [`Harness`]; `backends.rs` instantiates every function for every backend.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use awaken_event::{
+    AgentEvent, Message, ProfileId, RunId, TerminationReason, ThreadId, TokenUsage,
+};
+use awaken_state::PersistedState;
+use awaken_store::{
+    BatchWrite, CommitViolation, FailPoint, LeaseToken, RunRecord, RunStatus, StoreError,
+    ThreadCommit, ThreadStore, Timestamp,
+};
+use serde_json::{Value, json};
+
+/// A store under test and the way to inject a fault inside its next commit.
+pub struct Harness {
+    pub store: Box<dyn ThreadStore>,
+    pub arm: Box<dyn Fn(FailPoint) + Send + Sync>,
+    /// Keeps a backend's resources (a temporary directory) alive.
+    pub _guard: Option<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+pub fn tid(s: &str) -> ThreadId {
+    ThreadId::new(s).expect("test thread id")
+}
+
+pub fn rid(s: &str) -> RunId {
+    RunId::new(s).expect("test run id")
+}
+
+pub fn pid(s: &str) -> ProfileId {
+    ProfileId::new(s).expect("test profile id")
+}
+
+pub fn at(ms: i64) -> Timestamp {
+    Timestamp::from_unix_millis(ms)
+}
+
+pub fn run(id: &str, now: i64) -> RunRecord {
+    let mut run = RunRecord::new(rid(id), "assistant", at(now));
+    run.spec_digest = "sha256:spec".to_owned();
+    run
+}
+
+pub fn state(revision: u64, pairs: &[(&str, Value)]) -> PersistedState {
+    PersistedState {
+        revision,
+        values: pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.clone()))
+            .collect(),
+    }
+}
+
+/// A serialized `ToolBatch` (the JSON shape of `awaken_tool::ToolBatch`).
+pub fn batch(calls: &[(&str, &str)]) -> Value {
+    let calls: Vec<Value> = calls
+        .iter()
+        .map(|(id, state)| {
+            json!({
+                "call": { "id": id, "name": "search", "arguments": { "q": "x" } },
+                "state": state,
+                "attempts": 0,
+            })
+        })
+        .collect();
+    json!({ "calls": calls })
+}
+
+/// One step of `run_id` on `thread`: two messages, three changed keys, a one-call batch and
+/// three lifecycle events (the bench's shape).
+pub fn step(thread: &str, run_id: &str, expected: u64, step_no: u32, now: i64) -> ThreadCommit {
+    let mut record = run(run_id, now - i64::from(step_no));
+    record.updated_at = at(now);
+    record.steps = step_no;
+    record.usage = TokenUsage {
+        input_tokens: 10 * u64::from(step_no),
+        output_tokens: u64::from(step_no),
+        ..TokenUsage::default()
+    };
+    ThreadCommit::new(tid(thread), record, expected)
+        .with_messages([
+            Message::user(format!("question {step_no}")),
+            Message::assistant(format!("answer {step_no}")),
+        ])
+        .with_run_state(state(
+            u64::from(step_no),
+            &[
+                ("loop.round", json!(step_no)),
+                ("loop.scratch", json!({"n": step_no})),
+            ],
+        ))
+        .with_thread_state(state(
+            u64::from(step_no),
+            &[("memory.notes", json!([step_no]))],
+        ))
+        .with_batch(batch(&[(&format!("call-{step_no}"), "succeeded")]))
+        .with_events([
+            AgentEvent::StepStart { step: step_no },
+            AgentEvent::InferenceComplete {
+                model: "scripted".to_owned(),
+                usage: TokenUsage::default(),
+                duration_ms: 1,
+            },
+            AgentEvent::StepEnd { step: step_no },
+        ])
+}
+
+/// Everything the store holds about `thread` (and the profile of its latest run), as text.
+pub async fn dump(store: &dyn ThreadStore, thread: &str) -> String {
+    let thread = tid(thread);
+    let mut out = String::new();
+    let Some(cp) = store
+        .load_checkpoint(&thread)
+        .await
+        .expect("load_checkpoint")
+    else {
+        return "no thread\n".to_owned();
+    };
+    for (i, m) in cp.messages.iter().enumerate() {
+        let _ = writeln!(out, "message {i} {:?}: {}", m.role, m.text());
+    }
+    let _ = writeln!(
+        out,
+        "thread state r{}: {}",
+        cp.thread_state.revision,
+        json!(cp.thread_state.values)
+    );
+    if let Some(run) = &cp.run {
+        let _ = writeln!(
+            out,
+            "run {} {} steps={} termination={} usage={}/{} created={} updated={} parent={:?} profile={:?}",
+            run.run_id,
+            run.status,
+            run.steps,
+            run.termination
+                .as_ref()
+                .map_or("none".to_owned(), |t| t.to_string()),
+            run.usage.input_tokens,
+            run.usage.output_tokens,
+            run.created_at,
+            run.updated_at,
+            run.parent_run_id.as_ref().map(RunId::as_str),
+            run.profile_id.as_ref().map(ProfileId::as_str),
+        );
+    }
+    let _ = writeln!(
+        out,
+        "run state r{}: {}",
+        cp.run_state.revision,
+        json!(cp.run_state.values)
+    );
+    if let Some(profile) = &cp.profile {
+        for (k, e) in &profile.keys {
+            let _ = writeln!(out, "profile {k} v{} = {}", e.version, e.value);
+        }
+    }
+    if let Some(batch) = &cp.batch {
+        let states: Vec<String> = batch["calls"]
+            .as_array()
+            .map(|calls| {
+                calls
+                    .iter()
+                    .map(|c| format!("{}:{}", c["call"]["id"], c["state"]))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let _ = writeln!(out, "batch {}", states.join(" "));
+    }
+    let events = store.load_events(&thread, 0).await.expect("load_events");
+    let _ = writeln!(out, "events {} (last {})", events.len(), cp.last_event_seq);
+    for e in events {
+        let _ = writeln!(out, "event {} {} {}", e.seq, e.run_id, e.event.type_name());
+    }
+    for r in store.list_runs(&thread).await.expect("list_runs") {
+        let _ = writeln!(out, "listed run {} {}", r.run_id, r.status);
+    }
+    out
+}
+
+/// Everything in the store: every listed thread's dump.
+pub async fn dump_all(store: &dyn ThreadStore) -> String {
+    let mut out = String::new();
+    for t in store.list_threads().await.expect("list_threads") {
+        let _ = writeln!(
+            out,
+            "== {} messages={} latest={:?} created={} updated={}",
+            t.thread_id,
+            t.message_count,
+            t.latest_run_id.as_ref().map(RunId::as_str),
+            t.created_at,
+            t.updated_at
+        );
+        out.push_str(&dump(store, t.thread_id.as_str()).await);
+    }
+    out
+}
+
+fn check(actual: &str, expected: expect_test::Expect) {
+    expected.assert_eq(actual);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+pub async fn round_trip(h: &Harness) {
+    let s = &*h.store;
+    assert!(s.load_checkpoint(&tid("t1")).await.expect("load").is_none());
+    let receipt = s
+        .commit(step("t1", "r1", 0, 1, 1_000))
+        .await
+        .expect("commit 1");
+    assert_eq!((receipt.message_count, receipt.last_event_seq), (2, 3));
+    let receipt = s
+        .commit(step("t1", "r1", 2, 2, 2_000))
+        .await
+        .expect("commit 2");
+    assert_eq!((receipt.message_count, receipt.last_event_seq), (4, 6));
+    check(
+        &dump_all(s).await,
+        expect_test::expect![[r#"
+            == t1 messages=4 latest=Some("r1") created=1000ms updated=2000ms
+            message 0 User: question 1
+            message 1 Assistant: answer 1
+            message 2 User: question 2
+            message 3 Assistant: answer 2
+            thread state r2: {"memory.notes":[2]}
+            run r1 running steps=2 termination=none usage=20/2 created=999ms updated=2000ms parent=None profile=None
+            run state r2: {"loop.round":2,"loop.scratch":{"n":2}}
+            batch "call-2":"succeeded"
+            events 6 (last 6)
+            event 1 r1 step_start
+            event 2 r1 inference_complete
+            event 3 r1 step_end
+            event 4 r1 step_start
+            event 5 r1 inference_complete
+            event 6 r1 step_end
+            listed run r1 running
+        "#]],
+    );
+}
+
+pub async fn message_guard_conflict(h: &Harness) {
+    let s = &*h.store;
+    s.commit(step("t1", "r1", 0, 1, 1_000))
+        .await
+        .expect("commit");
+    let before = dump_all(s).await;
+    for stale in [0, 1, 3] {
+        let err = s
+            .commit(step("t1", "r1", stale, 2, 2_000))
+            .await
+            .expect_err("stale guard");
+        assert!(
+            matches!(err, StoreError::VersionConflict { expected, actual: 2 } if expected == stale),
+            "{err:?}"
+        );
+        assert!(err.is_conflict());
+    }
+    assert_eq!(
+        dump_all(s).await,
+        before,
+        "a conflicting commit wrote something"
+    );
+    // The guard holds without new messages too.
+    let bare = ThreadCommit::new(tid("t1"), run("r1", 1_500), 1);
+    assert!(matches!(
+        s.commit(bare).await,
+        Err(StoreError::VersionConflict {
+            expected: 1,
+            actual: 2
+        })
+    ));
+    let bare = ThreadCommit::new(tid("t1"), run("r1", 1_500), 2);
+    s.commit(bare).await.expect("a commit without messages");
+}
+
+pub async fn concurrent_writers_one_wins(h: &Harness) {
+    let s = &*h.store;
+    s.commit(step("t1", "r1", 0, 1, 1_000))
+        .await
+        .expect("commit");
+    let (a, b) = tokio::join!(
+        s.commit(step("t1", "r1", 2, 2, 2_000)),
+        s.commit(step("t1", "r1", 2, 3, 3_000)),
+    );
+    let wins = [a.is_ok(), b.is_ok()];
+    assert_eq!(wins.iter().filter(|w| **w).count(), 1, "{a:?} {b:?}");
+    let loser = if a.is_ok() { b } else { a };
+    assert!(matches!(
+        loser,
+        Err(StoreError::VersionConflict {
+            expected: 2,
+            actual: 4
+        })
+    ));
+    let cp = s
+        .load_checkpoint(&tid("t1"))
+        .await
+        .expect("load")
+        .expect("thread");
+    assert_eq!(cp.messages.len(), 4);
+    assert_eq!(s.load_events(&tid("t1"), 0).await.expect("events").len(), 6);
+}
+
+fn profile_commit(
+    thread: &str,
+    run_id: &str,
+    expected: u64,
+    version: u64,
+    value: Value,
+) -> ThreadCommit {
+    let mut record = run(run_id, 1_000);
+    record.profile_id = Some(pid("alice"));
+    ThreadCommit::new(tid(thread), record, expected)
+        .with_messages([Message::user("hi")])
+        .with_profile_state(
+            state(1, &[("prefs.lang", value)]),
+            BTreeMap::from([("prefs.lang".to_owned(), version)]),
+        )
+}
+
+pub async fn profile_versions_and_conflict(h: &Harness) {
+    let s = &*h.store;
+    let fresh = s.load_profile(&pid("alice")).await.expect("profile");
+    assert!(fresh.keys.is_empty());
+    // Two threads read version 0; the first write wins, the second conflicts.
+    let receipt = s
+        .commit(profile_commit("t1", "r1", 0, 0, json!("en")))
+        .await
+        .expect("first writer");
+    assert_eq!(
+        receipt.profile_versions,
+        BTreeMap::from([("prefs.lang".to_owned(), 1)])
+    );
+    let before = dump_all(s).await;
+    let err = s
+        .commit(profile_commit("t2", "r2", 0, 0, json!("fr")))
+        .await
+        .expect_err("stale profile version");
+    assert!(
+        matches!(&err, StoreError::ProfileConflict { key } if key == "prefs.lang"),
+        "{err:?}"
+    );
+    assert_eq!(
+        dump_all(s).await,
+        before,
+        "the conflicting commit wrote something"
+    );
+    // Retried on fresh state it goes through.
+    let profile = s.load_profile(&pid("alice")).await.expect("profile");
+    assert_eq!(
+        profile.versions(),
+        BTreeMap::from([("prefs.lang".to_owned(), 1)])
+    );
+    let version = profile.versions()["prefs.lang"];
+    s.commit(profile_commit("t2", "r2", 0, version, json!("fr")))
+        .await
+        .expect("retry");
+    let profile = s.load_profile(&pid("alice")).await.expect("profile");
+    assert_eq!(profile.keys["prefs.lang"].value, json!("fr"));
+    assert_eq!(profile.keys["prefs.lang"].version, 2);
+    assert_eq!(profile.to_persisted().values["prefs.lang"], json!("fr"));
+    // A read guard on a key the commit does not write is checked too.
+    let mut record = run("r1", 1_000);
+    record.profile_id = Some(pid("alice"));
+    let read_only = ThreadCommit::new(tid("t1"), record, 1).with_profile_state(
+        PersistedState::default(),
+        BTreeMap::from([("prefs.lang".to_owned(), 1)]),
+    );
+    assert!(matches!(
+        s.commit(read_only).await,
+        Err(StoreError::ProfileConflict { .. })
+    ));
+    check(
+        &dump(s, "t1").await,
+        expect_test::expect![[r#"
+            message 0 User: hi
+            thread state r0: {}
+            run r1 running steps=0 termination=none usage=0/0 created=1000ms updated=1000ms parent=None profile=Some("alice")
+            run state r0: {}
+            profile prefs.lang v2 = "fr"
+            events 0 (last 0)
+            listed run r1 running
+        "#]],
+    );
+}
+
+pub async fn deltas_upsert_changed_keys(h: &Harness) {
+    let s = &*h.store;
+    let first = ThreadCommit::new(tid("t1"), run("r1", 1_000), 0)
+        .with_run_state(state(3, &[("a", json!(1)), ("b", json!(2))]))
+        .with_thread_state(state(3, &[("x", json!("x1")), ("y", json!("y1"))]));
+    s.commit(first).await.expect("first");
+    let mut record = run("r1", 1_000);
+    record.updated_at = at(1_100);
+    let second = ThreadCommit::new(tid("t1"), record.clone(), 0)
+        .with_run_state(state(5, &[("b", json!(20))]))
+        .with_thread_state(state(5, &[("y", json!("y2")), ("z", json!(null))]));
+    s.commit(second).await.expect("second");
+    // A commit without deltas keeps the state and its revisions.
+    record.updated_at = at(1_200);
+    s.commit(ThreadCommit::new(tid("t1"), record, 0))
+        .await
+        .expect("third");
+    let cp = s
+        .load_checkpoint(&tid("t1"))
+        .await
+        .expect("load")
+        .expect("thread");
+    assert_eq!(cp.run_state, state(5, &[("a", json!(1)), ("b", json!(20))]));
+    assert_eq!(
+        cp.thread_state,
+        state(
+            5,
+            &[("x", json!("x1")), ("y", json!("y2")), ("z", json!(null))]
+        )
+    );
+    // A new run of the thread starts with empty run state and sees the thread state.
+    let new_run = ThreadCommit::new(tid("t1"), run("r2", 2_000), 0);
+    s.commit(new_run).await.expect("second run");
+    let cp = s
+        .load_checkpoint(&tid("t1"))
+        .await
+        .expect("load")
+        .expect("thread");
+    assert_eq!(cp.run.as_ref().map(|r| r.run_id.as_str()), Some("r2"));
+    assert!(cp.run_state.values.is_empty());
+    assert_eq!(cp.thread_state.values.len(), 3);
+}
+
+pub async fn events_in_order_since(h: &Harness) {
+    let s = &*h.store;
+    for i in 0..3u32 {
+        s.commit(step(
+            "t1",
+            "r1",
+            u64::from(i) * 2,
+            i + 1,
+            1_000 + i64::from(i),
+        ))
+        .await
+        .expect("commit");
+    }
+    let all = s.load_events(&tid("t1"), 0).await.expect("events");
+    let seqs: Vec<u64> = all.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (1..=9).collect::<Vec<_>>());
+    assert_eq!(all[3].event, AgentEvent::StepStart { step: 2 });
+    let tail = s.load_events(&tid("t1"), 7).await.expect("events");
+    assert_eq!(tail.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![8, 9]);
+    assert!(
+        s.load_events(&tid("t1"), 9)
+            .await
+            .expect("events")
+            .is_empty()
+    );
+    assert!(
+        s.load_events(&tid("nope"), 0)
+            .await
+            .expect("events")
+            .is_empty()
+    );
+}
+
+pub async fn batch_keep_set_clear(h: &Harness) {
+    let s = &*h.store;
+    let c = ThreadCommit::new(tid("t1"), run("r1", 1_000), 0)
+        .with_batch(batch(&[("c1", "requested"), ("c2", "executing")]));
+    s.commit(c).await.expect("set");
+    let c = ThreadCommit::new(tid("t1"), run("r1", 1_000), 0);
+    s.commit(c).await.expect("keep");
+    let cp = s
+        .load_checkpoint(&tid("t1"))
+        .await
+        .expect("load")
+        .expect("thread");
+    assert_eq!(
+        cp.batch,
+        Some(batch(&[("c1", "requested"), ("c2", "executing")]))
+    );
+    // Finishing the run while the kept batch holds open calls is refused, nothing written.
+    let mut done = run("r1", 1_000);
+    done.status = RunStatus::Done;
+    done.termination = Some(TerminationReason::NaturalEnd);
+    let before = dump_all(s).await;
+    let err = s
+        .commit(ThreadCommit::new(tid("t1"), done.clone(), 0))
+        .await
+        .expect_err("open call on a done run");
+    assert!(
+        matches!(
+            &err,
+            StoreError::InvalidCommit { violation: CommitViolation::CallInFlight { call_id, .. }, .. }
+                if call_id.as_str() == "c1"
+        ),
+        "{err:?}"
+    );
+    assert_eq!(dump_all(s).await, before);
+    // Closing the calls (or clearing the batch) lets it finish.
+    let closed = ThreadCommit::new(tid("t1"), done.clone(), 0)
+        .with_batch(batch(&[("c1", "cancelled"), ("c2", "outcome_unknown")]));
+    s.commit(closed).await.expect("closed batch");
+    let mut cleared = ThreadCommit::new(tid("t1"), done, 0);
+    cleared.batch = BatchWrite::Clear;
+    s.commit(cleared).await.expect("clear");
+    let cp = s
+        .load_checkpoint(&tid("t1"))
+        .await
+        .expect("load")
+        .expect("thread");
+    assert_eq!(cp.batch, None);
+    assert_eq!(cp.run.map(|r| r.status), Some(RunStatus::Done));
+}
+
+pub async fn invalid_commits_write_nothing(h: &Harness) {
+    let s = &*h.store;
+    s.commit(step("t1", "r1", 0, 1, 1_000))
+        .await
+        .expect("commit");
+    let before = dump_all(s).await;
+    let mut blank = step("t1", "r1", 2, 2, 2_000);
+    blank.run.agent_id = " ".to_owned();
+    let mut unguarded = step("t1", "r1", 2, 2, 2_000);
+    unguarded.run.profile_id = Some(pid("alice"));
+    unguarded.profile_state = state(1, &[("prefs.lang", json!("en"))]);
+    let mut in_flight = step("t1", "r1", 2, 2, 2_000);
+    in_flight.run.status = RunStatus::Done;
+    in_flight.run.termination = Some(TerminationReason::Cancelled);
+    in_flight.batch = BatchWrite::Set(batch(&[("c9", "executing")]));
+    let mut delta_event = step("t1", "r1", 2, 2, 2_000);
+    delta_event.events.push(AgentEvent::TextDelta {
+        delta: "tok".to_owned(),
+    });
+    let mut malformed = step("t1", "r1", 2, 2, 2_000);
+    malformed.batch = BatchWrite::Set(json!({"calls": [{"state": "flying"}]}));
+    let mut foreign_lease = step("t1", "r1", 2, 2, 2_000);
+    foreign_lease.lease = Some(LeaseToken {
+        run_id: rid("r2"),
+        worker_id: "w1".to_owned(),
+        epoch: 1,
+    });
+    let mut other_thread = step("t2", "r1", 0, 1, 2_000);
+    other_thread.batch = BatchWrite::Keep;
+    let mut rendered = Vec::new();
+    for c in [
+        blank,
+        unguarded,
+        in_flight,
+        delta_event,
+        malformed,
+        foreign_lease,
+        other_thread,
+    ] {
+        let err = s.commit(c).await.expect_err("invalid commit");
+        rendered.push(match err {
+            StoreError::InvalidCommit { violation, .. } => format!("invalid: {violation}"),
+            other => format!("other: {other}"),
+        });
+    }
+    check(
+        &rendered.join("\n"),
+        expect_test::expect![[r#"
+            invalid: agent_id is blank
+            invalid: profile key "prefs.lang" is written without the version it was read at
+            invalid: the run is done but tool call c9 is still Executing
+            invalid: event text_delta is not a lifecycle event and is not stored
+            invalid: the tool batch is not a serialized ToolBatch: unknown variant `flying`, expected one of `requested`, `executing`, `suspended`, `succeeded`, `failed`, `blocked`, `short_circuited`, `cancelled`, `outcome_unknown`
+            invalid: the lease token is for run r2, the commit is for run r1
+            other: run r1 belongs to thread t1, not to t2"#]],
+    );
+    assert_eq!(
+        dump_all(s).await,
+        before,
+        "an invalid commit wrote something"
+    );
+}
+
+pub async fn list_and_delete(h: &Harness) {
+    let s = &*h.store;
+    s.commit(step("t2", "r2", 0, 1, 2_000)).await.expect("t2");
+    s.commit(step("t1", "r1", 0, 1, 1_000)).await.expect("t1");
+    let mut child = run("r1-child", 1_500);
+    child.parent_run_id = Some(rid("r1"));
+    s.commit(ThreadCommit::new(tid("t1"), child, 2))
+        .await
+        .expect("child run");
+    let threads: Vec<String> = s
+        .list_threads()
+        .await
+        .expect("threads")
+        .iter()
+        .map(|t| format!("{} {} {:?}", t.thread_id, t.message_count, t.latest_run_id))
+        .collect();
+    assert_eq!(
+        threads,
+        vec![
+            r#"t1 2 Some(RunId("r1-child"))"#,
+            r#"t2 2 Some(RunId("r2"))"#
+        ]
+    );
+    let runs = s.list_runs(&tid("t1")).await.expect("runs");
+    assert_eq!(
+        runs.iter().map(|r| r.run_id.as_str()).collect::<Vec<_>>(),
+        vec!["r1", "r1-child"]
+    );
+    assert_eq!(runs[1].parent_run_id, Some(rid("r1")));
+    assert!(s.delete_thread(&tid("t1")).await.expect("delete"));
+    assert!(!s.delete_thread(&tid("t1")).await.expect("delete again"));
+    assert!(s.load_checkpoint(&tid("t1")).await.expect("load").is_none());
+    assert!(s.list_runs(&tid("t1")).await.expect("runs").is_empty());
+    assert!(
+        s.load_events(&tid("t1"), 0)
+            .await
+            .expect("events")
+            .is_empty()
+    );
+    assert_eq!(s.list_threads().await.expect("threads").len(), 1);
+    // The thread can start again from nothing, with the same run ids.
+    s.commit(step("t1", "r1", 0, 1, 3_000))
+        .await
+        .expect("recreate");
+    assert_eq!(
+        s.load_events(&tid("t1"), 0).await.expect("events")[0].seq,
+        1
+    );
+    assert!(
+        s.load_checkpoint(&tid("t1"))
+            .await
+            .expect("load")
+            .is_some_and(|c| c.run_state.values.len() == 2)
+    );
+}
+
+pub async fn lease_claim_expiry_takeover(h: &Harness) {
+    let s = &*h.store;
+    let lease = Duration::from_secs(30);
+    s.commit(step("t1", "r1", 0, 1, 1_000)).await.expect("r1");
+    s.commit(step("t2", "r2", 0, 1, 2_000)).await.expect("r2");
+    let mut done = step("t3", "r3", 0, 1, 500);
+    done.run.status = RunStatus::Done;
+    done.run.termination = Some(TerminationReason::NaturalEnd);
+    s.commit(done).await.expect("r3 done");
+
+    // w1 claims one run (the oldest update first), then the other; done runs are never claimed.
+    let a = s
+        .claim_runnable("w1", lease, at(10_000), 1)
+        .await
+        .expect("claim");
+    assert_eq!(a.len(), 1);
+    assert_eq!(
+        (a[0].run.run_id.as_str(), a[0].thread_id.as_str()),
+        ("r1", "t1")
+    );
+    assert_eq!(a[0].expires_at, at(40_000));
+    let b = s
+        .claim_runnable("w1", lease, at(10_000), 10)
+        .await
+        .expect("claim");
+    assert_eq!(
+        b.iter().map(|c| c.run.run_id.as_str()).collect::<Vec<_>>(),
+        vec!["r2"]
+    );
+    assert!(
+        s.claim_runnable("w2", lease, at(39_999), 10)
+            .await
+            .expect("claim")
+            .is_empty()
+    );
+
+    // w1 heartbeats r1; r2's lease expires and w2 takes it over.
+    let r1 = a[0].lease.clone();
+    let r2_old = b[0].lease.clone();
+    assert_eq!(
+        s.heartbeat(&r1, lease, at(35_000))
+            .await
+            .expect("heartbeat"),
+        at(65_000)
+    );
+    let taken = s
+        .claim_runnable("w2", lease, at(40_000), 10)
+        .await
+        .expect("takeover");
+    assert_eq!(
+        taken
+            .iter()
+            .map(|c| c.run.run_id.as_str())
+            .collect::<Vec<_>>(),
+        vec!["r2"]
+    );
+    let r2_new = taken[0].lease.clone();
+    assert!(r2_new.epoch > r2_old.epoch);
+
+    // The old holder's commit and heartbeat are refused; nothing is written.
+    let before = dump_all(s).await;
+    let stale = step("t2", "r2", 2, 2, 41_000).with_lease(r2_old.clone());
+    let err = s.commit(stale).await.expect_err("lost lease");
+    assert!(
+        matches!(&err, StoreError::LeaseLost { run_id } if run_id.as_str() == "r2"),
+        "{err:?}"
+    );
+    assert_eq!(dump_all(s).await, before);
+    assert!(matches!(
+        s.heartbeat(&r2_old, lease, at(41_000)).await,
+        Err(StoreError::LeaseLost { .. })
+    ));
+    assert!(!s.release(&r2_old).await.expect("release lost"));
+
+    // The new holder commits; w1's commit on r1 with its lease goes through.
+    s.commit(step("t2", "r2", 2, 2, 41_000).with_lease(r2_new.clone()))
+        .await
+        .expect("new holder");
+    s.commit(step("t1", "r1", 2, 2, 41_000).with_lease(r1.clone()))
+        .await
+        .expect("r1 holder");
+
+    // Release frees the run for the next claimer; finishing a run drops its lease.
+    assert!(s.release(&r2_new).await.expect("release"));
+    let again = s
+        .claim_runnable("w3", lease, at(42_000), 10)
+        .await
+        .expect("claim");
+    assert_eq!(
+        again
+            .iter()
+            .map(|c| c.run.run_id.as_str())
+            .collect::<Vec<_>>(),
+        vec!["r2"]
+    );
+    let mut finish = step("t1", "r1", 4, 3, 43_000).with_lease(r1.clone());
+    finish.run.status = RunStatus::Done;
+    finish.run.termination = Some(TerminationReason::stopped("max_rounds", "3 rounds"));
+    s.commit(finish).await.expect("finish");
+    assert!(matches!(
+        s.heartbeat(&r1, lease, at(44_000)).await,
+        Err(StoreError::LeaseLost { .. })
+    ));
+    assert!(
+        s.claim_runnable("w4", lease, at(1_000_000), 10)
+            .await
+            .expect("claim")
+            .iter()
+            .all(|c| c.run.run_id.as_str() == "r2")
+    );
+    // A lease on a run that was never committed is lost too.
+    let ghost = LeaseToken {
+        run_id: rid("ghost"),
+        worker_id: "w1".to_owned(),
+        epoch: 1,
+    };
+    assert!(matches!(
+        s.heartbeat(&ghost, lease, at(1)).await,
+        Err(StoreError::LeaseLost { .. })
+    ));
+}
+
+pub async fn concurrent_claims_never_share(h: &Harness) {
+    let s = &*h.store;
+    for i in 0..6u64 {
+        s.commit(step(
+            &format!("t{i}"),
+            &format!("r{i}"),
+            0,
+            1,
+            1_000 + i as i64,
+        ))
+        .await
+        .expect("commit");
+    }
+    let lease = Duration::from_secs(10);
+    let (a, b, c) = tokio::join!(
+        s.claim_runnable("w1", lease, at(5_000), 3),
+        s.claim_runnable("w2", lease, at(5_000), 3),
+        s.claim_runnable("w3", lease, at(5_000), 3),
+    );
+    let mut ids: Vec<String> = [a, b, c]
+        .into_iter()
+        .flat_map(|r| r.expect("claim"))
+        .map(|c| c.run.run_id.to_string())
+        .collect();
+    let n = ids.len();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), n, "a run was claimed twice");
+    assert_eq!(n, 6);
+}
+
+/// Every failpoint, on a first commit and on a later one: the failed commit leaves the store
+/// exactly as after the last successful commit, and the same commit then succeeds.
+pub async fn failpoint_inside_the_write(h: &Harness) {
+    let s = &*h.store;
+    for point in FailPoint::all() {
+        // A first commit of a thread (and a first profile write) that fails leaves nothing.
+        let before = dump_all(s).await;
+        (h.arm)(point);
+        let mut first = step("fresh", "fresh-run", 0, 1, 1_000);
+        first.run.profile_id = Some(pid("bob"));
+        first.profile_state = state(1, &[("prefs.tz", json!("UTC"))]);
+        first.profile_versions = BTreeMap::from([("prefs.tz".to_owned(), 0)]);
+        let err = s.commit(first).await.expect_err("injected");
+        assert!(
+            matches!(err, StoreError::Injected { point: p } if p == point),
+            "{err:?}"
+        );
+        assert_eq!(
+            dump_all(s).await,
+            before,
+            "first commit, failpoint {point:?}"
+        );
+        assert!(
+            s.load_profile(&pid("bob"))
+                .await
+                .expect("profile")
+                .keys
+                .is_empty()
+        );
+    }
+    s.commit(step("t1", "r1", 0, 1, 1_000))
+        .await
+        .expect("commit 1");
+    let mut expected = 2;
+    for (i, point) in FailPoint::all().into_iter().enumerate() {
+        let before = dump_all(s).await;
+        (h.arm)(point);
+        let step_no = 2 + i as u32;
+        let err = s
+            .commit(step("t1", "r1", expected, step_no, 2_000 + i as i64))
+            .await
+            .expect_err("injected");
+        assert!(matches!(err, StoreError::Injected { .. }), "{err:?}");
+        assert_eq!(
+            dump_all(s).await,
+            before,
+            "later commit, failpoint {point:?}"
+        );
+        // The failpoint fired once; the same commit now goes through.
+        s.commit(step("t1", "r1", expected, step_no, 2_000 + i as i64))
+            .await
+            .expect("retry");
+        expected += 2;
+    }
+    let events = s.load_events(&tid("t1"), 0).await.expect("events");
+    assert_eq!(events.len(), 15);
+    assert!(
+        events
+            .iter()
+            .enumerate()
+            .all(|(i, e)| e.seq == i as u64 + 1)
+    );
+}
+
+pub async fn commit_cost_shape_at_length(h: &Harness) {
+    // Not a timing test: a long thread still takes appends at the right index and the guard
+    // still reads the count (the benches measure the cost).
+    let s = &*h.store;
+    let mut expected = 0;
+    let mut batch_msgs = Vec::new();
+    for i in 0..200 {
+        batch_msgs.push(Message::user(format!("m{i}")));
+    }
+    let c = ThreadCommit::new(tid("long"), run("r1", 1), 0).with_messages(batch_msgs);
+    expected += s.commit(c).await.expect("bulk").message_count;
+    let r = s
+        .commit(step("long", "r1", expected, 1, 10))
+        .await
+        .expect("step");
+    assert_eq!(r.message_count, 202);
+    let cp = s
+        .load_checkpoint(&tid("long"))
+        .await
+        .expect("load")
+        .expect("thread");
+    assert_eq!(cp.messages[199].text(), "m199");
+    assert_eq!(cp.messages[201].text(), "answer 1");
+}
