@@ -9,7 +9,6 @@ use std::sync::Arc;
 use awaken_state::{Committed, StateCommand, StateError, StateStore, Transaction};
 use futures_util::FutureExt;
 use futures_util::future::join_all;
-use rustc_hash::FxHashMap;
 use serde_json::Value;
 
 use crate::action::{EffectContext, HandlerFailure};
@@ -248,12 +247,12 @@ impl PhaseEngine {
         Ok(report)
     }
 
-    async fn run_hook(
+    fn hook_failed(
         phase: Phase,
         hook: &RegisteredHook,
-        ctx: &PhaseContext,
+        outcome: std::thread::Result<Result<StateCommand, HookError>>,
     ) -> Result<StateCommand, PhaseError> {
-        match AssertUnwindSafe(hook.hook.run(ctx)).catch_unwind().await {
+        match outcome {
             Ok(Ok(cmd)) => Ok(cmd),
             Ok(Err(source)) => Err(PhaseError::HookFailed {
                 phase,
@@ -270,6 +269,30 @@ impl PhaseEngine {
         }
     }
 
+    /// Runs a hook's synchronous path, if it has one (no future is made).
+    fn run_hook_sync(
+        phase: Phase,
+        hook: &RegisteredHook,
+        ctx: &PhaseContext,
+    ) -> Option<Result<StateCommand, PhaseError>> {
+        match std::panic::catch_unwind(AssertUnwindSafe(|| hook.hook.run_sync(ctx))) {
+            Ok(None) => None,
+            Ok(Some(result)) => Some(Self::hook_failed(phase, hook, Ok(result))),
+            Err(panic) => Some(Self::hook_failed(phase, hook, Err(panic))),
+        }
+    }
+
+    async fn run_hook(
+        phase: Phase,
+        hook: &RegisteredHook,
+        ctx: &PhaseContext,
+    ) -> Result<StateCommand, PhaseError> {
+        if let Some(result) = Self::run_hook_sync(phase, hook, ctx) {
+            return result;
+        }
+        let outcome = AssertUnwindSafe(hook.hook.run(ctx)).catch_unwind().await;
+        Self::hook_failed(phase, hook, outcome)
+    }
     /// Applies `cmd` to the transaction, moving its actions to `pending`.
     fn stage(
         &self,
@@ -294,21 +317,44 @@ impl PhaseEngine {
         let registry = store.registry();
         let mut tx = store.transaction();
         let frozen = ctx.with_snapshot(tx.snapshot());
-        let outputs = join_all(hooks.iter().map(|h| Self::run_hook(phase, h, &frozen))).await;
+        // Hooks with a synchronous path run right away; the others are driven together.
+        let mut outputs: Vec<Option<Result<StateCommand, PhaseError>>> = hooks
+            .iter()
+            .map(|h| Self::run_hook_sync(phase, h, &frozen))
+            .collect();
+        let waiting: Vec<usize> = (0..hooks.len()).filter(|&i| outputs[i].is_none()).collect();
+        if !waiting.is_empty() {
+            let frozen = &frozen;
+            let done = join_all(waiting.iter().map(|&i| async move {
+                let outcome = AssertUnwindSafe(hooks[i].hook.run(frozen))
+                    .catch_unwind()
+                    .await;
+                Self::hook_failed(phase, &hooks[i], outcome)
+            }))
+            .await;
+            for (i, result) in waiting.into_iter().zip(done) {
+                outputs[i] = Some(result);
+            }
+        }
         let mut commands = Vec::with_capacity(outputs.len());
-        for out in outputs {
+        for out in outputs.into_iter().flatten() {
             commands.push(out?); // the first failure in registration order fails the phase
         }
 
         // Does any Exclusive key have two writers?
-        let mut writer: FxHashMap<&str, usize> = FxHashMap::default();
+        // (A short list beats a hash map for the handful of keys a phase writes.)
+        let mut writer: Vec<(&str, usize)> = Vec::new();
         let mut conflict = false;
         'scan: for (i, cmd) in commands.iter().enumerate() {
             for update in cmd.updates() {
                 let key = update.key();
-                if registry.is_exclusive(key) && *writer.entry(key).or_insert(i) != i {
-                    conflict = true;
-                    break 'scan;
+                match writer.iter().find(|(k, _)| *k == key) {
+                    Some((_, first)) if *first != i && registry.is_exclusive(key) => {
+                        conflict = true;
+                        break 'scan;
+                    }
+                    Some(_) => {}
+                    None => writer.push((key, i)),
                 }
             }
         }

@@ -44,6 +44,14 @@ impl HookError {
 pub trait PhaseHook: Send + Sync + 'static {
     /// Computes this hook's command for the phase.
     async fn run(&self, ctx: &PhaseContext) -> Result<StateCommand, HookError>;
+
+    /// The same computation without a future, for hooks that never wait: `Some` result means
+    /// the engine uses it and does not call [`PhaseHook::run`]. The default, `None`, sends
+    /// every call through `run`. Synchronous hooks (like [`FnHook`]) override it to save the
+    /// future's allocation on every phase.
+    fn run_sync(&self, _ctx: &PhaseContext) -> Option<Result<StateCommand, HookError>> {
+        None
+    }
 }
 
 /// A phase hook made from a synchronous closure.
@@ -56,5 +64,9 @@ where
 {
     async fn run(&self, ctx: &PhaseContext) -> Result<StateCommand, HookError> {
         (self.0)(ctx)
+    }
+
+    fn run_sync(&self, ctx: &PhaseContext) -> Option<Result<StateCommand, HookError>> {
+        Some((self.0)(ctx))
     }
 }
