@@ -10,6 +10,7 @@ mod phase;
 mod plugin;
 mod resolver;
 mod state;
+mod store;
 mod tool;
 
 criterion_group!(
@@ -20,6 +21,7 @@ criterion_group!(
     plugin::benches,
     resolver::benches,
     state::benches,
+    store::benches,
     tool::benches
 );
 criterion_main!(benches);

@@ -1,0 +1,160 @@
+//! `awaken-store`: the cost of one step's commit (2 messages, 3 changed keys, a 1-call batch,
+//! 3 lifecycle events) to SQLite on disk, to SQLite when the thread already holds 10,000
+//! messages (a commit's cost must not grow with the thread), and to the memory store.
+
+use std::cell::Cell;
+use std::hint::black_box;
+
+use awaken_event::{AgentEvent, Message, RunId, ThreadId, TokenUsage};
+use awaken_state::PersistedState;
+use awaken_store::Timestamp;
+use awaken_store::{MemoryStore, RunRecord, SqliteConfig, SqliteStore, ThreadCommit, ThreadStore};
+use criterion::{BatchSize, Criterion};
+use serde_json::json;
+
+/// Commits per thread in the step benches, so the thread stays short there.
+const COMMITS_PER_THREAD: u64 = 64;
+
+fn step_commit(thread: &str, expected: u64, step: u32) -> ThreadCommit {
+    let now = Timestamp::from_unix_millis(1_000 + i64::from(step));
+    let mut run = RunRecord::new(
+        RunId::new(format!("{thread}-run")).unwrap_or_else(|e| panic!("{e}")),
+        "assistant",
+        Timestamp::from_unix_millis(1_000),
+    );
+    run.updated_at = now;
+    run.steps = step;
+    run.spec_digest = "sha256:0123456789abcdef".to_owned();
+    run.usage = TokenUsage {
+        input_tokens: 1_200,
+        output_tokens: 80,
+        ..TokenUsage::default()
+    };
+    let revision = u64::from(step);
+    ThreadCommit::new(
+        ThreadId::new(thread).unwrap_or_else(|e| panic!("{e}")),
+        run,
+        expected,
+    )
+    .with_messages([
+        Message::assistant("Let me look that up for you."),
+        Message::user("Thanks, and what about tomorrow's weather in Berlin?"),
+    ])
+    .with_run_state(PersistedState {
+        revision,
+        values: [
+            ("loop.round".to_owned(), json!(step)),
+            ("permission.approved".to_owned(), json!(["search"])),
+        ]
+        .into(),
+    })
+    .with_thread_state(PersistedState {
+        revision,
+        values: [(
+            "memory.notes".to_owned(),
+            json!({"city": "Berlin", "n": step}),
+        )]
+        .into(),
+    })
+    .with_batch(json!({"calls": [{
+        "call": {"id": format!("call-{step}"), "name": "weather", "arguments": {"city": "Berlin"}},
+        "state": "succeeded",
+        "result": {"status": "success", "content": "12°C, cloudy"},
+        "attempts": 1
+    }]}))
+    .with_events([
+        AgentEvent::StepStart { step },
+        AgentEvent::InferenceComplete {
+            model: "scripted".to_owned(),
+            usage: TokenUsage::default(),
+            duration_ms: 120,
+        },
+        AgentEvent::StepEnd { step },
+    ])
+}
+
+/// Commits one step per iteration into threads of at most `COMMITS_PER_THREAD` steps (or into
+/// one thread prefilled elsewhere when `fixed` names it).
+fn bench_commits(
+    c: &mut Criterion,
+    name: &str,
+    fixed: Option<(&str, u64)>,
+    commit: impl Fn(ThreadCommit),
+) {
+    let counter = Cell::new(0u64);
+    let fixed_count = Cell::new(fixed.map_or(0, |(_, n)| n));
+    c.bench_function(name, |b| {
+        b.iter_batched(
+            || {
+                let i = counter.get();
+                counter.set(i + 1);
+                let step = u32::try_from(i % 1_000_000).unwrap_or(0) + 1;
+                match fixed {
+                    Some((thread, _)) => {
+                        let expected = fixed_count.get();
+                        fixed_count.set(expected + 2);
+                        step_commit(thread, expected, step)
+                    }
+                    None => step_commit(
+                        &format!("bench-{}", i / COMMITS_PER_THREAD),
+                        (i % COMMITS_PER_THREAD) * 2,
+                        step,
+                    ),
+                }
+            },
+            |c| commit(black_box(c)),
+            BatchSize::SmallInput,
+        );
+    });
+}
+
+pub fn benches(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap_or_else(|e| panic!("tokio runtime: {e}"));
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
+
+    let sqlite = rt
+        .block_on(SqliteStore::open(SqliteConfig::file(
+            dir.path().join("step.db"),
+        )))
+        .unwrap_or_else(|e| panic!("open sqlite: {e}"));
+    bench_commits(c, "store/sqlite_commit_step", None, |commit| {
+        rt.block_on(sqlite.commit(commit))
+            .unwrap_or_else(|e| panic!("commit: {e}"));
+    });
+
+    // The same commit into a thread that already holds 10,000 messages.
+    let long = rt
+        .block_on(SqliteStore::open(SqliteConfig::file(
+            dir.path().join("long.db"),
+        )))
+        .unwrap_or_else(|e| panic!("open sqlite: {e}"));
+    let mut held = 0u64;
+    for chunk in 0..10u32 {
+        let messages = (0..1_000).map(|i| Message::user(format!("earlier message {chunk}/{i}")));
+        let fill = step_commit("long", held, chunk + 1);
+        let fill = ThreadCommit {
+            messages: messages.collect(),
+            ..fill
+        };
+        held = rt
+            .block_on(long.commit(fill))
+            .unwrap_or_else(|e| panic!("prefill: {e}"))
+            .message_count;
+    }
+    bench_commits(
+        c,
+        "store/sqlite_commit_at_10k_messages",
+        Some(("long", held)),
+        |commit| {
+            rt.block_on(long.commit(commit))
+                .unwrap_or_else(|e| panic!("commit: {e}"));
+        },
+    );
+
+    let memory = MemoryStore::new();
+    bench_commits(c, "store/memory_commit_step", None, |commit| {
+        awaken_benches::block_on(memory.commit(commit)).unwrap_or_else(|e| panic!("commit: {e}"));
+    });
+}
