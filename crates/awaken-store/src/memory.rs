@@ -31,7 +31,7 @@ struct Inner {
     messages: HashMap<ThreadId, Vec<Message>>,
     events: HashMap<ThreadId, Vec<StoredEvent>>,
     thread_state: HashMap<ThreadId, BTreeMap<String, serde_json::Value>>,
-    runs: HashMap<RunId, RunRow>,
+    runs: HashMap<RunId, Box<RunRow>>,
     run_state: HashMap<RunId, BTreeMap<String, serde_json::Value>>,
     profiles: HashMap<ProfileId, BTreeMap<String, ProfileEntry>>,
 }
@@ -53,6 +53,13 @@ struct RunRow {
     lease_owner: Option<String>,
     lease_epoch: u64,
     lease_expires_at: Option<Timestamp>,
+}
+
+/// What a rollback needs to know about the commit it undoes.
+struct CommitIds {
+    thread_id: ThreadId,
+    run_id: RunId,
+    profile_id: Option<ProfileId>,
 }
 
 /// One change to undo if a later write of the same commit fails.
@@ -137,80 +144,91 @@ impl Inner {
         Ok(())
     }
 
+    /// Applies a checked commit, moving its data in (no copies of messages, values or events).
     fn apply(
         &mut self,
-        c: &ThreadCommit,
+        c: ThreadCommit,
         fp: &Failpoints,
         undo: &mut Vec<Undo>,
     ) -> Result<CommitReceipt, StoreError> {
-        let tid = &c.thread_id;
-        let rid = &c.run.run_id;
+        let ThreadCommit {
+            thread_id: tid,
+            run: record,
+            messages: new_messages,
+            run_state: run_delta,
+            thread_state: thread_delta,
+            profile_state: profile_delta,
+            batch: batch_write,
+            events: new_events,
+            ..
+        } = c;
+        let rid = record.run_id.clone();
+        let now = record.updated_at;
+        let status = record.status;
+        let profile_id = record.profile_id.clone();
 
         let messages = self.messages.entry(tid.clone()).or_default();
         undo.push(Undo::Messages(messages.len()));
-        messages.extend(c.messages.iter().cloned());
+        messages.extend(new_messages);
         let message_count = messages.len() as u64;
         fp.check(FailPoint::AfterMessages)?;
 
-        let old_run = self.runs.get(rid).cloned();
-        let mut row = old_run.clone().unwrap_or_else(|| RunRow {
-            thread_id: tid.clone(),
-            record: c.run.clone(),
-            state_revision: 0,
-            batch: None,
-            lease_owner: None,
-            lease_epoch: 0,
-            lease_expires_at: None,
-        });
-        let created_at = row.record.created_at;
-        row.record = c.run.clone();
-        row.record.created_at = created_at;
-        match &c.batch {
+        let old_run = self.runs.remove(&rid);
+        let mut row = match &old_run {
+            Some(old) => RunRow {
+                record: RunRecord {
+                    created_at: old.record.created_at,
+                    ..record
+                },
+                ..(**old).clone()
+            },
+            None => RunRow {
+                thread_id: tid.clone(),
+                record,
+                state_revision: 0,
+                batch: None,
+                lease_owner: None,
+                lease_epoch: 0,
+                lease_expires_at: None,
+            },
+        };
+        match batch_write {
             BatchWrite::Keep => {}
-            BatchWrite::Set(b) => row.batch = Some(b.clone()),
+            BatchWrite::Set(b) => row.batch = Some(b),
             BatchWrite::Clear => row.batch = None,
         }
-        if !c.run_state.values.is_empty() {
-            row.state_revision = c.run_state.revision;
+        if !run_delta.values.is_empty() {
+            row.state_revision = run_delta.revision;
         }
-        if c.run.status == RunStatus::Done {
+        if status == RunStatus::Done {
             row.lease_owner = None;
             row.lease_expires_at = None;
         }
-        undo.push(Undo::Run(old_run.map(Box::new)));
-        self.runs.insert(rid.clone(), row);
+        undo.push(Undo::Run(old_run));
+        self.runs.insert(rid.clone(), Box::new(row));
         fp.check(FailPoint::AfterRun)?;
 
         let run_state = self.run_state.entry(rid.clone()).or_default();
-        for (k, v) in &c.run_state.values {
-            undo.push(Undo::RunKey(
-                k.clone(),
-                run_state.insert(k.clone(), v.clone()),
-            ));
+        for (k, v) in run_delta.values {
+            let old = run_state.insert(k.clone(), v);
+            undo.push(Undo::RunKey(k, old));
         }
+        let thread_revision = (!thread_delta.values.is_empty()).then_some(thread_delta.revision);
         let thread_state = self.thread_state.entry(tid.clone()).or_default();
-        for (k, v) in &c.thread_state.values {
-            undo.push(Undo::ThreadKey(
-                k.clone(),
-                thread_state.insert(k.clone(), v.clone()),
-            ));
+        for (k, v) in thread_delta.values {
+            let old = thread_state.insert(k.clone(), v);
+            undo.push(Undo::ThreadKey(k, old));
         }
         let mut profile_versions = BTreeMap::new();
-        if let Some(pid) = &c.run.profile_id
-            && !c.profile_state.values.is_empty()
+        if let Some(pid) = &profile_id
+            && !profile_delta.values.is_empty()
         {
             let profile = self.profiles.entry(pid.clone()).or_default();
-            for (k, v) in &c.profile_state.values {
-                let version = profile.get(k).map_or(0, |e| e.version) + 1;
-                let entry = ProfileEntry {
-                    value: v.clone(),
-                    version,
-                };
-                undo.push(Undo::ProfileKey(
-                    k.clone(),
-                    profile.insert(k.clone(), entry),
-                ));
+            for (k, value) in profile_delta.values {
+                let version = profile.get(&k).map_or(0, |e| e.version) + 1;
                 profile_versions.insert(k.clone(), version);
+                let old = profile.insert(k.clone(), ProfileEntry { value, version });
+                undo.push(Undo::ProfileKey(k, old));
             }
         }
         fp.check(FailPoint::AfterState)?;
@@ -218,30 +236,30 @@ impl Inner {
         let events = self.events.entry(tid.clone()).or_default();
         undo.push(Undo::Events(events.len()));
         let mut seq = events.len() as u64;
-        for event in &c.events {
+        for event in new_events {
             seq += 1;
             events.push(StoredEvent {
                 seq,
                 run_id: rid.clone(),
-                event: event.clone(),
+                event,
             });
         }
         fp.check(FailPoint::AfterEvents)?;
 
-        let old_thread = self.threads.get(tid).cloned();
+        let old_thread = self.threads.get(&tid).cloned();
         let mut thread = old_thread.clone().unwrap_or(ThreadRow {
             state_revision: 0,
             latest_run_id: None,
-            created_at: c.run.updated_at,
-            updated_at: c.run.updated_at,
+            created_at: now,
+            updated_at: now,
         });
-        if !c.thread_state.values.is_empty() {
-            thread.state_revision = c.thread_state.revision;
+        if let Some(revision) = thread_revision {
+            thread.state_revision = revision;
         }
-        thread.latest_run_id = Some(rid.clone());
-        thread.updated_at = c.run.updated_at;
+        thread.latest_run_id = Some(rid);
+        thread.updated_at = now;
         undo.push(Undo::Thread(old_thread));
-        self.threads.insert(tid.clone(), thread);
+        self.threads.insert(tid, thread);
 
         Ok(CommitReceipt {
             message_count,
@@ -250,9 +268,9 @@ impl Inner {
         })
     }
 
-    fn rollback(&mut self, c: &ThreadCommit, undo: Vec<Undo>) {
-        let tid = &c.thread_id;
-        let rid = &c.run.run_id;
+    fn rollback(&mut self, ids: &CommitIds, undo: Vec<Undo>) {
+        let tid = &ids.thread_id;
+        let rid = &ids.run_id;
         for op in undo.into_iter().rev() {
             match op {
                 Undo::Messages(len) => {
@@ -265,7 +283,7 @@ impl Inner {
                         e.truncate(len);
                     }
                 }
-                Undo::Run(old) => restore(&mut self.runs, rid, old.map(|b| *b)),
+                Undo::Run(old) => restore(&mut self.runs, rid, old),
                 Undo::Thread(old) => restore(&mut self.threads, tid, old),
                 Undo::RunKey(k, old) => {
                     if let Some(m) = self.run_state.get_mut(rid) {
@@ -278,8 +296,7 @@ impl Inner {
                     }
                 }
                 Undo::ProfileKey(k, old) => {
-                    if let Some(m) = c
-                        .run
+                    if let Some(m) = ids
                         .profile_id
                         .as_ref()
                         .and_then(|p| self.profiles.get_mut(p))
@@ -353,11 +370,16 @@ impl ThreadStore for MemoryStore {
             .map_err(|v| StoreError::invalid(&commit.thread_id, v))?;
         let mut inner = self.lock();
         inner.check(&commit)?;
+        let ids = CommitIds {
+            thread_id: commit.thread_id.clone(),
+            run_id: commit.run.run_id.clone(),
+            profile_id: commit.run.profile_id.clone(),
+        };
         let mut undo = Vec::new();
-        match inner.apply(&commit, &self.failpoints, &mut undo) {
+        match inner.apply(commit, &self.failpoints, &mut undo) {
             Ok(receipt) => Ok(receipt),
             Err(e) => {
-                inner.rollback(&commit, undo);
+                inner.rollback(&ids, undo);
                 Err(e)
             }
         }
@@ -466,6 +488,7 @@ impl ThreadStore for MemoryStore {
         let mut free: Vec<&mut RunRow> = inner
             .runs
             .values_mut()
+            .map(|r| &mut **r)
             .filter(|r| {
                 r.record.status != RunStatus::Done
                     && (r.lease_owner.is_none() || r.lease_expires_at.is_none_or(|t| t <= now))

@@ -196,3 +196,67 @@ pub trait ThreadStore: Send + Sync {
     /// Gives `lease` up; `false` if it was not held any more.
     async fn release(&self, lease: &LeaseToken) -> Result<bool, StoreError>;
 }
+
+/// A shared store is a store (the runtime and a recovery task can hold one `Arc`).
+#[async_trait]
+impl<T: ThreadStore + ?Sized> ThreadStore for std::sync::Arc<T> {
+    async fn commit(&self, commit: ThreadCommit) -> Result<CommitReceipt, StoreError> {
+        (**self).commit(commit).await
+    }
+
+    async fn load_checkpoint(
+        &self,
+        thread_id: &ThreadId,
+    ) -> Result<Option<Checkpoint>, StoreError> {
+        (**self).load_checkpoint(thread_id).await
+    }
+
+    async fn load_profile(&self, profile_id: &ProfileId) -> Result<ProfileState, StoreError> {
+        (**self).load_profile(profile_id).await
+    }
+
+    async fn list_threads(&self) -> Result<Vec<ThreadSummary>, StoreError> {
+        (**self).list_threads().await
+    }
+
+    async fn list_runs(&self, thread_id: &ThreadId) -> Result<Vec<RunRecord>, StoreError> {
+        (**self).list_runs(thread_id).await
+    }
+
+    async fn load_events(
+        &self,
+        thread_id: &ThreadId,
+        since: u64,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        (**self).load_events(thread_id, since).await
+    }
+
+    async fn delete_thread(&self, thread_id: &ThreadId) -> Result<bool, StoreError> {
+        (**self).delete_thread(thread_id).await
+    }
+
+    async fn claim_runnable(
+        &self,
+        worker_id: &str,
+        lease_duration: Duration,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<ClaimedRun>, StoreError> {
+        (**self)
+            .claim_runnable(worker_id, lease_duration, now, limit)
+            .await
+    }
+
+    async fn heartbeat(
+        &self,
+        lease: &LeaseToken,
+        lease_duration: Duration,
+        now: Timestamp,
+    ) -> Result<Timestamp, StoreError> {
+        (**self).heartbeat(lease, lease_duration, now).await
+    }
+
+    async fn release(&self, lease: &LeaseToken) -> Result<bool, StoreError> {
+        (**self).release(lease).await
+    }
+}

@@ -15,7 +15,7 @@ pub async fn memory(_test: &str) -> Option<Harness> {
     let store = Arc::new(MemoryStore::new());
     let armed = Arc::clone(&store);
     Some(Harness {
-        store: Box::new(ArcStore(store)),
+        store: Box::new(store),
         arm: Box::new(move |p| armed.arm_failpoint(p)),
         _guard: None,
     })
@@ -100,80 +100,6 @@ pub async fn postgres(test: &str) -> Option<Harness> {
         arm: Box::new(move |p| armed.arm_failpoint(p)),
         _guard: None,
     })
-}
-
-/// `Arc<MemoryStore>` as a store (the harness keeps another handle to arm failpoints).
-struct ArcStore(Arc<MemoryStore>);
-
-#[async_trait::async_trait]
-impl awaken_store::ThreadStore for ArcStore {
-    async fn commit(
-        &self,
-        commit: awaken_store::ThreadCommit,
-    ) -> Result<awaken_store::CommitReceipt, awaken_store::StoreError> {
-        self.0.commit(commit).await
-    }
-    async fn load_checkpoint(
-        &self,
-        thread_id: &awaken_event::ThreadId,
-    ) -> Result<Option<awaken_store::Checkpoint>, awaken_store::StoreError> {
-        self.0.load_checkpoint(thread_id).await
-    }
-    async fn load_profile(
-        &self,
-        profile_id: &awaken_event::ProfileId,
-    ) -> Result<awaken_store::ProfileState, awaken_store::StoreError> {
-        self.0.load_profile(profile_id).await
-    }
-    async fn list_threads(
-        &self,
-    ) -> Result<Vec<awaken_store::ThreadSummary>, awaken_store::StoreError> {
-        self.0.list_threads().await
-    }
-    async fn list_runs(
-        &self,
-        thread_id: &awaken_event::ThreadId,
-    ) -> Result<Vec<awaken_store::RunRecord>, awaken_store::StoreError> {
-        self.0.list_runs(thread_id).await
-    }
-    async fn load_events(
-        &self,
-        thread_id: &awaken_event::ThreadId,
-        since: u64,
-    ) -> Result<Vec<awaken_store::StoredEvent>, awaken_store::StoreError> {
-        self.0.load_events(thread_id, since).await
-    }
-    async fn delete_thread(
-        &self,
-        thread_id: &awaken_event::ThreadId,
-    ) -> Result<bool, awaken_store::StoreError> {
-        self.0.delete_thread(thread_id).await
-    }
-    async fn claim_runnable(
-        &self,
-        worker_id: &str,
-        lease_duration: std::time::Duration,
-        now: awaken_store::Timestamp,
-        limit: usize,
-    ) -> Result<Vec<awaken_store::ClaimedRun>, awaken_store::StoreError> {
-        self.0
-            .claim_runnable(worker_id, lease_duration, now, limit)
-            .await
-    }
-    async fn heartbeat(
-        &self,
-        lease: &awaken_store::LeaseToken,
-        lease_duration: std::time::Duration,
-        now: awaken_store::Timestamp,
-    ) -> Result<awaken_store::Timestamp, awaken_store::StoreError> {
-        self.0.heartbeat(lease, lease_duration, now).await
-    }
-    async fn release(
-        &self,
-        lease: &awaken_store::LeaseToken,
-    ) -> Result<bool, awaken_store::StoreError> {
-        self.0.release(lease).await
-    }
 }
 
 /// One `#[tokio::test]` per conformance function and backend.

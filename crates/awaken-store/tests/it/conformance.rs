@@ -715,6 +715,14 @@ pub async fn lease_claim_expiry_takeover(h: &Harness) {
         .await
         .expect("r1 holder");
 
+    // A lease that expired but that nobody claimed since is still the holder's.
+    assert_eq!(
+        s.heartbeat(&r1, lease, at(70_000))
+            .await
+            .expect("late heartbeat"),
+        at(100_000)
+    );
+
     // Release frees the run for the next claimer; finishing a run drops its lease.
     assert!(s.release(&r2_new).await.expect("release"));
     let again = s
