@@ -794,6 +794,12 @@ impl ThreadStore for PostgresStore {
         let mut conn = self.pool.get().await?;
         let tx = conn.transaction().await?;
         let tid = thread_id.as_str();
+        // Lock the thread row first, in the same order as a commit, so the two cannot deadlock.
+        tx.execute(
+            "SELECT 1 FROM threads WHERE thread_id = $1 FOR UPDATE",
+            &[&tid],
+        )
+        .await?;
         tx.execute(
             "DELETE FROM run_state WHERE run_id IN (SELECT run_id FROM runs WHERE thread_id = $1)",
             &[&tid],

@@ -3,4 +3,5 @@
 
 mod backends;
 mod conformance;
+mod postgres_only;
 mod sqlite_only;

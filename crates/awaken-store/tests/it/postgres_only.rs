@@ -1,0 +1,67 @@
+//! PostgreSQL-specific checks: two stores (two workers' pools) on one database.
+
+use std::time::Duration;
+
+use awaken_store::{PostgresConfig, PostgresStore, StoreError, ThreadStore};
+
+use crate::backends::postgres_store;
+use crate::conformance::{at, step, tid};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_share_one_database() {
+    let Some(a) = postgres_store("two_workers").await else {
+        return;
+    };
+    let url = crate::backends::postgres_url().expect("url is set when the store exists");
+    let b = PostgresStore::connect(
+        PostgresConfig::new(url)
+            .with_schema("awaken_t_two_workers")
+            .with_max_connections(2),
+    )
+    .await
+    .expect("second worker");
+    for i in 0..8i64 {
+        a.commit(step(&format!("t{i}"), &format!("r{i}"), 0, 1, 1_000 + i))
+            .await
+            .expect("commit");
+    }
+    // Both claim at once: together they get every run, never the same one.
+    let lease = Duration::from_secs(5);
+    let (ca, cb) = tokio::join!(
+        a.claim_runnable("worker-a", lease, at(2_000), 8),
+        b.claim_runnable("worker-b", lease, at(2_000), 8),
+    );
+    let mut ids: Vec<String> = ca
+        .expect("claim a")
+        .into_iter()
+        .chain(cb.expect("claim b"))
+        .map(|c| c.run.run_id.to_string())
+        .collect();
+    ids.sort();
+    assert_eq!(ids, (0..8).map(|i| format!("r{i}")).collect::<Vec<_>>());
+    // Both write the same thread with the same guard: one wins, the other sees the new count.
+    let (wa, wb) = tokio::join!(
+        a.commit(step("t0", "r0", 2, 2, 3_000)),
+        b.commit(step("t0", "r0", 2, 3, 3_001)),
+    );
+    assert_eq!(
+        u8::from(wa.is_ok()) + u8::from(wb.is_ok()),
+        1,
+        "{wa:?} {wb:?}"
+    );
+    let loser = if wa.is_ok() { wb } else { wa };
+    assert!(matches!(
+        loser,
+        Err(StoreError::VersionConflict {
+            expected: 2,
+            actual: 4
+        })
+    ));
+    // What one worker wrote, the other reads.
+    let cp = b
+        .load_checkpoint(&tid("t0"))
+        .await
+        .expect("load")
+        .expect("thread");
+    assert_eq!(cp.messages.len(), 4);
+}
