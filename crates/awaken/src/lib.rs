@@ -2,21 +2,37 @@
 //! a phase engine for plugins, durable tool-call checkpoints and a neutral event stream.
 //!
 //! This umbrella crate re-exports each layer as a module (`awaken::event`, `awaken::spec`,
-//! `awaken::state`, ...) plus a short [`prelude`]. Depend on it, or on a single sub-crate when
-//! you need only one layer. It adds nothing of its own.
+//! `awaken::state`, `awaken::phase`, `awaken::tool`, `awaken::llm`, `awaken::plugin`,
+//! `awaken::resolver`, `awaken::runtime`) plus a short [`prelude`]. Depend on it, or on a single
+//! sub-crate when you need only one layer. It adds nothing of its own.
 
 pub use awaken_event as event;
+pub use awaken_llm as llm;
+pub use awaken_phase as phase;
+pub use awaken_plugin as plugin;
+pub use awaken_resolver as resolver;
+pub use awaken_runtime as runtime;
 pub use awaken_spec as spec;
 pub use awaken_state as state;
+pub use awaken_tool as tool;
 
 /// The names most programs need.
 pub mod prelude {
     pub use awaken_event::{
         AgentEvent, EventSink, Message, RunId, TerminationReason, ThreadId, ToolCall, ToolCallId,
-        ToolDescriptor, ToolResult,
+        ToolDescriptor, ToolResult, VecSink,
     };
+    pub use awaken_llm::{LlmExecutor, ScriptTurn, ScriptedExecutor};
+    pub use awaken_plugin::{Plugin, PluginManifest, PluginRegistrar};
+    pub use awaken_runtime::{AgentRuntime, AgentRuntimeBuilder, RunActivation, RunOutcome};
     pub use awaken_spec::{AgentSpec, ContextPolicy, InferenceOverride, ModelSpec};
+    pub use awaken_tool::{Tool, ToolCallContext, ToolError, ToolOutput};
 }
+
+// The README's Rust code blocks are compiled and run as doc tests, so the quickstart stays true.
+#[doc = include_str!("../../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
 
 #[cfg(test)]
 mod tests {

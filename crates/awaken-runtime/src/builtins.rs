@@ -1,0 +1,334 @@
+//! The built-in plugins every agent gets (always active, whatever its activation filter): the
+//! loop's actions and the stop conditions. Context management joins them when the agent sets a
+//! context policy (a later layer).
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use awaken_event::TokenUsage;
+use awaken_phase::{ActionHandler, HookError, Phase, PhaseContext, ScheduledActionSpec};
+use awaken_plugin::{Plugin, PluginError, PluginManifest, PluginRegistrar};
+use awaken_resolver::BuiltinPlugins;
+use awaken_spec::{AgentSpec, InferenceOverride, ModelSpec};
+use awaken_state::{KeyOptions, KeyScope, StateCommand, StateError, StateKey};
+use serde::{Deserialize, Serialize};
+
+/// Id of the loop-actions plugin.
+pub const LOOP_ACTIONS_PLUGIN: &str = "awaken.loop_actions";
+/// Id of the stop-conditions plugin.
+pub const STOP_CONDITIONS_PLUGIN: &str = "awaken.stop_conditions";
+
+/// What `BeforeInference` actions asked for the current step. Directives of an earlier step
+/// are discarded by the reducer, so nothing leaks into the next step.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct StepDirectives {
+    /// The step these directives belong to.
+    pub step: u32,
+    /// Context messages added to this step's request.
+    pub context_messages: Vec<String>,
+    /// This step's inference override (highest precedence).
+    pub inference: InferenceOverride,
+    /// Tools removed from this step's request.
+    pub excluded_tools: Vec<String>,
+    /// If set, only these tools are offered in this step.
+    pub include_only: Option<Vec<String>>,
+}
+
+/// A change to [`StepDirectives`], tagged with its step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DirectiveUpdate {
+    /// The step it applies to.
+    pub step: u32,
+    /// The change.
+    pub change: DirectiveChange,
+}
+
+/// One directive.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum DirectiveChange {
+    /// Add a context message.
+    AddContextMessage {
+        /// Its text.
+        text: String,
+    },
+    /// Layer an inference override.
+    SetInferenceOverride {
+        /// The override.
+        inference: InferenceOverride,
+    },
+    /// Remove a tool.
+    ExcludeTool {
+        /// The tool id.
+        tool: String,
+    },
+    /// Offer only these tools.
+    IncludeOnlyTools {
+        /// The tool ids.
+        tools: Vec<String>,
+    },
+}
+
+/// The state key of [`StepDirectives`] (ephemeral: a step is never resumed half-way through
+/// its `BeforeInference`).
+pub struct StepDirectivesKey;
+
+impl StateKey for StepDirectivesKey {
+    const KEY: &'static str = "awaken.loop.step_directives";
+    type Value = StepDirectives;
+    type Update = DirectiveUpdate;
+
+    fn apply(value: &mut StepDirectives, update: DirectiveUpdate) -> Result<(), StateError> {
+        if value.step != update.step {
+            *value = StepDirectives {
+                step: update.step,
+                ..StepDirectives::default()
+            };
+        }
+        match update.change {
+            DirectiveChange::AddContextMessage { text } => value.context_messages.push(text),
+            DirectiveChange::SetInferenceOverride { inference } => {
+                value.inference = value.inference.merge(&inference)
+            }
+            DirectiveChange::ExcludeTool { tool } => value.excluded_tools.push(tool),
+            DirectiveChange::IncludeOnlyTools { tools } => value.include_only = Some(tools),
+        }
+        Ok(())
+    }
+}
+
+macro_rules! directive_action {
+    ($(#[$doc:meta])* $name:ident, $key:literal, $payload:ty, |$p:ident| $change:expr) => {
+        $(#[$doc])*
+        pub struct $name;
+        impl ScheduledActionSpec for $name {
+            const KEY: &'static str = $key;
+            const PHASE: Phase = Phase::BeforeInference;
+            type Payload = $payload;
+        }
+        #[async_trait]
+        impl ActionHandler<$name> for LoopActionHandler {
+            async fn handle(&self, ctx: &PhaseContext, $p: $payload) -> Result<StateCommand, HookError> {
+                Ok(StateCommand::new().with_update::<StepDirectivesKey>(DirectiveUpdate { step: ctx.step, change: $change }))
+            }
+        }
+    };
+}
+
+/// Handles the loop's `BeforeInference` actions.
+pub struct LoopActionHandler;
+
+directive_action!(
+    /// Adds a context message to this step's request: payload is the text.
+    AddContextMessage, "awaken.loop.add_context_message", String, |text| DirectiveChange::AddContextMessage { text }
+);
+directive_action!(
+    /// Layers an inference override over this step's request.
+    SetInferenceOverride, "awaken.loop.set_inference_override", InferenceOverride,
+    |inference| DirectiveChange::SetInferenceOverride { inference }
+);
+directive_action!(
+    /// Removes a tool from this step's request: payload is the tool id.
+    ExcludeTool, "awaken.loop.exclude_tool", String, |tool| DirectiveChange::ExcludeTool { tool }
+);
+directive_action!(
+    /// Offers only these tools in this step's request.
+    IncludeOnlyTools, "awaken.loop.include_only_tools", Vec<String>, |tools| DirectiveChange::IncludeOnlyTools { tools }
+);
+
+/// The loop-actions plugin.
+pub struct LoopActionsPlugin {
+    manifest: PluginManifest,
+}
+
+impl Default for LoopActionsPlugin {
+    fn default() -> Self {
+        Self {
+            manifest: PluginManifest::new(LOOP_ACTIONS_PLUGIN),
+        }
+    }
+}
+
+impl Plugin for LoopActionsPlugin {
+    fn manifest(&self) -> &PluginManifest {
+        &self.manifest
+    }
+
+    fn register(&self, r: &mut PluginRegistrar) -> Result<(), PluginError> {
+        r.register_key::<StepDirectivesKey>(KeyOptions::new().with_scope(KeyScope::Ephemeral))?;
+        r.register_scheduled_action::<AddContextMessage, _>(LoopActionHandler)?;
+        r.register_scheduled_action::<SetInferenceOverride, _>(LoopActionHandler)?;
+        r.register_scheduled_action::<ExcludeTool, _>(LoopActionHandler)?;
+        r.register_scheduled_action::<IncludeOnlyTools, _>(LoopActionHandler)
+    }
+}
+
+/// What the run has done so far, for stop conditions; carried over a resume.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct RunStats {
+    /// Inferences made.
+    pub inferences: u32,
+    /// Steps completed.
+    pub steps: u32,
+    /// Tool calls that failed in a row (reset by a success).
+    pub consecutive_errors: u32,
+    /// Token usage.
+    pub usage: TokenUsage,
+    /// Tools whose calls completed, in the latest step.
+    pub tools_in_step: Vec<String>,
+}
+
+/// A change to [`RunStats`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum StatsUpdate {
+    /// An inference with its usage.
+    Inference {
+        /// Its usage.
+        usage: TokenUsage,
+    },
+    /// A tool call closed.
+    ToolClosed {
+        /// The tool id.
+        tool: String,
+        /// Whether it failed.
+        failed: bool,
+    },
+    /// A step ended.
+    StepEnded,
+}
+
+/// The state key of [`RunStats`].
+pub struct RunStatsKey;
+
+impl StateKey for RunStatsKey {
+    const KEY: &'static str = "awaken.stop.run_stats";
+    type Value = RunStats;
+    type Update = StatsUpdate;
+
+    fn apply(value: &mut RunStats, update: StatsUpdate) -> Result<(), StateError> {
+        match update {
+            StatsUpdate::Inference { usage } => {
+                value.inferences = value.inferences.saturating_add(1);
+                value.usage.add(&usage);
+            }
+            StatsUpdate::ToolClosed { tool, failed } => {
+                value.consecutive_errors = if failed {
+                    value.consecutive_errors.saturating_add(1)
+                } else {
+                    0
+                };
+                value.tools_in_step.push(tool);
+            }
+            StatsUpdate::StepEnded => {
+                value.steps = value.steps.saturating_add(1);
+                value.tools_in_step.clear();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A stop asked by a plugin (first request wins).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StopRequest {
+    /// Machine-readable code.
+    pub code: String,
+    /// Human-readable detail.
+    pub detail: String,
+}
+
+/// The state key holding the first stop request.
+pub struct StopRequestKey;
+
+impl StateKey for StopRequestKey {
+    const KEY: &'static str = "awaken.stop.request";
+    type Value = Option<StopRequest>;
+    type Update = StopRequest;
+
+    fn apply(value: &mut Option<StopRequest>, update: StopRequest) -> Result<(), StateError> {
+        if value.is_none() {
+            *value = Some(update);
+        }
+        Ok(())
+    }
+}
+
+/// The action a plugin schedules to end the run as `Stopped { code, detail }` at the end of
+/// the current step.
+pub struct RequestStop;
+
+impl ScheduledActionSpec for RequestStop {
+    const KEY: &'static str = "awaken.stop.request_stop";
+    const PHASE: Phase = Phase::StepEnd;
+    type Payload = StopRequest;
+}
+
+/// Records stop requests.
+pub struct RequestStopHandler;
+
+#[async_trait]
+impl ActionHandler<RequestStop> for RequestStopHandler {
+    async fn handle(
+        &self,
+        _ctx: &PhaseContext,
+        request: StopRequest,
+    ) -> Result<StateCommand, HookError> {
+        Ok(StateCommand::new().with_update::<StopRequestKey>(request))
+    }
+}
+
+/// The stop-conditions plugin: its keys and the `RequestStop` action; the loop evaluates the
+/// conditions after every step.
+pub struct StopConditionsPlugin {
+    manifest: PluginManifest,
+}
+
+impl Default for StopConditionsPlugin {
+    fn default() -> Self {
+        Self {
+            manifest: PluginManifest::new(STOP_CONDITIONS_PLUGIN),
+        }
+    }
+}
+
+impl Plugin for StopConditionsPlugin {
+    fn manifest(&self) -> &PluginManifest {
+        &self.manifest
+    }
+
+    fn register(&self, r: &mut PluginRegistrar) -> Result<(), PluginError> {
+        r.register_key::<RunStatsKey>(KeyOptions::new().with_scope(KeyScope::Run))?;
+        r.register_key::<StopRequestKey>(KeyOptions::new().with_scope(KeyScope::Run))?;
+        r.register_scheduled_action::<RequestStop, _>(RequestStopHandler)
+    }
+}
+
+/// The runtime's [`BuiltinPlugins`]: loop actions and stop conditions for every agent.
+#[derive(Clone)]
+pub struct RuntimeBuiltins {
+    loop_actions: Arc<dyn Plugin>,
+    stop_conditions: Arc<dyn Plugin>,
+}
+
+impl Default for RuntimeBuiltins {
+    fn default() -> Self {
+        Self {
+            loop_actions: Arc::new(LoopActionsPlugin::default()),
+            stop_conditions: Arc::new(StopConditionsPlugin::default()),
+        }
+    }
+}
+
+impl BuiltinPlugins for RuntimeBuiltins {
+    fn builtin_plugins(
+        &self,
+        _spec: &AgentSpec,
+        _model: &ModelSpec,
+    ) -> Result<Vec<Arc<dyn Plugin>>, String> {
+        Ok(vec![
+            self.loop_actions.clone(),
+            self.stop_conditions.clone(),
+        ])
+    }
+}

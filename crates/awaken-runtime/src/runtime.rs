@@ -1,0 +1,344 @@
+//! `AgentRuntimeBuilder`, `AgentRuntime`, run requests and outcomes.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use awaken_event::{
+    CancellationToken, EventSink, Message, NullSink, ProfileId, RunId, TerminationReason, ThreadId,
+    TokenUsage,
+};
+use awaken_llm::LlmExecutor;
+use awaken_plugin::{Plugin, PluginRegistry};
+use awaken_resolver::{RegistrationError, Registries, ResolveError, Resolver, ValidationFailed};
+use awaken_spec::{AgentSpec, InferenceOverride, ModelSpec};
+use awaken_tool::Tool;
+
+use crate::builtins::RuntimeBuiltins;
+
+/// Where run ids and times come from; tests make both deterministic.
+pub trait IdSource: Send + Sync {
+    /// A new, unique run id.
+    fn next_run_id(&self) -> RunId;
+    /// Milliseconds since the Unix epoch (or any monotonic origin the caller chooses).
+    fn now_ms(&self) -> u64;
+}
+
+/// Run ids `run-1`, `run-2`, ... and a clock that advances 1 ms per reading.
+#[derive(Debug, Default)]
+pub struct SequentialIds {
+    runs: AtomicU64,
+    clock: AtomicU64,
+}
+
+impl IdSource for SequentialIds {
+    fn next_run_id(&self) -> RunId {
+        let n = self.runs.fetch_add(1, Ordering::Relaxed) + 1;
+        RunId::new(format!("run-{n}"))
+            .unwrap_or_else(|e| unreachable!("generated ids are valid: {e}"))
+    }
+    fn now_ms(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// Run ids from the wall clock and a counter; the system clock.
+#[derive(Debug, Default)]
+pub struct SystemIds {
+    counter: AtomicU64,
+}
+
+impl IdSource for SystemIds {
+    fn next_run_id(&self) -> RunId {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        RunId::new(format!("run-{nanos:x}-{n:x}"))
+            .unwrap_or_else(|e| unreachable!("generated ids are valid: {e}"))
+    }
+    fn now_ms(&self) -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+}
+
+/// A request to run an agent on a thread.
+#[derive(Debug, Clone)]
+pub struct RunActivation {
+    /// The thread.
+    pub thread_id: ThreadId,
+    /// The agent.
+    pub agent_id: String,
+    /// New messages (usually one user message).
+    pub messages: Vec<Message>,
+    /// The profile whose profile-scoped state the run sees.
+    pub profile_id: Option<ProfileId>,
+    /// A run-level inference override (between the agent's default and step overrides).
+    pub inference: Option<InferenceOverride>,
+    /// Cancels the run when cancelled.
+    pub cancel: CancellationToken,
+}
+
+impl RunActivation {
+    /// A run of `agent_id` on `thread_id` with no new messages.
+    pub fn new(thread_id: ThreadId, agent_id: impl Into<String>) -> Self {
+        Self {
+            thread_id,
+            agent_id: agent_id.into(),
+            messages: Vec::new(),
+            profile_id: None,
+            inference: None,
+            cancel: CancellationToken::new(),
+        }
+    }
+
+    /// Adds a user message.
+    pub fn with_user_message(mut self, text: impl Into<String>) -> Self {
+        self.messages.push(Message::user(text));
+        self
+    }
+
+    /// Adds a message.
+    pub fn with_message(mut self, message: Message) -> Self {
+        self.messages.push(message);
+        self
+    }
+
+    /// Sets the profile.
+    pub fn with_profile(mut self, profile_id: ProfileId) -> Self {
+        self.profile_id = Some(profile_id);
+        self
+    }
+
+    /// Sets the run-level inference override.
+    pub fn with_inference(mut self, inference: InferenceOverride) -> Self {
+        self.inference = Some(inference);
+        self
+    }
+
+    /// A handle that cancels this run.
+    pub fn handle(&self) -> RunHandle {
+        RunHandle {
+            cancel: self.cancel.clone(),
+        }
+    }
+}
+
+/// Cancels a run from anywhere.
+#[derive(Debug, Clone)]
+pub struct RunHandle {
+    cancel: CancellationToken,
+}
+
+impl RunHandle {
+    /// Cancels the run: it ends as `Cancelled` at its next await point.
+    pub fn cancel(&self) {
+        self.cancel.cancel();
+    }
+
+    /// Whether the run was cancelled.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunOutcome {
+    /// The run.
+    pub run_id: RunId,
+    /// Why it ended.
+    pub termination: TerminationReason,
+    /// The last assistant text, if any.
+    pub response: Option<String>,
+    /// Steps taken in this activation.
+    pub steps: u32,
+    /// Token usage of the run.
+    pub usage: TokenUsage,
+}
+
+/// Why a run could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// The agent did not resolve.
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
+    /// The agent is served by an execution backend, which this runtime does not run yet.
+    #[error(
+        "agent `{agent_id}` runs on execution backend `{backend}`, which this runtime cannot drive yet"
+    )]
+    BackendPlan {
+        /// The agent.
+        agent_id: String,
+        /// The backend.
+        backend: String,
+    },
+}
+
+/// Why `build` failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// Duplicate ids or invalid registrations (reported by `build_unchecked` too).
+    #[error("registration failed: {}", errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Registration {
+        /// Every recorded error.
+        errors: Vec<RegistrationError>,
+    },
+    /// An agent failed its dry resolution.
+    #[error(transparent)]
+    ValidationFailed(#[from] ValidationFailed),
+}
+
+/// Collects registries and settings, then builds an [`AgentRuntime`].
+pub struct AgentRuntimeBuilder {
+    registries: Registries,
+    ids: Arc<dyn IdSource>,
+}
+
+impl Default for AgentRuntimeBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl AgentRuntimeBuilder {
+    /// An empty builder with system ids.
+    pub fn new() -> Self {
+        Self {
+            registries: Registries::new(),
+            ids: Arc::new(SystemIds::default()),
+        }
+    }
+
+    /// Adds an agent spec.
+    pub fn with_agent_spec(mut self, spec: AgentSpec) -> Self {
+        self.registries.add_agent_spec(spec);
+        self
+    }
+
+    /// Adds agent specs.
+    pub fn with_agent_specs(mut self, specs: impl IntoIterator<Item = AgentSpec>) -> Self {
+        for s in specs {
+            self.registries.add_agent_spec(s);
+        }
+        self
+    }
+
+    /// Adds a global tool.
+    pub fn with_tool(mut self, tool: Arc<dyn Tool>) -> Self {
+        self.registries.add_tool(tool);
+        self
+    }
+
+    /// Adds a model.
+    pub fn with_model(mut self, model: ModelSpec) -> Self {
+        self.registries.add_model(model);
+        self
+    }
+
+    /// Adds a provider executor.
+    pub fn with_provider(mut self, id: impl Into<String>, executor: Arc<dyn LlmExecutor>) -> Self {
+        self.registries.add_provider(id, executor);
+        self
+    }
+
+    /// Adds a plugin to the plugin source.
+    pub fn with_plugin(mut self, plugin: Arc<dyn Plugin>) -> Self {
+        self.registries.add_plugin(plugin);
+        self
+    }
+
+    /// Adds a plugin registry (plugins and agent definitions).
+    pub fn with_plugin_registry(mut self, registry: Arc<PluginRegistry>) -> Self {
+        self.registries.add_plugin_registry(registry);
+        self
+    }
+
+    /// Sets the id and clock source.
+    pub fn with_ids(mut self, ids: Arc<dyn IdSource>) -> Self {
+        self.ids = ids;
+        self
+    }
+
+    /// Builds the runtime and dry-resolves every agent; every problem is reported at once.
+    pub fn build(self) -> Result<AgentRuntime, BuildError> {
+        let runtime = self.build_unchecked()?;
+        runtime.resolver.validate()?;
+        Ok(runtime)
+    }
+
+    /// Builds without the dry resolution; duplicate ids are still reported.
+    pub fn build_unchecked(self) -> Result<AgentRuntime, BuildError> {
+        if !self.registries.errors().is_empty() {
+            return Err(BuildError::Registration {
+                errors: self.registries.errors().to_vec(),
+            });
+        }
+        let resolver = Resolver::new(
+            Arc::new(self.registries),
+            Arc::new(RuntimeBuiltins::default()),
+        );
+        Ok(AgentRuntime {
+            resolver,
+            ids: self.ids,
+            threads: Arc::default(),
+        })
+    }
+}
+
+/// Runs agents. Cheap to clone.
+#[derive(Clone)]
+pub struct AgentRuntime {
+    pub(crate) resolver: Resolver,
+    pub(crate) ids: Arc<dyn IdSource>,
+    /// Thread histories, kept in memory.
+    pub(crate) threads: Arc<Mutex<HashMap<ThreadId, Arc<Vec<Message>>>>>,
+}
+
+impl std::fmt::Debug for AgentRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentRuntime").finish_non_exhaustive()
+    }
+}
+
+impl AgentRuntime {
+    /// A builder.
+    pub fn builder() -> AgentRuntimeBuilder {
+        AgentRuntimeBuilder::new()
+    }
+
+    /// The resolver (every run resolves its agent afresh through it).
+    pub fn resolver(&self) -> &Resolver {
+        &self.resolver
+    }
+
+    /// The thread's history as the runtime holds it.
+    pub fn history(&self, thread_id: &ThreadId) -> Vec<Message> {
+        let threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+        threads
+            .get(thread_id)
+            .map(|h| h.as_ref().clone())
+            .unwrap_or_default()
+    }
+
+    /// Runs `activation` to its end, streaming events to `sink`.
+    pub async fn run(
+        &self,
+        activation: RunActivation,
+        sink: &dyn EventSink,
+    ) -> Result<RunOutcome, RunError> {
+        crate::run::run(self, activation, sink).await
+    }
+
+    /// Runs `activation` to its end without streaming.
+    pub async fn run_to_completion(
+        &self,
+        activation: RunActivation,
+    ) -> Result<RunOutcome, RunError> {
+        self.run(activation, &NullSink).await
+    }
+}

@@ -1,0 +1,568 @@
+//! The loop's behaviour, scenario by scenario.
+
+use std::sync::Arc;
+
+use awaken_event::{CancellationToken, ResumeMode, SuspendTicket, TerminationReason, ToolResult};
+use awaken_llm::{ScriptToolCall, ScriptTurn};
+use awaken_phase::{CommandExt, FnHook, Phase, PhaseContext};
+use awaken_plugin::{Plugin, PluginError, PluginManifest, PluginRegistrar};
+use awaken_runtime::*;
+use awaken_spec::{InferenceOverride, StopConditionSpec};
+use awaken_state::StateCommand;
+use awaken_tool::{FnGate, ToolInterceptPayload, pending_call};
+use serde_json::json;
+
+use crate::support::*;
+
+fn call(id: &str, name: &str, args: serde_json::Value) -> ScriptTurn {
+    ScriptTurn::text("").with_tool_call(ScriptToolCall::new(name, args).with_id(id))
+}
+
+/// A plugin built from a registration closure.
+struct P {
+    manifest: PluginManifest,
+    register: Box<dyn Fn(&mut PluginRegistrar) -> Result<(), PluginError> + Send + Sync>,
+}
+
+fn plugin(
+    id: &str,
+    f: impl Fn(&mut PluginRegistrar) -> Result<(), PluginError> + Send + Sync + 'static,
+) -> Arc<dyn Plugin> {
+    Arc::new(P {
+        manifest: PluginManifest::new(id),
+        register: Box::new(f),
+    })
+}
+
+impl Plugin for P {
+    fn manifest(&self) -> &PluginManifest {
+        &self.manifest
+    }
+    fn register(&self, r: &mut PluginRegistrar) -> Result<(), PluginError> {
+        (self.register)(r)
+    }
+}
+
+#[tokio::test]
+async fn natural_end() {
+    let out = Scenario::new(vec![ScriptTurn::deltas(["Hel", "lo"])])
+        .run()
+        .await;
+    expect_test::expect![[r#"
+        run_start run-1 resumed=false
+        step_start 1
+        text "Hel"
+        text "lo"
+        inference upstream-model
+        step_end 1
+        run_finish natural_end response=Some("Hello") tokens=0
+    "#]]
+    .assert_eq(&render(&out.events));
+    assert_eq!(out.outcome.steps, 1);
+    assert_eq!(
+        out.runtime
+            .history(&awaken_event::ThreadId::new("thread").expect("id"))
+            .len(),
+        2
+    );
+}
+
+#[tokio::test]
+async fn multi_step_tool_use() {
+    let out = Scenario::new(vec![
+        call("c1", "echo", json!({"text": "one"})),
+        call("c2", "echo", json!({"text": "two"})),
+        ScriptTurn::text("done"),
+    ])
+    .run()
+    .await;
+    expect_test::expect![[r#"
+        run_start run-1 resumed=false
+        step_start 1
+        call_start c1 echo
+        inference upstream-model
+        call_ready c1 {"text":"one"}
+        call_done c1 succeeded {"echoed":"one"}
+        step_end 1
+        step_start 2
+        call_start c2 echo
+        inference upstream-model
+        call_ready c2 {"text":"two"}
+        call_done c2 succeeded {"echoed":"two"}
+        step_end 2
+        step_start 3
+        text "done"
+        inference upstream-model
+        step_end 3
+        run_finish natural_end response=Some("done") tokens=0
+    "#]]
+    .assert_eq(&render(&out.events));
+    // The third request carries both calls and both results, in order.
+    let requests = out.executor.requests();
+    assert_eq!(requests.len(), 3);
+    let roles: Vec<String> = requests[2]
+        .messages
+        .iter()
+        .map(|m| format!("{:?}", m.role))
+        .collect();
+    assert_eq!(
+        roles,
+        vec!["User", "Assistant", "Tool", "Assistant", "Tool"]
+    );
+    assert_eq!(requests[0].system_prompt.as_deref(), Some("Be brief."));
+}
+
+#[tokio::test]
+async fn max_rounds_caps_inferences_and_closes_the_last_calls() {
+    let out = Scenario::new(vec![
+        call("c1", "echo", json!({"text": "a"})),
+        ScriptTurn::text("")
+            .with_tool_call(ScriptToolCall::new("echo", json!({"text": "b"})).with_id("c2"))
+            .with_tool_call(ScriptToolCall::new("echo", json!({"text": "c"})).with_id("c3")),
+        ScriptTurn::text("never"),
+    ])
+    .spec(|s| s.with_max_rounds(2))
+    .run()
+    .await;
+    assert_eq!(
+        out.executor.requests().len(),
+        2,
+        "exactly max_rounds inferences"
+    );
+    let text = render(&out.events);
+    assert!(
+        text.contains("call_done c2 cancelled \"not executed: round limit\""),
+        "{text}"
+    );
+    assert!(
+        text.contains("call_done c3 cancelled \"not executed: round limit\""),
+        "{text}"
+    );
+    assert_eq!(
+        out.outcome.termination,
+        TerminationReason::stopped("max_rounds", "reached the limit of 2 inferences")
+    );
+}
+
+#[tokio::test]
+async fn unknown_tools_and_non_json_arguments_get_error_results() {
+    let out = Scenario::new(vec![
+        ScriptTurn::text("")
+            .with_tool_call(ScriptToolCall::new("no_such_tool", json!({})).with_id("c1"))
+            .with_tool_call(ScriptToolCall {
+                id: Some("c2".into()),
+                name: "echo".into(),
+                arguments: None,
+                raw_arguments: Some("{\"text\": ".into()),
+            })
+            .with_tool_call(ScriptToolCall::new("echo", json!({"txt": 1})).with_id("c3")),
+        ScriptTurn::text("sorry"),
+    ])
+    .run()
+    .await;
+    let text = render(&out.events);
+    assert!(
+        text.contains(
+            "call_done c1 failed \"unknown tool `no_such_tool`: it is not available to this agent\""
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "call_done c2 failed \"the arguments of `echo` are not valid JSON: {\\\"text\\\": \""
+        ),
+        "{text}"
+    );
+    assert!(text.contains("call_done c3 failed"), "{text}");
+    assert_eq!(out.outcome.termination, TerminationReason::NaturalEnd);
+}
+
+fn gate(decision: fn(&PhaseContext) -> Option<ToolInterceptPayload>) -> Arc<dyn Plugin> {
+    plugin("gatekeeper", move |r| {
+        r.register_tool_gate_hook(
+            "decide",
+            Arc::new(FnGate(move |ctx: &PhaseContext| Ok(decision(ctx)))),
+        )?;
+        r.register_phase_hook(
+            Phase::BeforeToolExecute,
+            "before",
+            Arc::new(FnHook(|ctx: &PhaseContext| {
+                tracing::info!(call = ?ctx.tool, "before tool execute");
+                Ok(StateCommand::new())
+            })),
+        )
+    })
+}
+
+#[tokio::test]
+async fn block_gives_the_model_an_error_and_the_run_goes_on() {
+    let out = Scenario::new(vec![
+        call("c1", "echo", json!({"text": "x"})),
+        ScriptTurn::text("ok"),
+    ])
+    .plugin(gate(|_| {
+        Some(ToolInterceptPayload::Block {
+            reason: "not today".into(),
+        })
+    }))
+    .run()
+    .await;
+    assert!(render(&out.events).contains("call_done c1 blocked \"not today\""));
+    assert_eq!(out.outcome.termination, TerminationReason::NaturalEnd);
+    assert_eq!(out.executor.requests().len(), 2);
+}
+
+#[tokio::test]
+async fn set_result_skips_the_tool() {
+    let out = Scenario::new(vec![
+        call("c1", "broken", json!({})),
+        ScriptTurn::text("ok"),
+    ])
+    .plugin(gate(|_| {
+        Some(ToolInterceptPayload::SetResult(ToolResult::success(json!(
+            "cached"
+        ))))
+    }))
+    .run()
+    .await;
+    assert!(
+        render(&out.events).contains("call_done c1 short_circuited \"cached\""),
+        "{}",
+        render(&out.events)
+    );
+}
+
+#[tokio::test]
+async fn suspend_ends_the_activation_suspended() {
+    let out = Scenario::new(vec![
+        call("c1", "echo", json!({"text": "x"})),
+        ScriptTurn::text("never"),
+    ])
+    .plugin(gate(|ctx| {
+        let call = &ctx.tool.as_ref().expect("tool phase").call;
+        Some(ToolInterceptPayload::Suspend(SuspendTicket {
+            suspension_id: "s1".into(),
+            call: pending_call(call),
+            message: "Allow echo?".into(),
+            response_schema: None,
+            resume_mode: ResumeMode::Replay,
+        }))
+    }))
+    .run()
+    .await;
+    let text = render(&out.events);
+    assert!(text.contains("call_suspended c1 \"Allow echo?\""), "{text}");
+    assert_eq!(out.outcome.termination, TerminationReason::Suspended);
+    assert_eq!(out.executor.requests().len(), 1);
+    assert!(
+        !text.contains("run_end"),
+        "RunEnd does not run for a suspension"
+    );
+}
+
+#[tokio::test]
+async fn the_phase_order_of_a_step_with_two_tool_calls() {
+    let log = Log::default();
+    let l = log.clone();
+    let recorder = plugin("recorder", move |r| {
+        for phase in Phase::ALL {
+            if phase == Phase::ToolGate {
+                let l = l.clone();
+                r.register_tool_gate_hook(
+                    "gate",
+                    Arc::new(FnGate(move |ctx: &PhaseContext| {
+                        l.push(format!(
+                            "tool_gate {}",
+                            ctx.tool.as_ref().expect("call").call.id
+                        ));
+                        Ok(None)
+                    })),
+                )?;
+                continue;
+            }
+            let l = l.clone();
+            r.register_phase_hook(
+                phase,
+                "record",
+                Arc::new(FnHook(move |ctx: &PhaseContext| {
+                    let call = ctx
+                        .tool
+                        .as_ref()
+                        .map(|t| format!(" {}", t.call.id))
+                        .unwrap_or_default();
+                    l.push(format!("{}{call}", ctx.phase));
+                    Ok(StateCommand::new())
+                })),
+            )?;
+        }
+        Ok(())
+    });
+    let _ = Scenario::new(vec![
+        ScriptTurn::text("")
+            .with_tool_call(ScriptToolCall::new("echo", json!({"text": "a"})).with_id("c1"))
+            .with_tool_call(ScriptToolCall::new("echo", json!({"text": "b"})).with_id("c2")),
+        ScriptTurn::text("done"),
+    ])
+    .plugin(recorder)
+    .run()
+    .await;
+    expect_test::expect![[r#"
+        run_start
+        step_start
+        before_inference
+        after_inference
+        tool_gate c1
+        before_tool_execute c1
+        after_tool_execute c1
+        tool_gate c2
+        before_tool_execute c2
+        after_tool_execute c2
+        step_end
+        step_start
+        before_inference
+        after_inference
+        step_end
+        run_end"#]]
+    .assert_eq(&log.lines().join("\n"));
+}
+
+#[tokio::test]
+async fn overrides_layer_agent_run_step_and_rename_the_model() {
+    let stepper = plugin("stepper", |r| {
+        r.register_phase_hook(
+            Phase::BeforeInference,
+            "tune",
+            Arc::new(FnHook(|_: &PhaseContext| {
+                let mut cmd = StateCommand::new();
+                cmd.schedule_action::<SetInferenceOverride>(
+                    InferenceOverride::default().with_max_tokens(7),
+                )?;
+                cmd.schedule_action::<AddContextMessage>("remember the context".into())?;
+                cmd.schedule_action::<ExcludeTool>("broken".into())?;
+                Ok(cmd)
+            })),
+        )
+    });
+    let out = Scenario::new(vec![ScriptTurn::text("ok")])
+        .spec(|s| {
+            s.with_inference(
+                InferenceOverride::default()
+                    .with_temperature(0.1)
+                    .with_max_tokens(100)
+                    .with_upstream_model("renamed"),
+            )
+        })
+        .plugin(stepper)
+        .activation(|a| a.with_inference(InferenceOverride::default().with_temperature(0.5)))
+        .run()
+        .await;
+    let request = &out.executor.requests()[0];
+    assert_eq!(request.overrides.temperature, Some(0.5), "run beats agent");
+    assert_eq!(request.overrides.max_tokens, Some(7), "step beats agent");
+    assert_eq!(
+        request.effective_model(),
+        "renamed",
+        "upstream_model renames within the provider"
+    );
+    assert_eq!(
+        request.messages.last().map(|m| m.text()),
+        Some("remember the context".into())
+    );
+    let tools: Vec<&str> = request.tools.iter().map(|t| t.id.as_str()).collect();
+    assert_eq!(tools, vec!["echo"]);
+    assert!(render(&out.events).contains("inference renamed"));
+}
+
+#[tokio::test]
+async fn step_directives_do_not_leak_into_the_next_step() {
+    let once = plugin("once", |r| {
+        r.register_phase_hook(
+            Phase::BeforeInference,
+            "first_step_only",
+            Arc::new(FnHook(|ctx: &PhaseContext| {
+                let mut cmd = StateCommand::new();
+                if ctx.step == 1 {
+                    cmd.schedule_action::<IncludeOnlyTools>(vec!["echo".into()])?;
+                    cmd.schedule_action::<AddContextMessage>("step one only".into())?;
+                }
+                Ok(cmd)
+            })),
+        )
+    });
+    let out = Scenario::new(vec![
+        call("c1", "echo", json!({"text": "x"})),
+        ScriptTurn::text("ok"),
+    ])
+    .plugin(once)
+    .run()
+    .await;
+    let requests = out.executor.requests();
+    assert_eq!(requests[0].tools.len(), 1);
+    assert_eq!(requests[1].tools.len(), 2);
+    assert!(
+        requests[1]
+            .messages
+            .iter()
+            .all(|m| m.text() != "step one only")
+    );
+}
+
+#[tokio::test]
+async fn the_activation_filter_reaches_the_loop() {
+    let loud = plugin("loud", |r| {
+        r.register_phase_hook(
+            Phase::BeforeInference,
+            "add",
+            Arc::new(FnHook(|_: &PhaseContext| {
+                let mut cmd = StateCommand::new();
+                cmd.schedule_action::<AddContextMessage>("from loud".into())?;
+                Ok(cmd)
+            })),
+        )
+    });
+    let out = Scenario::new(vec![ScriptTurn::text("ok")])
+        .plugin(loud)
+        .spec(|s| s.with_active_hook("someone-else"))
+        .run()
+        .await;
+    assert!(
+        out.executor.requests()[0]
+            .messages
+            .iter()
+            .all(|m| m.text() != "from loud")
+    );
+}
+
+#[tokio::test]
+async fn each_stop_condition() {
+    let budget = Scenario::new(vec![
+        call("c1", "echo", json!({"text": "x"})).with_usage(awaken_event::TokenUsage {
+            input_tokens: 60,
+            output_tokens: 50,
+            ..Default::default()
+        }),
+        ScriptTurn::text("never"),
+    ])
+    .spec(|s| {
+        s.with_stop_condition(StopConditionSpec::TokenBudget {
+            max_total_tokens: 100,
+        })
+    })
+    .run()
+    .await;
+    assert_eq!(
+        budget.outcome.termination,
+        TerminationReason::stopped("token_budget", "used 110 of 100 tokens")
+    );
+
+    let tool = Scenario::new(vec![
+        call("c1", "echo", json!({"text": "x"})),
+        ScriptTurn::text("never"),
+    ])
+    .spec(|s| {
+        s.with_stop_condition(StopConditionSpec::StopOnTool {
+            tool: "echo".into(),
+        })
+    })
+    .run()
+    .await;
+    assert_eq!(
+        tool.outcome.termination,
+        TerminationReason::stopped("stop_tool", "tool `echo` ran")
+    );
+
+    let errors = Scenario::new(vec![
+        call("c1", "broken", json!({})),
+        call("c2", "broken", json!({})),
+        ScriptTurn::text("never"),
+    ])
+    .spec(|s| s.with_stop_condition(StopConditionSpec::ConsecutiveErrors { max: 2 }))
+    .run()
+    .await;
+    assert_eq!(
+        errors.outcome.termination,
+        TerminationReason::stopped("consecutive_errors", "2 tool calls failed in a row")
+    );
+    assert_eq!(errors.executor.requests().len(), 2);
+
+    let stopper = plugin("stopper", |r| {
+        r.register_phase_hook(
+            Phase::AfterToolExecute,
+            "stop",
+            Arc::new(FnHook(|_: &PhaseContext| {
+                let mut cmd = StateCommand::new();
+                cmd.schedule_action::<RequestStop>(StopRequest {
+                    code: "quota".into(),
+                    detail: "plugin says so".into(),
+                })?;
+                Ok(cmd)
+            })),
+        )
+    });
+    let requested = Scenario::new(vec![
+        call("c1", "echo", json!({"text": "x"})),
+        ScriptTurn::text("never"),
+    ])
+    .plugin(stopper)
+    .run()
+    .await;
+    assert_eq!(
+        requested.outcome.termination,
+        TerminationReason::stopped("quota", "plugin says so")
+    );
+}
+
+#[tokio::test]
+async fn a_panicking_hook_ends_the_run_with_an_error_and_one_run_finish() {
+    let bomb = plugin("bomb", |r| {
+        r.register_phase_hook(
+            Phase::AfterInference,
+            "explode",
+            Arc::new(FnHook(|_: &PhaseContext| panic!("kaboom"))),
+        )
+    });
+    let out = Scenario::new(vec![ScriptTurn::text("hi")])
+        .plugin(bomb)
+        .run()
+        .await;
+    let TerminationReason::Error { message } = &out.outcome.termination else {
+        panic!("an error: {:?}", out.outcome)
+    };
+    assert!(
+        message.contains("hook `explode` of plugin `bomb` panicked in after_inference: kaboom"),
+        "{message}"
+    );
+    assert_eq!(
+        out.events
+            .iter()
+            .filter(|e| e.type_name() == "run_finish")
+            .count(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn cancellation_during_inference_ends_the_run_cancelled() {
+    let token = CancellationToken::new();
+    let t = token.clone();
+    let scenario = Scenario::new(vec![ScriptTurn::wait_for_cancel()]).activation(move |mut a| {
+        a.cancel = t;
+        a
+    });
+    let run = tokio::spawn(scenario.run());
+    // Wait until the run is parked on the scripted turn, then cancel.
+    tokio::task::yield_now().await;
+    token.cancel();
+    let out = run.await.expect("joined");
+    assert_eq!(out.outcome.termination, TerminationReason::Cancelled);
+    assert_eq!(
+        out.executor.requests().len(),
+        1,
+        "the run was parked on the inference when cancelled"
+    );
+    let text = render(&out.events);
+    assert!(
+        text.ends_with("run_finish cancelled response=None tokens=0\n"),
+        "{text}"
+    );
+}
