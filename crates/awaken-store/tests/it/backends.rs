@@ -5,9 +5,13 @@
 //! skipped and pass, unless `AWAKEN_REQUIRE_POSTGRES=1`, which turns a missing or unreachable
 //! server into a failure (CI sets it).
 
-use std::sync::{Arc, Once};
+use std::sync::Arc;
 
-use awaken_store::{MemoryStore, PostgresConfig, PostgresStore, SqliteConfig, SqliteStore};
+use awaken_store::MemoryStore;
+#[cfg(feature = "postgres")]
+use awaken_store::{PostgresConfig, PostgresStore};
+#[cfg(feature = "sqlite")]
+use awaken_store::{SqliteConfig, SqliteStore};
 
 use crate::conformance::Harness;
 
@@ -21,6 +25,7 @@ pub async fn memory(_test: &str) -> Option<Harness> {
     })
 }
 
+#[cfg(feature = "sqlite")]
 pub async fn sqlite(_test: &str) -> Option<Harness> {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = SqliteStore::open(SqliteConfig::file(dir.path().join("awaken.db")))
@@ -34,15 +39,17 @@ pub async fn sqlite(_test: &str) -> Option<Harness> {
     })
 }
 
+#[cfg(feature = "postgres")]
 fn postgres_required() -> bool {
     std::env::var("AWAKEN_REQUIRE_POSTGRES").is_ok_and(|v| v == "1")
 }
 
+#[cfg(feature = "postgres")]
 /// Prints the one line saying the suite was skipped. Written to the stderr handle directly (not
 /// through `eprintln!`), so the test harness does not capture it and it shows in every run.
 fn note_skipped() {
     use std::io::Write as _;
-    static ONCE: Once = Once::new();
+    static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let _ = writeln!(
             std::io::stderr(),
@@ -53,6 +60,7 @@ fn note_skipped() {
     });
 }
 
+#[cfg(feature = "postgres")]
 /// The URL of the test server, `None` (skip) when it is not configured and not required.
 pub fn postgres_url() -> Option<String> {
     match std::env::var("AWAKEN_TEST_POSTGRES_URL") {
@@ -68,6 +76,7 @@ pub fn postgres_url() -> Option<String> {
     }
 }
 
+#[cfg(feature = "postgres")]
 /// A store in a fresh schema named after the test (tests run in parallel).
 pub async fn postgres_store(test: &str) -> Option<PostgresStore> {
     let url = postgres_url()?;
@@ -92,6 +101,7 @@ pub async fn postgres_store(test: &str) -> Option<PostgresStore> {
     Some(store)
 }
 
+#[cfg(feature = "postgres")]
 pub async fn postgres(test: &str) -> Option<Harness> {
     let store = postgres_store(test).await?;
     let armed = store.clone();
@@ -120,7 +130,9 @@ macro_rules! conformance_suite {
 macro_rules! every_backend {
     ($($name:ident),* $(,)?) => {
         conformance_suite!(memory; $($name),*);
+        #[cfg(feature = "sqlite")]
         conformance_suite!(sqlite; $($name),*);
+        #[cfg(feature = "postgres")]
         conformance_suite!(postgres; $($name),*);
     };
 }

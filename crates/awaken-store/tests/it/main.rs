@@ -3,5 +3,7 @@
 
 mod backends;
 mod conformance;
+#[cfg(feature = "postgres")]
 mod postgres_only;
+#[cfg(feature = "sqlite")]
 mod sqlite_only;
