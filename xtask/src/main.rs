@@ -83,7 +83,15 @@ pub(crate) fn say(line: &str) {
 }
 
 fn test() -> Result<()> {
-    cmd("cargo", &["test", "--workspace", "--locked"], &[])
+    let postgres = std::env::var_os("AWAKEN_TEST_POSTGRES_URL").is_some();
+    cmd("cargo", &["test", "--workspace", "--locked"], &[])?;
+    if !postgres {
+        say(
+            "note: the PostgreSQL store suite was skipped (AWAKEN_TEST_POSTGRES_URL is not set); \
+             run `eval \"$(bash .ci/postgres.sh start)\"` first to include it",
+        );
+    }
+    Ok(())
 }
 
 fn lint() -> Result<()> {
