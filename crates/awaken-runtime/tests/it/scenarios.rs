@@ -566,3 +566,32 @@ async fn cancellation_during_inference_ends_the_run_cancelled() {
         "{text}"
     );
 }
+
+/// Every `Commutative` key of the built-in environment must have a commutativity property test
+/// here; this test fails when a built-in declares one that is not listed.
+#[test]
+fn every_commutative_builtin_key_has_a_property_test() {
+    use awaken_resolver::BuiltinPlugins;
+    use awaken_state::MergeStrategy;
+    let builtins = RuntimeBuiltins::default()
+        .builtin_plugins(
+            &awaken_spec::AgentSpec::new("a", "m"),
+            &awaken_spec::ModelSpec::new("m", "p", "x"),
+        )
+        .expect("built-ins");
+    let env = awaken_plugin::ExecutionEnv::from_plugins(&[], &builtins, &[]).expect("env");
+    let commutative: Vec<&str> = env
+        .keys()
+        .keys()
+        .filter(|k| k.options.merge == MergeStrategy::Commutative)
+        .map(|k| k.name)
+        .collect();
+    // Keys with a `check_commutative` test in this file (none of the built-ins is commutative
+    // today: their updates are ordered by the loop).
+    let tested: Vec<&str> = Vec::new();
+    assert_eq!(commutative, tested);
+    assert!(
+        env.keys()
+            .contains(<RunStatsKey as awaken_state::StateKey>::KEY)
+    );
+}
