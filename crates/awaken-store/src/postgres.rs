@@ -2,15 +2,13 @@
 //! connection pool of its own.
 
 use std::collections::BTreeMap;
-use std::ops::{Deref, DerefMut};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use awaken_event::{ProfileId, RunId, ThreadId};
 use awaken_state::PersistedState;
-use tokio::sync::{Semaphore, SemaphorePermit};
-use tokio_postgres::{Client, IsolationLevel, NoTls, Row, Transaction};
+use tokio_postgres::{Client, IsolationLevel, Row, Transaction};
 
 use crate::codec::{self, RUN_COLUMNS, RawRun};
 use crate::commit::{BatchWrite, LeaseToken, RunRecord, RunStatus, ThreadCommit, Timestamp};
@@ -21,6 +19,12 @@ use crate::store::{
     Checkpoint, ClaimedRun, CommitReceipt, ProfileEntry, ProfileState, StoredEvent, ThreadStore,
     ThreadSummary,
 };
+
+mod pool;
+mod schema;
+
+use pool::Pool;
+use schema::MIGRATIONS;
 
 /// How to connect a [`PostgresStore`].
 #[derive(Debug, Clone)]
@@ -69,72 +73,6 @@ pub struct PostgresStore {
     failpoints: Arc<Failpoints>,
 }
 
-/// The schema, one entry per version; never edit a released entry, append a new one.
-const MIGRATIONS: &[&str] = &[r#"
-CREATE TABLE threads (
-    thread_id      TEXT PRIMARY KEY,
-    message_count  BIGINT NOT NULL,
-    event_count    BIGINT NOT NULL,
-    latest_run_id  TEXT,
-    state_revision BIGINT NOT NULL,
-    created_at     BIGINT NOT NULL,
-    updated_at     BIGINT NOT NULL
-);
-CREATE TABLE messages (
-    thread_id TEXT NOT NULL,
-    idx       BIGINT NOT NULL,
-    body      TEXT NOT NULL,
-    PRIMARY KEY (thread_id, idx)
-);
-CREATE TABLE runs (
-    run_id           TEXT PRIMARY KEY,
-    thread_id        TEXT NOT NULL,
-    parent_run_id    TEXT,
-    agent_id         TEXT NOT NULL,
-    profile_id       TEXT,
-    status           TEXT NOT NULL,
-    termination      TEXT,
-    steps            BIGINT NOT NULL,
-    usage            TEXT NOT NULL,
-    spec_digest      TEXT NOT NULL,
-    created_at       BIGINT NOT NULL,
-    updated_at       BIGINT NOT NULL,
-    state_revision   BIGINT NOT NULL,
-    batch            TEXT,
-    lease_owner      TEXT,
-    lease_epoch      BIGINT NOT NULL DEFAULT 0,
-    lease_expires_at BIGINT
-);
-CREATE INDEX runs_by_thread ON runs (thread_id, created_at);
-CREATE INDEX runs_unfinished ON runs (updated_at) WHERE status <> 'done';
-CREATE TABLE run_state (
-    run_id TEXT NOT NULL,
-    key    TEXT NOT NULL,
-    value  TEXT NOT NULL,
-    PRIMARY KEY (run_id, key)
-);
-CREATE TABLE thread_state (
-    thread_id TEXT NOT NULL,
-    key       TEXT NOT NULL,
-    value     TEXT NOT NULL,
-    PRIMARY KEY (thread_id, key)
-);
-CREATE TABLE profile_state (
-    profile_id TEXT NOT NULL,
-    key        TEXT NOT NULL,
-    value      TEXT NOT NULL,
-    version    BIGINT NOT NULL,
-    PRIMARY KEY (profile_id, key)
-);
-CREATE TABLE events (
-    thread_id TEXT NOT NULL,
-    seq       BIGINT NOT NULL,
-    run_id    TEXT NOT NULL,
-    body      TEXT NOT NULL,
-    PRIMARY KEY (thread_id, seq)
-);
-"#];
-
 /// Advisory lock key of schema migrations (any constant shared by every build).
 const MIGRATION_LOCK: i64 = 0x6177_616b_656e;
 
@@ -155,12 +93,11 @@ impl PostgresStore {
             }
         }
         let pg_config: tokio_postgres::Config = config.url.parse()?;
-        let pool = Pool {
-            config: pg_config,
-            schema: config.schema.clone(),
-            idle: Mutex::new(Vec::new()),
-            permits: Semaphore::new(config.max_connections.max(1)),
-        };
+        let pool = Pool::new(
+            pg_config,
+            config.schema.clone(),
+            config.max_connections.max(1),
+        );
         let store = Self {
             pool: Arc::new(pool),
             failpoints: Arc::new(Failpoints::default()),
@@ -216,93 +153,6 @@ impl PostgresStore {
         }
         tx.commit().await?;
         Ok(())
-    }
-}
-
-/// A small pool: at most `permits` connections, idle ones kept for reuse.
-#[derive(Debug)]
-struct Pool {
-    config: tokio_postgres::Config,
-    schema: Option<String>,
-    idle: Mutex<Vec<Client>>,
-    permits: Semaphore,
-}
-
-/// A pooled connection, returned to the pool on drop unless it closed.
-struct PooledClient<'a> {
-    client: Option<Client>,
-    pool: &'a Pool,
-    _permit: SemaphorePermit<'a>,
-}
-
-impl Pool {
-    async fn get(&self) -> Result<PooledClient<'_>, StoreError> {
-        let permit = self
-            .permits
-            .acquire()
-            .await
-            .map_err(|_| StoreError::Config {
-                detail: "the connection pool is closed".to_owned(),
-            })?;
-        let reused = loop {
-            let next = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
-            match next {
-                Some(c) if c.is_closed() => continue,
-                other => break other,
-            }
-        };
-        let client = match reused {
-            Some(c) => c,
-            None => self.connect().await?,
-        };
-        Ok(PooledClient {
-            client: Some(client),
-            pool: self,
-            _permit: permit,
-        })
-    }
-
-    async fn connect(&self) -> Result<Client, StoreError> {
-        let (client, connection) = self.config.connect(NoTls).await?;
-        tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::warn!(%error, "postgres store: connection ended");
-            }
-        });
-        if let Some(schema) = &self.schema {
-            client
-                .batch_execute(&format!("SET search_path TO \"{schema}\""))
-                .await?;
-        }
-        Ok(client)
-    }
-}
-
-impl Deref for PooledClient<'_> {
-    type Target = Client;
-    fn deref(&self) -> &Client {
-        // Present from construction until drop.
-        self.client.as_ref().unwrap_or_else(|| unreachable!())
-    }
-}
-
-impl DerefMut for PooledClient<'_> {
-    fn deref_mut(&mut self) -> &mut Client {
-        self.client.as_mut().unwrap_or_else(|| unreachable!())
-    }
-}
-
-impl Drop for PooledClient<'_> {
-    fn drop(&mut self) {
-        if let Some(client) = self.client.take()
-            && !client.is_closed()
-        {
-            self.pool
-                .idle
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(client);
-        }
     }
 }
 
