@@ -657,7 +657,7 @@ fn export_changed_lists_keys_written_since_a_revision() {
 
 #[test]
 fn table_paths_copy_on_write_at_every_depth() {
-    for len in [0, 1, 7, 8, 9, 64, 65, 600] {
+    for len in [0, 1, 4, 5, 7, 8, 9, 16, 17, 64, 65, 600] {
         let values: Vec<Arc<crate::key::AnyValue>> =
             (0..len).map(|i| Arc::new(i) as Arc<_>).collect();
         let base = Table::build(&values);
