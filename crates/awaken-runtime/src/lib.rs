@@ -4,12 +4,17 @@
 //! with their gates, `StepEnd`), the built-in plugins (loop actions and stop conditions), the
 //! neutral event stream and typed termination.
 //!
-//! Work in progress (issue 10): thread histories are kept in memory (the durable
-//! `ThreadStore` and the tool-batch checkpoints are wired next), tool calls run one after
-//! another, and endpoint-backed agents are not driven yet. This crate must never know wire
-//! protocols or terminal UI.
+//! Every durable step is one `ThreadCommit` to the runtime's `ThreadStore` (memory by
+//! default): the run's start, the assistant message with its calls `Requested`, each call
+//! `Executing` before the tool runs, each result, each step's end, the run's end. Lifecycle
+//! events are stored with their commit; events about committed facts are emitted after it.
+//!
+//! Work in progress (issues 10 and 11): tool calls run one after another, and resume,
+//! recovery, delegation and endpoint-backed agents are not driven yet. This crate must never
+//! know wire protocols or terminal UI.
 
 mod builtins;
+mod durable;
 mod run;
 mod runtime;
 

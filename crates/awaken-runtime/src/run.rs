@@ -19,13 +19,15 @@ use awaken_plugin::{
 };
 use awaken_resolver::{ResolvedAgent, ResolvedRunPlan};
 use awaken_spec::{InferenceOverride, StopConditionSpec};
-use awaken_state::{StateCommand, StateStore};
+use awaken_state::{StateCommand, StateStore, UnknownKeyPolicy};
+use awaken_store::{BatchWrite, RunRecord, RunStatus, Timestamp};
 use awaken_tool::{ToolBatch, ToolCallContext, ToolGateHook, ToolInterceptPayload, evaluate_gates};
 use futures_util::StreamExt;
 
 use crate::builtins::{
     RunStats, RunStatsKey, StatsUpdate, StepDirectives, StepDirectivesKey, StopRequestKey,
 };
+use crate::durable::{Durable, batch_json};
 use crate::runtime::{AgentRuntime, RunActivation, RunError, RunOutcome};
 
 /// Why a step could not go on.
@@ -53,6 +55,15 @@ impl From<InferenceExecutionError> for Failure {
     }
 }
 
+impl Failure {
+    fn message(&self) -> String {
+        match self {
+            Failure::Cancelled => "cancelled".into(),
+            Failure::Error(m) => m.clone(),
+        }
+    }
+}
+
 enum StepEnd {
     Continue,
     End(TerminationReason),
@@ -76,6 +87,9 @@ struct Run<'a> {
     lifecycle: LifecycleDispatcher,
     step: u32,
     response: Option<String>,
+    durable: Durable,
+    /// The current step's tool batch.
+    batch: Option<ToolBatch>,
 }
 
 pub(crate) async fn run(
@@ -99,9 +113,43 @@ pub(crate) async fn run(
         profile_id: act.profile_id.clone(),
     });
     let store = Arc::new(StateStore::new(resolved.env.keys().clone()));
+    let checkpoint = rt
+        .store
+        .load_checkpoint(&act.thread_id)
+        .await
+        .map_err(RunError::Store)?;
+    let mut history = Vec::new();
+    let mut persisted = 0;
+    if let Some(cp) = checkpoint {
+        if let Some(previous) = &cp.run
+            && previous.status == RunStatus::Waiting
+        {
+            return Err(RunError::ThreadWaiting {
+                thread_id: act.thread_id,
+                run_id: previous.run_id.clone(),
+            });
+        }
+        persisted = cp.message_count();
+        history = cp.messages;
+        store
+            .restore(&cp.thread_state, UnknownKeyPolicy::Skip)
+            .map_err(|e| RunError::State {
+                thread_id: act.thread_id.clone(),
+                source: e,
+            })?;
+    }
+    let mut record = RunRecord::new(identity.run_id.clone(), act.agent_id.clone(), now(rt));
+    record.profile_id = act.profile_id.clone();
+    record.spec_digest = resolved.spec_digest.clone();
+    let durable = Durable::new(
+        rt.store.clone(),
+        rt.ids.clone(),
+        act.thread_id.clone(),
+        record,
+        persisted,
+        store.revision(),
+    );
     let engine = PhaseEngine::new(store, resolved.env.phase_env().clone());
-    let mut history = rt.history(&act.thread_id);
-    history.extend(act.messages);
     let gates = resolved
         .env
         .gate_hooks()
@@ -120,16 +168,37 @@ pub(crate) async fn run(
         lifecycle: LifecycleDispatcher::default(),
         step: 0,
         response: None,
+        durable,
+        batch: None,
     };
     let span = tracing::info_span!("run", run_id = %run.identity.run_id, thread_id = %run.identity.thread_id, agent = %run.identity.agent_id);
     let _entered = span.enter();
-    sink.emit(&AgentEvent::RunStart {
+    for message in act.messages {
+        run.push_message(message);
+    }
+    run.durable.fact(AgentEvent::RunStart {
         thread_id: run.identity.thread_id.clone(),
         run_id: run.identity.run_id.clone(),
         agent_id: run.identity.agent_id.clone(),
         parent_run_id: None,
         resumed: false,
     });
+    // The run exists once this first commit is in: its record and the new messages.
+    let started = run
+        .durable
+        .commit(
+            run.engine.store(),
+            BatchWrite::Keep,
+            0,
+            TokenUsage::default(),
+            sink,
+        )
+        .await
+        .map_err(|e| RunError::Checkpoint {
+            thread_id: run.identity.thread_id.clone(),
+            message: e.to_string(),
+        });
+    started?;
     let lifecycle_run = RunLifecycle {
         run: run.identity.clone(),
         resumed: false,
@@ -141,14 +210,14 @@ pub(crate) async fn run(
             LifecycleEvent::RunStart(&lifecycle_run),
         )
         .await;
-    for w in &run.resolved.warnings {
-        sink.emit(&AgentEvent::Warning {
+    for w in run.resolved.warnings.clone() {
+        run.note(AgentEvent::Warning {
             kind: WarningKind::Resolution,
             detail: w.to_string(),
         });
     }
     if run.resolved.spec.parallel_tools {
-        sink.emit(&AgentEvent::Warning {
+        run.note(AgentEvent::Warning {
             kind: WarningKind::Other,
             detail: "parallel_tools is not supported by this runtime yet; tool calls run one after another".into(),
         });
@@ -186,17 +255,6 @@ pub(crate) async fn run(
         }
     }
     let usage = run.stats().usage;
-    rt.threads.lock().unwrap_or_else(|e| e.into_inner()).insert(
-        run.identity.thread_id.clone(),
-        Arc::new(std::mem::take(&mut run.history)),
-    );
-    sink.emit(&AgentEvent::RunFinish {
-        thread_id: run.identity.thread_id.clone(),
-        run_id: run.identity.run_id.clone(),
-        termination: termination.clone(),
-        response: run.response.clone(),
-        usage,
-    });
     Ok(RunOutcome {
         run_id: run.identity.run_id.clone(),
         termination,
@@ -206,7 +264,46 @@ pub(crate) async fn run(
     })
 }
 
+fn now(rt: &AgentRuntime) -> Timestamp {
+    Timestamp::from_unix_millis(i64::try_from(rt.ids.now_ms()).unwrap_or(i64::MAX))
+}
+
 impl Run<'_> {
+    /// An event emitted now (stored with the next commit when it is a lifecycle event).
+    fn note(&mut self, event: AgentEvent) {
+        self.durable.note(event, self.sink);
+    }
+
+    /// An event about a fact of the next commit, emitted after it.
+    fn fact(&mut self, event: AgentEvent) {
+        self.durable.fact(event);
+    }
+
+    /// A message of the run: in the history at once, in the store with the next commit.
+    fn push_message(&mut self, message: Message) {
+        self.history.push(message.clone());
+        self.durable.push_message(message);
+    }
+
+    /// Commits what happened since the last commit, then emits the events about it.
+    async fn checkpoint(&mut self, batch: BatchWrite) -> Result<(), Failure> {
+        let stats = self.stats();
+        self.durable
+            .commit(
+                self.engine.store(),
+                batch,
+                stats.steps,
+                stats.usage,
+                self.sink,
+            )
+            .await
+            .map_err(|e| Failure::Error(e.to_string()))
+    }
+
+    fn batch_write(&self) -> BatchWrite {
+        self.batch.as_ref().map_or(BatchWrite::Keep, batch_json)
+    }
+
     fn ctx(&self, phase: Phase) -> PhaseContext {
         PhaseContext::new(phase, self.engine.store().snapshot(), self.identity.clone())
             .with_sections(Arc::new(self.resolved.spec.sections.clone()))
@@ -215,9 +312,9 @@ impl Run<'_> {
             .with_cancel(self.cancel.clone())
     }
 
-    fn report(&self, report: &PhaseReport) {
+    fn report(&mut self, report: &PhaseReport) {
         for letter in &report.dead_lettered {
-            self.sink.emit(&AgentEvent::ActionDeadLettered {
+            self.note(AgentEvent::ActionDeadLettered {
                 action: letter.action.key.clone(),
                 phase: letter.action.phase.clone(),
                 reason: letter.reason.clone(),
@@ -225,13 +322,13 @@ impl Run<'_> {
         }
     }
 
-    async fn phase_with(&self, ctx: PhaseContext) -> Result<(), Failure> {
+    async fn phase_with(&mut self, ctx: PhaseContext) -> Result<(), Failure> {
         let report = self.engine.run_phase(&ctx).await?;
         self.report(&report);
         Ok(())
     }
 
-    async fn phase(&self, phase: Phase) -> Result<(), Failure> {
+    async fn phase(&mut self, phase: Phase) -> Result<(), Failure> {
         self.phase_with(self.ctx(phase)).await
     }
 
@@ -262,12 +359,34 @@ impl Run<'_> {
         loop {
             self.step += 1;
             let step = self.step;
-            self.sink.emit(&AgentEvent::StepStart { step });
+            self.note(AgentEvent::StepStart { step });
             let outcome = self.run_step().await;
-            self.sink.emit(&AgentEvent::StepEnd { step });
+            // `StepEnd` follows the step's facts, so it is one of them.
+            self.fact(AgentEvent::StepEnd { step });
+            let outcome = match outcome {
+                // The step's facts (messages, batch, state, events) in one commit.
+                Ok(o) => {
+                    let batch = self.step_end_batch();
+                    self.checkpoint(batch).await.map(|()| o)
+                }
+                Err(e) => Err(e),
+            };
             match outcome? {
                 StepEnd::Continue => {}
                 StepEnd::End(t) => return Ok(t),
+            }
+        }
+    }
+
+    /// After a step: a closed batch is cleared, a batch with suspended calls is kept.
+    fn step_end_batch(&mut self) -> BatchWrite {
+        match self.batch.take() {
+            None => BatchWrite::Keep,
+            Some(b) if b.is_closed() => BatchWrite::Clear,
+            Some(b) => {
+                let write = batch_json(&b);
+                self.batch = Some(b);
+                write
             }
         }
     }
@@ -353,7 +472,7 @@ impl Run<'_> {
                 }
                 LlmStreamEvent::ToolCallStart { index, id, name } => {
                     calls.insert(*index, id.clone());
-                    self.sink.emit(&AgentEvent::ToolCallStart {
+                    self.note(AgentEvent::ToolCallStart {
                         call_id: id.clone(),
                         name: name.clone(),
                     });
@@ -382,7 +501,7 @@ impl Run<'_> {
             let mut started_calls: Vec<(u32, ToolCallId)> = calls.into_iter().collect();
             started_calls.sort_by_key(|(i, _)| *i);
             for (_, call_id) in started_calls {
-                self.sink.emit(&AgentEvent::ToolCallDone {
+                self.note(AgentEvent::ToolCallDone {
                     call_id,
                     result: ToolResult::error("not executed: the inference failed"),
                     state: ToolCallState::Cancelled,
@@ -390,7 +509,7 @@ impl Run<'_> {
             }
         }
         let response = result?;
-        self.sink.emit(&AgentEvent::InferenceComplete {
+        self.note(AgentEvent::InferenceComplete {
             model,
             usage: response.usage,
             duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
@@ -428,7 +547,17 @@ impl Run<'_> {
             self.response = Some(text);
         }
         let calls = response.message.tool_calls.clone();
-        self.history.push(response.message.clone());
+        self.push_message(response.message.clone());
+        if !calls.is_empty() {
+            // Every call durable as `Requested`, with the assistant message, before any gate.
+            self.batch = Some(
+                ToolBatch::new(calls.iter().cloned()).map_err(|e| Failure::Error(e.to_string()))?,
+            );
+            {
+                let batch = self.batch_write();
+                self.checkpoint(batch).await?;
+            }
+        }
         let response = Arc::new(response);
         self.phase_with(self.ctx(Phase::AfterInference).with_response(response))
             .await?;
@@ -466,7 +595,7 @@ impl Run<'_> {
                 }
                 return Err(Failure::Cancelled);
             }
-            self.sink.emit(&AgentEvent::ToolCallReady {
+            self.note(AgentEvent::ToolCallReady {
                 call_id: call.id.clone(),
                 name: call.name.clone(),
                 arguments: call.arguments.clone(),
@@ -475,10 +604,19 @@ impl Run<'_> {
                 CallOutcome::Closed(result, state) => self.close(call, result, state).await?,
                 CallOutcome::Suspended(ticket) => {
                     suspended = true;
-                    self.sink.emit(&AgentEvent::ToolCallSuspended {
+                    if let Some(batch) = self.batch.as_mut() {
+                        batch
+                            .suspend(&call.id, (*ticket).clone())
+                            .map_err(|e| Failure::Error(e.to_string()))?;
+                    }
+                    self.fact(AgentEvent::ToolCallSuspended {
                         call_id: call.id.clone(),
                         ticket: *ticket,
                     });
+                    {
+                        let batch = self.batch_write();
+                        self.checkpoint(batch).await?;
+                    }
                 }
             }
         }
@@ -546,7 +684,7 @@ impl Run<'_> {
         None
     }
 
-    /// Closes a call: its event, its message in the history, its statistics.
+    /// Closes a call: its result in the batch, its message, its event and statistics, committed.
     async fn close(
         &mut self,
         call: &ToolCall,
@@ -557,8 +695,21 @@ impl Run<'_> {
             state,
             ToolCallState::Succeeded | ToolCallState::ShortCircuited
         );
-        self.history.push(Message::tool(call.id.clone(), &result));
-        self.sink.emit(&AgentEvent::ToolCallDone {
+        if let Some(batch) = self.batch.as_mut() {
+            let open = matches!(
+                batch.state(&call.id),
+                Some(
+                    ToolCallState::Requested | ToolCallState::Executing | ToolCallState::Suspended
+                )
+            );
+            if open {
+                batch
+                    .transition(&call.id, state, Some(result.clone()))
+                    .map_err(|e| Failure::Error(e.to_string()))?;
+            }
+        }
+        self.push_message(Message::tool(call.id.clone(), &result));
+        self.fact(AgentEvent::ToolCallDone {
             call_id: call.id.clone(),
             result,
             state,
@@ -573,7 +724,10 @@ impl Run<'_> {
             StateCommand::new()
                 .with_update::<RunStatsKey>(StatsUpdate::ToolClosed { tool, failed }),
         )
-        .await
+        .await?;
+        // The result is durable before anything relies on it.
+        let batch = self.batch_write();
+        self.checkpoint(batch).await
     }
 
     async fn execute_call(&mut self, call: &ToolCall) -> Result<CallOutcome, Failure> {
@@ -589,7 +743,7 @@ impl Run<'_> {
                     "unknown tool `{}`: it is not available to this agent",
                     call.name
                 )),
-                ToolCallState::Failed,
+                ToolCallState::Blocked,
             ));
         };
         if let Some(raw) = &call.invalid_arguments {
@@ -598,11 +752,13 @@ impl Run<'_> {
                     "the arguments of `{}` are not valid JSON: {raw}",
                     call.name
                 )),
-                ToolCallState::Failed,
+                ToolCallState::Blocked,
             ));
         }
-        let mut batch =
-            ToolBatch::new([call.clone()]).map_err(|e| Failure::Error(e.to_string()))?;
+        // Arguments that break the schema never reach a gate or the tool.
+        if let Err(e) = tool.tool.check_call(call) {
+            return Ok(CallOutcome::Closed(e.to_result(), ToolCallState::Blocked));
+        }
         let info = ToolPhaseInfo {
             call: call.clone(),
             result: None,
@@ -613,7 +769,7 @@ impl Run<'_> {
             .await
             .map_err(|e| Failure::Error(e.to_string()))?;
         for conflict in &resolution.conflicts {
-            self.sink.emit(&AgentEvent::Warning {
+            self.note(AgentEvent::Warning {
                 kind: WarningKind::GateConflict,
                 detail: format!(
                     "gate `{}` overruled `{}` on call {}",
@@ -635,9 +791,16 @@ impl Run<'_> {
         }
         self.phase_with(self.ctx(Phase::BeforeToolExecute).with_tool(info.clone()))
             .await?;
-        batch
-            .start(&call.id)
-            .map_err(|e| Failure::Error(e.to_string()))?;
+        if let Some(batch) = self.batch.as_mut() {
+            batch
+                .start(&call.id)
+                .map_err(|e| Failure::Error(e.to_string()))?;
+        }
+        // `Executing` is durable before the tool can have any effect.
+        {
+            let batch = self.batch_write();
+            self.checkpoint(batch).await?;
+        }
         let tool_ctx = ToolCallContext::new(
             self.identity.thread_id.clone(),
             self.identity.run_id.clone(),
@@ -696,7 +859,7 @@ impl Run<'_> {
     }
 
     /// The one exit path: `RunEnd` (unless suspended), leftover actions dead-lettered,
-    /// `on_deactivate`.
+    /// `on_deactivate`, and the last commit, after which `RunFinish` is emitted.
     async fn finish(&mut self, termination: TerminationReason) -> TerminationReason {
         let mut termination = termination;
         if termination != TerminationReason::Suspended {
@@ -704,12 +867,15 @@ impl Run<'_> {
             let ctx = self
                 .ctx(Phase::RunEnd)
                 .with_cancel(CancellationToken::new());
-            if let Err(e) = self.engine.run_phase(&ctx).await.map(|r| self.report(&r)) {
-                self.sink.emit(&AgentEvent::Error {
-                    message: e.to_string(),
-                });
-                if !matches!(termination, TerminationReason::Error { .. }) {
-                    termination = TerminationReason::error(e.to_string());
+            match self.engine.run_phase(&ctx).await {
+                Ok(report) => self.report(&report),
+                Err(e) => {
+                    self.note(AgentEvent::Error {
+                        message: e.to_string(),
+                    });
+                    if !matches!(termination, TerminationReason::Error { .. }) {
+                        termination = TerminationReason::error(e.to_string());
+                    }
                 }
             }
             match self
@@ -718,37 +884,61 @@ impl Run<'_> {
             {
                 Ok(letters) => {
                     for letter in letters {
-                        self.sink.emit(&AgentEvent::ActionDeadLettered {
+                        self.note(AgentEvent::ActionDeadLettered {
                             action: letter.action.key,
                             phase: letter.action.phase,
                             reason: letter.reason,
                         });
                     }
                 }
-                Err(e) => self.sink.emit(&AgentEvent::Error {
+                Err(e) => self.note(AgentEvent::Error {
                     message: e.to_string(),
                 }),
             }
         }
         if let TerminationReason::Error { message } = &termination {
-            self.sink.emit(&AgentEvent::Error {
+            self.note(AgentEvent::Error {
                 message: message.clone(),
             });
         }
-        for plugin in self.resolved.env.plugins() {
+        let plugins = self.resolved.env.plugins().to_vec();
+        for plugin in plugins {
             match plugin.on_deactivate() {
                 Ok(Some(cmd)) => {
                     if let Err(e) = self.engine.submit_command(cmd).await {
-                        self.sink.emit(&AgentEvent::Error {
+                        self.note(AgentEvent::Error {
                             message: e.to_string(),
                         });
                     }
                 }
                 Ok(None) => {}
-                Err(e) => self.sink.emit(&AgentEvent::Error {
+                Err(e) => self.note(AgentEvent::Error {
                     message: e.to_string(),
                 }),
             }
+        }
+        // The last commit: the run's end (or wait), `RunFinish` emitted after it.
+        self.durable.finish(&termination);
+        let stats = self.stats();
+        self.fact(AgentEvent::RunFinish {
+            thread_id: self.identity.thread_id.clone(),
+            run_id: self.identity.run_id.clone(),
+            termination: termination.clone(),
+            response: self.response.clone(),
+            usage: stats.usage,
+        });
+        let batch = match self.batch.take() {
+            Some(mut b) if !b.is_closed() && termination != TerminationReason::Suspended => {
+                // Calls the run will never finish are closed: a finished run holds none open.
+                b.close("the run ended");
+                batch_json(&b)
+            }
+            Some(b) => batch_json(&b),
+            None => BatchWrite::Keep,
+        };
+        if let Err(e) = self.checkpoint(batch).await {
+            tracing::error!(error = %e.message(), "the run's last commit failed");
+            self.durable.flush_uncommitted(self.sink);
         }
         termination
     }

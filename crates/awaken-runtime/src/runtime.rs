@@ -1,8 +1,7 @@
 //! `AgentRuntimeBuilder`, `AgentRuntime`, run requests and outcomes.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use awaken_event::{
     CancellationToken, EventSink, Message, NullSink, ProfileId, RunId, TerminationReason, ThreadId,
@@ -12,6 +11,8 @@ use awaken_llm::LlmExecutor;
 use awaken_plugin::{Plugin, PluginRegistry};
 use awaken_resolver::{RegistrationError, Registries, ResolveError, Resolver, ValidationFailed};
 use awaken_spec::{AgentSpec, InferenceOverride, ModelSpec};
+use awaken_state::StateError;
+use awaken_store::{MemoryStore, StoreError, ThreadStore};
 use awaken_tool::Tool;
 
 use crate::builtins::RuntimeBuiltins;
@@ -159,7 +160,7 @@ pub struct RunOutcome {
     pub usage: TokenUsage,
 }
 
-/// Why a run could not start.
+/// Why a run could not start (or could not write its first commit).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RunError {
@@ -175,6 +176,36 @@ pub enum RunError {
         agent_id: String,
         /// The backend.
         backend: String,
+    },
+    /// The thread's last run waits for decisions on suspended tool calls.
+    #[error(
+        "thread `{thread_id}` is waiting: run `{run_id}` has suspended tool calls that need a decision"
+    )]
+    ThreadWaiting {
+        /// The thread.
+        thread_id: ThreadId,
+        /// The waiting run.
+        run_id: RunId,
+    },
+    /// The store could not be read.
+    #[error("the thread store failed: {0}")]
+    Store(#[source] StoreError),
+    /// The stored thread state does not fit the agent's keys.
+    #[error("the stored state of thread `{thread_id}` cannot be restored: {source}")]
+    State {
+        /// The thread.
+        thread_id: ThreadId,
+        /// Why.
+        #[source]
+        source: StateError,
+    },
+    /// The run's first commit failed; nothing of the run was written.
+    #[error("the first commit of a run on thread `{thread_id}` failed: {message}")]
+    Checkpoint {
+        /// The thread.
+        thread_id: ThreadId,
+        /// Why.
+        message: String,
     },
 }
 
@@ -197,6 +228,7 @@ pub enum BuildError {
 pub struct AgentRuntimeBuilder {
     registries: Registries,
     ids: Arc<dyn IdSource>,
+    store: Arc<dyn ThreadStore>,
 }
 
 impl Default for AgentRuntimeBuilder {
@@ -211,6 +243,7 @@ impl AgentRuntimeBuilder {
         Self {
             registries: Registries::new(),
             ids: Arc::new(SystemIds::default()),
+            store: Arc::new(MemoryStore::new()),
         }
     }
 
@@ -258,6 +291,12 @@ impl AgentRuntimeBuilder {
         self
     }
 
+    /// Sets the thread store (default: a [`MemoryStore`]).
+    pub fn with_store(mut self, store: Arc<dyn ThreadStore>) -> Self {
+        self.store = store;
+        self
+    }
+
     /// Sets the id and clock source.
     pub fn with_ids(mut self, ids: Arc<dyn IdSource>) -> Self {
         self.ids = ids;
@@ -285,7 +324,7 @@ impl AgentRuntimeBuilder {
         Ok(AgentRuntime {
             resolver,
             ids: self.ids,
-            threads: Arc::default(),
+            store: self.store,
         })
     }
 }
@@ -295,8 +334,8 @@ impl AgentRuntimeBuilder {
 pub struct AgentRuntime {
     pub(crate) resolver: Resolver,
     pub(crate) ids: Arc<dyn IdSource>,
-    /// Thread histories, kept in memory.
-    pub(crate) threads: Arc<Mutex<HashMap<ThreadId, Arc<Vec<Message>>>>>,
+    /// Where threads are kept.
+    pub(crate) store: Arc<dyn ThreadStore>,
 }
 
 impl std::fmt::Debug for AgentRuntime {
@@ -316,13 +355,19 @@ impl AgentRuntime {
         &self.resolver
     }
 
-    /// The thread's history as the runtime holds it.
-    pub fn history(&self, thread_id: &ThreadId) -> Vec<Message> {
-        let threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
-        threads
-            .get(thread_id)
-            .map(|h| h.as_ref().clone())
-            .unwrap_or_default()
+    /// The thread store.
+    pub fn store(&self) -> &Arc<dyn ThreadStore> {
+        &self.store
+    }
+
+    /// The thread's stored history (empty for an unknown thread).
+    pub async fn history(&self, thread_id: &ThreadId) -> Result<Vec<Message>, StoreError> {
+        Ok(self
+            .store
+            .load_checkpoint(thread_id)
+            .await?
+            .map(|c| c.messages)
+            .unwrap_or_default())
     }
 
     /// Runs `activation` to its end, streaming events to `sink`.

@@ -1,4 +1,5 @@
 //! Integration tests of awaken-runtime: scenarios rendered as event logs.
 
+mod durable;
 mod scenarios;
 mod support;

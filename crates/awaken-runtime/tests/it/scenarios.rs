@@ -62,6 +62,8 @@ async fn natural_end() {
     assert_eq!(
         out.runtime
             .history(&awaken_event::ThreadId::new("thread").expect("id"))
+            .await
+            .expect("stored")
             .len(),
         2
     );
@@ -163,17 +165,17 @@ async fn unknown_tools_and_non_json_arguments_get_error_results() {
     let text = render(&out.events);
     assert!(
         text.contains(
-            "call_done c1 failed \"unknown tool `no_such_tool`: it is not available to this agent\""
+            "call_done c1 blocked \"unknown tool `no_such_tool`: it is not available to this agent\""
         ),
         "{text}"
     );
     assert!(
         text.contains(
-            "call_done c2 failed \"the arguments of `echo` are not valid JSON: {\\\"text\\\": \""
+            "call_done c2 blocked \"the arguments of `echo` are not valid JSON: {\\\"text\\\": \""
         ),
         "{text}"
     );
-    assert!(text.contains("call_done c3 failed"), "{text}");
+    assert!(text.contains("call_done c3 blocked"), "{text}");
     assert_eq!(out.outcome.termination, TerminationReason::NaturalEnd);
 }
 
@@ -257,6 +259,22 @@ async fn suspend_ends_the_activation_suspended() {
     assert!(
         !text.contains("run_end"),
         "RunEnd does not run for a suspension"
+    );
+    // The thread now waits for a decision: a new run on it is refused, naming the run.
+    let again = out
+        .runtime
+        .run_to_completion(
+            awaken_runtime::RunActivation::new(
+                awaken_event::ThreadId::new("thread").expect("id"),
+                "agent",
+            )
+            .with_user_message("anyone?"),
+        )
+        .await
+        .expect_err("the thread is waiting");
+    assert_eq!(
+        again.to_string(),
+        "thread `thread` is waiting: run `run-1` has suspended tool calls that need a decision"
     );
 }
 
