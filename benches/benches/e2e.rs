@@ -1,0 +1,325 @@
+//! The end-to-end benchmark (issue 14): real `AgentRuntime`s built through the public builder,
+//! a yielding scripted provider, and the figures written for `cargo xtask bench`.
+//!
+//! Writes a JSON array of `{"name", "value", "unit"}` to `$AWAKEN_BENCH_EXTRA_DIR/e2e.json`
+//! (and prints it). `AWAKEN_BENCH_QUICK=1` runs every workload with small counts.
+
+#![allow(clippy::print_stdout, clippy::print_stderr)] // a benchmark program reports on stdout
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use async_trait::async_trait;
+use awaken_event::{Role, StopReason, ThreadId, ToolCallId, ToolDescriptor};
+use awaken_llm::{InferenceRequest, LlmEventStream, LlmExecutor, LlmStreamEvent};
+use awaken_phase::{FnHook, Phase, PhaseContext};
+use awaken_plugin::{Plugin, PluginError, PluginManifest, PluginRegistrar};
+use awaken_runtime::{AgentRuntime, RunActivation};
+use awaken_spec::{AgentSpec, ModelSpec};
+use awaken_state::{KeyOptions, StateCommand, StateError, StateKey};
+use awaken_store::{SqliteConfig, SqliteStore, Synchronous, ThreadStore};
+use awaken_tool::{Tool, ToolCallContext, ToolError, ToolOutput};
+use serde_json::{Value, json};
+
+/// Answers with one `echo` call until `n - 1` tool results are in the history, then with text;
+/// yields to the scheduler once per request, as a network call would.
+struct LoopModel {
+    n: usize,
+}
+
+impl LlmExecutor for LoopModel {
+    fn name(&self) -> &str {
+        "loop-model"
+    }
+
+    fn execute_stream(&self, request: InferenceRequest) -> LlmEventStream {
+        let results = request
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::Tool)
+            .count();
+        let n = self.n;
+        Box::pin(
+            futures_util::stream::once(async move { tokio::task::yield_now().await }).flat_map(
+                move |()| {
+                    let events: Vec<LlmStreamEvent> = if results + 1 < n {
+                        let id = ToolCallId::new(format!("c{results}"))
+                            .unwrap_or_else(|e| unreachable!("{e}"));
+                        vec![
+                            LlmStreamEvent::ToolCallStart {
+                                index: 0,
+                                id,
+                                name: "echo".into(),
+                            },
+                            LlmStreamEvent::ToolCallArgsDelta {
+                                index: 0,
+                                delta: "{\"text\":\"hi\"}".into(),
+                            },
+                            LlmStreamEvent::Stop(StopReason::ToolCalls),
+                        ]
+                    } else {
+                        vec![
+                            LlmStreamEvent::TextDelta("done".into()),
+                            LlmStreamEvent::Stop(StopReason::EndTurn),
+                        ]
+                    };
+                    futures_util::stream::iter(events.into_iter().map(Ok))
+                },
+            ),
+        )
+    }
+}
+
+use futures_util::StreamExt;
+
+struct Echo;
+
+#[async_trait]
+impl Tool for Echo {
+    fn descriptor(&self) -> ToolDescriptor {
+        ToolDescriptor::new("echo", "Echo text").with_parameters(json!({
+            "type": "object",
+            "properties": {"text": {"type": "string"}},
+            "required": ["text"]
+        }))
+    }
+    async fn execute(&self, args: Value, _ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
+        Ok(ToolOutput::success(json!({"echoed": args["text"]})))
+    }
+}
+
+macro_rules! keys {
+    ($($name:ident = $key:literal),*) => {
+        $(
+            struct $name;
+            impl StateKey for $name {
+                const KEY: &'static str = $key;
+                type Value = u64;
+                type Update = u64;
+                fn apply(v: &mut u64, u: u64) -> Result<(), StateError> { *v = v.wrapping_add(u); Ok(()) }
+            }
+        )*
+        const REGISTER: [fn(&mut PluginRegistrar) -> Result<(), PluginError>; 16] = [$(
+            |r: &mut PluginRegistrar| {
+                r.register_key::<$name>(KeyOptions::new())?;
+                r.register_phase_hook(Phase::BeforeInference, "before", Arc::new(FnHook(|_: &PhaseContext| Ok(StateCommand::new().with_update::<$name>(1)))))?;
+                r.register_phase_hook(Phase::AfterToolExecute, "after", Arc::new(FnHook(|_: &PhaseContext| Ok(StateCommand::new().with_update::<$name>(1)))))
+            },
+        )*];
+    };
+}
+keys!(
+    K0 = "b.k0",
+    K1 = "b.k1",
+    K2 = "b.k2",
+    K3 = "b.k3",
+    K4 = "b.k4",
+    K5 = "b.k5",
+    K6 = "b.k6",
+    K7 = "b.k7",
+    K8 = "b.k8",
+    K9 = "b.k9",
+    K10 = "b.k10",
+    K11 = "b.k11",
+    K12 = "b.k12",
+    K13 = "b.k13",
+    K14 = "b.k14",
+    K15 = "b.k15"
+);
+
+struct KeyPlugin {
+    manifest: PluginManifest,
+    register: fn(&mut PluginRegistrar) -> Result<(), PluginError>,
+}
+
+impl Plugin for KeyPlugin {
+    fn manifest(&self) -> &PluginManifest {
+        &self.manifest
+    }
+    fn register(&self, r: &mut PluginRegistrar) -> Result<(), PluginError> {
+        (self.register)(r)
+    }
+}
+
+fn runtime(n: usize, plugins: usize, store: Option<Arc<dyn ThreadStore>>) -> AgentRuntime {
+    let mut spec = AgentSpec::new("bench", "model")
+        .with_system_prompt("You echo.")
+        .with_max_rounds(u32::try_from(n + 1).unwrap_or(u32::MAX));
+    let mut builder = AgentRuntime::builder()
+        .with_model(ModelSpec::new("model", "loop", "loop-model"))
+        .with_provider("loop", Arc::new(LoopModel { n }))
+        .with_tool(Arc::new(Echo));
+    for (i, register) in REGISTER.iter().enumerate().take(plugins) {
+        let id = format!("p{i}");
+        spec = spec.with_plugin(id.clone());
+        builder = builder.with_plugin(Arc::new(KeyPlugin {
+            manifest: PluginManifest::new(id),
+            register: *register,
+        }));
+    }
+    if let Some(store) = store {
+        builder = builder.with_store(store);
+    }
+    builder
+        .with_agent_spec(spec)
+        .build()
+        .unwrap_or_else(|e| panic!("bench runtime: {e}"))
+}
+
+static THREADS: AtomicUsize = AtomicUsize::new(0);
+
+fn activation() -> RunActivation {
+    let n = THREADS.fetch_add(1, Ordering::Relaxed);
+    RunActivation::new(
+        ThreadId::new(format!("t{n}")).unwrap_or_else(|e| unreachable!("{e}")),
+        "bench",
+    )
+    .with_user_message("go")
+}
+
+/// Microseconds per inference step over `runs` sequential runs of loop-`n`.
+fn us_per_step(rt: &tokio::runtime::Runtime, runtime: &AgentRuntime, n: usize, runs: usize) -> f64 {
+    rt.block_on(async {
+        runtime
+            .run_to_completion(activation())
+            .await
+            .unwrap_or_else(|e| panic!("{e}")); // warm up
+        let started = Instant::now();
+        for _ in 0..runs {
+            let out = runtime
+                .run_to_completion(activation())
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(out.steps as usize, n, "loop-{n} takes {n} steps");
+        }
+        started.elapsed().as_secs_f64() * 1e6 / (runs * n) as f64
+    })
+}
+
+fn rss_kib() -> f64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(1)
+                .and_then(|p| p.parse::<f64>().ok())
+        })
+        .map_or(0.0, |pages| pages * 4.0)
+}
+
+/// Runs per second with `inflight` runs at once (that many workers, each running runs one after
+/// another until `total` are done); also RSS growth at the peak per in-flight run.
+fn throughput(runtime: &AgentRuntime, inflight: usize, total: usize) -> (f64, f64, usize) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let before = rss_kib();
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let peak_rss = Arc::new(std::sync::Mutex::new(before));
+    let remaining = Arc::new(AtomicUsize::new(total));
+    let started = Instant::now();
+    rt.block_on(async {
+        let mut workers = Vec::with_capacity(inflight);
+        for _ in 0..inflight {
+            let runtime = runtime.clone();
+            let (in_flight, peak, peak_rss, remaining) = (
+                in_flight.clone(),
+                peak.clone(),
+                peak_rss.clone(),
+                remaining.clone(),
+            );
+            workers.push(tokio::spawn(async move {
+                while remaining
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| r.checked_sub(1))
+                    .is_ok()
+                {
+                    let now = in_flight.fetch_add(1, Ordering::AcqRel) + 1;
+                    if peak.fetch_max(now, Ordering::AcqRel) < now {
+                        let rss = rss_kib();
+                        let mut p = peak_rss.lock().unwrap_or_else(|e| e.into_inner());
+                        *p = p.max(rss);
+                    }
+                    runtime
+                        .run_to_completion(activation())
+                        .await
+                        .unwrap_or_else(|e| panic!("{e}"));
+                    in_flight.fetch_sub(1, Ordering::AcqRel);
+                }
+            }));
+        }
+        for w in workers {
+            w.await.unwrap_or_else(|e| panic!("{e}"));
+        }
+    });
+    let elapsed = started.elapsed().as_secs_f64();
+    let peak = peak.load(Ordering::Relaxed);
+    let grown = (*peak_rss.lock().unwrap_or_else(|e| e.into_inner()) - before).max(0.0);
+    (total as f64 / elapsed, grown / peak.max(1) as f64, peak)
+}
+
+fn main() {
+    let quick = std::env::var("AWAKEN_BENCH_QUICK").is_ok_and(|v| v == "1");
+    let scale = |full: usize, small: usize| if quick { small } else { full };
+    let current = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut figures: Vec<Value> = Vec::new();
+    let mut add = |name: &str, value: f64, unit: &str| {
+        println!("{name:<44} {value:>12.2} {unit}");
+        figures.push(json!({"name": name, "value": value, "unit": unit}));
+    };
+
+    let loop5 = runtime(5, 0, None);
+    add(
+        "e2e/loop5_us_per_step",
+        us_per_step(&current, &loop5, 5, scale(2000, 20)),
+        "us",
+    );
+    let loop257 = runtime(257, 0, None);
+    add(
+        "e2e/loop257_us_per_step",
+        us_per_step(&current, &loop257, 257, scale(10, 1)),
+        "us",
+    );
+    let (c32, _, _) = throughput(&loop5, 32, scale(5000, 64));
+    add("e2e/loop5_runs_per_s_c32", c32, "runs/s");
+    let (c1000, kib, peak) = throughput(&loop5, 1000, scale(10_000, 1000));
+    add("e2e/loop5_runs_per_s_c1000", c1000, "runs/s");
+    add("e2e/loop5_kib_per_inflight_run_c1000", kib, "KiB");
+    add("e2e/loop5_peak_inflight_c1000", peak as f64, "runs");
+
+    let dir = std::env::temp_dir().join(format!("awaken-e2e-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let sqlite: Arc<dyn ThreadStore> = Arc::new(
+        current
+            .block_on(SqliteStore::open(
+                SqliteConfig::file(dir.join("bench.db")).with_synchronous(Synchronous::Normal),
+            ))
+            .unwrap_or_else(|e| panic!("{e}")),
+    );
+    let durable = runtime(5, 0, Some(sqlite));
+    let per_step = us_per_step(&current, &durable, 5, scale(200, 5));
+    add("e2e/durable5_steps_per_s", 1e6 / per_step, "steps/s");
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let plugins16 = runtime(5, 16, None);
+    add(
+        "e2e/plugins16_us_per_step",
+        us_per_step(&current, &plugins16, 5, scale(500, 5)),
+        "us",
+    );
+
+    if let Some(dir) = std::env::var_os("AWAKEN_BENCH_EXTRA_DIR") {
+        let path = std::path::Path::new(&dir).join("e2e.json");
+        std::fs::write(
+            &path,
+            serde_json::to_vec_pretty(&figures).unwrap_or_default(),
+        )
+        .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+    }
+}
