@@ -82,6 +82,8 @@ struct Run<'a> {
     identity: Arc<RunIdentity>,
     cancel: CancellationToken,
     history: Vec<Message>,
+    /// The history as shared with phase contexts and requests; rebuilt only after it grows.
+    shared_history: Option<Arc<[Message]>>,
     run_override: Option<InferenceOverride>,
     gates: Vec<(String, Arc<dyn ToolGateHook>)>,
     lifecycle: LifecycleDispatcher,
@@ -163,6 +165,7 @@ pub(crate) async fn run(
         identity,
         cancel: act.cancel,
         history,
+        shared_history: None,
         run_override: act.inference,
         gates,
         lifecycle: LifecycleDispatcher::default(),
@@ -282,6 +285,7 @@ impl Run<'_> {
     /// A message of the run: in the history at once, in the store with the next commit.
     fn push_message(&mut self, message: Message) {
         self.history.push(message.clone());
+        self.shared_history = None;
         self.durable.push_message(message);
     }
 
@@ -304,10 +308,25 @@ impl Run<'_> {
         self.batch.as_ref().map_or(BatchWrite::Keep, batch_json)
     }
 
+    /// The history as one shared slice (copied once per change, not once per phase).
+    fn shared_history(&self) -> Arc<[Message]> {
+        match &self.shared_history {
+            Some(h) => h.clone(),
+            None => Arc::from(self.history.as_slice()),
+        }
+    }
+
+    /// Refreshes the shared history after the history changed.
+    fn share_history(&mut self) {
+        if self.shared_history.is_none() {
+            self.shared_history = Some(Arc::from(self.history.as_slice()));
+        }
+    }
+
     fn ctx(&self, phase: Phase) -> PhaseContext {
         PhaseContext::new(phase, self.engine.store().snapshot(), self.identity.clone())
             .with_sections(Arc::new(self.resolved.spec.sections.clone()))
-            .with_messages(Arc::from(self.history.as_slice()))
+            .with_messages(self.shared_history())
             .with_step(self.step)
             .with_cancel(self.cancel.clone())
     }
@@ -329,6 +348,7 @@ impl Run<'_> {
     }
 
     async fn phase(&mut self, phase: Phase) -> Result<(), Failure> {
+        self.share_history();
         self.phase_with(self.ctx(phase)).await
     }
 
@@ -415,13 +435,18 @@ impl Run<'_> {
             })
             .cloned()
             .collect();
-        let mut messages = self.history.clone();
-        messages.extend(
-            directives
-                .context_messages
-                .iter()
-                .map(|t| Message::system(t.clone())),
-        );
+        let messages: Arc<[Message]> = if directives.context_messages.is_empty() {
+            self.shared_history()
+        } else {
+            let mut messages = self.history.clone();
+            messages.extend(
+                directives
+                    .context_messages
+                    .iter()
+                    .map(|t| Message::system(t.clone())),
+            );
+            messages.into()
+        };
         let mut overrides = spec.inference.clone();
         if let Some(run) = &self.run_override {
             overrides = overrides.merge(run);
@@ -520,6 +545,7 @@ impl Run<'_> {
     async fn run_step(&mut self) -> Result<StepEnd, Failure> {
         self.phase(Phase::StepStart).await?;
         self.phase(Phase::BeforeInference).await?;
+        self.share_history();
         let directives = self.directives();
         let request = self.request(&directives);
         let stats = self.stats();
@@ -558,6 +584,7 @@ impl Run<'_> {
                 self.checkpoint(batch).await?;
             }
         }
+        self.share_history();
         let response = Arc::new(response);
         self.phase_with(self.ctx(Phase::AfterInference).with_response(response))
             .await?;
@@ -731,6 +758,7 @@ impl Run<'_> {
     }
 
     async fn execute_call(&mut self, call: &ToolCall) -> Result<CallOutcome, Failure> {
+        self.share_history();
         let Some(tool) = self
             .resolved
             .tools
