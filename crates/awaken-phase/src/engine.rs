@@ -361,11 +361,7 @@ impl PhaseEngine {
 
         let mut pending = Vec::new();
         if !conflict {
-            let mut commands = commands.into_iter();
-            let mut merged = commands.next().unwrap_or_default();
-            for cmd in commands {
-                merged.extend(cmd);
-            }
+            let merged = StateCommand::concat(commands);
             self.stage(&mut tx, merged, &mut pending)?;
         } else {
             report.fallback = true;

@@ -198,6 +198,21 @@ impl StateCommand {
             .find(|k| theirs.contains(k))
     }
 
+    /// Concatenates commands in order, as repeated [`extend`](Self::extend) would, allocating
+    /// each list once.
+    pub fn concat(commands: Vec<StateCommand>) -> StateCommand {
+        let mut out = StateCommand::new();
+        out.updates
+            .reserve(commands.iter().map(|c| c.updates.len()).sum());
+        for c in commands {
+            out.base_revision = min_base(out.base_revision, c.base_revision);
+            out.updates.extend(c.updates);
+            out.actions.extend(c.actions);
+            out.effects.extend(c.effects);
+        }
+        out
+    }
+
     /// Appends `other` after this command (sequential composition: its updates apply after
     /// ours, its actions and effects follow ours). Never fails. If both have a base revision,
     /// the lower one is kept (the stricter check).

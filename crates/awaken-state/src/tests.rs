@@ -749,3 +749,26 @@ fn restore_notifies_observers() {
     store.restore(&state, UnknownKeyPolicy::Reject).unwrap();
     assert_eq!(*seen.lock().unwrap(), [(1, json!(5))]);
 }
+
+#[test]
+fn concat_equals_repeated_extend() {
+    let mut a = StateCommand::new()
+        .with_base_revision(4)
+        .with_update::<Counter>(1);
+    a.emit_json("e1", json!(1));
+    let mut b = StateCommand::new()
+        .with_base_revision(2)
+        .with_update::<Counter>(2);
+    b.schedule_json("step_end", "a1", json!(null));
+    let c = StateCommand::new().with_update::<Counter>(3);
+    let mut extended = a.clone();
+    extended.extend(b.clone());
+    extended.extend(c.clone());
+    let concatenated = StateCommand::concat(vec![a, b, c]);
+    assert_eq!(
+        concatenated.to_json().expect("json"),
+        extended.to_json().expect("json")
+    );
+    assert_eq!(concatenated.base_revision(), Some(2));
+    assert_eq!(concatenated.updates().len(), 3);
+}
