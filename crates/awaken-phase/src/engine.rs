@@ -316,15 +316,21 @@ impl PhaseEngine {
         let store = &*self.inner.store;
         let registry = store.registry();
         let mut tx = store.transaction();
-        let frozen = ctx.with_snapshot(tx.snapshot());
+        // The caller's context usually holds this very state already; reuse it then.
+        let fresh;
+        let frozen = if ctx.snapshot.revision() == tx.base_revision() && !ctx.snapshot.is_staged() {
+            ctx
+        } else {
+            fresh = ctx.with_snapshot(tx.snapshot());
+            &fresh
+        };
         // Hooks with a synchronous path run right away; the others are driven together.
         let mut outputs: Vec<Option<Result<StateCommand, PhaseError>>> = hooks
             .iter()
-            .map(|h| Self::run_hook_sync(phase, h, &frozen))
+            .map(|h| Self::run_hook_sync(phase, h, frozen))
             .collect();
         let waiting: Vec<usize> = (0..hooks.len()).filter(|&i| outputs[i].is_none()).collect();
         if !waiting.is_empty() {
-            let frozen = &frozen;
             let done = join_all(waiting.iter().map(|&i| async move {
                 let outcome = AssertUnwindSafe(hooks[i].hook.run(frozen))
                     .catch_unwind()
