@@ -113,26 +113,38 @@ impl PhaseEnv {
         name: &str,
         hook: Arc<dyn PhaseHook>,
     ) -> Result<(), PhaseEnvError> {
+        self.add_hook_shared(phase, &Arc::from(plugin_id), Arc::from(name), hook)
+    }
+
+    /// As [`add_hook`](Self::add_hook), sharing the plugin id's allocation between the hooks
+    /// of one plugin.
+    pub fn add_hook_shared(
+        &mut self,
+        phase: Phase,
+        plugin_id: &Arc<str>,
+        name: Arc<str>,
+        hook: Arc<dyn PhaseHook>,
+    ) -> Result<(), PhaseEnvError> {
         if phase == Phase::ToolGate {
             return Err(PhaseEnvError::ToolGateHook {
-                plugin_id: plugin_id.into(),
-                hook: name.into(),
+                plugin_id: plugin_id.to_string(),
+                hook: name.to_string(),
             });
         }
         let list = &mut self.hooks[phase as usize];
         if list
             .iter()
-            .any(|h| &*h.plugin_id == plugin_id && &*h.name == name)
+            .any(|h| h.plugin_id == *plugin_id && h.name == name)
         {
             return Err(PhaseEnvError::DuplicateHook {
-                plugin_id: plugin_id.into(),
+                plugin_id: plugin_id.to_string(),
                 phase,
-                hook: name.into(),
+                hook: name.to_string(),
             });
         }
         list.push(RegisteredHook {
-            plugin_id: plugin_id.into(),
-            name: name.into(),
+            plugin_id: plugin_id.clone(),
+            name,
             hook,
         });
         Ok(())

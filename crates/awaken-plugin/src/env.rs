@@ -119,10 +119,10 @@ impl ExecutionEnv {
 
         let mut keys = KeyRegistry::new();
         register_engine_keys(&mut keys).map_err(EnvError::EngineKeys)?;
-        let mut key_owner: HashMap<String, String> = keys
-            .keys()
-            .map(|k| (k.name.to_owned(), "awaken-phase".to_owned()))
-            .collect();
+        let engine: Arc<str> = Arc::from("awaken-phase");
+        let mut key_owner: HashMap<&'static str, Arc<str>> =
+            HashMap::with_capacity(plugins.len() * 4);
+        key_owner.extend(keys.keys().map(|k| (k.name, engine.clone())));
         let mut phase_env = PhaseEnv::new();
         let mut action_owner: HashMap<&'static str, String> = HashMap::new();
         let mut effect_owner: HashMap<&'static str, String> = HashMap::new();
@@ -141,6 +141,7 @@ impl ExecutionEnv {
         for plugin in &plugins {
             let manifest = plugin.manifest();
             let id = manifest.id.as_str();
+            let shared_id: Arc<str> = Arc::from(id);
             let bound = &manifest.bound;
             let mut r = PluginRegistrar::new(id);
             plugin.register(&mut r)?;
@@ -154,11 +155,11 @@ impl ExecutionEnv {
                     return Err(EnvError::DuplicateContribution {
                         kind: *kind,
                         name: (*name).to_owned(),
-                        first: first.clone(),
+                        first: first.to_string(),
                         second: id.to_owned(),
                     });
                 }
-                key_owner.insert((*name).to_owned(), id.to_owned());
+                key_owner.insert(name, shared_id.clone());
             }
             keys.extend(&r.keys).map_err(|source| PluginError::State {
                 plugin_id: id.to_owned(),
@@ -238,9 +239,9 @@ impl ExecutionEnv {
             if active {
                 env.active.insert(id.to_owned());
                 for (phase, name, hook) in r.phase_hooks {
-                    phase_env.add_hook(phase, id, &name, hook)?;
+                    phase_env.add_hook_shared(phase, &shared_id, Arc::from(name), hook)?;
                 }
-                let plugin_id: Arc<str> = Arc::from(id);
+                let plugin_id = shared_id.clone();
                 for (name, hook) in r.gate_hooks {
                     env.gate_hooks.push(RegisteredGateHook {
                         plugin_id: plugin_id.clone(),
