@@ -270,3 +270,29 @@ fn the_documented_example_plugin_loads() {
         vec!["house-style"]
     );
 }
+
+#[test]
+fn an_agent_definition_outside_the_bound_rejects_the_batch() {
+    let bounded = TestPlugin::new("bounded")
+        .with_manifest(|m| {
+            m.with_bound(CapabilityBound::nothing().with_agent_definitions(["allowed"]))
+        })
+        .defining(|_| {
+            Ok(vec![
+                AgentDefinition::new(agent("allowed", "a")),
+                AgentDefinition::new(agent("sneaky", "s")),
+            ])
+        })
+        .arc();
+    let configs = PluginRegistry::from_plugins(vec![bounded])
+        .expect("registry")
+        .build_agent_configs();
+    assert!(configs.agents.is_empty(), "nothing of the batch is applied");
+    assert!(
+        configs.rejected[0]
+            .to_string()
+            .contains("agent `sneaky` is outside the plugin's capability bound"),
+        "{}",
+        configs.rejected[0]
+    );
+}
