@@ -243,7 +243,6 @@ impl PhaseEngine {
             return Err(PhaseError::Cancelled { phase });
         }
         self.execute(ctx, max_rounds, &mut report).await?;
-        report.revision = self.inner.store.revision();
         Ok(report)
     }
 
@@ -425,13 +424,12 @@ impl PhaseEngine {
         let store = &*self.inner.store;
         let mut round = 0usize;
         loop {
-            let batch: Vec<QueuedAction> = store
-                .snapshot()
-                .get::<ActionQueueKey>()?
-                .for_phase(name)
-                .cloned()
-                .collect();
+            let snapshot = store.snapshot();
+            let queue = snapshot.get::<ActionQueueKey>()?;
+            let batch: Vec<QueuedAction> = queue.for_phase(name).cloned().collect();
             if batch.is_empty() {
+                report.actions_left = queue.items.len();
+                report.revision = snapshot.revision();
                 break;
             }
             if round == max_rounds {
@@ -459,7 +457,6 @@ impl PhaseEngine {
             }
         }
         report.rounds = round;
-        report.actions_left = store.snapshot().get::<ActionQueueKey>()?.items.len();
         Ok(())
     }
 
