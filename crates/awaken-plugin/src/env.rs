@@ -141,10 +141,10 @@ impl ExecutionEnv {
         for plugin in &plugins {
             let manifest = plugin.manifest();
             let id = manifest.id.as_str();
-            let shared_id: Arc<str> = Arc::from(id);
             let bound = &manifest.bound;
             let mut r = PluginRegistrar::new(id);
             plugin.register(&mut r)?;
+            let shared_id = r.shared_id().clone();
 
             // Structural parts, for every plugin.
             for (name, kind) in &r.key_kinds {
@@ -239,7 +239,7 @@ impl ExecutionEnv {
             if active {
                 env.active.insert(id.to_owned());
                 for (phase, name, hook) in r.phase_hooks {
-                    phase_env.add_hook_shared(phase, &shared_id, Arc::from(name), hook)?;
+                    phase_env.add_hook_shared(phase, &shared_id, name, hook)?;
                 }
                 let plugin_id = shared_id.clone();
                 for (name, hook) in r.gate_hooks {

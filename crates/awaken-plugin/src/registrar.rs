@@ -22,7 +22,7 @@ pub struct PluginRegistrar {
     pub(crate) key_kinds: Vec<(&'static str, ContributionKind)>,
     pub(crate) actions: Vec<Arc<dyn ErasedActionHandler>>,
     pub(crate) effects: Vec<Arc<dyn ErasedEffectHandler>>,
-    pub(crate) phase_hooks: Vec<(Phase, String, Arc<dyn PhaseHook>)>,
+    pub(crate) phase_hooks: Vec<(Phase, Arc<str>, Arc<dyn PhaseHook>)>,
     pub(crate) gate_hooks: Vec<(String, Arc<dyn ToolGateHook>)>,
     pub(crate) tools: Vec<Arc<dyn Tool>>,
     pub(crate) transforms: Vec<Arc<dyn InferenceRequestTransform>>,
@@ -87,6 +87,11 @@ impl PluginRegistrar {
             tools: Vec::new(),
             transforms: Vec::new(),
         }
+    }
+
+    /// The plugin's id, shared.
+    pub(crate) fn shared_id(&self) -> &Arc<str> {
+        &self.plugin_id
     }
 
     /// The plugin's id, stamped on every contribution.
@@ -163,24 +168,24 @@ impl PluginRegistrar {
     pub fn register_phase_hook(
         &mut self,
         phase: Phase,
-        name: impl Into<String>,
+        name: impl AsRef<str>,
         hook: Arc<dyn PhaseHook>,
     ) -> Result<(), PluginError> {
-        let name = name.into();
+        let name = name.as_ref();
         if phase == Phase::ToolGate {
             return Err(PluginError::ToolGatePhaseHook {
                 plugin_id: self.plugin_id.to_string(),
-                hook: name,
+                hook: name.to_owned(),
             });
         }
         if self
             .phase_hooks
             .iter()
-            .any(|(p, n, _)| *p == phase && *n == name)
+            .any(|(p, n, _)| *p == phase && &**n == name)
         {
             return Err(self.duplicate(ContributionKind::PhaseHook, format!("{phase}/{name}")));
         }
-        self.phase_hooks.push((phase, name, hook));
+        self.phase_hooks.push((phase, Arc::from(name), hook));
         Ok(())
     }
 
