@@ -348,7 +348,7 @@ impl PhaseEngine {
 
         // Does any Exclusive key have two writers?
         // (A short list beats a hash map for the handful of keys a phase writes.)
-        let mut writer: Vec<(&str, usize)> = Vec::new();
+        let mut writer: Vec<(&str, usize)> = Vec::with_capacity(commands.len() * 2);
         let mut conflict = false;
         'scan: for (i, cmd) in commands.iter().enumerate() {
             for update in cmd.updates() {
