@@ -627,7 +627,22 @@ impl Run<'_> {
                 name: call.name.clone(),
                 arguments: call.arguments.clone(),
             });
-            match self.execute_call(call).await? {
+            let outcome = match self.execute_call(call).await {
+                Ok(o) => o,
+                Err(failure) => {
+                    // Every call the model made still gets exactly one closing result.
+                    let reason = match &failure {
+                        Failure::Cancelled => "not executed: the run was cancelled",
+                        Failure::Error(_) => "not finished: the run failed",
+                    };
+                    for rest in &calls[i..] {
+                        self.close(rest, ToolResult::error(reason), ToolCallState::Cancelled)
+                            .await?;
+                    }
+                    return Err(failure);
+                }
+            };
+            match outcome {
                 CallOutcome::Closed(result, state) => self.close(call, result, state).await?,
                 CallOutcome::Suspended(ticket) => {
                     suspended = true;
@@ -871,7 +886,8 @@ impl Run<'_> {
             }
             Err(e) => {
                 if self.cancel.is_cancelled() {
-                    return Err(Failure::Cancelled);
+                    // The run is ending: the call closes as cancelled, without AfterToolExecute.
+                    return Ok(CallOutcome::Closed(e.to_result(), ToolCallState::Cancelled));
                 }
                 (e.to_result(), e.closing_state())
             }

@@ -613,3 +613,80 @@ fn every_commutative_builtin_key_has_a_property_test() {
             .contains(<RunStatsKey as awaken_state::StateKey>::KEY)
     );
 }
+
+/// A tool that signals it started, then waits until the run is cancelled.
+struct Waits(Arc<tokio::sync::Notify>);
+
+#[async_trait::async_trait]
+impl awaken_tool::Tool for Waits {
+    fn descriptor(&self) -> awaken_event::ToolDescriptor {
+        awaken_event::ToolDescriptor::new("wait", "Waits until cancelled")
+    }
+    async fn execute(
+        &self,
+        _args: serde_json::Value,
+        ctx: &awaken_tool::ToolCallContext,
+    ) -> Result<awaken_tool::ToolOutput, awaken_tool::ToolError> {
+        self.0.notify_one();
+        ctx.cancel_token().cancelled().await;
+        Err(awaken_tool::ToolError::Cancelled { tool_id: "wait".into() })
+    }
+}
+
+#[tokio::test]
+async fn cancellation_during_a_tool_closes_its_call_and_ends_the_run_cancelled() {
+    let started = Arc::new(tokio::sync::Notify::new());
+    let token = CancellationToken::new();
+    let t = token.clone();
+    let mut scenario = Scenario::new(vec![
+        call("c1", "wait", json!({})),
+        ScriptTurn::text("never"),
+    ])
+    .activation(move |mut a| {
+        a.cancel = t;
+        a
+    });
+    scenario.tools.push(Arc::new(Waits(started.clone())));
+    let run = tokio::spawn(scenario.run());
+    started.notified().await;
+    token.cancel();
+    let out = run.await.expect("joined");
+    assert_eq!(out.outcome.termination, TerminationReason::Cancelled);
+    let text = render(&out.events);
+    assert!(text.contains("call_done c1 cancelled"), "{text}");
+    assert_eq!(out.executor.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn a_failing_hook_before_a_tool_closes_the_calls_and_fails_the_run() {
+    let failing = plugin("strict", |r| {
+        r.register_phase_hook(
+            Phase::BeforeToolExecute,
+            "refuse",
+            Arc::new(FnHook(|_: &PhaseContext| {
+                Err(awaken_phase::HookError::failed("no tools today"))
+            })),
+        )
+    });
+    let out = Scenario::new(vec![
+        ScriptTurn::text("")
+            .with_tool_call(ScriptToolCall::new("echo", json!({"text": "a"})).with_id("c1"))
+            .with_tool_call(ScriptToolCall::new("echo", json!({"text": "b"})).with_id("c2")),
+    ])
+    .plugin(failing)
+    .run()
+    .await;
+    let TerminationReason::Error { message } = &out.outcome.termination else {
+        panic!("{:?}", out.outcome)
+    };
+    assert!(message.contains("no tools today"), "{message}");
+    let text = render(&out.events);
+    assert!(
+        text.contains("call_done c1 cancelled \"not finished: the run failed\""),
+        "{text}"
+    );
+    assert!(
+        text.contains("call_done c2 cancelled \"not finished: the run failed\""),
+        "{text}"
+    );
+}
