@@ -629,7 +629,9 @@ impl awaken_tool::Tool for Waits {
     ) -> Result<awaken_tool::ToolOutput, awaken_tool::ToolError> {
         self.0.notify_one();
         ctx.cancel_token().cancelled().await;
-        Err(awaken_tool::ToolError::Cancelled { tool_id: "wait".into() })
+        Err(awaken_tool::ToolError::Cancelled {
+            tool_id: "wait".into(),
+        })
     }
 }
 
