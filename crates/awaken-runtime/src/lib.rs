@@ -25,7 +25,6 @@ pub use builtins::{
     StatsUpdate, StepDirectives, StepDirectivesKey, StopConditionsPlugin, StopRequest,
     StopRequestKey,
 };
-pub use run::usage_of;
 pub use runtime::{
     AgentRuntime, AgentRuntimeBuilder, BuildError, IdSource, RunActivation, RunError, RunHandle,
     RunOutcome, SequentialIds, SystemIds,

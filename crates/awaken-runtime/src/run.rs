@@ -86,6 +86,8 @@ struct Run<'a> {
     shared_history: Option<Arc<[Message]>>,
     run_override: Option<InferenceOverride>,
     gates: Vec<(String, Arc<dyn ToolGateHook>)>,
+    /// The agent's sections, shared by every phase context of the run.
+    sections: Arc<awaken_spec::Sections>,
     lifecycle: LifecycleDispatcher,
     step: u32,
     response: Option<String>,
@@ -158,6 +160,7 @@ pub(crate) async fn run(
         .iter()
         .map(|g| (format!("{}/{}", g.plugin_id, g.name), g.hook.clone()))
         .collect();
+    let resolved_sections = resolved.spec.sections.clone();
     let mut run = Run {
         sink,
         resolved,
@@ -168,6 +171,7 @@ pub(crate) async fn run(
         shared_history: None,
         run_override: act.inference,
         gates,
+        sections: Arc::new(resolved_sections),
         lifecycle: LifecycleDispatcher::default(),
         step: 0,
         response: None,
@@ -325,7 +329,7 @@ impl Run<'_> {
 
     fn ctx(&self, phase: Phase) -> PhaseContext {
         PhaseContext::new(phase, self.engine.store().snapshot(), self.identity.clone())
-            .with_sections(Arc::new(self.resolved.spec.sections.clone()))
+            .with_sections(self.sections.clone())
             .with_messages(self.shared_history())
             .with_step(self.step)
             .with_cancel(self.cancel.clone())
@@ -662,10 +666,8 @@ impl Run<'_> {
                 }
             }
         }
-        self.phase(Phase::StepEnd).await?;
-        let stop = self.stop_condition(&self.stats());
-        self.submit(StateCommand::new().with_update::<RunStatsKey>(StatsUpdate::StepEnded))
-            .await?;
+        let stats = self.end_step().await?;
+        let stop = self.stop_condition(&stats);
         if suspended {
             return Ok(StepEnd::End(TerminationReason::Suspended));
         }
@@ -675,10 +677,14 @@ impl Run<'_> {
         })
     }
 
-    async fn end_step(&mut self) -> Result<(), Failure> {
+    /// Runs `StepEnd` and counts the step; returns the statistics as the step left them (the
+    /// stop conditions read them: the step's tools are cleared by the count).
+    async fn end_step(&mut self) -> Result<RunStats, Failure> {
         self.phase(Phase::StepEnd).await?;
+        let stats = self.stats();
         self.submit(StateCommand::new().with_update::<RunStatsKey>(StatsUpdate::StepEnded))
-            .await
+            .await?;
+        Ok(stats)
     }
 
     fn stop_condition(&self, stats: &RunStats) -> Option<TerminationReason> {
@@ -986,16 +992,4 @@ impl Run<'_> {
         }
         termination
     }
-}
-
-/// Token usage of a finished run, for callers that only hold events.
-pub fn usage_of(events: &[AgentEvent]) -> TokenUsage {
-    events
-        .iter()
-        .rev()
-        .find_map(|e| match e {
-            AgentEvent::RunFinish { usage, .. } => Some(*usage),
-            _ => None,
-        })
-        .unwrap_or_default()
 }
