@@ -286,7 +286,10 @@ fn build(sources: &[Source], version: u64) -> Result<RegistrySnapshot, RegistryE
     // reports the missing dependency when an agent uses it).
     let ordered = match execution_order(&plugins) {
         Ok(o) => o,
-        Err(_) => plugins.clone(),
+        Err(e) => {
+            tracing::warn!(error = %e, "plugins listed in registration order");
+            plugins
+        }
     };
     let agents = build_agents(&ordered, version);
     Ok(RegistrySnapshot {
