@@ -156,6 +156,12 @@ impl Plugin for LoopActionsPlugin {
 
     fn register(&self, r: &mut PluginRegistrar) -> Result<(), PluginError> {
         r.register_key::<StepDirectivesKey>(KeyOptions::new().with_scope(KeyScope::Ephemeral))?;
+        r.register_key::<crate::intercept::CallInterceptKey>(
+            KeyOptions::new().with_scope(KeyScope::Ephemeral),
+        )?;
+        r.register_scheduled_action::<crate::intercept::InterceptToolCall, _>(
+            crate::intercept::InterceptHandler,
+        )?;
         r.register_scheduled_action::<AddContextMessage, _>(LoopActionHandler)?;
         r.register_scheduled_action::<SetInferenceOverride, _>(LoopActionHandler)?;
         r.register_scheduled_action::<ExcludeTool, _>(LoopActionHandler)?;

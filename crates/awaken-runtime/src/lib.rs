@@ -15,6 +15,7 @@
 
 mod builtins;
 mod durable;
+mod intercept;
 mod run;
 mod runtime;
 
@@ -25,6 +26,7 @@ pub use builtins::{
     StatsUpdate, StepDirectives, StepDirectivesKey, StopConditionsPlugin, StopRequest,
     StopRequestKey,
 };
+pub use intercept::{CallIntercept, CallInterceptKey, InterceptHandler, InterceptToolCall};
 pub use runtime::{
     AgentRuntime, AgentRuntimeBuilder, BuildError, IdSource, RunActivation, RunError, RunHandle,
     RunOutcome, SequentialIds, SystemIds,

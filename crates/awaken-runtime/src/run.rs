@@ -17,17 +17,19 @@ use awaken_plugin::{
     LifecycleDispatcher, LifecycleEvent, RunLifecycle, TokenCounts, TransformContext,
     apply_transforms,
 };
-use awaken_resolver::{ResolvedAgent, ResolvedRunPlan};
+use awaken_resolver::{ResolvedAgent, ResolvedRunPlan, ResolvedTool};
 use awaken_spec::{InferenceOverride, StopConditionSpec};
 use awaken_state::{StateCommand, StateStore, UnknownKeyPolicy};
 use awaken_store::{BatchWrite, RunRecord, RunStatus, Timestamp};
 use awaken_tool::{ToolBatch, ToolCallContext, ToolGateHook, ToolInterceptPayload, evaluate_gates};
 use futures_util::StreamExt;
+use tracing::Instrument;
 
 use crate::builtins::{
     RunStats, RunStatsKey, StatsUpdate, StepDirectives, StepDirectivesKey, StopRequestKey,
 };
 use crate::durable::{Durable, batch_json};
+use crate::intercept::CallInterceptKey;
 use crate::runtime::{AgentRuntime, RunActivation, RunError, RunOutcome};
 
 /// Why a step could not go on.
@@ -97,6 +99,20 @@ struct Run<'a> {
 }
 
 pub(crate) async fn run(
+    rt: &AgentRuntime,
+    act: RunActivation,
+    sink: &dyn EventSink,
+) -> Result<RunOutcome, RunError> {
+    let span = tracing::info_span!(
+        "run",
+        thread_id = %act.thread_id,
+        agent = %act.agent_id,
+        run_id = tracing::field::Empty
+    );
+    run_activation(rt, act, sink).instrument(span).await
+}
+
+async fn run_activation(
     rt: &AgentRuntime,
     act: RunActivation,
     sink: &dyn EventSink,
@@ -178,8 +194,7 @@ pub(crate) async fn run(
         durable,
         batch: None,
     };
-    let span = tracing::info_span!("run", run_id = %run.identity.run_id, thread_id = %run.identity.thread_id, agent = %run.identity.agent_id);
-    let _entered = span.enter();
+    tracing::Span::current().record("run_id", tracing::field::display(&run.identity.run_id));
     for message in act.messages {
         run.push_message(message);
     }
@@ -221,12 +236,6 @@ pub(crate) async fn run(
         run.note(AgentEvent::Warning {
             kind: WarningKind::Resolution,
             detail: w.to_string(),
-        });
-    }
-    if run.resolved.spec.parallel_tools {
-        run.note(AgentEvent::Warning {
-            kind: WarningKind::Other,
-            detail: "parallel_tools is not supported by this runtime yet; tool calls run one after another".into(),
         });
     }
     let termination = match run.drive().await {
@@ -345,8 +354,18 @@ impl Run<'_> {
         }
     }
 
+    /// Runs a phase; a cancellation while one of its hooks or actions is awaiting ends it at
+    /// once (nothing of an unfinished GATHER is published; an action whose handler did not
+    /// finish stays queued).
     async fn phase_with(&mut self, ctx: PhaseContext) -> Result<(), Failure> {
-        let report = self.engine.run_phase(&ctx).await?;
+        let report = {
+            let phase = std::pin::pin!(self.engine.run_phase(&ctx));
+            let cancelled = std::pin::pin!(ctx.cancel.cancelled());
+            match futures_util::future::select(phase, cancelled).await {
+                futures_util::future::Either::Left((report, _)) => report?,
+                futures_util::future::Either::Right(((), _)) => return Err(Failure::Cancelled),
+            }
+        };
         self.report(&report);
         Ok(())
     }
@@ -613,59 +632,11 @@ impl Run<'_> {
                 format!("reached the limit of {max_rounds} inferences"),
             )));
         }
-        let mut suspended = false;
-        for (i, call) in calls.iter().enumerate() {
-            if self.cancel.is_cancelled() {
-                for rest in &calls[i..] {
-                    self.close(
-                        rest,
-                        ToolResult::error("not executed: the run was cancelled"),
-                        ToolCallState::Cancelled,
-                    )
-                    .await?;
-                }
-                return Err(Failure::Cancelled);
-            }
-            self.note(AgentEvent::ToolCallReady {
-                call_id: call.id.clone(),
-                name: call.name.clone(),
-                arguments: call.arguments.clone(),
-            });
-            let outcome = match self.execute_call(call).await {
-                Ok(o) => o,
-                Err(failure) => {
-                    // Every call the model made still gets exactly one closing result.
-                    let reason = match &failure {
-                        Failure::Cancelled => "not executed: the run was cancelled",
-                        Failure::Error(_) => "not finished: the run failed",
-                    };
-                    for rest in &calls[i..] {
-                        self.close(rest, ToolResult::error(reason), ToolCallState::Cancelled)
-                            .await?;
-                    }
-                    return Err(failure);
-                }
-            };
-            match outcome {
-                CallOutcome::Closed(result, state) => self.close(call, result, state).await?,
-                CallOutcome::Suspended(ticket) => {
-                    suspended = true;
-                    if let Some(batch) = self.batch.as_mut() {
-                        batch
-                            .suspend(&call.id, (*ticket).clone())
-                            .map_err(|e| Failure::Error(e.to_string()))?;
-                    }
-                    self.fact(AgentEvent::ToolCallSuspended {
-                        call_id: call.id.clone(),
-                        ticket: *ticket,
-                    });
-                    {
-                        let batch = self.batch_write();
-                        self.checkpoint(batch).await?;
-                    }
-                }
-            }
-        }
+        let suspended = if self.resolved.spec.parallel_tools && calls.len() > 1 {
+            self.run_calls_concurrently(&calls).await?
+        } else {
+            self.run_calls_sequentially(&calls).await?
+        };
         let stats = self.end_step().await?;
         let stop = self.stop_condition(&stats);
         if suspended {
@@ -778,7 +749,178 @@ impl Run<'_> {
         self.checkpoint(batch).await
     }
 
+    /// The calls of a step one after another: each gated after the earlier ones committed.
+    /// Returns whether a call was suspended.
+    async fn run_calls_sequentially(&mut self, calls: &[ToolCall]) -> Result<bool, Failure> {
+        let mut suspended = false;
+        for (i, call) in calls.iter().enumerate() {
+            self.begin_call(calls, i).await?;
+            let outcome = match self.execute_call(call).await {
+                Ok(o) => o,
+                Err(failure) => {
+                    // Every call the model made still gets exactly one closing result.
+                    self.close_all(&calls[i..], failure_reason(&failure))
+                        .await?;
+                    return Err(failure);
+                }
+            };
+            suspended |= self.settle(call, outcome).await?;
+        }
+        Ok(suspended)
+    }
+
+    /// The calls of a step concurrently (the agent's `parallel_tools`): each is prepared
+    /// (checked, gated, `BeforeToolExecute`) in call order, the allowed ones are committed
+    /// `Executing` together and run at once on the run's task, except that calls whose tools
+    /// declare overlapping `writes()` run one after another in call order (each seeing the
+    /// state the previous one left). Their commands are merged by the state merge rules as
+    /// each finishes; then `AfterToolExecute` and the results follow in call order, so the
+    /// committed history is the one a sequential run gives.
+    async fn run_calls_concurrently(&mut self, calls: &[ToolCall]) -> Result<bool, Failure> {
+        let mut prepared: Vec<Option<CallOutcome>> = Vec::with_capacity(calls.len());
+        let mut to_run: Vec<(usize, ResolvedTool)> = Vec::new();
+        for (i, call) in calls.iter().enumerate() {
+            self.begin_call(calls, i).await?;
+            match self.prepare_call(call).await {
+                Ok(Prepared::Done(outcome)) => prepared.push(Some(outcome)),
+                Ok(Prepared::Run(tool)) => {
+                    prepared.push(None);
+                    to_run.push((i, tool));
+                }
+                Err(failure) => {
+                    self.close_all(calls, failure_reason(&failure)).await?;
+                    return Err(failure);
+                }
+            }
+        }
+        let started: Vec<&ToolCall> = to_run.iter().map(|(i, _)| &calls[*i]).collect();
+        self.mark_executing(&started).await?;
+        // Lanes: calls whose declared writes overlap (transitively) share a lane and run in
+        // call order; lanes run concurrently.
+        let lanes = write_lanes(&to_run);
+        let invocation = self.invocation();
+        let engine = &self.engine;
+        let ran: Vec<Vec<(usize, Ran)>> =
+            futures_util::future::join_all(lanes.into_iter().map(|lane| {
+                let invocation = &invocation;
+                let to_run = &to_run;
+                async move {
+                    let mut out = Vec::with_capacity(lane.len());
+                    for slot in lane {
+                        let (i, tool) = &to_run[slot];
+                        out.push((*i, invocation.run(tool, &calls[*i], engine).await));
+                    }
+                    out
+                }
+            }))
+            .await;
+        let mut results: Vec<Option<Ran>> = (0..calls.len()).map(|_| None).collect();
+        for (i, r) in ran.into_iter().flatten() {
+            results[i] = Some(r);
+        }
+        let mut suspended = false;
+        for (i, call) in calls.iter().enumerate() {
+            let outcome = match (prepared[i].take(), results[i].take()) {
+                (Some(outcome), _) => outcome,
+                (None, Some(ran)) => match self.after_tool(call, ran).await {
+                    Ok(o) => o,
+                    Err(failure) => {
+                        self.close_all(&calls[i..], failure_reason(&failure))
+                            .await?;
+                        return Err(failure);
+                    }
+                },
+                (None, None) => {
+                    return Err(Failure::Error(format!(
+                        "tool call {} was neither prepared nor run",
+                        call.id
+                    )));
+                }
+            };
+            suspended |= self.settle(call, outcome).await?;
+        }
+        if self.cancel.is_cancelled() {
+            return Err(Failure::Cancelled);
+        }
+        Ok(suspended)
+    }
+
+    /// Before call `i` is looked at: a cancelled run closes it and the rest; otherwise the
+    /// call is announced ready.
+    async fn begin_call(&mut self, calls: &[ToolCall], i: usize) -> Result<(), Failure> {
+        if self.cancel.is_cancelled() {
+            self.close_all(&calls[i..], "not executed: the run was cancelled")
+                .await?;
+            return Err(Failure::Cancelled);
+        }
+        let call = &calls[i];
+        self.note(AgentEvent::ToolCallReady {
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            arguments: call.arguments.clone(),
+        });
+        Ok(())
+    }
+
+    /// Closes every call in `calls` that is still open with `reason` (cancelled).
+    async fn close_all(&mut self, calls: &[ToolCall], reason: &str) -> Result<(), Failure> {
+        for call in calls {
+            let open = self.batch.as_ref().is_none_or(|b| {
+                matches!(
+                    b.state(&call.id),
+                    Some(
+                        ToolCallState::Requested
+                            | ToolCallState::Executing
+                            | ToolCallState::Suspended
+                    )
+                )
+            });
+            if open {
+                self.close(call, ToolResult::error(reason), ToolCallState::Cancelled)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Records how a call came out: closed (result committed) or suspended (parked,
+    /// committed). Returns whether it was suspended.
+    async fn settle(&mut self, call: &ToolCall, outcome: CallOutcome) -> Result<bool, Failure> {
+        match outcome {
+            CallOutcome::Closed(result, state) => {
+                self.close(call, result, state).await?;
+                Ok(false)
+            }
+            CallOutcome::Suspended(ticket) => {
+                if let Some(batch) = self.batch.as_mut() {
+                    batch
+                        .suspend(&call.id, (*ticket).clone())
+                        .map_err(|e| Failure::Error(e.to_string()))?;
+                }
+                self.fact(AgentEvent::ToolCallSuspended {
+                    call_id: call.id.clone(),
+                    ticket: *ticket,
+                });
+                let batch = self.batch_write();
+                self.checkpoint(batch).await?;
+                Ok(true)
+            }
+        }
+    }
+
     async fn execute_call(&mut self, call: &ToolCall) -> Result<CallOutcome, Failure> {
+        let tool = match self.prepare_call(call).await? {
+            Prepared::Done(outcome) => return Ok(outcome),
+            Prepared::Run(tool) => tool,
+        };
+        self.mark_executing(&[call]).await?;
+        let ran = self.invocation().run(&tool, call, &self.engine).await;
+        self.after_tool(call, ran).await
+    }
+
+    /// Everything before a call may run: the runtime's own checks, the gates, and
+    /// `BeforeToolExecute` with any decision an action there took.
+    async fn prepare_call(&mut self, call: &ToolCall) -> Result<Prepared, Failure> {
         self.share_history();
         let Some(tool) = self
             .resolved
@@ -787,26 +929,29 @@ impl Run<'_> {
             .find(|t| t.tool.descriptor().name == call.name)
             .cloned()
         else {
-            return Ok(CallOutcome::Closed(
+            return Ok(Prepared::Done(CallOutcome::Closed(
                 ToolResult::error(format!(
                     "unknown tool `{}`: it is not available to this agent",
                     call.name
                 )),
                 ToolCallState::Blocked,
-            ));
+            )));
         };
         if let Some(raw) = &call.invalid_arguments {
-            return Ok(CallOutcome::Closed(
+            return Ok(Prepared::Done(CallOutcome::Closed(
                 ToolResult::error(format!(
                     "the arguments of `{}` are not valid JSON: {raw}",
                     call.name
                 )),
                 ToolCallState::Blocked,
-            ));
+            )));
         }
         // Arguments that break the schema never reach a gate or the tool.
         if let Err(e) = tool.tool.check_call(call) {
-            return Ok(CallOutcome::Closed(e.to_result(), ToolCallState::Blocked));
+            return Ok(Prepared::Done(CallOutcome::Closed(
+                e.to_result(),
+                ToolCallState::Blocked,
+            )));
         }
         let info = ToolPhaseInfo {
             call: call.clone(),
@@ -827,75 +972,54 @@ impl Run<'_> {
             });
         }
         if let Some(decision) = resolution.decision {
-            let payload = decision.payload;
-            return Ok(match payload {
-                ToolInterceptPayload::Block { reason } => {
-                    CallOutcome::Closed(ToolResult::error(reason), ToolCallState::Blocked)
-                }
-                ToolInterceptPayload::SetResult(result) => {
-                    CallOutcome::Closed(result, ToolCallState::ShortCircuited)
-                }
-                ToolInterceptPayload::Suspend(ticket) => CallOutcome::Suspended(Box::new(ticket)),
-            });
+            return Ok(Prepared::Done(intercepted(decision.payload)));
         }
-        self.phase_with(self.ctx(Phase::BeforeToolExecute).with_tool(info.clone()))
+        self.phase_with(self.ctx(Phase::BeforeToolExecute).with_tool(info))
             .await?;
-        if let Some(batch) = self.batch.as_mut() {
-            batch
-                .start(&call.id)
-                .map_err(|e| Failure::Error(e.to_string()))?;
-        }
-        // `Executing` is durable before the tool can have any effect.
-        {
-            let batch = self.batch_write();
-            self.checkpoint(batch).await?;
-        }
-        let tool_ctx = ToolCallContext::new(
-            self.identity.thread_id.clone(),
-            self.identity.run_id.clone(),
-            call.id.clone(),
-            self.engine.store().snapshot(),
-        )
-        .with_cancel(self.cancel.clone());
-        let timeout = self.resolved.spec.tool_timeout.map(|t| t.get());
-        let timer = async move {
-            match timeout {
-                Some(t) => tokio::time::sleep(t).await,
-                None => std::future::pending::<()>().await,
-            }
+        // An action of `BeforeToolExecute` may still decide on the call.
+        let decided = match self.engine.store().snapshot().get::<CallInterceptKey>() {
+            Ok(Some(d)) if d.call_id == call.id => Some(d.payload.clone()),
+            _ => None,
         };
-        let invoked = tool
-            .tool
-            .invoke_with_timeout(
-                call.arguments.clone(),
-                &tool_ctx,
-                self.resolved.env.keys(),
-                timer,
-            )
-            .await;
-        let (result, state) = match invoked {
-            Ok(output) => {
-                let mut state = if output.result.is_error() {
-                    ToolCallState::Failed
-                } else {
-                    ToolCallState::Succeeded
-                };
-                let mut result = output.result;
-                if let Some(cmd) = output.command
-                    && let Err(e) = self.engine.submit_command(cmd).await
-                {
-                    result =
-                        ToolResult::error(format!("the tool's state change was rejected: {e}"));
-                    state = ToolCallState::Failed;
-                }
-                (result, state)
+        if let Some(payload) = decided {
+            return Ok(Prepared::Done(intercepted(payload)));
+        }
+        Ok(Prepared::Run(tool))
+    }
+
+    /// Commits `calls` as `Executing`: durable before any of them can have an effect.
+    async fn mark_executing(&mut self, calls: &[&ToolCall]) -> Result<(), Failure> {
+        if calls.is_empty() {
+            return Ok(());
+        }
+        if let Some(batch) = self.batch.as_mut() {
+            for call in calls {
+                batch
+                    .start(&call.id)
+                    .map_err(|e| Failure::Error(e.to_string()))?;
             }
-            Err(e) => {
-                if self.cancel.is_cancelled() {
-                    // The run is ending: the call closes as cancelled, without AfterToolExecute.
-                    return Ok(CallOutcome::Closed(e.to_result(), ToolCallState::Cancelled));
-                }
-                (e.to_result(), e.closing_state())
+        }
+        let batch = self.batch_write();
+        self.checkpoint(batch).await
+    }
+
+    /// What running a tool needs from the run, borrowed apart from the run itself.
+    fn invocation(&self) -> Invocation<'_> {
+        Invocation {
+            identity: &self.identity,
+            cancel: &self.cancel,
+            keys: self.resolved.env.keys(),
+            timeout: self.resolved.spec.tool_timeout.map(|t| t.get()),
+        }
+    }
+
+    /// `AfterToolExecute` for a call that ran (not for one the run's cancellation ended).
+    async fn after_tool(&mut self, call: &ToolCall, ran: Ran) -> Result<CallOutcome, Failure> {
+        let (result, state) = match ran {
+            Ran::Finished(result, state) => (result, state),
+            Ran::Cancelled(result) => {
+                // The run is ending: the call closes as cancelled, without AfterToolExecute.
+                return Ok(CallOutcome::Closed(result, ToolCallState::Cancelled));
             }
         };
         let after = ToolPhaseInfo {
@@ -903,6 +1027,7 @@ impl Run<'_> {
             result: Some(result.clone()),
             resume: None,
         };
+        self.share_history();
         self.phase_with(self.ctx(Phase::AfterToolExecute).with_tool(after))
             .await?;
         Ok(CallOutcome::Closed(result, state))
@@ -991,5 +1116,131 @@ impl Run<'_> {
             self.durable.flush_uncommitted(self.sink);
         }
         termination
+    }
+}
+
+/// What preparing a call decided.
+enum Prepared {
+    /// Closed or suspended without running the tool.
+    Done(CallOutcome),
+    /// Allowed: the tool to run.
+    Run(ResolvedTool),
+}
+
+/// How a tool's invocation ended.
+enum Ran {
+    /// It ran (successfully or not); `AfterToolExecute` follows.
+    Finished(ToolResult, ToolCallState),
+    /// The run's cancellation ended it.
+    Cancelled(ToolResult),
+}
+
+fn failure_reason(failure: &Failure) -> &'static str {
+    match failure {
+        Failure::Cancelled => "not executed: the run was cancelled",
+        Failure::Error(_) => "not finished: the run failed",
+    }
+}
+
+fn intercepted(payload: ToolInterceptPayload) -> CallOutcome {
+    match payload {
+        ToolInterceptPayload::Block { reason } => {
+            CallOutcome::Closed(ToolResult::error(reason), ToolCallState::Blocked)
+        }
+        ToolInterceptPayload::SetResult(result) => {
+            CallOutcome::Closed(result, ToolCallState::ShortCircuited)
+        }
+        ToolInterceptPayload::Suspend(ticket) => CallOutcome::Suspended(Box::new(ticket)),
+    }
+}
+
+/// Groups the calls to run into lanes: calls whose tools' declared `writes()` overlap, even
+/// through a third call, share a lane (in call order); a call that declares none has its own.
+fn write_lanes(to_run: &[(usize, ResolvedTool)]) -> Vec<Vec<usize>> {
+    let mut lane_of: Vec<usize> = (0..to_run.len()).collect();
+    fn root(lane_of: &mut [usize], mut i: usize) -> usize {
+        while lane_of[i] != i {
+            lane_of[i] = lane_of[lane_of[i]];
+            i = lane_of[i];
+        }
+        i
+    }
+    for a in 0..to_run.len() {
+        for b in (a + 1)..to_run.len() {
+            let wa = to_run[a].1.tool.writes();
+            let wb = to_run[b].1.tool.writes();
+            if wa.iter().any(|k| wb.contains(k)) {
+                let (ra, rb) = (root(&mut lane_of, a), root(&mut lane_of, b));
+                if ra != rb {
+                    lane_of[ra.max(rb)] = ra.min(rb);
+                }
+            }
+        }
+    }
+    let mut lanes: Vec<Vec<usize>> = Vec::new();
+    let mut index: HashMap<usize, usize> = HashMap::new();
+    for slot in 0..to_run.len() {
+        let r = root(&mut lane_of, slot);
+        let lane = *index.entry(r).or_insert_with(|| {
+            lanes.push(Vec::new());
+            lanes.len() - 1
+        });
+        lanes[lane].push(slot);
+    }
+    lanes
+}
+
+/// What running one tool needs: borrowed from the run so that several can run at once.
+struct Invocation<'a> {
+    identity: &'a RunIdentity,
+    cancel: &'a CancellationToken,
+    keys: &'a awaken_state::KeyRegistry,
+    timeout: Option<std::time::Duration>,
+}
+
+impl Invocation<'_> {
+    /// Runs the call's tool with validation, the agent's timeout, cancellation and panic
+    /// capture, then commits the tool's state change (on the state as it is now).
+    async fn run(&self, tool: &ResolvedTool, call: &ToolCall, engine: &PhaseEngine) -> Ran {
+        let tool_ctx = ToolCallContext::new(
+            self.identity.thread_id.clone(),
+            self.identity.run_id.clone(),
+            call.id.clone(),
+            engine.store().snapshot(),
+        )
+        .with_cancel(self.cancel.clone());
+        let timeout = self.timeout;
+        let timer = async move {
+            match timeout {
+                Some(t) => tokio::time::sleep(t).await,
+                None => std::future::pending::<()>().await,
+            }
+        };
+        let span = tracing::debug_span!("tool", call_id = %call.id, tool = %tool.tool.id());
+        let invoked = tool
+            .tool
+            .invoke_with_timeout(call.arguments.clone(), &tool_ctx, self.keys, timer)
+            .instrument(span)
+            .await;
+        match invoked {
+            Ok(output) => {
+                let mut state = if output.result.is_error() {
+                    ToolCallState::Failed
+                } else {
+                    ToolCallState::Succeeded
+                };
+                let mut result = output.result;
+                if let Some(cmd) = output.command
+                    && let Err(e) = engine.submit_command(cmd).await
+                {
+                    result =
+                        ToolResult::error(format!("the tool's state change was rejected: {e}"));
+                    state = ToolCallState::Failed;
+                }
+                Ran::Finished(result, state)
+            }
+            Err(e) if self.cancel.is_cancelled() => Ran::Cancelled(e.to_result()),
+            Err(e) => Ran::Finished(e.to_result(), e.closing_state()),
+        }
     }
 }

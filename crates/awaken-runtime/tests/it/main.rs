@@ -3,3 +3,4 @@
 mod durable;
 mod scenarios;
 mod support;
+mod tools;
