@@ -9,8 +9,11 @@
 //! `Executing` before the tool runs, each result, each step's end, the run's end. Lifecycle
 //! events are stored with their commit; events about committed facts are emitted after it.
 //!
-//! Work in progress (issues 10 and 11): tool calls run one after another, and resume,
-//! recovery, delegation and endpoint-backed agents are not driven yet. This crate must never
+//! Tool calls run one after another, or concurrently when the agent sets `parallel_tools`
+//! (calls whose tools declare overlapping writes still one after another, in call order).
+//!
+//! Work in progress (issue 11): resume, recovery, delegation and endpoint-backed agents are
+//! not driven yet. This crate must never
 //! know wire protocols or terminal UI.
 
 mod builtins;
