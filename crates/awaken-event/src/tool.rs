@@ -254,3 +254,29 @@ pub struct ToolCallResume {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payload: Option<Value>,
 }
+
+impl ToolCallResume {
+    /// Approves `call` as shown (its digest).
+    pub fn approve(call: &PendingCall) -> Self {
+        Self {
+            call_id: call.call_id.clone(),
+            argument_digest: call.argument_digest.clone(),
+            decision: ResumeDecision::Approve,
+            payload: None,
+        }
+    }
+
+    /// Denies `call` as shown (its digest).
+    pub fn deny(call: &PendingCall) -> Self {
+        Self {
+            decision: ResumeDecision::Deny,
+            ..Self::approve(call)
+        }
+    }
+
+    /// Adds an answer payload.
+    pub fn with_payload(mut self, payload: Value) -> Self {
+        self.payload = Some(payload);
+        self
+    }
+}

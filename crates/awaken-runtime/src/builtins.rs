@@ -156,6 +156,9 @@ impl Plugin for LoopActionsPlugin {
 
     fn register(&self, r: &mut PluginRegistrar) -> Result<(), PluginError> {
         r.register_key::<StepDirectivesKey>(KeyOptions::new().with_scope(KeyScope::Ephemeral))?;
+        r.register_key::<crate::resume::ResumeDecisionsKey>(
+            KeyOptions::new().with_scope(KeyScope::Run),
+        )?;
         r.register_key::<crate::intercept::CallInterceptKey>(
             KeyOptions::new().with_scope(KeyScope::Ephemeral),
         )?;

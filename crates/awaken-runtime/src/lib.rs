@@ -19,6 +19,8 @@
 mod builtins;
 mod durable;
 mod intercept;
+mod repair;
+mod resume;
 mod run;
 mod runtime;
 
@@ -30,6 +32,7 @@ pub use builtins::{
     StopRequestKey,
 };
 pub use intercept::{CallIntercept, CallInterceptKey, InterceptHandler, InterceptToolCall};
+pub use resume::{DecisionError, DecisionsUpdate, Resume, ResumeDecisionsKey};
 pub use runtime::{
     AgentRuntime, AgentRuntimeBuilder, BuildError, IdSource, RunActivation, RunError, RunHandle,
     RunOutcome, SequentialIds, SystemIds,

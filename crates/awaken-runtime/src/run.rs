@@ -1,11 +1,12 @@
 //! The agent loop: one activation from `RunStart` to `RunFinish` through the phase engine.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use awaken_event::{
-    AgentEvent, CancellationToken, EventSink, Message, TerminationReason, TokenUsage, ToolCall,
-    ToolCallId, ToolCallState, ToolResult, WarningKind,
+    AgentEvent, CancellationToken, EventSink, Message, ResumeDecision, ResumeMode, SuspendTicket,
+    TerminationReason, ThreadId, ToolCall, ToolCallId, ToolCallResume, ToolCallState, ToolResult,
+    WarningKind,
 };
 use awaken_llm::{
     InferenceExecutionError, InferenceRequest, LlmStreamEvent, ResponseCollector, with_cancellation,
@@ -19,7 +20,7 @@ use awaken_plugin::{
 };
 use awaken_resolver::{ResolvedAgent, ResolvedRunPlan, ResolvedTool};
 use awaken_spec::{InferenceOverride, StopConditionSpec};
-use awaken_state::{StateCommand, StateStore, UnknownKeyPolicy};
+use awaken_state::{PersistedState, StateCommand, StateKey, StateStore, UnknownKeyPolicy};
 use awaken_store::{BatchWrite, RunRecord, RunStatus, Timestamp};
 use awaken_tool::{ToolBatch, ToolCallContext, ToolGateHook, ToolInterceptPayload, evaluate_gates};
 use futures_util::StreamExt;
@@ -30,6 +31,10 @@ use crate::builtins::{
 };
 use crate::durable::{Durable, batch_json};
 use crate::intercept::CallInterceptKey;
+use crate::repair::repair_history;
+use crate::resume::{
+    DecisionsUpdate, Resume, ResumeDecisionsKey, suspended_calls, validate_decisions,
+};
 use crate::runtime::{AgentRuntime, RunActivation, RunError, RunOutcome};
 
 /// Why a step could not go on.
@@ -92,10 +97,14 @@ struct Run<'a> {
     sections: Arc<awaken_spec::Sections>,
     lifecycle: LifecycleDispatcher,
     step: u32,
+    /// The step count when this activation began (a resumed run continues its numbering).
+    first_step: u32,
     response: Option<String>,
     durable: Durable,
     /// The current step's tool batch.
     batch: Option<ToolBatch>,
+    /// A resume's decisions: those recorded earlier, and this activation's.
+    resume: Option<(Vec<ToolCallResume>, Vec<ToolCallResume>)>,
 }
 
 pub(crate) async fn run(
@@ -109,67 +118,263 @@ pub(crate) async fn run(
         agent = %act.agent_id,
         run_id = tracing::field::Empty
     );
-    run_activation(rt, act, sink).instrument(span).await
+    run_activation(rt, Start::Fresh(act), sink)
+        .instrument(span)
+        .await
+}
+
+pub(crate) async fn resume(
+    rt: &AgentRuntime,
+    resume: Resume,
+    sink: &dyn EventSink,
+) -> Result<RunOutcome, RunError> {
+    let span = tracing::info_span!(
+        "resume",
+        thread_id = %resume.thread_id,
+        run_id = tracing::field::Empty
+    );
+    run_activation(rt, Start::Resume(resume), sink)
+        .instrument(span)
+        .await
+}
+
+/// What an activation starts from.
+enum Start {
+    /// A new run with new messages.
+    Fresh(RunActivation),
+    /// The waiting run of a thread, with decisions.
+    Resume(Resume),
+}
+
+/// The waiting run a resume continues.
+struct Resumed {
+    record: RunRecord,
+    batch: ToolBatch,
+    run_state: PersistedState,
+    /// Decisions recorded by earlier resumes, then this one's.
+    recorded: Vec<ToolCallResume>,
+    new: Vec<ToolCallResume>,
+}
+
+/// The stored tool batch of `thread_id`, decoded.
+pub(crate) fn stored_batch(
+    thread_id: &ThreadId,
+    batch: Option<serde_json::Value>,
+) -> Result<Option<ToolBatch>, RunError> {
+    batch
+        .map(serde_json::from_value::<ToolBatch>)
+        .transpose()
+        .map_err(|e| RunError::StoredBatch {
+            thread_id: thread_id.clone(),
+            message: e.to_string(),
+        })
 }
 
 async fn run_activation(
     rt: &AgentRuntime,
-    act: RunActivation,
+    start: Start,
     sink: &dyn EventSink,
 ) -> Result<RunOutcome, RunError> {
-    let resolved = match rt.resolver.plan(&act.agent_id)? {
+    let thread_id = match &start {
+        Start::Fresh(a) => a.thread_id.clone(),
+        Start::Resume(r) => r.thread_id.clone(),
+    };
+    let checkpoint = rt
+        .store
+        .load_checkpoint(&thread_id)
+        .await
+        .map_err(RunError::Store)?;
+    let mut history = Vec::new();
+    let mut persisted = 0;
+    let mut thread_state = None;
+    let mut waiting: Option<(RunRecord, ToolBatch, PersistedState)> = None;
+    if let Some(cp) = checkpoint {
+        persisted = cp.message_count();
+        if let Some(record) = cp.run
+            && record.status == RunStatus::Waiting
+        {
+            let batch =
+                stored_batch(&thread_id, cp.batch)?.ok_or_else(|| RunError::StoredBatch {
+                    thread_id: thread_id.clone(),
+                    message: "the waiting run has no tool batch".into(),
+                })?;
+            waiting = Some((record, batch, cp.run_state));
+        }
+        history = cp.messages;
+        thread_state = Some(cp.thread_state);
+    }
+    let mut notes = Vec::new();
+    let (agent_id, profile_id, messages, cancel, inference, resumed) = match start {
+        Start::Fresh(act) => {
+            if let Some((record, batch)) = waiting.map(|(r, b, _)| (r, b)) {
+                if !act.supersede {
+                    return Err(RunError::ThreadWaiting {
+                        thread_id,
+                        run_id: record.run_id,
+                        calls: suspended_calls(&batch)
+                            .into_iter()
+                            .map(|(id, _)| id)
+                            .collect(),
+                    });
+                }
+                let closed = supersede(rt, &thread_id, record, batch, persisted).await?;
+                persisted += closed.len() as u64;
+                notes.push(AgentEvent::Warning {
+                    kind: WarningKind::Other,
+                    detail: format!(
+                        "superseded the waiting calls {}",
+                        closed
+                            .iter()
+                            .filter_map(|m| m.tool_call_id.as_ref().map(ToString::to_string))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                });
+                history.extend(closed);
+            }
+            (
+                act.agent_id,
+                act.profile_id,
+                act.messages,
+                act.cancel,
+                act.inference,
+                None,
+            )
+        }
+        Start::Resume(resume) => {
+            let Some((record, batch, run_state)) = waiting else {
+                return Err(RunError::NotWaiting { thread_id });
+            };
+            let recorded: Vec<ToolCallResume> = run_state
+                .values
+                .get(<ResumeDecisionsKey as StateKey>::KEY)
+                .map(|v| serde_json::from_value(v.clone()))
+                .transpose()
+                .map_err(|e| RunError::StoredBatch {
+                    thread_id: thread_id.clone(),
+                    message: format!("the recorded decisions do not decode: {e}"),
+                })?
+                .unwrap_or_default();
+            validate_decisions(&batch, &recorded, &resume.decisions).map_err(|source| {
+                RunError::Decision {
+                    thread_id: thread_id.clone(),
+                    source,
+                }
+            })?;
+            (
+                record.agent_id.clone(),
+                record.profile_id.clone(),
+                Vec::new(),
+                resume.cancel,
+                None,
+                Some(Resumed {
+                    record,
+                    batch,
+                    run_state,
+                    recorded,
+                    new: resume.decisions,
+                }),
+            )
+        }
+    };
+    let resolved = match rt.resolver.plan(&agent_id)? {
         ResolvedRunPlan::Local(agent) => *agent,
         ResolvedRunPlan::Backend(b) => {
             return Err(RunError::BackendPlan {
-                agent_id: act.agent_id,
+                agent_id,
                 backend: b.backend.id().to_owned(),
             });
         }
     };
     let identity = Arc::new(RunIdentity {
-        thread_id: act.thread_id.clone(),
-        run_id: rt.ids.next_run_id(),
-        agent_id: act.agent_id.clone(),
-        profile_id: act.profile_id.clone(),
+        thread_id: thread_id.clone(),
+        run_id: resumed
+            .as_ref()
+            .map_or_else(|| rt.ids.next_run_id(), |r| r.record.run_id.clone()),
+        agent_id: agent_id.clone(),
+        profile_id: profile_id.clone(),
     });
     let store = Arc::new(StateStore::new(resolved.env.keys().clone()));
-    let checkpoint = rt
-        .store
-        .load_checkpoint(&act.thread_id)
-        .await
-        .map_err(RunError::Store)?;
-    let mut history = Vec::new();
-    let mut persisted = 0;
-    if let Some(cp) = checkpoint {
-        if let Some(previous) = &cp.run
-            && previous.status == RunStatus::Waiting
-        {
-            return Err(RunError::ThreadWaiting {
-                thread_id: act.thread_id,
-                run_id: previous.run_id.clone(),
-            });
-        }
-        persisted = cp.message_count();
-        history = cp.messages;
+    let restore_error = |e| RunError::State {
+        thread_id: thread_id.clone(),
+        source: e,
+    };
+    if let Some(state) = &thread_state {
         store
-            .restore(&cp.thread_state, UnknownKeyPolicy::Skip)
-            .map_err(|e| RunError::State {
-                thread_id: act.thread_id.clone(),
-                source: e,
-            })?;
+            .restore(state, UnknownKeyPolicy::Skip)
+            .map_err(restore_error)?;
     }
-    let mut record = RunRecord::new(identity.run_id.clone(), act.agent_id.clone(), now(rt));
-    record.profile_id = act.profile_id.clone();
-    record.spec_digest = resolved.spec_digest.clone();
+    if let Some(r) = &resumed {
+        store
+            .restore(&r.run_state, UnknownKeyPolicy::Skip)
+            .map_err(restore_error)?;
+    }
+    // A history with unpaired calls or results never reaches a provider.
+    let open: HashSet<ToolCallId> = resumed
+        .as_ref()
+        .map(|r| {
+            suspended_calls(&r.batch)
+                .into_iter()
+                .map(|(id, _)| id)
+                .collect()
+        })
+        .unwrap_or_default();
+    for repair in repair_history(&mut history, &open) {
+        notes.push(AgentEvent::Warning {
+            kind: WarningKind::HistoryRepaired,
+            detail: repair,
+        });
+    }
+    let record = match &resumed {
+        None => {
+            let mut record = RunRecord::new(identity.run_id.clone(), agent_id.clone(), now(rt));
+            record.profile_id = profile_id.clone();
+            record.spec_digest = resolved.spec_digest.clone();
+            record
+        }
+        Some(r) => {
+            let mut record = r.record.clone();
+            if record.spec_digest != resolved.spec_digest {
+                notes.push(AgentEvent::Warning {
+                    kind: WarningKind::SpecChanged,
+                    detail: format!(
+                        "agent `{agent_id}` changed while the run waited (spec digest {} → {})",
+                        record.spec_digest, resolved.spec_digest
+                    ),
+                });
+                record.spec_digest = resolved.spec_digest.clone();
+            }
+            record.status = RunStatus::Running;
+            record.termination = None;
+            record
+        }
+    };
     let durable = Durable::new(
         rt.store.clone(),
         rt.ids.clone(),
-        act.thread_id.clone(),
+        thread_id.clone(),
         record,
         persisted,
         store.revision(),
     );
     let engine = PhaseEngine::new(store, resolved.env.phase_env().clone());
+    if resumed.is_some() {
+        // Actions queued before the wait whose handler the re-resolved agent no longer has.
+        match engine
+            .dead_letter_unhandled("its handler is gone: the agent changed while the run waited")
+        {
+            Ok(letters) => {
+                notes.extend(letters.into_iter().map(|l| AgentEvent::ActionDeadLettered {
+                    action: l.action.key,
+                    phase: l.action.phase,
+                    reason: l.reason,
+                }))
+            }
+            Err(e) => notes.push(AgentEvent::Error {
+                message: e.to_string(),
+            }),
+        }
+    }
     let gates = resolved
         .env
         .gate_hooks()
@@ -177,25 +382,34 @@ async fn run_activation(
         .map(|g| (format!("{}/{}", g.plugin_id, g.name), g.hook.clone()))
         .collect();
     let resolved_sections = resolved.spec.sections.clone();
+    let is_resume = resumed.is_some();
+    let (batch, resume_decisions) = match resumed {
+        Some(r) => (Some(r.batch), Some((r.recorded, r.new))),
+        None => (None, None),
+    };
     let mut run = Run {
         sink,
         resolved,
         engine,
         identity,
-        cancel: act.cancel,
+        cancel,
         history,
         shared_history: None,
-        run_override: act.inference,
+        run_override: inference,
         gates,
         sections: Arc::new(resolved_sections),
         lifecycle: LifecycleDispatcher::default(),
         step: 0,
+        first_step: 0,
         response: None,
         durable,
-        batch: None,
+        batch,
+        resume: resume_decisions,
     };
+    run.step = run.stats().steps;
+    run.first_step = run.step;
     tracing::Span::current().record("run_id", tracing::field::display(&run.identity.run_id));
-    for message in act.messages {
+    for message in messages {
         run.push_message(message);
     }
     run.durable.fact(AgentEvent::RunStart {
@@ -203,16 +417,16 @@ async fn run_activation(
         run_id: run.identity.run_id.clone(),
         agent_id: run.identity.agent_id.clone(),
         parent_run_id: None,
-        resumed: false,
+        resumed: is_resume,
     });
-    // The run exists once this first commit is in: its record and the new messages.
+    // The activation exists once this first commit is in: its record and the new messages.
     let started = run
         .durable
         .commit(
             run.engine.store(),
             BatchWrite::Keep,
-            0,
-            TokenUsage::default(),
+            run.step,
+            run.stats().usage,
             sink,
         )
         .await
@@ -221,9 +435,12 @@ async fn run_activation(
             message: e.to_string(),
         });
     started?;
+    for note in notes {
+        run.note(note);
+    }
     let lifecycle_run = RunLifecycle {
         run: run.identity.clone(),
-        resumed: false,
+        resumed: is_resume,
         parent_run_id: None,
     };
     run.lifecycle
@@ -275,7 +492,7 @@ async fn run_activation(
         run_id: run.identity.run_id.clone(),
         termination,
         response: run.response,
-        steps: run.step,
+        steps: run.step - run.first_step,
         usage,
     })
 }
@@ -398,27 +615,147 @@ impl Run<'_> {
                 self.submit(cmd).await?;
             }
         }
-        self.phase(Phase::RunStart).await?;
-        loop {
-            self.step += 1;
-            let step = self.step;
-            self.note(AgentEvent::StepStart { step });
-            let outcome = self.run_step().await;
-            // `StepEnd` follows the step's facts, so it is one of them.
-            self.fact(AgentEvent::StepEnd { step });
-            let outcome = match outcome {
-                // The step's facts (messages, batch, state, events) in one commit.
-                Ok(o) => {
-                    let batch = self.step_end_batch();
-                    self.checkpoint(batch).await.map(|()| o)
+        match self.resume.take() {
+            // A new run: its `RunStart` phase. A resumed one started long ago.
+            None => self.phase(Phase::RunStart).await?,
+            Some((recorded, new)) => {
+                if !new.is_empty() {
+                    self.submit(StateCommand::new().with_update::<ResumeDecisionsKey>(
+                        DecisionsUpdate::Add {
+                            decisions: new.clone(),
+                        },
+                    ))
+                    .await?;
                 }
-                Err(e) => Err(e),
-            };
-            match outcome? {
-                StepEnd::Continue => {}
-                StepEnd::End(t) => return Ok(t),
+                let mut decisions = recorded;
+                decisions.extend(new);
+                let undecided = self.batch.as_ref().is_some_and(|b| {
+                    suspended_calls(b)
+                        .iter()
+                        .any(|(id, _)| !decisions.iter().any(|d| d.call_id == *id))
+                });
+                if undecided {
+                    // The decisions are recorded; the run waits for the rest.
+                    return Ok(TerminationReason::Suspended);
+                }
+                if let StepEnd::End(t) = self.step(Some(decisions)).await? {
+                    return Ok(t);
+                }
             }
         }
+        loop {
+            if let StepEnd::End(t) = self.step(None).await? {
+                return Ok(t);
+            }
+        }
+    }
+
+    /// One step, committed at its end: a normal one, or (with decisions) the step that
+    /// finishes the calls a resume decided on.
+    async fn step(&mut self, decisions: Option<Vec<ToolCallResume>>) -> Result<StepEnd, Failure> {
+        self.step += 1;
+        let step = self.step;
+        self.note(AgentEvent::StepStart { step });
+        let outcome = match decisions {
+            None => self.run_step().await,
+            Some(d) => self.resume_step(d).await,
+        };
+        // `StepEnd` follows the step's facts, so it is one of them.
+        self.fact(AgentEvent::StepEnd { step });
+        match outcome {
+            // The step's facts (messages, batch, state, events) in one commit.
+            Ok(o) => {
+                let batch = self.step_end_batch();
+                self.checkpoint(batch).await.map(|()| o)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The step of a resume: the batch's open calls in call order, each as its decision says
+    /// (deny: closed cancelled; approve: replayed through the gates, which see the decision,
+    /// or the decision used as the result, or handed to the tool, as the ticket's resume mode
+    /// says), then `StepEnd` and the stop conditions as after any step.
+    async fn resume_step(&mut self, decisions: Vec<ToolCallResume>) -> Result<StepEnd, Failure> {
+        self.phase(Phase::StepStart).await?;
+        self.submit(StateCommand::new().with_update::<ResumeDecisionsKey>(DecisionsUpdate::Clear))
+            .await?;
+        let open: Vec<(ToolCall, ToolCallState, Option<SuspendTicket>)> = self
+            .batch
+            .as_ref()
+            .map(|b| {
+                b.calls()
+                    .iter()
+                    .filter(|c| {
+                        matches!(
+                            c.state(),
+                            ToolCallState::Suspended | ToolCallState::Requested
+                        )
+                    })
+                    .map(|c| (c.call().clone(), c.state(), c.ticket().cloned()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let calls: Vec<ToolCall> = open.iter().map(|(c, _, _)| c.clone()).collect();
+        let mut suspended = false;
+        for (i, (call, state, ticket)) in open.into_iter().enumerate() {
+            if self.cancel.is_cancelled() {
+                self.close_all(&calls[i..], "not executed: the run was cancelled")
+                    .await?;
+                return Err(Failure::Cancelled);
+            }
+            let decision = decisions.iter().find(|d| d.call_id == call.id).cloned();
+            match (&decision, state) {
+                (Some(d), ToolCallState::Suspended) => self.note(AgentEvent::ToolCallResumed {
+                    call_id: call.id.clone(),
+                    decision: d.decision,
+                }),
+                _ => self.note(AgentEvent::ToolCallStart {
+                    call_id: call.id.clone(),
+                    name: call.name.clone(),
+                }),
+            }
+            self.note(AgentEvent::ToolCallReady {
+                call_id: call.id.clone(),
+                name: call.name.clone(),
+                arguments: call.arguments.clone(),
+            });
+            let mode = ticket.map(|t| t.resume_mode).unwrap_or_default();
+            let outcome = match decision {
+                Some(d) if d.decision == ResumeDecision::Deny => {
+                    let why = match &d.payload {
+                        Some(serde_json::Value::String(reason)) => format!(": {reason}"),
+                        _ => String::new(),
+                    };
+                    Ok(CallOutcome::Closed(
+                        ToolResult::error(format!("denied by the user{why}")),
+                        ToolCallState::Cancelled,
+                    ))
+                }
+                Some(d) if mode == ResumeMode::UseDecisionAsResult => Ok(CallOutcome::Closed(
+                    ToolResult::success(d.payload.unwrap_or(serde_json::Value::Null)),
+                    ToolCallState::ShortCircuited,
+                )),
+                d => self.execute_call(&call, d).await,
+            };
+            let outcome = match outcome {
+                Ok(o) => o,
+                Err(failure) => {
+                    self.close_all(&calls[i..], failure_reason(&failure))
+                        .await?;
+                    return Err(failure);
+                }
+            };
+            suspended |= self.settle(&call, outcome).await?;
+        }
+        let stats = self.end_step().await?;
+        if suspended {
+            return Ok(StepEnd::End(TerminationReason::Suspended));
+        }
+        Ok(match self.stop_condition(&stats) {
+            Some(t) => StepEnd::End(t),
+            None => StepEnd::Continue,
+        })
     }
 
     /// After a step: a closed batch is cleared, a batch with suspended calls is kept.
@@ -755,7 +1092,7 @@ impl Run<'_> {
         let mut suspended = false;
         for (i, call) in calls.iter().enumerate() {
             self.begin_call(calls, i).await?;
-            let outcome = match self.execute_call(call).await {
+            let outcome = match self.execute_call(call, None).await {
                 Ok(o) => o,
                 Err(failure) => {
                     // Every call the model made still gets exactly one closing result.
@@ -781,7 +1118,7 @@ impl Run<'_> {
         let mut to_run: Vec<(usize, ResolvedTool)> = Vec::new();
         for (i, call) in calls.iter().enumerate() {
             self.begin_call(calls, i).await?;
-            match self.prepare_call(call).await {
+            match self.prepare_call(call, None).await {
                 Ok(Prepared::Done(outcome)) => prepared.push(Some(outcome)),
                 Ok(Prepared::Run(tool)) => {
                     prepared.push(None);
@@ -808,7 +1145,7 @@ impl Run<'_> {
                     let mut out = Vec::with_capacity(lane.len());
                     for slot in lane {
                         let (i, tool) = &to_run[slot];
-                        out.push((*i, invocation.run(tool, &calls[*i], engine).await));
+                        out.push((*i, invocation.run(tool, &calls[*i], None, engine).await));
                     }
                     out
                 }
@@ -822,7 +1159,7 @@ impl Run<'_> {
         for (i, call) in calls.iter().enumerate() {
             let outcome = match (prepared[i].take(), results[i].take()) {
                 (Some(outcome), _) => outcome,
-                (None, Some(ran)) => match self.after_tool(call, ran).await {
+                (None, Some(ran)) => match self.after_tool(call, ran, None).await {
                     Ok(o) => o,
                     Err(failure) => {
                         self.close_all(&calls[i..], failure_reason(&failure))
@@ -908,19 +1245,32 @@ impl Run<'_> {
         }
     }
 
-    async fn execute_call(&mut self, call: &ToolCall) -> Result<CallOutcome, Failure> {
-        let tool = match self.prepare_call(call).await? {
+    /// One call from its gates to its `AfterToolExecute`; `resume` is a human's decision on
+    /// it (gates, hooks and the tool see it).
+    async fn execute_call(
+        &mut self,
+        call: &ToolCall,
+        resume: Option<ToolCallResume>,
+    ) -> Result<CallOutcome, Failure> {
+        let tool = match self.prepare_call(call, resume.clone()).await? {
             Prepared::Done(outcome) => return Ok(outcome),
             Prepared::Run(tool) => tool,
         };
         self.mark_executing(&[call]).await?;
-        let ran = self.invocation().run(&tool, call, &self.engine).await;
-        self.after_tool(call, ran).await
+        let ran = self
+            .invocation()
+            .run(&tool, call, resume.as_ref(), &self.engine)
+            .await;
+        self.after_tool(call, ran, resume).await
     }
 
     /// Everything before a call may run: the runtime's own checks, the gates, and
     /// `BeforeToolExecute` with any decision an action there took.
-    async fn prepare_call(&mut self, call: &ToolCall) -> Result<Prepared, Failure> {
+    async fn prepare_call(
+        &mut self,
+        call: &ToolCall,
+        resume: Option<ToolCallResume>,
+    ) -> Result<Prepared, Failure> {
         self.share_history();
         let Some(tool) = self
             .resolved
@@ -956,7 +1306,7 @@ impl Run<'_> {
         let info = ToolPhaseInfo {
             call: call.clone(),
             result: None,
-            resume: None,
+            resume,
         };
         let gate_ctx = self.ctx(Phase::ToolGate).with_tool(info.clone());
         let resolution = evaluate_gates(&self.gates, &gate_ctx)
@@ -1014,7 +1364,12 @@ impl Run<'_> {
     }
 
     /// `AfterToolExecute` for a call that ran (not for one the run's cancellation ended).
-    async fn after_tool(&mut self, call: &ToolCall, ran: Ran) -> Result<CallOutcome, Failure> {
+    async fn after_tool(
+        &mut self,
+        call: &ToolCall,
+        ran: Ran,
+        resume: Option<ToolCallResume>,
+    ) -> Result<CallOutcome, Failure> {
         let (result, state) = match ran {
             Ran::Finished(result, state) => (result, state),
             Ran::Cancelled(result) => {
@@ -1025,7 +1380,7 @@ impl Run<'_> {
         let after = ToolPhaseInfo {
             call: call.clone(),
             result: Some(result.clone()),
-            resume: None,
+            resume,
         };
         self.share_history();
         self.phase_with(self.ctx(Phase::AfterToolExecute).with_tool(after))
@@ -1201,14 +1556,23 @@ struct Invocation<'a> {
 impl Invocation<'_> {
     /// Runs the call's tool with validation, the agent's timeout, cancellation and panic
     /// capture, then commits the tool's state change (on the state as it is now).
-    async fn run(&self, tool: &ResolvedTool, call: &ToolCall, engine: &PhaseEngine) -> Ran {
-        let tool_ctx = ToolCallContext::new(
+    async fn run(
+        &self,
+        tool: &ResolvedTool,
+        call: &ToolCall,
+        resume: Option<&ToolCallResume>,
+        engine: &PhaseEngine,
+    ) -> Ran {
+        let mut tool_ctx = ToolCallContext::new(
             self.identity.thread_id.clone(),
             self.identity.run_id.clone(),
             call.id.clone(),
             engine.store().snapshot(),
         )
         .with_cancel(self.cancel.clone());
+        if let Some(resume) = resume {
+            tool_ctx = tool_ctx.with_resume(resume.clone());
+        }
         let timeout = self.timeout;
         let timer = async move {
             match timeout {
@@ -1243,4 +1607,46 @@ impl Invocation<'_> {
             Err(e) => Ran::Finished(e.to_result(), e.closing_state()),
         }
     }
+}
+
+/// Closes the suspended calls of a waiting run as cancelled ("superseded") and ends that run,
+/// in one commit; returns the closing messages (now in the store).
+async fn supersede(
+    rt: &AgentRuntime,
+    thread_id: &ThreadId,
+    mut record: RunRecord,
+    mut batch: ToolBatch,
+    persisted: u64,
+) -> Result<Vec<Message>, RunError> {
+    let closed = batch.close("superseded by a new message");
+    let mut messages = Vec::with_capacity(closed.len());
+    let mut events = Vec::with_capacity(closed.len());
+    for id in closed {
+        let Some(call) = batch.get(&id) else { continue };
+        let result = call
+            .result()
+            .cloned()
+            .unwrap_or_else(|| ToolResult::error("not executed: superseded by a new message"));
+        messages.push(Message::tool(id.clone(), &result));
+        events.push(AgentEvent::ToolCallDone {
+            call_id: id,
+            result,
+            state: call.state(),
+        });
+    }
+    record.status = RunStatus::Done;
+    record.termination = Some(TerminationReason::Cancelled);
+    record.updated_at = now(rt);
+    let mut commit = awaken_store::ThreadCommit::new(thread_id.clone(), record, persisted)
+        .with_messages(messages.iter().cloned())
+        .with_events(events);
+    commit.batch = BatchWrite::Clear;
+    rt.store
+        .commit(commit)
+        .await
+        .map_err(|e| RunError::Checkpoint {
+            thread_id: thread_id.clone(),
+            message: format!("closing the superseded calls failed: {e}"),
+        })?;
+    Ok(messages)
 }

@@ -4,18 +4,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use awaken_event::{
-    CancellationToken, EventSink, Message, NullSink, ProfileId, RunId, TerminationReason, ThreadId,
-    TokenUsage,
+    CancellationToken, EventSink, Message, NullSink, ProfileId, RunId, SuspendTicket,
+    TerminationReason, ThreadId, TokenUsage,
 };
 use awaken_llm::LlmExecutor;
 use awaken_plugin::{Plugin, PluginRegistry};
 use awaken_resolver::{RegistrationError, Registries, ResolveError, Resolver, ValidationFailed};
 use awaken_spec::{AgentSpec, InferenceOverride, ModelSpec};
 use awaken_state::StateError;
-use awaken_store::{MemoryStore, StoreError, ThreadStore};
+use awaken_store::{MemoryStore, RunStatus, StoreError, ThreadStore};
 use awaken_tool::Tool;
 
 use crate::builtins::RuntimeBuiltins;
+use crate::resume::Resume;
 
 /// Where run ids and times come from; tests make both deterministic.
 pub trait IdSource: Send + Sync {
@@ -80,6 +81,9 @@ pub struct RunActivation {
     pub inference: Option<InferenceOverride>,
     /// Cancels the run when cancelled.
     pub cancel: CancellationToken,
+    /// On a thread waiting for decisions: close its suspended calls as cancelled and start
+    /// this run instead of refusing it.
+    pub supersede: bool,
 }
 
 impl RunActivation {
@@ -92,6 +96,7 @@ impl RunActivation {
             profile_id: None,
             inference: None,
             cancel: CancellationToken::new(),
+            supersede: false,
         }
     }
 
@@ -119,11 +124,15 @@ impl RunActivation {
         self
     }
 
+    /// Supersedes the suspended calls of a waiting thread (they are closed as cancelled).
+    pub fn with_supersede(mut self) -> Self {
+        self.supersede = true;
+        self
+    }
+
     /// A handle that cancels this run.
     pub fn handle(&self) -> RunHandle {
-        RunHandle {
-            cancel: self.cancel.clone(),
-        }
+        RunHandle::new(self.cancel.clone())
     }
 }
 
@@ -134,6 +143,10 @@ pub struct RunHandle {
 }
 
 impl RunHandle {
+    pub(crate) fn new(cancel: CancellationToken) -> Self {
+        Self { cancel }
+    }
+
     /// Cancels the run: it ends as `Cancelled` at its next await point.
     pub fn cancel(&self) {
         self.cancel.cancel();
@@ -177,15 +190,42 @@ pub enum RunError {
         /// The backend.
         backend: String,
     },
-    /// The thread's last run waits for decisions on suspended tool calls.
+    /// The thread's last run waits for decisions on suspended tool calls (resume it, or
+    /// supersede the calls).
     #[error(
-        "thread `{thread_id}` is waiting: run `{run_id}` has suspended tool calls that need a decision"
+        "thread `{thread_id}` is waiting: run `{run_id}` has suspended tool calls that need a decision: {}",
+        calls.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
     )]
     ThreadWaiting {
         /// The thread.
         thread_id: ThreadId,
         /// The waiting run.
         run_id: RunId,
+        /// The calls waiting for a decision.
+        calls: Vec<awaken_event::ToolCallId>,
+    },
+    /// The stored tool batch (or recorded decisions) of the thread do not decode.
+    #[error("the stored tool batch of thread `{thread_id}` cannot be used: {message}")]
+    StoredBatch {
+        /// The thread.
+        thread_id: ThreadId,
+        /// Why.
+        message: String,
+    },
+    /// `resume` on a thread that is not waiting for decisions.
+    #[error("thread `{thread_id}` has no run waiting for decisions")]
+    NotWaiting {
+        /// The thread.
+        thread_id: ThreadId,
+    },
+    /// A decision was refused; none was applied.
+    #[error("the decisions for thread `{thread_id}` were refused: {source}")]
+    Decision {
+        /// The thread.
+        thread_id: ThreadId,
+        /// Why.
+        #[source]
+        source: crate::resume::DecisionError,
     },
     /// The store could not be read.
     #[error("the thread store failed: {0}")]
@@ -385,5 +425,53 @@ impl AgentRuntime {
         activation: RunActivation,
     ) -> Result<RunOutcome, RunError> {
         self.run(activation, &NullSink).await
+    }
+
+    /// Continues the run waiting on `resume.thread_id` with decisions on its suspended calls,
+    /// streaming the new activation's events to `sink`. Every decision is checked before any
+    /// is applied; while some suspended call has no decision the run keeps waiting (the
+    /// decisions given are recorded) and the activation ends `Suspended` again.
+    pub async fn resume(
+        &self,
+        resume: Resume,
+        sink: &dyn EventSink,
+    ) -> Result<RunOutcome, RunError> {
+        crate::run::resume(self, resume, sink).await
+    }
+
+    /// [`AgentRuntime::resume`] without streaming.
+    pub async fn resume_to_completion(&self, resume: Resume) -> Result<RunOutcome, RunError> {
+        self.resume(resume, &NullSink).await
+    }
+
+    /// The tickets of the calls the thread's run waits on (empty when it waits on nothing).
+    pub async fn waiting_calls(
+        &self,
+        thread_id: &ThreadId,
+    ) -> Result<Vec<SuspendTicket>, RunError> {
+        let Some(cp) = self
+            .store
+            .load_checkpoint(thread_id)
+            .await
+            .map_err(RunError::Store)?
+        else {
+            return Ok(Vec::new());
+        };
+        if cp
+            .run
+            .as_ref()
+            .is_none_or(|r| r.status != RunStatus::Waiting)
+        {
+            return Ok(Vec::new());
+        }
+        let batch = crate::run::stored_batch(thread_id, cp.batch)?;
+        Ok(batch
+            .map(|b| {
+                crate::resume::suspended_calls(&b)
+                    .into_iter()
+                    .map(|(_, t)| t)
+                    .collect()
+            })
+            .unwrap_or_default())
     }
 }

@@ -274,7 +274,7 @@ async fn suspend_ends_the_activation_suspended() {
         .expect_err("the thread is waiting");
     assert_eq!(
         again.to_string(),
-        "thread `thread` is waiting: run `run-1` has suspended tool calls that need a decision"
+        "thread `thread` is waiting: run `run-1` has suspended tool calls that need a decision: c1"
     );
 }
 
