@@ -19,6 +19,7 @@
 mod builtins;
 mod durable;
 mod intercept;
+mod permission;
 mod repair;
 mod resume;
 mod run;
@@ -32,6 +33,7 @@ pub use builtins::{
     StopRequestKey,
 };
 pub use intercept::{CallIntercept, CallInterceptKey, InterceptHandler, InterceptToolCall};
+pub use permission::{PERMISSION_PLUGIN, PermissionGate, PermissionPlugin};
 pub use resume::{DecisionError, DecisionsUpdate, Resume, ResumeDecisionsKey};
 pub use runtime::{
     AgentRuntime, AgentRuntimeBuilder, BuildError, IdSource, RunActivation, RunError, RunHandle,

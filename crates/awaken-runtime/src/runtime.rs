@@ -280,8 +280,12 @@ impl Default for AgentRuntimeBuilder {
 impl AgentRuntimeBuilder {
     /// An empty builder with system ids.
     pub fn new() -> Self {
+        let mut registries = Registries::new();
+        // The standard permission plugin is in every runtime's plugin source; agents turn it
+        // on by listing it.
+        registries.add_plugin(Arc::new(crate::permission::PermissionPlugin::default()));
         Self {
-            registries: Registries::new(),
+            registries,
             ids: Arc::new(SystemIds::default()),
             store: Arc::new(MemoryStore::new()),
         }

@@ -2,6 +2,7 @@
 
 mod durable;
 mod hitl;
+mod permission;
 mod scenarios;
 mod support;
 mod tools;

@@ -1,0 +1,153 @@
+//! The standard `permission` plugin: a tool gate driven by the agent's `permission` section
+//! (ordered rules of tool glob, argument matchers and decision; first match wins; a default).
+//! `deny` blocks the call (the model is told), `ask` suspends it with a ticket showing the call,
+//! `allow` lets it run. A call a human approved is not asked again.
+//!
+//! An ordinary plugin: the runtime puts it in its plugin source, and an agent turns it on by
+//! listing [`PERMISSION_PLUGIN`] in its `plugin_ids`.
+
+use std::sync::{Arc, OnceLock};
+
+use async_trait::async_trait;
+use awaken_event::{ResumeDecision, ResumeMode, SuspendTicket};
+use awaken_phase::{HookError, PhaseContext};
+use awaken_plugin::{ConfigSchema, Plugin, PluginError, PluginManifest, PluginRegistrar};
+use awaken_spec::{PERMISSION_SECTION, PermissionConfig, PermissionDecision, Sections};
+use awaken_state::StateCommand;
+use awaken_tool::{ToolGateHook, ToolInterceptPayload, pending_call};
+use serde_json::json;
+
+/// The permission plugin's id.
+pub const PERMISSION_PLUGIN: &str = "awaken.permission";
+
+/// The standard permission plugin.
+pub struct PermissionPlugin {
+    manifest: PluginManifest,
+}
+
+impl Default for PermissionPlugin {
+    fn default() -> Self {
+        Self {
+            manifest: PluginManifest::new(PERMISSION_PLUGIN),
+        }
+    }
+}
+
+impl Plugin for PermissionPlugin {
+    fn manifest(&self) -> &PluginManifest {
+        &self.manifest
+    }
+
+    fn register(&self, r: &mut PluginRegistrar) -> Result<(), PluginError> {
+        r.register_tool_gate_hook("rules", Arc::new(PermissionGate))
+    }
+
+    fn config_schemas(&self) -> Vec<ConfigSchema> {
+        vec![permission_schema().clone()]
+    }
+
+    /// Checks what the schema cannot (argument pointers), before any call is gated.
+    fn on_activate(&self, sections: &Sections) -> Result<Option<StateCommand>, PluginError> {
+        config(sections).map_err(|message| PluginError::Hook {
+            plugin_id: PERMISSION_PLUGIN.to_owned(),
+            hook: "on_activate".to_owned(),
+            message,
+        })?;
+        Ok(None)
+    }
+}
+
+/// The agent's permission configuration (the default one when it has no `permission`
+/// section: ask for everything).
+fn config(sections: &Sections) -> Result<PermissionConfig, String> {
+    let config = sections
+        .get_typed::<PermissionConfig>(PERMISSION_SECTION)
+        .map_err(|e| e.to_string())?
+        .unwrap_or_default();
+    config.validate().map_err(|e| e.to_string())?;
+    Ok(config)
+}
+
+/// The gate: the first matching rule's decision (by the tool's name as the model called it).
+pub struct PermissionGate;
+
+#[async_trait]
+impl ToolGateHook for PermissionGate {
+    async fn decide(&self, ctx: &PhaseContext) -> Result<Option<ToolInterceptPayload>, HookError> {
+        let Some(tool) = &ctx.tool else {
+            return Ok(None);
+        };
+        let config = config(&ctx.sections).map_err(HookError::failed)?;
+        let call = &tool.call;
+        Ok(match config.decide(&call.name, &call.arguments) {
+            PermissionDecision::Allow => None,
+            PermissionDecision::Deny => Some(ToolInterceptPayload::Block {
+                reason: format!("`{}` is not permitted for this agent", call.name),
+            }),
+            PermissionDecision::Ask => {
+                let approved = tool
+                    .resume
+                    .as_ref()
+                    .is_some_and(|r| r.decision == ResumeDecision::Approve);
+                if approved {
+                    None
+                } else {
+                    Some(ToolInterceptPayload::Suspend(SuspendTicket {
+                        suspension_id: format!("permission-{}", call.id),
+                        call: pending_call(call),
+                        message: format!(
+                            "Allow `{}` with arguments {}?",
+                            call.name, call.arguments
+                        ),
+                        response_schema: None,
+                        resume_mode: ResumeMode::Replay,
+                    }))
+                }
+            }
+        })
+    }
+}
+
+/// The JSON Schema of the `permission` section (the serde shape of [`PermissionConfig`]).
+fn permission_schema() -> &'static ConfigSchema {
+    static SCHEMA: OnceLock<ConfigSchema> = OnceLock::new();
+    SCHEMA.get_or_init(|| {
+        let decision = json!({"enum": ["allow", "deny", "ask"]});
+        ConfigSchema::new(
+            PERMISSION_SECTION,
+            json!({
+                "type": "object",
+                "additionalProperties": false,
+                "properties": {
+                    "default": decision,
+                    "rules": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "additionalProperties": false,
+                            "required": ["tool", "decision"],
+                            "properties": {
+                                "tool": {"type": "string"},
+                                "decision": decision,
+                                "args": {
+                                    "type": "array",
+                                    "items": {
+                                        "type": "object",
+                                        "additionalProperties": false,
+                                        "required": ["pointer"],
+                                        "properties": {
+                                            "pointer": {"type": "string"},
+                                            "equals": {},
+                                            "matches": {"type": "string"}
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }),
+        )
+        .unwrap_or_else(|e| unreachable!("the permission schema is a constant and compiles: {e}"))
+    })
+}
