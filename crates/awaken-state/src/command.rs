@@ -26,17 +26,129 @@ use crate::key::{ErasedUpdate, KeyRegistry, StateKey, TypedUpdate};
 #[derive(Default, Clone)]
 pub struct StateCommand {
     pub(crate) base_revision: Option<u64>,
-    pub(crate) updates: Vec<KeyUpdate>,
+    pub(crate) updates: Updates,
     pub(crate) actions: Vec<ScheduledAction>,
     pub(crate) effects: Vec<Effect>,
 }
+
+/// A command's key updates: most commands write one key, so the first update is held inline
+/// and a list is allocated only for the second.
+#[derive(Clone)]
+pub(crate) enum Updates {
+    /// No update, or exactly one.
+    Inline(Option<KeyUpdate>),
+    /// A list: two or more updates, or any number when read from a list or reserved for more.
+    Heap(Vec<KeyUpdate>),
+}
+
+impl Default for Updates {
+    fn default() -> Self {
+        Updates::Inline(None)
+    }
+}
+
+impl Updates {
+    pub(crate) fn as_slice(&self) -> &[KeyUpdate] {
+        match self {
+            Updates::Inline(None) => &[],
+            Updates::Inline(Some(update)) => std::slice::from_ref(update),
+            Updates::Heap(list) => list,
+        }
+    }
+
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [KeyUpdate] {
+        match self {
+            Updates::Inline(None) => &mut [],
+            Updates::Inline(Some(update)) => std::slice::from_mut(update),
+            Updates::Heap(list) => list,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.as_slice().is_empty()
+    }
+
+    pub(crate) fn push(&mut self, update: KeyUpdate) {
+        match self {
+            Updates::Inline(slot @ None) => *slot = Some(update),
+            Updates::Inline(Some(_)) => {
+                let Updates::Inline(Some(first)) = std::mem::take(self) else {
+                    unreachable!("matched just above")
+                };
+                let mut list = Vec::with_capacity(4);
+                list.push(first);
+                list.push(update);
+                *self = Updates::Heap(list);
+            }
+            Updates::Heap(list) => list.push(update),
+        }
+    }
+
+    /// Room for `additional` more updates without reallocating (a no-op while they fit inline).
+    pub(crate) fn reserve(&mut self, additional: usize) {
+        let len = self.len();
+        if len + additional <= 1 {
+            return;
+        }
+        match self {
+            Updates::Heap(list) => list.reserve(additional),
+            Updates::Inline(first) => {
+                let mut list = Vec::with_capacity(len + additional);
+                list.extend(first.take());
+                *self = Updates::Heap(list);
+            }
+        }
+    }
+
+    pub(crate) fn extend(&mut self, other: Updates) {
+        match (&mut *self, other) {
+            (_, Updates::Inline(None)) => {}
+            (Updates::Inline(None), other) => *self = other,
+            (_, Updates::Inline(Some(update))) => self.push(update),
+            (Updates::Heap(list), Updates::Heap(more)) => list.extend(more),
+            (Updates::Inline(Some(_)), Updates::Heap(more)) => {
+                self.reserve(more.len());
+                if let Updates::Heap(list) = self {
+                    list.extend(more);
+                }
+            }
+        }
+    }
+}
+
+impl IntoIterator for Updates {
+    type Item = KeyUpdate;
+    type IntoIter =
+        std::iter::Chain<std::option::IntoIter<KeyUpdate>, std::vec::IntoIter<KeyUpdate>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        match self {
+            Updates::Inline(first) => first.into_iter().chain(Vec::new()),
+            Updates::Heap(list) => None.into_iter().chain(list),
+        }
+    }
+}
+
+impl From<Vec<KeyUpdate>> for Updates {
+    fn from(list: Vec<KeyUpdate>) -> Self {
+        Updates::Heap(list)
+    }
+}
+
+/// [`KeyUpdate::slot`] of an update whose key name was never looked up.
+pub(crate) const UNRESOLVED: usize = usize::MAX;
 
 /// One update of one key, typed or JSON (see [`StateCommand`]).
 pub struct KeyUpdate {
     pub(crate) key: Cow<'static, str>,
     pub(crate) payload: Payload,
-    /// Index of the key in the registry, set by a commit's validation pass and read by its
-    /// apply pass (meaningless outside one commit).
+    /// Index of the key in a registry, remembered by the last lookup of the name
+    /// ([`UNRESOLVED`] before any). A hint only: a commit uses it after checking that the entry
+    /// at this index of its own registry has this very name, and looks the name up otherwise.
     pub(crate) slot: usize,
 }
 
@@ -84,7 +196,7 @@ impl StateCommand {
         self.updates.push(KeyUpdate {
             key: Cow::Borrowed(K::KEY),
             payload: Payload::Typed(Box::new(TypedUpdate::of::<K>(update))),
-            slot: 0,
+            slot: UNRESOLVED,
         });
         self
     }
@@ -101,7 +213,7 @@ impl StateCommand {
         self.updates.push(KeyUpdate {
             key: Cow::Owned(key.into()),
             payload: Payload::Json(update),
-            slot: 0,
+            slot: UNRESOLVED,
         });
         self
     }
@@ -137,7 +249,7 @@ impl StateCommand {
 
     /// Key updates, in order.
     pub fn updates(&self) -> &[KeyUpdate] {
-        &self.updates
+        self.updates.as_slice()
     }
 
     /// Scheduled actions, in order.
@@ -168,13 +280,13 @@ impl StateCommand {
 
     /// Names of the keys this command writes, each once, sorted.
     pub fn written_keys(&self) -> BTreeSet<&str> {
-        self.updates.iter().map(|u| u.key()).collect()
+        self.updates().iter().map(|u| u.key()).collect()
     }
 
     /// Names of the keys this command writes that `registry` says are exclusive (unregistered
     /// names count as exclusive), each once, sorted.
     pub fn exclusive_keys<'a>(&'a self, registry: &KeyRegistry) -> BTreeSet<&'a str> {
-        self.updates
+        self.updates()
             .iter()
             .map(|u| u.key())
             .filter(|k| registry.is_exclusive(k))
@@ -288,7 +400,7 @@ impl Clone for KeyUpdate {
         KeyUpdate {
             key: self.key.clone(),
             payload,
-            slot: 0,
+            slot: UNRESOLVED,
         }
     }
 }
@@ -312,7 +424,7 @@ impl fmt::Debug for StateCommand {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StateCommand")
             .field("base_revision", &self.base_revision)
-            .field("updates", &self.updates)
+            .field("updates", &self.updates())
             .field("actions", &self.actions)
             .field("effects", &self.effects)
             .finish()
@@ -351,7 +463,7 @@ impl<'de> Deserialize<'de> for KeyUpdate {
         Ok(KeyUpdate {
             key: Cow::Owned(key),
             payload: Payload::Json(update),
-            slot: 0,
+            slot: UNRESOLVED,
         })
     }
 }
@@ -381,7 +493,7 @@ impl Serialize for StateCommand {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         CommandRef {
             base_revision: self.base_revision,
-            updates: &self.updates,
+            updates: self.updates(),
             actions: &self.actions,
             effects: &self.effects,
         }
@@ -394,7 +506,7 @@ impl<'de> Deserialize<'de> for StateCommand {
         let c = CommandOwned::deserialize(deserializer)?;
         Ok(StateCommand {
             base_revision: c.base_revision,
-            updates: c.updates,
+            updates: c.updates.into(),
             actions: c.actions,
             effects: c.effects,
         })

@@ -230,6 +230,11 @@ impl KeyRegistry {
         Ok(())
     }
 
+    /// Index of `name`, if registered.
+    pub(crate) fn index_of(&self, name: &str) -> Option<usize> {
+        self.by_name.get(name).map(|&i| i as usize)
+    }
+
     pub(crate) fn entry(&self, name: &str) -> Option<&KeyEntry> {
         self.by_name.get(name).map(|&i| &self.entries[i as usize])
     }

@@ -19,6 +19,7 @@
 mod command;
 mod error;
 mod key;
+mod parallel;
 mod snapshot;
 mod store;
 mod table;
@@ -29,6 +30,7 @@ pub mod testing;
 pub use command::{Effect, KeyUpdate, ScheduledAction, StateCommand};
 pub use error::StateError;
 pub use key::{KeyInfo, KeyOptions, KeyRegistry, KeyScope, MergeStrategy, StateKey};
+pub use parallel::ParallelBatch;
 pub use snapshot::{PersistedState, Snapshot};
 pub use store::{
     CommitObserver, Committed, ObserverId, Restored, StateStore, Transaction, UnknownKeyPolicy,

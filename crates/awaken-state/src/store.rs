@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
-use crate::command::{Effect, KeyUpdate, Payload, ScheduledAction, StateCommand};
+use crate::command::{Effect, Payload, ScheduledAction, StateCommand, Updates};
 use crate::error::StateError;
 use crate::key::KeyRegistry;
 use crate::snapshot::{PersistedState, Snapshot, Version};
@@ -443,11 +443,15 @@ fn check_base(base: Option<u64>, actual: u64) -> Result<(), StateError> {
 fn apply_updates(
     registry: &KeyRegistry,
     table: &mut Table,
-    mut updates: Vec<KeyUpdate>,
+    mut updates: Updates,
     revision: u64,
 ) -> Result<(), StateError> {
-    for update in &mut updates {
-        let (index, entry) = registry.resolve(&update.key)?;
+    for update in updates.as_mut_slice() {
+        let (index, entry) = match registry.entries().get(update.slot) {
+            // An earlier lookup (e.g. the phase engine's conflict scan) found this name here.
+            Some(entry) if entry.name == &*update.key => (update.slot, entry),
+            _ => registry.resolve(&update.key)?,
+        };
         update.slot = index;
         match &mut update.payload {
             Payload::Typed(typed) => {

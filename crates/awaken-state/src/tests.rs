@@ -772,3 +772,94 @@ fn concat_equals_repeated_extend() {
     assert_eq!(concatenated.base_revision(), Some(2));
     assert_eq!(concatenated.updates().len(), 3);
 }
+
+/// The keys of a command's updates, in order.
+fn update_keys(command: &StateCommand) -> String {
+    let keys: Vec<&str> = command.updates().iter().map(KeyUpdate::key).collect();
+    keys.join(" ")
+}
+
+#[test]
+fn updates_keep_their_order_from_one_to_many() {
+    let one = |key: &str| {
+        let mut c = StateCommand::new();
+        c.update_json(key, json!(1));
+        c
+    };
+    let many = |keys: &[&str]| {
+        let mut c = StateCommand::new();
+        for key in keys {
+            c.update_json(*key, json!(1));
+        }
+        c
+    };
+    let mut lines = Vec::new();
+    for (a, b) in [
+        (StateCommand::new(), one("b")),
+        (one("a"), StateCommand::new()),
+        (one("a"), one("b")),
+        (StateCommand::new(), many(&["b", "c"])),
+        (one("a"), many(&["b", "c"])),
+        (many(&["a", "b"]), one("c")),
+        (many(&["a", "b"]), many(&["c", "d"])),
+    ] {
+        let mut extended = a.clone();
+        extended.extend(b.clone());
+        let concatenated = StateCommand::concat(vec![a, b]);
+        assert_eq!(update_keys(&extended), update_keys(&concatenated));
+        lines.push(format!("[{}]", update_keys(&extended)));
+    }
+    check(
+        lines.join(" "),
+        expect!["[b] [a] [a b] [b c] [a b c] [a b c] [a b c d]"],
+    );
+    let three = many(&["x", "y", "z"]);
+    check(update_keys(&three.clone()), expect!["x y z"]);
+}
+
+#[test]
+fn parallel_batch_defers_writers_of_keys_the_batch_holds() {
+    let r = registry();
+    let mut batch = ParallelBatch::with_capacity(&r, 4);
+    let mode = |s: &str| StateCommand::new().with_update::<Mode>(s.into());
+    let mut unknown = StateCommand::new();
+    unknown.update_json("test.unknown", json!(1));
+    let offers = [
+        (
+            "mode a, written twice",
+            mode("a").with_update::<Mode>("a2".into()),
+        ),
+        ("counter 1", StateCommand::new().with_update::<Counter>(1)),
+        (
+            "counter 2 (commutative)",
+            StateCommand::new().with_update::<Counter>(2),
+        ),
+        ("mode b", mode("b")),
+        ("log x and mode c", mode("c").with_update::<Log>("x".into())),
+        ("unknown name", unknown.clone()),
+        ("unknown name again", unknown),
+        ("log y", StateCommand::new().with_update::<Log>("y".into())),
+    ];
+    let mut lines = Vec::new();
+    for (what, command) in offers {
+        let joined = batch.offer(command);
+        lines.push(format!(
+            "{what}: {}",
+            if joined { "joins" } else { "deferred" }
+        ));
+    }
+    lines.push(format!("batch: {}", update_keys(batch.command())));
+    check(
+        lines.join("\n"),
+        expect![[r#"
+            mode a, written twice: joins
+            counter 1: joins
+            counter 2 (commutative): joins
+            mode b: deferred
+            log x and mode c: deferred
+            unknown name: joins
+            unknown name again: deferred
+            log y: joins
+            batch: test.mode test.mode test.counter test.counter test.unknown test.log"#]],
+    );
+}
