@@ -2,11 +2,12 @@
 //! `Exclusive` conflicts, published as one commit), EXECUTE (scheduled actions in bounded
 //! rounds), and effect dispatch after each commit.
 
-use std::collections::BTreeSet;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
-use awaken_state::{Committed, StateCommand, StateError, StateStore, Transaction};
+use awaken_state::{
+    Committed, KeyRegistry, ParallelBatch, StateCommand, StateError, StateStore, Transaction,
+};
 use futures_util::FutureExt;
 use futures_util::future::join_all;
 use serde_json::Value;
@@ -306,6 +307,76 @@ impl PhaseEngine {
         Ok(())
     }
 
+    /// Runs `hooks` on the frozen context (those with a synchronous path right away, the others
+    /// driven together) and offers their commands to one [`ParallelBatch`] in registration
+    /// order. Returns the batch and the indexes of the hooks whose command did not join it (to
+    /// be re-run, their first output discarded). The first failure in registration order fails
+    /// the phase.
+    async fn run_hooks(
+        phase: Phase,
+        hooks: &[RegisteredHook],
+        frozen: &PhaseContext,
+        registry: &KeyRegistry,
+    ) -> Result<(StateCommand, Vec<usize>), PhaseError> {
+        let mut batch = ParallelBatch::with_capacity(registry, hooks.len());
+        let mut deferred = Vec::new();
+        let mut failed: Option<(usize, PhaseError)> = None;
+        // Hooks that must be awaited, and every output from the first of them on: those join
+        // the batch (in order) once the waiting is over.
+        let mut waiting = Vec::new();
+        let mut held: Vec<Option<StateCommand>> = Vec::new();
+        for (i, hook) in hooks.iter().enumerate() {
+            let result = Self::run_hook_sync(phase, hook, frozen);
+            if result.is_none() {
+                waiting.push(i);
+            }
+            match result {
+                Some(Ok(cmd)) if waiting.is_empty() => {
+                    if !batch.offer(cmd) {
+                        deferred.push(i);
+                    }
+                }
+                Some(Ok(cmd)) => held.push(Some(cmd)),
+                Some(Err(e)) => {
+                    failed.get_or_insert((i, e));
+                    if !waiting.is_empty() {
+                        held.push(None);
+                    }
+                }
+                None => held.push(None),
+            }
+        }
+        if let Some(&first) = waiting.first() {
+            let done = join_all(waiting.iter().map(|&i| async move {
+                let outcome = AssertUnwindSafe(hooks[i].hook.run(frozen))
+                    .catch_unwind()
+                    .await;
+                Self::hook_failed(phase, &hooks[i], outcome)
+            }))
+            .await;
+            for (&i, result) in waiting.iter().zip(done) {
+                match result {
+                    Ok(cmd) => held[i - first] = Some(cmd),
+                    Err(e) if failed.as_ref().is_none_or(|(f, _)| i < *f) => failed = Some((i, e)),
+                    Err(_) => {}
+                }
+            }
+            if failed.is_none() {
+                for (k, cmd) in held.into_iter().enumerate() {
+                    if let Some(cmd) = cmd
+                        && !batch.offer(cmd)
+                    {
+                        deferred.push(first + k);
+                    }
+                }
+            }
+        }
+        match failed {
+            Some((_, e)) => Err(e), // the first failure in registration order
+            None => Ok((batch.into_command(), deferred)),
+        }
+    }
+
     async fn gather(&self, ctx: &PhaseContext, report: &mut PhaseReport) -> Result<(), PhaseError> {
         let phase = ctx.phase;
         let hooks = self.inner.env.hooks(phase);
@@ -323,70 +394,11 @@ impl PhaseEngine {
             fresh = ctx.with_snapshot(tx.snapshot());
             &fresh
         };
-        // Hooks with a synchronous path run right away; the others are driven together.
-        let mut outputs: Vec<Option<Result<StateCommand, PhaseError>>> = hooks
-            .iter()
-            .map(|h| Self::run_hook_sync(phase, h, frozen))
-            .collect();
-        let waiting: Vec<usize> = (0..hooks.len()).filter(|&i| outputs[i].is_none()).collect();
-        if !waiting.is_empty() {
-            let done = join_all(waiting.iter().map(|&i| async move {
-                let outcome = AssertUnwindSafe(hooks[i].hook.run(frozen))
-                    .catch_unwind()
-                    .await;
-                Self::hook_failed(phase, &hooks[i], outcome)
-            }))
-            .await;
-            for (i, result) in waiting.into_iter().zip(done) {
-                outputs[i] = Some(result);
-            }
-        }
-        let mut commands = Vec::with_capacity(outputs.len());
-        for out in outputs.into_iter().flatten() {
-            commands.push(out?); // the first failure in registration order fails the phase
-        }
-
-        // Does any Exclusive key have two writers?
-        // (A short list beats a hash map for the handful of keys a phase writes.)
-        let mut writer: Vec<(&str, usize)> = Vec::with_capacity(commands.len() * 2);
-        let mut conflict = false;
-        'scan: for (i, cmd) in commands.iter().enumerate() {
-            for update in cmd.updates() {
-                let key = update.key();
-                match writer.iter().find(|(k, _)| *k == key) {
-                    Some((_, first)) if *first != i && registry.is_exclusive(key) => {
-                        conflict = true;
-                        break 'scan;
-                    }
-                    Some(_) => {}
-                    None => writer.push((key, i)),
-                }
-            }
-        }
-
+        let (batch, deferred) = Self::run_hooks(phase, hooks, frozen, registry).await?;
         let mut pending = Vec::new();
-        if !conflict {
-            let merged = StateCommand::concat(commands);
-            self.stage(&mut tx, merged, &mut pending)?;
-        } else {
+        self.stage(&mut tx, batch, &mut pending)?;
+        if !deferred.is_empty() {
             report.fallback = true;
-            let mut batch_keys: BTreeSet<String> = BTreeSet::new();
-            let mut batch = StateCommand::new();
-            let mut deferred = Vec::new();
-            for (i, cmd) in commands.into_iter().enumerate() {
-                let keys: BTreeSet<String> = cmd
-                    .exclusive_keys(registry)
-                    .into_iter()
-                    .map(str::to_owned)
-                    .collect();
-                if keys.is_disjoint(&batch_keys) {
-                    batch_keys.extend(keys);
-                    batch.extend(cmd);
-                } else {
-                    deferred.push(i); // its first output is discarded entirely
-                }
-            }
-            self.stage(&mut tx, batch, &mut pending)?;
             for i in deferred {
                 let hook = &hooks[i];
                 report
