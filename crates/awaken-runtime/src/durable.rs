@@ -6,7 +6,7 @@ use std::sync::Arc;
 use awaken_event::{AgentEvent, EventSink, Message, TerminationReason, ThreadId, TokenUsage};
 use awaken_state::{KeyScope, StateError, StateStore};
 use awaken_store::{
-    BatchWrite, RunRecord, RunStatus, StoreError, ThreadCommit, ThreadStore, Timestamp,
+    BatchWrite, LeaseToken, RunRecord, RunStatus, StoreError, ThreadCommit, ThreadStore, Timestamp,
 };
 use awaken_tool::ToolBatch;
 
@@ -37,6 +37,8 @@ pub(crate) struct Durable {
     after_commit: Vec<AgentEvent>,
     /// The state revision the last commit exported up to.
     state_revision: u64,
+    /// The run's lease, carried by every commit, when a recovery claimed the run.
+    pub(crate) lease: Option<LeaseToken>,
 }
 
 impl Durable {
@@ -58,6 +60,7 @@ impl Durable {
             events: Vec::new(),
             after_commit: Vec::new(),
             state_revision,
+            lease: None,
         }
     }
 
@@ -115,6 +118,7 @@ impl Durable {
         .with_thread_state(thread_state)
         .with_events(self.events.iter().cloned());
         commit.batch = batch;
+        commit.lease = self.lease.clone();
         let receipt = self.store.commit(commit).await?;
         self.persisted_messages = receipt.message_count;
         self.new_messages.clear();

@@ -18,6 +18,7 @@
 
 mod builtins;
 mod durable;
+mod failpoint;
 mod intercept;
 mod permission;
 mod repair;
@@ -36,6 +37,6 @@ pub use intercept::{CallIntercept, CallInterceptKey, InterceptHandler, Intercept
 pub use permission::{PERMISSION_PLUGIN, PermissionGate, PermissionPlugin};
 pub use resume::{DecisionError, DecisionsUpdate, Resume, ResumeDecisionsKey};
 pub use runtime::{
-    AgentRuntime, AgentRuntimeBuilder, BuildError, IdSource, RunActivation, RunError, RunHandle,
-    RunOutcome, SequentialIds, SystemIds,
+    AgentRuntime, AgentRuntimeBuilder, BuildError, IdSource, RecoverConfig, RecoveredRun,
+    RunActivation, RunError, RunHandle, RunOutcome, SequentialIds, SystemIds,
 };

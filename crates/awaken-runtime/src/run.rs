@@ -21,8 +21,11 @@ use awaken_plugin::{
 use awaken_resolver::{ResolvedAgent, ResolvedRunPlan, ResolvedTool};
 use awaken_spec::{InferenceOverride, StopConditionSpec};
 use awaken_state::{PersistedState, StateCommand, StateKey, StateStore, UnknownKeyPolicy};
-use awaken_store::{BatchWrite, RunRecord, RunStatus, Timestamp};
-use awaken_tool::{ToolBatch, ToolCallContext, ToolGateHook, ToolInterceptPayload, evaluate_gates};
+use awaken_store::{BatchWrite, ClaimedRun, RunRecord, RunStatus, Timestamp};
+use awaken_tool::{
+    OUTCOME_UNKNOWN_MESSAGE, RecoveryAction, ToolBatch, ToolCallContext, ToolGateHook,
+    ToolInterceptPayload, evaluate_gates, pending_call,
+};
 use futures_util::StreamExt;
 use tracing::Instrument;
 
@@ -103,8 +106,16 @@ struct Run<'a> {
     durable: Durable,
     /// The current step's tool batch.
     batch: Option<ToolBatch>,
-    /// A resume's decisions: those recorded earlier, and this activation's.
-    resume: Option<(Vec<ToolCallResume>, Vec<ToolCallResume>)>,
+    /// How this activation continues an earlier one, if it does.
+    resume: Option<Continue>,
+}
+
+/// How an activation continues an earlier one.
+enum Continue {
+    /// A human's resume: the decisions recorded earlier, and this activation's.
+    Decide(Vec<ToolCallResume>, Vec<ToolCallResume>),
+    /// A recovery after a crash (DESIGN §6's rules for the open calls).
+    Recover,
 }
 
 pub(crate) async fn run(
@@ -119,6 +130,22 @@ pub(crate) async fn run(
         run_id = tracing::field::Empty
     );
     run_activation(rt, Start::Fresh(act), sink)
+        .instrument(span)
+        .await
+}
+
+pub(crate) async fn recover(
+    rt: &AgentRuntime,
+    claimed: ClaimedRun,
+    cancel: CancellationToken,
+    sink: &dyn EventSink,
+) -> Result<RunOutcome, RunError> {
+    let span = tracing::info_span!(
+        "recover",
+        thread_id = %claimed.thread_id,
+        run_id = %claimed.run.run_id
+    );
+    run_activation(rt, Start::Recover(claimed, cancel), sink)
         .instrument(span)
         .await
 }
@@ -144,16 +171,21 @@ enum Start {
     Fresh(RunActivation),
     /// The waiting run of a thread, with decisions.
     Resume(Resume),
+    /// An unfinished run claimed by `recover()` (its lease held by this runtime), with the
+    /// token that cancels it when the lease is lost.
+    Recover(ClaimedRun, CancellationToken),
 }
 
 /// The waiting run a resume continues.
 struct Resumed {
     record: RunRecord,
-    batch: ToolBatch,
+    batch: Option<ToolBatch>,
     run_state: PersistedState,
     /// Decisions recorded by earlier resumes, then this one's.
     recorded: Vec<ToolCallResume>,
     new: Vec<ToolCallResume>,
+    /// A recovery (after a crash) rather than a human's resume.
+    recovering: bool,
 }
 
 /// The stored tool batch of `thread_id`, decoded.
@@ -178,6 +210,7 @@ async fn run_activation(
     let thread_id = match &start {
         Start::Fresh(a) => a.thread_id.clone(),
         Start::Resume(r) => r.thread_id.clone(),
+        Start::Recover(c, _) => c.thread_id.clone(),
     };
     let checkpoint = rt
         .store
@@ -188,9 +221,18 @@ async fn run_activation(
     let mut persisted = 0;
     let mut thread_state = None;
     let mut waiting: Option<(RunRecord, ToolBatch, PersistedState)> = None;
+    // The unfinished run a recovery continues: its record, batch (if any) and run state.
+    let mut unfinished: Option<(RunRecord, Option<ToolBatch>, PersistedState)> = None;
     if let Some(cp) = checkpoint {
         persisted = cp.message_count();
-        if let Some(record) = cp.run
+        if let Start::Recover(claimed, _) = &start
+            && let Some(record) = &cp.run
+            && record.run_id == claimed.run.run_id
+            && record.status == RunStatus::Running
+        {
+            let batch = stored_batch(&thread_id, cp.batch.clone())?;
+            unfinished = Some((record.clone(), batch, cp.run_state.clone()));
+        } else if let Some(record) = cp.run
             && record.status == RunStatus::Waiting
         {
             let batch =
@@ -204,7 +246,32 @@ async fn run_activation(
         thread_state = Some(cp.thread_state);
     }
     let mut notes = Vec::new();
+    let mut lease = None;
     let (agent_id, profile_id, messages, cancel, inference, resumed) = match start {
+        Start::Recover(claimed, cancel) => {
+            let Some((record, batch, run_state)) = unfinished else {
+                return Err(RunError::NotRecoverable {
+                    thread_id,
+                    run_id: claimed.run.run_id,
+                });
+            };
+            lease = Some(claimed.lease);
+            (
+                record.agent_id.clone(),
+                record.profile_id.clone(),
+                Vec::new(),
+                cancel,
+                None,
+                Some(Resumed {
+                    record,
+                    batch,
+                    run_state,
+                    recorded: Vec::new(),
+                    new: Vec::new(),
+                    recovering: true,
+                }),
+            )
+        }
         Start::Fresh(act) => {
             if let Some((record, batch)) = waiting.map(|(r, b, _)| (r, b)) {
                 if !act.supersede {
@@ -269,10 +336,11 @@ async fn run_activation(
                 None,
                 Some(Resumed {
                     record,
-                    batch,
+                    batch: Some(batch),
                     run_state,
                     recorded,
                     new: resume.decisions,
+                    recovering: false,
                 }),
             )
         }
@@ -310,14 +378,11 @@ async fn run_activation(
             .map_err(restore_error)?;
     }
     // A history with unpaired calls or results never reaches a provider.
+    // Calls still open in the batch are answered by this activation, not by the repair.
     let open: HashSet<ToolCallId> = resumed
         .as_ref()
-        .map(|r| {
-            suspended_calls(&r.batch)
-                .into_iter()
-                .map(|(id, _)| id)
-                .collect()
-        })
+        .and_then(|r| r.batch.as_ref())
+        .map(|b| b.open_calls().map(|c| c.id().clone()).collect())
         .unwrap_or_default();
     for repair in repair_history(&mut history, &open) {
         notes.push(AgentEvent::Warning {
@@ -349,7 +414,7 @@ async fn run_activation(
             record
         }
     };
-    let durable = Durable::new(
+    let mut durable = Durable::new(
         rt.store.clone(),
         rt.ids.clone(),
         thread_id.clone(),
@@ -357,6 +422,7 @@ async fn run_activation(
         persisted,
         store.revision(),
     );
+    durable.lease = lease;
     let engine = PhaseEngine::new(store, resolved.env.phase_env().clone());
     if resumed.is_some() {
         // Actions queued before the wait whose handler the re-resolved agent no longer has.
@@ -384,7 +450,8 @@ async fn run_activation(
     let resolved_sections = resolved.spec.sections.clone();
     let is_resume = resumed.is_some();
     let (batch, resume_decisions) = match resumed {
-        Some(r) => (Some(r.batch), Some((r.recorded, r.new))),
+        Some(r) if r.recovering => (r.batch, Some(Continue::Recover)),
+        Some(r) => (r.batch, Some(Continue::Decide(r.recorded, r.new))),
         None => (None, None),
     };
     let mut run = Run {
@@ -618,7 +685,25 @@ impl Run<'_> {
         match self.resume.take() {
             // A new run: its `RunStart` phase. A resumed one started long ago.
             None => self.phase(Phase::RunStart).await?,
-            Some((recorded, new)) => {
+            Some(Continue::Recover) => {
+                if self.batch.is_some() {
+                    // A step was interrupted: its batch is still there.
+                    if let StepEnd::End(t) = self.step(Some(Vec::new())).await? {
+                        return Ok(t);
+                    }
+                } else if let Some(t) = self.ended_before_the_crash() {
+                    // Only the run's last commit was lost: end it as it ended.
+                    self.response = self
+                        .history
+                        .iter()
+                        .rev()
+                        .find(|m| m.role == awaken_event::Role::Assistant)
+                        .map(Message::text)
+                        .filter(|t| !t.is_empty());
+                    return Ok(t);
+                }
+            }
+            Some(Continue::Decide(recorded, new)) => {
                 if !new.is_empty() {
                     self.submit(StateCommand::new().with_update::<ResumeDecisionsKey>(
                         DecisionsUpdate::Add {
@@ -689,7 +774,9 @@ impl Run<'_> {
                     .filter(|c| {
                         matches!(
                             c.state(),
-                            ToolCallState::Suspended | ToolCallState::Requested
+                            ToolCallState::Suspended
+                                | ToolCallState::Requested
+                                | ToolCallState::Executing
                         )
                     })
                     .map(|c| (c.call().clone(), c.state(), c.ticket().cloned()))
@@ -705,6 +792,11 @@ impl Run<'_> {
                 return Err(Failure::Cancelled);
             }
             let decision = decisions.iter().find(|d| d.call_id == call.id).cloned();
+            if decision.is_none() && state == ToolCallState::Suspended {
+                // Not announced: it was not resumed, and stays suspended.
+                suspended = true;
+                continue;
+            }
             match (&decision, state) {
                 (Some(d), ToolCallState::Suspended) => self.note(AgentEvent::ToolCallResumed {
                     call_id: call.id.clone(),
@@ -720,8 +812,11 @@ impl Run<'_> {
                 name: call.name.clone(),
                 arguments: call.arguments.clone(),
             });
-            let mode = ticket.map(|t| t.resume_mode).unwrap_or_default();
+            let mode = ticket.as_ref().map(|t| t.resume_mode).unwrap_or_default();
             let outcome = match decision {
+                // Interrupted while executing: its recovery policy decides, never a silent
+                // re-run.
+                None if state == ToolCallState::Executing => self.recover_call(&call).await,
                 Some(d) if d.decision == ResumeDecision::Deny => {
                     let why = match &d.payload {
                         Some(serde_json::Value::String(reason)) => format!(": {reason}"),
@@ -756,6 +851,17 @@ impl Run<'_> {
             Some(t) => StepEnd::End(t),
             None => StepEnd::Continue,
         })
+    }
+
+    /// Whether a recovered run (between steps) had already ended: the model's last answer
+    /// called no tool, or a stop condition holds. Recovery then ends it without asking the
+    /// model again.
+    fn ended_before_the_crash(&self) -> Option<TerminationReason> {
+        let last = self.history.last()?;
+        if last.role == awaken_event::Role::Assistant && last.tool_calls.is_empty() {
+            return Some(TerminationReason::NaturalEnd);
+        }
+        self.stop_condition(&self.stats())
     }
 
     /// After a step: a closed batch is cleared, a batch with suspended calls is kept.
@@ -935,6 +1041,7 @@ impl Run<'_> {
         let calls = response.message.tool_calls.clone();
         self.push_message(response.message.clone());
         if !calls.is_empty() {
+            crate::failpoint::hit("before_requested", None);
             // Every call durable as `Requested`, with the assistant message, before any gate.
             self.batch = Some(
                 ToolBatch::new(calls.iter().cloned()).map_err(|e| Failure::Error(e.to_string()))?,
@@ -943,6 +1050,7 @@ impl Run<'_> {
                 let batch = self.batch_write();
                 self.checkpoint(batch).await?;
             }
+            crate::failpoint::hit("after_requested", None);
         }
         self.share_history();
         let response = Arc::new(response);
@@ -1083,7 +1191,9 @@ impl Run<'_> {
         .await?;
         // The result is durable before anything relies on it.
         let batch = self.batch_write();
-        self.checkpoint(batch).await
+        self.checkpoint(batch).await?;
+        crate::failpoint::hit("after_result", Some(call.id.as_str()));
+        Ok(())
     }
 
     /// The calls of a step one after another: each gated after the earlier ones committed.
@@ -1242,6 +1352,46 @@ impl Run<'_> {
                 self.checkpoint(batch).await?;
                 Ok(true)
             }
+        }
+    }
+
+    /// DESIGN §6 for a call found `Executing` after a crash: its tool's recovery policy
+    /// re-runs it (`ReadOnly`/`Idempotent` only, with the same idempotency key), closes it as
+    /// outcome unknown, or suspends it for a human. Never a silent re-run.
+    async fn recover_call(&mut self, call: &ToolCall) -> Result<CallOutcome, Failure> {
+        let tool = self
+            .resolved
+            .tools
+            .iter()
+            .find(|t| t.tool.descriptor().name == call.name)
+            .cloned();
+        let action = tool
+            .as_ref()
+            .map_or(RecoveryAction::CloseOutcomeUnknown, |t| {
+                t.tool.recovery_action(ToolCallState::Executing)
+            });
+        match (action, tool) {
+            (RecoveryAction::Rerun, Some(tool)) => {
+                self.mark_executing(&[call]).await?;
+                let ran = self.invocation().run(&tool, call, None, &self.engine).await;
+                self.after_tool(call, ran, None).await
+            }
+            (RecoveryAction::SuspendForHuman, _) => {
+                Ok(CallOutcome::Suspended(Box::new(SuspendTicket {
+                    suspension_id: format!("recovery-{}", call.id),
+                    call: pending_call(call),
+                    message: format!(
+                        "`{}` was interrupted while running and may or may not have taken effect. Run it again?",
+                        call.name
+                    ),
+                    response_schema: None,
+                    resume_mode: ResumeMode::Replay,
+                })))
+            }
+            _ => Ok(CallOutcome::Closed(
+                ToolResult::error(OUTCOME_UNKNOWN_MESSAGE),
+                ToolCallState::OutcomeUnknown,
+            )),
         }
     }
 
@@ -1586,6 +1736,7 @@ impl Invocation<'_> {
             .invoke_with_timeout(call.arguments.clone(), &tool_ctx, self.keys, timer)
             .instrument(span)
             .await;
+        crate::failpoint::hit("after_executing", Some(call.id.as_str()));
         match invoked {
             Ok(output) => {
                 let mut state = if output.result.is_error() {

@@ -12,7 +12,7 @@ use awaken_plugin::{Plugin, PluginRegistry};
 use awaken_resolver::{RegistrationError, Registries, ResolveError, Resolver, ValidationFailed};
 use awaken_spec::{AgentSpec, InferenceOverride, ModelSpec};
 use awaken_state::StateError;
-use awaken_store::{MemoryStore, RunStatus, StoreError, ThreadStore};
+use awaken_store::{LeaseToken, MemoryStore, RunStatus, StoreError, ThreadStore, Timestamp};
 use awaken_tool::Tool;
 
 use crate::builtins::RuntimeBuiltins;
@@ -212,6 +212,14 @@ pub enum RunError {
         /// Why.
         message: String,
     },
+    /// `recover()` claimed a run the thread no longer holds as its unfinished run.
+    #[error("run `{run_id}` of thread `{thread_id}` is not an unfinished run of the thread")]
+    NotRecoverable {
+        /// The thread.
+        thread_id: ThreadId,
+        /// The claimed run.
+        run_id: RunId,
+    },
     /// `resume` on a thread that is not waiting for decisions.
     #[error("thread `{thread_id}` has no run waiting for decisions")]
     NotWaiting {
@@ -247,6 +255,51 @@ pub enum RunError {
         /// Why.
         message: String,
     },
+}
+
+/// How [`AgentRuntime::recover`] claims runs.
+#[derive(Debug, Clone)]
+pub struct RecoverConfig {
+    /// This worker's id (names the lease holder).
+    pub worker_id: String,
+    /// How long a claim lasts without a heartbeat (default 30 s).
+    pub lease_duration: std::time::Duration,
+    /// At most this many runs per call (default 64).
+    pub limit: usize,
+}
+
+impl RecoverConfig {
+    /// Defaults for `worker_id`.
+    pub fn new(worker_id: impl Into<String>) -> Self {
+        Self {
+            worker_id: worker_id.into(),
+            lease_duration: std::time::Duration::from_secs(30),
+            limit: 64,
+        }
+    }
+
+    /// Sets the lease duration.
+    pub fn with_lease_duration(mut self, duration: std::time::Duration) -> Self {
+        self.lease_duration = duration;
+        self
+    }
+
+    /// Sets the number of runs claimed per call.
+    pub fn with_limit(mut self, limit: usize) -> Self {
+        self.limit = limit;
+        self
+    }
+}
+
+/// A run [`AgentRuntime::recover`] took over, and how its continuation ended.
+#[derive(Debug)]
+pub struct RecoveredRun {
+    /// Its thread.
+    pub thread_id: ThreadId,
+    /// The run.
+    pub run_id: RunId,
+    /// The continued activation's outcome.
+    pub outcome: Result<RunOutcome, RunError>,
 }
 
 /// Why `build` failed.
@@ -446,6 +499,86 @@ impl AgentRuntime {
     /// [`AgentRuntime::resume`] without streaming.
     pub async fn resume_to_completion(&self, resume: Resume) -> Result<RunOutcome, RunError> {
         self.resume(resume, &NullSink).await
+    }
+
+    /// Continues unfinished runs after a crash (DESIGN §6): claims up to `config.limit` runs
+    /// whose lease is free or expired (a run still written by a live worker holds its lease),
+    /// keeps each lease with a heartbeat while the run is driven, and releases it at the end.
+    /// A `Requested` call is gated again; an `Executing` call with no result follows its
+    /// tool's recovery policy and is never silently re-run. Runs waiting for a human are left
+    /// waiting. Each recovered run streams its activation to `sink`, one after another.
+    pub async fn recover(
+        &self,
+        config: &RecoverConfig,
+        sink: &dyn EventSink,
+    ) -> Result<Vec<RecoveredRun>, RunError> {
+        let now = Timestamp::from_unix_millis(i64::try_from(self.ids.now_ms()).unwrap_or(i64::MAX));
+        let claims = self
+            .store
+            .claim_runnable(&config.worker_id, config.lease_duration, now, config.limit)
+            .await
+            .map_err(RunError::Store)?;
+        let mut recovered = Vec::with_capacity(claims.len());
+        for claimed in claims {
+            let lease = claimed.lease.clone();
+            if claimed.run.status == RunStatus::Waiting {
+                // A human's decision resumes it, not a recovery.
+                self.release(&lease).await;
+                continue;
+            }
+            let thread_id = claimed.thread_id.clone();
+            let run_id = claimed.run.run_id.clone();
+            let cancel = CancellationToken::new();
+            let heartbeat =
+                self.spawn_heartbeat(lease.clone(), config.lease_duration, cancel.clone());
+            let outcome = crate::run::recover(self, claimed, cancel, sink).await;
+            heartbeat.abort();
+            // A finished run's last commit released the lease; a waiting or failed one did not.
+            self.release(&lease).await;
+            recovered.push(RecoveredRun {
+                thread_id,
+                run_id,
+                outcome,
+            });
+        }
+        Ok(recovered)
+    }
+
+    async fn release(&self, lease: &LeaseToken) {
+        if let Err(e) = self.store.release(lease).await {
+            tracing::warn!(run_id = %lease.run_id, error = %e, "releasing a run's lease failed");
+        }
+    }
+
+    /// Renews `lease` every third of its duration until aborted; a lost lease cancels the run
+    /// (another worker owns it now: this one must stop writing).
+    fn spawn_heartbeat(
+        &self,
+        lease: LeaseToken,
+        duration: std::time::Duration,
+        cancel: CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let store = self.store.clone();
+        let ids = self.ids.clone();
+        tokio::spawn(async move {
+            let every = (duration / 3).max(std::time::Duration::from_millis(1));
+            loop {
+                tokio::time::sleep(every).await;
+                let now =
+                    Timestamp::from_unix_millis(i64::try_from(ids.now_ms()).unwrap_or(i64::MAX));
+                match store.heartbeat(&lease, duration, now).await {
+                    Ok(_) => {}
+                    Err(StoreError::LeaseLost { .. }) => {
+                        tracing::warn!(run_id = %lease.run_id, "lease lost: cancelling the run");
+                        cancel.cancel();
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(run_id = %lease.run_id, error = %e, "heartbeat failed")
+                    }
+                }
+            }
+        })
     }
 
     /// The tickets of the calls the thread's run waits on (empty when it waits on nothing).

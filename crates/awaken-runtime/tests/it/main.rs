@@ -1,8 +1,10 @@
 //! Integration tests of awaken-runtime: scenarios rendered as event logs.
 
+mod crash;
 mod durable;
 mod hitl;
 mod permission;
+mod recovery;
 mod scenarios;
 mod support;
 mod tools;

@@ -1,0 +1,280 @@
+//! A run interrupted at each of its commits (the store stops accepting writes there, as if
+//! the process had died) and recovered by a fresh runtime ends in the history and statistics
+//! of an uninterrupted run — on the memory store and on SQLite.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use async_trait::async_trait;
+use awaken_event::{Message, ProfileId, Role, StopReason, TerminationReason, ThreadId, ToolCallId};
+use awaken_llm::{InferenceRequest, LlmEventStream, LlmExecutor, LlmStreamEvent};
+use awaken_runtime::{AgentRuntime, RecoverConfig, RunActivation, RunStatsKey, SequentialIds};
+use awaken_spec::{AgentSpec, ModelSpec};
+use awaken_state::StateKey;
+use awaken_store::{
+    Checkpoint, ClaimedRun, CommitReceipt, LeaseToken, MemoryStore, ProfileState, RunRecord,
+    SqliteConfig, SqliteStore, StoreError, StoredEvent, ThreadCommit, ThreadStore, ThreadSummary,
+    Timestamp,
+};
+use futures_util::StreamExt;
+
+use awaken_tool::{Tool, ToolCallContext, ToolError, ToolOutput};
+
+/// `echo`, declared `ReadOnly`: a call interrupted while executing is re-run, so the
+/// recovered history equals the uninterrupted one at every boundary (a side-effecting call
+/// is closed as outcome unknown instead: `crash.rs`).
+struct Echo;
+
+#[async_trait]
+impl Tool for Echo {
+    fn descriptor(&self) -> awaken_event::ToolDescriptor {
+        awaken_event::ToolDescriptor::new("echo", "Echo text")
+            .with_effect(awaken_event::EffectClass::ReadOnly)
+    }
+    async fn execute(
+        &self,
+        args: serde_json::Value,
+        _ctx: &ToolCallContext,
+    ) -> Result<ToolOutput, ToolError> {
+        Ok(ToolOutput::success(
+            serde_json::json!({"echoed": args["text"]}),
+        ))
+    }
+}
+
+/// Answers from the history alone (so a repeated inference gives the same answer): an `echo`
+/// call until two results are in, then a text.
+struct HistoryModel;
+
+impl LlmExecutor for HistoryModel {
+    fn name(&self) -> &str {
+        "history-model"
+    }
+
+    fn execute_stream(&self, request: InferenceRequest) -> LlmEventStream {
+        let results = request
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::Tool)
+            .count();
+        let events = if results < 2 {
+            vec![
+                LlmStreamEvent::ToolCallStart {
+                    index: 0,
+                    id: ToolCallId::new(format!("c{results}")).expect("id"),
+                    name: "echo".into(),
+                },
+                LlmStreamEvent::ToolCallArgsDelta {
+                    index: 0,
+                    delta: format!("{{\"text\":\"n{results}\"}}"),
+                },
+                LlmStreamEvent::Stop(StopReason::ToolCalls),
+            ]
+        } else {
+            vec![
+                LlmStreamEvent::TextDelta("done".into()),
+                LlmStreamEvent::Stop(StopReason::EndTurn),
+            ]
+        };
+        Box::pin(futures_util::stream::iter(events.into_iter().map(Ok)).boxed())
+    }
+}
+
+/// A store that dies after `alive` commits: every later commit fails, writing nothing.
+struct DiesAfter {
+    inner: Arc<dyn ThreadStore>,
+    alive: usize,
+    commits: AtomicUsize,
+}
+
+#[async_trait]
+impl ThreadStore for DiesAfter {
+    async fn commit(&self, commit: ThreadCommit) -> Result<CommitReceipt, StoreError> {
+        if self.commits.fetch_add(1, Ordering::SeqCst) >= self.alive {
+            return Err(StoreError::Task {
+                detail: "the process died".into(),
+            });
+        }
+        self.inner.commit(commit).await
+    }
+    async fn load_checkpoint(&self, t: &ThreadId) -> Result<Option<Checkpoint>, StoreError> {
+        self.inner.load_checkpoint(t).await
+    }
+    async fn load_profile(&self, p: &ProfileId) -> Result<ProfileState, StoreError> {
+        self.inner.load_profile(p).await
+    }
+    async fn list_threads(&self) -> Result<Vec<ThreadSummary>, StoreError> {
+        self.inner.list_threads().await
+    }
+    async fn list_runs(&self, t: &ThreadId) -> Result<Vec<RunRecord>, StoreError> {
+        self.inner.list_runs(t).await
+    }
+    async fn load_events(&self, t: &ThreadId, since: u64) -> Result<Vec<StoredEvent>, StoreError> {
+        self.inner.load_events(t, since).await
+    }
+    async fn delete_thread(&self, t: &ThreadId) -> Result<bool, StoreError> {
+        self.inner.delete_thread(t).await
+    }
+    async fn claim_runnable(
+        &self,
+        worker: &str,
+        lease: std::time::Duration,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<ClaimedRun>, StoreError> {
+        self.inner.claim_runnable(worker, lease, now, limit).await
+    }
+    async fn heartbeat(
+        &self,
+        lease: &LeaseToken,
+        duration: std::time::Duration,
+        now: Timestamp,
+    ) -> Result<Timestamp, StoreError> {
+        self.inner.heartbeat(lease, duration, now).await
+    }
+    async fn release(&self, lease: &LeaseToken) -> Result<bool, StoreError> {
+        self.inner.release(lease).await
+    }
+}
+
+fn runtime(store: Arc<dyn ThreadStore>) -> AgentRuntime {
+    AgentRuntime::builder()
+        .with_ids(Arc::new(SequentialIds::default()))
+        .with_store(store)
+        .with_model(ModelSpec::new("model", "history", "upstream"))
+        .with_provider("history", Arc::new(HistoryModel))
+        .with_tool(Arc::new(Echo))
+        .with_agent_spec(AgentSpec::new("agent", "model"))
+        .build()
+        .expect("runtime")
+}
+
+fn thread() -> ThreadId {
+    ThreadId::new("t").expect("id")
+}
+
+/// The thread as text: messages, the last run's status and steps, and its run statistics.
+async fn render(store: &dyn ThreadStore) -> String {
+    let cp = store
+        .load_checkpoint(&thread())
+        .await
+        .expect("load")
+        .expect("stored");
+    let mut out: Vec<String> = cp.messages.iter().map(message).collect();
+    let run = cp.run.expect("a run");
+    out.push(format!(
+        "run {} {:?} steps={} termination={:?}",
+        run.run_id, run.status, run.steps, run.termination
+    ));
+    out.push(format!(
+        "stats {}",
+        cp.run_state.values[<RunStatsKey as StateKey>::KEY]
+    ));
+    out.join("\n")
+}
+
+fn message(m: &Message) -> String {
+    match m.role {
+        Role::Tool => format!(
+            "tool {} {}",
+            m.tool_call_id.as_ref().map_or("-", |c| c.as_str()),
+            serde_json::to_string(&m.content).expect("json")
+        ),
+        Role::Assistant if !m.tool_calls.is_empty() => {
+            format!("assistant calls {}", m.tool_calls[0].id)
+        }
+        _ => format!("{:?} {}", m.role, m.text()),
+    }
+}
+
+async fn matrix(fresh: impl AsyncFn() -> Arc<dyn ThreadStore>) {
+    // The uninterrupted run, and how many commits it makes.
+    let store = fresh().await;
+    let counting = Arc::new(DiesAfter {
+        inner: store.clone(),
+        alive: usize::MAX,
+        commits: AtomicUsize::new(0),
+    });
+    let out = runtime(counting.clone())
+        .run_to_completion(RunActivation::new(thread(), "agent").with_user_message("go"))
+        .await
+        .expect("run");
+    assert_eq!(out.termination, TerminationReason::NaturalEnd);
+    let expected = render(store.as_ref()).await;
+    let commits = counting.commits.load(Ordering::SeqCst);
+    assert!(
+        commits >= 8,
+        "start, 2 × (requested, executing, result, step end), last step, end: {commits}"
+    );
+
+    for alive in 1..commits {
+        let store = fresh().await;
+        let dying = Arc::new(DiesAfter {
+            inner: store.clone(),
+            alive,
+            commits: AtomicUsize::new(0),
+        });
+        // The first process: its writes stop after `alive` commits.
+        let first = runtime(dying)
+            .run_to_completion(RunActivation::new(thread(), "agent").with_user_message("go"))
+            .await
+            .expect("the run started");
+        // It fails where its next commit fails; when only the last commit is lost it has
+        // already decided how it ends (and says so), but the store still holds it running.
+        if alive + 1 < commits {
+            assert!(
+                matches!(first.termination, TerminationReason::Error { .. }),
+                "after {alive} commits: {first:?}"
+            );
+        }
+        // A fresh runtime recovers the run.
+        let recovered = runtime(store.clone())
+            .recover(&RecoverConfig::new("w2"), &awaken_event::NullSink)
+            .await
+            .expect("recover");
+        assert_eq!(recovered.len(), 1, "after {alive} commits");
+        let outcome = recovered
+            .into_iter()
+            .next()
+            .expect("one")
+            .outcome
+            .expect("recovered");
+        assert_eq!(
+            outcome.termination,
+            TerminationReason::NaturalEnd,
+            "after {alive} commits"
+        );
+        assert_eq!(
+            outcome.response.as_deref(),
+            Some("done"),
+            "after {alive} commits"
+        );
+        assert_eq!(
+            render(store.as_ref()).await,
+            expected,
+            "interrupted after {alive} of {commits} commits"
+        );
+    }
+}
+
+#[tokio::test]
+async fn recovery_from_each_commit_matches_the_uninterrupted_run_on_memory() {
+    matrix(async || Arc::new(MemoryStore::new()) as Arc<dyn ThreadStore>).await;
+}
+
+#[tokio::test]
+async fn recovery_from_each_commit_matches_the_uninterrupted_run_on_sqlite() {
+    let dir = std::env::temp_dir().join(format!("awaken-recovery-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let n = AtomicUsize::new(0);
+    matrix(async || {
+        let path = dir.join(format!("r{}.db", n.fetch_add(1, Ordering::SeqCst)));
+        let _ = std::fs::remove_file(&path);
+        Arc::new(
+            SqliteStore::open(SqliteConfig::file(&path))
+                .await
+                .expect("sqlite"),
+        ) as Arc<dyn ThreadStore>
+    })
+    .await;
+}
