@@ -3,6 +3,7 @@
 mod crash;
 mod durable;
 mod hitl;
+mod leases;
 mod permission;
 mod recovery;
 mod scenarios;

@@ -81,10 +81,20 @@ impl LlmExecutor for HistoryModel {
 }
 
 /// A store that dies after `alive` commits: every later commit fails, writing nothing.
-struct DiesAfter {
+pub struct DiesAfter {
     inner: Arc<dyn ThreadStore>,
     alive: usize,
     commits: AtomicUsize,
+}
+
+impl DiesAfter {
+    pub fn new(inner: Arc<dyn ThreadStore>, alive: usize) -> Self {
+        Self {
+            inner,
+            alive,
+            commits: AtomicUsize::new(0),
+        }
+    }
 }
 
 #[async_trait]

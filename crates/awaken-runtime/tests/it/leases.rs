@@ -1,0 +1,267 @@
+//! Leases across processes on one PostgreSQL database: 20 unfinished runs; a worker process
+//! (this test binary re-run on `lease_worker`) kills itself (SIGKILL, failpoint) while it
+//! holds a run's lease, after writing a marker; then two worker processes recover the runs at
+//! once, racing for every claim, and one of them takes the dead worker's run over once its
+//! lease expired. Every run finishes exactly once and no tool call runs twice.
+//!
+//! Needs `AWAKEN_TEST_POSTGRES_URL` (CI starts a server and sets `AWAKEN_REQUIRE_POSTGRES=1`);
+//! without it the test says it was skipped and passes.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use awaken_event::{EffectClass, Role, TerminationReason, ThreadId, ToolDescriptor};
+use awaken_llm::{ScriptToolCall, ScriptTurn, ScriptedExecutor};
+use awaken_runtime::{AgentRuntime, RecoverConfig, RunActivation, SystemIds};
+use awaken_spec::{AgentSpec, ModelSpec};
+use awaken_store::{PostgresConfig, PostgresStore, RunStatus, ThreadStore};
+use awaken_tool::{Tool, ToolCallContext, ToolError, ToolOutput};
+use serde_json::{Value, json};
+
+const RUNS: usize = 20;
+
+fn postgres_url() -> Option<String> {
+    match std::env::var("AWAKEN_TEST_POSTGRES_URL") {
+        Ok(url) if !url.trim().is_empty() => Some(url),
+        _ => {
+            assert!(
+                std::env::var("AWAKEN_REQUIRE_POSTGRES").map_or(true, |v| v != "1"),
+                "AWAKEN_REQUIRE_POSTGRES=1 but AWAKEN_TEST_POSTGRES_URL is not set"
+            );
+            None
+        }
+    }
+}
+
+async fn store(url: &str, schema: &str) -> Arc<dyn ThreadStore> {
+    Arc::new(
+        PostgresStore::connect(
+            PostgresConfig::new(url)
+                .with_schema(schema)
+                .with_max_connections(2),
+        )
+        .await
+        .expect("postgres"),
+    )
+}
+
+/// Appends `<thread> <call>` to `<dir>/calls.log` (side-effecting: never re-run).
+struct Book(std::path::PathBuf);
+
+#[async_trait]
+impl Tool for Book {
+    fn descriptor(&self) -> ToolDescriptor {
+        ToolDescriptor::new("book", "Books").with_effect(EffectClass::SideEffecting)
+    }
+    async fn execute(&self, _args: Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.0.join("calls.log"))
+            .map_err(|e| ToolError::Execution {
+                message: e.to_string(),
+            })?;
+        writeln!(f, "{} {}", ctx.thread_id(), ctx.call_id()).map_err(|e| ToolError::Execution {
+            message: e.to_string(),
+        })?;
+        Ok(ToolOutput::success(json!("booked")))
+    }
+}
+
+/// Each run: one `book` call, then a text (the scripted executor is stateless per request
+/// here: it answers from the history, so any worker can continue any run).
+struct Model;
+
+impl awaken_llm::LlmExecutor for Model {
+    fn name(&self) -> &str {
+        "model"
+    }
+    fn execute_stream(&self, request: awaken_llm::InferenceRequest) -> awaken_llm::LlmEventStream {
+        let booked = request.messages.iter().any(|m| m.role == Role::Tool);
+        let turn = if booked {
+            ScriptTurn::text("done")
+        } else {
+            ScriptTurn::text("")
+                .with_tool_call(ScriptToolCall::new("book", json!({})).with_id("c1"))
+        };
+        match ScriptedExecutor::from_turns(vec![turn]) {
+            Ok(e) => e.execute_stream(request),
+            Err(e) => unreachable!("a one-turn script is valid: {e}"),
+        }
+    }
+}
+
+fn runtime(store: Arc<dyn ThreadStore>, dir: &Path) -> AgentRuntime {
+    AgentRuntime::builder()
+        .with_ids(Arc::new(SystemIds::default()))
+        .with_store(store)
+        .with_model(ModelSpec::new("model", "p", "upstream"))
+        .with_provider("p", Arc::new(Model))
+        .with_tool(Arc::new(Book(dir.to_owned())))
+        .with_agent_spec(AgentSpec::new("agent", "model"))
+        .build()
+        .expect("runtime")
+}
+
+/// A worker process: recovers runs (one claim at a time, short leases) until none is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_worker() {
+    let (Ok(url), Ok(schema), Ok(dir), Ok(worker)) = (
+        std::env::var("AWAKEN_TEST_POSTGRES_URL"),
+        std::env::var("AWAKEN_LEASE_SCHEMA"),
+        std::env::var("AWAKEN_LEASE_DIR"),
+        std::env::var("AWAKEN_LEASE_WORKER"),
+    ) else {
+        return;
+    };
+    let store = store(&url, &schema).await;
+    let rt = runtime(store.clone(), Path::new(&dir));
+    let config = RecoverConfig::new(worker)
+        .with_lease_duration(Duration::from_millis(1500))
+        .with_limit(1);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !all_done(store.as_ref()).await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the runs did not all finish"
+        );
+        let recovered = rt
+            .recover(&config, &awaken_event::NullSink)
+            .await
+            .expect("recover");
+        for r in recovered {
+            r.outcome.expect("recovered run");
+        }
+        // Nothing claimable right now: another worker holds the rest, or a dead worker's
+        // lease has not expired yet. Poll again shortly.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn all_done(store: &dyn ThreadStore) -> bool {
+    let threads = store.list_threads().await.expect("threads");
+    if threads.len() < RUNS {
+        return false;
+    }
+    for t in threads {
+        let runs = store.list_runs(&t.thread_id).await.expect("runs");
+        if runs.iter().any(|r| r.status != RunStatus::Done) {
+            return false;
+        }
+    }
+    true
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_share_twenty_runs_and_one_takes_over_a_dead_workers_lease() {
+    let Some(url) = postgres_url() else {
+        use std::io::Write as _;
+        let _ = writeln!(
+            std::io::stderr(),
+            "awaken-runtime: the PostgreSQL lease test was SKIPPED (AWAKEN_TEST_POSTGRES_URL is not set)"
+        );
+        return;
+    };
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let schema = format!("awaken_leases_{}_{nanos}", std::process::id());
+    let dir = std::env::temp_dir().join(&schema);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let marker = dir.join("marker");
+
+    // Twenty unfinished runs: each committed its start (and user message), then its process
+    // went away.
+    let store = store(&url, &schema).await;
+    for i in 0..RUNS {
+        let thread = ThreadId::new(format!("t{i:02}")).expect("id");
+        let dying: Arc<dyn ThreadStore> =
+            Arc::new(crate::recovery::DiesAfter::new(store.clone(), 1));
+        let out = runtime(dying, &dir)
+            .run_to_completion(RunActivation::new(thread, "agent").with_user_message("book"))
+            .await
+            .expect("started");
+        assert!(matches!(out.termination, TerminationReason::Error { .. }));
+    }
+
+    let spawn = |worker: &str, crash: bool| {
+        let mut cmd = std::process::Command::new(std::env::current_exe().expect("test binary"));
+        cmd.args([
+            "leases::lease_worker",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("AWAKEN_TEST_POSTGRES_URL", &url)
+        .env("AWAKEN_LEASE_SCHEMA", &schema)
+        .env("AWAKEN_LEASE_DIR", &dir)
+        .env("AWAKEN_LEASE_WORKER", worker)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+        if crash {
+            // Dies after its first tool ran, before that result is committed: it holds the
+            // run's lease, and the call is `Executing`.
+            cmd.env("AWAKEN_CRASH_AT", "after_executing")
+                .env("AWAKEN_CRASH_MARKER", &marker);
+        }
+        cmd.spawn().expect("worker started")
+    };
+    // The doomed worker claims a run and dies holding its lease, its call `Executing`.
+    let doomed = spawn("doomed", true).wait().expect("doomed ended");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(doomed.signal(), Some(9), "the doomed worker was killed");
+    assert_eq!(
+        std::fs::read_to_string(&marker).expect("marker").trim(),
+        "after_executing",
+        "it died holding a run"
+    );
+    // Two workers then share the runs, racing for every claim; one of them takes the dead
+    // worker's run over once its lease expired.
+    let mut a = spawn("worker-a", false);
+    let mut b = spawn("worker-b", false);
+    let (a, b) = (a.wait().expect("a ended"), b.wait().expect("b ended"));
+    assert!(
+        a.success() && b.success(),
+        "the workers finished: {a:?} {b:?}"
+    );
+
+    // Every run finished exactly once: one closing answer each, one run record, done.
+    let mut outcome_unknown = 0;
+    for i in 0..RUNS {
+        let thread = ThreadId::new(format!("t{i:02}")).expect("id");
+        let cp = store
+            .load_checkpoint(&thread)
+            .await
+            .expect("load")
+            .expect("thread");
+        let runs = store.list_runs(&thread).await.expect("runs");
+        assert_eq!(runs.len(), 1, "{thread}");
+        assert_eq!(runs[0].status, RunStatus::Done, "{thread}");
+        assert_eq!(
+            runs[0].termination,
+            Some(TerminationReason::NaturalEnd),
+            "{thread}"
+        );
+        let roles: Vec<Role> = cp.messages.iter().map(|m| m.role).collect();
+        assert_eq!(
+            roles,
+            [Role::User, Role::Assistant, Role::Tool, Role::Assistant],
+            "{thread}"
+        );
+        if cp.messages[2].text().contains("outcome unknown") {
+            outcome_unknown += 1;
+        }
+    }
+    // The dead worker's call ran once and was closed as outcome unknown, not re-run.
+    assert_eq!(outcome_unknown, 1);
+    let calls = std::fs::read_to_string(dir.join("calls.log")).expect("calls");
+    let mut lines: Vec<&str> = calls.lines().collect();
+    lines.sort_unstable();
+    let before = lines.len();
+    lines.dedup();
+    assert_eq!(before, lines.len(), "no call ran twice: {calls}");
+    assert_eq!(lines.len(), RUNS, "every run booked once: {calls}");
+}
