@@ -1,13 +1,45 @@
-//! End-to-end tests of the `awaken` binary.
+//! End-to-end tests of the `awaken` binary: each example agent, the approval flow across two
+//! invocations, a new run on a waiting thread, Ctrl-C, the built-in tools, declarative plugins
+//! and the README's commands. Nothing here reaches beyond 127.0.0.1.
 
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use awaken::event::AgentEvent;
+use serde_json::Value;
+
+/// The binary with a clean environment: no provider settings, no proxies (loopback only).
+fn command() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_awaken"));
+    for var in [
+        "OPENAI_API_KEY",
+        "AWAKEN_BASE_URL",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+    ] {
+        c.env_remove(var);
+    }
+    c.stdin(Stdio::null());
+    c
+}
 
 fn awaken(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_awaken"))
+    awaken_env(args, &[])
+}
+
+/// The binary with `args` and these environment variables.
+fn awaken_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    command()
         .args(args)
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("AWAKEN_BASE_URL")
+        .envs(env.iter().copied())
         .output()
         .expect("the binary runs")
 }
@@ -16,16 +48,170 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn temp_store(name: &str) -> (PathBuf, String) {
+/// A fresh directory for one test.
+fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("awaken-cli-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+fn temp_store(name: &str) -> (PathBuf, String) {
+    let dir = temp_dir(name);
     let spec = format!("sqlite:{}", dir.join("awaken.db").display());
     (dir, spec)
 }
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn path_str(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+/// Asserts the exit code, showing both streams when it differs.
+#[track_caller]
+fn expect_code(out: &Output, code: i32) {
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "stdout:\n{}\nstderr:\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}
+
+fn events(out: &Output) -> Vec<AgentEvent> {
+    text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not an event: {l}: {e}")))
+        .collect()
+}
+
+/// A copy of an example agent file in `dir`, so relative tool roots land in the test's directory.
+fn copy_example(name: &str, dir: &Path) -> PathBuf {
+    let to = dir.join(name);
+    std::fs::copy(repo().join("examples/agents").join(name), &to).expect("copy the example");
+    to
+}
+
+/// A script file with one text turn.
+fn text_script(dir: &Path, reply: &str) -> PathBuf {
+    let path = dir.join("reply.toml");
+    std::fs::write(&path, format!("[[turns]]\ntext = {reply:?}\n")).expect("write the script");
+    path
+}
+
+/// A request the loopback server received.
+struct Received {
+    head: String,
+    body: String,
+}
+
+/// A loopback HTTP/1.1 server that answers its connections, in order, with `responses` (whole
+/// responses, `connection: close`), and reports each request on the channel it returns.
+fn serve(responses: Vec<String>) -> (String, mpsc::Receiver<Received>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    let addr = listener.local_addr().expect("address");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for response in responses {
+            let Ok((mut socket, _)) = listener.accept() else {
+                return;
+            };
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            let head_end = loop {
+                if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break i + 4;
+                }
+                match socket.read(&mut chunk) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            };
+            let head = text(&buf[..head_end]);
+            let length: usize = head
+                .lines()
+                .find_map(|l| {
+                    let (name, value) = l.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse().ok())
+                        .flatten()
+                })
+                .unwrap_or(0);
+            while buf.len() < head_end + length {
+                match socket.read(&mut chunk) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            let body = text(&buf[head_end..head_end + length]);
+            let _ = tx.send(Received { head, body });
+            let _ = socket.write_all(response.as_bytes());
+            let _ = socket.flush();
+        }
+    });
+    (format!("http://{addr}"), rx)
+}
+
+fn http_response(content_type: &str, body: &str) -> String {
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// One chat-completions stream chunk with `delta` (and a finish reason).
+fn chunk(delta: &str, finish: Option<&str>) -> String {
+    let finish = finish.map_or("null".to_owned(), |f| format!("{f:?}"));
+    format!(
+        "data: {{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{delta},\"finish_reason\":{finish}}}]}}\n\n"
+    )
+}
+
+/// An SSE chat-completions response: the chunks, then usage and `[DONE]`.
+fn sse(chunks: &[String], input_tokens: u32, output_tokens: u32) -> String {
+    let mut body = chunks.concat();
+    body.push_str(&format!(
+        "data: {{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{{\"prompt_tokens\":{input_tokens},\"completion_tokens\":{output_tokens},\"total_tokens\":{}}}}}\n\n",
+        input_tokens + output_tokens
+    ));
+    body.push_str("data: [DONE]\n\n");
+    http_response("text/event-stream", &body)
+}
+
+/// A model turn that calls `read_file` on README.md.
+fn sse_read_readme() -> String {
+    sse(
+        &[
+            chunk(r#"{"role":"assistant","content":"Reading. "}"#, None),
+            chunk(
+                r#"{"tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"read_file","arguments":"{\"path\":"}}]}"#,
+                None,
+            ),
+            chunk(
+                r#"{"tool_calls":[{"index":0,"function":{"arguments":"\"README.md\"}"}}]}"#,
+                None,
+            ),
+            chunk("{}", Some("tool_calls")),
+        ],
+        20,
+        5,
+    )
+}
+
+/// A model turn that answers with text.
+fn sse_text(reply: &str) -> String {
+    sse(
+        &[
+            chunk(&format!("{{\"content\":{reply:?}}}"), None),
+            chunk("{}", Some("stop")),
+        ],
+        30,
+        7,
+    )
 }
 
 #[test]
@@ -125,43 +311,739 @@ fn a_bad_agent_file_names_the_file_and_line() {
 #[test]
 fn validate_resolves_the_agent() {
     let agent = repo().join("examples/agents/assistant.toml");
-    let out = awaken(&["validate", "--agent", agent.to_str().expect("utf-8")]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = awaken(&["validate", "--agent", path_str(&agent)]);
+    expect_code(&out, 0);
+    let stdout = text(&out.stdout);
     assert!(
-        text(&out.stdout).contains("agent `assistant` resolves: 1 tool(s)"),
-        "{}",
-        text(&out.stdout)
+        stdout.contains("agent `assistant` resolves: 1 tool(s), plugins house-style,"),
+        "{stdout}"
     );
 }
 
-#[test]
-fn the_readme_commands_are_the_ones_ci_runs() {
+/// The commands of the README's `sh` blocks.
+fn readme_commands() -> Vec<String> {
     let readme = std::fs::read_to_string(repo().join("README.md")).expect("README");
-    let ci = std::fs::read_to_string(repo().join(".ci/run")).expect(".ci/run");
-    let commands: Vec<&str> = readme
+    readme
         .split("```sh")
         .skip(1)
         .filter_map(|block| block.split("```").next())
         .flat_map(str::lines)
         .map(str::trim)
         .filter(|l| !l.is_empty())
-        .collect();
-    assert!(commands.contains(&"cargo xtask test"), "{commands:?}");
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Splits a command line into words: whitespace separates, '…' and "…" quote.
+fn shell_words(line: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word: Option<String> = None;
+    let mut quote: Option<char> = None;
+    for c in line.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => word.get_or_insert_with(String::new).push(c),
+            (None, '"' | '\'') => {
+                quote = Some(c);
+                word.get_or_insert_with(String::new);
+            }
+            (None, c) if c.is_whitespace() => words.extend(word.take()),
+            (None, c) => word.get_or_insert_with(String::new).push(c),
+        }
+    }
+    words.extend(word);
+    words
+}
+
+#[test]
+fn the_readme_commands_are_the_ones_ci_runs() {
+    let ci = std::fs::read_to_string(repo().join(".ci/run")).expect(".ci/run");
+    let commands = readme_commands();
+    assert!(
+        commands.iter().any(|c| c == "cargo xtask test"),
+        "{commands:?}"
+    );
     assert!(
         ci.lines().any(|l| l.trim() == "cargo xtask test"),
         "CI runs the README's test command"
     );
-    let run = commands
-        .iter()
-        .find(|c| c.contains("-- run --agent"))
-        .expect("the README's run command");
-    let agent = run
-        .split_whitespace()
-        .skip_while(|w| *w != "--agent")
-        .nth(1)
-        .expect("an agent file");
     assert!(
-        repo().join(agent).is_file(),
-        "the README's agent file {agent} exists"
+        commands.iter().any(|c| c.starts_with(
+            "cargo run --release -p awaken-cli -- run --agent examples/agents/assistant.toml "
+        )),
+        "the README runs the offline assistant: {commands:?}"
     );
+    for command in commands.iter().filter(|c| c.contains("--agent")) {
+        let agent = command
+            .split_whitespace()
+            .skip_while(|w| *w != "--agent")
+            .nth(1)
+            .expect("an agent file");
+        assert!(
+            repo().join(agent).is_file(),
+            "the README's agent file {agent} exists"
+        );
+    }
+}
+
+#[test]
+fn the_readmes_approval_commands_work_as_written() {
+    // In a directory laid out like the repository, so the README's relative paths and the
+    // default store (./.awaken/awaken.db) land in the test's directory.
+    let dir = temp_dir("readme-approval");
+    std::fs::create_dir_all(dir.join("examples/agents")).expect("dirs");
+    copy_example("approval.toml", &dir.join("examples/agents"));
+    let prefix = "cargo run --release -p awaken-cli -- ";
+    let commands: Vec<Vec<String>> = readme_commands()
+        .iter()
+        .filter(|c| c.contains("approval.toml"))
+        .map(|c| shell_words(c.strip_prefix(prefix).expect("a cargo run of the command")))
+        .collect();
+    assert_eq!(commands.len(), 2, "{commands:?}");
+    let run = command()
+        .args(&commands[0])
+        .current_dir(&dir)
+        .output()
+        .expect("runs");
+    expect_code(&run, 3);
+    let resume = command()
+        .args(&commands[1])
+        .current_dir(&dir)
+        .output()
+        .expect("runs");
+    expect_code(&resume, 0);
+    let todo =
+        std::fs::read_to_string(dir.join("examples/agents/notes/todo.txt")).expect("appended");
+    assert_eq!(todo.lines().count(), 1, "{todo}");
+    assert!(dir.join(".awaken/awaken.db").is_file());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The line on stderr that approves `call`, as the command printed it, split into words.
+fn printed_command(stderr: &str, needle: &str) -> Vec<String> {
+    let line = stderr
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("awaken ") && l.contains(needle))
+        .unwrap_or_else(|| panic!("no printed command with {needle:?} in:\n{stderr}"));
+    line.split_whitespace().skip(1).map(str::to_owned).collect()
+}
+
+#[test]
+fn the_approval_example_suspends_and_a_second_invocation_approves_it() {
+    let dir = temp_dir("approval");
+    let agent = copy_example("approval.toml", &dir);
+    let store = format!("sqlite:{}", dir.join("awaken.db").display());
+    let todo = dir.join("notes/todo.txt");
+    let run = awaken(&[
+        "run",
+        "--agent",
+        path_str(&agent),
+        "--store",
+        &store,
+        "--thread",
+        "todo",
+        "--json",
+        "Remind me to buy milk",
+    ]);
+    expect_code(&run, 3);
+    let first = events(&run);
+    awaken::event::check_activation(&first).expect("the suspended run is one activation");
+    let stderr = text(&run.stderr);
+    assert!(
+        stderr.contains("call_1  append_file {\"line\":\"buy milk\",\"path\":\"todo.txt\"}")
+            && stderr.contains("Allow `append_file` with arguments"),
+        "the question and the call: {stderr}"
+    );
+    assert!(!todo.exists(), "nothing is appended before the approval");
+
+    // A second process runs the command the first one printed.
+    let approve = printed_command(&stderr, "--approve call_1");
+    assert_eq!(
+        approve.join(" "),
+        format!(
+            "resume todo --agent {} --store {store} --approve call_1",
+            agent.display()
+        )
+    );
+    let mut words: Vec<&str> = approve.iter().map(String::as_str).collect();
+    words.push("--json");
+    let resumed = awaken(&words);
+    expect_code(&resumed, 0);
+    let second = events(&resumed);
+    awaken::event::check_activation(&second).expect("the resumed run is one activation");
+    let both: Vec<AgentEvent> = first.into_iter().chain(second.iter().cloned()).collect();
+    awaken::event::check_events(&both).expect("suspension and resume are one well-formed stream");
+    assert!(
+        second.iter().any(|e| matches!(e, AgentEvent::ToolCallResumed { call_id, .. } if call_id.as_str() == "call_1")),
+        "{}",
+        text(&resumed.stdout)
+    );
+    let lines: Vec<String> = std::fs::read_to_string(&todo)
+        .expect("the approved append happened")
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].starts_with("buy milk #awk1-"), "{lines:?}");
+
+    // The thread is no longer waiting: resuming again is bad input, and nothing is appended.
+    let again = awaken(&approve.iter().map(String::as_str).collect::<Vec<_>>());
+    expect_code(&again, 2);
+    assert!(
+        text(&again.stderr).contains("thread `todo` is not waiting for decisions"),
+        "{}",
+        text(&again.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(&todo)
+            .expect("read")
+            .lines()
+            .count(),
+        1
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn resume_names_the_waiting_calls_when_a_decision_does_not_fit_and_deny_tells_the_model() {
+    let dir = temp_dir("deny");
+    let agent = copy_example("approval.toml", &dir);
+    let store = format!("sqlite:{}", dir.join("awaken.db").display());
+    let agent = path_str(&agent);
+
+    let missing = awaken(&[
+        "resume",
+        "nope",
+        "--agent",
+        agent,
+        "--store",
+        &store,
+        "--approve",
+        "call_1",
+    ]);
+    expect_code(&missing, 2);
+    assert!(
+        text(&missing.stderr).contains("no thread `nope`"),
+        "{}",
+        text(&missing.stderr)
+    );
+
+    expect_code(
+        &awaken(&[
+            "run", "--agent", agent, "--store", &store, "--thread", "t", "hi",
+        ]),
+        3,
+    );
+    let unknown = awaken(&[
+        "resume",
+        "t",
+        "--agent",
+        agent,
+        "--store",
+        &store,
+        "--approve",
+        "call_9",
+    ]);
+    expect_code(&unknown, 2);
+    let err = text(&unknown.stderr);
+    assert!(
+        err.contains("call call_9 is not waiting for a decision on thread `t`")
+            && err.contains("call_1  append_file")
+            && err.contains("--approve call_1"),
+        "{err}"
+    );
+    let nothing = awaken(&["resume", "t", "--agent", agent, "--store", &store]);
+    expect_code(&nothing, 2);
+    assert!(
+        text(&nothing.stderr).contains("--approve call_1"),
+        "{}",
+        text(&nothing.stderr)
+    );
+
+    let denied = awaken(&[
+        "resume",
+        "t",
+        "--agent",
+        agent,
+        "--store",
+        &store,
+        "--deny",
+        "call_1",
+        "--answer",
+        "\"not today\"",
+    ]);
+    expect_code(&denied, 0);
+    let stdout = text(&denied.stdout);
+    assert!(stdout.contains("✗ call_1 denied"), "{stdout}");
+    assert!(stdout.contains("denied by the user: not today"), "{stdout}");
+    assert!(!dir.join("notes/todo.txt").exists());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_new_run_on_a_waiting_thread_is_refused_unless_it_supersedes_the_calls() {
+    let dir = temp_dir("supersede");
+    let agent = copy_example("approval.toml", &dir);
+    let store = format!("sqlite:{}", dir.join("awaken.db").display());
+    let agent = path_str(&agent);
+    expect_code(
+        &awaken(&[
+            "run", "--agent", agent, "--store", &store, "--thread", "t", "hi",
+        ]),
+        3,
+    );
+
+    let refused = awaken(&[
+        "run", "--agent", agent, "--store", &store, "--thread", "t", "other",
+    ]);
+    expect_code(&refused, 3);
+    let err = text(&refused.stderr);
+    assert!(err.contains("thread `t` is waiting"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "awaken resume t --agent {agent} --store {store} --approve call_1"
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "awaken run --agent {agent} --thread t --store {store} --supersede other"
+        )),
+        "{err}"
+    );
+    assert!(
+        !text(&refused.stdout).contains("▶"),
+        "the refused run did not start"
+    );
+
+    let script = text_script(&dir, "Starting over.");
+    let superseded = awaken(&[
+        "run",
+        "--agent",
+        agent,
+        "--store",
+        &store,
+        "--thread",
+        "t",
+        "--supersede",
+        "--script",
+        path_str(&script),
+        "other",
+    ]);
+    expect_code(&superseded, 0);
+    assert!(text(&superseded.stdout).contains("Starting over."));
+    let shown = text(&awaken(&["show", "t", "--store", &store]).stdout);
+    assert!(
+        shown.contains("\"state\":\"cancelled\""),
+        "the superseded call is closed: {shown}"
+    );
+    assert!(!shown.contains("waiting:"), "{shown}");
+    assert!(!dir.join("notes/todo.txt").exists());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn ctrl_c_cancels_the_run_and_leaves_a_thread_that_shows_and_continues() {
+    let dir = temp_dir("ctrl-c");
+    let agent = dir.join("waiter.toml");
+    std::fs::write(
+        &agent,
+        "[agent]\nid = \"waiter\"\nmodel = \"default\"\n\n\
+         # The model streams a word, then waits until the run is cancelled.\n\
+         [[script.turns]]\ndeltas = [\"Thinking\"]\nwait_for_cancel = true\n",
+    )
+    .expect("write the agent");
+    let store = format!("sqlite:{}", dir.join("awaken.db").display());
+    let mut child = command()
+        .args([
+            "run",
+            "--agent",
+            path_str(&agent),
+            "--store",
+            &store,
+            "--thread",
+            "w",
+            "Wait",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the run");
+    // A hang guard, not a wait: kills the child if the test is stuck for a minute.
+    let (done, guard) = mpsc::channel::<()>();
+    let pid = child.id().to_string();
+    let watchdog = {
+        let pid = pid.clone();
+        std::thread::spawn(move || {
+            if guard.recv_timeout(Duration::from_secs(60)).is_err() {
+                let _ = Command::new("kill").args(["-KILL", &pid]).status();
+            }
+        })
+    };
+    let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let n = stdout.read_line(&mut line).expect("read stdout");
+        assert!(n > 0, "the run ended before it started");
+        if line.starts_with("▶ started run") {
+            break;
+        }
+    }
+    let interrupted = Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .expect("kill runs");
+    assert!(interrupted.success());
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).expect("read stdout");
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .expect("piped stderr")
+        .read_to_string(&mut stderr)
+        .expect("read stderr");
+    let status = child.wait().expect("wait");
+    let _ = done.send(());
+    let _ = watchdog.join();
+    assert_eq!(status.code(), Some(4), "stdout: {rest}\nstderr: {stderr}");
+    assert!(stderr.contains("— cancelled · thread w"), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "awaken run --agent {} --thread w --store {store} PROMPT",
+            agent.display()
+        )),
+        "{stderr}"
+    );
+
+    let shown = awaken(&["show", "w", "--store", &store]);
+    expect_code(&shown, 0);
+    let shown = text(&shown.stdout);
+    assert!(shown.contains("\"text\":\"Wait\""), "{shown}");
+    assert!(
+        shown.contains("status=done steps=0 termination=cancelled"),
+        "{shown}"
+    );
+
+    let script = text_script(&dir, "Done waiting.");
+    let next = awaken(&[
+        "run",
+        "--agent",
+        path_str(&agent),
+        "--store",
+        &store,
+        "--thread",
+        "w",
+        "--script",
+        path_str(&script),
+        "Go on",
+    ]);
+    expect_code(&next, 0);
+    assert!(text(&next.stdout).contains("Done waiting."));
+    let shown = text(&awaken(&["show", "w", "--store", &store]).stdout);
+    assert!(shown.contains("termination=natural_end"), "{shown}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn the_openai_example_talks_to_an_openai_compatible_server() {
+    let (base, requests) = serve(vec![sse_read_readme(), sse_text("Awaken is a runtime.")]);
+    let agent = repo().join("examples/agents/openai.toml");
+    let base_url = format!("{base}/v1");
+    let out = awaken_env(
+        &[
+            "run",
+            "--agent",
+            path_str(&agent),
+            "--store",
+            "memory",
+            "--thread",
+            "o",
+            "What is Awaken?",
+        ],
+        &[
+            ("AWAKEN_BASE_URL", &base_url),
+            ("OPENAI_API_KEY", "sk-test-key"),
+        ],
+    );
+    expect_code(&out, 0);
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("→ read_file {\"path\":\"README.md\"}"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("Awaken is a runtime."), "{stdout}");
+    assert!(
+        text(&out.stderr).contains("— natural_end · thread o · 2 step(s) · 62 tokens"),
+        "{}",
+        text(&out.stderr)
+    );
+    let first = requests.recv().expect("the first request");
+    assert!(
+        first.head.starts_with("POST /v1/chat/completions "),
+        "{}",
+        first.head
+    );
+    assert!(
+        first
+            .head
+            .lines()
+            .any(|l| l.eq_ignore_ascii_case("authorization: Bearer sk-test-key")),
+        "{}",
+        first.head
+    );
+    let first: Value = serde_json::from_str(&first.body).expect("a JSON body");
+    assert_eq!(first["model"], "gpt-4o-mini");
+    assert_eq!(first["stream"], true);
+    assert!(first["tools"].to_string().contains("read_file"), "{first}");
+    let second: Value = serde_json::from_str(&requests.recv().expect("the second request").body)
+        .expect("a JSON body");
+    let tool_message = second["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .expect("the tool result goes back to the model")
+        .to_string();
+    assert!(tool_message.contains("call_a"), "{tool_message}");
+    assert!(
+        tool_message.contains("Awaken is a Rust runtime for LLM agents"),
+        "{tool_message}"
+    );
+}
+
+#[test]
+fn the_assistant_loads_its_declarative_plugins_and_the_model_sees_them() {
+    // The offline example, pointed at a loopback OpenAI-compatible server to observe the request.
+    let (base, requests) = serve(vec![sse_read_readme(), sse_text("Done.")]);
+    let agent = repo().join("examples/agents/assistant.toml");
+    let base_url = format!("{base}/v1");
+    let out = awaken_env(
+        &[
+            "run",
+            "--agent",
+            path_str(&agent),
+            "--store",
+            "memory",
+            "hi",
+        ],
+        &[("AWAKEN_BASE_URL", &base_url)],
+    );
+    expect_code(&out, 0);
+    let first: Value =
+        serde_json::from_str(&requests.recv().expect("a request").body).expect("JSON");
+    let system = first["messages"][0].to_string();
+    assert!(
+        system.contains("Use read_file") && system.contains("Answer in British English."),
+        "the house-style fragments follow the system prompt: {system}"
+    );
+    let second: Value =
+        serde_json::from_str(&requests.recv().expect("a request").body).expect("JSON");
+    assert!(
+        second["messages"]
+            .to_string()
+            .contains("Quote the lines of the file you rely on."),
+        "the house-style reminder after read_file: {second}"
+    );
+
+    // Without a key or a base URL, the OpenAI example says what it needs instead of calling out.
+    let out = awaken(&[
+        "run",
+        "--agent",
+        path_str(&repo().join("examples/agents/openai.toml")),
+        "--store",
+        "memory",
+        "hi",
+    ]);
+    expect_code(&out, 2);
+    assert!(
+        text(&out.stderr).contains("needs OPENAI_API_KEY"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn http_get_reaches_allowed_hosts_only() {
+    let (base, requests) = serve(vec![http_response("text/plain", "hello from loopback")]);
+    let dir = temp_dir("http");
+    let agent = dir.join("fetch.toml");
+    std::fs::write(
+        &agent,
+        format!(
+            "[agent]\nid = \"fetcher\"\nmodel = \"default\"\n\n\
+             [tools.http_get]\nallow_hosts = [\"127.0.0.1\"]\n\n\
+             [[script.turns]]\ntool_calls = [\n\
+             {{ id = \"c1\", name = \"http_get\", arguments = {{ url = \"{base}/hello\" }} }},\n\
+             {{ id = \"c2\", name = \"http_get\", arguments = {{ url = \"http://example.invalid/x\" }} }},\n\
+             {{ id = \"c3\", name = \"http_get\", arguments = {{ url = \"file:///etc/passwd\" }} }},\n]\n\n\
+             [[script.turns]]\ntext = \"Fetched.\"\n"
+        ),
+    )
+    .expect("write the agent");
+    let out = awaken(&[
+        "run",
+        "--agent",
+        path_str(&agent),
+        "--store",
+        "memory",
+        "--json",
+        "fetch",
+    ]);
+    expect_code(&out, 0);
+    let done: Vec<String> = events(&out)
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::ToolCallDone {
+                call_id,
+                result,
+                state,
+            } => Some(format!("{call_id} {state} {}", result.content)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(done.len(), 3, "{done:?}");
+    assert!(
+        done[0].starts_with("c1 succeeded")
+            && done[0].contains("\"body\":\"hello from loopback\"")
+            && done[0].contains("\"status\":200"),
+        "{done:?}"
+    );
+    assert!(
+        done[1].contains("host `example.invalid` is not allowed for http_get (allowed: 127.0.0.1)"),
+        "{done:?}"
+    );
+    assert!(done[2].contains("is not an http or https URL"), "{done:?}");
+    let request = requests.recv().expect("the allowed request");
+    assert!(request.head.starts_with("GET /hello "), "{}", request.head);
+    assert!(
+        requests.try_recv().is_err(),
+        "only the allowed host was reached"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn plugins_lists_the_examples_and_names_the_line_of_a_broken_file() {
+    let out = awaken(&[
+        "plugins",
+        "--dir",
+        path_str(&repo().join("examples/plugins")),
+    ]);
+    expect_code(&out, 0);
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("house-style 1.0.0 · enabled · priority 0 · depends on - · 2 prompt fragment(s) · reminders after read_* · agents editor"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("ok: 1 plugin(s) load together"), "{stdout}");
+
+    let dir = temp_dir("plugins");
+    std::fs::copy(
+        repo().join("examples/plugins/house-style.toml"),
+        dir.join("house-style.toml"),
+    )
+    .expect("copy");
+    std::fs::write(
+        dir.join("broken.toml"),
+        "id = \"broken\"\nversion = \"1.0.0\"\ncolour = \"red\"\n",
+    )
+    .expect("write");
+    let out = awaken(&["plugins", "--dir", path_str(&dir)]);
+    expect_code(&out, 2);
+    let err = text(&out.stderr);
+    assert!(err.contains("broken.toml:3"), "{err}");
+    assert!(err.contains("colour"), "{err}");
+    assert!(
+        text(&out.stdout).contains("house-style 1.0.0"),
+        "the good file is still listed"
+    );
+
+    // An agent file whose plugin directory holds a broken file fails before running.
+    std::fs::create_dir_all(dir.join("agents")).expect("dir");
+    let agent = dir.join("agents/agent.toml");
+    std::fs::write(
+        &agent,
+        "[agent]\nid = \"a\"\nmodel = \"m\"\n\n[plugins]\ndirs = [\"..\"]\n\n[[script.turns]]\ntext = \"hi\"\n",
+    )
+    .expect("write");
+    let out = awaken(&[
+        "run",
+        "--agent",
+        path_str(&agent),
+        "--store",
+        "memory",
+        "hi",
+    ]);
+    expect_code(&out, 2);
+    assert!(
+        text(&out.stderr).contains("broken.toml:3"),
+        "{}",
+        text(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The PostgreSQL URL of the test server: `None` (the test is skipped, with a note) when it is
+/// not configured, a failure when `AWAKEN_REQUIRE_POSTGRES=1` (as in CI).
+fn postgres_url() -> Option<String> {
+    match std::env::var("AWAKEN_TEST_POSTGRES_URL") {
+        Ok(url) if !url.trim().is_empty() => Some(url),
+        _ => {
+            assert!(
+                !std::env::var("AWAKEN_REQUIRE_POSTGRES").is_ok_and(|v| v == "1"),
+                "AWAKEN_REQUIRE_POSTGRES=1 but AWAKEN_TEST_POSTGRES_URL is not set"
+            );
+            let _ = writeln!(
+                std::io::stderr(),
+                "awaken-cli: the PostgreSQL approval test is SKIPPED (AWAKEN_TEST_POSTGRES_URL is not set)"
+            );
+            None
+        }
+    }
+}
+
+#[test]
+fn the_approval_flow_works_on_postgres_too() {
+    let Some(url) = postgres_url() else {
+        return;
+    };
+    let dir = temp_dir("postgres");
+    let agent = copy_example("approval.toml", &dir);
+    let agent = path_str(&agent);
+    // The tables are shared with other runs of this test: a thread of its own.
+    let thread = format!(
+        "pg-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    );
+    let store = format!("postgres:{url}");
+    expect_code(
+        &awaken(&[
+            "run", "--agent", agent, "--store", &store, "--thread", &thread, "hi",
+        ]),
+        3,
+    );
+    expect_code(
+        &awaken(&[
+            "resume",
+            &thread,
+            "--agent",
+            agent,
+            "--store",
+            &store,
+            "--approve",
+            "call_1",
+        ]),
+        0,
+    );
+    let todo = std::fs::read_to_string(dir.join("notes/todo.txt")).expect("appended");
+    assert_eq!(todo.lines().count(), 1, "{todo}");
+    let shown = text(&awaken(&["show", &thread, "--store", &store]).stdout);
+    assert!(shown.contains("termination=natural_end"), "{shown}");
+    let _ = std::fs::remove_dir_all(dir);
 }

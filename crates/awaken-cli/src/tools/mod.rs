@@ -1,4 +1,9 @@
-//! The command's built-in tools.
+//! The command's built-in tools, each enabled and configured by the agent file's `[tools]`:
+//! `read_file` (`ReadOnly`, confined to a directory), `append_file` (`SideEffecting`, confined
+//! to a directory, idempotent per call) and `http_get` (`ReadOnly`, allowed hosts only).
+
+mod append_file;
+mod http_get;
 
 use std::path::{Component, Path, PathBuf};
 
@@ -6,6 +11,13 @@ use async_trait::async_trait;
 use awaken::event::{EffectClass, ToolDescriptor};
 use awaken::tool::{Tool, ToolCallContext, ToolError, ToolOutput};
 use serde_json::{Value, json};
+
+pub(crate) use append_file::AppendFile;
+#[cfg(test)]
+pub(crate) use append_file::tag;
+#[cfg(test)]
+pub(crate) use http_get::host_allowed;
+pub(crate) use http_get::{DEFAULT_MAX_BYTES, HttpGet};
 
 /// Most bytes `read_file` returns.
 const MAX_READ: u64 = 64 * 1024;
@@ -15,23 +27,29 @@ pub(crate) struct ReadFile {
     pub(crate) root: PathBuf,
 }
 
-impl ReadFile {
-    fn resolve(&self, requested: &str) -> Result<PathBuf, ToolError> {
-        let rel = Path::new(requested);
-        let escapes = rel.is_absolute()
-            || rel.components().any(|c| {
-                matches!(
-                    c,
-                    Component::ParentDir | Component::RootDir | Component::Prefix(_)
-                )
-            });
-        if escapes {
-            return Err(ToolError::Execution {
-                message: format!("`{requested}` is outside the allowed directory"),
-            });
-        }
-        Ok(self.root.join(rel))
+/// `root` joined with `requested`, refusing absolute paths and `..` (a lexical check; the
+/// callers also check where symbolic links lead).
+fn confine(root: &Path, requested: &str) -> Result<PathBuf, ToolError> {
+    let rel = Path::new(requested);
+    let escapes = rel.is_absolute()
+        || rel.components().any(|c| {
+            matches!(
+                c,
+                Component::ParentDir | Component::RootDir | Component::Prefix(_)
+            )
+        });
+    if escapes {
+        return Err(outside(requested));
     }
+    Ok(root.join(rel))
+}
+
+fn outside(requested: &str) -> ToolError {
+    failed(format!("`{requested}` is outside the allowed directory"))
+}
+
+fn failed(message: String) -> ToolError {
+    ToolError::Execution { message }
 }
 
 #[async_trait]
@@ -52,17 +70,14 @@ impl Tool for ReadFile {
 
     async fn execute(&self, args: Value, _ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
         let requested = args["path"].as_str().unwrap_or_default();
-        let path = self.resolve(requested)?;
+        let path = confine(&self.root, requested)?;
         // A symbolic link must not lead out of the root either.
-        let outside = || ToolError::Execution {
-            message: format!("`{requested}` is outside the allowed directory"),
-        };
-        let root = std::fs::canonicalize(&self.root).map_err(|_| outside())?;
+        let root = std::fs::canonicalize(&self.root).map_err(|_| outside(requested))?;
         let real = std::fs::canonicalize(&path).map_err(|e| ToolError::Execution {
             message: format!("cannot read `{requested}`: {e}"),
         })?;
         if !real.starts_with(&root) {
-            return Err(outside());
+            return Err(outside(requested));
         }
         let meta = std::fs::metadata(&path).map_err(|e| ToolError::Execution {
             message: format!("cannot read `{requested}`: {e}"),

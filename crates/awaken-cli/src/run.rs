@@ -1,0 +1,265 @@
+//! `awaken run` and `awaken resume`: one activation each, streamed to the terminal (or as JSON
+//! lines), with Ctrl-C cancelling it cleanly (a second Ctrl-C exits at once).
+
+use std::io::{IsTerminal, Read};
+use std::time::Instant;
+
+use anyhow::anyhow;
+use awaken::event::{EventSink, SuspendTicket, TerminationReason, ThreadId, ToolCallResume};
+use awaken::runtime::{
+    AgentRuntime, Resume, ResumeDecisionsKey, RunActivation, RunError, RunHandle, RunOutcome,
+};
+use awaken::state::StateKey;
+use awaken_store::RunStatus;
+
+use crate::args::Args;
+use crate::output::{JsonLines, Terminal, shell_word, waiting_instructions};
+use crate::setup::{open_store, runtime, script_offset, stored_thread};
+use crate::{Exit, bad_input, load_file};
+
+/// `awaken run --agent FILE [PROMPT] [--thread ID [--supersede]]`.
+pub(crate) async fn run(args: Args) -> Result<u8, Exit> {
+    let file = load_file(&args)?;
+    let prompt = prompt(&args)?;
+    let store = open_store(args.store.as_deref()).await.map_err(bad_input)?;
+    // A new user message starts the script from its first turn.
+    let runtime = runtime(&file, &args, store, 0).map_err(bad_input)?;
+    let thread = match &args.thread {
+        Some(t) => ThreadId::new(t).map_err(|e| bad_input(anyhow!("--thread: {e}")))?,
+        None => ThreadId::new(format!(
+            "thread-{:x}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis())
+        ))
+        .map_err(|e| anyhow!("{e}"))?,
+    };
+    let mut activation = RunActivation::new(thread.clone(), file.agent.id.clone())
+        .with_user_message(prompt.trim_end());
+    if args.supersede {
+        activation = activation.with_supersede();
+    }
+    cancel_on_interrupt(activation.handle())?;
+    let started = Instant::now();
+    let terminal = Terminal::default();
+    let sink: &dyn EventSink = if args.json { &JsonLines } else { &terminal };
+    match runtime.run(activation, sink).await {
+        Ok(outcome) => finish(&runtime, &args, &thread, &outcome, started).await,
+        Err(RunError::ThreadWaiting { run_id, .. }) => {
+            let tickets = undecided(&runtime, &thread).await?;
+            let shown_prompt = if args.positional.is_empty() || prompt.len() > 80 {
+                "PROMPT".to_owned()
+            } else {
+                shell_word(prompt.trim_end())
+            };
+            Err(Exit {
+                code: 3,
+                error: anyhow!(
+                    "thread `{thread}` is waiting: run `{run_id}` has tool calls that need a decision first.\n{}\
+                     or close the waiting calls as cancelled and start the new run anyway:\n  {} {shown_prompt}",
+                    waiting_instructions(&args, &thread, &tickets),
+                    continue_command(&args, &thread, true),
+                ),
+            })
+        }
+        Err(e) => Err(anyhow!("{e}").into()),
+    }
+}
+
+/// `awaken resume THREAD --agent FILE (--approve CALL | --deny CALL [--answer JSON])...`.
+pub(crate) async fn resume(args: Args) -> Result<u8, Exit> {
+    let file = load_file(&args)?;
+    let (thread, store, checkpoint) = stored_thread(&args).await?;
+    let run = checkpoint.run.as_ref();
+    if run.is_none_or(|r| r.status != RunStatus::Waiting) {
+        return Err(bad_input(anyhow!(
+            "thread `{thread}` is not waiting for decisions{}; continue it with a new run:\n  {} PROMPT",
+            run.map(|r| format!(" (its last run {} is {})", r.run_id, r.status))
+                .unwrap_or_default(),
+            continue_command(&args, &thread, false)
+        )));
+    }
+    let runtime =
+        runtime(&file, &args, store, script_offset(&checkpoint.messages)).map_err(bad_input)?;
+    let tickets = runtime
+        .waiting_calls(&thread)
+        .await
+        .map_err(|e| anyhow!("{e}"))?;
+    let open = undecided(&runtime, &thread).await?;
+    if args.decisions.is_empty() {
+        return Err(bad_input(anyhow!(
+            "give a decision for at least one waiting call.\n{}",
+            waiting_instructions(&args, &thread, &open)
+        )));
+    }
+    let mut request = Resume::new(thread.clone());
+    let mut named: Vec<&str> = Vec::new();
+    for d in &args.decisions {
+        if named.contains(&d.call.as_str()) {
+            return Err(bad_input(anyhow!("call {} has two decisions", d.call)));
+        }
+        named.push(&d.call);
+        let Some(ticket) = tickets.iter().find(|t| t.call.call_id.as_str() == d.call) else {
+            return Err(bad_input(anyhow!(
+                "call {} is not waiting for a decision on thread `{thread}`.\n{}",
+                d.call,
+                waiting_instructions(&args, &thread, &open)
+            )));
+        };
+        if !open.iter().any(|t| t.call.call_id == ticket.call.call_id) {
+            return Err(bad_input(anyhow!(
+                "call {} already has a decision (from an earlier resume).\n{}",
+                d.call,
+                waiting_instructions(&args, &thread, &open)
+            )));
+        }
+        let mut decision = if d.approve {
+            ToolCallResume::approve(&ticket.call)
+        } else {
+            ToolCallResume::deny(&ticket.call)
+        };
+        if let Some(answer) = &d.answer {
+            decision = decision.with_payload(answer.clone());
+        }
+        request = request.with_decision(decision);
+    }
+    cancel_on_interrupt(request.handle())?;
+    let started = Instant::now();
+    let terminal = Terminal::default();
+    let sink: &dyn EventSink = if args.json { &JsonLines } else { &terminal };
+    match runtime.resume(request, sink).await {
+        Ok(outcome) => finish(&runtime, &args, &thread, &outcome, started).await,
+        Err(e @ (RunError::Decision { .. } | RunError::NotWaiting { .. })) => {
+            let open = undecided(&runtime, &thread).await.unwrap_or_default();
+            Err(bad_input(anyhow!(
+                "{e}\n{}",
+                waiting_instructions(&args, &thread, &open)
+            )))
+        }
+        Err(e) => Err(anyhow!("{e}").into()),
+    }
+}
+
+/// The prompt: the positional words, else standard input.
+fn prompt(args: &Args) -> Result<String, Exit> {
+    if !args.positional.is_empty() {
+        return Ok(args.positional.join(" "));
+    }
+    if std::io::stdin().is_terminal() {
+        return Err(bad_input(anyhow!(
+            "give a prompt, or pipe one on standard input"
+        )));
+    }
+    let mut text = String::new();
+    std::io::stdin()
+        .read_to_string(&mut text)
+        .map_err(|e| bad_input(e.into()))?;
+    Ok(text)
+}
+
+/// Cancels the run on the first interrupt (Ctrl-C, SIGINT) and exits on the second. The
+/// handler is installed before this returns, so an interrupt after it is never lost.
+fn cancel_on_interrupt(handle: RunHandle) -> Result<(), Exit> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut interrupts = signal(SignalKind::interrupt())
+            .map_err(|e| anyhow!("cannot install the Ctrl-C handler: {e}"))?;
+        tokio::spawn(async move {
+            if interrupts.recv().await.is_some() {
+                handle.cancel();
+                eprintln!("\ncancelling the run (Ctrl-C again exits at once)");
+                if interrupts.recv().await.is_some() {
+                    std::process::exit(130);
+                }
+            }
+        });
+    }
+    #[cfg(not(unix))]
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            handle.cancel();
+            eprintln!("\ncancelling the run (Ctrl-C again exits at once)");
+            if tokio::signal::ctrl_c().await.is_ok() {
+                std::process::exit(130);
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Prints the final line (and, for a waiting run, how to answer it) and picks the exit code.
+async fn finish(
+    runtime: &AgentRuntime,
+    args: &Args,
+    thread: &ThreadId,
+    outcome: &RunOutcome,
+    started: Instant,
+) -> Result<u8, Exit> {
+    if !args.json {
+        eprintln!(
+            "— {} · thread {} · {} step(s) · {} tokens · {} ms",
+            outcome.termination,
+            thread,
+            outcome.steps,
+            outcome.usage.total(),
+            started.elapsed().as_millis()
+        );
+    }
+    Ok(match outcome.termination {
+        TerminationReason::Suspended => {
+            let tickets = undecided(runtime, thread).await?;
+            eprint!("{}", waiting_instructions(args, thread, &tickets));
+            3
+        }
+        TerminationReason::Cancelled => {
+            eprintln!(
+                "the run was cancelled; the thread keeps its checkpoint. Continue it with:\n  {} PROMPT",
+                continue_command(args, thread, false)
+            );
+            4
+        }
+        TerminationReason::Error { .. } => 1,
+        _ => 0,
+    })
+}
+
+/// `awaken run --agent FILE --thread THREAD [--store SPEC] [--supersede]`.
+fn continue_command(args: &Args, thread: &ThreadId, supersede: bool) -> String {
+    let agent = args.agent.as_ref().map_or_else(
+        || "AGENT_FILE".to_owned(),
+        |a| shell_word(&a.display().to_string()),
+    );
+    let mut command = format!(
+        "awaken run --agent {agent} --thread {}",
+        shell_word(thread.as_str())
+    );
+    if let Some(store) = &args.store {
+        command.push_str(&format!(" --store {}", shell_word(store)));
+    }
+    if supersede {
+        command.push_str(" --supersede");
+    }
+    command
+}
+
+/// The calls `thread` waits on that have no recorded decision yet (an earlier resume may have
+/// decided some of them).
+async fn undecided(runtime: &AgentRuntime, thread: &ThreadId) -> Result<Vec<SuspendTicket>, Exit> {
+    let tickets = runtime
+        .waiting_calls(thread)
+        .await
+        .map_err(|e| anyhow!("{e}"))?;
+    let decided: Vec<ToolCallResume> = runtime
+        .store()
+        .load_checkpoint(thread)
+        .await
+        .map_err(|e| anyhow!("{e}"))?
+        .and_then(|c| c.run_state.values.get(ResumeDecisionsKey::KEY).cloned())
+        .and_then(|v| serde_json::from_value(v).ok())
+        .unwrap_or_default();
+    Ok(tickets
+        .into_iter()
+        .filter(|t| !decided.iter().any(|d| d.call_id == t.call.call_id))
+        .collect())
+}
