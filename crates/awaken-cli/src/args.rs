@@ -11,6 +11,7 @@ pub(crate) const USAGE: &str = "\
 usage:
   awaken run --agent FILE [PROMPT] [--thread ID [--supersede]] [--json] [--store SPEC] [--script FILE] [--model NAME]
   awaken resume THREAD --agent FILE (--approve CALL | --deny CALL [--answer JSON])... [--json] [--store SPEC]
+  awaken recover --agent FILE [--json] [--store SPEC] [--script FILE] [--model NAME]
   awaken threads [--store SPEC]
   awaken show THREAD [--store SPEC]
   awaken validate --agent FILE
@@ -19,6 +20,8 @@ usage:
   PROMPT defaults to standard input. SPEC is sqlite:PATH (default sqlite:./.awaken/awaken.db), postgres:URL or memory.
   With OPENAI_API_KEY or AWAKEN_BASE_URL set (or [provider] kind = \"openai\"), the agent talks to an
   OpenAI-compatible endpoint; otherwise it replays the agent file's [script].
+  recover continues the runs a crashed or killed process left unfinished (not those waiting
+  for a decision), each with the agent file's agent.
   A run waiting for a decision exits 3 and prints the `awaken resume` commands that answer it;
   --answer gives the decision before it a JSON payload (the answer, or the reason of a denial).
   Exit codes: 0 completed, 2 bad input, 3 waiting for a decision, 4 cancelled, 1 other errors.";
@@ -74,6 +77,10 @@ fn accepted(command: &str) -> Option<(&'static [&'static str], std::ops::RangeIn
     Some(match command {
         "run" => (RUN, 0..=usize::MAX),
         "resume" => (RESUME, 1..=1),
+        "recover" => (
+            &["--agent", "--json", "--store", "--script", "--model"],
+            0..=0,
+        ),
         "threads" => (&["--store"], 0..=0),
         "show" => (&["--store"], 1..=1),
         "validate" => (&["--agent", "--script", "--model"], 0..=0),

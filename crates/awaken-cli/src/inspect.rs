@@ -98,7 +98,7 @@ pub(crate) async fn show(args: Args) -> Result<u8, Exit> {
 /// `awaken validate --agent FILE`: resolves the agent without running it.
 pub(crate) fn validate(args: Args) -> Result<u8, Exit> {
     let file = load_file(&args)?;
-    let runtime = runtime(&file, &args, Arc::new(MemoryStore::new()), 0).map_err(bad_input)?;
+    let runtime = runtime(&file, &args, Arc::new(MemoryStore::new())).map_err(bad_input)?;
     let resolved = runtime
         .resolver()
         .resolve(&file.agent.id)

@@ -1,7 +1,8 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)] // printing is this binary's job
 //! The `awaken` command: runs agents defined in TOML files, streaming their events to the
 //! terminal, keeps threads in an embedded SQLite file (`./.awaken/awaken.db`), and resumes runs
-//! that wait for a human's decision (`awaken resume`), in any later invocation.
+//! that wait for a human's decision (`awaken resume`), in any later invocation, and runs a
+//! crashed process left unfinished (`awaken recover`).
 //!
 //! Exit codes: 0 completed, 2 bad input, 3 suspended waiting for a decision, 4 cancelled,
 //! 1 other errors.
@@ -11,6 +12,7 @@ mod args;
 mod inspect;
 mod output;
 mod run;
+mod script;
 mod setup;
 #[cfg(test)]
 mod tests;
@@ -66,6 +68,7 @@ fn main() -> ExitCode {
         match args.command.as_str() {
             "run" => rt.block_on(run::run(args)),
             "resume" => rt.block_on(run::resume(args)),
+            "recover" => rt.block_on(run::recover(args)),
             "threads" => rt.block_on(inspect::threads(args)),
             "show" => rt.block_on(inspect::show(args)),
             "validate" => rt.block_on(async { inspect::validate(args) }),

@@ -1,5 +1,5 @@
-//! `awaken run` and `awaken resume`: one activation each, streamed to the terminal (or as JSON
-//! lines), with Ctrl-C cancelling it cleanly (a second Ctrl-C exits at once).
+//! `awaken run`, `awaken resume` and `awaken recover`: activations streamed to the terminal (or
+//! as JSON lines). Ctrl-C cancels a run or a resume cleanly (a second Ctrl-C exits at once).
 
 use std::io::{IsTerminal, Read};
 use std::time::Instant;
@@ -7,14 +7,15 @@ use std::time::Instant;
 use anyhow::anyhow;
 use awaken::event::{EventSink, SuspendTicket, TerminationReason, ThreadId, ToolCallResume};
 use awaken::runtime::{
-    AgentRuntime, Resume, ResumeDecisionsKey, RunActivation, RunError, RunHandle, RunOutcome,
+    AgentRuntime, RecoverConfig, Resume, ResumeDecisionsKey, RunActivation, RunError, RunHandle,
+    RunOutcome,
 };
 use awaken::state::StateKey;
 use awaken_store::RunStatus;
 
 use crate::args::Args;
 use crate::output::{JsonLines, Terminal, shell_word, waiting_instructions};
-use crate::setup::{open_store, runtime, script_offset, stored_thread};
+use crate::setup::{open_store, runtime, stored_thread};
 use crate::{Exit, bad_input, load_file};
 
 /// `awaken run --agent FILE [PROMPT] [--thread ID [--supersede]]`.
@@ -23,7 +24,7 @@ pub(crate) async fn run(args: Args) -> Result<u8, Exit> {
     let prompt = prompt(&args)?;
     let store = open_store(args.store.as_deref()).await.map_err(bad_input)?;
     // A new user message starts the script from its first turn.
-    let runtime = runtime(&file, &args, store, 0).map_err(bad_input)?;
+    let runtime = runtime(&file, &args, store).map_err(bad_input)?;
     let thread = match &args.thread {
         Some(t) => ThreadId::new(t).map_err(|e| bad_input(anyhow!("--thread: {e}")))?,
         None => ThreadId::new(format!(
@@ -79,8 +80,7 @@ pub(crate) async fn resume(args: Args) -> Result<u8, Exit> {
             continue_command(&args, &thread, false)
         )));
     }
-    let runtime =
-        runtime(&file, &args, store, script_offset(&checkpoint.messages)).map_err(bad_input)?;
+    let runtime = runtime(&file, &args, store).map_err(bad_input)?;
     let tickets = runtime
         .waiting_calls(&thread)
         .await
@@ -138,6 +138,67 @@ pub(crate) async fn resume(args: Args) -> Result<u8, Exit> {
         }
         Err(e) => Err(anyhow!("{e}").into()),
     }
+}
+
+/// `awaken recover --agent FILE`: claims the store's unfinished runs (those no live process
+/// holds a lease on; not those waiting for a decision) and continues each with the agent file's
+/// agent, one after another. Exit 1 when a run could not be continued or ended in an error,
+/// else 3 when one waits for a decision, 4 when one was cancelled, else 0.
+pub(crate) async fn recover(args: Args) -> Result<u8, Exit> {
+    let file = load_file(&args)?;
+    let store = open_store(args.store.as_deref()).await.map_err(bad_input)?;
+    let runtime = runtime(&file, &args, store).map_err(bad_input)?;
+    let config = RecoverConfig::new(format!("awaken-cli-{}", std::process::id()));
+    let terminal = Terminal::default();
+    let sink: &dyn EventSink = if args.json { &JsonLines } else { &terminal };
+    let started = Instant::now();
+    let recovered = runtime
+        .recover(&config, sink)
+        .await
+        .map_err(|e| anyhow!("{e}"))?;
+    if recovered.is_empty() {
+        eprintln!("no unfinished runs to recover");
+        return Ok(0);
+    }
+    let mut code = 0;
+    for run in &recovered {
+        let worst = match &run.outcome {
+            Ok(outcome) => {
+                eprintln!(
+                    "— recovered run {} · {} · thread {} · {} step(s) · {} tokens · {} ms",
+                    run.run_id,
+                    outcome.termination,
+                    run.thread_id,
+                    outcome.steps,
+                    outcome.usage.total(),
+                    started.elapsed().as_millis()
+                );
+                match outcome.termination {
+                    TerminationReason::Error { .. } => 1,
+                    TerminationReason::Suspended => {
+                        let tickets = undecided(&runtime, &run.thread_id).await?;
+                        eprint!("{}", waiting_instructions(&args, &run.thread_id, &tickets));
+                        3
+                    }
+                    TerminationReason::Cancelled => 4,
+                    _ => 0,
+                }
+            }
+            Err(e) => {
+                eprintln!(
+                    "— run {} on thread {} was not continued: {e}",
+                    run.run_id, run.thread_id
+                );
+                1
+            }
+        };
+        code = match (code, worst) {
+            (1, _) | (_, 1) => 1,
+            (3, _) | (_, 3) => 3,
+            (a, b) => a.max(b),
+        };
+    }
+    Ok(code)
 }
 
 /// The prompt: the positional words, else standard input.

@@ -6,9 +6,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow, bail};
-use awaken::event::{Message, Role, ThreadId};
+use awaken::event::ThreadId;
 use awaken::llm::openai::{OpenAiConfig, OpenAiExecutor};
-use awaken::llm::{LlmExecutor, Script, ScriptedExecutor};
+use awaken::llm::{LlmExecutor, Script};
 use awaken::plugin::PluginRegistry;
 use awaken::runtime::AgentRuntime;
 use awaken::spec::ModelSpec;
@@ -18,6 +18,7 @@ use awaken_store::{
 
 use crate::agent_file::{AgentFile, ProviderKind};
 use crate::args::{Args, USAGE};
+use crate::script::ThreadScript;
 use crate::tools;
 use crate::{Exit, bad_input};
 
@@ -72,25 +73,12 @@ pub(crate) async fn stored_thread(
     Ok((thread, store, checkpoint))
 }
 
-/// Where the scripted provider starts when it continues a thread's run: the turns the run
-/// already played, i.e. the assistant messages after the thread's last user message. A new
-/// user message starts the script again; a resumed run goes on from where it stopped, also in
-/// another process.
-pub(crate) fn script_offset(history: &[Message]) -> usize {
-    history
-        .iter()
-        .rev()
-        .take_while(|m| m.role != Role::User)
-        .filter(|m| m.role == Role::Assistant)
-        .count()
-}
-
 /// The executor and model the agent file (and the environment) ask for. The scripted provider
-/// skips the first `script_offset` turns.
+/// reads where each thread's run stands from `store`.
 fn provider(
     file: &AgentFile,
     args: &Args,
-    script_offset: usize,
+    store: &Arc<dyn ThreadStore>,
 ) -> Result<(Arc<dyn LlmExecutor>, ModelSpec)> {
     let env_key = std::env::var("OPENAI_API_KEY")
         .ok()
@@ -144,17 +132,12 @@ fn provider(
             )
         })?,
     };
-    let total = script.turns.len();
-    if script_offset >= total && script_offset > 0 {
-        bail!(
-            "the script has {total} turn(s) and this thread's run already played {script_offset}; \
-             give the turns that follow with --script FILE"
-        );
-    }
-    let script = Script {
-        turns: script.turns.into_iter().skip(script_offset).collect(),
-    };
-    let executor = ScriptedExecutor::new(script).map_err(|e| anyhow!("{e}"))?;
+    let source = args.script.as_ref().map_or_else(
+        || format!("{}: [script]", file.path.display()),
+        |p| p.display().to_string(),
+    );
+    let executor =
+        ThreadScript::new(script, Arc::clone(store)).map_err(|e| anyhow!("{source}: {e}"))?;
     let model = file
         .model
         .clone()
@@ -176,9 +159,8 @@ pub(crate) fn runtime(
     file: &AgentFile,
     args: &Args,
     store: Arc<dyn ThreadStore>,
-    script_offset: usize,
 ) -> Result<AgentRuntime> {
-    let (executor, model) = provider(file, args, script_offset)?;
+    let (executor, model) = provider(file, args, &store)?;
     let mut builder = AgentRuntime::builder()
         .with_store(store)
         .with_model(model.clone())

@@ -225,7 +225,7 @@ fn the_script_goes_on_after_the_turns_of_the_current_prompt() {
             )],
         )
     };
-    let offset = crate::setup::script_offset;
+    let offset = crate::script::script_offset;
     assert_eq!(offset(&[]), 0);
     assert_eq!(offset(&[Message::user("hi")]), 0);
     assert_eq!(offset(&[Message::user("hi"), call()]), 1);

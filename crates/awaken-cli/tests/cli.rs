@@ -646,17 +646,10 @@ fn a_new_run_on_a_waiting_thread_is_refused_unless_it_supersedes_the_calls() {
 #[test]
 fn ctrl_c_cancels_the_run_and_leaves_a_thread_that_shows_and_continues() {
     let dir = temp_dir("ctrl-c");
-    let agent = dir.join("waiter.toml");
-    std::fs::write(
-        &agent,
-        "[agent]\nid = \"waiter\"\nmodel = \"default\"\n\n\
-         # The model streams a word, then waits until the run is cancelled.\n\
-         [[script.turns]]\ndeltas = [\"Thinking\"]\nwait_for_cancel = true\n",
-    )
-    .expect("write the agent");
+    let agent = waiting_agent(&dir);
     let store = format!("sqlite:{}", dir.join("awaken.db").display());
-    let mut child = command()
-        .args([
+    let (rest, stderr, status) = interrupt_after_start(
+        &[
             "run",
             "--agent",
             path_str(&agent),
@@ -665,49 +658,9 @@ fn ctrl_c_cancels_the_run_and_leaves_a_thread_that_shows_and_continues() {
             "--thread",
             "w",
             "Wait",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the run");
-    // A hang guard, not a wait: kills the child if the test is stuck for a minute.
-    let (done, guard) = mpsc::channel::<()>();
-    let pid = child.id().to_string();
-    let watchdog = {
-        let pid = pid.clone();
-        std::thread::spawn(move || {
-            if guard.recv_timeout(Duration::from_secs(60)).is_err() {
-                let _ = Command::new("kill").args(["-KILL", &pid]).status();
-            }
-        })
-    };
-    let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
-    let mut line = String::new();
-    loop {
-        line.clear();
-        let n = stdout.read_line(&mut line).expect("read stdout");
-        assert!(n > 0, "the run ended before it started");
-        if line.starts_with("▶ started run") {
-            break;
-        }
-    }
-    let interrupted = Command::new("kill")
-        .args(["-INT", &pid])
-        .status()
-        .expect("kill runs");
-    assert!(interrupted.success());
-    let mut rest = String::new();
-    stdout.read_to_string(&mut rest).expect("read stdout");
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .expect("piped stderr")
-        .read_to_string(&mut stderr)
-        .expect("read stderr");
-    let status = child.wait().expect("wait");
-    let _ = done.send(());
-    let _ = watchdog.join();
+        ],
+        "-INT",
+    );
     assert_eq!(status.code(), Some(4), "stdout: {rest}\nstderr: {stderr}");
     assert!(stderr.contains("— cancelled · thread w"), "{stderr}");
     assert!(
@@ -1045,5 +998,124 @@ fn the_approval_flow_works_on_postgres_too() {
     assert_eq!(todo.lines().count(), 1, "{todo}");
     let shown = text(&awaken(&["show", &thread, "--store", &store]).stdout);
     assert!(shown.contains("termination=natural_end"), "{shown}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Starts `awaken run` with `args`, waits until it printed that the run started, and kills it
+/// with `signal`; returns the rest of its output and its status.
+fn interrupt_after_start(
+    args: &[&str],
+    signal: &str,
+) -> (String, String, std::process::ExitStatus) {
+    let mut child = command()
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the run");
+    // A hang guard, not a wait: kills the child if the test is stuck for a minute.
+    let (done, guard) = mpsc::channel::<()>();
+    let pid = child.id().to_string();
+    let watchdog = {
+        let pid = pid.clone();
+        std::thread::spawn(move || {
+            if guard.recv_timeout(Duration::from_secs(60)).is_err() {
+                let _ = Command::new("kill").args(["-KILL", &pid]).status();
+            }
+        })
+    };
+    let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let n = stdout.read_line(&mut line).expect("read stdout");
+        assert!(n > 0, "the run ended before it started");
+        if line.starts_with("▶ started run") {
+            break;
+        }
+    }
+    let sent = Command::new("kill")
+        .args([signal, &pid])
+        .status()
+        .expect("kill runs");
+    assert!(sent.success());
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).expect("read stdout");
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .expect("piped stderr")
+        .read_to_string(&mut stderr)
+        .expect("read stderr");
+    let status = child.wait().expect("wait");
+    let _ = done.send(());
+    let _ = watchdog.join();
+    (rest, stderr, status)
+}
+
+/// An agent whose model streams a word, then waits until the run is cancelled.
+fn waiting_agent(dir: &Path) -> PathBuf {
+    let agent = dir.join("waiter.toml");
+    std::fs::write(
+        &agent,
+        "[agent]\nid = \"waiter\"\nmodel = \"default\"\n\n\
+         [[script.turns]]\ndeltas = [\"Thinking\"]\nwait_for_cancel = true\n",
+    )
+    .expect("write the agent");
+    agent
+}
+
+#[test]
+fn recover_continues_a_run_whose_process_was_killed() {
+    let dir = temp_dir("recover");
+    let agent = waiting_agent(&dir);
+    let agent = path_str(&agent);
+    let store = format!("sqlite:{}", dir.join("awaken.db").display());
+    let (_, _, status) = interrupt_after_start(
+        &[
+            "run", "--agent", agent, "--store", &store, "--thread", "k", "Wait",
+        ],
+        "-KILL",
+    );
+    assert_eq!(status.code(), None, "killed by the signal");
+    let shown = text(&awaken(&["show", "k", "--store", &store]).stdout);
+    assert!(
+        shown.contains("status=running"),
+        "the run was left unfinished: {shown}"
+    );
+
+    let script = text_script(&dir, "Back after the crash.");
+    let recovered = awaken(&[
+        "recover",
+        "--agent",
+        agent,
+        "--store",
+        &store,
+        "--script",
+        path_str(&script),
+    ]);
+    expect_code(&recovered, 0);
+    let stdout = text(&recovered.stdout);
+    assert!(stdout.contains("▶ resuming run"), "{stdout}");
+    assert!(stdout.contains("Back after the crash."), "{stdout}");
+    assert!(
+        text(&recovered.stderr).contains("· natural_end · thread k"),
+        "{}",
+        text(&recovered.stderr)
+    );
+    let shown = text(&awaken(&["show", "k", "--store", &store]).stdout);
+    assert!(
+        shown.contains("status=done steps=1 termination=natural_end"),
+        "{shown}"
+    );
+
+    let again = awaken(&["recover", "--agent", agent, "--store", &store]);
+    expect_code(&again, 0);
+    assert!(
+        text(&again.stderr).contains("no unfinished runs"),
+        "{}",
+        text(&again.stderr)
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
