@@ -73,6 +73,11 @@ const TABLE: &[Row] = &[
         never: &[],
     },
     Row {
+        name: "awaken-context",
+        forbid: Forbid::StorageAndHttp,
+        never: &[],
+    },
+    Row {
         name: "awaken-resolver",
         forbid: Forbid::Io,
         never: &[],
@@ -80,7 +85,12 @@ const TABLE: &[Row] = &[
     Row {
         name: "awaken-store",
         forbid: Forbid::Nothing,
-        never: &["awaken-phase", "awaken-plugin", "awaken-resolver"],
+        never: &[
+            "awaken-phase",
+            "awaken-plugin",
+            "awaken-context",
+            "awaken-resolver",
+        ],
     },
     Row {
         name: "awaken-runtime",

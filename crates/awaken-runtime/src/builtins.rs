@@ -1,6 +1,6 @@
 //! The built-in plugins every agent gets (always active, whatever its activation filter): the
-//! loop's actions and the stop conditions. Context management joins them when the agent sets a
-//! context policy (a later layer).
+//! loop's actions and the stop conditions; context management (`awaken-context`) joins them
+//! when the agent sets a context policy.
 
 use std::sync::Arc;
 
@@ -313,11 +313,18 @@ impl Plugin for StopConditionsPlugin {
     }
 }
 
-/// The runtime's [`BuiltinPlugins`]: loop actions and stop conditions for every agent.
+/// The runtime's [`BuiltinPlugins`]: loop actions and stop conditions for every agent; the
+/// context-transform and compaction plugins (`awaken-context`) when the agent sets a
+/// `context_policy` — made afresh for every resolution, since they cache one run's token counts.
 #[derive(Clone)]
 pub struct RuntimeBuiltins {
     loop_actions: Arc<dyn Plugin>,
     stop_conditions: Arc<dyn Plugin>,
+    /// Where a context policy's summary model and its provider are looked up (none: a policy
+    /// with a compaction threshold fails resolution).
+    registries: Option<Arc<awaken_resolver::Registries>>,
+    /// The context plugins' token estimator.
+    estimator: Arc<dyn awaken_context::TokenEstimator>,
 }
 
 impl Default for RuntimeBuiltins {
@@ -325,19 +332,60 @@ impl Default for RuntimeBuiltins {
         Self {
             loop_actions: Arc::new(LoopActionsPlugin::default()),
             stop_conditions: Arc::new(StopConditionsPlugin::default()),
+            registries: None,
+            estimator: Arc::new(awaken_context::DefaultEstimator),
         }
+    }
+}
+
+impl RuntimeBuiltins {
+    /// The built-ins of a runtime over `registries` (where a context policy's summary model
+    /// and its provider are found).
+    pub fn new(registries: Arc<awaken_resolver::Registries>) -> Self {
+        Self {
+            registries: Some(registries),
+            ..Self::default()
+        }
+    }
+
+    /// Sets the context plugins' token estimator (default: `DefaultEstimator`).
+    pub fn with_estimator(mut self, estimator: Arc<dyn awaken_context::TokenEstimator>) -> Self {
+        self.estimator = estimator;
+        self
+    }
+}
+
+/// The summary models of a context policy, looked up in the runtime's registries.
+struct SummaryModelsIn<'a>(Option<&'a awaken_resolver::Registries>);
+
+impl awaken_context::SummaryModels for SummaryModelsIn<'_> {
+    fn model(&self, id: &str) -> Option<ModelSpec> {
+        self.0?.model(id)
+    }
+
+    fn executor(&self, provider_id: &str) -> Option<Arc<dyn awaken_llm::LlmExecutor>> {
+        self.0?.provider(provider_id)
     }
 }
 
 impl BuiltinPlugins for RuntimeBuiltins {
     fn builtin_plugins(
         &self,
-        _spec: &AgentSpec,
-        _model: &ModelSpec,
+        spec: &AgentSpec,
+        model: &ModelSpec,
     ) -> Result<Vec<Arc<dyn Plugin>>, String> {
-        Ok(vec![
-            self.loop_actions.clone(),
-            self.stop_conditions.clone(),
-        ])
+        let mut plugins = vec![self.loop_actions.clone(), self.stop_conditions.clone()];
+        if spec.context_policy.is_some() {
+            let models = SummaryModelsIn(self.registries.as_deref());
+            let context = awaken_context::ContextPlugins::for_agent(
+                spec,
+                model,
+                &models,
+                self.estimator.clone(),
+            )
+            .map_err(|e| e.to_string())?;
+            plugins.extend(context);
+        }
+        Ok(plugins)
     }
 }

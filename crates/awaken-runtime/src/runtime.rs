@@ -322,6 +322,8 @@ pub struct AgentRuntimeBuilder {
     registries: Registries,
     ids: Arc<dyn IdSource>,
     store: Arc<dyn ThreadStore>,
+    /// The context plugins' token estimator (`None`: the default estimator).
+    estimator: Option<Arc<dyn awaken_context::TokenEstimator>>,
 }
 
 impl Default for AgentRuntimeBuilder {
@@ -341,6 +343,7 @@ impl AgentRuntimeBuilder {
             registries,
             ids: Arc::new(SystemIds::default()),
             store: Arc::new(MemoryStore::new()),
+            estimator: None,
         }
     }
 
@@ -400,6 +403,16 @@ impl AgentRuntimeBuilder {
         self
     }
 
+    /// Sets the token estimator of the context plugins, used by agents with a
+    /// `context_policy` (default: `awaken_context::DefaultEstimator`).
+    pub fn with_token_estimator(
+        mut self,
+        estimator: Arc<dyn awaken_context::TokenEstimator>,
+    ) -> Self {
+        self.estimator = Some(estimator);
+        self
+    }
+
     /// Builds the runtime and dry-resolves every agent; every problem is reported at once.
     pub fn build(self) -> Result<AgentRuntime, BuildError> {
         let runtime = self.build_unchecked()?;
@@ -414,10 +427,12 @@ impl AgentRuntimeBuilder {
                 errors: self.registries.errors().to_vec(),
             });
         }
-        let resolver = Resolver::new(
-            Arc::new(self.registries),
-            Arc::new(RuntimeBuiltins::default()),
-        );
+        let registries = Arc::new(self.registries);
+        let mut builtins = RuntimeBuiltins::new(registries.clone());
+        if let Some(estimator) = self.estimator {
+            builtins = builtins.with_estimator(estimator);
+        }
+        let resolver = Resolver::new(registries, Arc::new(builtins));
         Ok(AgentRuntime {
             resolver,
             ids: self.ids,

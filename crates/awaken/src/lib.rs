@@ -3,9 +3,10 @@
 //!
 //! This umbrella crate re-exports each layer as a module (`awaken::event`, `awaken::spec`,
 //! `awaken::state`, `awaken::phase`, `awaken::tool`, `awaken::llm`, `awaken::plugin`,
-//! `awaken::resolver`, `awaken::runtime`) plus a short [`prelude`]. Depend on it, or on a single
-//! sub-crate when you need only one layer. It adds nothing of its own.
+//! `awaken::context`, `awaken::resolver`, `awaken::runtime`) plus a short [`prelude`]. Depend
+//! on it, or on a single sub-crate when you need only one layer. It adds nothing of its own.
 
+pub use awaken_context as context;
 pub use awaken_event as event;
 pub use awaken_llm as llm;
 pub use awaken_phase as phase;

@@ -1,5 +1,6 @@
 //! Integration tests of awaken-runtime: scenarios rendered as event logs.
 
+mod context;
 mod crash;
 mod durable;
 mod hitl;

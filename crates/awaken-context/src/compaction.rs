@@ -1,0 +1,333 @@
+//! The compaction plugin: past a threshold, the older part of a thread is summarised once and
+//! the summary stands for it in every later request.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use awaken_phase::{
+    ActionHandler, CommandExt, EffectContext, EffectHandler, EffectSpec, FnHook, HookError, Phase,
+    PhaseContext, ScheduledActionSpec,
+};
+use awaken_plugin::{Plugin, PluginError, PluginManifest, PluginRegistrar};
+use awaken_state::{KeyOptions, KeyScope, StateCommand, StateError, StateKey};
+use serde::{Deserialize, Serialize};
+
+use crate::config::CompactionConfig;
+use crate::core::{Core, PlanInput};
+use crate::estimate::{Calibration, CalibrationKey};
+use crate::summarize::{Summarizer, SummaryError, SummaryRequest};
+
+/// Id of the compaction plugin.
+pub const COMPACTION_PLUGIN: &str = "awaken.compaction";
+
+/// Messages the history must grow by, after the first failed summary, before compaction is
+/// tried again; it doubles with each further failure in a row, up to 32 times this.
+pub const COMPACTION_RETRY_AFTER_MESSAGES: u64 = 8;
+
+/// A thread's compaction: the summary and the leading messages it stands for, and the record
+/// of failed attempts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompactionState {
+    /// The latest summary, standing for messages `0..covers`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+    /// How many leading messages the summary stands for (0 without one).
+    #[serde(default)]
+    pub covers: u64,
+    /// Summaries committed so far (each covers a longer prefix than the one before).
+    #[serde(default)]
+    pub summaries: u64,
+    /// Summary calls that failed so far; each was reported and fell back to truncation.
+    #[serde(default)]
+    pub fallbacks: u64,
+    /// Failures since the last success.
+    #[serde(default)]
+    pub failures_in_a_row: u32,
+    /// No new attempt before the history has this many messages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_at: Option<u64>,
+    /// The last failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+impl CompactionState {
+    /// The summary and what it covers, when it applies to a history of `len` messages.
+    pub fn summary_for(&self, len: usize) -> Option<(usize, &str)> {
+        let covers = usize::try_from(self.covers).ok()?;
+        match &self.summary {
+            Some(text) if covers > 0 && covers <= len => Some((covers, text.as_str())),
+            _ => None,
+        }
+    }
+}
+
+/// A change to [`CompactionState`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum CompactionUpdate {
+    /// A summary of messages `0..to`, made from the summary of `0..from` and messages
+    /// `from..to`. Applied only when the state still covers exactly `from`: a range is never
+    /// summarised into the state twice.
+    Commit {
+        /// What the previous summary covered.
+        from: u64,
+        /// What this one covers.
+        to: u64,
+        /// The summary.
+        text: String,
+    },
+    /// A summary call failed with a history of `messages` messages.
+    FellBack {
+        /// The history's length.
+        messages: u64,
+        /// Why.
+        error: String,
+    },
+}
+
+/// The state key of [`CompactionState`] (`Thread` scope: persisted with the thread and seen
+/// by every later run; the messages it stands for stay in the store).
+pub struct CompactionKey;
+
+impl StateKey for CompactionKey {
+    const KEY: &'static str = "awaken.context.compaction";
+    type Value = CompactionState;
+    type Update = CompactionUpdate;
+
+    fn apply(value: &mut CompactionState, update: CompactionUpdate) -> Result<(), StateError> {
+        match update {
+            CompactionUpdate::Commit { from, to, text } => {
+                if value.covers == from && to > from {
+                    value.summary = Some(text);
+                    value.covers = to;
+                    value.summaries = value.summaries.saturating_add(1);
+                    value.failures_in_a_row = 0;
+                    value.retry_at = None;
+                }
+            }
+            CompactionUpdate::FellBack { messages, error } => {
+                value.fallbacks = value.fallbacks.saturating_add(1);
+                value.failures_in_a_row = value.failures_in_a_row.saturating_add(1);
+                let doublings = value.failures_in_a_row.saturating_sub(1).min(5);
+                value.retry_at =
+                    Some(messages.saturating_add(COMPACTION_RETRY_AFTER_MESSAGES << doublings));
+                value.last_error = Some(error);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The range a compaction summarises: messages `from..to`, on top of the summary of `0..from`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompactRange {
+    /// What the current summary covers.
+    pub from: u64,
+    /// What the new one will cover.
+    pub to: u64,
+}
+
+/// The compaction action: scheduled by the pure `BeforeInference` hook, handled in the same
+/// phase's EXECUTE loop (the handler calls the summary model), so the request of that very
+/// step already carries the summary.
+pub struct Compact;
+
+impl ScheduledActionSpec for Compact {
+    const KEY: &'static str = "awaken.context.compact";
+    const PHASE: Phase = Phase::BeforeInference;
+    type Payload = CompactRange;
+}
+
+/// The effect a failed summary emits (its handler logs a warning; the state keeps the
+/// count in [`CompactionState::fallbacks`]).
+pub struct CompactionFellBack;
+
+impl EffectSpec for CompactionFellBack {
+    const KEY: &'static str = "awaken.context.compaction_fell_back";
+    type Payload = String;
+}
+
+/// Summarises the older part of a thread when it passes the threshold (configured by
+/// `ContextPolicy::compaction_threshold`).
+///
+/// Its `BeforeInference` hook is pure: it counts the history (through the cache it shares with
+/// the context transform) and, past the threshold, schedules one [`Compact`] action for the
+/// range to summarise. The action's handler reads the state afresh, calls the
+/// [`Summarizer`] only when the state still covers exactly the range's start, and commits the
+/// summary to [`CompactionKey`] together with the action's removal. A failed call commits a
+/// [`CompactionUpdate::FellBack`] instead, emits [`CompactionFellBack`], and the transform
+/// keeps truncating; the next attempt waits until the history has grown (see
+/// [`COMPACTION_RETRY_AFTER_MESSAGES`]).
+///
+/// Which range: it never covers the newest unit (a message, or a call with its results), and
+/// ends where a request may start; it reaches far enough that what remains takes at most half
+/// the threshold (plus the summary), but no further than one summary call can read
+/// ([`CompactionConfig::summary_input_budget`]), and it is made only when it covers more tokens
+/// than the summary may take.
+pub struct CompactionPlugin {
+    manifest: PluginManifest,
+    core: Arc<Core>,
+    summarizer: Option<Arc<dyn Summarizer>>,
+}
+
+impl CompactionPlugin {
+    pub(crate) fn new(core: Arc<Core>, summarizer: Option<Arc<dyn Summarizer>>) -> Self {
+        Self {
+            manifest: PluginManifest::new(COMPACTION_PLUGIN),
+            core,
+            summarizer,
+        }
+    }
+}
+
+impl Plugin for CompactionPlugin {
+    fn manifest(&self) -> &PluginManifest {
+        &self.manifest
+    }
+
+    fn register(&self, r: &mut PluginRegistrar) -> Result<(), PluginError> {
+        r.register_key::<CompactionKey>(KeyOptions::new().with_scope(KeyScope::Thread))?;
+        r.register_effect::<CompactionFellBack, _>(LogFallback)?;
+        let (Some(config), Some(summarizer)) = (self.core.config.compaction, &self.summarizer)
+        else {
+            return Ok(());
+        };
+        r.register_scheduled_action::<Compact, _>(CompactHandler {
+            summarizer: summarizer.clone(),
+        })?;
+        let core = self.core.clone();
+        r.register_phase_hook(
+            Phase::BeforeInference,
+            "schedule_compaction",
+            Arc::new(FnHook(move |ctx: &PhaseContext| {
+                schedule(&core, &config, ctx)
+            })),
+        )
+    }
+}
+
+/// The pure hook: past the threshold, schedules the compaction of the chosen range.
+fn schedule(
+    core: &Core,
+    config: &CompactionConfig,
+    ctx: &PhaseContext,
+) -> Result<StateCommand, HookError> {
+    let mut cmd = StateCommand::new();
+    let state = ctx
+        .snapshot
+        .get::<CompactionKey>()
+        .cloned()
+        .unwrap_or_default();
+    let calibration = ctx
+        .snapshot
+        .get::<CalibrationKey>()
+        .copied()
+        .unwrap_or_else(|_| Calibration::default());
+    let n = ctx.messages.len();
+    if state.retry_at.is_some_and(|at| (n as u64) < at) {
+        return Ok(cmd);
+    }
+    let summary = state.summary_for(n);
+    let covers = summary.map_or(0, |(c, _)| c);
+    let estimator = &*core.estimator;
+    let mut cache = core.cache(&ctx.run.run_id);
+    cache.counts.sync(&ctx.messages, estimator);
+    let summary_tokens = summary.map_or(0, |(c, text)| cache.summary_tokens(c, text, estimator));
+    let budget = core.config.budget as f64;
+    let threshold = calibration.raw_budget((config.threshold * budget).floor() as u64);
+    let keep = calibration.raw_budget((config.threshold * budget / 2.0).floor() as u64);
+    let plan = PlanInput {
+        counts: &cache.counts,
+        covers,
+        base: cache.fixed + summary_tokens,
+        raw_budget: threshold,
+        marker_bound: 0,
+        may_drop: true,
+        stable: false,
+    };
+    let Some(to) = plan.compaction_end(
+        keep.saturating_sub(u64::from(config.summary_max_tokens)),
+        config.summary_input_budget.saturating_sub(summary_tokens),
+        u64::from(config.summary_max_tokens),
+    ) else {
+        return Ok(cmd);
+    };
+    cmd.schedule_action::<Compact>(CompactRange {
+        from: covers as u64,
+        to: to as u64,
+    })?;
+    Ok(cmd)
+}
+
+struct CompactHandler {
+    summarizer: Arc<dyn Summarizer>,
+}
+
+#[async_trait]
+impl ActionHandler<Compact> for CompactHandler {
+    async fn handle(
+        &self,
+        ctx: &PhaseContext,
+        range: CompactRange,
+    ) -> Result<StateCommand, HookError> {
+        let state = ctx
+            .snapshot
+            .get::<CompactionKey>()
+            .cloned()
+            .unwrap_or_default();
+        let n = ctx.messages.len();
+        let (Ok(from), Ok(to)) = (usize::try_from(range.from), usize::try_from(range.to)) else {
+            return Ok(StateCommand::new());
+        };
+        // Already summarised, or planned on a state that has moved on: nothing to do (the hook
+        // plans again on the next step). A range is never summarised twice.
+        if state.covers != range.from || to <= from || to > n {
+            return Ok(StateCommand::new());
+        }
+        let request = SummaryRequest {
+            previous: state.summary.as_deref(),
+            messages: &ctx.messages[from..to],
+            first_index: from,
+            cancel: &ctx.cancel,
+        };
+        let failure = match self.summarizer.summarize(request).await {
+            Ok(text) if !text.trim().is_empty() => {
+                tracing::info!(from, to, "compaction committed a summary");
+                return Ok(StateCommand::new().with_update::<CompactionKey>(
+                    CompactionUpdate::Commit {
+                        from: range.from,
+                        to: range.to,
+                        text,
+                    },
+                ));
+            }
+            Ok(_) => SummaryError::Empty,
+            Err(SummaryError::Cancelled) => {
+                // The run is ending; nothing to record (the action is dead-lettered).
+                return Err(HookError::failed("the summary call was cancelled"));
+            }
+            Err(e) => e,
+        };
+        let error = format!(
+            "compaction of messages {from}..{to} failed, falling back to truncation: {failure}"
+        );
+        let mut cmd =
+            StateCommand::new().with_update::<CompactionKey>(CompactionUpdate::FellBack {
+                messages: n as u64,
+                error: error.clone(),
+            });
+        cmd.emit::<CompactionFellBack>(error)?;
+        Ok(cmd)
+    }
+}
+
+struct LogFallback;
+
+#[async_trait]
+impl EffectHandler<CompactionFellBack> for LogFallback {
+    async fn handle(&self, _ctx: &EffectContext, detail: String) -> Result<(), HookError> {
+        tracing::warn!(%detail, "compaction fell back to truncation");
+        Ok(())
+    }
+}
