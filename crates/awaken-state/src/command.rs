@@ -3,13 +3,14 @@
 use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::fmt;
+use std::sync::Arc;
 
 use serde::de::Error as _;
 use serde::ser::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::error::StateError;
-use crate::key::{ErasedUpdate, KeyRegistry, StateKey, TypedUpdate};
+use crate::key::{ErasedUpdate, KeyMeta, KeyRegistry, StateKey, Stored};
 
 /// Pure data describing a change: key updates, scheduled actions and effects, plus an optional
 /// base revision. Nothing happens until a [`crate::StateStore`] (or a
@@ -48,6 +49,7 @@ impl Default for Updates {
 }
 
 impl Updates {
+    #[inline]
     pub(crate) fn as_slice(&self) -> &[KeyUpdate] {
         match self {
             Updates::Inline(None) => &[],
@@ -56,6 +58,7 @@ impl Updates {
         }
     }
 
+    #[inline]
     pub(crate) fn as_mut_slice(&mut self) -> &mut [KeyUpdate] {
         match self {
             Updates::Inline(None) => &mut [],
@@ -72,6 +75,7 @@ impl Updates {
         self.as_slice().is_empty()
     }
 
+    #[inline]
     pub(crate) fn push(&mut self, update: KeyUpdate) {
         match self {
             Updates::Inline(slot @ None) => *slot = Some(update),
@@ -104,6 +108,7 @@ impl Updates {
         }
     }
 
+    #[inline]
     pub(crate) fn extend(&mut self, other: Updates) {
         match (&mut *self, other) {
             (_, Updates::Inline(None)) => {}
@@ -153,8 +158,8 @@ pub struct KeyUpdate {
 }
 
 pub(crate) enum Payload {
-    Typed(Box<dyn ErasedUpdate>),
-    Json(serde_json::Value),
+    Typed(Arc<dyn ErasedUpdate>),
+    Json(Box<serde_json::Value>),
 }
 
 /// An action for the phase engine to run in the EXECUTE part of a phase.
@@ -195,7 +200,7 @@ impl StateCommand {
     pub fn update<K: StateKey>(&mut self, update: K::Update) -> &mut Self {
         self.updates.push(KeyUpdate {
             key: Cow::Borrowed(K::KEY),
-            payload: Payload::Typed(Box::new(TypedUpdate::of::<K>(update))),
+            payload: Payload::Typed(Arc::new(Stored::update(update, KeyMeta::of::<K>()))),
             slot: UNRESOLVED,
         });
         self
@@ -212,7 +217,7 @@ impl StateCommand {
     pub fn update_json(&mut self, key: impl Into<String>, update: serde_json::Value) -> &mut Self {
         self.updates.push(KeyUpdate {
             key: Cow::Owned(key.into()),
-            payload: Payload::Json(update),
+            payload: Payload::Json(Box::new(update)),
             slot: UNRESOLVED,
         });
         self
@@ -248,6 +253,7 @@ impl StateCommand {
     }
 
     /// Key updates, in order.
+    #[inline]
     pub fn updates(&self) -> &[KeyUpdate] {
         self.updates.as_slice()
     }
@@ -319,8 +325,8 @@ impl StateCommand {
         for c in commands {
             out.base_revision = min_base(out.base_revision, c.base_revision);
             out.updates.extend(c.updates);
-            out.actions.extend(c.actions);
-            out.effects.extend(c.effects);
+            append(&mut out.actions, c.actions);
+            append(&mut out.effects, c.effects);
         }
         out
     }
@@ -328,11 +334,12 @@ impl StateCommand {
     /// Appends `other` after this command (sequential composition: its updates apply after
     /// ours, its actions and effects follow ours). Never fails. If both have a base revision,
     /// the lower one is kept (the stricter check).
+    #[inline]
     pub fn extend(&mut self, other: StateCommand) {
         self.base_revision = min_base(self.base_revision, other.base_revision);
         self.updates.extend(other.updates);
-        self.actions.extend(other.actions);
-        self.effects.extend(other.effects);
+        append(&mut self.actions, other.actions);
+        append(&mut self.effects, other.effects);
     }
 
     /// Merges two commands computed in parallel from one snapshot: `Err(ExclusiveKeyConflict)`
@@ -361,6 +368,17 @@ impl StateCommand {
     }
 }
 
+/// `to.extend(more)`, but taking `more`'s list when `to` is empty (most commands have no actions
+/// or effects, so most calls move nothing).
+#[inline]
+fn append<T>(to: &mut Vec<T>, more: Vec<T>) {
+    if to.is_empty() {
+        *to = more;
+    } else {
+        to.extend(more);
+    }
+}
+
 fn min_base(a: Option<u64>, b: Option<u64>) -> Option<u64> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
@@ -382,7 +400,7 @@ impl KeyUpdate {
     /// The update as JSON.
     pub fn to_json(&self) -> Result<serde_json::Value, StateError> {
         match &self.payload {
-            Payload::Json(v) => Ok(v.clone()),
+            Payload::Json(v) => Ok(serde_json::Value::clone(v)),
             Payload::Typed(u) => u.to_json().map_err(|e| StateError::Serialize {
                 key: self.key.to_string(),
                 source: std::sync::Arc::new(e),
@@ -394,7 +412,7 @@ impl KeyUpdate {
 impl Clone for KeyUpdate {
     fn clone(&self) -> Self {
         let payload = match &self.payload {
-            Payload::Typed(u) => Payload::Typed(u.clone_box()),
+            Payload::Typed(u) => Payload::Typed(u.clone_update()),
             Payload::Json(v) => Payload::Json(v.clone()),
         };
         KeyUpdate {
@@ -462,7 +480,7 @@ impl<'de> Deserialize<'de> for KeyUpdate {
         }
         Ok(KeyUpdate {
             key: Cow::Owned(key),
-            payload: Payload::Json(update),
+            payload: Payload::Json(Box::new(update)),
             slot: UNRESOLVED,
         })
     }

@@ -3,6 +3,7 @@
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::fmt;
+use std::marker::PhantomData;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
@@ -41,7 +42,8 @@ pub trait StateKey: 'static + Send + Sync {
     /// The key's name: its one identity, in commands, exports and errors. Namespace it
     /// (`"plugin_id.what"`) and never change it once values are persisted.
     const KEY: &'static str;
-    /// The value; `Default` is the value before any update (and after a reset).
+    /// The value; `Default` is the value before any update (and after a reset). Keep `Default`
+    /// cheap: every typed update also makes one, as room for the value it will produce.
     type Value: Clone + Default + Serialize + DeserializeOwned + Send + Sync + 'static;
     /// What a command carries to change the value.
     type Update: Clone + Serialize + DeserializeOwned + Send + Sync + 'static;
@@ -312,9 +314,11 @@ fn duplicate(existing: &KeyEntry, new: &KeyEntry) -> StateError {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Type erasure. Values live as `Arc<dyn Any>`; updates as boxed `ErasedUpdate`s. The erased code
-// is generic over the value and update types only (not over the key type), so many keys with
-// the same types share one copy of it.
+// Type erasure. Values live as `Arc<dyn Any>` holding a `Stored<V, U>`; updates travel as
+// `Arc<dyn ErasedUpdate>` holding a `Stored<V, U>` too, so that the allocation made for an update
+// becomes the value it produces. The erased code is generic over the value and update types only
+// (not over the key type), so many keys with the same types share one copy of it; what depends
+// on the key type is one static `KeyMeta` per key.
 
 pub(crate) type AnyValue = dyn Any + Send + Sync;
 
@@ -331,17 +335,14 @@ pub(crate) struct KeyEntry {
 
 impl KeyEntry {
     fn of<K: StateKey>(options: KeyOptions) -> Self {
+        let meta = KeyMeta::of::<K>();
         KeyEntry {
             name: K::KEY,
             key_type: TypeId::of::<K>(),
             type_name: std::any::type_name::<K>(),
             options,
-            default: Arc::new(K::Value::default()),
-            codec: Arc::new(Codec::<K::Value, K::Update> {
-                key_type: TypeId::of::<K>(),
-                key_type_name: std::any::type_name::<K>(),
-                apply: K::apply,
-            }),
+            default: Arc::new(Stored::value(K::Value::default(), meta)),
+            codec: Arc::new(Codec { meta }),
         }
     }
 
@@ -360,7 +361,7 @@ pub(crate) trait KeyCodec: Send + Sync {
         &self,
         key: &str,
         json: serde_json::Value,
-    ) -> Result<Box<dyn ErasedUpdate>, StateError>;
+    ) -> Result<Arc<dyn ErasedUpdate>, StateError>;
     fn value_to_json(&self, key: &str, value: &AnyValue) -> Result<serde_json::Value, StateError>;
     fn value_from_json(
         &self,
@@ -371,38 +372,92 @@ pub(crate) trait KeyCodec: Send + Sync {
 
 type Reducer<V, U> = fn(&mut V, U) -> Result<(), StateError>;
 
-struct Codec<V, U> {
-    key_type: TypeId,
-    key_type_name: &'static str,
+/// What the erased code needs to know of a key type: one static per key type.
+pub(crate) struct KeyMeta<V, U> {
+    key_type: fn() -> TypeId,
+    key_type_name: fn() -> &'static str,
     apply: Reducer<V, U>,
+}
+
+/// Holds the `KeyMeta` constant of `K`.
+struct MetaOf<K>(PhantomData<K>);
+
+impl<K: StateKey> MetaOf<K> {
+    const META: KeyMeta<K::Value, K::Update> = KeyMeta {
+        key_type: TypeId::of::<K>,
+        key_type_name: std::any::type_name::<K>,
+        apply: K::apply,
+    };
+}
+
+impl<V, U> KeyMeta<V, U> {
+    pub(crate) fn of<K: StateKey<Value = V, Update = U>>() -> &'static KeyMeta<V, U> {
+        &MetaOf::<K>::META
+    }
+}
+
+/// How a value of a key with value type `V` and update type `U` is stored, and how a typed
+/// update of it travels in a command: one allocation for both.
+///
+/// An update is a `Stored` whose `update` is set and whose `value` is a placeholder
+/// (`V::default()`). A commit that applies it to a value shared with earlier snapshots copies
+/// that value into the update's own allocation, runs the reducer there and publishes it: an
+/// update costs one allocation, not two (a box for the update, then an `Arc` for the copy). A
+/// published value always has `update: None`; the room it keeps for one update is the price.
+#[derive(Clone)]
+pub(crate) struct Stored<V: 'static, U: 'static> {
+    pub(crate) value: V,
+    update: Option<U>,
+    meta: &'static KeyMeta<V, U>,
+}
+
+impl<V: 'static, U: 'static> Stored<V, U> {
+    /// A value to publish.
+    pub(crate) fn value(value: V, meta: &'static KeyMeta<V, U>) -> Self {
+        Stored {
+            value,
+            update: None,
+            meta,
+        }
+    }
+}
+
+impl<V: Default + 'static, U: 'static> Stored<V, U> {
+    /// An update, to apply in a commit.
+    pub(crate) fn update(update: U, meta: &'static KeyMeta<V, U>) -> Self {
+        Stored {
+            value: V::default(),
+            update: Some(update),
+            meta,
+        }
+    }
+}
+
+struct Codec<V: 'static, U: 'static> {
+    meta: &'static KeyMeta<V, U>,
 }
 
 impl<V, U> KeyCodec for Codec<V, U>
 where
-    V: Clone + Serialize + DeserializeOwned + Send + Sync + 'static,
+    V: Clone + Default + Serialize + DeserializeOwned + Send + Sync + 'static,
     U: Clone + Serialize + DeserializeOwned + Send + Sync + 'static,
 {
     fn update_from_json(
         &self,
         key: &str,
         json: serde_json::Value,
-    ) -> Result<Box<dyn ErasedUpdate>, StateError> {
+    ) -> Result<Arc<dyn ErasedUpdate>, StateError> {
         let update: U =
             serde_json::from_value(json).map_err(|e| StateError::UpdateDeserialize {
                 key: key.to_owned(),
                 source: Arc::new(e),
             })?;
-        Ok(Box::new(TypedUpdate {
-            key_type: self.key_type,
-            key_type_name: self.key_type_name,
-            apply: self.apply,
-            update,
-        }))
+        Ok(Arc::new(Stored::update(update, self.meta)))
     }
 
     fn value_to_json(&self, key: &str, value: &AnyValue) -> Result<serde_json::Value, StateError> {
-        let value = downcast::<V>(key, value)?;
-        serde_json::to_value(value).map_err(|e| StateError::Serialize {
+        let stored = downcast::<Stored<V, U>>(key, value)?;
+        serde_json::to_value(&stored.value).map_err(|e| StateError::Serialize {
             key: key.to_owned(),
             source: Arc::new(e),
         })
@@ -417,7 +472,7 @@ where
             key: key.to_owned(),
             source: Arc::new(e),
         })?;
-        Ok(Arc::new(value))
+        Ok(Arc::new(Stored::value(value, self.meta)))
     }
 }
 
@@ -427,72 +482,72 @@ pub(crate) trait ErasedUpdate: Send + Sync {
     fn key_type(&self) -> TypeId;
     /// Name of the `StateKey` type the update was made for (for errors).
     fn type_name(&self) -> &'static str;
-    /// Applies the reducer to `value`, copying the value first if it is shared. Panics of the
+    /// Applies the reducer to `value`: in place if this commit already copied it, else on a
+    /// copy made in the update's own allocation, which then replaces `value`. Panics of the
     /// reducer come back as `ReducerPanicked`.
-    fn apply(self: Box<Self>, key: &str, value: &mut Arc<AnyValue>) -> Result<(), StateError>;
+    fn apply(self: Arc<Self>, key: &str, value: &mut Arc<AnyValue>) -> Result<(), StateError>;
     fn to_json(&self) -> Result<serde_json::Value, serde_json::Error>;
-    fn clone_box(&self) -> Box<dyn ErasedUpdate>;
+    fn clone_update(&self) -> Arc<dyn ErasedUpdate>;
 }
 
-pub(crate) struct TypedUpdate<V, U> {
-    pub(crate) key_type: TypeId,
-    pub(crate) key_type_name: &'static str,
-    pub(crate) apply: Reducer<V, U>,
-    pub(crate) update: U,
-}
-
-impl<V, U> TypedUpdate<V, U> {
-    pub(crate) fn of<K: StateKey<Value = V, Update = U>>(update: U) -> Self {
-        TypedUpdate {
-            key_type: TypeId::of::<K>(),
-            key_type_name: std::any::type_name::<K>(),
-            apply: K::apply,
-            update,
-        }
-    }
-}
-
-impl<V, U> ErasedUpdate for TypedUpdate<V, U>
+impl<V, U> ErasedUpdate for Stored<V, U>
 where
-    V: Clone + Send + Sync + 'static,
+    V: Clone + Default + Send + Sync + 'static,
     U: Clone + Serialize + Send + Sync + 'static,
 {
     fn key_type(&self) -> TypeId {
-        self.key_type
+        (self.meta.key_type)()
     }
 
     fn type_name(&self) -> &'static str {
-        self.key_type_name
+        (self.meta.key_type_name)()
     }
 
-    fn apply(self: Box<Self>, key: &str, value: &mut Arc<AnyValue>) -> Result<(), StateError> {
-        if Arc::get_mut(value).is_none() {
-            let copy: V = downcast::<V>(key, &**value)?.clone();
-            *value = Arc::new(copy);
-        }
-        let Some(target) = Arc::get_mut(value).and_then(|v| v.downcast_mut::<V>()) else {
-            return Err(mismatch::<V>(key));
+    fn apply(self: Arc<Self>, key: &str, value: &mut Arc<AnyValue>) -> Result<(), StateError> {
+        let mut cell = self;
+        // Unique: a command's update is never shared (cloning a command copies it).
+        let this = Arc::make_mut(&mut cell);
+        let Some(update) = this.update.take() else {
+            return Err(StateError::InvalidUpdate {
+                key: key.to_owned(),
+                reason: "the update was already applied".to_owned(),
+            });
         };
-        let TypedUpdate { apply, update, .. } = *self;
-        match catch_unwind(AssertUnwindSafe(|| apply(target, update))) {
+        let reducer = this.meta.apply;
+        let run = |target: &mut V| match catch_unwind(AssertUnwindSafe(|| reducer(target, update)))
+        {
             Ok(result) => result,
             Err(payload) => Err(StateError::ReducerPanicked {
                 key: key.to_owned(),
                 message: panic_message(payload.as_ref()),
             }),
+        };
+        // Written earlier in this commit, so already a private copy? (The count, a plain load,
+        // spares the usual case, a value shared with snapshots, `get_mut`'s atomic exchange.)
+        if Arc::strong_count(value) == 1
+            && let Some(current) = Arc::get_mut(value)
+        {
+            let Some(current) = current.downcast_mut::<Stored<V, U>>() else {
+                return Err(mismatch::<V>(key));
+            };
+            return run(&mut current.value);
         }
+        this.value
+            .clone_from(&downcast::<Stored<V, U>>(key, &**value)?.value);
+        run(&mut this.value)?;
+        *value = cell;
+        Ok(())
     }
 
     fn to_json(&self) -> Result<serde_json::Value, serde_json::Error> {
         serde_json::to_value(&self.update)
     }
 
-    fn clone_box(&self) -> Box<dyn ErasedUpdate> {
-        Box::new(TypedUpdate {
-            key_type: self.key_type,
-            key_type_name: self.key_type_name,
-            apply: self.apply,
+    fn clone_update(&self) -> Arc<dyn ErasedUpdate> {
+        Arc::new(Stored {
+            value: V::default(),
             update: self.update.clone(),
+            meta: self.meta,
         })
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::error::StateError;
-use crate::key::{KeyRegistry, KeyScope, StateKey, downcast};
+use crate::key::{KeyRegistry, KeyScope, StateKey, Stored, downcast};
 use crate::table::Table;
 
 /// An immutable view of all state at one revision.
@@ -66,7 +66,7 @@ impl Snapshot {
     pub fn get<K: StateKey>(&self) -> Result<&K::Value, StateError> {
         let index = self.version.registry.resolve_typed::<K>()?;
         let slot = self.slot(index, K::KEY)?;
-        downcast::<K::Value>(K::KEY, &*slot.value)
+        downcast::<Stored<K::Value, K::Update>>(K::KEY, &*slot.value).map(|s| &s.value)
     }
 
     /// The value of the key named `key`, as JSON.

@@ -437,6 +437,11 @@ fn check_base(base: Option<u64>, actual: u64) -> Result<(), StateError> {
     }
 }
 
+/// Whether two key names are equal; a typed update's name is usually the registry's own string.
+fn same_name(a: &str, b: &str) -> bool {
+    std::ptr::eq(a, b) || a == b
+}
+
 /// Validates every update (key registered, type matches, JSON parses), then runs the reducers on
 /// `table`, marking written slots with `revision`. On `Err`, `table` is half-written and must be
 /// discarded by the caller.
@@ -449,7 +454,7 @@ fn apply_updates(
     for update in updates.as_mut_slice() {
         let (index, entry) = match registry.entries().get(update.slot) {
             // An earlier lookup (e.g. the phase engine's conflict scan) found this name here.
-            Some(entry) if entry.name == &*update.key => (update.slot, entry),
+            Some(entry) if same_name(entry.name, &update.key) => (update.slot, entry),
             _ => registry.resolve(&update.key)?,
         };
         update.slot = index;
@@ -469,17 +474,20 @@ fn apply_updates(
             }
         }
     }
-    for update in updates {
-        let Payload::Typed(typed) = update.payload else {
-            unreachable!("every payload was made typed above")
-        };
-        let slot = table
-            .slot_mut(update.slot, revision)
-            .ok_or_else(|| StateError::UnknownKey {
+    table.update_each(
+        revision,
+        updates,
+        |update| update.slot,
+        |update, slot| {
+            let Payload::Typed(typed) = update.payload else {
+                unreachable!("every payload was made typed above")
+            };
+            let slot = slot.ok_or_else(|| StateError::UnknownKey {
                 key: update.key.to_string(),
             })?;
-        typed.apply(&update.key, &mut slot.value)?;
-        slot.changed_at = revision;
-    }
-    Ok(())
+            typed.apply(&update.key, &mut slot.value)?;
+            slot.changed_at = revision;
+            Ok(())
+        },
+    )
 }

@@ -77,6 +77,38 @@ impl Table {
     /// The slot at `index`, with every node on its path made unique (copied if shared) and
     /// marked as changed at `rev`.
     pub(crate) fn slot_mut(&mut self, index: usize, rev: u64) -> Option<&mut Slot> {
+        self.leaf_mut(index, rev)?[index & MASK].as_mut()
+    }
+
+    /// Calls `f(item, slot)` for each item in order, with the slot at `index(&item)` as
+    /// [`slot_mut`](Self::slot_mut) gives it (`None` past the end). Items whose slots share a
+    /// leaf with the previous item's reuse its path: each `Arc::make_mut` on the way costs an
+    /// atomic operation, and keys written together are usually neighbours. Stops at the first
+    /// `Err` of `f`.
+    pub(crate) fn update_each<T, E>(
+        &mut self,
+        rev: u64,
+        items: impl IntoIterator<Item = T>,
+        index: impl Fn(&T) -> usize,
+        mut f: impl FnMut(T, Option<&mut Slot>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let mut leaf: Option<(usize, &mut [Option<Slot>; WIDTH])> = None;
+        for item in items {
+            let i = index(&item);
+            if !matches!(&leaf, Some((base, _)) if *base == i & !MASK) {
+                leaf = self.leaf_mut(i, rev).map(|slots| (i & !MASK, slots));
+            }
+            let slot = leaf
+                .as_mut()
+                .and_then(|(_, slots)| slots[i & MASK].as_mut());
+            f(item, slot)?;
+        }
+        Ok(())
+    }
+
+    /// The leaf holding `index`, with every node on its path made unique and marked as changed
+    /// at `rev`.
+    fn leaf_mut(&mut self, index: usize, rev: u64) -> Option<&mut [Option<Slot>; WIDTH]> {
         if index >= self.len {
             return None;
         }
@@ -91,7 +123,7 @@ impl Table {
                 }
                 Node::Leaf { slots, max_rev } => {
                     *max_rev = (*max_rev).max(rev);
-                    return slots[index & MASK].as_mut();
+                    return Some(slots);
                 }
             }
         }

@@ -656,6 +656,75 @@ fn export_changed_lists_keys_written_since_a_revision() {
 }
 
 #[test]
+fn table_update_each_matches_slot_mut_per_item() {
+    for len in [1, 5, 17, 64, 600] {
+        let values: Vec<Arc<crate::key::AnyValue>> =
+            (0..len).map(|i| Arc::new(i) as Arc<_>).collect();
+        let base = Table::build(&values);
+        // Runs within one leaf, jumps back to a leaf already copied, repeats, one past the end.
+        let order = [0, 1, 3, 2, 5, 4, 0, 63, 62, 7, 7, 599, 598, 1, len];
+        let (mut each, mut single) = (base.clone(), base.clone());
+        let mut seen = Vec::new();
+        let done: Result<(), ()> = each.update_each(
+            1,
+            order.iter().enumerate(),
+            |(_, i)| **i,
+            |(n, &i), slot| {
+                seen.push((i, slot.is_some()));
+                if let Some(slot) = slot {
+                    slot.value = Arc::new(i * 1000 + n);
+                    slot.changed_at = 1;
+                }
+                Ok(())
+            },
+        );
+        done.unwrap();
+        for (n, &i) in order.iter().enumerate() {
+            if let Some(slot) = single.slot_mut(i, 1) {
+                slot.value = Arc::new(i * 1000 + n);
+                slot.changed_at = 1;
+            }
+        }
+        let expected: Vec<(usize, bool)> = order.iter().map(|&i| (i, i < len)).collect();
+        assert_eq!(seen, expected, "len {len}");
+        let dump = |t: &Table| -> Vec<(usize, usize, u64)> {
+            (0..len)
+                .map(|i| {
+                    let slot = t.get(i).unwrap();
+                    (
+                        i,
+                        *slot.value.downcast_ref::<usize>().unwrap(),
+                        slot.changed_at,
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(dump(&each), dump(&single), "len {len}");
+        assert_eq!(
+            dump(&base),
+            dump(&Table::build(&values)),
+            "len {len}: base changed"
+        );
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        each.for_each_changed(0, &mut |i, _| a.push(i));
+        single.for_each_changed(0, &mut |i, _| b.push(i));
+        assert_eq!(a, b, "len {len}");
+        // Stops at the first error.
+        let mut calls = 0;
+        let stopped = base.clone().update_each(
+            2,
+            [0, 1, 2],
+            |i| *i,
+            |i, _| {
+                calls += 1;
+                if i == 1 { Err(i) } else { Ok(()) }
+            },
+        );
+        assert_eq!((stopped, calls), (Err(1), 2));
+    }
+}
+
+#[test]
 fn table_paths_copy_on_write_at_every_depth() {
     for len in [0, 1, 4, 5, 7, 8, 9, 16, 17, 64, 65, 600] {
         let values: Vec<Arc<crate::key::AnyValue>> =
