@@ -277,7 +277,8 @@ impl PhaseEngine {
     ) -> Option<Result<StateCommand, PhaseError>> {
         match std::panic::catch_unwind(AssertUnwindSafe(|| hook.hook.run_sync(ctx))) {
             Ok(None) => None,
-            Ok(Some(result)) => Some(Self::hook_failed(phase, hook, Ok(result))),
+            Ok(Some(Ok(cmd))) => Some(Ok(cmd)),
+            Ok(Some(Err(e))) => Some(Self::hook_failed(phase, hook, Ok(Err(e)))),
             Err(panic) => Some(Self::hook_failed(phase, hook, Err(panic))),
         }
     }
