@@ -314,6 +314,29 @@ impl Registries {
         ids
     }
 
+    /// Every plugin of the plugin source: those added directly (by id), then those of each
+    /// plugin registry's current snapshot that no earlier one shadows.
+    pub fn plugins(&self) -> Vec<Arc<dyn Plugin>> {
+        let mut plugins: Vec<Arc<dyn Plugin>> = self.plugins.0.values().cloned().collect();
+        plugins.sort_by(|a, b| a.manifest().id.cmp(&b.manifest().id));
+        for registry in &self.plugin_registries {
+            for plugin in registry.list_plugins() {
+                if !plugins
+                    .iter()
+                    .any(|p| p.manifest().id == plugin.manifest().id)
+                {
+                    plugins.push(plugin);
+                }
+            }
+        }
+        plugins
+    }
+
+    /// The plugin registries added (their plugins and agent definitions reload together).
+    pub fn plugin_registries(&self) -> &[Arc<PluginRegistry>] {
+        &self.plugin_registries
+    }
+
     /// The plugin with this id.
     pub fn plugin(&self, id: &str) -> Option<Arc<dyn Plugin>> {
         self.plugins

@@ -16,6 +16,7 @@
 //! not driven yet. This crate must never
 //! know wire protocols or terminal UI.
 
+mod active;
 mod builtins;
 mod durable;
 mod failpoint;
@@ -26,6 +27,7 @@ mod resume;
 mod run;
 mod runtime;
 
+pub use active::ShutdownMode;
 pub use builtins::{
     AddContextMessage, DirectiveChange, DirectiveUpdate, ExcludeTool, IncludeOnlyTools,
     LOOP_ACTIONS_PLUGIN, LoopActionHandler, LoopActionsPlugin, RequestStop, RequestStopHandler,

@@ -129,6 +129,10 @@ pub(crate) async fn run(
         agent = %act.agent_id,
         run_id = tracing::field::Empty
     );
+    let cancel = act.cancel.clone();
+    let Some(_active) = rt.active.enter(&cancel) else {
+        return Err(RunError::ShuttingDown);
+    };
     run_activation(rt, Start::Fresh(act), sink)
         .instrument(span)
         .await
@@ -145,6 +149,9 @@ pub(crate) async fn recover(
         thread_id = %claimed.thread_id,
         run_id = %claimed.run.run_id
     );
+    let Some(_active) = rt.active.enter(&cancel) else {
+        return Err(RunError::ShuttingDown);
+    };
     run_activation(rt, Start::Recover(claimed, cancel), sink)
         .instrument(span)
         .await
@@ -160,6 +167,10 @@ pub(crate) async fn resume(
         thread_id = %resume.thread_id,
         run_id = tracing::field::Empty
     );
+    let cancel = resume.cancel.clone();
+    let Some(_active) = rt.active.enter(&cancel) else {
+        return Err(RunError::ShuttingDown);
+    };
     run_activation(rt, Start::Resume(resume), sink)
         .instrument(span)
         .await
@@ -465,7 +476,7 @@ async fn run_activation(
         run_override: inference,
         gates,
         sections: Arc::new(resolved_sections),
-        lifecycle: LifecycleDispatcher::default(),
+        lifecycle: rt.lifecycle.clone(),
         step: 0,
         first_step: 0,
         response: None,

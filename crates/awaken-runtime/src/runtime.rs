@@ -8,13 +8,19 @@ use awaken_event::{
     TerminationReason, ThreadId, TokenUsage,
 };
 use awaken_llm::LlmExecutor;
-use awaken_plugin::{Plugin, PluginRegistry};
+use std::collections::BTreeMap;
+
+use awaken_plugin::{
+    HookStats, LifecycleDispatcher, LifecycleEvent, LifecycleHook, Plugin, PluginRegistry,
+    RegistryError, ReloadOutcome,
+};
 use awaken_resolver::{RegistrationError, Registries, ResolveError, Resolver, ValidationFailed};
 use awaken_spec::{AgentSpec, InferenceOverride, ModelSpec};
 use awaken_state::StateError;
 use awaken_store::{LeaseToken, MemoryStore, RunStatus, StoreError, ThreadStore, Timestamp};
 use awaken_tool::Tool;
 
+use crate::active::{ActiveRuns, ShutdownMode};
 use crate::builtins::RuntimeBuiltins;
 use crate::resume::Resume;
 
@@ -220,6 +226,9 @@ pub enum RunError {
         /// The claimed run.
         run_id: RunId,
     },
+    /// The runtime is shutting down and starts no activation.
+    #[error("the runtime is shutting down")]
+    ShuttingDown,
     /// `resume` on a thread that is not waiting for decisions.
     #[error("thread `{thread_id}` has no run waiting for decisions")]
     NotWaiting {
@@ -266,6 +275,12 @@ pub struct RecoverConfig {
     pub lease_duration: std::time::Duration,
     /// At most this many runs per call (default 64).
     pub limit: usize,
+    /// Only runs of these agents (none: every agent); another agent's run is released at
+    /// once, for a worker that has it.
+    pub agents: Option<Vec<String>>,
+    /// Cancels the recovered runs (each ends `Cancelled` with its checkpoint) and stops
+    /// claiming more.
+    pub cancel: CancellationToken,
 }
 
 impl RecoverConfig {
@@ -275,7 +290,21 @@ impl RecoverConfig {
             worker_id: worker_id.into(),
             lease_duration: std::time::Duration::from_secs(30),
             limit: 64,
+            agents: None,
+            cancel: CancellationToken::new(),
         }
+    }
+
+    /// Recovers only runs of these agents.
+    pub fn with_agents(mut self, agents: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.agents = Some(agents.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Sets the token that cancels the recovery.
+    pub fn with_cancel(mut self, cancel: CancellationToken) -> Self {
+        self.cancel = cancel;
+        self
     }
 
     /// Sets the lease duration.
@@ -437,6 +466,8 @@ impl AgentRuntimeBuilder {
             resolver,
             ids: self.ids,
             store: self.store,
+            lifecycle: LifecycleDispatcher::default(),
+            active: Arc::default(),
         })
     }
 }
@@ -448,6 +479,10 @@ pub struct AgentRuntime {
     pub(crate) ids: Arc<dyn IdSource>,
     /// Where threads are kept.
     pub(crate) store: Arc<dyn ThreadStore>,
+    /// Lifecycle hooks of every run and of the runtime, with their statistics.
+    pub(crate) lifecycle: LifecycleDispatcher,
+    /// The active activations (for `shutdown`).
+    pub(crate) active: Arc<ActiveRuns>,
 }
 
 impl std::fmt::Debug for AgentRuntime {
@@ -470,6 +505,49 @@ impl AgentRuntime {
     /// The thread store.
     pub fn store(&self) -> &Arc<dyn ThreadStore> {
         &self.store
+    }
+
+    /// Fires every plugin's `on_runtime_start` (in the plugin source: plugins added directly,
+    /// then those of the plugin registries), each within the lifecycle timeout; a failing
+    /// hook is counted in [`AgentRuntime::lifecycle_stats`], not fatal.
+    pub async fn start(&self) {
+        let plugins = self.resolver.registries().plugins();
+        self.lifecycle
+            .dispatch(&plugins, LifecycleEvent::RuntimeStart)
+            .await;
+    }
+
+    /// Shuts the runtime down: refuses new activations (`RunError::ShuttingDown`), waits for
+    /// the active ones or cancels them first (`mode`), then fires every plugin's
+    /// `on_runtime_shutdown`.
+    pub async fn shutdown(&self, mode: ShutdownMode) {
+        self.active.close(mode);
+        self.active.idle().await;
+        let plugins = self.resolver.registries().plugins();
+        self.lifecycle
+            .dispatch(&plugins, LifecycleEvent::RuntimeShutdown)
+            .await;
+    }
+
+    /// How many activations are running now.
+    pub fn active_runs(&self) -> usize {
+        self.active.count()
+    }
+
+    /// Calls, failures and timeouts of every plugin's lifecycle hooks so far.
+    pub fn lifecycle_stats(&self) -> BTreeMap<(String, LifecycleHook), HookStats> {
+        self.lifecycle.all_stats()
+    }
+
+    /// Rebuilds every plugin registry of the runtime from its sources (DESIGN §5): the next
+    /// run sees the new plugins and agent definitions; runs in progress keep the resolution
+    /// they started with. A repeated `reload_id` is a no-op.
+    pub async fn reload(&self, reload_id: &str) -> Result<Vec<ReloadOutcome>, RegistryError> {
+        let mut outcomes = Vec::new();
+        for registry in self.resolver.registries().plugin_registries() {
+            outcomes.push(registry.reload(reload_id).await?);
+        }
+        Ok(outcomes)
     }
 
     /// The thread's stored history (empty for an unknown thread).
@@ -536,14 +614,19 @@ impl AgentRuntime {
         let mut recovered = Vec::with_capacity(claims.len());
         for claimed in claims {
             let lease = claimed.lease.clone();
-            if claimed.run.status == RunStatus::Waiting {
-                // A human's decision resumes it, not a recovery.
+            let foreign = config
+                .agents
+                .as_ref()
+                .is_some_and(|a| !a.contains(&claimed.run.agent_id));
+            // A human's decision resumes a waiting run, not a recovery; another worker serves
+            // a foreign agent; a cancelled recovery starts nothing more.
+            if claimed.run.status == RunStatus::Waiting || foreign || config.cancel.is_cancelled() {
                 self.release(&lease).await;
                 continue;
             }
             let thread_id = claimed.thread_id.clone();
             let run_id = claimed.run.run_id.clone();
-            let cancel = CancellationToken::new();
+            let cancel = config.cancel.child_token();
             let heartbeat =
                 self.spawn_heartbeat(lease.clone(), config.lease_duration, cancel.clone());
             let outcome = crate::run::recover(self, claimed, cancel, sink).await;
@@ -596,7 +679,8 @@ impl AgentRuntime {
         })
     }
 
-    /// The tickets of the calls the thread's run waits on (empty when it waits on nothing).
+    /// The tickets of the calls the thread's run still waits on: suspended and not decided by
+    /// an earlier partial resume (empty when it waits on nothing).
     pub async fn waiting_calls(
         &self,
         thread_id: &ThreadId,
@@ -617,10 +701,18 @@ impl AgentRuntime {
             return Ok(Vec::new());
         }
         let batch = crate::run::stored_batch(thread_id, cp.batch)?;
+        // Calls an earlier (partial) resume already decided do not wait any more.
+        let decided: Vec<awaken_event::ToolCallResume> = cp
+            .run_state
+            .values
+            .get(<crate::resume::ResumeDecisionsKey as awaken_state::StateKey>::KEY)
+            .and_then(|v| serde_json::from_value(v.clone()).ok())
+            .unwrap_or_default();
         Ok(batch
             .map(|b| {
                 crate::resume::suspended_calls(&b)
                     .into_iter()
+                    .filter(|(id, _)| !decided.iter().any(|d| d.call_id == *id))
                     .map(|(_, t)| t)
                     .collect()
             })

@@ -170,6 +170,9 @@ async fn resume_in_a_fresh_runtime_on_the_same_sqlite_store() {
     "#]]
     .assert_eq(&events);
     assert!(second.executor.requests().is_empty());
+    // Only the undecided call still waits.
+    let still = second.runtime.waiting_calls(&thread()).await.expect("read");
+    assert_eq!(still, [tickets[1].clone()]);
 
     // A third process: deny the second. Both calls are processed, the run goes on and ends.
     let third = process(store.clone(), vec![ScriptTurn::text("both done")], 25);

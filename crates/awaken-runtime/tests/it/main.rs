@@ -5,6 +5,7 @@ mod crash;
 mod durable;
 mod hitl;
 mod leases;
+mod lifecycle;
 mod permission;
 mod recovery;
 mod scenarios;

@@ -288,3 +288,50 @@ async fn recovery_from_each_commit_matches_the_uninterrupted_run_on_sqlite() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn recovery_leaves_other_agents_runs_and_starts_nothing_once_cancelled() {
+    let store: Arc<dyn ThreadStore> = Arc::new(MemoryStore::new());
+    let dying: Arc<dyn ThreadStore> = Arc::new(DiesAfter::new(store.clone(), 1));
+    runtime(dying)
+        .run_to_completion(RunActivation::new(thread(), "agent").with_user_message("go"))
+        .await
+        .expect("started");
+    let rt = runtime(store.clone());
+    let other = rt
+        .recover(
+            &RecoverConfig::new("w").with_agents(["someone-else"]),
+            &awaken_event::NullSink,
+        )
+        .await
+        .expect("recover");
+    assert!(other.is_empty(), "not this worker's agent");
+    let cancelled = awaken_event::CancellationToken::new();
+    cancelled.cancel();
+    let none = rt
+        .recover(
+            &RecoverConfig::new("w").with_cancel(cancelled),
+            &awaken_event::NullSink,
+        )
+        .await
+        .expect("recover");
+    assert!(none.is_empty(), "a cancelled recovery starts nothing");
+    // Both released the lease at once: the run is still there to recover.
+    let done = rt
+        .recover(
+            &RecoverConfig::new("w").with_agents(["agent"]),
+            &awaken_event::NullSink,
+        )
+        .await
+        .expect("recover");
+    assert_eq!(done.len(), 1);
+    assert_eq!(
+        done.into_iter()
+            .next()
+            .expect("one")
+            .outcome
+            .expect("ok")
+            .termination,
+        TerminationReason::NaturalEnd
+    );
+}
