@@ -151,9 +151,10 @@ pub(crate) const UNRESOLVED: usize = usize::MAX;
 pub struct KeyUpdate {
     pub(crate) key: Cow<'static, str>,
     pub(crate) payload: Payload,
-    /// Index of the key in a registry, remembered by the last lookup of the name
-    /// ([`UNRESOLVED`] before any). A hint only: a commit uses it after checking that the entry
-    /// at this index of its own registry has this very name, and looks the name up otherwise.
+    /// Index of the key in a registry, remembered by the last lookup ([`UNRESOLVED`] before
+    /// any). A hint only: a commit uses it after checking that the entry at this index of its
+    /// own registry is this key (same key type, or same name for a JSON update), and looks the
+    /// key up otherwise.
     pub(crate) slot: usize,
 }
 
@@ -387,6 +388,29 @@ fn min_base(a: Option<u64>, b: Option<u64>) -> Option<u64> {
 }
 
 impl KeyUpdate {
+    /// Index of the update's key in `registry`, if the name is registered: the remembered
+    /// [`slot`](Self::slot) if the entry there is this key, else looked up by key type (typed
+    /// updates: no name hashing) or by name. A typed update of another type than the registered
+    /// one gets its name's index (a commit then reports the mismatch).
+    pub(crate) fn locate(&self, registry: &KeyRegistry) -> Option<usize> {
+        let key_type = match &self.payload {
+            Payload::Typed(typed) => Some(typed.key_type()),
+            Payload::Json(_) => None,
+        };
+        if let Some(entry) = registry.entries().get(self.slot) {
+            let same = match key_type {
+                Some(key_type) => entry.key_type == key_type,
+                None => std::ptr::eq(entry.name, &*self.key) || entry.name == self.key,
+            };
+            if same {
+                return Some(self.slot);
+            }
+        }
+        key_type
+            .and_then(|t| registry.index_of_type(t))
+            .or_else(|| registry.index_of(&self.key))
+    }
+
     /// The key name.
     pub fn key(&self) -> &str {
         &self.key

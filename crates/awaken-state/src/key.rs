@@ -146,6 +146,9 @@ pub struct KeyInfo {
 pub struct KeyRegistry {
     entries: Vec<KeyEntry>,
     by_name: HashMap<&'static str, u32, BuildNameHasher>,
+    /// The same indexes by key type: typed reads and updates find their key without hashing
+    /// its name (a key type has one name, so its type identifies it).
+    by_type: HashMap<TypeId, u32, BuildTypeHasher>,
 }
 
 impl KeyRegistry {
@@ -228,6 +231,7 @@ impl KeyRegistry {
             reason: "too many state keys".to_owned(),
         })?;
         self.by_name.insert(entry.name, index);
+        self.by_type.insert(entry.key_type, index);
         self.entries.push(entry);
         Ok(())
     }
@@ -253,15 +257,21 @@ impl KeyRegistry {
 
     /// Index of `K`, checking that the name is registered with this very type.
     pub(crate) fn resolve_typed<K: StateKey>(&self) -> Result<usize, StateError> {
-        let (index, entry) = self.resolve(K::KEY)?;
-        if entry.key_type != TypeId::of::<K>() {
-            return Err(StateError::KeyTypeMismatch {
-                key: K::KEY.to_owned(),
-                registered_type: entry.type_name,
-                used_type: std::any::type_name::<K>(),
-            });
+        if let Some(index) = self.index_of_type(TypeId::of::<K>()) {
+            return Ok(index);
         }
-        Ok(index)
+        // Not registered with this type: the name tells which error.
+        let (_, entry) = self.resolve(K::KEY)?;
+        Err(StateError::KeyTypeMismatch {
+            key: K::KEY.to_owned(),
+            registered_type: entry.type_name,
+            used_type: std::any::type_name::<K>(),
+        })
+    }
+
+    /// Index of the key registered with the `StateKey` type `key_type`, if any.
+    pub(crate) fn index_of_type(&self, key_type: TypeId) -> Option<usize> {
+        self.by_type.get(&key_type).map(|&i| i as usize)
     }
 
     pub(crate) fn entry_at(&self, index: usize) -> &KeyEntry {
@@ -302,6 +312,33 @@ impl std::hash::Hasher for NameHasher {
         for &b in bytes {
             self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
         }
+    }
+}
+
+/// Hashes a `TypeId` by taking the 64 bits it writes as they are: they are a hash already.
+#[derive(Clone, Copy, Default)]
+struct BuildTypeHasher;
+
+impl std::hash::BuildHasher for BuildTypeHasher {
+    type Hasher = TypeHasher;
+    fn build_hasher(&self) -> TypeHasher {
+        TypeHasher(NameHasher(0xcbf2_9ce4_8422_2325))
+    }
+}
+
+struct TypeHasher(NameHasher);
+
+impl std::hash::Hasher for TypeHasher {
+    fn finish(&self) -> u64 {
+        self.0.finish()
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0.0 ^= n;
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.write(bytes);
     }
 }
 
@@ -482,10 +519,17 @@ pub(crate) trait ErasedUpdate: Send + Sync {
     fn key_type(&self) -> TypeId;
     /// Name of the `StateKey` type the update was made for (for errors).
     fn type_name(&self) -> &'static str;
-    /// Applies the reducer to `value`: in place if this commit already copied it, else on a
-    /// copy made in the update's own allocation, which then replaces `value`. Panics of the
-    /// reducer come back as `ReducerPanicked`.
+    /// Applies the reducer to `value`, held by this commit's private copy of the table: in
+    /// place if no snapshot shares the value, else as [`apply_copy`](Self::apply_copy), the
+    /// copy replacing `value`. Panics of the reducer come back as `ReducerPanicked`.
     fn apply(self: Arc<Self>, key: &str, value: &mut Arc<AnyValue>) -> Result<(), StateError>;
+    /// Applies the reducer to a copy of `current` (a value snapshots share) made in the update's
+    /// own allocation, and returns that allocation as the new value.
+    fn apply_copy(
+        self: Arc<Self>,
+        key: &str,
+        current: &AnyValue,
+    ) -> Result<Arc<AnyValue>, StateError>;
     fn to_json(&self) -> Result<serde_json::Value, serde_json::Error>;
     fn clone_update(&self) -> Arc<dyn ErasedUpdate>;
 }
@@ -504,39 +548,35 @@ where
     }
 
     fn apply(self: Arc<Self>, key: &str, value: &mut Arc<AnyValue>) -> Result<(), StateError> {
-        let mut cell = self;
-        // Unique: a command's update is never shared (cloning a command copies it).
-        let this = Arc::make_mut(&mut cell);
-        let Some(update) = this.update.take() else {
-            return Err(StateError::InvalidUpdate {
-                key: key.to_owned(),
-                reason: "the update was already applied".to_owned(),
-            });
-        };
-        let reducer = this.meta.apply;
-        let run = |target: &mut V| match catch_unwind(AssertUnwindSafe(|| reducer(target, update)))
-        {
-            Ok(result) => result,
-            Err(payload) => Err(StateError::ReducerPanicked {
-                key: key.to_owned(),
-                message: panic_message(payload.as_ref()),
-            }),
-        };
-        // Written earlier in this commit, so already a private copy? (The count, a plain load,
-        // spares the usual case, a value shared with snapshots, `get_mut`'s atomic exchange.)
+        // The count, a plain load, spares the usual case (a value shared with snapshots)
+        // `get_mut`'s atomic exchange.
         if Arc::strong_count(value) == 1
             && let Some(current) = Arc::get_mut(value)
         {
             let Some(current) = current.downcast_mut::<Stored<V, U>>() else {
                 return Err(mismatch::<V>(key));
             };
-            return run(&mut current.value);
+            let reducer = self.meta.apply;
+            let update = Arc::unwrap_or_clone(self).update;
+            return reduce(reducer, key, &mut current.value, update);
         }
-        this.value
-            .clone_from(&downcast::<Stored<V, U>>(key, &**value)?.value);
-        run(&mut this.value)?;
-        *value = cell;
+        *value = self.apply_copy(key, &**value)?;
         Ok(())
+    }
+
+    fn apply_copy(
+        self: Arc<Self>,
+        key: &str,
+        current: &AnyValue,
+    ) -> Result<Arc<AnyValue>, StateError> {
+        let mut cell = self;
+        // Unique: a command's update is never shared (cloning a command copies it).
+        let this = Arc::make_mut(&mut cell);
+        let update = this.update.take();
+        this.value
+            .clone_from(&downcast::<Stored<V, U>>(key, current)?.value);
+        reduce(this.meta.apply, key, &mut this.value, update)?;
+        Ok(cell)
     }
 
     fn to_json(&self) -> Result<serde_json::Value, serde_json::Error> {
@@ -549,6 +589,29 @@ where
             update: self.update.clone(),
             meta: self.meta,
         })
+    }
+}
+
+/// Runs `reducer`; a panic comes back as `ReducerPanicked`, a missing update (one applied
+/// already) as `InvalidUpdate`.
+fn reduce<V, U>(
+    reducer: Reducer<V, U>,
+    key: &str,
+    target: &mut V,
+    update: Option<U>,
+) -> Result<(), StateError> {
+    let Some(update) = update else {
+        return Err(StateError::InvalidUpdate {
+            key: key.to_owned(),
+            reason: "the update was already applied".to_owned(),
+        });
+    };
+    match catch_unwind(AssertUnwindSafe(|| reducer(target, update))) {
+        Ok(result) => result,
+        Err(payload) => Err(StateError::ReducerPanicked {
+            key: key.to_owned(),
+            message: panic_message(payload.as_ref()),
+        }),
     }
 }
 

@@ -11,9 +11,10 @@ use crate::key::{KeyRegistry, MergeStrategy};
 /// conflict. When every command joins, the batch is their [`StateCommand::concat`], the same as
 /// repeated [`StateCommand::merge_parallel`].
 ///
-/// Each offer looks every key name of the command up once, and the command remembers what it
-/// found, so committing the batch does not look the names up again. Up to 256 registered keys,
-/// the batch allocates nothing but the merged command's update list.
+/// Each offer looks every key of the command up once (by key type for typed updates, else by
+/// name), and the command remembers what it found, so committing the batch does not look the
+/// keys up again. Up to 256 registered keys, the batch allocates nothing but the merged
+/// command's update list.
 pub struct ParallelBatch<'r> {
     registry: &'r KeyRegistry,
     command: StateCommand,
@@ -50,7 +51,7 @@ impl<'r> ParallelBatch<'r> {
         let registry = self.registry;
         let mut overlaps = false;
         for update in command.updates.as_mut_slice() {
-            update.slot = registry.index_of(&update.key).unwrap_or(UNRESOLVED);
+            update.slot = update.locate(registry).unwrap_or(UNRESOLVED);
             overlaps |= match exclusive(registry, update.slot) {
                 Some(true) => self.written.contains(update.slot),
                 Some(false) => false,

@@ -8,7 +8,7 @@ use crate::command::{Effect, Payload, ScheduledAction, StateCommand, Updates};
 use crate::error::StateError;
 use crate::key::KeyRegistry;
 use crate::snapshot::{PersistedState, Snapshot, Version};
-use crate::table::Table;
+use crate::table::{SlotValue, Table};
 
 /// Holds the current [`Snapshot`] and publishes new ones through commits.
 ///
@@ -437,11 +437,6 @@ fn check_base(base: Option<u64>, actual: u64) -> Result<(), StateError> {
     }
 }
 
-/// Whether two key names are equal; a typed update's name is usually the registry's own string.
-fn same_name(a: &str, b: &str) -> bool {
-    std::ptr::eq(a, b) || a == b
-}
-
 /// Validates every update (key registered, type matches, JSON parses), then runs the reducers on
 /// `table`, marking written slots with `revision`. On `Err`, `table` is half-written and must be
 /// discarded by the caller.
@@ -452,10 +447,9 @@ fn apply_updates(
     revision: u64,
 ) -> Result<(), StateError> {
     for update in updates.as_mut_slice() {
-        let (index, entry) = match registry.entries().get(update.slot) {
-            // An earlier lookup (e.g. the phase engine's conflict scan) found this name here.
-            Some(entry) if same_name(entry.name, &update.key) => (update.slot, entry),
-            _ => registry.resolve(&update.key)?,
+        let (index, entry) = match update.locate(registry) {
+            Some(index) => (index, registry.entry_at(index)),
+            None => registry.resolve(&update.key)?, // `UnknownKey`
         };
         update.slot = index;
         match &mut update.payload {
@@ -474,20 +468,23 @@ fn apply_updates(
             }
         }
     }
-    table.update_each(
+    table.write_each(
         revision,
         updates,
         |update| update.slot,
-        |update, slot| {
+        |update, value| {
             let Payload::Typed(typed) = update.payload else {
                 unreachable!("every payload was made typed above")
             };
-            let slot = slot.ok_or_else(|| StateError::UnknownKey {
-                key: update.key.to_string(),
-            })?;
-            typed.apply(&update.key, &mut slot.value)?;
-            slot.changed_at = revision;
-            Ok(())
+            match value {
+                Some(SlotValue::Private(value)) => typed.apply(&update.key, value).map(|()| None),
+                Some(SlotValue::Shared(current)) => {
+                    typed.apply_copy(&update.key, &**current).map(Some)
+                }
+                None => Err(StateError::UnknownKey {
+                    key: update.key.to_string(),
+                }),
+            }
         },
     )
 }

@@ -656,37 +656,53 @@ fn export_changed_lists_keys_written_since_a_revision() {
 }
 
 #[test]
-fn table_update_each_matches_slot_mut_per_item() {
+fn table_write_each_matches_slot_mut_per_item() {
+    use crate::table::SlotValue;
+    // Each write adds `n + 1` to the value (n: the item's position).
+    fn add(
+        n: usize,
+        value: Option<SlotValue<'_>>,
+    ) -> Result<Option<Arc<crate::key::AnyValue>>, usize> {
+        let read = |v: &Arc<crate::key::AnyValue>| *v.downcast_ref::<usize>().unwrap();
+        match value {
+            None => Err(n),
+            Some(SlotValue::Shared(old)) => Ok(Some(Arc::new(read(old) + n + 1))),
+            Some(SlotValue::Private(v)) => match Arc::get_mut(v) {
+                Some(v) => {
+                    *v.downcast_mut::<usize>().unwrap() += n + 1;
+                    Ok(None)
+                }
+                None => Ok(Some(Arc::new(read(v) + n + 1))),
+            },
+        }
+    }
     for len in [1, 5, 17, 64, 600] {
         let values: Vec<Arc<crate::key::AnyValue>> =
             (0..len).map(|i| Arc::new(i) as Arc<_>).collect();
         let base = Table::build(&values);
-        // Runs within one leaf, jumps back to a leaf already copied, repeats, one past the end.
-        let order = [0, 1, 3, 2, 5, 4, 0, 63, 62, 7, 7, 599, 598, 1, len];
+        // Runs within one leaf, a slot written twice in a run, jumps back to a leaf already
+        // copied, indexes past the end.
+        let order: Vec<usize> = [0, 1, 3, 2, 3, 5, 4, 0, 63, 62, 7, 7, 599, 598, 1]
+            .into_iter()
+            .filter(|&i| i < len)
+            .collect();
         let (mut each, mut single) = (base.clone(), base.clone());
-        let mut seen = Vec::new();
-        let done: Result<(), ()> = each.update_each(
-            1,
-            order.iter().enumerate(),
-            |(_, i)| **i,
-            |(n, &i), slot| {
-                seen.push((i, slot.is_some()));
-                if let Some(slot) = slot {
-                    slot.value = Arc::new(i * 1000 + n);
-                    slot.changed_at = 1;
-                }
-                Ok(())
-            },
-        );
-        done.unwrap();
-        for (n, &i) in order.iter().enumerate() {
-            if let Some(slot) = single.slot_mut(i, 1) {
-                slot.value = Arc::new(i * 1000 + n);
-                slot.changed_at = 1;
+        for rev in [1, 2] {
+            // The second pass finds the leaves private.
+            each.write_each(
+                rev,
+                order.iter().enumerate(),
+                |(_, i)| **i,
+                |(n, _), v| add(n, v),
+            )
+            .unwrap();
+            for (n, &i) in order.iter().enumerate() {
+                let slot = single.slot_mut(i, rev).unwrap();
+                let old = *slot.value.downcast_ref::<usize>().unwrap();
+                slot.value = Arc::new(old + n + 1);
+                slot.changed_at = rev;
             }
         }
-        let expected: Vec<(usize, bool)> = order.iter().map(|&i| (i, i < len)).collect();
-        assert_eq!(seen, expected, "len {len}");
         let dump = |t: &Table| -> Vec<(usize, usize, u64)> {
             (0..len)
                 .map(|i| {
@@ -705,22 +721,24 @@ fn table_update_each_matches_slot_mut_per_item() {
             dump(&Table::build(&values)),
             "len {len}: base changed"
         );
-        let (mut a, mut b) = (Vec::new(), Vec::new());
-        each.for_each_changed(0, &mut |i, _| a.push(i));
-        single.for_each_changed(0, &mut |i, _| b.push(i));
-        assert_eq!(a, b, "len {len}");
-        // Stops at the first error.
-        let mut calls = 0;
-        let stopped = base.clone().update_each(
-            2,
-            [0, 1, 2],
+        for since in [0, 1] {
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            each.for_each_changed(since, &mut |i, _| a.push(i));
+            single.for_each_changed(since, &mut |i, _| b.push(i));
+            assert_eq!(a, b, "len {len} since {since}");
+        }
+        // Past the end, and stops at the first error.
+        let mut calls = Vec::new();
+        let stopped = base.clone().write_each(
+            3,
+            [0, len, 0],
             |i| *i,
-            |i, _| {
-                calls += 1;
-                if i == 1 { Err(i) } else { Ok(()) }
+            |i, v| {
+                calls.push(i);
+                add(i, v)
             },
         );
-        assert_eq!((stopped, calls), (Err(1), 2));
+        assert_eq!((stopped, calls), (Err(len), vec![0, len]));
     }
 }
 
