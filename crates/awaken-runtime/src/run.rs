@@ -18,7 +18,7 @@ use awaken_plugin::{
     LifecycleDispatcher, LifecycleEvent, RunLifecycle, TokenCounts, TransformContext,
     apply_transforms,
 };
-use awaken_resolver::{ResolvedAgent, ResolvedRunPlan, ResolvedTool};
+use awaken_resolver::{BackendRequest, ResolvedAgent, ResolvedRunPlan, ResolvedTool};
 use awaken_spec::{InferenceOverride, StopConditionSpec};
 use awaken_state::{PersistedState, StateCommand, StateKey, StateStore, UnknownKeyPolicy};
 use awaken_store::{BatchWrite, ClaimedRun, RunRecord, RunStatus, Timestamp};
@@ -358,6 +358,29 @@ async fn run_activation(
     };
     let resolved = match rt.resolver.plan(&agent_id)? {
         ResolvedRunPlan::Local(agent) => *agent,
+        ResolvedRunPlan::Backend(b) if resumed.is_none() => {
+            // An endpoint-backed agent: its backend runs the activation (and keeps its thread).
+            let run_id = rt.ids.next_run_id();
+            let request = BackendRequest {
+                thread_id,
+                run_id: run_id.clone(),
+                messages,
+                overrides: inference,
+                cancel,
+            };
+            let outcome = b
+                .backend
+                .run(&b.spec, request, sink)
+                .await
+                .map_err(RunError::Backend)?;
+            return Ok(RunOutcome {
+                run_id,
+                termination: outcome.termination,
+                response: outcome.response,
+                steps: 0,
+                usage: outcome.usage,
+            });
+        }
         ResolvedRunPlan::Backend(b) => {
             return Err(RunError::BackendPlan {
                 agent_id,

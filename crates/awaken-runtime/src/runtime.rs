@@ -14,7 +14,9 @@ use awaken_plugin::{
     HookStats, LifecycleDispatcher, LifecycleEvent, LifecycleHook, Plugin, PluginRegistry,
     RegistryError, ReloadOutcome,
 };
-use awaken_resolver::{RegistrationError, Registries, ResolveError, Resolver, ValidationFailed};
+use awaken_resolver::{
+    ExecutionBackend, RegistrationError, Registries, ResolveError, Resolver, ValidationFailed,
+};
 use awaken_spec::{AgentSpec, InferenceOverride, ModelSpec};
 use awaken_state::StateError;
 use awaken_store::{LeaseToken, MemoryStore, RunStatus, StoreError, ThreadStore, Timestamp};
@@ -186,9 +188,9 @@ pub enum RunError {
     /// The agent did not resolve.
     #[error(transparent)]
     Resolve(#[from] ResolveError),
-    /// The agent is served by an execution backend, which this runtime does not run yet.
+    /// A resume or recovery of an endpoint-backed agent's run: its backend owns that run.
     #[error(
-        "agent `{agent_id}` runs on execution backend `{backend}`, which this runtime cannot drive yet"
+        "agent `{agent_id}` runs on execution backend `{backend}`, which owns its runs: resume or recover them there"
     )]
     BackendPlan {
         /// The agent.
@@ -196,6 +198,9 @@ pub enum RunError {
         /// The backend.
         backend: String,
     },
+    /// The execution backend of an endpoint-backed agent failed.
+    #[error(transparent)]
+    Backend(awaken_resolver::BackendError),
     /// The thread's last run waits for decisions on suspended tool calls (resume it, or
     /// supersede the calls).
     #[error(
@@ -353,6 +358,8 @@ pub struct AgentRuntimeBuilder {
     store: Arc<dyn ThreadStore>,
     /// The context plugins' token estimator (`None`: the default estimator).
     estimator: Option<Arc<dyn awaken_context::TokenEstimator>>,
+    /// Execution backends for endpoint-backed agents.
+    backends: Vec<Arc<dyn ExecutionBackend>>,
 }
 
 impl Default for AgentRuntimeBuilder {
@@ -373,6 +380,7 @@ impl AgentRuntimeBuilder {
             ids: Arc::new(SystemIds::default()),
             store: Arc::new(MemoryStore::new()),
             estimator: None,
+            backends: Vec::new(),
         }
     }
 
@@ -420,6 +428,12 @@ impl AgentRuntimeBuilder {
         self
     }
 
+    /// Adds an execution backend: agents whose endpoint it claims run through it (DESIGN §8).
+    pub fn with_backend(mut self, backend: Arc<dyn ExecutionBackend>) -> Self {
+        self.backends.push(backend);
+        self
+    }
+
     /// Sets the thread store (default: a [`MemoryStore`]).
     pub fn with_store(mut self, store: Arc<dyn ThreadStore>) -> Self {
         self.store = store;
@@ -461,7 +475,10 @@ impl AgentRuntimeBuilder {
         if let Some(estimator) = self.estimator {
             builtins = builtins.with_estimator(estimator);
         }
-        let resolver = Resolver::new(registries, Arc::new(builtins));
+        let mut resolver = Resolver::new(registries, Arc::new(builtins));
+        for backend in self.backends {
+            resolver = resolver.with_backend(backend);
+        }
         Ok(AgentRuntime {
             resolver,
             ids: self.ids,

@@ -1,5 +1,6 @@
 //! Integration tests of awaken-runtime: scenarios rendered as event logs.
 
+mod backend;
 mod context;
 mod crash;
 mod durable;
