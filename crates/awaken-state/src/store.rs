@@ -365,14 +365,20 @@ impl Transaction<'_> {
     pub fn apply(&mut self, command: StateCommand) -> Result<(), StateError> {
         check_base(command.base_revision, self.base.revision())?;
         if !command.updates.is_empty() {
-            let mut table = self.staged.clone();
-            apply_updates(
-                &self.store.registry,
-                &mut table,
-                command.updates,
-                self.base.revision() + 1,
-            )?;
-            self.staged = table;
+            let registry = &self.store.registry;
+            let revision = self.base.revision() + 1;
+            if self.changed {
+                let mut table = self.staged.clone();
+                apply_updates(registry, &mut table, command.updates, revision)?;
+                self.staged = table;
+            } else if let Err(e) =
+                apply_updates(registry, &mut self.staged, command.updates, revision)
+            {
+                // Nothing was staged: the table is the base's, shared, so the writes copied
+                // what they changed; going back to the base undoes them.
+                self.staged = self.base.version.table.clone();
+                return Err(e);
+            }
             self.changed = true;
         }
         self.actions.extend(command.actions);

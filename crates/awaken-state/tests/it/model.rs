@@ -89,3 +89,20 @@ proptest! {
         }
     }
 }
+
+/// A first command that fails after writing a key in another leaf of the table than the one it
+/// fails in leaves nothing staged (the transaction writes its first command into the base's
+/// table without a copy of it, and must undo those writes).
+#[test]
+fn a_failing_first_command_leaves_nothing_staged() {
+    let store = keys::store();
+    let mut tx = store.transaction();
+    let failing = keys::command(&[Op::Name('x'), Op::Phase(2), Op::Log(0)], false);
+    assert!(tx.apply(failing).is_err());
+    assert!(tx.is_empty());
+    tx.apply(keys::command(&[Op::Count(3)], false)).unwrap();
+    let mut model = Model::default();
+    assert!(model.apply_all(&[Op::Count(3)]));
+    assert_eq!(keys::values(&tx.snapshot()), model.values());
+    assert_eq!(keys::values(&tx.commit().unwrap().snapshot), model.values());
+}
