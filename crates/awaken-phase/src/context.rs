@@ -86,9 +86,17 @@ impl PhaseContext {
 
     /// The same context over another snapshot.
     pub fn with_snapshot(&self, snapshot: Snapshot) -> Self {
+        // Field by field: `..self.clone()` would clone the old snapshot only to drop it.
         Self {
+            phase: self.phase,
             snapshot,
-            ..self.clone()
+            sections: self.sections.clone(),
+            run: self.run.clone(),
+            step: self.step,
+            messages: self.messages.clone(),
+            tool: self.tool.clone(),
+            response: self.response.clone(),
+            cancel: self.cancel.clone(),
         }
     }
 
