@@ -520,6 +520,14 @@ async fn run_activation(
         parent_run_id: None,
         resumed: is_resume,
     });
+    // A runtime with a worker identity holds the lease of every run it drives (a recovery's
+    // lease comes with its claim): taken before a resume writes anything (so two processes
+    // never continue one waiting run), and right after a new run's first commit creates it.
+    let claimed_already = run.durable.lease.is_some();
+    let mut heartbeat = None;
+    if is_resume && !claimed_already {
+        heartbeat = hold_lease(rt, &mut run).await?;
+    }
     // The activation exists once this first commit is in: its record and the new messages.
     let started = run
         .durable
@@ -535,7 +543,13 @@ async fn run_activation(
             thread_id: run.identity.thread_id.clone(),
             message: e.to_string(),
         });
-    started?;
+    if let Err(e) = started {
+        release_lease(rt, &run, heartbeat).await;
+        return Err(e);
+    }
+    if !is_resume && !claimed_already {
+        heartbeat = hold_lease(rt, &mut run).await?;
+    }
     for note in notes {
         run.note(note);
     }
@@ -588,6 +602,7 @@ async fn run_activation(
                 .await;
         }
     }
+    release_lease(rt, &run, heartbeat).await;
     let usage = run.stats().usage;
     Ok(RunOutcome {
         run_id: run.identity.run_id.clone(),
@@ -1834,4 +1849,51 @@ async fn supersede(
             message: format!("closing the superseded calls failed: {e}"),
         })?;
     Ok(messages)
+}
+
+/// Claims the run's lease for the runtime's worker (when it has one) and keeps it with a
+/// heartbeat; another worker holding it is `RunError::TakenOver`.
+async fn hold_lease(
+    rt: &AgentRuntime,
+    run: &mut Run<'_>,
+) -> Result<Option<tokio::task::JoinHandle<()>>, RunError> {
+    let Some(worker) = &rt.worker else {
+        return Ok(None);
+    };
+    let claimed = rt
+        .store
+        .claim_run(
+            &run.identity.run_id,
+            &worker.id,
+            worker.lease_duration,
+            now(rt),
+        )
+        .await
+        .map_err(RunError::Store)?;
+    let Some(claimed) = claimed else {
+        return Err(RunError::TakenOver {
+            thread_id: run.identity.thread_id.clone(),
+            run_id: run.identity.run_id.clone(),
+        });
+    };
+    run.durable.lease = Some(claimed.lease.clone());
+    Ok(Some(rt.spawn_heartbeat(
+        claimed.lease,
+        worker.lease_duration,
+        run.cancel.clone(),
+    )))
+}
+
+/// Stops the heartbeat and gives the lease up (a finished run's last commit already did).
+async fn release_lease(
+    rt: &AgentRuntime,
+    run: &Run<'_>,
+    heartbeat: Option<tokio::task::JoinHandle<()>>,
+) {
+    if let Some(h) = heartbeat {
+        h.abort();
+        if let Some(lease) = &run.durable.lease {
+            rt.release(lease).await;
+        }
+    }
 }

@@ -234,6 +234,14 @@ pub enum RunError {
     /// The runtime is shutting down and starts no activation.
     #[error("the runtime is shutting down")]
     ShuttingDown,
+    /// Another worker holds the run's lease (it resumes or recovers the run).
+    #[error("run `{run_id}` of thread `{thread_id}` is held by another worker")]
+    TakenOver {
+        /// The thread.
+        thread_id: ThreadId,
+        /// The run.
+        run_id: RunId,
+    },
     /// `resume` on a thread that is not waiting for decisions.
     #[error("thread `{thread_id}` has no run waiting for decisions")]
     NotWaiting {
@@ -360,6 +368,7 @@ pub struct AgentRuntimeBuilder {
     estimator: Option<Arc<dyn awaken_context::TokenEstimator>>,
     /// Execution backends for endpoint-backed agents.
     backends: Vec<Arc<dyn ExecutionBackend>>,
+    worker: Option<Worker>,
 }
 
 impl Default for AgentRuntimeBuilder {
@@ -381,6 +390,7 @@ impl AgentRuntimeBuilder {
             store: Arc::new(MemoryStore::new()),
             estimator: None,
             backends: Vec::new(),
+            worker: None,
         }
     }
 
@@ -431,6 +441,22 @@ impl AgentRuntimeBuilder {
     /// Adds an execution backend: agents whose endpoint it claims run through it (DESIGN §8).
     pub fn with_backend(mut self, backend: Arc<dyn ExecutionBackend>) -> Self {
         self.backends.push(backend);
+        self
+    }
+
+    /// Gives the runtime a worker identity: every run it starts or resumes then holds a lease
+    /// on the store (renewed every third of `lease_duration`, released at the end), so that a
+    /// `recover` in another process never takes a live run over and two processes never
+    /// resume one waiting run. Use it whenever several processes share a store.
+    pub fn with_worker(
+        mut self,
+        worker_id: impl Into<String>,
+        lease_duration: std::time::Duration,
+    ) -> Self {
+        self.worker = Some(Worker {
+            id: worker_id.into(),
+            lease_duration,
+        });
         self
     }
 
@@ -485,6 +511,7 @@ impl AgentRuntimeBuilder {
             store: self.store,
             lifecycle: LifecycleDispatcher::default(),
             active: Arc::default(),
+            worker: self.worker,
         })
     }
 }
@@ -500,6 +527,15 @@ pub struct AgentRuntime {
     pub(crate) lifecycle: LifecycleDispatcher,
     /// The active activations (for `shutdown`).
     pub(crate) active: Arc<ActiveRuns>,
+    /// This runtime's worker identity: set, every run it drives holds a lease.
+    pub(crate) worker: Option<Worker>,
+}
+
+/// A worker identity for leases.
+#[derive(Debug, Clone)]
+pub(crate) struct Worker {
+    pub(crate) id: String,
+    pub(crate) lease_duration: std::time::Duration,
 }
 
 impl std::fmt::Debug for AgentRuntime {
@@ -659,7 +695,7 @@ impl AgentRuntime {
         Ok(recovered)
     }
 
-    async fn release(&self, lease: &LeaseToken) {
+    pub(crate) async fn release(&self, lease: &LeaseToken) {
         if let Err(e) = self.store.release(lease).await {
             tracing::warn!(run_id = %lease.run_id, error = %e, "releasing a run's lease failed");
         }
@@ -667,7 +703,7 @@ impl AgentRuntime {
 
     /// Renews `lease` every third of its duration until aborted; a lost lease cancels the run
     /// (another worker owns it now: this one must stop writing).
-    fn spawn_heartbeat(
+    pub(crate) fn spawn_heartbeat(
         &self,
         lease: LeaseToken,
         duration: std::time::Duration,

@@ -519,6 +519,39 @@ impl ThreadStore for MemoryStore {
             .collect())
     }
 
+    async fn claim_run(
+        &self,
+        run_id: &RunId,
+        worker_id: &str,
+        lease_duration: Duration,
+        now: Timestamp,
+    ) -> Result<Option<ClaimedRun>, StoreError> {
+        check_worker(worker_id)?;
+        let mut inner = self.lock();
+        let Some(r) = inner.runs.get_mut(run_id) else {
+            return Ok(None);
+        };
+        let free = r.record.status != RunStatus::Done
+            && (r.lease_owner.is_none() || r.lease_expires_at.is_none_or(|t| t <= now));
+        if !free {
+            return Ok(None);
+        }
+        let expires_at = now.saturating_add(lease_duration);
+        r.lease_owner = Some(worker_id.to_owned());
+        r.lease_epoch += 1;
+        r.lease_expires_at = Some(expires_at);
+        Ok(Some(ClaimedRun {
+            thread_id: r.thread_id.clone(),
+            run: r.record.clone(),
+            lease: LeaseToken {
+                run_id: r.record.run_id.clone(),
+                worker_id: worker_id.to_owned(),
+                epoch: r.lease_epoch,
+            },
+            expires_at,
+        }))
+    }
+
     async fn heartbeat(
         &self,
         lease: &LeaseToken,

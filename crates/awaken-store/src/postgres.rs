@@ -718,6 +718,49 @@ impl ThreadStore for PostgresStore {
         Ok(out)
     }
 
+    async fn claim_run(
+        &self,
+        run_id: &RunId,
+        worker_id: &str,
+        lease_duration: Duration,
+        now: Timestamp,
+    ) -> Result<Option<ClaimedRun>, StoreError> {
+        check_worker(worker_id)?;
+        let expires_at = now.saturating_add(lease_duration);
+        let conn = self.pool.get().await?;
+        let row = conn
+            .query_opt(
+                &format!(
+                    "UPDATE runs SET lease_owner = $1, lease_epoch = lease_epoch + 1, \
+                         lease_expires_at = $2 \
+                     WHERE run_id = $3 AND status <> 'done' \
+                         AND (lease_owner IS NULL OR lease_expires_at <= $4) \
+                     RETURNING thread_id, lease_epoch, {RUN_COLUMNS}"
+                ),
+                &[
+                    &worker_id,
+                    &expires_at.as_unix_millis(),
+                    &run_id.as_str(),
+                    &now.as_unix_millis(),
+                ],
+            )
+            .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let run = raw_run(&row, 2)?.decode()?;
+        Ok(Some(ClaimedRun {
+            thread_id: codec::thread_id(row.try_get(0)?)?,
+            lease: LeaseToken {
+                run_id: run.run_id.clone(),
+                worker_id: worker_id.to_owned(),
+                epoch: codec::count("lease epoch", row.try_get(1)?)?,
+            },
+            run,
+            expires_at,
+        }))
+    }
+
     async fn heartbeat(
         &self,
         lease: &LeaseToken,

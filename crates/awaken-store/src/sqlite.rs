@@ -746,6 +746,53 @@ impl ThreadStore for SqliteStore {
         .await
     }
 
+    async fn claim_run(
+        &self,
+        run_id: &RunId,
+        worker_id: &str,
+        lease_duration: Duration,
+        now: Timestamp,
+    ) -> Result<Option<ClaimedRun>, StoreError> {
+        check_worker(worker_id)?;
+        let worker = worker_id.to_owned();
+        let id = run_id.to_string();
+        let expires_at = now.saturating_add(lease_duration);
+        self.with_conn(move |conn, _| {
+            let mut stmt = conn.prepare_cached(&format!(
+                "UPDATE runs SET lease_owner = ?1, lease_epoch = lease_epoch + 1, \
+                     lease_expires_at = ?2 \
+                 WHERE run_id = ?3 AND status <> 'done' \
+                     AND (lease_owner IS NULL OR lease_expires_at <= ?4) \
+                 RETURNING thread_id, lease_epoch, {RUN_COLUMNS}"
+            ))?;
+            let mut rows = stmt.query_map(
+                params![
+                    worker,
+                    expires_at.as_unix_millis(),
+                    id,
+                    now.as_unix_millis()
+                ],
+                |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, raw_run(r, 2)?)),
+            )?;
+            let Some(row) = rows.next() else {
+                return Ok(None);
+            };
+            let (tid, epoch, raw) = row?;
+            let run = raw.decode()?;
+            Ok(Some(ClaimedRun {
+                thread_id: codec::thread_id(&tid)?,
+                lease: LeaseToken {
+                    run_id: run.run_id.clone(),
+                    worker_id: worker.clone(),
+                    epoch: codec::count("lease epoch", epoch)?,
+                },
+                run,
+                expires_at,
+            }))
+        })
+        .await
+    }
+
     async fn heartbeat(
         &self,
         lease: &LeaseToken,

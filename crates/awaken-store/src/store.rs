@@ -183,6 +183,18 @@ pub trait ThreadStore: Send + Sync {
         limit: usize,
     ) -> Result<Vec<ClaimedRun>, StoreError>;
 
+    /// Claims one run — the way a worker that starts a run takes its lease, right after the
+    /// run's first commit — for `worker_id` until `now + lease_duration`, if the run is
+    /// unfinished and its lease is free or expired. `None`: another worker holds it, it is
+    /// finished, or there is no such run. Increments the lease epoch like `claim_runnable`.
+    async fn claim_run(
+        &self,
+        run_id: &RunId,
+        worker_id: &str,
+        lease_duration: Duration,
+        now: Timestamp,
+    ) -> Result<Option<ClaimedRun>, StoreError>;
+
     /// Extends `lease` to `now + lease_duration` and returns the new expiry. `LeaseLost` if it
     /// is not the run's lease any more (taken over, released, or the run finished). An expired
     /// lease nobody claimed since is still held and is renewed.
@@ -258,5 +270,17 @@ impl<T: ThreadStore + ?Sized> ThreadStore for std::sync::Arc<T> {
 
     async fn release(&self, lease: &LeaseToken) -> Result<bool, StoreError> {
         (**self).release(lease).await
+    }
+
+    async fn claim_run(
+        &self,
+        run_id: &RunId,
+        worker_id: &str,
+        lease_duration: Duration,
+        now: Timestamp,
+    ) -> Result<Option<ClaimedRun>, StoreError> {
+        (**self)
+            .claim_run(run_id, worker_id, lease_duration, now)
+            .await
     }
 }

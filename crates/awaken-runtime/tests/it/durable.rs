@@ -97,6 +97,15 @@ impl ThreadStore for Recording {
     async fn release(&self, l: &LeaseToken) -> Result<bool, StoreError> {
         self.inner.release(l).await
     }
+    async fn claim_run(
+        &self,
+        run_id: &awaken_event::RunId,
+        worker: &str,
+        lease: std::time::Duration,
+        now: Timestamp,
+    ) -> Result<Option<ClaimedRun>, StoreError> {
+        self.inner.claim_run(run_id, worker, lease, now).await
+    }
 }
 
 fn runtime(store: Arc<dyn ThreadStore>, turns: Vec<ScriptTurn>) -> AgentRuntime {

@@ -265,3 +265,197 @@ async fn two_workers_share_twenty_runs_and_one_takes_over_a_dead_workers_lease()
     assert_eq!(before, lines.len(), "no call ran twice: {calls}");
     assert_eq!(lines.len(), RUNS, "every run booked once: {calls}");
 }
+
+/// A runtime with a worker identity over `store`, whose agent asks for approval of `gate`
+/// calls when `approval` is set.
+fn worker_runtime(
+    store: Arc<dyn ThreadStore>,
+    worker: &str,
+    gate: crate::lifecycle::Gate,
+    approval: bool,
+) -> AgentRuntime {
+    let mut spec = AgentSpec::new("agent", "model");
+    if approval {
+        spec = spec
+            .with_plugin(awaken_runtime::PERMISSION_PLUGIN)
+            .with_section("permission", json!({"default": "ask"}));
+    }
+    AgentRuntime::builder()
+        .with_ids(Arc::new(SystemIds::default()))
+        .with_worker(worker, Duration::from_secs(30))
+        .with_store(store)
+        .with_model(ModelSpec::new("model", "p", "upstream"))
+        .with_provider("p", Arc::new(GateModel))
+        .with_tool(Arc::new(gate))
+        .with_agent_spec(spec)
+        .build()
+        .expect("runtime")
+}
+
+/// One `gate` call, then a text.
+struct GateModel;
+
+impl awaken_llm::LlmExecutor for GateModel {
+    fn name(&self) -> &str {
+        "gate-model"
+    }
+    fn execute_stream(&self, request: awaken_llm::InferenceRequest) -> awaken_llm::LlmEventStream {
+        let done = request.messages.iter().any(|m| m.role == Role::Tool);
+        let turn = if done {
+            ScriptTurn::text("done")
+        } else {
+            ScriptTurn::text("")
+                .with_tool_call(ScriptToolCall::new("gate", json!({})).with_id("c1"))
+        };
+        match ScriptedExecutor::from_turns(vec![turn]) {
+            Ok(e) => e.execute_stream(request),
+            Err(e) => unreachable!("a one-turn script is valid: {e}"),
+        }
+    }
+}
+
+fn notifies() -> (Arc<tokio::sync::Notify>, Arc<tokio::sync::Notify>) {
+    (
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(tokio::sync::Notify::new()),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_run_holds_its_lease_so_recovery_elsewhere_leaves_it_alone() {
+    let store: Arc<dyn ThreadStore> = Arc::new(awaken_store::MemoryStore::new());
+    let (entered, release) = notifies();
+    let live = worker_runtime(
+        store.clone(),
+        "live",
+        crate::lifecycle::Gate(entered.clone(), release.clone()),
+        false,
+    );
+    let run = {
+        let live = live.clone();
+        tokio::spawn(async move {
+            live.run_to_completion(
+                RunActivation::new(ThreadId::new("t").expect("id"), "agent")
+                    .with_user_message("go"),
+            )
+            .await
+        })
+    };
+    entered.notified().await;
+    let (e2, r2) = notifies();
+    let other = worker_runtime(
+        store.clone(),
+        "other",
+        crate::lifecycle::Gate(e2, r2),
+        false,
+    );
+    let claimed = other
+        .recover(&RecoverConfig::new("other"), &awaken_event::NullSink)
+        .await
+        .expect("recover");
+    assert!(claimed.is_empty(), "the live run's lease is held");
+    release.notify_one();
+    let out = run.await.expect("joined").expect("run");
+    assert_eq!(out.termination, TerminationReason::NaturalEnd);
+    assert!(
+        other
+            .recover(&RecoverConfig::new("other"), &awaken_event::NullSink)
+            .await
+            .expect("recover")
+            .is_empty(),
+        "a finished run is not recovered"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_never_resume_one_waiting_run() {
+    let store: Arc<dyn ThreadStore> = Arc::new(awaken_store::MemoryStore::new());
+    let thread = ThreadId::new("t").expect("id");
+    let (entered, release) = notifies();
+    let first = worker_runtime(
+        store.clone(),
+        "first",
+        crate::lifecycle::Gate(entered.clone(), release.clone()),
+        true,
+    );
+    let out = first
+        .run_to_completion(RunActivation::new(thread.clone(), "agent").with_user_message("go"))
+        .await
+        .expect("run");
+    assert_eq!(out.termination, TerminationReason::Suspended);
+    let ticket = first.waiting_calls(&thread).await.expect("read").remove(0);
+    let approve = || {
+        awaken_runtime::Resume::new(thread.clone())
+            .with_decision(awaken_event::ToolCallResume::approve(&ticket.call))
+    };
+    let resumed = {
+        let first = first.clone();
+        let request = approve();
+        tokio::spawn(async move { first.resume_to_completion(request).await })
+    };
+    // The first resume is inside the approved tool, holding the run's lease.
+    entered.notified().await;
+    let (e2, r2) = notifies();
+    let second = worker_runtime(
+        store.clone(),
+        "second",
+        crate::lifecycle::Gate(e2, r2),
+        true,
+    );
+    // Refused: the run is no longer waiting (or, had both read it waiting, its lease is held).
+    let refused = second.resume_to_completion(approve()).await;
+    assert!(
+        matches!(
+            refused,
+            Err(awaken_runtime::RunError::TakenOver { .. }
+                | awaken_runtime::RunError::NotWaiting { .. })
+        ),
+        "{refused:?}"
+    );
+    release.notify_one();
+    let done = resumed.await.expect("joined").expect("resumed");
+    assert_eq!(done.termination, TerminationReason::NaturalEnd);
+}
+
+#[tokio::test]
+async fn a_resume_takes_the_lease_before_it_writes_anything() {
+    let store: Arc<dyn ThreadStore> = Arc::new(awaken_store::MemoryStore::new());
+    let thread = ThreadId::new("t").expect("id");
+    let (entered, release) = notifies();
+    let rt = worker_runtime(
+        store.clone(),
+        "w",
+        crate::lifecycle::Gate(entered, release),
+        true,
+    );
+    let out = rt
+        .run_to_completion(RunActivation::new(thread.clone(), "agent").with_user_message("go"))
+        .await
+        .expect("run");
+    assert_eq!(out.termination, TerminationReason::Suspended);
+    let ticket = rt.waiting_calls(&thread).await.expect("read").remove(0);
+    // Another process holds the waiting run's lease (it is resuming it).
+    let squatter = store
+        .claim_run(
+            &out.run_id,
+            "squatter",
+            Duration::from_secs(60),
+            awaken_store::Timestamp::from_unix_millis(i64::MAX / 2),
+        )
+        .await
+        .expect("claim")
+        .expect("free");
+    let refused = rt
+        .resume_to_completion(
+            awaken_runtime::Resume::new(thread.clone())
+                .with_decision(awaken_event::ToolCallResume::approve(&ticket.call)),
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(awaken_runtime::RunError::TakenOver { .. })),
+        "{refused:?}"
+    );
+    // Nothing was written: the run still waits on the same call.
+    assert_eq!(rt.waiting_calls(&thread).await.expect("read"), [ticket]);
+    assert!(store.release(&squatter.lease).await.expect("release"));
+}

@@ -69,8 +69,8 @@ impl Plugin for Recorder {
     }
 }
 
-/// A tool that waits until the test lets it go.
-struct Gate(Arc<tokio::sync::Notify>, Arc<tokio::sync::Notify>);
+/// A tool that says it started (first notify), then waits until the test lets it go (second).
+pub struct Gate(pub Arc<tokio::sync::Notify>, pub Arc<tokio::sync::Notify>);
 
 #[async_trait]
 impl Tool for Gate {

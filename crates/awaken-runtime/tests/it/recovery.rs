@@ -145,6 +145,15 @@ impl ThreadStore for DiesAfter {
     async fn release(&self, lease: &LeaseToken) -> Result<bool, StoreError> {
         self.inner.release(lease).await
     }
+    async fn claim_run(
+        &self,
+        run_id: &awaken_event::RunId,
+        worker: &str,
+        lease: std::time::Duration,
+        now: Timestamp,
+    ) -> Result<Option<ClaimedRun>, StoreError> {
+        self.inner.claim_run(run_id, worker, lease, now).await
+    }
 }
 
 fn runtime(store: Arc<dyn ThreadStore>) -> AgentRuntime {

@@ -148,6 +148,7 @@ every_backend!(
     invalid_commits_write_nothing,
     list_and_delete,
     lease_claim_expiry_takeover,
+    claim_one_run,
     concurrent_claims_never_share,
     failpoint_inside_the_write,
     commit_cost_shape_at_length,

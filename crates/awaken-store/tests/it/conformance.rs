@@ -763,6 +763,66 @@ pub async fn lease_claim_expiry_takeover(h: &Harness) {
     ));
 }
 
+/// `claim_run`: the lease a worker takes on the run it starts.
+pub async fn claim_one_run(h: &Harness) {
+    let s = &*h.store;
+    let lease = Duration::from_secs(30);
+    assert!(
+        s.claim_run(&rid("nope"), "w1", lease, at(1))
+            .await
+            .expect("claim")
+            .is_none(),
+        "no such run"
+    );
+    s.commit(step("t1", "r1", 0, 1, 1_000)).await.expect("r1");
+    let mine = s
+        .claim_run(&rid("r1"), "w1", lease, at(1_000))
+        .await
+        .expect("claim")
+        .expect("a fresh run is free");
+    assert_eq!((mine.thread_id.as_str(), mine.lease.epoch), ("t1", 1));
+    assert_eq!(mine.expires_at, at(31_000));
+    // Held: neither a targeted claim nor claim_runnable takes it.
+    assert!(
+        s.claim_run(&rid("r1"), "w2", lease, at(2_000))
+            .await
+            .expect("claim")
+            .is_none()
+    );
+    assert!(
+        s.claim_runnable("w2", lease, at(2_000), 10)
+            .await
+            .expect("claim")
+            .is_empty()
+    );
+    // Commits carry it; once it expired another worker takes the run over.
+    s.commit(step("t1", "r1", 2, 2, 3_000).with_lease(mine.lease.clone()))
+        .await
+        .expect("commit with the lease");
+    let taken = s
+        .claim_run(&rid("r1"), "w2", lease, at(31_000))
+        .await
+        .expect("claim")
+        .expect("expired");
+    assert_eq!(taken.lease.epoch, 2);
+    assert!(matches!(
+        s.commit(step("t1", "r1", 4, 3, 32_000).with_lease(mine.lease))
+            .await,
+        Err(StoreError::LeaseLost { .. })
+    ));
+    // A finished run is never claimed.
+    let mut finish = step("t1", "r1", 4, 3, 33_000).with_lease(taken.lease);
+    finish.run.status = RunStatus::Done;
+    finish.run.termination = Some(TerminationReason::NaturalEnd);
+    s.commit(finish).await.expect("finish");
+    assert!(
+        s.claim_run(&rid("r1"), "w3", lease, at(1_000_000))
+            .await
+            .expect("claim")
+            .is_none()
+    );
+}
+
 pub async fn concurrent_claims_never_share(h: &Harness) {
     let s = &*h.store;
     for i in 0..6u64 {
