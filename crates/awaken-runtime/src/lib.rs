@@ -18,6 +18,7 @@
 
 mod active;
 mod builtins;
+mod delegate;
 mod durable;
 mod failpoint;
 mod intercept;
@@ -35,6 +36,7 @@ pub use builtins::{
     StatsUpdate, StepDirectives, StepDirectivesKey, StopConditionsPlugin, StopRequest,
     StopRequestKey,
 };
+pub use delegate::delegate_tool_id;
 pub use intercept::{CallIntercept, CallInterceptKey, InterceptHandler, InterceptToolCall};
 pub use permission::{PERMISSION_PLUGIN, PermissionGate, PermissionPlugin};
 pub use resume::{DecisionError, DecisionsUpdate, Resume, ResumeDecisionsKey};

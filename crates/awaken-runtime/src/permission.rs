@@ -9,7 +9,7 @@
 use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
-use awaken_event::{ResumeDecision, ResumeMode, SuspendTicket};
+use awaken_event::{ResumeMode, SuspendTicket};
 use awaken_phase::{HookError, PhaseContext};
 use awaken_plugin::{ConfigSchema, Plugin, PluginError, PluginManifest, PluginRegistrar};
 use awaken_spec::{PERMISSION_SECTION, PermissionConfig, PermissionDecision, Sections};
@@ -85,11 +85,11 @@ impl ToolGateHook for PermissionGate {
                 reason: format!("`{}` is not permitted for this agent", call.name),
             }),
             PermissionDecision::Ask => {
-                let approved = tool
-                    .resume
-                    .as_ref()
-                    .is_some_and(|r| r.decision == ResumeDecision::Approve);
-                if approved {
+                // A human answered this call: an approval, or a denial its ticket hands to
+                // the tool (a delegate forwards it to its child run). Not asked again.
+                // (Any other denial closes the call before the gates run.)
+                let answered = tool.resume.is_some();
+                if answered {
                     None
                 } else {
                     Some(ToolInterceptPayload::Suspend(SuspendTicket {

@@ -4,9 +4,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use awaken_event::{
-    AgentEvent, CancellationToken, EventSink, Message, ResumeDecision, ResumeMode, SuspendTicket,
-    TerminationReason, ThreadId, ToolCall, ToolCallId, ToolCallResume, ToolCallState, ToolResult,
-    WarningKind,
+    AgentEvent, CancellationToken, EventSink, Message, ResumeDecision, ResumeMode, RunId,
+    SuspendTicket, TerminationReason, ThreadId, ToolCall, ToolCallId, ToolCallResume,
+    ToolCallState, ToolResult, WarningKind,
 };
 use awaken_llm::{
     InferenceExecutionError, InferenceRequest, LlmStreamEvent, ResponseCollector, with_cancellation,
@@ -21,10 +21,10 @@ use awaken_plugin::{
 use awaken_resolver::{BackendRequest, ResolvedAgent, ResolvedRunPlan, ResolvedTool};
 use awaken_spec::{InferenceOverride, StopConditionSpec};
 use awaken_state::{PersistedState, StateCommand, StateKey, StateStore, UnknownKeyPolicy};
-use awaken_store::{BatchWrite, ClaimedRun, RunRecord, RunStatus, Timestamp};
+use awaken_store::{BatchWrite, ClaimedRun, LeaseToken, RunRecord, RunStatus, Timestamp};
 use awaken_tool::{
     OUTCOME_UNKNOWN_MESSAGE, RecoveryAction, ToolBatch, ToolCallContext, ToolGateHook,
-    ToolInterceptPayload, evaluate_gates, pending_call,
+    ToolInterceptPayload, ToolOutput, evaluate_gates, pending_call,
 };
 use futures_util::StreamExt;
 use tracing::Instrument;
@@ -66,6 +66,13 @@ impl From<InferenceExecutionError> for Failure {
 }
 
 impl Failure {
+    fn message_ref(&self) -> &str {
+        match self {
+            Failure::Cancelled => "cancelled",
+            Failure::Error(m) => m,
+        }
+    }
+
     fn message(&self) -> String {
         match self {
             Failure::Cancelled => "cancelled".into(),
@@ -138,16 +145,34 @@ pub(crate) async fn run(
         .await
 }
 
+/// An unfinished run to continue: claimed by `recover()` (with its lease) or found by a
+/// delegate tool re-run after a crash (the parent's lease covers it).
+pub(crate) struct Unfinished {
+    pub(crate) thread_id: ThreadId,
+    pub(crate) run_id: RunId,
+    pub(crate) lease: Option<LeaseToken>,
+}
+
+impl From<ClaimedRun> for Unfinished {
+    fn from(c: ClaimedRun) -> Self {
+        Self {
+            thread_id: c.thread_id,
+            run_id: c.run.run_id,
+            lease: Some(c.lease),
+        }
+    }
+}
+
 pub(crate) async fn recover(
     rt: &AgentRuntime,
-    claimed: ClaimedRun,
+    claimed: Unfinished,
     cancel: CancellationToken,
     sink: &dyn EventSink,
 ) -> Result<RunOutcome, RunError> {
     let span = tracing::info_span!(
         "recover",
         thread_id = %claimed.thread_id,
-        run_id = %claimed.run.run_id
+        run_id = %claimed.run_id
     );
     let Some(_active) = rt.active.enter(&cancel) else {
         return Err(RunError::ShuttingDown);
@@ -182,9 +207,9 @@ enum Start {
     Fresh(RunActivation),
     /// The waiting run of a thread, with decisions.
     Resume(Resume),
-    /// An unfinished run claimed by `recover()` (its lease held by this runtime), with the
-    /// token that cancels it when the lease is lost.
-    Recover(ClaimedRun, CancellationToken),
+    /// An unfinished run claimed by `recover()` (its lease held by this runtime) or continued
+    /// by a delegate tool, with the token that cancels it.
+    Recover(Unfinished, CancellationToken),
 }
 
 /// The waiting run a resume continues.
@@ -234,11 +259,13 @@ async fn run_activation(
     let mut waiting: Option<(RunRecord, ToolBatch, PersistedState)> = None;
     // The unfinished run a recovery continues: its record, batch (if any) and run state.
     let mut unfinished: Option<(RunRecord, Option<ToolBatch>, PersistedState)> = None;
+    let mut last_run_id = None;
     if let Some(cp) = checkpoint {
         persisted = cp.message_count();
+        last_run_id = cp.run.as_ref().map(|r| r.run_id.clone());
         if let Start::Recover(claimed, _) = &start
             && let Some(record) = &cp.run
-            && record.run_id == claimed.run.run_id
+            && record.run_id == claimed.run_id
             && record.status == RunStatus::Running
         {
             let batch = stored_batch(&thread_id, cp.batch.clone())?;
@@ -258,15 +285,17 @@ async fn run_activation(
     }
     let mut notes = Vec::new();
     let mut lease = None;
+    // A fresh run's requested id and parent (a delegate's child run), if any.
+    let mut requested: (Option<RunId>, Option<RunId>) = (None, None);
     let (agent_id, profile_id, messages, cancel, inference, resumed) = match start {
         Start::Recover(claimed, cancel) => {
             let Some((record, batch, run_state)) = unfinished else {
                 return Err(RunError::NotRecoverable {
                     thread_id,
-                    run_id: claimed.run.run_id,
+                    run_id: claimed.run_id,
                 });
             };
-            lease = Some(claimed.lease);
+            lease = claimed.lease;
             (
                 record.agent_id.clone(),
                 record.profile_id.clone(),
@@ -310,6 +339,7 @@ async fn run_activation(
                 });
                 history.extend(closed);
             }
+            requested = (act.run_id, act.parent_run_id);
             (
                 act.agent_id,
                 act.profile_id,
@@ -388,11 +418,21 @@ async fn run_activation(
             });
         }
     };
+    let (requested_run_id, parent_run_id) = match &resumed {
+        Some(r) => (
+            Some(r.record.run_id.clone()),
+            r.record.parent_run_id.clone(),
+        ),
+        None => requested,
+    };
+    let run_id = requested_run_id.unwrap_or_else(|| rt.ids.next_run_id());
+    if resumed.is_none() && last_run_id.as_ref() == Some(&run_id) {
+        // A new run must never be written into an earlier run's record.
+        return Err(RunError::RunIdTaken { thread_id, run_id });
+    }
     let identity = Arc::new(RunIdentity {
         thread_id: thread_id.clone(),
-        run_id: resumed
-            .as_ref()
-            .map_or_else(|| rt.ids.next_run_id(), |r| r.record.run_id.clone()),
+        run_id,
         agent_id: agent_id.clone(),
         profile_id: profile_id.clone(),
     });
@@ -429,6 +469,7 @@ async fn run_activation(
             let mut record = RunRecord::new(identity.run_id.clone(), agent_id.clone(), now(rt));
             record.profile_id = profile_id.clone();
             record.spec_digest = resolved.spec_digest.clone();
+            record.parent_run_id = parent_run_id.clone();
             record
         }
         Some(r) => {
@@ -517,7 +558,7 @@ async fn run_activation(
         thread_id: run.identity.thread_id.clone(),
         run_id: run.identity.run_id.clone(),
         agent_id: run.identity.agent_id.clone(),
-        parent_run_id: None,
+        parent_run_id: parent_run_id.clone(),
         resumed: is_resume,
     });
     // A runtime with a worker identity holds the lease of every run it drives (a recovery's
@@ -556,7 +597,7 @@ async fn run_activation(
     let lifecycle_run = RunLifecycle {
         run: run.identity.clone(),
         resumed: is_resume,
-        parent_run_id: None,
+        parent_run_id,
     };
     run.lifecycle
         .dispatch(
@@ -866,7 +907,10 @@ impl Run<'_> {
                 // Interrupted while executing: its recovery policy decides, never a silent
                 // re-run.
                 None if state == ToolCallState::Executing => self.recover_call(&call).await,
-                Some(d) if d.decision == ResumeDecision::Deny => {
+                Some(d)
+                    if d.decision == ResumeDecision::Deny
+                        && mode != ResumeMode::PassDecisionToTool =>
+                {
                     let why = match &d.payload {
                         Some(serde_json::Value::String(reason)) => format!(": {reason}"),
                         _ => String::new(),
@@ -1227,20 +1271,53 @@ impl Run<'_> {
             result,
             state,
         });
-        let tool = self
+        let resolved_tool = self
             .resolved
             .tools
             .iter()
             .find(|t| t.tool.descriptor().name == call.name)
+            .cloned();
+        let tool = resolved_tool
+            .as_ref()
             .map_or_else(|| call.name.clone(), |t| t.tool.id().to_owned());
         self.submit(
             StateCommand::new()
                 .with_update::<RunStatsKey>(StatsUpdate::ToolClosed { tool, failed }),
         )
         .await?;
+        // A delegate's answer returning into this run: the return hooks frame its commit.
+        let returning = match (&resolved_tool, failed) {
+            (Some(t), false) => {
+                let key = awaken_tool::IdempotencyKey::derive(
+                    &self.identity.thread_id,
+                    &self.identity.run_id,
+                    &call.id,
+                );
+                delegate_call(&self.identity, t, call, &key)
+            }
+            _ => None,
+        };
+        if let Some(d) = &returning {
+            self.lifecycle
+                .dispatch(
+                    self.resolved.env.plugins(),
+                    LifecycleEvent::DelegateReturnStart(d),
+                )
+                .await;
+        }
         // The result is durable before anything relies on it.
         let batch = self.batch_write();
-        self.checkpoint(batch).await?;
+        let committed = self.checkpoint(batch).await;
+        if let Some(d) = &returning {
+            let event = match &committed {
+                Ok(()) => LifecycleEvent::DelegateReturnComplete(d),
+                Err(e) => LifecycleEvent::DelegateReturnError(d, e.message_ref()),
+            };
+            self.lifecycle
+                .dispatch(self.resolved.env.plugins(), event)
+                .await;
+        }
+        committed?;
         crate::failpoint::hit("after_result", Some(call.id.as_str()));
         Ok(())
     }
@@ -1559,6 +1636,8 @@ impl Run<'_> {
             cancel: &self.cancel,
             keys: self.resolved.env.keys(),
             timeout: self.resolved.spec.tool_timeout.map(|t| t.get()),
+            lifecycle: &self.lifecycle,
+            plugins: self.resolved.env.plugins(),
         }
     }
 
@@ -1571,6 +1650,8 @@ impl Run<'_> {
     ) -> Result<CallOutcome, Failure> {
         let (result, state) = match ran {
             Ran::Finished(result, state) => (result, state),
+            // It waits for a decision; `AfterToolExecute` runs once it has finished.
+            Ran::Suspended(ticket) => return Ok(CallOutcome::Suspended(Box::new(ticket))),
             Ran::Cancelled(result) => {
                 // The run is ending: the call closes as cancelled, without AfterToolExecute.
                 return Ok(CallOutcome::Closed(result, ToolCallState::Cancelled));
@@ -1687,6 +1768,8 @@ enum Ran {
     Finished(ToolResult, ToolCallState),
     /// The run's cancellation ended it.
     Cancelled(ToolResult),
+    /// The tool suspended the call (a delegate whose child run waits for a decision).
+    Suspended(SuspendTicket),
 }
 
 fn failure_reason(failure: &Failure) -> &'static str {
@@ -1746,10 +1829,13 @@ fn write_lanes(to_run: &[(usize, ResolvedTool)]) -> Vec<Vec<usize>> {
 
 /// What running one tool needs: borrowed from the run so that several can run at once.
 struct Invocation<'a> {
-    identity: &'a RunIdentity,
+    identity: &'a Arc<RunIdentity>,
     cancel: &'a CancellationToken,
     keys: &'a awaken_state::KeyRegistry,
     timeout: Option<std::time::Duration>,
+    /// For the delegate-call lifecycle hooks of the run's plugins.
+    lifecycle: &'a LifecycleDispatcher,
+    plugins: &'a [Arc<dyn awaken_plugin::Plugin>],
 }
 
 impl Invocation<'_> {
@@ -1780,13 +1866,54 @@ impl Invocation<'_> {
             }
         };
         let span = tracing::debug_span!("tool", call_id = %call.id, tool = %tool.tool.id());
+        let delegate = delegate_call(self.identity, tool, call, tool_ctx.idempotency_key());
+        if let Some(d) = &delegate {
+            self.lifecycle
+                .dispatch(self.plugins, LifecycleEvent::DelegateCallStart(d))
+                .await;
+        }
         let invoked = tool
             .tool
             .invoke_with_timeout(call.arguments.clone(), &tool_ctx, self.keys, timer)
             .instrument(span)
             .await;
         crate::failpoint::hit("after_executing", Some(call.id.as_str()));
+        if let Some(d) = &delegate {
+            let event = match &invoked {
+                Ok(o) if o.suspend.is_some() => None,
+                Ok(o) if !o.result.is_error() => Some(LifecycleEvent::DelegateCallComplete(
+                    d,
+                    o.result.content.as_str().unwrap_or_default(),
+                )),
+                Ok(o) => Some(LifecycleEvent::DelegateCallError(
+                    d,
+                    o.result.content.as_str().unwrap_or("the delegate failed"),
+                )),
+                Err(_) => Some(LifecycleEvent::DelegateCallError(
+                    d,
+                    "the delegate call failed",
+                )),
+            };
+            if let Some(event) = event {
+                self.lifecycle.dispatch(self.plugins, event).await;
+            }
+        }
         match invoked {
+            Ok(ToolOutput {
+                suspend: Some(ticket),
+                command,
+                ..
+            }) => {
+                if let Some(cmd) = command
+                    && let Err(e) = engine.submit_command(cmd).await
+                {
+                    return Ran::Finished(
+                        ToolResult::error(format!("the tool's state change was rejected: {e}")),
+                        ToolCallState::Failed,
+                    );
+                }
+                Ran::Suspended(ticket)
+            }
             Ok(output) => {
                 let mut state = if output.result.is_error() {
                     ToolCallState::Failed
@@ -1896,4 +2023,22 @@ async fn release_lease(
             rt.release(lease).await;
         }
     }
+}
+
+/// The delegate call a call of `tool` is, if `tool` is a delegate tool.
+fn delegate_call(
+    identity: &Arc<RunIdentity>,
+    tool: &ResolvedTool,
+    call: &ToolCall,
+    key: &awaken_tool::IdempotencyKey,
+) -> Option<awaken_plugin::DelegateCall> {
+    let awaken_resolver::ToolSource::Delegate(agent_id) = &tool.source else {
+        return None;
+    };
+    Some(awaken_plugin::DelegateCall {
+        parent: identity.clone(),
+        call_id: call.id.clone(),
+        agent_id: agent_id.clone(),
+        child_run_id: crate::delegate::child_run_id(key.as_str()).ok()?,
+    })
 }

@@ -92,6 +92,10 @@ pub struct RunActivation {
     /// On a thread waiting for decisions: close its suspended calls as cancelled and start
     /// this run instead of refusing it.
     pub supersede: bool,
+    /// The run's id, when the caller derives it (a delegate's child run); else the id source's.
+    pub(crate) run_id: Option<RunId>,
+    /// The parent run of a delegate's child run.
+    pub(crate) parent_run_id: Option<RunId>,
 }
 
 impl RunActivation {
@@ -105,6 +109,8 @@ impl RunActivation {
             inference: None,
             cancel: CancellationToken::new(),
             supersede: false,
+            run_id: None,
+            parent_run_id: None,
         }
     }
 
@@ -240,6 +246,14 @@ pub enum RunError {
         /// The thread.
         thread_id: ThreadId,
         /// The run.
+        run_id: RunId,
+    },
+    /// A new run was given the id of the thread's latest run (ids must be unique).
+    #[error("thread `{thread_id}` already has a run `{run_id}`; a new run needs a new id")]
+    RunIdTaken {
+        /// The thread.
+        thread_id: ThreadId,
+        /// The id.
         run_id: RunId,
     },
     /// `resume` on a thread that is not waiting for decisions.
@@ -501,24 +515,47 @@ impl AgentRuntimeBuilder {
         if let Some(estimator) = self.estimator {
             builtins = builtins.with_estimator(estimator);
         }
-        let mut resolver = Resolver::new(registries, Arc::new(builtins));
+        let delegates = crate::delegate::DelegateFactory::default();
+        let mut resolver = Resolver::new(registries, Arc::new(builtins))
+            .with_delegate_factory(Arc::new(delegates.clone()));
         for backend in self.backends {
             resolver = resolver.with_backend(backend);
         }
-        Ok(AgentRuntime {
+        let inner = Arc::new(RuntimeInner {
             resolver,
             ids: self.ids,
             store: self.store,
             lifecycle: LifecycleDispatcher::default(),
             active: Arc::default(),
             worker: self.worker,
-        })
+        });
+        delegates.bind(&inner);
+        Ok(AgentRuntime { inner })
     }
 }
 
-/// Runs agents. Cheap to clone.
+/// Runs agents. Cheap to clone (clones share everything).
 #[derive(Clone)]
 pub struct AgentRuntime {
+    inner: Arc<RuntimeInner>,
+}
+
+impl AgentRuntime {
+    pub(crate) fn from_inner(inner: Arc<RuntimeInner>) -> Self {
+        Self { inner }
+    }
+}
+
+impl std::ops::Deref for AgentRuntime {
+    type Target = RuntimeInner;
+    fn deref(&self) -> &RuntimeInner {
+        &self.inner
+    }
+}
+
+/// What an [`AgentRuntime`] shares between its clones (reached through `Deref`; its parts
+/// are the runtime's own).
+pub struct RuntimeInner {
     pub(crate) resolver: Resolver,
     pub(crate) ids: Arc<dyn IdSource>,
     /// Where threads are kept.
@@ -672,8 +709,13 @@ impl AgentRuntime {
                 .as_ref()
                 .is_some_and(|a| !a.contains(&claimed.run.agent_id));
             // A human's decision resumes a waiting run, not a recovery; another worker serves
-            // a foreign agent; a cancelled recovery starts nothing more.
-            if claimed.run.status == RunStatus::Waiting || foreign || config.cancel.is_cancelled() {
+            // a foreign agent; a delegate's child run is continued by its parent's call (the
+            // delegate tool re-run with the same key); a cancelled recovery starts nothing.
+            if claimed.run.status == RunStatus::Waiting
+                || foreign
+                || claimed.run.parent_run_id.is_some()
+                || config.cancel.is_cancelled()
+            {
                 self.release(&lease).await;
                 continue;
             }
@@ -682,7 +724,7 @@ impl AgentRuntime {
             let cancel = config.cancel.child_token();
             let heartbeat =
                 self.spawn_heartbeat(lease.clone(), config.lease_duration, cancel.clone());
-            let outcome = crate::run::recover(self, claimed, cancel, sink).await;
+            let outcome = crate::run::recover(self, claimed.into(), cancel, sink).await;
             heartbeat.abort();
             // A finished run's last commit released the lease; a waiting or failed one did not.
             self.release(&lease).await;

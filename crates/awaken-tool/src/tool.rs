@@ -1,7 +1,7 @@
 //! The `Tool` trait and what a tool returns.
 
 use async_trait::async_trait;
-use awaken_event::{ToolDescriptor, ToolResult};
+use awaken_event::{SuspendTicket, ToolDescriptor, ToolResult};
 use awaken_state::{KeyRegistry, StateCommand};
 use serde_json::Value;
 
@@ -47,13 +47,18 @@ pub trait Tool: Send + Sync + 'static {
 }
 
 /// What a successful `execute` returns: the result the model sees and, optionally, a state
-/// command committed with it.
+/// command committed with it — or a suspension: the call waits for a decision (a delegate
+/// whose child run waits for a human hands the child's question up this way).
 #[derive(Debug, Clone)]
 pub struct ToolOutput {
-    /// The result.
+    /// The result (ignored when `suspend` is set).
     pub result: ToolResult,
     /// State changes to commit with the result.
     pub command: Option<StateCommand>,
+    /// Set: the call is not finished; it is suspended with this ticket (`Executing` →
+    /// `Suspended`) and the run waits for a decision, which reaches the tool in
+    /// `ToolCallContext::resume` when the ticket's resume mode passes it on.
+    pub suspend: Option<SuspendTicket>,
 }
 
 impl ToolOutput {
@@ -62,6 +67,15 @@ impl ToolOutput {
         Self {
             result,
             command: None,
+            suspend: None,
+        }
+    }
+
+    /// The call waits for a decision on `ticket`.
+    pub fn suspended(ticket: SuspendTicket) -> Self {
+        Self {
+            suspend: Some(ticket),
+            ..Self::new(ToolResult::success(Value::Null))
         }
     }
 

@@ -1,7 +1,7 @@
 //! Tools with serde argument and output structs.
 
 use async_trait::async_trait;
-use awaken_event::{ToolDescriptor, ToolResult};
+use awaken_event::ToolDescriptor;
 use awaken_state::StateCommand;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -148,9 +148,8 @@ impl<T: TypedTool> Tool for TypedToolAdapter<T> {
         let content = serde_json::to_value(&out.value).map_err(|e| ToolError::Execution {
             message: format!("the tool's output could not be serialized: {e}"),
         })?;
-        Ok(ToolOutput {
-            result: ToolResult::success(content),
-            command: out.command,
-        })
+        let mut output = ToolOutput::success(content);
+        output.command = out.command;
+        Ok(output)
     }
 }

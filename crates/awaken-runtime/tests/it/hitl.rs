@@ -443,3 +443,25 @@ async fn an_unpaired_stored_history_is_repaired_before_the_provider_sees_it() {
     // The store keeps what was written; the repair is applied on every load.
     assert_eq!(p.runtime.history(&thread()).await.expect("h").len(), 5);
 }
+
+#[tokio::test]
+async fn a_new_run_never_reuses_the_latest_runs_id() {
+    let store: Arc<dyn ThreadStore> = Arc::new(awaken_store::MemoryStore::new());
+    let first = process(store.clone(), vec![ScriptTurn::text("one")], 25);
+    start(&first).await;
+    // A second process whose id source starts over would hand out `run-1` again.
+    let second = process(store.clone(), vec![ScriptTurn::text("two")], 25);
+    let refused = second
+        .runtime
+        .run_to_completion(RunActivation::new(thread(), "agent").with_user_message("again"))
+        .await;
+    assert!(
+        matches!(refused, Err(RunError::RunIdTaken { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(
+        second.runtime.history(&thread()).await.expect("h").len(),
+        2,
+        "nothing written"
+    );
+}

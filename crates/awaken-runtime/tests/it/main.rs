@@ -3,6 +3,7 @@
 mod backend;
 mod context;
 mod crash;
+mod delegation;
 mod durable;
 mod hitl;
 mod leases;

@@ -1,0 +1,266 @@
+//! Delegation (DESIGN §9): each `delegates` entry of an agent becomes a tool that runs the
+//! delegate agent as a child run — its own thread and run, the parent named in its run
+//! record, its run id derived from the call's idempotency key (so a re-run after a crash
+//! continues the same child instead of starting another). The child's final answer is the
+//! call's result; a child failure is an error result; a child waiting for a human suspends the
+//! parent's call with the child's question, and the parent's decision is forwarded to the
+//! child; cancelling the parent cancels the child.
+
+use std::sync::{Arc, OnceLock, Weak};
+
+use async_trait::async_trait;
+use awaken_event::{
+    EffectClass, NullSink, ResumeMode, RunId, SuspendTicket, TerminationReason, ThreadId,
+    ToolCallId, ToolCallResume, ToolDescriptor, ToolResult,
+};
+use awaken_resolver::DelegateToolFactory;
+use awaken_spec::AgentSpec;
+use awaken_store::RunStatus;
+use awaken_tool::{Tool, ToolCallContext, ToolError, ToolOutput};
+use serde_json::{Value, json};
+
+use crate::resume::Resume;
+use crate::run::Unfinished;
+use crate::runtime::{AgentRuntime, RunActivation, RunError, RunOutcome, RuntimeInner};
+
+/// The tool id under which an agent calls `delegate`.
+pub fn delegate_tool_id(delegate: &str) -> String {
+    format!("delegate_{delegate}")
+}
+
+/// The child run's id for the delegate call with idempotency key `key`.
+pub(crate) fn child_run_id(key: &str) -> Result<RunId, ToolError> {
+    RunId::new(format!("child-{key}")).map_err(|e| ToolError::Execution {
+        message: format!("no child run id: {e}"),
+    })
+}
+
+/// The child run's thread for a parent thread's call: `<thread>/<call>` (or, when that is no
+/// valid id, the child run's id).
+pub(crate) fn child_thread_id(
+    parent: &ThreadId,
+    call: &ToolCallId,
+    run: &RunId,
+) -> Result<ThreadId, ToolError> {
+    ThreadId::new(format!("{parent}/{call}"))
+        .or_else(|_| ThreadId::new(run.as_str()))
+        .map_err(|e| ToolError::Execution {
+            message: format!("no child thread id: {e}"),
+        })
+}
+
+/// The runtime's [`DelegateToolFactory`]; bound to its runtime once built.
+#[derive(Default, Clone)]
+pub(crate) struct DelegateFactory {
+    runtime: Arc<OnceLock<Weak<RuntimeInner>>>,
+}
+
+impl DelegateFactory {
+    pub(crate) fn bind(&self, inner: &Arc<RuntimeInner>) {
+        // Bound once, by the builder that made the factory.
+        let _ = self.runtime.set(Arc::downgrade(inner));
+    }
+}
+
+impl DelegateToolFactory for DelegateFactory {
+    fn delegate_tool(
+        &self,
+        _parent: &AgentSpec,
+        delegate: &AgentSpec,
+    ) -> Result<Arc<dyn Tool>, String> {
+        let description = if delegate.description.is_empty() {
+            format!(
+                "Hands a task to the agent `{}` and returns its answer.",
+                delegate.id
+            )
+        } else {
+            format!(
+                "Hands a task to `{}`: {}",
+                delegate.id, delegate.description
+            )
+        };
+        Ok(Arc::new(DelegateTool {
+            agent_id: delegate.id.clone(),
+            descriptor: ToolDescriptor::new(delegate_tool_id(&delegate.id), description)
+                .with_parameters(json!({
+                    "type": "object",
+                    "properties": {"task": {"type": "string", "description": "What the agent should do."}},
+                    "required": ["task"],
+                    "additionalProperties": false
+                }))
+                .with_effect(EffectClass::Idempotent),
+            runtime: self.runtime.clone(),
+        }))
+    }
+}
+
+/// A delegate agent as a tool.
+struct DelegateTool {
+    agent_id: String,
+    descriptor: ToolDescriptor,
+    runtime: Arc<OnceLock<Weak<RuntimeInner>>>,
+}
+
+#[async_trait]
+impl Tool for DelegateTool {
+    fn descriptor(&self) -> ToolDescriptor {
+        self.descriptor.clone()
+    }
+
+    async fn execute(&self, args: Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
+        let rt = self
+            .runtime
+            .get()
+            .and_then(Weak::upgrade)
+            .map(AgentRuntime::from_inner)
+            .ok_or_else(|| ToolError::Execution {
+                message: "the runtime that owns this delegate is gone".into(),
+            })?;
+        let run_id = child_run_id(ctx.idempotency_key().as_str())?;
+        let thread_id = child_thread_id(ctx.thread_id(), ctx.call_id(), &run_id)?;
+        let checkpoint =
+            rt.store
+                .load_checkpoint(&thread_id)
+                .await
+                .map_err(|e| ToolError::Execution {
+                    message: format!("the child thread could not be read: {e}"),
+                })?;
+        let existing = checkpoint
+            .and_then(|cp| cp.run)
+            .filter(|r| r.run_id == run_id);
+        let cancel = ctx.cancel_token().clone();
+        let outcome = match existing {
+            // The first attempt: a new child run.
+            None => {
+                let task = args["task"].as_str().unwrap_or_default().to_owned();
+                let mut activation = RunActivation::new(thread_id.clone(), self.agent_id.clone())
+                    .with_user_message(task);
+                activation.run_id = Some(run_id.clone());
+                activation.parent_run_id = Some(ctx.run_id().clone());
+                activation.cancel = cancel;
+                rt.run(activation, &NullSink).await
+            }
+            // A re-run after a crash: the child finished; its answer stands.
+            Some(record) if record.status == RunStatus::Done => Ok(RunOutcome {
+                run_id: record.run_id.clone(),
+                termination: record
+                    .termination
+                    .clone()
+                    .unwrap_or(TerminationReason::NaturalEnd),
+                response: last_answer(&rt, &thread_id).await,
+                steps: 0,
+                usage: record.usage,
+            }),
+            // A re-run after a crash: the child was interrupted; it continues.
+            Some(record) if record.status == RunStatus::Running => {
+                crate::run::recover(
+                    &rt,
+                    Unfinished {
+                        thread_id: thread_id.clone(),
+                        run_id: record.run_id.clone(),
+                        lease: None,
+                    },
+                    cancel,
+                    &NullSink,
+                )
+                .await
+            }
+            // The child waits for a human: forward the parent's decision, or ask again.
+            Some(_) => match ctx.resume() {
+                Some(decision) => {
+                    let waiting = rt.waiting_calls(&thread_id).await.map_err(execution)?;
+                    let Some(ticket) = waiting
+                        .iter()
+                        .find(|t| t.call.argument_digest == decision.argument_digest)
+                    else {
+                        // The decision was on a question the child no longer asks: ask anew.
+                        let Some(current) = waiting.into_iter().next() else {
+                            return Err(ToolError::Execution {
+                                message: "the child run waits on no call".into(),
+                            });
+                        };
+                        return Ok(ToolOutput::suspended(parent_ticket(
+                            ctx,
+                            &self.agent_id,
+                            current,
+                        )));
+                    };
+                    let forwarded = ToolCallResume {
+                        call_id: ticket.call.call_id.clone(),
+                        argument_digest: ticket.call.argument_digest.clone(),
+                        decision: decision.decision,
+                        payload: decision.payload.clone(),
+                    };
+                    let mut resume = Resume::new(thread_id.clone()).with_decision(forwarded);
+                    resume.cancel = cancel;
+                    rt.resume(resume, &NullSink).await
+                }
+                None => Ok(RunOutcome {
+                    run_id: run_id.clone(),
+                    termination: TerminationReason::Suspended,
+                    response: None,
+                    steps: 0,
+                    usage: Default::default(),
+                }),
+            },
+        };
+        let outcome = outcome.map_err(execution)?;
+        match outcome.termination {
+            TerminationReason::Suspended => {
+                let waiting = rt.waiting_calls(&thread_id).await.map_err(execution)?;
+                let Some(child) = waiting.into_iter().next() else {
+                    return Err(ToolError::Execution {
+                        message: "the child run is suspended but waits on no call".into(),
+                    });
+                };
+                Ok(ToolOutput::suspended(parent_ticket(
+                    ctx,
+                    &self.agent_id,
+                    child,
+                )))
+            }
+            TerminationReason::Cancelled => Err(ToolError::Cancelled {
+                tool_id: self.descriptor.id.clone(),
+            }),
+            TerminationReason::Error { message } => Ok(ToolOutput::new(ToolResult::error(
+                format!("the delegate `{}` failed: {message}", self.agent_id),
+            ))),
+            _ => Ok(ToolOutput::success(json!({
+                "agent": self.agent_id,
+                "answer": outcome.response.unwrap_or_default(),
+            }))),
+        }
+    }
+}
+
+fn execution(e: RunError) -> ToolError {
+    ToolError::Execution {
+        message: format!("the child run could not go on: {e}"),
+    }
+}
+
+/// The parent call's ticket for a child's question: the child's call as shown (so the human
+/// sees what they decide on), under the parent call's id; the decision goes to the tool, which
+/// forwards it (an approval or a denial) to the child.
+fn parent_ticket(ctx: &ToolCallContext, agent: &str, child: SuspendTicket) -> SuspendTicket {
+    let mut call = child.call;
+    call.call_id = ctx.call_id().clone();
+    SuspendTicket {
+        suspension_id: format!("delegate-{}", child.suspension_id),
+        call,
+        message: format!("[{agent}] {}", child.message),
+        response_schema: child.response_schema,
+        resume_mode: ResumeMode::PassDecisionToTool,
+    }
+}
+
+/// The child thread's last assistant text.
+async fn last_answer(rt: &AgentRuntime, thread: &ThreadId) -> Option<String> {
+    let history = rt.history(thread).await.ok()?;
+    history
+        .iter()
+        .rev()
+        .find(|m| m.role == awaken_event::Role::Assistant)
+        .map(awaken_event::Message::text)
+        .filter(|t| !t.is_empty())
+}
