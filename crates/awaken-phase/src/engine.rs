@@ -254,18 +254,30 @@ impl PhaseEngine {
     ) -> Result<StateCommand, PhaseError> {
         match outcome {
             Ok(Ok(cmd)) => Ok(cmd),
-            Ok(Err(source)) => Err(PhaseError::HookFailed {
+            Ok(Err(source)) => Err(Self::hook_error(phase, hook, Ok(source))),
+            Err(panic) => Err(Self::hook_error(phase, hook, Err(panic))),
+        }
+    }
+
+    /// The phase error for a hook that returned `Ok(error)` or panicked (`Err(payload)`).
+    fn hook_error(
+        phase: Phase,
+        hook: &RegisteredHook,
+        failure: std::thread::Result<HookError>,
+    ) -> PhaseError {
+        match failure {
+            Ok(source) => PhaseError::HookFailed {
                 phase,
                 plugin_id: hook.plugin_id.to_string(),
                 hook: hook.name.to_string(),
                 source,
-            }),
-            Err(panic) => Err(PhaseError::HookPanicked {
+            },
+            Err(panic) => PhaseError::HookPanicked {
                 phase,
                 plugin_id: hook.plugin_id.to_string(),
                 hook: hook.name.to_string(),
                 message: panic_message(&*panic),
-            }),
+            },
         }
     }
 
@@ -278,8 +290,8 @@ impl PhaseEngine {
         match std::panic::catch_unwind(AssertUnwindSafe(|| hook.hook.run_sync(ctx))) {
             Ok(None) => None,
             Ok(Some(Ok(cmd))) => Some(Ok(cmd)),
-            Ok(Some(Err(e))) => Some(Self::hook_failed(phase, hook, Ok(Err(e)))),
-            Err(panic) => Some(Self::hook_failed(phase, hook, Err(panic))),
+            Ok(Some(Err(e))) => Some(Err(Self::hook_error(phase, hook, Ok(e)))),
+            Err(panic) => Some(Err(Self::hook_error(phase, hook, Err(panic)))),
         }
     }
 
@@ -327,24 +339,29 @@ impl PhaseEngine {
         let mut waiting = Vec::new();
         let mut held: Vec<Option<StateCommand>> = Vec::new();
         for (i, hook) in hooks.iter().enumerate() {
-            let result = Self::run_hook_sync(phase, hook, frozen);
-            if result.is_none() {
-                waiting.push(i);
-            }
-            match result {
-                Some(Ok(cmd)) if waiting.is_empty() => {
-                    if !batch.offer(cmd) {
-                        deferred.push(i);
+            // The hook's own result, matched here rather than through `run_hook_sync`: most
+            // commands go straight to the batch without being moved through a wrapper.
+            let failure =
+                match std::panic::catch_unwind(AssertUnwindSafe(|| hook.hook.run_sync(frozen))) {
+                    Ok(Some(Ok(cmd))) => {
+                        if !waiting.is_empty() {
+                            held.push(Some(cmd));
+                        } else if !batch.offer(cmd) {
+                            deferred.push(i);
+                        }
+                        continue;
                     }
-                }
-                Some(Ok(cmd)) => held.push(Some(cmd)),
-                Some(Err(e)) => {
-                    failed.get_or_insert((i, e));
-                    if !waiting.is_empty() {
+                    Ok(None) => {
+                        waiting.push(i);
                         held.push(None);
+                        continue;
                     }
-                }
-                None => held.push(None),
+                    Ok(Some(Err(e))) => Ok(e),
+                    Err(panic) => Err(panic),
+                };
+            failed.get_or_insert_with(|| (i, Self::hook_error(phase, hook, failure)));
+            if !waiting.is_empty() {
+                held.push(None);
             }
         }
         if let Some(&first) = waiting.first() {

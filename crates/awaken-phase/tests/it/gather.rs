@@ -294,6 +294,59 @@ async fn panicking_hook_fails_the_phase_with_its_name() {
     assert_eq!(dump(&engine), "rev=0 a=0 b=0 c=0 d=0 counter=0 applied={}");
 }
 
+/// A hook without a synchronous path: the engine awaits its future.
+struct AsyncOnly<F>(F);
+
+#[async_trait]
+impl<F> PhaseHook for AsyncOnly<F>
+where
+    F: Fn(&PhaseContext) -> Result<StateCommand, HookError> + Send + Sync + 'static,
+{
+    async fn run(&self, ctx: &PhaseContext) -> Result<StateCommand, HookError> {
+        tokio::task::yield_now().await;
+        (self.0)(ctx)
+    }
+}
+
+#[tokio::test]
+async fn the_first_failing_hook_in_registration_order_names_the_error() {
+    let fails = |msg: &'static str| {
+        move |_: &PhaseContext| -> Result<StateCommand, HookError> { Err(HookError::failed(msg)) }
+    };
+    let writes_a = |_: &PhaseContext| Ok(StateCommand::new().with_update::<A>(1));
+    let mut lines = Vec::new();
+    // (awaited?, fails?) per hook, in registration order.
+    for hooks in [
+        [(true, true), (false, true), (false, false)],
+        [(false, false), (false, true), (true, true)],
+        [(true, false), (false, true), (true, true)],
+    ] {
+        let mut env = PhaseEnv::new();
+        for (i, (awaited, failing)) in hooks.into_iter().enumerate() {
+            let name = format!("h{i}");
+            let h: Arc<dyn PhaseHook> = match (awaited, failing) {
+                (true, true) => Arc::new(AsyncOnly(fails("awaited hook refuses"))),
+                (true, false) => Arc::new(AsyncOnly(writes_a)),
+                (false, true) => hook(fails("sync hook refuses")),
+                (false, false) => hook(writes_a),
+            };
+            env.add_hook(Phase::StepStart, "p", &name, h).expect("hook");
+        }
+        let engine = engine(env);
+        let err = engine
+            .run_phase(&ctx(&engine, Phase::StepStart))
+            .await
+            .expect_err("fails");
+        lines.push(format!("{err} / {}", dump(&engine)));
+    }
+    assert_eq!(
+        lines.join("\n"),
+        "hook `h0` of plugin `p` failed in step_start: awaited hook refuses / rev=0 a=0 b=0 c=0 d=0 counter=0 applied={}\n\
+         hook `h1` of plugin `p` failed in step_start: sync hook refuses / rev=0 a=0 b=0 c=0 d=0 counter=0 applied={}\n\
+         hook `h1` of plugin `p` failed in step_start: sync hook refuses / rev=0 a=0 b=0 c=0 d=0 counter=0 applied={}"
+    );
+}
+
 #[tokio::test]
 async fn unknown_effect_action_or_phase_is_rejected_at_submit_with_nothing_written() {
     let log = Log::default();

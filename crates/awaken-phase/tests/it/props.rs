@@ -52,6 +52,23 @@ impl PhaseHook for GatedHook {
     }
 }
 
+/// A hook with a synchronous path: its command is ready without a future.
+struct SyncHook {
+    id: u32,
+    spec: Spec,
+}
+
+#[async_trait]
+impl PhaseHook for SyncHook {
+    async fn run(&self, ctx: &PhaseContext) -> Result<StateCommand, HookError> {
+        Ok(command(self.id, &self.spec, ctx))
+    }
+
+    fn run_sync(&self, ctx: &PhaseContext) -> Option<Result<StateCommand, HookError>> {
+        Some(Ok(command(self.id, &self.spec, ctx)))
+    }
+}
+
 /// The serial model: the values of KEYS after the phase.
 fn model(specs: &[Spec]) -> [i64; 5] {
     let eval = |spec: &Spec, s: &[i64; 5]| -> Vec<(usize, i64)> {
@@ -87,9 +104,15 @@ fn model(specs: &[Spec]) -> [i64; 5] {
     s
 }
 
-/// Runs the phase with hooks released in `order`; returns the published values, the applied
-/// counts, and the order in which the hooks' first runs completed.
-fn run(specs: &[Spec], order: &[usize]) -> ([i64; 5], BTreeMap<u32, u32>, Vec<u32>, u64) {
+/// Runs the phase with the hooks marked in `sync` synchronous and the others released in
+/// `order`; returns the published values, the applied counts, and the order in which the
+/// gated hooks' first runs completed.
+fn run(
+    specs: &[Spec],
+    sync: &[bool],
+    order: &[usize],
+) -> ([i64; 5], BTreeMap<u32, u32>, Vec<u32>, u64) {
+    let gated = sync.iter().filter(|s| !**s).count();
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("runtime");
@@ -100,19 +123,26 @@ fn run(specs: &[Spec], order: &[usize]) -> ([i64; 5], BTreeMap<u32, u32>, Vec<u3
         for (i, spec) in specs.iter().enumerate() {
             let (tx, rx) = watch::channel(false);
             gates.push(tx);
-            let hook = GatedHook {
-                id: i as u32,
-                spec: spec.clone(),
-                gate: rx,
-                completed: completed.clone(),
+            let hook: Arc<dyn PhaseHook> = if sync[i] {
+                Arc::new(SyncHook {
+                    id: i as u32,
+                    spec: spec.clone(),
+                })
+            } else {
+                Arc::new(GatedHook {
+                    id: i as u32,
+                    spec: spec.clone(),
+                    gate: rx,
+                    completed: completed.clone(),
+                })
             };
-            env.add_hook(Phase::AfterInference, &format!("p{i}"), "h", Arc::new(hook))
+            env.add_hook(Phase::AfterInference, &format!("p{i}"), "h", hook)
                 .expect("hook");
         }
         let engine = engine(env);
         let c = ctx(&engine, Phase::AfterInference);
         let driver = async {
-            for (released, &i) in order.iter().enumerate() {
+            for (released, &i) in order.iter().filter(|&&i| !sync[i]).enumerate() {
                 gates[i].send_replace(true);
                 // Wait until that hook has completed before opening the next gate.
                 while completed.lock().expect("log").len() <= released {
@@ -135,7 +165,7 @@ fn run(specs: &[Spec], order: &[usize]) -> ([i64; 5], BTreeMap<u32, u32>, Vec<u3
             .expect("log")
             .iter()
             .copied()
-            .take(specs.len())
+            .take(gated)
             .collect();
         (
             values,
@@ -163,8 +193,9 @@ proptest! {
 
     #[test]
     fn any_completion_order_publishes_the_serial_models_state((specs, o1, o2) in specs_and_two_orders()) {
-        let (v1, applied1, done1, rev1) = run(&specs, &o1);
-        let (v2, applied2, done2, rev2) = run(&specs, &o2);
+        let gated = vec![false; specs.len()];
+        let (v1, applied1, done1, rev1) = run(&specs, &gated, &o1);
+        let (v2, applied2, done2, rev2) = run(&specs, &gated, &o2);
         // The hooks really completed in the generated orders.
         let expect1: Vec<u32> = o1.iter().map(|&i| i as u32).collect();
         let expect2: Vec<u32> = o2.iter().map(|&i| i as u32).collect();
@@ -181,13 +212,38 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Hooks with a synchronous path finish at once, the others later: their commands still
+    /// join the batch in registration order.
+    #[test]
+    fn sync_and_gated_hooks_publish_the_serial_models_state(
+        (specs, order, _) in specs_and_two_orders(),
+        sync_bits in any::<u8>(),
+    ) {
+        let sync: Vec<bool> = (0..specs.len()).map(|i| sync_bits & (1 << i) != 0).collect();
+        let (values, applied, done, rev) = run(&specs, &sync, &order);
+        let expect: Vec<u32> = order.iter().filter(|&&i| !sync[i]).map(|&i| i as u32).collect();
+        prop_assert_eq!(done, expect);
+        prop_assert_eq!(values, model(&specs));
+        prop_assert_eq!(rev, 1);
+        let once: BTreeMap<u32, u32> = (0..specs.len() as u32).map(|i| (i, 1)).collect();
+        prop_assert_eq!(&applied, &once);
+    }
+}
+
 #[test]
 fn the_model_itself_distinguishes_batch_from_serial() {
     // Two hooks incrementing `a`: a naive merge would give 1, the fallback gives 2.
     assert_eq!(model(&[vec![(0, 1)], vec![(0, 1)]])[0], 2);
     // Disjoint writers read the same frozen snapshot.
     assert_eq!(model(&[vec![(0, 1)], vec![(1, 1)]]), [1, 1, 0, 0, 0]);
-    let (values, _, done, _) = run(&[vec![(0, 1)], vec![(0, 1)], vec![(4, 3)]], &[2, 0, 1]);
+    let (values, _, done, _) = run(
+        &[vec![(0, 1)], vec![(0, 1)], vec![(4, 3)]],
+        &[false; 3],
+        &[2, 0, 1],
+    );
     assert_eq!(values, [2, 0, 0, 0, 3]);
     assert_eq!(done, vec![2, 0, 1]);
 }
