@@ -4,6 +4,7 @@
 
 use criterion::{criterion_group, criterion_main};
 
+mod context;
 mod event;
 mod llm;
 mod phase;
@@ -15,6 +16,7 @@ mod tool;
 
 criterion_group!(
     benches,
+    context::benches,
     event::benches,
     llm::benches,
     phase::benches,
