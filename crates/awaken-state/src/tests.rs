@@ -658,14 +658,22 @@ fn export_changed_lists_keys_written_since_a_revision() {
 #[test]
 fn table_write_each_matches_slot_mut_per_item() {
     use crate::table::SlotValue;
-    // Each write adds `n + 1` to the value (n: the item's position).
+    type Written = Result<Option<Arc<crate::key::AnyValue>>, usize>;
+    // Each write adds `n + 1` to the value (n: the item's position); a missing slot fails with
+    // `n` if `strict`, else is noted and skipped.
     fn add(
         n: usize,
         value: Option<SlotValue<'_>>,
-    ) -> Result<Option<Arc<crate::key::AnyValue>>, usize> {
+        strict: bool,
+        missing: &mut Vec<usize>,
+    ) -> Written {
         let read = |v: &Arc<crate::key::AnyValue>| *v.downcast_ref::<usize>().unwrap();
         match value {
-            None => Err(n),
+            None if strict => Err(n),
+            None => {
+                missing.push(n);
+                Ok(None)
+            }
             Some(SlotValue::Shared(old)) => Ok(Some(Arc::new(read(old) + n + 1))),
             Some(SlotValue::Private(v)) => match Arc::get_mut(v) {
                 Some(v) => {
@@ -680,27 +688,31 @@ fn table_write_each_matches_slot_mut_per_item() {
         let values: Vec<Arc<crate::key::AnyValue>> =
             (0..len).map(|i| Arc::new(i) as Arc<_>).collect();
         let base = Table::build(&values);
-        // Runs within one leaf, a slot written twice in a run, jumps back to a leaf already
-        // copied, indexes past the end.
-        let order: Vec<usize> = [0, 1, 3, 2, 3, 5, 4, 0, 63, 62, 7, 7, 599, 598, 1]
-            .into_iter()
-            .filter(|&i| i < len)
-            .collect();
+        // Ascending runs, runs going backwards (within a leaf, across leaves and branches), a
+        // slot written twice, and indexes past the end: in a present leaf, in a missing
+        // subtree, past the tree's span.
+        let order = [
+            0, 1, 3, 2, 3, 5, 4, 0, 18, 20, 63, 62, 7, 7, 64, 599, 598, 600, 1030, 1, 16,
+        ];
         let (mut each, mut single) = (base.clone(), base.clone());
         for rev in [1, 2] {
-            // The second pass finds the leaves private.
+            // The second pass finds the copied nodes private.
+            let mut missing = Vec::new();
             each.write_each(
                 rev,
                 order.iter().enumerate(),
                 |(_, i)| **i,
-                |(n, _), v| add(n, v),
+                |(n, _), v| add(n, v, false, &mut missing),
             )
             .unwrap();
+            let expected: Vec<usize> = (0..order.len()).filter(|&n| order[n] >= len).collect();
+            assert_eq!(missing, expected, "len {len}");
             for (n, &i) in order.iter().enumerate() {
-                let slot = single.slot_mut(i, rev).unwrap();
-                let old = *slot.value.downcast_ref::<usize>().unwrap();
-                slot.value = Arc::new(old + n + 1);
-                slot.changed_at = rev;
+                if let Some(slot) = single.slot_mut(i, rev) {
+                    let old = *slot.value.downcast_ref::<usize>().unwrap();
+                    slot.value = Arc::new(old + n + 1);
+                    slot.changed_at = rev;
+                }
             }
         }
         let dump = |t: &Table| -> Vec<(usize, usize, u64)> {
@@ -727,7 +739,7 @@ fn table_write_each_matches_slot_mut_per_item() {
             single.for_each_changed(since, &mut |i, _| b.push(i));
             assert_eq!(a, b, "len {len} since {since}");
         }
-        // Past the end, and stops at the first error.
+        // Stops at the first error.
         let mut calls = Vec::new();
         let stopped = base.clone().write_each(
             3,
@@ -735,7 +747,7 @@ fn table_write_each_matches_slot_mut_per_item() {
             |i| *i,
             |i, v| {
                 calls.push(i);
-                add(i, v)
+                add(i, v, true, &mut Vec::new())
             },
         );
         assert_eq!((stopped, calls), (Err(len), vec![0, len]));
