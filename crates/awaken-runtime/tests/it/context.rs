@@ -332,3 +332,45 @@ fn the_context_plugins_come_with_a_policy_and_its_errors_name_the_field() {
         "{e}"
     );
 }
+
+/// A request whose minimum is over the budget is never sent: the run ends with the
+/// transform's error, naming both sizes.
+#[tokio::test]
+async fn a_request_that_cannot_fit_ends_the_run_unsent() {
+    let executor =
+        Arc::new(ScriptedExecutor::from_turns([ScriptTurn::text("never")]).expect("script"));
+    let runtime = AgentRuntime::builder()
+        .with_ids(Arc::new(SequentialIds::default()))
+        .with_model(ModelSpec::new("model", "scripted", "upstream-model"))
+        .with_provider("scripted", executor.clone())
+        .with_tool(Arc::new(Echo))
+        .with_token_estimator(Arc::new(Chars))
+        .with_agent_spec(
+            AgentSpec::new("agent", "model")
+                .with_system_prompt(SYSTEM)
+                .with_context_policy(ContextPolicy {
+                    budget_tokens: Some(20),
+                    ..ContextPolicy::default()
+                }),
+        )
+        .build()
+        .expect("valid runtime");
+    let sink = VecSink::new();
+    let outcome = runtime
+        .run(
+            RunActivation::new(ThreadId::new("thread").expect("id"), "agent")
+                .with_user_message(USER),
+            &sink,
+        )
+        .await
+        .expect("the run starts");
+    check_activation(&sink.events()).expect("event grammar");
+    let required = SYSTEM.len() as u64 + tool_chars(&Echo.descriptor()) + USER.len() as u64;
+    assert_eq!(
+        outcome.termination,
+        TerminationReason::error(format!(
+            "request transform `context_window` of plugin `awaken.context_transform` failed: the request needs at least {required} tokens but the budget is 20"
+        ))
+    );
+    assert!(executor.requests().is_empty(), "nothing was sent");
+}
