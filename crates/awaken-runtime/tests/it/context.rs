@@ -94,6 +94,7 @@ fn step_size(step: usize) -> u64 {
 struct Run {
     executor: Arc<ScriptedExecutor>,
     runtime: AgentRuntime,
+    termination: TerminationReason,
 }
 
 async fn run(
@@ -124,9 +125,12 @@ async fn run(
         )
         .await
         .expect("the run starts");
-    assert_eq!(outcome.termination, TerminationReason::NaturalEnd);
     check_activation(&sink.events()).expect("event grammar");
-    Run { executor, runtime }
+    Run {
+        executor,
+        runtime,
+        termination: outcome.termination,
+    }
 }
 
 fn echo_turns(steps: usize) -> Vec<ScriptTurn> {
@@ -157,6 +161,7 @@ async fn a_500_step_run_is_truncated_from_step_50_and_every_request_fits() {
         });
     spec.max_rounds = STEPS as u32;
     let run = run(spec, echo_turns(STEPS), Vec::new()).await;
+    assert_eq!(run.termination, TerminationReason::NaturalEnd);
     let requests = run.executor.requests();
     assert_eq!(requests.len(), STEPS);
     assert_eq!(
@@ -235,6 +240,7 @@ async fn compaction_in_a_run_commits_each_summary_once_and_keeps_the_originals()
         vec![(summarizer, summaries.clone())],
     )
     .await;
+    assert_eq!(run.termination, TerminationReason::NaturalEnd);
     let calls = summaries.requests();
     assert!(calls.len() >= 2, "{} summary calls", calls.len());
     assert!(
@@ -337,40 +343,19 @@ fn the_context_plugins_come_with_a_policy_and_its_errors_name_the_field() {
 /// transform's error, naming both sizes.
 #[tokio::test]
 async fn a_request_that_cannot_fit_ends_the_run_unsent() {
-    let executor =
-        Arc::new(ScriptedExecutor::from_turns([ScriptTurn::text("never")]).expect("script"));
-    let runtime = AgentRuntime::builder()
-        .with_ids(Arc::new(SequentialIds::default()))
-        .with_model(ModelSpec::new("model", "scripted", "upstream-model"))
-        .with_provider("scripted", executor.clone())
-        .with_tool(Arc::new(Echo))
-        .with_token_estimator(Arc::new(Chars))
-        .with_agent_spec(
-            AgentSpec::new("agent", "model")
-                .with_system_prompt(SYSTEM)
-                .with_context_policy(ContextPolicy {
-                    budget_tokens: Some(20),
-                    ..ContextPolicy::default()
-                }),
-        )
-        .build()
-        .expect("valid runtime");
-    let sink = VecSink::new();
-    let outcome = runtime
-        .run(
-            RunActivation::new(ThreadId::new("thread").expect("id"), "agent")
-                .with_user_message(USER),
-            &sink,
-        )
-        .await
-        .expect("the run starts");
-    check_activation(&sink.events()).expect("event grammar");
+    let spec = AgentSpec::new("agent", "model")
+        .with_system_prompt(SYSTEM)
+        .with_context_policy(ContextPolicy {
+            budget_tokens: Some(20),
+            ..ContextPolicy::default()
+        });
+    let run = run(spec, vec![ScriptTurn::text("never")], Vec::new()).await;
     let required = SYSTEM.len() as u64 + tool_chars(&Echo.descriptor()) + USER.len() as u64;
     assert_eq!(
-        outcome.termination,
+        run.termination,
         TerminationReason::error(format!(
             "request transform `context_window` of plugin `awaken.context_transform` failed: the request needs at least {required} tokens but the budget is 20"
         ))
     );
-    assert!(executor.requests().is_empty(), "nothing was sent");
+    assert!(run.executor.requests().is_empty(), "nothing was sent");
 }
