@@ -115,6 +115,8 @@ struct Run<'a> {
     batch: Option<ToolBatch>,
     /// How this activation continues an earlier one, if it does.
     resume: Option<Continue>,
+    /// Compaction fallbacks already reported (a new one becomes a warning event).
+    seen_fallbacks: u64,
 }
 
 /// How an activation continues an earlier one.
@@ -547,7 +549,9 @@ async fn run_activation(
         durable,
         batch,
         resume: resume_decisions,
+        seen_fallbacks: 0,
     };
+    run.seen_fallbacks = run.compaction_fallbacks().0;
     run.step = run.stats().steps;
     run.first_step = run.step;
     tracing::Span::current().record("run_id", tracing::field::display(&run.identity.run_id));
@@ -1101,9 +1105,34 @@ impl Run<'_> {
         Ok(response)
     }
 
+    /// How many times compaction fell back to truncation on this thread, and the last error.
+    fn compaction_fallbacks(&self) -> (u64, Option<String>) {
+        match self
+            .engine
+            .store()
+            .snapshot()
+            .get::<awaken_context::CompactionKey>()
+        {
+            Ok(state) => (state.fallbacks, state.last_error.clone()),
+            Err(_) => (0, None),
+        }
+    }
+
     async fn run_step(&mut self) -> Result<StepEnd, Failure> {
         self.phase(Phase::StepStart).await?;
         self.phase(Phase::BeforeInference).await?;
+        // A summary that failed in this phase's compaction: the run goes on truncating.
+        let (fallbacks, error) = self.compaction_fallbacks();
+        if fallbacks > self.seen_fallbacks {
+            self.seen_fallbacks = fallbacks;
+            self.note(AgentEvent::Warning {
+                kind: WarningKind::CompactionFellBack,
+                detail: format!(
+                    "compaction failed, the request is truncated instead: {}",
+                    error.unwrap_or_else(|| "no detail".into())
+                ),
+            });
+        }
         self.share_history();
         let directives = self.directives();
         let request = self.request(&directives);

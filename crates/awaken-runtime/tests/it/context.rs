@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use awaken_context::{CompactionState, TokenEstimator, is_omission_marker, is_summary_message};
 use awaken_event::{
-    Message, TerminationReason, ThreadId, ToolCall, ToolCallId, ToolDescriptor, ToolResult,
-    VecSink, check_activation,
+    AgentEvent, Message, TerminationReason, ThreadId, ToolCall, ToolCallId, ToolDescriptor,
+    ToolResult, VecSink, check_activation,
 };
 use awaken_llm::{InferenceRequest, ScriptTurn, ScriptedExecutor};
 use awaken_runtime::{AgentRuntime, RunActivation, SequentialIds};
@@ -95,6 +95,7 @@ struct Run {
     executor: Arc<ScriptedExecutor>,
     runtime: AgentRuntime,
     termination: TerminationReason,
+    events: Vec<AgentEvent>,
 }
 
 async fn run(
@@ -125,11 +126,13 @@ async fn run(
         )
         .await
         .expect("the run starts");
-    check_activation(&sink.events()).expect("event grammar");
+    let events = sink.events();
+    check_activation(&events).expect("event grammar");
     Run {
         executor,
         runtime,
         termination: outcome.termination,
+        events,
     }
 }
 
@@ -281,6 +284,58 @@ async fn compaction_in_a_run_commits_each_summary_once_and_keeps_the_originals()
     );
     assert!(
         requests
+            .iter()
+            .all(|r| size(r) <= 1_500 && splits_no_pair(&r.messages))
+    );
+}
+
+/// A summary call that fails falls back to truncation, and the run says so once per failure.
+#[tokio::test]
+async fn a_failed_summary_is_reported_as_a_warning_and_the_run_goes_on() {
+    const STEPS: usize = 30;
+    let failing = Arc::new(
+        ScriptedExecutor::from_turns((0..10).map(|_| {
+            ScriptTurn::error(awaken_llm::ScriptedError::new(
+                awaken_llm::ScriptedErrorKind::InvalidRequest,
+            ))
+        }))
+        .expect("script"),
+    );
+    let mut spec = AgentSpec::new("agent", "model")
+        .with_system_prompt(SYSTEM)
+        .with_context_policy(ContextPolicy {
+            budget_tokens: Some(1_500),
+            compaction_threshold: Some(0.5),
+            summary_model: Some("summarizer".into()),
+            ..ContextPolicy::default()
+        });
+    spec.max_rounds = STEPS as u32;
+    let summarizer = ModelSpec::new("summarizer", "summary-provider", "small-model");
+    let run = run(spec, echo_turns(STEPS), vec![(summarizer, failing.clone())]).await;
+    assert_eq!(run.termination, TerminationReason::NaturalEnd);
+    let warnings: Vec<&AgentEvent> = run
+        .events
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                AgentEvent::Warning {
+                    kind: awaken_event::WarningKind::CompactionFellBack,
+                    ..
+                }
+            )
+        })
+        .collect();
+    assert!(!failing.requests().is_empty(), "the summariser was asked");
+    assert_eq!(
+        warnings.len(),
+        failing.requests().len(),
+        "one warning per failed summary"
+    );
+    // Every request still fits: truncation took over.
+    assert!(
+        run.executor
+            .requests()
             .iter()
             .all(|r| size(r) <= 1_500 && splits_no_pair(&r.messages))
     );
