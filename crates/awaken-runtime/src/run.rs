@@ -6,7 +6,7 @@ use std::sync::Arc;
 use awaken_event::{
     AgentEvent, CancellationToken, EventSink, Message, ResumeDecision, ResumeMode, RunId,
     SuspendTicket, TerminationReason, ThreadId, ToolCall, ToolCallId, ToolCallResume,
-    ToolCallState, ToolResult, WarningKind,
+    ToolCallState, ToolDescriptor, ToolResult, WarningKind,
 };
 use awaken_llm::{
     InferenceExecutionError, InferenceRequest, LlmStreamEvent, ResponseCollector, with_cancellation,
@@ -117,6 +117,11 @@ struct Run<'a> {
     resume: Option<Continue>,
     /// Compaction fallbacks already reported (a new one becomes a warning event).
     seen_fallbacks: u64,
+    /// The descriptors of the agent's tools, shared by every request of the run.
+    tools: Arc<[ToolDescriptor]>,
+    /// The call whose result commit was folded into the step's last commit (its `after_result`
+    /// failpoint fires after that commit).
+    folded_result: Option<ToolCallId>,
 }
 
 /// How an activation continues an earlier one.
@@ -525,6 +530,11 @@ async fn run_activation(
         .map(|g| (format!("{}/{}", g.plugin_id, g.name), g.hook.clone()))
         .collect();
     let resolved_sections = resolved.spec.sections.clone();
+    let tools: Arc<[ToolDescriptor]> = resolved
+        .tools
+        .iter()
+        .map(|t| t.tool.descriptor().clone())
+        .collect();
     let is_resume = resumed.is_some();
     let (batch, resume_decisions) = match resumed {
         Some(r) if r.recovering => (r.batch, Some(Continue::Recover)),
@@ -550,6 +560,8 @@ async fn run_activation(
         batch,
         resume: resume_decisions,
         seen_fallbacks: 0,
+        tools,
+        folded_result: None,
     };
     run.seen_fallbacks = run.compaction_fallbacks().0;
     run.step = run.stats().steps;
@@ -842,10 +854,15 @@ impl Run<'_> {
         // `StepEnd` follows the step's facts, so it is one of them.
         self.fact(AgentEvent::StepEnd { step });
         match outcome {
-            // The step's facts (messages, batch, state, events) in one commit.
+            // The step's facts (messages, batch, state, events) in one commit, with the last
+            // call's result when it was folded into it.
             Ok(o) => {
                 let batch = self.step_end_batch();
-                self.checkpoint(batch).await.map(|()| o)
+                self.checkpoint(batch).await?;
+                if let Some(call) = self.folded_result.take() {
+                    crate::failpoint::hit("after_result", Some(call.as_str()));
+                }
+                Ok(o)
             }
             Err(e) => Err(e),
         }
@@ -938,7 +955,8 @@ impl Run<'_> {
                     return Err(failure);
                 }
             };
-            suspended |= self.settle(&call, outcome).await?;
+            let last = i + 1 == calls.len();
+            suspended |= self.settle(&call, outcome, last).await?;
         }
         let stats = self.end_step().await?;
         if suspended {
@@ -984,20 +1002,23 @@ impl Run<'_> {
 
     fn request(&self, directives: &StepDirectives) -> InferenceRequest {
         let spec = &self.resolved.spec;
-        let tools: Vec<_> = self
-            .resolved
-            .tools
-            .iter()
-            .map(|t| t.tool.descriptor())
-            .filter(|d| !directives.excluded_tools.contains(&d.id))
-            .filter(|d| {
-                directives
-                    .include_only
-                    .as_ref()
-                    .is_none_or(|only| only.contains(&d.id))
-            })
-            .cloned()
-            .collect();
+        // The agent's tools are the same every step: shared, unless a directive narrows them.
+        let tools: Arc<[ToolDescriptor]> =
+            if directives.excluded_tools.is_empty() && directives.include_only.is_none() {
+                self.tools.clone()
+            } else {
+                self.tools
+                    .iter()
+                    .filter(|d| !directives.excluded_tools.contains(&d.id))
+                    .filter(|d| {
+                        directives
+                            .include_only
+                            .as_ref()
+                            .is_none_or(|only| only.contains(&d.id))
+                    })
+                    .cloned()
+                    .collect()
+            };
         let messages: Arc<[Message]> = if directives.context_messages.is_empty() {
             self.shared_history()
         } else {
@@ -1277,6 +1298,28 @@ impl Run<'_> {
         result: ToolResult,
         state: ToolCallState,
     ) -> Result<(), Failure> {
+        self.close_call(call, result, state, false).await
+    }
+
+    /// Closes the step's last call; its result is committed with the step's end (DESIGN §6's
+    /// one allowed fold of the result commit), unless it is a delegate's answer, whose return
+    /// hooks frame a commit of its own.
+    async fn close_folded(
+        &mut self,
+        call: &ToolCall,
+        result: ToolResult,
+        state: ToolCallState,
+    ) -> Result<(), Failure> {
+        self.close_call(call, result, state, true).await
+    }
+
+    async fn close_call(
+        &mut self,
+        call: &ToolCall,
+        result: ToolResult,
+        state: ToolCallState,
+        fold: bool,
+    ) -> Result<(), Failure> {
         let failed = !matches!(
             state,
             ToolCallState::Succeeded | ToolCallState::ShortCircuited
@@ -1326,6 +1369,10 @@ impl Run<'_> {
             }
             _ => None,
         };
+        if fold && returning.is_none() {
+            self.folded_result = Some(call.id.clone());
+            return Ok(());
+        }
         if let Some(d) = &returning {
             self.lifecycle
                 .dispatch(
@@ -1366,7 +1413,7 @@ impl Run<'_> {
                     return Err(failure);
                 }
             };
-            suspended |= self.settle(call, outcome).await?;
+            suspended |= self.settle(call, outcome, i + 1 == calls.len()).await?;
         }
         Ok(suspended)
     }
@@ -1439,7 +1486,7 @@ impl Run<'_> {
                     )));
                 }
             };
-            suspended |= self.settle(call, outcome).await?;
+            suspended |= self.settle(call, outcome, i + 1 == calls.len()).await?;
         }
         if self.cancel.is_cancelled() {
             return Err(Failure::Cancelled);
@@ -1487,10 +1534,20 @@ impl Run<'_> {
 
     /// Records how a call came out: closed (result committed) or suspended (parked,
     /// committed). Returns whether it was suspended.
-    async fn settle(&mut self, call: &ToolCall, outcome: CallOutcome) -> Result<bool, Failure> {
+    /// `last`: the step's last call, whose result commit may be folded into the step's end.
+    async fn settle(
+        &mut self,
+        call: &ToolCall,
+        outcome: CallOutcome,
+        last: bool,
+    ) -> Result<bool, Failure> {
         match outcome {
             CallOutcome::Closed(result, state) => {
-                self.close(call, result, state).await?;
+                if last {
+                    self.close_folded(call, result, state).await?;
+                } else {
+                    self.close(call, result, state).await?;
+                }
                 Ok(false)
             }
             CallOutcome::Suspended(ticket) => {

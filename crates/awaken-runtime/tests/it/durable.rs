@@ -148,8 +148,7 @@ async fn each_durable_boundary_is_one_commit() {
         running msgs+1 batch=keep events=run_start
         running msgs+1 batch=[c1:requested] events=step_start,tool_call_start,inference_complete
         running msgs+0 batch=[c1:executing] events=tool_call_ready
-        running msgs+1 batch=[c1:succeeded] events=tool_call_done
-        running msgs+0 batch=clear events=step_end
+        running msgs+1 batch=clear events=tool_call_done,step_end
         running msgs+1 batch=keep events=step_start,inference_complete,step_end
         done msgs+0 batch=keep events=run_finish"#]]
     .assert_eq(&store.log.lock().expect("log").join("\n"));
