@@ -144,7 +144,7 @@ impl Counts {
         if let Some(id) = &message.tool_call_id {
             self.pending.remove(id);
         }
-        for call in &message.tool_calls {
+        for call in message.tool_calls.iter() {
             self.pending.insert(call.id.clone(), i);
         }
         message.tool_call_id.is_some() || !message.tool_calls.is_empty()

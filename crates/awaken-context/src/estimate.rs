@@ -64,7 +64,7 @@ impl DefaultEstimator {
 impl TokenEstimator for DefaultEstimator {
     fn message_tokens(&self, message: &Message) -> u64 {
         let mut tokens = Self::MESSAGE_OVERHEAD;
-        for block in &message.content {
+        for block in message.content.iter() {
             tokens += match block {
                 ContentBlock::Text { text } | ContentBlock::Reasoning { text } => text_tokens(text),
                 ContentBlock::Json { value } => json_tokens(value),
@@ -73,7 +73,7 @@ impl TokenEstimator for DefaultEstimator {
                 other => json_tokens(&serde_json::to_value(other).unwrap_or_default()),
             };
         }
-        for call in &message.tool_calls {
+        for call in message.tool_calls.iter() {
             tokens += Self::TOOL_CALL_OVERHEAD + text_tokens(&call.name);
             tokens += match &call.invalid_arguments {
                 Some(raw) => text_tokens(raw),

@@ -148,7 +148,7 @@ pub fn transcript(request: &SummaryRequest<'_>) -> String {
         if let Some(id) = &message.tool_call_id {
             let _ = write!(out, " ← {id}:");
         }
-        for block in &message.content {
+        for block in message.content.iter() {
             match block {
                 ContentBlock::Text { text } => {
                     let _ = write!(out, " {text}");
@@ -161,7 +161,7 @@ pub fn transcript(request: &SummaryRequest<'_>) -> String {
                 _ => {}
             }
         }
-        for call in &message.tool_calls {
+        for call in message.tool_calls.iter() {
             let args = call
                 .invalid_arguments
                 .clone()

@@ -1,5 +1,7 @@
 //! Conversation messages and the tool calls an assistant message carries.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -103,17 +105,18 @@ impl ToolCall {
     }
 }
 
-/// One message of a conversation.
+/// One message of a conversation. Cheap to clone: content and calls are shared (a history is
+/// copied into every request and phase context; its messages never are).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Message {
     /// Who wrote it.
     pub role: Role,
     /// Its content blocks (may be empty for an assistant message that only calls tools).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub content: Vec<ContentBlock>,
+    #[serde(default, skip_serializing_if = "slice_is_empty")]
+    pub content: Arc<[ContentBlock]>,
     /// Tool calls (assistant messages only).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tool_calls: Vec<ToolCall>,
+    #[serde(default, skip_serializing_if = "slice_is_empty")]
+    pub tool_calls: Arc<[ToolCall]>,
     /// The call this message answers (tool messages only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<ToolCallId>,
@@ -123,8 +126,8 @@ impl Message {
     fn with_text(role: Role, text: impl Into<String>) -> Self {
         Self {
             role,
-            content: vec![ContentBlock::text(text)],
-            tool_calls: Vec::new(),
+            content: Arc::new([ContentBlock::text(text)]),
+            tool_calls: Arc::default(),
             tool_call_id: None,
         }
     }
@@ -150,11 +153,11 @@ impl Message {
         Self {
             role: Role::Assistant,
             content: if text.is_empty() {
-                Vec::new()
+                Arc::default()
             } else {
-                vec![ContentBlock::text(text)]
+                Arc::new([ContentBlock::text(text)])
             },
-            tool_calls,
+            tool_calls: tool_calls.into(),
             tool_call_id: None,
         }
     }
@@ -176,8 +179,8 @@ impl Message {
         };
         Self {
             role: Role::Tool,
-            content: vec![block],
-            tool_calls: Vec::new(),
+            content: Arc::new([block]),
+            tool_calls: Arc::default(),
             tool_call_id: Some(call_id),
         }
     }
@@ -185,7 +188,7 @@ impl Message {
     /// The concatenated text blocks of this message (reasoning excluded).
     pub fn text(&self) -> String {
         let mut out = String::new();
-        for block in &self.content {
+        for block in self.content.iter() {
             if let ContentBlock::Text { text } = block {
                 out.push_str(text);
             }
@@ -197,7 +200,7 @@ impl Message {
     /// as they are, JSON blocks serialized.
     pub fn content_as_text(&self) -> String {
         let mut out = String::new();
-        for block in &self.content {
+        for block in self.content.iter() {
             match block {
                 ContentBlock::Text { text } => out.push_str(text),
                 ContentBlock::Json { value } => out.push_str(&value.to_string()),
@@ -206,4 +209,8 @@ impl Message {
         }
         out
     }
+}
+
+fn slice_is_empty<T>(items: &Arc<[T]>) -> bool {
+    items.is_empty()
 }

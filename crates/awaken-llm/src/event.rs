@@ -144,7 +144,7 @@ impl ResponseCollector {
             .map(|c| ToolCall::from_raw_arguments(c.id, c.name, &c.arguments))
             .collect();
         let mut message = Message::assistant_with_calls("", tool_calls);
-        message.content = content;
+        message.content = content.into();
         Ok(InferenceResponse {
             message,
             usage: self.usage,

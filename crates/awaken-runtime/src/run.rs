@@ -1206,7 +1206,7 @@ impl Run<'_> {
         }
         let max_rounds = self.resolved.spec.max_rounds;
         if self.stats().inferences >= max_rounds {
-            for call in &calls {
+            for call in calls.iter() {
                 self.close(
                     call,
                     ToolResult::error("not executed: round limit"),

@@ -16,10 +16,10 @@ use crate::support::*;
 fn the_default_heuristic_is_pinned() {
     let e = DefaultEstimator;
     let image = Message {
-        content: vec![ContentBlock::Image {
+        content: std::sync::Arc::new([ContentBlock::Image {
             url: "https://example.invalid/cat.png".into(),
             media_type: None,
-        }],
+        }]),
         ..Message::user("")
     };
     let rows = [

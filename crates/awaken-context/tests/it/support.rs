@@ -26,7 +26,7 @@ pub struct CharEstimator;
 
 pub fn chars(message: &Message) -> u64 {
     let mut n = message.content_as_text().chars().count();
-    for call in &message.tool_calls {
+    for call in message.tool_calls.iter() {
         n += call.name.chars().count() + call.arguments.to_string().chars().count();
     }
     n as u64
@@ -154,7 +154,7 @@ pub fn assert_pairs(messages: &[Message]) {
                 "result {call} at {i} has no call before it"
             );
         }
-        for c in &m.tool_calls {
+        for c in m.tool_calls.iter() {
             open.insert(c.id.clone());
         }
     }

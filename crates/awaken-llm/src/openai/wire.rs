@@ -152,7 +152,7 @@ fn wire_message(m: &Message) -> WireMessage<'_> {
             .collect();
         Some(WireContent::Parts(parts))
     } else {
-        let text = match m.content.as_slice() {
+        let text = match &m.content[..] {
             [ContentBlock::Text { text }] => Cow::Borrowed(text.as_str()),
             _ => Cow::Owned(m.content_as_text()),
         };

@@ -426,10 +426,14 @@ fn request_body_carries_history_tools_and_overrides() {
         "{oops",
     );
     let mut image = Message::user("what is this?");
-    image.content.push(ContentBlock::Image {
-        url: "https://example.invalid/cat.png".into(),
-        media_type: None,
-    });
+    image.content = [
+        image.content[0].clone(),
+        ContentBlock::Image {
+            url: "https://example.invalid/cat.png".into(),
+            media_type: None,
+        },
+    ]
+    .into();
     let messages = vec![
         Message::user("find rust"),
         Message::assistant_with_calls("", vec![call.clone(), bad]),

@@ -71,14 +71,14 @@ pub(crate) fn render_response(r: &InferenceResponse) -> String {
         "stop={:?} usage in={} out={}\n",
         r.stop_reason, r.usage.input_tokens, r.usage.output_tokens
     );
-    for block in &r.message.content {
+    for block in r.message.content.iter() {
         let _ = writeln!(
             out,
             "block {}",
             serde_json::to_string(block).unwrap_or_default()
         );
     }
-    for call in &r.message.tool_calls {
+    for call in r.message.tool_calls.iter() {
         let _ = writeln!(
             out,
             "call {} {} {} raw={:?}",

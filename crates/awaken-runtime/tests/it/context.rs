@@ -24,7 +24,7 @@ struct Chars;
 
 fn message_chars(m: &Message) -> u64 {
     let mut n = m.content_as_text().chars().count();
-    for call in &m.tool_calls {
+    for call in m.tool_calls.iter() {
         n += call.name.chars().count() + call.arguments.to_string().chars().count();
     }
     n as u64

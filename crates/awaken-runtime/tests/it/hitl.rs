@@ -390,11 +390,11 @@ async fn an_unpaired_stored_history_is_repaired_before_the_provider_sees_it() {
     let store: Arc<dyn ThreadStore> = Arc::new(awaken_store::MemoryStore::new());
     // A crash left a call without its result, and a stray result.
     let mut calls = Message::assistant("");
-    calls.tool_calls = vec![awaken_event::ToolCall::new(
+    calls.tool_calls = Arc::new([awaken_event::ToolCall::new(
         awaken_event::ToolCallId::new("lost").expect("id"),
         "echo",
         json!({"text": "x"}),
-    )];
+    )]);
     let record = awaken_store::RunRecord {
         status: awaken_store::RunStatus::Done,
         termination: Some(TerminationReason::NaturalEnd),

@@ -95,8 +95,8 @@ async fn an_approved_call_runs_and_is_not_asked_again() {
     assert_eq!(resumed.response.as_deref(), Some("done"));
     let history = out.runtime.history(&thread).await.expect("history");
     assert_eq!(
-        history[2].content,
-        vec![awaken_event::ContentBlock::Json {
+        history[2].content[..],
+        [awaken_event::ContentBlock::Json {
             value: json!({"echoed": "x"})
         }]
     );
