@@ -293,6 +293,8 @@ impl ActionHandler<Compact> for CompactHandler {
         };
         let failure = match self.summarizer.summarize(request).await {
             Ok(text) if !text.trim().is_empty() => {
+                // Crash tests: the summary exists, but only here (not in the state or store).
+                crate::failpoint::hit("compaction_summarized");
                 tracing::info!(from, to, "compaction committed a summary");
                 return Ok(StateCommand::new().with_update::<CompactionKey>(
                     CompactionUpdate::Commit {

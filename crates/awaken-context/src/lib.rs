@@ -24,6 +24,7 @@ mod config;
 mod core;
 mod counts;
 mod estimate;
+mod failpoint;
 mod plugins;
 mod summarize;
 mod transform;

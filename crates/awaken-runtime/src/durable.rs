@@ -104,6 +104,10 @@ impl Durable {
         let snapshot = state.snapshot();
         let run_state = snapshot.export_changed_in(KeyScope::Run, self.state_revision)?;
         let thread_state = snapshot.export_changed_in(KeyScope::Thread, self.state_revision)?;
+        // Crash tests: this commit carries a compaction's summary (or its failure).
+        let compaction = thread_state
+            .values
+            .contains_key(<awaken_context::CompactionKey as awaken_state::StateKey>::KEY);
         self.record.steps = steps;
         self.record.usage = usage;
         self.record.updated_at =
@@ -120,6 +124,9 @@ impl Durable {
         commit.batch = batch;
         commit.lease = self.lease.clone();
         let receipt = self.store.commit(commit).await?;
+        if compaction {
+            crate::failpoint::hit("after_compaction_commit", None);
+        }
         self.persisted_messages = receipt.message_count;
         self.new_messages.clear();
         self.state_revision = snapshot.revision();

@@ -6,7 +6,10 @@
 //! Boundaries: `before_requested` (the model answered with calls; nothing of them is
 //! committed), `after_requested` (the calls are committed `Requested`), `after_executing`
 //! (the call is committed `Executing` and its tool has run; the result is not committed),
-//! `after_result` (the call's result is committed).
+//! `after_result` (the call's result is committed), `after_compaction_commit` (a commit
+//! carrying a change to the thread's compaction state — a summary — is in the store).
+//! awaken-context's `compaction_summarized` (the summariser answered, nothing of it is
+//! committed) comes with this feature too.
 
 /// Kills the process here if `AWAKEN_CRASH_AT` names this boundary (and call, when given).
 #[cfg(feature = "failpoints")]

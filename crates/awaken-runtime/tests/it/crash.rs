@@ -6,18 +6,19 @@
 //! The agent: step 1 calls `append` (side-effecting: appends a line to a file), step 2 calls
 //! `ledger` (idempotent: records its idempotency key), step 3 answers.
 
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use awaken_event::{EffectClass, Message, Role, TerminationReason, ThreadId, ToolDescriptor};
+use awaken_event::{EffectClass, Message, Role, ThreadId, ToolDescriptor};
 use awaken_llm::{ScriptToolCall, ScriptTurn, ScriptedExecutor};
-use awaken_runtime::{AgentRuntime, RecoverConfig, RunActivation, SequentialIds};
+use awaken_runtime::{AgentRuntime, RunActivation, SequentialIds};
 use awaken_spec::{AgentSpec, ModelSpec};
 use awaken_store::{SqliteConfig, SqliteStore, ThreadStore};
 use awaken_tool::{Tool, ToolCallContext, ToolError, ToolOutput};
 use serde_json::{Value, json};
+
+use crate::support::{append_line, fresh_dir, kill_child_at, lines, recover_the_run};
 
 /// Appends `{"text": ..}` as a line to `<dir>/append.log`.
 struct Append(PathBuf);
@@ -49,17 +50,6 @@ impl Tool for Ledger {
         append_line(&self.0.join("ledger.log"), ctx.idempotency_key().as_str());
         Ok(ToolOutput::success(json!("booked")))
     }
-}
-
-fn append_line(path: &Path, line: &str) {
-    use std::io::Write;
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .expect("open");
-    writeln!(f, "{line}").expect("write");
-    f.sync_all().expect("sync");
 }
 
 fn script() -> Vec<ScriptTurn> {
@@ -106,14 +96,6 @@ async fn crash_child() {
     panic!("the failpoint should have killed this process; the run ended: {outcome:?}");
 }
 
-fn lines(path: &Path) -> Vec<String> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_owned)
-        .collect()
-}
-
 fn render(history: &[Message]) -> String {
     history
         .iter()
@@ -140,54 +122,11 @@ fn render(history: &[Message]) -> String {
 /// Crashes a child at `at`, recovers here with the script from turn `resume_from`, and
 /// returns the recovered history, the append log and the ledger.
 async fn crash_and_recover(at: &str, resume_from: usize) -> (String, Vec<String>, Vec<String>) {
-    let dir = std::env::temp_dir().join(format!(
-        "awaken-crash-{}-{}",
-        std::process::id(),
-        at.replace(':', "-")
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
-    let marker = dir.join("marker");
-    let status = std::process::Command::new(std::env::current_exe().expect("test binary"))
-        .args([
-            "crash::crash_child",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("AWAKEN_CRASH_DIR", &dir)
-        .env("AWAKEN_CRASH_AT", at)
-        .env("AWAKEN_CRASH_MARKER", &marker)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .expect("child ran");
-    assert_eq!(
-        status.signal(),
-        Some(9),
-        "the child was killed at {at}: {status:?}"
-    );
-    assert_eq!(lines(&marker), [at], "the child reached {at}");
+    let dir = fresh_dir(&format!("crash-{}", at.replace(':', "-")));
+    kill_child_at("crash::crash_child", "AWAKEN_CRASH_DIR", &dir, at);
 
     let rt = runtime(&dir, script().split_off(resume_from)).await;
-    let recovered = rt
-        .recover(&RecoverConfig::new("recoverer"), &awaken_event::NullSink)
-        .await
-        .expect("claimed");
-    assert_eq!(recovered.len(), 1, "one unfinished run");
-    let outcome = recovered
-        .into_iter()
-        .next()
-        .map(|r| r.outcome.expect("recovered"))
-        .expect("one");
-    assert_eq!(outcome.termination, TerminationReason::NaturalEnd);
-    // Nothing is left to recover.
-    assert!(
-        rt.recover(&RecoverConfig::new("again"), &awaken_event::NullSink)
-            .await
-            .expect("claimed")
-            .is_empty()
-    );
+    recover_the_run(&rt).await;
     let history = rt
         .history(&ThreadId::new("t").expect("id"))
         .await

@@ -1,6 +1,7 @@
 //! Integration tests of awaken-runtime: scenarios rendered as event logs.
 
 mod backend;
+mod compaction_crash;
 mod context;
 mod crash;
 mod delegation;

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
-use awaken_event::{Message, ProfileId, Role, StopReason, TerminationReason, ThreadId, ToolCallId};
-use awaken_llm::{InferenceRequest, LlmEventStream, LlmExecutor, LlmStreamEvent};
+use awaken_event::{Message, ProfileId, Role, TerminationReason, ThreadId};
+use awaken_llm::{InferenceRequest, LlmEventStream, LlmExecutor};
 use awaken_runtime::{AgentRuntime, RecoverConfig, RunActivation, RunStatsKey, SequentialIds};
 use awaken_spec::{AgentSpec, ModelSpec};
 use awaken_state::StateKey;
@@ -16,9 +16,10 @@ use awaken_store::{
     SqliteConfig, SqliteStore, StoreError, StoredEvent, ThreadCommit, ThreadStore, ThreadSummary,
     Timestamp,
 };
-use futures_util::StreamExt;
 
 use awaken_tool::{Tool, ToolCallContext, ToolError, ToolOutput};
+
+use crate::support::{call_answer, text_answer};
 
 /// `echo`, declared `ReadOnly`: a call interrupted while executing is re-run, so the
 /// recovered history equals the uninterrupted one at every boundary (a side-effecting call
@@ -57,26 +58,15 @@ impl LlmExecutor for HistoryModel {
             .iter()
             .filter(|m| m.role == Role::Tool)
             .count();
-        let events = if results < 2 {
-            vec![
-                LlmStreamEvent::ToolCallStart {
-                    index: 0,
-                    id: ToolCallId::new(format!("c{results}")).expect("id"),
-                    name: "echo".into(),
-                },
-                LlmStreamEvent::ToolCallArgsDelta {
-                    index: 0,
-                    delta: format!("{{\"text\":\"n{results}\"}}"),
-                },
-                LlmStreamEvent::Stop(StopReason::ToolCalls),
-            ]
+        if results < 2 {
+            call_answer(
+                &format!("c{results}"),
+                "echo",
+                format!("{{\"text\":\"n{results}\"}}"),
+            )
         } else {
-            vec![
-                LlmStreamEvent::TextDelta("done".into()),
-                LlmStreamEvent::Stop(StopReason::EndTurn),
-            ]
-        };
-        Box::pin(futures_util::stream::iter(events.into_iter().map(Ok)).boxed())
+            text_answer("done")
+        }
     }
 }
 

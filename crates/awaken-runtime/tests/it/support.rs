@@ -1,15 +1,21 @@
 //! The scenario helper: a scripted model, tools and plugins in; the run's events rendered as
 //! text out (and checked against the event grammar).
 
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use awaken_event::{AgentEvent, ThreadId, ToolDescriptor, VecSink, check_activation};
-use awaken_llm::{ScriptTurn, ScriptedExecutor};
+use awaken_event::{
+    AgentEvent, NullSink, StopReason, TerminationReason, ThreadId, ToolCallId, ToolDescriptor,
+    VecSink, check_activation,
+};
+use awaken_llm::{LlmEventStream, LlmStreamEvent, ScriptTurn, ScriptedExecutor};
 use awaken_plugin::Plugin;
-use awaken_runtime::{AgentRuntime, RunActivation, RunOutcome, SequentialIds};
+use awaken_runtime::{AgentRuntime, RecoverConfig, RunActivation, RunOutcome, SequentialIds};
 use awaken_spec::{AgentSpec, ModelSpec};
 use awaken_tool::{Tool, ToolCallContext, ToolError, ToolOutput};
+use futures_util::StreamExt;
 use serde_json::{Value, json};
 
 /// `echo {"text": string}` → `{"echoed": text}`.
@@ -189,4 +195,106 @@ pub fn render(events: &[AgentEvent]) -> String {
         out.push('\n');
     }
     out
+}
+
+/// A model's answer that calls `name` with `arguments` (JSON text) as call `id`.
+pub fn call_answer(id: &str, name: &str, arguments: String) -> LlmEventStream {
+    answer(vec![
+        LlmStreamEvent::ToolCallStart {
+            index: 0,
+            id: ToolCallId::new(id).expect("id"),
+            name: name.into(),
+        },
+        LlmStreamEvent::ToolCallArgsDelta {
+            index: 0,
+            delta: arguments,
+        },
+        LlmStreamEvent::Stop(StopReason::ToolCalls),
+    ])
+}
+
+/// A model's answer that is `text`.
+pub fn text_answer(text: impl Into<String>) -> LlmEventStream {
+    answer(vec![
+        LlmStreamEvent::TextDelta(text.into()),
+        LlmStreamEvent::Stop(StopReason::EndTurn),
+    ])
+}
+
+fn answer(events: Vec<LlmStreamEvent>) -> LlmEventStream {
+    Box::pin(futures_util::stream::iter(events.into_iter().map(Ok)).boxed())
+}
+
+/// An empty folder for one test: `awaken-<pid>-<name>` under the system's temporary folder.
+pub fn fresh_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("awaken-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    dir
+}
+
+/// Recovers the one unfinished run of `rt`'s store to its natural end, and checks that
+/// nothing is left to recover.
+pub async fn recover_the_run(rt: &AgentRuntime) {
+    let recovered = rt
+        .recover(&RecoverConfig::new("recoverer"), &NullSink)
+        .await
+        .expect("claimed");
+    assert_eq!(recovered.len(), 1, "one unfinished run");
+    let outcome = recovered
+        .into_iter()
+        .next()
+        .map(|r| r.outcome.expect("recovered"))
+        .expect("one");
+    assert_eq!(outcome.termination, TerminationReason::NaturalEnd);
+    assert!(
+        rt.recover(&RecoverConfig::new("again"), &NullSink)
+            .await
+            .expect("claimed")
+            .is_empty(),
+        "nothing is left to recover"
+    );
+}
+
+/// Appends `line` to the file at `path`, synced (so it survives the process being killed).
+pub fn append_line(path: &Path, line: &str) {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .expect("open");
+    writeln!(f, "{line}").expect("write");
+    f.sync_all().expect("sync");
+}
+
+/// The lines of the file at `path` (none when there is no file).
+pub fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Re-runs this test binary on the one test `test` (`module::name`), with `dir_var` naming
+/// `dir`, `AWAKEN_CRASH_AT=at` and the marker `dir/marker`; asserts the child was killed
+/// with SIGKILL after writing `at` to the marker (the failpoint it reached).
+pub fn kill_child_at(test: &str, dir_var: &str, dir: &Path, at: &str) {
+    let marker = dir.join("marker");
+    let status = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(dir_var, dir)
+        .env("AWAKEN_CRASH_AT", at)
+        .env("AWAKEN_CRASH_MARKER", &marker)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("child ran");
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "the child was killed at {at}: {status:?}"
+    );
+    assert_eq!(lines(&marker), [at], "the child reached {at}");
 }
