@@ -392,6 +392,7 @@ impl KeyUpdate {
     /// [`slot`](Self::slot) if the entry there is this key, else looked up by key type (typed
     /// updates: no name hashing) or by name. A typed update of another type than the registered
     /// one gets its name's index (a commit then reports the mismatch).
+    #[inline]
     pub(crate) fn locate(&self, registry: &KeyRegistry) -> Option<usize> {
         let key_type = match &self.payload {
             Payload::Typed(typed) => Some(typed.key_type()),
