@@ -17,8 +17,8 @@ use crate::key::{ErasedUpdate, KeyMeta, KeyRegistry, StateKey, Stored};
 /// [`crate::Transaction`]) commits it.
 ///
 /// Updates are held in one of two forms:
-/// - **typed** ([`update`](Self::update)): the Rust update boxed with its reducer; committing it
-///   does no JSON work;
+/// - **typed** ([`update`](Self::update)): the Rust update, in the allocation that becomes the
+///   value it produces; committing it does no JSON work;
 /// - **JSON** ([`update_json`](Self::update_json), and every command read with serde): the key
 ///   name and a JSON update, parsed into the registered key's `Update` type at commit.
 ///
