@@ -1359,7 +1359,7 @@ impl Run<'_> {
         .await?;
         // A delegate's answer returning into this run: the return hooks frame its commit.
         let returning = match (&resolved_tool, failed) {
-            (Some(t), false) => {
+            (Some(t), false) if matches!(t.source, awaken_resolver::ToolSource::Delegate(_)) => {
                 let key = awaken_tool::IdempotencyKey::derive(
                     &self.identity.thread_id,
                     &self.identity.run_id,
@@ -1952,7 +1952,9 @@ impl Invocation<'_> {
             }
         };
         let span = tracing::debug_span!("tool", call_id = %call.id, tool = %tool.tool.id());
-        let delegate = delegate_call(self.identity, tool, call, tool_ctx.idempotency_key());
+        let delegate = matches!(tool.source, awaken_resolver::ToolSource::Delegate(_))
+            .then(|| delegate_call(self.identity, tool, call, tool_ctx.idempotency_key()))
+            .flatten();
         if let Some(d) = &delegate {
             self.lifecycle
                 .dispatch(self.plugins, LifecycleEvent::DelegateCallStart(d))

@@ -1,7 +1,7 @@
 //! [`MemoryStore`]: everything in process memory, for tests and as the library default.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -49,7 +49,8 @@ struct RunRow {
     thread_id: ThreadId,
     record: RunRecord,
     state_revision: u64,
-    batch: Option<serde_json::Value>,
+    /// Shared, so the row's copy kept for a rollback does not copy the batch.
+    batch: Option<Arc<serde_json::Value>>,
     lease_owner: Option<String>,
     lease_epoch: u64,
     lease_expires_at: Option<Timestamp>,
@@ -194,7 +195,7 @@ impl Inner {
         };
         match batch_write {
             BatchWrite::Keep => {}
-            BatchWrite::Set(b) => row.batch = Some(b),
+            BatchWrite::Set(b) => row.batch = Some(Arc::new(b)),
             BatchWrite::Clear => row.batch = None,
         }
         if !run_delta.values.is_empty() {
@@ -408,7 +409,7 @@ impl ThreadStore for MemoryStore {
             profile: run
                 .and_then(|r| r.record.profile_id.as_ref())
                 .map(|p| profile_state(&inner, p)),
-            batch: run.and_then(|r| r.batch.clone()),
+            batch: run.and_then(|r| r.batch.as_deref().cloned()),
             last_event_seq: inner.events.get(thread_id).map_or(0, |e| e.len() as u64),
         }))
     }

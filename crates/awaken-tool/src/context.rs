@@ -88,7 +88,8 @@ pub struct ToolCallContext {
     thread_id: ThreadId,
     run_id: RunId,
     call_id: ToolCallId,
-    idempotency_key: IdempotencyKey,
+    /// Derived when first asked for (a hash: most tools never ask).
+    idempotency_key: std::sync::OnceLock<IdempotencyKey>,
     snapshot: Snapshot,
     cancel: CancellationToken,
     progress: Arc<dyn ProgressSink>,
@@ -104,12 +105,11 @@ impl ToolCallContext {
         call_id: ToolCallId,
         snapshot: Snapshot,
     ) -> Self {
-        let idempotency_key = IdempotencyKey::derive(&thread_id, &run_id, &call_id);
         Self {
             thread_id,
             run_id,
             call_id,
-            idempotency_key,
+            idempotency_key: std::sync::OnceLock::new(),
             snapshot,
             cancel: CancellationToken::new(),
             progress: Arc::new(NullProgress),
@@ -152,7 +152,8 @@ impl ToolCallContext {
 
     /// The call's idempotency key: identical on every attempt of this call, in any process.
     pub fn idempotency_key(&self) -> &IdempotencyKey {
-        &self.idempotency_key
+        self.idempotency_key
+            .get_or_init(|| IdempotencyKey::derive(&self.thread_id, &self.run_id, &self.call_id))
     }
 
     /// The state as of the call's start. Read-only: a tool changes state only through the

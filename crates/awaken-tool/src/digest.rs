@@ -44,11 +44,12 @@ pub fn pending_call(call: &ToolCall) -> PendingCall {
 }
 
 pub(crate) fn hex_with_prefix(prefix: &str, bytes: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(prefix.len() + bytes.len() * 2);
     out.push_str(prefix);
     for b in bytes {
-        // Writing to a String cannot fail.
-        let _ = write!(out, "{b:02x}");
+        out.push(char::from(HEX[usize::from(b >> 4)]));
+        out.push(char::from(HEX[usize::from(b & 0x0f)]));
     }
     out
 }
