@@ -692,3 +692,49 @@ async fn a_failing_hook_before_a_tool_closes_the_calls_and_fails_the_run() {
         "{text}"
     );
 }
+
+/// Appends a line to the system prompt of every request.
+struct Stamp;
+
+impl awaken_plugin::InferenceRequestTransform for Stamp {
+    fn name(&self) -> &str {
+        "stamp"
+    }
+    fn transform(
+        &self,
+        mut request: awaken_llm::InferenceRequest,
+        ctx: &awaken_plugin::TransformContext<'_>,
+    ) -> Result<awaken_llm::InferenceRequest, awaken_plugin::TransformError> {
+        let prompt = request.system_prompt.take().unwrap_or_default();
+        request.system_prompt = Some(format!("{prompt}\n(step {})", ctx.step));
+        Ok(request)
+    }
+}
+
+#[tokio::test]
+async fn request_transforms_reach_the_provider() {
+    let stamp = plugin("stamp", |r| {
+        r.register_request_transform(Arc::new(Stamp));
+        Ok(())
+    });
+    let out = Scenario::new(vec![
+        call("c1", "echo", json!({"text": "a"})),
+        ScriptTurn::text("done"),
+    ])
+    .plugin(stamp)
+    .run()
+    .await;
+    let prompts: Vec<Option<String>> = out
+        .executor
+        .requests()
+        .iter()
+        .map(|r| r.system_prompt.clone())
+        .collect();
+    assert_eq!(
+        prompts,
+        [
+            Some("Be brief.\n(step 1)".to_owned()),
+            Some("Be brief.\n(step 2)".to_owned())
+        ]
+    );
+}
