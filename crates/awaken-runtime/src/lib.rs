@@ -1,20 +1,24 @@
 //! Awaken's agent runtime: [`AgentRuntimeBuilder`] over the resolver's registries, the agent
 //! loop (each activation `RunStart` … `RunFinish` through the phase engine: `StepStart`,
 //! `BeforeInference`, request transforms, streamed inference, `AfterInference`, the tool calls
-//! with their gates, `StepEnd`), the built-in plugins (loop actions and stop conditions), the
+//! with their gates, `StepEnd`), the built-in plugins (loop actions, stop conditions, context
+//! management when the agent has a context policy, and the standard `permission` plugin), the
 //! neutral event stream and typed termination.
 //!
 //! Every durable step is one `ThreadCommit` to the runtime's `ThreadStore` (memory by
 //! default): the run's start, the assistant message with its calls `Requested`, each call
-//! `Executing` before the tool runs, each result, each step's end, the run's end. Lifecycle
-//! events are stored with their commit; events about committed facts are emitted after it.
+//! `Executing` before the tool runs, each result (the last one with the step's end), the run's
+//! end. Lifecycle events are stored with their commit; events about committed facts are
+//! emitted after it.
 //!
 //! Tool calls run one after another, or concurrently when the agent sets `parallel_tools`
 //! (calls whose tools declare overlapping writes still one after another, in call order).
+//! A suspended call parks the run until [`AgentRuntime::resume`] (in any process on the same
+//! store); [`AgentRuntime::recover`] continues runs a crash cut short, through the store's
+//! leases; delegates run as child runs; endpoint-backed agents run through their execution
+//! backend. Not yet: profile-scoped state.
 //!
-//! Work in progress (issue 11): resume, recovery, delegation and endpoint-backed agents are
-//! not driven yet. This crate must never
-//! know wire protocols or terminal UI.
+//! This crate must never know wire protocols or terminal UI.
 
 mod active;
 mod builtins;
