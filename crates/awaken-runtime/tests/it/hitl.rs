@@ -465,3 +465,105 @@ async fn a_new_run_never_reuses_the_latest_runs_id() {
         "nothing written"
     );
 }
+
+/// Schedules an action for `RunEnd` at every step start (queued while the run waits).
+struct Later(PluginManifest);
+
+struct LaterAction;
+
+impl awaken_phase::ScheduledActionSpec for LaterAction {
+    const KEY: &'static str = "later.at_run_end";
+    const PHASE: awaken_phase::Phase = awaken_phase::Phase::RunEnd;
+    type Payload = String;
+}
+
+struct LaterHandler;
+
+#[async_trait::async_trait]
+impl awaken_phase::ActionHandler<LaterAction> for LaterHandler {
+    async fn handle(
+        &self,
+        _ctx: &PhaseContext,
+        _payload: String,
+    ) -> Result<awaken_state::StateCommand, awaken_phase::HookError> {
+        Ok(awaken_state::StateCommand::new())
+    }
+}
+
+impl Plugin for Later {
+    fn manifest(&self) -> &PluginManifest {
+        &self.0
+    }
+    fn register(&self, r: &mut PluginRegistrar) -> Result<(), PluginError> {
+        r.register_scheduled_action::<LaterAction, _>(LaterHandler)?;
+        r.register_phase_hook(
+            awaken_phase::Phase::StepStart,
+            "schedule",
+            Arc::new(awaken_phase::FnHook(|_: &PhaseContext| {
+                let mut cmd = awaken_state::StateCommand::new();
+                awaken_phase::CommandExt::schedule_action::<LaterAction>(&mut cmd, "x".into())?;
+                Ok(cmd)
+            })),
+        )
+    }
+}
+
+#[tokio::test]
+async fn a_resume_after_the_agent_changed_warns_and_dead_letters_orphaned_actions() {
+    let store = sqlite("changed").await;
+    let build = |with_later: bool, turns: Vec<ScriptTurn>| {
+        let executor = Arc::new(ScriptedExecutor::from_turns(turns).expect("script"));
+        let mut spec = AgentSpec::new("agent", "model")
+            .with_plugin(awaken_runtime::PERMISSION_PLUGIN)
+            .with_section("permission", json!({"default": "ask"}));
+        let mut builder = AgentRuntime::builder()
+            .with_ids(Arc::new(awaken_runtime::SystemIds::default()))
+            .with_store(store.clone())
+            .with_model(ModelSpec::new("model", "scripted", "upstream"))
+            .with_provider("scripted", executor)
+            .with_tool(Arc::new(Echo));
+        if with_later {
+            spec = spec.with_plugin("later");
+            builder = builder.with_plugin(Arc::new(Later(PluginManifest::new("later"))));
+        }
+        builder.with_agent_spec(spec).build().expect("runtime")
+    };
+    let first = build(
+        true,
+        vec![
+            ScriptTurn::text("")
+                .with_tool_call(ScriptToolCall::new("echo", json!({"text": "a"})).with_id("c1")),
+        ],
+    );
+    let out = start(&Process {
+        runtime: first.clone(),
+        executor: Arc::new(ScriptedExecutor::from_turns(Vec::new()).expect("script")),
+        asked: Log::default(),
+    })
+    .await;
+    assert_eq!(out.termination, TerminationReason::Suspended);
+    let ticket = first
+        .waiting_calls(&thread())
+        .await
+        .expect("read")
+        .remove(0);
+    // The agent lost its `later` plugin while the run waited.
+    let second = build(false, vec![ScriptTurn::text("done")]);
+    let sink = VecSink::new();
+    second
+        .resume(
+            Resume::new(thread()).with_decision(ToolCallResume::approve(&ticket.call)),
+            &sink,
+        )
+        .await
+        .expect("resumed");
+    let events = render(&sink.events());
+    assert!(
+        events.contains("warning SpecChanged: agent `agent` changed while the run waited"),
+        "{events}"
+    );
+    assert!(
+        events.contains("dead_letter later.at_run_end: its handler is gone: the agent changed while the run waited"),
+        "{events}"
+    );
+}
