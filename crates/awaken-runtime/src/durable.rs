@@ -1,6 +1,7 @@
 //! The run's committed-fact boundary (seed 003): every durable step of a run is one
 //! `ThreadCommit`, and the lifecycle events about it are stored with it and emitted after it.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use awaken_event::{AgentEvent, EventSink, Message, TerminationReason, ThreadId, TokenUsage};
@@ -39,6 +40,9 @@ pub(crate) struct Durable {
     state_revision: u64,
     /// The run's lease, carried by every commit, when a recovery claimed the run.
     pub(crate) lease: Option<LeaseToken>,
+    /// The version at which each key of the run's profile was read (0: absent), when the run
+    /// has a profile; a written key's version moves with each commit that writes it.
+    pub(crate) profile_versions: Option<BTreeMap<String, u64>>,
 }
 
 impl Durable {
@@ -61,6 +65,7 @@ impl Durable {
             after_commit: Vec::new(),
             state_revision,
             lease: None,
+            profile_versions: None,
         }
     }
 
@@ -123,11 +128,31 @@ impl Durable {
         .with_events(self.events.iter().cloned());
         commit.batch = batch;
         commit.lease = self.lease.clone();
+        // Profile keys written since the last commit, each guarded by the version it was
+        // read at: a concurrent writer's change is a `ProfileConflict`, never a lost update.
+        let mut profile_written = Vec::new();
+        if let Some(versions) = &self.profile_versions {
+            let delta = snapshot.export_changed_in(KeyScope::Profile, self.state_revision)?;
+            if !delta.values.is_empty() {
+                let guards: BTreeMap<String, u64> = delta
+                    .values
+                    .keys()
+                    .map(|k| (k.clone(), versions.get(k).copied().unwrap_or(0)))
+                    .collect();
+                profile_written = delta.values.keys().cloned().collect();
+                commit = commit.with_profile_state(delta, guards);
+            }
+        }
         let receipt = self.store.commit(commit).await?;
         if compaction {
             crate::failpoint::hit("after_compaction_commit", None);
         }
         self.persisted_messages = receipt.message_count;
+        if let Some(versions) = &mut self.profile_versions {
+            for key in profile_written {
+                *versions.entry(key).or_insert(0) += 1;
+            }
+        }
         self.new_messages.clear();
         self.state_revision = snapshot.revision();
         self.events.clear();

@@ -458,6 +458,25 @@ async fn run_activation(
             .restore(&r.run_state, UnknownKeyPolicy::Skip)
             .map_err(restore_error)?;
     }
+    // The profile's keys, as they are now, with the versions they were read at.
+    let mut profile_versions = None;
+    if let Some(profile) = &profile_id {
+        let state = rt
+            .store
+            .load_profile(profile)
+            .await
+            .map_err(RunError::Store)?;
+        store
+            .restore(&state.to_persisted(), UnknownKeyPolicy::Skip)
+            .map_err(restore_error)?;
+        profile_versions = Some(
+            state
+                .keys
+                .iter()
+                .map(|(k, e)| (k.clone(), e.version))
+                .collect(),
+        );
+    }
     // A history with unpaired calls or results never reaches a provider.
     // Calls still open in the batch are answered by this activation, not by the repair.
     let open: HashSet<ToolCallId> = resumed
@@ -505,6 +524,7 @@ async fn run_activation(
         store.revision(),
     );
     durable.lease = lease;
+    durable.profile_versions = profile_versions;
     let engine = PhaseEngine::new(store, resolved.env.phase_env().clone());
     if resumed.is_some() {
         // Actions queued before the wait whose handler the re-resolved agent no longer has.

@@ -10,6 +10,7 @@ mod hitl;
 mod leases;
 mod lifecycle;
 mod permission;
+mod profile;
 mod recovery;
 mod scenarios;
 mod support;

@@ -1,0 +1,172 @@
+//! Profile-scoped state: loaded into every run of the profile, written with version guards, a
+//! concurrent writer's change never lost.
+
+use std::sync::Arc;
+
+use awaken_event::{ProfileId, Role, TerminationReason, ThreadId};
+use awaken_llm::{
+    InferenceRequest, LlmEventStream, LlmExecutor, ScriptToolCall, ScriptTurn, ScriptedExecutor,
+};
+use awaken_phase::{FnHook, Phase, PhaseContext};
+use awaken_plugin::{Plugin, PluginError, PluginManifest, PluginRegistrar};
+use awaken_runtime::{AgentRuntime, RunActivation, SequentialIds};
+use awaken_spec::{AgentSpec, ModelSpec};
+use awaken_state::{StateCommand, StateError, StateKey};
+use awaken_store::{MemoryStore, ThreadStore};
+use serde_json::json;
+
+use crate::support::*;
+
+/// How many tool calls the profile's runs made, across threads.
+struct CallsMade;
+
+impl StateKey for CallsMade {
+    const KEY: &'static str = "prefs.calls_made";
+    type Value = u64;
+    type Update = u64;
+    fn apply(value: &mut u64, update: u64) -> Result<(), StateError> {
+        *value += update;
+        Ok(())
+    }
+}
+
+/// Counts each finished tool call in the profile key (and records what it saw).
+struct Counter(PluginManifest, Log);
+
+impl Plugin for Counter {
+    fn manifest(&self) -> &PluginManifest {
+        &self.0
+    }
+    fn register(&self, r: &mut PluginRegistrar) -> Result<(), PluginError> {
+        r.register_profile_key::<CallsMade>()?;
+        let log = self.1.clone();
+        r.register_phase_hook(
+            Phase::AfterToolExecute,
+            "count",
+            Arc::new(FnHook(move |ctx: &PhaseContext| {
+                let seen = ctx.snapshot.get::<CallsMade>().copied().unwrap_or(0);
+                log.push(format!("{} saw {seen}", ctx.run.thread_id));
+                Ok(StateCommand::new().with_update::<CallsMade>(1))
+            })),
+        )
+    }
+}
+
+/// Calls `gate` on thread `slow`, `echo` elsewhere, then answers.
+struct ByThread;
+
+impl LlmExecutor for ByThread {
+    fn name(&self) -> &str {
+        "by-thread"
+    }
+    fn execute_stream(&self, request: InferenceRequest) -> LlmEventStream {
+        let done = request.messages.iter().any(|m| m.role == Role::Tool);
+        let slow = request.routing_key.as_deref() == Some("slow");
+        let turn = match (done, slow) {
+            (true, _) => ScriptTurn::text("done"),
+            (false, true) => ScriptTurn::text("")
+                .with_tool_call(ScriptToolCall::new("gate", json!({})).with_id("g1")),
+            (false, false) => ScriptTurn::text("")
+                .with_tool_call(ScriptToolCall::new("echo", json!({"text": "x"})).with_id("e1")),
+        };
+        match ScriptedExecutor::from_turns(vec![turn]) {
+            Ok(e) => e.execute_stream(request),
+            Err(e) => unreachable!("a one-turn script is valid: {e}"),
+        }
+    }
+}
+
+fn runtime(store: Arc<dyn ThreadStore>, log: &Log, gate: crate::lifecycle::Gate) -> AgentRuntime {
+    AgentRuntime::builder()
+        .with_ids(Arc::new(SequentialIds::default()))
+        .with_store(store)
+        .with_model(ModelSpec::new("model", "p", "up"))
+        .with_provider("p", Arc::new(ByThread))
+        .with_tool(Arc::new(Echo))
+        .with_tool(Arc::new(gate))
+        .with_plugin(Arc::new(Counter(
+            PluginManifest::new("counter"),
+            log.clone(),
+        )))
+        .with_agent_spec(AgentSpec::new("agent", "model").with_plugin("counter"))
+        .build()
+        .expect("runtime")
+}
+
+fn on(thread: &str) -> RunActivation {
+    RunActivation::new(ThreadId::new(thread).expect("id"), "agent")
+        .with_user_message("go")
+        .with_profile(ProfileId::new("ada").expect("id"))
+}
+
+fn notifies() -> (Arc<tokio::sync::Notify>, Arc<tokio::sync::Notify>) {
+    (
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(tokio::sync::Notify::new()),
+    )
+}
+
+#[tokio::test]
+async fn every_thread_of_a_profile_sees_its_keys() {
+    let store: Arc<dyn ThreadStore> = Arc::new(MemoryStore::new());
+    let log = Log::default();
+    let (entered, release) = notifies();
+    let rt = runtime(
+        store.clone(),
+        &log,
+        crate::lifecycle::Gate(entered, release),
+    );
+    for thread in ["a", "b", "c"] {
+        let out = rt.run_to_completion(on(thread)).await.expect("run");
+        assert_eq!(out.termination, TerminationReason::NaturalEnd);
+    }
+    // A run without the profile sees none of it.
+    rt.run_to_completion(
+        RunActivation::new(ThreadId::new("d").expect("id"), "agent").with_user_message("go"),
+    )
+    .await
+    .expect("run");
+    assert_eq!(log.lines(), ["a saw 0", "b saw 1", "c saw 2", "d saw 0"]);
+    let profile = store
+        .load_profile(&ProfileId::new("ada").expect("id"))
+        .await
+        .expect("profile");
+    let entry = &profile.keys[CallsMade::KEY];
+    assert_eq!((entry.value.clone(), entry.version), (json!(3), 3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrent_write_is_never_lost() {
+    let store: Arc<dyn ThreadStore> = Arc::new(MemoryStore::new());
+    let log = Log::default();
+    let (entered, release) = notifies();
+    let rt = runtime(
+        store.clone(),
+        &log,
+        crate::lifecycle::Gate(entered.clone(), release.clone()),
+    );
+    // `slow` reads the profile (nothing yet), then waits inside its tool.
+    let slow = {
+        let rt = rt.clone();
+        tokio::spawn(async move { rt.run_to_completion(on("slow")).await })
+    };
+    entered.notified().await;
+    // `fast` reads the same version, writes, commits.
+    let fast = rt.run_to_completion(on("fast")).await.expect("fast");
+    assert_eq!(fast.termination, TerminationReason::NaturalEnd);
+    // `slow` then writes from the version it read: refused, naming the key.
+    release.notify_one();
+    let slow = slow.await.expect("joined").expect("slow");
+    let TerminationReason::Error { message } = &slow.termination else {
+        panic!("{slow:?}")
+    };
+    assert!(message.contains("prefs.calls_made"), "{message}");
+    // The fast run's write stands: nothing was overwritten.
+    let profile = store
+        .load_profile(&ProfileId::new("ada").expect("id"))
+        .await
+        .expect("profile");
+    let entry = &profile.keys[CallsMade::KEY];
+    assert_eq!((entry.value.clone(), entry.version), (json!(1), 1));
+    assert_eq!(log.lines(), ["fast saw 0", "slow saw 0"]);
+}
