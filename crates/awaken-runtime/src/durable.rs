@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use awaken_event::{AgentEvent, EventSink, Message, TerminationReason, ThreadId, TokenUsage};
-use awaken_state::{KeyScope, StateError, StateStore};
+use awaken_state::{
+    KeyScope, PersistedState, StateCommand, StateError, StateStore, UnknownKeyPolicy,
+};
 use awaken_store::{
     BatchWrite, LeaseToken, RunRecord, RunStatus, StoreError, ThreadCommit, ThreadStore, Timestamp,
 };
@@ -43,7 +45,15 @@ pub(crate) struct Durable {
     /// The version at which each key of the run's profile was read (0: absent), when the run
     /// has a profile; a written key's version moves with each commit that writes it.
     pub(crate) profile_versions: Option<BTreeMap<String, u64>>,
+    /// Profile writes of the run not yet durable (journaled updates, in order), kept across
+    /// retries of one commit.
+    pending_profile_writes: Vec<(String, serde_json::Value)>,
+    /// How many times a profile conflict was retried (all commits of the run).
+    pub(crate) profile_retries: u32,
 }
+
+/// How many profile conflicts one run retries before its commit fails.
+const MAX_PROFILE_RETRIES: u32 = 16;
 
 impl Durable {
     pub(crate) fn new(
@@ -66,6 +76,8 @@ impl Durable {
             state_revision,
             lease: None,
             profile_versions: None,
+            pending_profile_writes: Vec::new(),
+            profile_retries: 0,
         }
     }
 
@@ -129,29 +141,66 @@ impl Durable {
         commit.batch = batch;
         commit.lease = self.lease.clone();
         // Profile keys written since the last commit, each guarded by the version it was
-        // read at: a concurrent writer's change is a `ProfileConflict`, never a lost update.
-        let mut profile_written = Vec::new();
-        if let Some(versions) = &self.profile_versions {
-            let delta = snapshot.export_changed_in(KeyScope::Profile, self.state_revision)?;
-            if !delta.values.is_empty() {
+        // read at: a concurrent writer's change is a `ProfileConflict`, never a lost update;
+        // the run's writes are then redone on the fresh values and the commit retried.
+        let mut profile = match &self.profile_versions {
+            Some(versions) => {
+                let delta = snapshot.export_changed_in(KeyScope::Profile, self.state_revision)?;
                 let guards: BTreeMap<String, u64> = delta
                     .values
                     .keys()
                     .map(|k| (k.clone(), versions.get(k).copied().unwrap_or(0)))
                     .collect();
-                profile_written = delta.values.keys().cloned().collect();
-                commit = commit.with_profile_state(delta, guards);
+                (!delta.values.is_empty()).then_some((delta, guards))
             }
-        }
-        let receipt = self.store.commit(commit).await?;
+            None => None,
+        };
+        let mut retried = false;
+        let receipt = if profile.is_none() {
+            self.store.commit(commit).await?
+        } else {
+            loop {
+                let mut attempt = commit.clone();
+                if let Some((delta, guards)) = &profile {
+                    attempt = attempt.with_profile_state(delta.clone(), guards.clone());
+                }
+                match self.store.commit(attempt).await {
+                    Ok(receipt) => break receipt,
+                    Err(StoreError::ProfileConflict { key })
+                        if profile.is_some() && self.profile_retries < MAX_PROFILE_RETRIES =>
+                    {
+                        self.profile_retries += 1;
+                        tracing::info!(key = %key, "profile key changed under the run: redoing its writes on the fresh value");
+                        profile = Some(self.redo_profile_writes(state).await?);
+                        retried = true;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        };
         if compaction {
             crate::failpoint::hit("after_compaction_commit", None);
         }
         self.persisted_messages = receipt.message_count;
-        if let Some(versions) = &mut self.profile_versions {
-            for key in profile_written {
-                *versions.entry(key).or_insert(0) += 1;
+        if let (Some(versions), Some((_, guards))) = (&mut self.profile_versions, &profile) {
+            for (key, read) in guards {
+                versions.insert(key.clone(), read + 1);
             }
+        }
+        // The journaled profile writes are durable now.
+        self.pending_profile_writes.clear();
+        if self.profile_versions.is_some() {
+            state.take_journal();
+        }
+        if retried {
+            // The redone values were restored into the run's state after the snapshot.
+            self.new_messages.clear();
+            self.state_revision = state.revision();
+            self.events.clear();
+            for event in self.after_commit.drain(..) {
+                sink.emit(&event);
+            }
+            return Ok(());
         }
         self.new_messages.clear();
         self.state_revision = snapshot.revision();
@@ -160,6 +209,46 @@ impl Durable {
             sink.emit(&event);
         }
         Ok(())
+    }
+
+    /// After a profile conflict: reloads the profile, redoes the run's journaled profile writes
+    /// on the fresh values (in a scratch store over the run's keys), puts the results into the
+    /// run's state, and returns them with the fresh versions as the commit's profile delta.
+    async fn redo_profile_writes(
+        &mut self,
+        state: &StateStore,
+    ) -> Result<(PersistedState, BTreeMap<String, u64>), CheckpointError> {
+        let Some(profile_id) = self.record.profile_id.clone() else {
+            return Ok((PersistedState::default(), BTreeMap::new()));
+        };
+        self.pending_profile_writes.extend(state.take_journal());
+        let fresh = self.store.load_profile(&profile_id).await?;
+        let scratch = StateStore::new(state.registry().clone());
+        scratch.restore(&fresh.to_persisted(), UnknownKeyPolicy::Skip)?;
+        let base = scratch.revision();
+        let mut redo = StateCommand::new();
+        for (key, update) in &self.pending_profile_writes {
+            redo.update_json(key.clone(), update.clone());
+        }
+        scratch.commit(redo)?;
+        let delta = scratch
+            .snapshot()
+            .export_changed_in(KeyScope::Profile, base)?;
+        let versions: BTreeMap<String, u64> = fresh
+            .keys
+            .iter()
+            .map(|(k, e)| (k.clone(), e.version))
+            .collect();
+        let guards = delta
+            .values
+            .keys()
+            .map(|k| (k.clone(), versions.get(k).copied().unwrap_or(0)))
+            .collect();
+        self.profile_versions = Some(versions);
+        // The run goes on from the redone values.
+        state.restore(&delta, UnknownKeyPolicy::Skip)?;
+        // (A restore is not journaled: the pending writes stay the record until durable.)
+        Ok((delta, guards))
     }
 
     /// Marks the run finished (or waiting) for the final commit.

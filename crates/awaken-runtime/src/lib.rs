@@ -16,7 +16,9 @@
 //! A suspended call parks the run until [`AgentRuntime::resume`] (in any process on the same
 //! store); [`AgentRuntime::recover`] continues runs a crash cut short, through the store's
 //! leases; delegates run as child runs; endpoint-backed agents run through their execution
-//! backend. Not yet: profile-scoped state.
+//! backend. A run with a profile id sees the profile's keys and writes them with version
+//! guards; a write refused because another thread changed the key is redone on the fresh
+//! value.
 //!
 //! This crate must never know wire protocols or terminal UI.
 

@@ -20,7 +20,9 @@ use awaken_plugin::{
 };
 use awaken_resolver::{BackendRequest, ResolvedAgent, ResolvedRunPlan, ResolvedTool};
 use awaken_spec::{InferenceOverride, StopConditionSpec};
-use awaken_state::{PersistedState, StateCommand, StateKey, StateStore, UnknownKeyPolicy};
+use awaken_state::{
+    KeyScope, PersistedState, StateCommand, StateKey, StateStore, UnknownKeyPolicy,
+};
 use awaken_store::{BatchWrite, ClaimedRun, LeaseToken, RunRecord, RunStatus, Timestamp};
 use awaken_tool::{
     OUTCOME_UNKNOWN_MESSAGE, RecoveryAction, ToolBatch, ToolCallContext, ToolGateHook,
@@ -443,7 +445,11 @@ async fn run_activation(
         agent_id: agent_id.clone(),
         profile_id: profile_id.clone(),
     });
-    let store = Arc::new(StateStore::new(resolved.env.keys().clone()));
+    // A run with a profile journals its profile writes, to redo them after a conflict.
+    let store = Arc::new(match &profile_id {
+        Some(_) => StateStore::with_journal(resolved.env.keys().clone(), KeyScope::Profile),
+        None => StateStore::new(resolved.env.keys().clone()),
+    });
     let restore_error = |e| RunError::State {
         thread_id: thread_id.clone(),
         source: e,

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
 use crate::command::{Effect, Payload, ScheduledAction, StateCommand, Updates};
 use crate::error::StateError;
-use crate::key::KeyRegistry;
+use crate::key::{KeyRegistry, KeyScope};
 use crate::snapshot::{PersistedState, Snapshot, Version};
 use crate::table::{SlotValue, Table};
 
@@ -33,6 +33,9 @@ pub struct StateStore {
     /// Number of subscribed observers, so a commit with none skips their lock.
     observer_count: AtomicUsize,
     next_observer: AtomicU64,
+    /// The scope whose updates are journaled (as JSON, in commit order), when one is.
+    journal_scope: Option<KeyScope>,
+    journal: Mutex<Vec<(String, serde_json::Value)>>,
 }
 
 /// The subscribed observers; replaced (never mutated) so a commit can iterate a copy lock-free.
@@ -104,6 +107,8 @@ pub struct Transaction<'s> {
     changed: bool,
     actions: Vec<ScheduledAction>,
     effects: Vec<Effect>,
+    /// Journaled updates of the applied commands, handed to the store at publication.
+    journaled: Vec<(String, serde_json::Value)>,
 }
 
 impl StateStore {
@@ -128,6 +133,32 @@ impl StateStore {
             observers: RwLock::new(Arc::new(Vec::new())),
             observer_count: AtomicUsize::new(0),
             next_observer: AtomicU64::new(0),
+            journal_scope: None,
+            journal: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A store that also journals every committed update of a key of `scope`, as JSON in
+    /// commit order, so they can be applied again to other values (profile keys: a write
+    /// refused because another thread changed the key is redone on the fresh value).
+    pub fn with_journal(registry: KeyRegistry, scope: KeyScope) -> Self {
+        Self {
+            journal_scope: Some(scope),
+            ..Self::new(registry)
+        }
+    }
+
+    /// Takes the journaled updates (key name, update JSON) committed since the last take.
+    pub fn take_journal(&self) -> Vec<(String, serde_json::Value)> {
+        std::mem::take(&mut *self.journal.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    fn append_journal(&self, entries: Vec<(String, serde_json::Value)>) {
+        if !entries.is_empty() {
+            self.journal
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .extend(entries);
         }
     }
 
@@ -171,13 +202,22 @@ impl StateStore {
         }
         let revision = head.revision() + 1;
         let mut table = head.version.table.clone();
-        apply_updates(&self.registry, &mut table, command.updates, revision)?;
+        let mut journaled = Vec::new();
+        let journal = self.journal_scope.map(|scope| (scope, &mut journaled));
+        apply_updates(
+            &self.registry,
+            &mut table,
+            command.updates,
+            revision,
+            journal,
+        )?;
         let committed = Committed {
             revision,
             snapshot: self.publish(&mut head, revision, table),
             actions: command.actions,
             effects: command.effects,
         };
+        self.append_journal(journaled);
         drop(head);
         self.notify(&committed);
         Ok(committed)
@@ -193,6 +233,7 @@ impl StateStore {
             changed: false,
             actions: Vec::new(),
             effects: Vec::new(),
+            journaled: Vec::new(),
         }
     }
 
@@ -367,19 +408,29 @@ impl Transaction<'_> {
         if !command.updates.is_empty() {
             let registry = &self.store.registry;
             let revision = self.base.revision() + 1;
+            let mut journaled = Vec::new();
+            let journal = self
+                .store
+                .journal_scope
+                .map(|scope| (scope, &mut journaled));
             if self.changed {
                 let mut table = self.staged.clone();
-                apply_updates(registry, &mut table, command.updates, revision)?;
+                apply_updates(registry, &mut table, command.updates, revision, journal)?;
                 self.staged = table;
-            } else if let Err(e) =
-                apply_updates(registry, &mut self.staged, command.updates, revision)
-            {
+            } else if let Err(e) = apply_updates(
+                registry,
+                &mut self.staged,
+                command.updates,
+                revision,
+                journal,
+            ) {
                 // Nothing was staged: the table is the base's, shared, so the writes copied
                 // what they changed; going back to the base undoes them.
                 self.staged = self.base.version.table.clone();
                 return Err(e);
             }
             self.changed = true;
+            self.journaled.extend(journaled);
         }
         self.actions.extend(command.actions);
         self.effects.extend(command.effects);
@@ -419,6 +470,7 @@ impl Transaction<'_> {
             actions: self.actions,
             effects: self.effects,
         };
+        store.append_journal(self.journaled);
         drop(head);
         store.notify(&committed);
         Ok(committed)
@@ -451,6 +503,7 @@ fn apply_updates(
     table: &mut Table,
     mut updates: Updates,
     revision: u64,
+    mut journal: Option<(KeyScope, &mut Vec<(String, serde_json::Value)>)>,
 ) -> Result<(), StateError> {
     for update in updates.as_mut_slice() {
         let (index, entry) = match update.locate(registry) {
@@ -458,6 +511,18 @@ fn apply_updates(
             None => registry.resolve(&update.key)?, // `UnknownKey`
         };
         update.slot = index;
+        if let Some((scope, entries)) = journal.as_mut()
+            && entry.options.scope == *scope
+        {
+            let json = match &update.payload {
+                Payload::Typed(typed) => typed.to_json().map_err(|e| StateError::Serialize {
+                    key: entry.name.to_owned(),
+                    source: Arc::new(e),
+                })?,
+                Payload::Json(json) => (**json).clone(),
+            };
+            entries.push((entry.name.to_owned(), json));
+        }
         match &mut update.payload {
             Payload::Typed(typed) => {
                 if typed.key_type() != entry.key_type {

@@ -962,3 +962,44 @@ fn parallel_batch_defers_writers_of_keys_the_batch_holds() {
             batch: test.mode test.mode test.counter test.counter test.unknown test.log"#]],
     );
 }
+
+#[test]
+fn a_journal_records_the_committed_updates_of_its_scope_in_order() {
+    let s = StateStore::with_journal(registry(), KeyScope::Profile);
+    // A commit: the profile key's typed and JSON updates are journaled, others are not.
+    let mut cmd = StateCommand::new()
+        .with_update::<Quota>(3)
+        .with_update::<Counter>(1);
+    cmd.update_json(Quota::KEY, serde_json::json!(5));
+    s.commit(cmd).unwrap();
+    // A failed commit journals nothing.
+    let bad = StateCommand::new()
+        .with_update::<Quota>(7)
+        .with_update::<Log>(String::new());
+    assert!(s.commit(bad).is_err());
+    // A transaction's updates are journaled when it publishes.
+    let mut tx = s.transaction();
+    tx.apply(StateCommand::new().with_update::<Quota>(9))
+        .unwrap();
+    assert_eq!(s.take_journal().len(), 2, "not yet published");
+    tx.commit().unwrap();
+    assert_eq!(
+        s.take_journal(),
+        [("test.quota".to_owned(), serde_json::json!(9))]
+    );
+    assert!(s.take_journal().is_empty());
+    // Replayed on another store, the journal gives the same value.
+    let other = store();
+    let mut replay = StateCommand::new();
+    for (k, v) in [("test.quota", 3), ("test.quota", 5), ("test.quota", 9)] {
+        replay.update_json(k, serde_json::json!(v));
+    }
+    other.commit(replay).unwrap();
+    assert_eq!(other.snapshot().get::<Quota>().copied().unwrap(), 9);
+    // A store without a journal records nothing.
+    let plain = store();
+    plain
+        .commit(StateCommand::new().with_update::<Quota>(1))
+        .unwrap();
+    assert!(plain.take_journal().is_empty());
+}
