@@ -567,3 +567,91 @@ async fn a_resume_after_the_agent_changed_warns_and_dead_letters_orphaned_action
         "{events}"
     );
 }
+
+#[tokio::test]
+async fn a_ticket_may_take_the_decision_as_the_calls_result() {
+    // A gate that asks for the answer itself: the tool never runs.
+    let asks = Arc::new(ApprovalAnswer(PluginManifest::new("answer")));
+    let executor = Arc::new(
+        ScriptedExecutor::from_turns(vec![
+            ScriptTurn::text("").with_tool_call(
+                ScriptToolCall::new("echo", json!({"text": "which color?"})).with_id("c1"),
+            ),
+            ScriptTurn::text("thanks"),
+        ])
+        .expect("script"),
+    );
+    let rt = AgentRuntime::builder()
+        .with_ids(Arc::new(SequentialIds::default()))
+        .with_model(ModelSpec::new("model", "scripted", "upstream"))
+        .with_provider("scripted", executor.clone())
+        .with_tool(Arc::new(Echo))
+        .with_plugin(asks)
+        .with_agent_spec(AgentSpec::new("agent", "model").with_plugin("answer"))
+        .build()
+        .expect("runtime");
+    let out = rt
+        .run_to_completion(RunActivation::new(thread(), "agent").with_user_message("hi"))
+        .await
+        .expect("run");
+    assert_eq!(out.termination, TerminationReason::Suspended);
+    let ticket = rt.waiting_calls(&thread()).await.expect("read").remove(0);
+    // An answer that breaks the ticket's schema is refused.
+    let refused = rt
+        .resume_to_completion(
+            Resume::new(thread())
+                .with_decision(ToolCallResume::approve(&ticket.call).with_payload(json!(42))),
+        )
+        .await;
+    assert!(
+        matches!(
+            refused,
+            Err(RunError::Decision {
+                source: DecisionError::InvalidAnswer { .. },
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    let done = rt
+        .resume_to_completion(
+            Resume::new(thread())
+                .with_decision(ToolCallResume::approve(&ticket.call).with_payload(json!("blue"))),
+        )
+        .await
+        .expect("resumed");
+    assert_eq!(done.termination, TerminationReason::NaturalEnd);
+    let history = rt.history(&thread()).await.expect("history");
+    assert_eq!(
+        history[2].text(),
+        "blue",
+        "the answer is the result; echo never ran"
+    );
+}
+
+/// Suspends every call with a question whose answer (a string) becomes the result.
+struct ApprovalAnswer(PluginManifest);
+
+impl Plugin for ApprovalAnswer {
+    fn manifest(&self) -> &PluginManifest {
+        &self.0
+    }
+    fn register(&self, r: &mut PluginRegistrar) -> Result<(), PluginError> {
+        r.register_tool_gate_hook(
+            "ask",
+            Arc::new(FnGate(|ctx: &PhaseContext| {
+                let tool = ctx.tool.as_ref().expect("a tool phase");
+                if tool.resume.is_some() {
+                    return Ok(None);
+                }
+                Ok(Some(ToolInterceptPayload::Suspend(SuspendTicket {
+                    suspension_id: "q".into(),
+                    call: pending_call(&tool.call),
+                    message: "Answer for the tool".into(),
+                    response_schema: Some(json!({"type": "string"})),
+                    resume_mode: ResumeMode::UseDecisionAsResult,
+                })))
+            })),
+        )
+    }
+}
