@@ -54,6 +54,13 @@ pub(crate) async fn open_store(spec: Option<&str>) -> Result<Arc<dyn ThreadStore
     Ok(Arc::new(store))
 }
 
+/// Whether `spec` names a store several processes share (PostgreSQL).
+fn is_shared_store(spec: Option<&str>) -> bool {
+    spec.is_some_and(|s| {
+        s.starts_with("postgres:") || s.starts_with("postgres://") || s.starts_with("postgresql://")
+    })
+}
+
 /// The thread named by the command's one positional word, its store and its checkpoint; an
 /// unknown thread is bad input.
 pub(crate) async fn stored_thread(
@@ -161,7 +168,16 @@ pub(crate) fn runtime(
     store: Arc<dyn ThreadStore>,
 ) -> Result<AgentRuntime> {
     let (executor, model) = provider(file, args, &store)?;
-    let mut builder = AgentRuntime::builder()
+    let mut builder = AgentRuntime::builder();
+    if is_shared_store(args.store.as_deref()) {
+        // Several processes share a PostgreSQL store: every run this one drives holds a
+        // lease, so a `recover` elsewhere never takes it over while it is alive.
+        builder = builder.with_worker(
+            format!("awaken-cli-{}", std::process::id()),
+            std::time::Duration::from_secs(30),
+        );
+    }
+    let mut builder = builder
         .with_store(store)
         .with_model(model.clone())
         .with_provider(model.provider.clone(), executor)
