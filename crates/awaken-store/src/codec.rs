@@ -109,3 +109,24 @@ pub(crate) fn count(what: &'static str, n: i64) -> Result<u64, StoreError> {
 pub(crate) fn int(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
+
+/// A claimed run from a `RETURNING thread_id, lease_epoch, <run columns>` row.
+pub(crate) fn claimed_run(
+    thread_id: &str,
+    epoch: i64,
+    raw: RawRun,
+    worker_id: &str,
+    expires_at: Timestamp,
+) -> Result<crate::store::ClaimedRun, StoreError> {
+    let run = raw.decode()?;
+    Ok(crate::store::ClaimedRun {
+        thread_id: self::thread_id(thread_id)?,
+        lease: crate::commit::LeaseToken {
+            run_id: run.run_id.clone(),
+            worker_id: worker_id.to_owned(),
+            epoch: count("lease epoch", epoch)?,
+        },
+        run,
+        expires_at,
+    })
+}

@@ -490,10 +490,7 @@ impl ThreadStore for MemoryStore {
             .runs
             .values_mut()
             .map(|r| &mut **r)
-            .filter(|r| {
-                r.record.status != RunStatus::Done
-                    && (r.lease_owner.is_none() || r.lease_expires_at.is_none_or(|t| t <= now))
-            })
+            .filter(|r| claimable(r, now))
             .collect();
         free.sort_by(|a, b| {
             (a.record.updated_at, &a.record.run_id).cmp(&(b.record.updated_at, &b.record.run_id))
@@ -502,21 +499,7 @@ impl ThreadStore for MemoryStore {
         Ok(free
             .into_iter()
             .take(limit)
-            .map(|r| {
-                r.lease_owner = Some(worker_id.to_owned());
-                r.lease_epoch += 1;
-                r.lease_expires_at = Some(expires_at);
-                ClaimedRun {
-                    thread_id: r.thread_id.clone(),
-                    run: r.record.clone(),
-                    lease: LeaseToken {
-                        run_id: r.record.run_id.clone(),
-                        worker_id: worker_id.to_owned(),
-                        epoch: r.lease_epoch,
-                    },
-                    expires_at,
-                }
-            })
+            .map(|r| claim(r, worker_id, expires_at))
             .collect())
     }
 
@@ -529,28 +512,11 @@ impl ThreadStore for MemoryStore {
     ) -> Result<Option<ClaimedRun>, StoreError> {
         check_worker(worker_id)?;
         let mut inner = self.lock();
-        let Some(r) = inner.runs.get_mut(run_id) else {
-            return Ok(None);
-        };
-        let free = r.record.status != RunStatus::Done
-            && (r.lease_owner.is_none() || r.lease_expires_at.is_none_or(|t| t <= now));
-        if !free {
-            return Ok(None);
-        }
-        let expires_at = now.saturating_add(lease_duration);
-        r.lease_owner = Some(worker_id.to_owned());
-        r.lease_epoch += 1;
-        r.lease_expires_at = Some(expires_at);
-        Ok(Some(ClaimedRun {
-            thread_id: r.thread_id.clone(),
-            run: r.record.clone(),
-            lease: LeaseToken {
-                run_id: r.record.run_id.clone(),
-                worker_id: worker_id.to_owned(),
-                epoch: r.lease_epoch,
-            },
-            expires_at,
-        }))
+        Ok(inner
+            .runs
+            .get_mut(run_id)
+            .filter(|r| claimable(r, now))
+            .map(|r| claim(r, worker_id, now.saturating_add(lease_duration))))
     }
 
     async fn heartbeat(
@@ -582,6 +548,29 @@ impl ThreadStore for MemoryStore {
             }
             _ => Ok(false),
         }
+    }
+}
+
+/// An unfinished run whose lease is free or expired at `now`.
+fn claimable(r: &RunRow, now: Timestamp) -> bool {
+    r.record.status != RunStatus::Done
+        && (r.lease_owner.is_none() || r.lease_expires_at.is_none_or(|t| t <= now))
+}
+
+/// Gives `r`'s lease to `worker_id` until `expires_at` (a new epoch).
+fn claim(r: &mut RunRow, worker_id: &str, expires_at: Timestamp) -> ClaimedRun {
+    r.lease_owner = Some(worker_id.to_owned());
+    r.lease_epoch += 1;
+    r.lease_expires_at = Some(expires_at);
+    ClaimedRun {
+        thread_id: r.thread_id.clone(),
+        run: r.record.clone(),
+        lease: LeaseToken {
+            run_id: r.record.run_id.clone(),
+            worker_id: worker_id.to_owned(),
+            epoch: r.lease_epoch,
+        },
+        expires_at,
     }
 }
 

@@ -156,6 +156,21 @@ impl PostgresStore {
     }
 }
 
+/// A claimed run from a `RETURNING thread_id, lease_epoch, <run columns>` row.
+fn claimed_row(
+    row: &Row,
+    worker_id: &str,
+    expires_at: Timestamp,
+) -> Result<ClaimedRun, StoreError> {
+    codec::claimed_run(
+        row.try_get(0)?,
+        row.try_get(1)?,
+        raw_run(row, 2)?,
+        worker_id,
+        expires_at,
+    )
+}
+
 fn raw_run(row: &Row, at: usize) -> Result<RawRun, tokio_postgres::Error> {
     Ok(RawRun {
         run_id: row.try_get(at)?,
@@ -700,17 +715,7 @@ impl ThreadStore for PostgresStore {
             .await?;
         let mut out = Vec::with_capacity(rows.len());
         for row in rows {
-            let run = raw_run(&row, 2)?.decode()?;
-            out.push(ClaimedRun {
-                thread_id: codec::thread_id(row.try_get(0)?)?,
-                lease: LeaseToken {
-                    run_id: run.run_id.clone(),
-                    worker_id: worker_id.to_owned(),
-                    epoch: codec::count("lease epoch", row.try_get(1)?)?,
-                },
-                run,
-                expires_at,
-            });
+            out.push(claimed_row(&row, worker_id, expires_at)?);
         }
         out.sort_by(|a, b| {
             (a.run.updated_at, &a.run.run_id).cmp(&(b.run.updated_at, &b.run.run_id))
@@ -748,17 +753,7 @@ impl ThreadStore for PostgresStore {
         let Some(row) = row else {
             return Ok(None);
         };
-        let run = raw_run(&row, 2)?.decode()?;
-        Ok(Some(ClaimedRun {
-            thread_id: codec::thread_id(row.try_get(0)?)?,
-            lease: LeaseToken {
-                run_id: run.run_id.clone(),
-                worker_id: worker_id.to_owned(),
-                epoch: codec::count("lease epoch", row.try_get(1)?)?,
-            },
-            run,
-            expires_at,
-        }))
+        Ok(Some(claimed_row(&row, worker_id, expires_at)?))
     }
 
     async fn heartbeat(

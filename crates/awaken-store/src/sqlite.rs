@@ -724,17 +724,7 @@ impl ThreadStore for SqliteStore {
                 )?;
                 for row in rows {
                     let (tid, epoch, raw) = row?;
-                    let run = raw.decode()?;
-                    out.push(ClaimedRun {
-                        thread_id: codec::thread_id(&tid)?,
-                        lease: LeaseToken {
-                            run_id: run.run_id.clone(),
-                            worker_id: worker.clone(),
-                            epoch: codec::count("lease epoch", epoch)?,
-                        },
-                        run,
-                        expires_at,
-                    });
+                    out.push(codec::claimed_run(&tid, epoch, raw, &worker, expires_at)?);
                 }
             }
             tx.commit()?;
@@ -778,17 +768,9 @@ impl ThreadStore for SqliteStore {
                 return Ok(None);
             };
             let (tid, epoch, raw) = row?;
-            let run = raw.decode()?;
-            Ok(Some(ClaimedRun {
-                thread_id: codec::thread_id(&tid)?,
-                lease: LeaseToken {
-                    run_id: run.run_id.clone(),
-                    worker_id: worker.clone(),
-                    epoch: codec::count("lease epoch", epoch)?,
-                },
-                run,
-                expires_at,
-            }))
+            Ok(Some(codec::claimed_run(
+                &tid, epoch, raw, &worker, expires_at,
+            )?))
         })
         .await
     }
