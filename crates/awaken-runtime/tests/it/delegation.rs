@@ -313,7 +313,7 @@ async fn recovery_of_an_interrupted_delegate_call_continues_the_same_child() {
     let store: Arc<dyn ThreadStore> = Arc::new(MemoryStore::new());
     // Commits: boss start, requested, executing; the child's start; then the process dies.
     let mut dying = Setup::new(vec![delegate("think")], vec![ScriptTurn::text("thought")]);
-    dying.store = Arc::new(crate::recovery::DiesAfter::new(store.clone(), 4));
+    dying.store = Arc::new(crate::support::Intercepted::dies_after(store.clone(), 4));
     dying.system_ids = true;
     let first = dying
         .runtime()

@@ -3,25 +3,28 @@
 
 use std::sync::{Arc, Mutex};
 
-use async_trait::async_trait;
-use awaken_event::{ProfileId, ThreadId, VecSink, check_activation};
+use awaken_event::{ThreadId, VecSink, check_activation};
 use awaken_llm::{ScriptTurn, ScriptedExecutor};
 use awaken_runtime::{AgentRuntime, RunActivation, SequentialIds};
 use awaken_spec::{AgentSpec, ModelSpec};
-use awaken_store::{
-    BatchWrite, Checkpoint, ClaimedRun, CommitReceipt, LeaseToken, MemoryStore, ProfileState,
-    RunRecord, SqliteConfig, SqliteStore, StoreError, StoredEvent, ThreadCommit, ThreadStore,
-    ThreadSummary, Timestamp,
-};
+use awaken_store::{BatchWrite, MemoryStore, SqliteConfig, SqliteStore, ThreadStore};
 use serde_json::json;
 
-use crate::support::Echo;
+use crate::support::{Echo, Intercepted};
 
-/// A memory store that writes down what every commit carries.
-#[derive(Default)]
-struct Recording {
-    inner: MemoryStore,
-    log: Mutex<Vec<String>>,
+/// A memory store that writes down what every commit carries, in `log`.
+fn recording(log: Arc<Mutex<Vec<String>>>) -> Intercepted {
+    Intercepted::new(Arc::new(MemoryStore::new()), move |commit| {
+        let events: Vec<&str> = commit.events.iter().map(|e| e.type_name()).collect();
+        log.lock().expect("log").push(format!(
+            "{} msgs+{} batch={} events={}",
+            commit.run.status,
+            commit.messages.len(),
+            batch(&commit.batch),
+            events.join(",")
+        ));
+        Ok(())
+    })
 }
 
 fn batch(write: &BatchWrite) -> String {
@@ -42,69 +45,6 @@ fn batch(write: &BatchWrite) -> String {
                 .collect();
             format!("[{}]", states.join(","))
         }
-    }
-}
-
-#[async_trait]
-impl ThreadStore for Recording {
-    async fn commit(&self, commit: ThreadCommit) -> Result<CommitReceipt, StoreError> {
-        let events: Vec<&str> = commit.events.iter().map(|e| e.type_name()).collect();
-        let line = format!(
-            "{} msgs+{} batch={} events={}",
-            commit.run.status,
-            commit.messages.len(),
-            batch(&commit.batch),
-            events.join(",")
-        );
-        self.log.lock().expect("log").push(line);
-        self.inner.commit(commit).await
-    }
-    async fn load_checkpoint(&self, t: &ThreadId) -> Result<Option<Checkpoint>, StoreError> {
-        self.inner.load_checkpoint(t).await
-    }
-    async fn load_profile(&self, p: &ProfileId) -> Result<ProfileState, StoreError> {
-        self.inner.load_profile(p).await
-    }
-    async fn list_threads(&self) -> Result<Vec<ThreadSummary>, StoreError> {
-        self.inner.list_threads().await
-    }
-    async fn list_runs(&self, t: &ThreadId) -> Result<Vec<RunRecord>, StoreError> {
-        self.inner.list_runs(t).await
-    }
-    async fn load_events(&self, t: &ThreadId, since: u64) -> Result<Vec<StoredEvent>, StoreError> {
-        self.inner.load_events(t, since).await
-    }
-    async fn delete_thread(&self, t: &ThreadId) -> Result<bool, StoreError> {
-        self.inner.delete_thread(t).await
-    }
-    async fn claim_runnable(
-        &self,
-        w: &str,
-        d: std::time::Duration,
-        now: Timestamp,
-        limit: usize,
-    ) -> Result<Vec<ClaimedRun>, StoreError> {
-        self.inner.claim_runnable(w, d, now, limit).await
-    }
-    async fn heartbeat(
-        &self,
-        l: &LeaseToken,
-        d: std::time::Duration,
-        now: Timestamp,
-    ) -> Result<Timestamp, StoreError> {
-        self.inner.heartbeat(l, d, now).await
-    }
-    async fn release(&self, l: &LeaseToken) -> Result<bool, StoreError> {
-        self.inner.release(l).await
-    }
-    async fn claim_run(
-        &self,
-        run_id: &awaken_event::RunId,
-        worker: &str,
-        lease: std::time::Duration,
-        now: Timestamp,
-    ) -> Result<Option<ClaimedRun>, StoreError> {
-        self.inner.claim_run(run_id, worker, lease, now).await
     }
 }
 
@@ -134,7 +74,8 @@ fn turns() -> Vec<ScriptTurn> {
 
 #[tokio::test]
 async fn each_durable_boundary_is_one_commit() {
-    let store = Arc::new(Recording::default());
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let store = Arc::new(recording(log.clone()));
     let rt = runtime(store.clone(), turns());
     let thread = ThreadId::new("t").expect("id");
     let sink = VecSink::new();
@@ -151,7 +92,7 @@ async fn each_durable_boundary_is_one_commit() {
         running msgs+1 batch=clear events=tool_call_done,step_end
         running msgs+1 batch=keep events=step_start,inference_complete,step_end
         done msgs+0 batch=keep events=run_finish"#]]
-    .assert_eq(&store.log.lock().expect("log").join("\n"));
+    .assert_eq(&log.lock().expect("log").join("\n"));
 
     // The store holds the history and a well-formed activation of lifecycle events.
     let history = rt.history(&thread).await.expect("history");

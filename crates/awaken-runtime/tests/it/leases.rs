@@ -179,7 +179,7 @@ async fn two_workers_share_twenty_runs_and_one_takes_over_a_dead_workers_lease()
     for i in 0..RUNS {
         let thread = ThreadId::new(format!("t{i:02}")).expect("id");
         let dying: Arc<dyn ThreadStore> =
-            Arc::new(crate::recovery::DiesAfter::new(store.clone(), 1));
+            Arc::new(crate::support::Intercepted::dies_after(store.clone(), 1));
         let out = runtime(dying, &dir)
             .run_to_completion(RunActivation::new(thread, "agent").with_user_message("book"))
             .await

@@ -6,20 +6,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
-use awaken_event::{Message, ProfileId, Role, TerminationReason, ThreadId};
+use awaken_event::{Message, Role, TerminationReason, ThreadId};
 use awaken_llm::{InferenceRequest, LlmEventStream, LlmExecutor};
 use awaken_runtime::{AgentRuntime, RecoverConfig, RunActivation, RunStatsKey, SequentialIds};
 use awaken_spec::{AgentSpec, ModelSpec};
 use awaken_state::StateKey;
-use awaken_store::{
-    Checkpoint, ClaimedRun, CommitReceipt, LeaseToken, MemoryStore, ProfileState, RunRecord,
-    SqliteConfig, SqliteStore, StoreError, StoredEvent, ThreadCommit, ThreadStore, ThreadSummary,
-    Timestamp,
-};
+use awaken_store::{MemoryStore, SqliteConfig, SqliteStore, ThreadStore};
 
 use awaken_tool::{Tool, ToolCallContext, ToolError, ToolOutput};
 
-use crate::support::{call_answer, text_answer};
+use crate::support::{Intercepted, call_answer, text_answer};
 
 /// `echo`, declared `ReadOnly`: a call interrupted while executing is re-run, so the
 /// recovered history equals the uninterrupted one at every boundary (a side-effecting call
@@ -67,82 +63,6 @@ impl LlmExecutor for HistoryModel {
         } else {
             text_answer("done")
         }
-    }
-}
-
-/// A store that dies after `alive` commits: every later commit fails, writing nothing.
-pub struct DiesAfter {
-    inner: Arc<dyn ThreadStore>,
-    alive: usize,
-    commits: AtomicUsize,
-}
-
-impl DiesAfter {
-    pub fn new(inner: Arc<dyn ThreadStore>, alive: usize) -> Self {
-        Self {
-            inner,
-            alive,
-            commits: AtomicUsize::new(0),
-        }
-    }
-}
-
-#[async_trait]
-impl ThreadStore for DiesAfter {
-    async fn commit(&self, commit: ThreadCommit) -> Result<CommitReceipt, StoreError> {
-        if self.commits.fetch_add(1, Ordering::SeqCst) >= self.alive {
-            return Err(StoreError::Task {
-                detail: "the process died".into(),
-            });
-        }
-        self.inner.commit(commit).await
-    }
-    async fn load_checkpoint(&self, t: &ThreadId) -> Result<Option<Checkpoint>, StoreError> {
-        self.inner.load_checkpoint(t).await
-    }
-    async fn load_profile(&self, p: &ProfileId) -> Result<ProfileState, StoreError> {
-        self.inner.load_profile(p).await
-    }
-    async fn list_threads(&self) -> Result<Vec<ThreadSummary>, StoreError> {
-        self.inner.list_threads().await
-    }
-    async fn list_runs(&self, t: &ThreadId) -> Result<Vec<RunRecord>, StoreError> {
-        self.inner.list_runs(t).await
-    }
-    async fn load_events(&self, t: &ThreadId, since: u64) -> Result<Vec<StoredEvent>, StoreError> {
-        self.inner.load_events(t, since).await
-    }
-    async fn delete_thread(&self, t: &ThreadId) -> Result<bool, StoreError> {
-        self.inner.delete_thread(t).await
-    }
-    async fn claim_runnable(
-        &self,
-        worker: &str,
-        lease: std::time::Duration,
-        now: Timestamp,
-        limit: usize,
-    ) -> Result<Vec<ClaimedRun>, StoreError> {
-        self.inner.claim_runnable(worker, lease, now, limit).await
-    }
-    async fn heartbeat(
-        &self,
-        lease: &LeaseToken,
-        duration: std::time::Duration,
-        now: Timestamp,
-    ) -> Result<Timestamp, StoreError> {
-        self.inner.heartbeat(lease, duration, now).await
-    }
-    async fn release(&self, lease: &LeaseToken) -> Result<bool, StoreError> {
-        self.inner.release(lease).await
-    }
-    async fn claim_run(
-        &self,
-        run_id: &awaken_event::RunId,
-        worker: &str,
-        lease: std::time::Duration,
-        now: Timestamp,
-    ) -> Result<Option<ClaimedRun>, StoreError> {
-        self.inner.claim_run(run_id, worker, lease, now).await
     }
 }
 
@@ -199,10 +119,13 @@ fn message(m: &Message) -> String {
 async fn matrix(fresh: impl AsyncFn() -> Arc<dyn ThreadStore>) {
     // The uninterrupted run, and how many commits it makes.
     let store = fresh().await;
-    let counting = Arc::new(DiesAfter {
-        inner: store.clone(),
-        alive: usize::MAX,
-        commits: AtomicUsize::new(0),
+    let commits = Arc::new(AtomicUsize::new(0));
+    let counting = Arc::new({
+        let commits = commits.clone();
+        Intercepted::new(store.clone(), move |_| {
+            commits.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        })
     });
     let out = runtime(counting.clone())
         .run_to_completion(RunActivation::new(thread(), "agent").with_user_message("go"))
@@ -210,7 +133,7 @@ async fn matrix(fresh: impl AsyncFn() -> Arc<dyn ThreadStore>) {
         .expect("run");
     assert_eq!(out.termination, TerminationReason::NaturalEnd);
     let expected = render(store.as_ref()).await;
-    let commits = counting.commits.load(Ordering::SeqCst);
+    let commits = commits.load(Ordering::SeqCst);
     assert!(
         commits >= 8,
         "start, 2 × (requested, executing, result, step end), last step, end: {commits}"
@@ -218,11 +141,7 @@ async fn matrix(fresh: impl AsyncFn() -> Arc<dyn ThreadStore>) {
 
     for alive in 1..commits {
         let store = fresh().await;
-        let dying = Arc::new(DiesAfter {
-            inner: store.clone(),
-            alive,
-            commits: AtomicUsize::new(0),
-        });
+        let dying = Arc::new(Intercepted::dies_after(store.clone(), alive));
         // The first process: its writes stop after `alive` commits.
         let first = runtime(dying)
             .run_to_completion(RunActivation::new(thread(), "agent").with_user_message("go"))
@@ -291,7 +210,7 @@ async fn recovery_from_each_commit_matches_the_uninterrupted_run_on_sqlite() {
 #[tokio::test]
 async fn recovery_leaves_other_agents_runs_and_starts_nothing_once_cancelled() {
     let store: Arc<dyn ThreadStore> = Arc::new(MemoryStore::new());
-    let dying: Arc<dyn ThreadStore> = Arc::new(DiesAfter::new(store.clone(), 1));
+    let dying: Arc<dyn ThreadStore> = Arc::new(Intercepted::dies_after(store.clone(), 1));
     runtime(dying)
         .run_to_completion(RunActivation::new(thread(), "agent").with_user_message("go"))
         .await

@@ -298,3 +298,119 @@ pub fn kill_child_at(test: &str, dir_var: &str, dir: &Path, at: &str) {
     );
     assert_eq!(lines(&marker), [at], "the child reached {at}");
 }
+
+/// A store that shows every commit to `on_commit` first — which may refuse it (nothing is
+/// written) — and otherwise hands everything to `inner`.
+pub struct Intercepted {
+    inner: Arc<dyn awaken_store::ThreadStore>,
+    on_commit: Box<
+        dyn Fn(&awaken_store::ThreadCommit) -> Result<(), awaken_store::StoreError> + Send + Sync,
+    >,
+}
+
+impl Intercepted {
+    pub fn new(
+        inner: Arc<dyn awaken_store::ThreadStore>,
+        on_commit: impl Fn(&awaken_store::ThreadCommit) -> Result<(), awaken_store::StoreError>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        Self {
+            inner,
+            on_commit: Box::new(on_commit),
+        }
+    }
+
+    /// A store that dies after `alive` commits: every later commit fails, writing nothing.
+    pub fn dies_after(inner: Arc<dyn awaken_store::ThreadStore>, alive: usize) -> Self {
+        let commits = std::sync::atomic::AtomicUsize::new(0);
+        Self::new(inner, move |_| {
+            if commits.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= alive {
+                return Err(awaken_store::StoreError::Task {
+                    detail: "the process died".into(),
+                });
+            }
+            Ok(())
+        })
+    }
+}
+
+#[async_trait]
+impl awaken_store::ThreadStore for Intercepted {
+    async fn commit(
+        &self,
+        commit: awaken_store::ThreadCommit,
+    ) -> Result<awaken_store::CommitReceipt, awaken_store::StoreError> {
+        (self.on_commit)(&commit)?;
+        self.inner.commit(commit).await
+    }
+    async fn load_checkpoint(
+        &self,
+        t: &awaken_event::ThreadId,
+    ) -> Result<Option<awaken_store::Checkpoint>, awaken_store::StoreError> {
+        self.inner.load_checkpoint(t).await
+    }
+    async fn load_profile(
+        &self,
+        p: &awaken_event::ProfileId,
+    ) -> Result<awaken_store::ProfileState, awaken_store::StoreError> {
+        self.inner.load_profile(p).await
+    }
+    async fn list_threads(
+        &self,
+    ) -> Result<Vec<awaken_store::ThreadSummary>, awaken_store::StoreError> {
+        self.inner.list_threads().await
+    }
+    async fn list_runs(
+        &self,
+        t: &awaken_event::ThreadId,
+    ) -> Result<Vec<awaken_store::RunRecord>, awaken_store::StoreError> {
+        self.inner.list_runs(t).await
+    }
+    async fn load_events(
+        &self,
+        t: &awaken_event::ThreadId,
+        since: u64,
+    ) -> Result<Vec<awaken_store::StoredEvent>, awaken_store::StoreError> {
+        self.inner.load_events(t, since).await
+    }
+    async fn delete_thread(
+        &self,
+        t: &awaken_event::ThreadId,
+    ) -> Result<bool, awaken_store::StoreError> {
+        self.inner.delete_thread(t).await
+    }
+    async fn claim_runnable(
+        &self,
+        worker: &str,
+        lease: std::time::Duration,
+        now: awaken_store::Timestamp,
+        limit: usize,
+    ) -> Result<Vec<awaken_store::ClaimedRun>, awaken_store::StoreError> {
+        self.inner.claim_runnable(worker, lease, now, limit).await
+    }
+    async fn claim_run(
+        &self,
+        run_id: &awaken_event::RunId,
+        worker: &str,
+        lease: std::time::Duration,
+        now: awaken_store::Timestamp,
+    ) -> Result<Option<awaken_store::ClaimedRun>, awaken_store::StoreError> {
+        self.inner.claim_run(run_id, worker, lease, now).await
+    }
+    async fn heartbeat(
+        &self,
+        lease: &awaken_store::LeaseToken,
+        duration: std::time::Duration,
+        now: awaken_store::Timestamp,
+    ) -> Result<awaken_store::Timestamp, awaken_store::StoreError> {
+        self.inner.heartbeat(lease, duration, now).await
+    }
+    async fn release(
+        &self,
+        lease: &awaken_store::LeaseToken,
+    ) -> Result<bool, awaken_store::StoreError> {
+        self.inner.release(lease).await
+    }
+}
