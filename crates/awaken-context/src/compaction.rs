@@ -240,7 +240,9 @@ fn schedule(
     let plan = PlanInput {
         counts: &cache.counts,
         covers,
-        base: cache.fixed + summary_tokens,
+        // Before this run's first request the cache knows nothing of the fixed part: the
+        // thread's last known count stands in.
+        base: fixed_tokens(cache.fixed, &ctx.snapshot) + summary_tokens,
         raw_budget: threshold,
         marker_bound: 0,
         may_drop: true,
@@ -332,4 +334,15 @@ impl EffectHandler<CompactionFellBack> for LogFallback {
         tracing::warn!(%detail, "compaction fell back to truncation");
         Ok(())
     }
+}
+
+/// The fixed part's tokens: this run's count, or the thread's last known one before it has any.
+fn fixed_tokens(cached: u64, snapshot: &awaken_state::Snapshot) -> u64 {
+    if cached > 0 {
+        return cached;
+    }
+    snapshot
+        .get::<crate::transform::FixedTokensKey>()
+        .copied()
+        .unwrap_or(0)
 }

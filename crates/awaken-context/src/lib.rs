@@ -47,4 +47,6 @@ pub use summarize::{
     DEFAULT_SUMMARY_INSTRUCTIONS, LlmSummarizer, Summarizer, SummaryError, SummaryRequest,
     transcript,
 };
-pub use transform::{CONTEXT_TRANSFORM, CONTEXT_TRANSFORM_PLUGIN, ContextTransformPlugin};
+pub use transform::{
+    CONTEXT_TRANSFORM, CONTEXT_TRANSFORM_PLUGIN, ContextTransformPlugin, FixedTokensKey,
+};

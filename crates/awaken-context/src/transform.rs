@@ -8,7 +8,7 @@ use awaken_plugin::{
     TransformContext, TransformError,
 };
 use awaken_spec::TruncationStrategy;
-use awaken_state::{KeyOptions, KeyScope, StateCommand};
+use awaken_state::{KeyOptions, KeyScope, StateCommand, StateError, StateKey};
 
 use awaken_llm::InferenceRequest;
 
@@ -55,6 +55,7 @@ impl Plugin for ContextTransformPlugin {
 
     fn register(&self, r: &mut PluginRegistrar) -> Result<(), PluginError> {
         r.register_key::<CalibrationKey>(KeyOptions::new().with_scope(KeyScope::Thread))?;
+        r.register_key::<FixedTokensKey>(KeyOptions::new().with_scope(KeyScope::Thread))?;
         let core = self.core.clone();
         r.register_phase_hook(
             Phase::AfterInference,
@@ -75,15 +76,36 @@ fn calibrate(core: &Core, ctx: &PhaseContext) -> Result<StateCommand, HookError>
     };
     let reported = response.usage.input_tokens;
     let cache = core.cache(&ctx.run.run_id);
-    match cache.last_sent {
-        Some((step, estimated)) if step == ctx.step && reported > 0 => Ok(StateCommand::new()
-            .with_update::<CalibrationKey>(
-            UsageSample {
+    let mut cmd = match cache.last_sent {
+        Some((step, estimated)) if step == ctx.step && reported > 0 => {
+            StateCommand::new().with_update::<CalibrationKey>(UsageSample {
                 estimated,
                 reported,
-            },
-        )),
-        _ => Ok(StateCommand::new()),
+            })
+        }
+        _ => StateCommand::new(),
+    };
+    // The tokens every request carries besides messages, for the compaction hook of a later
+    // run or process (whose cache starts empty): written when they change.
+    let known = ctx.snapshot.get::<FixedTokensKey>().copied().unwrap_or(0);
+    if cache.fixed > 0 && cache.fixed != known {
+        cmd = cmd.with_update::<FixedTokensKey>(cache.fixed);
+    }
+    Ok(cmd)
+}
+
+/// Raw tokens of the last request's overhead, system prompt and tools, kept with the thread
+/// (last writer wins).
+pub struct FixedTokensKey;
+
+impl StateKey for FixedTokensKey {
+    const KEY: &'static str = "awaken.context.fixed_tokens";
+    type Value = u64;
+    type Update = u64;
+
+    fn apply(value: &mut u64, update: u64) -> Result<(), StateError> {
+        *value = update;
+        Ok(())
     }
 }
 
