@@ -7,10 +7,8 @@ use std::time::Instant;
 use anyhow::anyhow;
 use awaken::event::{EventSink, SuspendTicket, TerminationReason, ThreadId, ToolCallResume};
 use awaken::runtime::{
-    AgentRuntime, RecoverConfig, Resume, ResumeDecisionsKey, RunActivation, RunError, RunHandle,
-    RunOutcome,
+    AgentRuntime, RecoverConfig, Resume, RunActivation, RunError, RunHandle, RunOutcome,
 };
-use awaken::state::StateKey;
 use awaken_store::RunStatus;
 
 use crate::args::Args;
@@ -305,22 +303,10 @@ fn continue_command(args: &Args, thread: &ThreadId, supersede: bool) -> String {
 }
 
 /// The calls `thread` waits on that have no recorded decision yet (an earlier resume may have
-/// decided some of them).
+/// decided some of them; `waiting_calls` leaves those out).
 async fn undecided(runtime: &AgentRuntime, thread: &ThreadId) -> Result<Vec<SuspendTicket>, Exit> {
-    let tickets = runtime
+    Ok(runtime
         .waiting_calls(thread)
         .await
-        .map_err(|e| anyhow!("{e}"))?;
-    let decided: Vec<ToolCallResume> = runtime
-        .store()
-        .load_checkpoint(thread)
-        .await
-        .map_err(|e| anyhow!("{e}"))?
-        .and_then(|c| c.run_state.values.get(ResumeDecisionsKey::KEY).cloned())
-        .and_then(|v| serde_json::from_value(v).ok())
-        .unwrap_or_default();
-    Ok(tickets
-        .into_iter()
-        .filter(|t| !decided.iter().any(|d| d.call_id == t.call.call_id))
-        .collect())
+        .map_err(|e| anyhow!("{e}"))?)
 }

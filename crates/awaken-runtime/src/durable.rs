@@ -9,7 +9,7 @@ use awaken_state::{
     KeyScope, PersistedState, StateCommand, StateError, StateStore, UnknownKeyPolicy,
 };
 use awaken_store::{
-    BatchWrite, LeaseToken, RunRecord, RunStatus, StoreError, ThreadCommit, ThreadStore, Timestamp,
+    BatchWrite, LeaseToken, RunRecord, RunStatus, StoreError, ThreadCommit, ThreadStore,
 };
 use awaken_tool::ToolBatch;
 
@@ -127,8 +127,7 @@ impl Durable {
             .contains_key(<awaken_context::CompactionKey as awaken_state::StateKey>::KEY);
         self.record.steps = steps;
         self.record.usage = usage;
-        self.record.updated_at =
-            Timestamp::from_unix_millis(i64::try_from(self.ids.now_ms()).unwrap_or(i64::MAX));
+        self.record.updated_at = self.ids.timestamp();
         let mut commit = ThreadCommit::new(
             self.thread_id.clone(),
             self.record.clone(),
@@ -156,27 +155,25 @@ impl Durable {
             None => None,
         };
         let mut retried = false;
-        let receipt = if profile.is_none() {
-            self.store.commit(commit).await?
-        } else {
-            loop {
-                let mut attempt = commit.clone();
-                if let Some((delta, guards)) = &profile {
-                    attempt = attempt.with_profile_state(delta.clone(), guards.clone());
-                }
+        let receipt = match &mut profile {
+            None => self.store.commit(commit).await?,
+            Some(written) => loop {
+                let attempt = commit
+                    .clone()
+                    .with_profile_state(written.0.clone(), written.1.clone());
                 match self.store.commit(attempt).await {
                     Ok(receipt) => break receipt,
                     Err(StoreError::ProfileConflict { key })
-                        if profile.is_some() && self.profile_retries < MAX_PROFILE_RETRIES =>
+                        if self.profile_retries < MAX_PROFILE_RETRIES =>
                     {
                         self.profile_retries += 1;
                         tracing::info!(key = %key, "profile key changed under the run: redoing its writes on the fresh value");
-                        profile = Some(self.redo_profile_writes(state).await?);
+                        *written = self.redo_profile_writes(state).await?;
                         retried = true;
                     }
                     Err(e) => return Err(e.into()),
                 }
-            }
+            },
         };
         if compaction {
             crate::failpoint::hit("after_compaction_commit", None);
@@ -192,18 +189,14 @@ impl Durable {
         if self.profile_versions.is_some() {
             state.take_journal();
         }
-        if retried {
-            // The redone values were restored into the run's state after the snapshot.
-            self.new_messages.clear();
-            self.state_revision = state.revision();
-            self.events.clear();
-            for event in self.after_commit.drain(..) {
-                sink.emit(&event);
-            }
-            return Ok(());
-        }
         self.new_messages.clear();
-        self.state_revision = snapshot.revision();
+        // After a retry the redone values were restored into the run's state after the
+        // snapshot: they are committed too.
+        self.state_revision = if retried {
+            state.revision()
+        } else {
+            snapshot.revision()
+        };
         self.events.clear();
         for event in self.after_commit.drain(..) {
             sink.emit(&event);

@@ -118,6 +118,18 @@ impl StateKey for ResumeDecisionsKey {
     }
 }
 
+/// The decisions earlier resumes recorded in a waiting run's run-scoped state.
+pub(crate) fn recorded_decisions(
+    run_state: &awaken_state::PersistedState,
+) -> Result<Vec<ToolCallResume>, serde_json::Error> {
+    run_state
+        .values
+        .get(ResumeDecisionsKey::KEY)
+        .map(|v| serde_json::from_value(v.clone()))
+        .transpose()
+        .map(Option::unwrap_or_default)
+}
+
 /// The suspended calls of `batch` with their tickets, in call order.
 pub(crate) fn suspended_calls(batch: &ToolBatch) -> Vec<(ToolCallId, SuspendTicket)> {
     batch

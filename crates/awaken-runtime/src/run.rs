@@ -20,10 +20,8 @@ use awaken_plugin::{
 };
 use awaken_resolver::{BackendRequest, ResolvedAgent, ResolvedRunPlan, ResolvedTool};
 use awaken_spec::{InferenceOverride, StopConditionSpec};
-use awaken_state::{
-    KeyScope, PersistedState, StateCommand, StateKey, StateStore, UnknownKeyPolicy,
-};
-use awaken_store::{BatchWrite, ClaimedRun, LeaseToken, RunRecord, RunStatus, Timestamp};
+use awaken_state::{KeyScope, PersistedState, StateCommand, StateStore, UnknownKeyPolicy};
+use awaken_store::{BatchWrite, ClaimedRun, LeaseToken, RunRecord, RunStatus};
 use awaken_tool::{
     OUTCOME_UNKNOWN_MESSAGE, RecoveryAction, ToolBatch, ToolCallContext, ToolGateHook,
     ToolInterceptPayload, ToolOutput, evaluate_gates, pending_call,
@@ -38,7 +36,8 @@ use crate::durable::{Durable, batch_json};
 use crate::intercept::CallInterceptKey;
 use crate::repair::repair_history;
 use crate::resume::{
-    DecisionsUpdate, Resume, ResumeDecisionsKey, suspended_calls, validate_decisions,
+    DecisionsUpdate, Resume, ResumeDecisionsKey, recorded_decisions, suspended_calls,
+    validate_decisions,
 };
 use crate::runtime::{AgentRuntime, RunActivation, RunError, RunOutcome};
 
@@ -362,16 +361,10 @@ async fn run_activation(
             let Some((record, batch, run_state)) = waiting else {
                 return Err(RunError::NotWaiting { thread_id });
             };
-            let recorded: Vec<ToolCallResume> = run_state
-                .values
-                .get(<ResumeDecisionsKey as StateKey>::KEY)
-                .map(|v| serde_json::from_value(v.clone()))
-                .transpose()
-                .map_err(|e| RunError::StoredBatch {
-                    thread_id: thread_id.clone(),
-                    message: format!("the recorded decisions do not decode: {e}"),
-                })?
-                .unwrap_or_default();
+            let recorded = recorded_decisions(&run_state).map_err(|e| RunError::StoredBatch {
+                thread_id: thread_id.clone(),
+                message: format!("the recorded decisions do not decode: {e}"),
+            })?;
             validate_decisions(&batch, &recorded, &resume.decisions).map_err(|source| {
                 RunError::Decision {
                     thread_id: thread_id.clone(),
@@ -498,7 +491,11 @@ async fn run_activation(
     }
     let record = match &resumed {
         None => {
-            let mut record = RunRecord::new(identity.run_id.clone(), agent_id.clone(), now(rt));
+            let mut record = RunRecord::new(
+                identity.run_id.clone(),
+                agent_id.clone(),
+                rt.ids.timestamp(),
+            );
             record.profile_id = profile_id.clone();
             record.spec_digest = resolved.spec_digest.clone();
             record.parent_run_id = parent_run_id.clone();
@@ -694,10 +691,6 @@ async fn run_activation(
         steps: run.step - run.first_step,
         usage,
     })
-}
-
-fn now(rt: &AgentRuntime) -> Timestamp {
-    Timestamp::from_unix_millis(i64::try_from(rt.ids.now_ms()).unwrap_or(i64::MAX))
 }
 
 impl Run<'_> {
@@ -923,11 +916,7 @@ impl Run<'_> {
         let calls: Vec<ToolCall> = open.iter().map(|(c, _, _)| c.clone()).collect();
         let mut suspended = false;
         for (i, (call, state, ticket)) in open.into_iter().enumerate() {
-            if self.cancel.is_cancelled() {
-                self.close_all(&calls[i..], "not executed: the run was cancelled")
-                    .await?;
-                return Err(Failure::Cancelled);
-            }
+            self.stop_if_cancelled(&calls[i..]).await?;
             let decision = decisions.iter().find(|d| d.call_id == call.id).cloned();
             if decision.is_none() && state == ToolCallState::Suspended {
                 // Not announced: it was not resumed, and stays suspended.
@@ -944,11 +933,7 @@ impl Run<'_> {
                     name: call.name.clone(),
                 }),
             }
-            self.note(AgentEvent::ToolCallReady {
-                call_id: call.id.clone(),
-                name: call.name.clone(),
-                arguments: call.arguments.clone(),
-            });
+            self.announce_ready(&call);
             let mode = ticket.as_ref().map(|t| t.resume_mode).unwrap_or_default();
             let outcome = match decision {
                 // Interrupted while executing: its recovery policy decides, never a silent
@@ -1385,14 +1370,7 @@ impl Run<'_> {
         .await?;
         // A delegate's answer returning into this run: the return hooks frame its commit.
         let returning = match (&resolved_tool, failed) {
-            (Some(t), false) if matches!(t.source, awaken_resolver::ToolSource::Delegate(_)) => {
-                let key = awaken_tool::IdempotencyKey::derive(
-                    &self.identity.thread_id,
-                    &self.identity.run_id,
-                    &call.id,
-                );
-                delegate_call(&self.identity, t, call, &key)
-            }
+            (Some(t), false) => delegate_call(&self.identity, t, call),
             _ => None,
         };
         if fold && returning.is_none() {
@@ -1523,18 +1501,27 @@ impl Run<'_> {
     /// Before call `i` is looked at: a cancelled run closes it and the rest; otherwise the
     /// call is announced ready.
     async fn begin_call(&mut self, calls: &[ToolCall], i: usize) -> Result<(), Failure> {
+        self.stop_if_cancelled(&calls[i..]).await?;
+        self.announce_ready(&calls[i]);
+        Ok(())
+    }
+
+    /// A cancelled run closes `rest` (the calls not looked at yet) and stops.
+    async fn stop_if_cancelled(&mut self, rest: &[ToolCall]) -> Result<(), Failure> {
         if self.cancel.is_cancelled() {
-            self.close_all(&calls[i..], "not executed: the run was cancelled")
+            self.close_all(rest, "not executed: the run was cancelled")
                 .await?;
             return Err(Failure::Cancelled);
         }
-        let call = &calls[i];
+        Ok(())
+    }
+
+    fn announce_ready(&mut self, call: &ToolCall) {
         self.note(AgentEvent::ToolCallReady {
             call_id: call.id.clone(),
             name: call.name.clone(),
             arguments: call.arguments.clone(),
         });
-        Ok(())
     }
 
     /// Closes every call in `calls` that is still open with `reason` (cancelled).
@@ -1978,9 +1965,7 @@ impl Invocation<'_> {
             }
         };
         let span = tracing::debug_span!("tool", call_id = %call.id, tool = %tool.tool.id());
-        let delegate = matches!(tool.source, awaken_resolver::ToolSource::Delegate(_))
-            .then(|| delegate_call(self.identity, tool, call, tool_ctx.idempotency_key()))
-            .flatten();
+        let delegate = delegate_call(self.identity, tool, call);
         if let Some(d) = &delegate {
             self.lifecycle
                 .dispatch(self.plugins, LifecycleEvent::DelegateCallStart(d))
@@ -2077,7 +2062,7 @@ async fn supersede(
     }
     record.status = RunStatus::Done;
     record.termination = Some(TerminationReason::Cancelled);
-    record.updated_at = now(rt);
+    record.updated_at = rt.ids.timestamp();
     let mut commit = awaken_store::ThreadCommit::new(thread_id.clone(), record, persisted)
         .with_messages(messages.iter().cloned())
         .with_events(events);
@@ -2107,7 +2092,7 @@ async fn hold_lease(
             &run.identity.run_id,
             &worker.id,
             worker.lease_duration,
-            now(rt),
+            rt.ids.timestamp(),
         )
         .await
         .map_err(RunError::Store)?;
@@ -2140,15 +2125,16 @@ async fn release_lease(
 }
 
 /// The delegate call a call of `tool` is, if `tool` is a delegate tool.
+/// (The call's idempotency key, a hash, is derived only for a delegate's call.)
 fn delegate_call(
     identity: &Arc<RunIdentity>,
     tool: &ResolvedTool,
     call: &ToolCall,
-    key: &awaken_tool::IdempotencyKey,
 ) -> Option<awaken_plugin::DelegateCall> {
     let awaken_resolver::ToolSource::Delegate(agent_id) = &tool.source else {
         return None;
     };
+    let key = awaken_tool::IdempotencyKey::derive(&identity.thread_id, &identity.run_id, &call.id);
     Some(awaken_plugin::DelegateCall {
         parent: identity.clone(),
         call_id: call.id.clone(),

@@ -32,6 +32,11 @@ pub trait IdSource: Send + Sync {
     fn next_run_id(&self) -> RunId;
     /// Milliseconds since the Unix epoch (or any monotonic origin the caller chooses).
     fn now_ms(&self) -> u64;
+
+    /// [`now_ms`](Self::now_ms) as a store timestamp.
+    fn timestamp(&self) -> Timestamp {
+        Timestamp::from_unix_millis(i64::try_from(self.now_ms()).unwrap_or(i64::MAX))
+    }
 }
 
 /// Run ids `run-1`, `run-2`, ... and a clock that advances 1 ms per reading.
@@ -695,7 +700,7 @@ impl AgentRuntime {
         config: &RecoverConfig,
         sink: &dyn EventSink,
     ) -> Result<Vec<RecoveredRun>, RunError> {
-        let now = Timestamp::from_unix_millis(i64::try_from(self.ids.now_ms()).unwrap_or(i64::MAX));
+        let now = self.ids.timestamp();
         let claims = self
             .store
             .claim_runnable(&config.worker_id, config.lease_duration, now, config.limit)
@@ -757,8 +762,7 @@ impl AgentRuntime {
             let every = (duration / 3).max(std::time::Duration::from_millis(1));
             loop {
                 tokio::time::sleep(every).await;
-                let now =
-                    Timestamp::from_unix_millis(i64::try_from(ids.now_ms()).unwrap_or(i64::MAX));
+                let now = ids.timestamp();
                 match store.heartbeat(&lease, duration, now).await {
                     Ok(_) => {}
                     Err(StoreError::LeaseLost { .. }) => {
@@ -797,12 +801,7 @@ impl AgentRuntime {
         }
         let batch = crate::run::stored_batch(thread_id, cp.batch)?;
         // Calls an earlier (partial) resume already decided do not wait any more.
-        let decided: Vec<awaken_event::ToolCallResume> = cp
-            .run_state
-            .values
-            .get(<crate::resume::ResumeDecisionsKey as awaken_state::StateKey>::KEY)
-            .and_then(|v| serde_json::from_value(v.clone()).ok())
-            .unwrap_or_default();
+        let decided = crate::resume::recorded_decisions(&cp.run_state).unwrap_or_default();
         Ok(batch
             .map(|b| {
                 crate::resume::suspended_calls(&b)
