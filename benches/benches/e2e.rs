@@ -274,45 +274,62 @@ fn main() {
         figures.push(json!({"name": name, "value": value, "unit": unit}));
     };
 
+    // `AWAKEN_BENCH_ONLY=<prefix>` runs only the workloads whose figure names start with it
+    // (for profiling one workload); unset, every workload runs.
+    let only = std::env::var("AWAKEN_BENCH_ONLY").unwrap_or_default();
+    let want = |name: &str| name.starts_with(only.as_str());
+
     let loop5 = runtime(5, 0, None);
-    add(
-        "e2e/loop5_us_per_step",
-        us_per_step(&current, &loop5, 5, scale(2000, 20)),
-        "us",
-    );
-    let loop257 = runtime(257, 0, None);
-    add(
-        "e2e/loop257_us_per_step",
-        us_per_step(&current, &loop257, 257, scale(10, 1)),
-        "us",
-    );
-    let (c32, _, _) = throughput(&loop5, 32, scale(5000, 64));
-    add("e2e/loop5_runs_per_s_c32", c32, "runs/s");
-    let (c1000, kib, peak) = throughput(&loop5, 1000, scale(10_000, 1000));
-    add("e2e/loop5_runs_per_s_c1000", c1000, "runs/s");
-    add("e2e/loop5_kib_per_inflight_run_c1000", kib, "KiB");
-    add("e2e/loop5_peak_inflight_c1000", peak as f64, "runs");
+    if want("e2e/loop5_us_per_step") {
+        add(
+            "e2e/loop5_us_per_step",
+            us_per_step(&current, &loop5, 5, scale(2000, 20)),
+            "us",
+        );
+    }
+    if want("e2e/loop257_us_per_step") {
+        let loop257 = runtime(257, 0, None);
+        add(
+            "e2e/loop257_us_per_step",
+            us_per_step(&current, &loop257, 257, scale(10, 1)),
+            "us",
+        );
+    }
+    if want("e2e/loop5_runs_per_s_c32") {
+        let (c32, _, _) = throughput(&loop5, 32, scale(5000, 64));
+        add("e2e/loop5_runs_per_s_c32", c32, "runs/s");
+    }
+    if want("e2e/loop5_runs_per_s_c1000") {
+        let (c1000, kib, peak) = throughput(&loop5, 1000, scale(10_000, 1000));
+        add("e2e/loop5_runs_per_s_c1000", c1000, "runs/s");
+        add("e2e/loop5_kib_per_inflight_run_c1000", kib, "KiB");
+        add("e2e/loop5_peak_inflight_c1000", peak as f64, "runs");
+    }
 
-    let dir = std::env::temp_dir().join(format!("awaken-e2e-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
-    let sqlite: Arc<dyn ThreadStore> = Arc::new(
-        current
-            .block_on(SqliteStore::open(
-                SqliteConfig::file(dir.join("bench.db")).with_synchronous(Synchronous::Normal),
-            ))
-            .unwrap_or_else(|e| panic!("{e}")),
-    );
-    let durable = runtime(5, 0, Some(sqlite));
-    let per_step = us_per_step(&current, &durable, 5, scale(200, 5));
-    add("e2e/durable5_steps_per_s", 1e6 / per_step, "steps/s");
-    let _ = std::fs::remove_dir_all(&dir);
+    if want("e2e/durable5_steps_per_s") {
+        let dir = std::env::temp_dir().join(format!("awaken-e2e-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let sqlite: Arc<dyn ThreadStore> = Arc::new(
+            current
+                .block_on(SqliteStore::open(
+                    SqliteConfig::file(dir.join("bench.db")).with_synchronous(Synchronous::Normal),
+                ))
+                .unwrap_or_else(|e| panic!("{e}")),
+        );
+        let durable = runtime(5, 0, Some(sqlite));
+        let per_step = us_per_step(&current, &durable, 5, scale(200, 5));
+        add("e2e/durable5_steps_per_s", 1e6 / per_step, "steps/s");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
-    let plugins16 = runtime(5, 16, None);
-    add(
-        "e2e/plugins16_us_per_step",
-        us_per_step(&current, &plugins16, 5, scale(500, 5)),
-        "us",
-    );
+    if want("e2e/plugins16_us_per_step") {
+        let plugins16 = runtime(5, 16, None);
+        add(
+            "e2e/plugins16_us_per_step",
+            us_per_step(&current, &plugins16, 5, scale(500, 5)),
+            "us",
+        );
+    }
 
     if let Some(dir) = std::env::var_os("AWAKEN_BENCH_EXTRA_DIR") {
         let path = std::path::Path::new(&dir).join("e2e.json");

@@ -119,9 +119,9 @@ pub struct SectionReport {
 /// Validates `sections` against the claimed schemas (`(plugin id, schema)` pairs). Returns one
 /// report per claimed or present section, sorted by key. A section claimed twice is checked
 /// against each claim and reported under the first claimant.
-pub fn validate_sections(
+pub fn validate_sections<'a>(
     sections: &Sections,
-    claims: &[(String, ConfigSchema)],
+    claims: impl IntoIterator<Item = &'a (String, ConfigSchema)>,
 ) -> Vec<SectionReport> {
     let mut reports: BTreeMap<String, SectionReport> = BTreeMap::new();
     for (plugin_id, schema) in claims {

@@ -1,7 +1,7 @@
 //! The three-stage resolution of seed 004: lookup, plugin pipeline, tool pipeline.
 
-use std::collections::BTreeSet;
-use std::sync::{Arc, OnceLock};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use async_trait::async_trait;
 use awaken_event::{
@@ -205,6 +205,16 @@ pub struct Resolver {
     builtins: Arc<dyn BuiltinPlugins>,
     delegates: Option<Arc<dyn DelegateToolFactory>>,
     backends: Vec<Arc<dyn ExecutionBackend>>,
+    /// The last digest computed for each agent, with the serialized inputs it hashed: an
+    /// agent resolved again with byte-identical inputs reuses the hash (the inputs are still
+    /// read afresh and compared on every resolution).
+    digests: Arc<Mutex<HashMap<String, (Vec<u8>, String)>>>,
+}
+
+/// The resolver's own claim on the retry section, beside the plugins' claims.
+fn retry_claim() -> &'static (String, ConfigSchema) {
+    static CLAIM: OnceLock<(String, ConfigSchema)> = OnceLock::new();
+    CLAIM.get_or_init(|| (RESOLVER_PLUGIN_ID.to_owned(), retry_schema().clone()))
 }
 
 fn retry_schema() -> &'static ConfigSchema {
@@ -238,6 +248,7 @@ impl Resolver {
             builtins,
             delegates: None,
             backends: Vec::new(),
+            digests: Arc::default(),
         }
     }
 
@@ -359,10 +370,8 @@ impl Resolver {
                 source,
             })?;
         let mut warnings = Vec::new();
-        let mut claims = Vec::with_capacity(env.config_claims().len() + 1);
-        claims.push((RESOLVER_PLUGIN_ID.to_owned(), retry_schema().clone()));
-        claims.extend(env.config_claims().iter().cloned());
-        for report in validate_sections(&spec.sections, &claims) {
+        let claims = std::iter::once(retry_claim()).chain(env.config_claims());
+        for report in validate_sections(&spec.sections, claims) {
             match report.status {
                 SectionStatus::Invalid(violations) => {
                     return Err(ResolveError::InvalidPluginConfig {
@@ -464,7 +473,7 @@ impl Resolver {
         for w in &warnings {
             tracing::warn!(agent = %spec.id, warning = %w, "resolution warning");
         }
-        let spec_digest = digest(&spec, &model, &env, &tools);
+        let spec_digest = self.digest(&spec.id, digest_input(&spec, &model, &env, &tools));
         Ok(ResolvedAgent {
             spec: Arc::new(spec),
             model,
@@ -474,6 +483,22 @@ impl Resolver {
             warnings,
             spec_digest,
         })
+    }
+
+    /// `sha256:<hex>` of `input`, reusing the agent's last digest when its input is unchanged.
+    fn digest(&self, agent_id: &str, input: Vec<u8>) -> String {
+        let mut digests = self.digests.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((last, digest)) = digests.get(agent_id)
+            && *last == input
+        {
+            return digest.clone();
+        }
+        let mut w = awaken_tool::DigestWriter::new();
+        // Writing into a hash cannot fail.
+        let _ = std::io::Write::write_all(&mut w, &input);
+        let digest = w.finish();
+        digests.insert(agent_id.to_owned(), (input, digest.clone()));
+        digest
     }
 
     /// Reports every recorded registration problem and every agent that fails a dry
@@ -510,23 +535,28 @@ fn push_unique(tools: &mut Vec<ResolvedTool>, tool: ResolvedTool) -> Result<(), 
     Ok(())
 }
 
-fn digest(
+/// The serialized form of what a run uses, which its digest hashes: the spec, the model, the
+/// plugins (id and version) and the tool ids. The serialized forms are deterministic (structs
+/// in field order, maps sorted), so equal inputs give equal bytes.
+fn digest_input(
     spec: &AgentSpec,
     model: &ModelSpec,
     env: &ExecutionEnv,
     tools: &[ResolvedTool],
-) -> String {
-    let plugins: Vec<String> = env
-        .plugins()
-        .iter()
-        .map(|p| format!("{}@{}", p.manifest().id, p.manifest().version))
-        .collect();
+) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut w = Vec::with_capacity(1024);
+    // Writing into a vector cannot fail, and these types always serialize.
+    let _ = serde_json::to_writer(&mut w, spec);
+    w.push(b'\n');
+    let _ = serde_json::to_writer(&mut w, model);
+    for p in env.plugins() {
+        let m = p.manifest();
+        let _ = write!(w, "\nplugin {}@{}", m.id, m.version);
+    }
     let tool_ids: BTreeSet<&str> = tools.iter().map(|t| t.tool.id()).collect();
-    let value = json!({
-        "spec": serde_json::to_value(spec).unwrap_or_default(),
-        "model": serde_json::to_value(model).unwrap_or_default(),
-        "plugins": plugins,
-        "tools": tool_ids,
-    });
-    awaken_tool::argument_digest(&value)
+    for id in tool_ids {
+        let _ = write!(w, "\ntool {id}");
+    }
+    w
 }

@@ -4,12 +4,16 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use awaken_event::{AgentEvent, EventSink, Message, TerminationReason, ThreadId, TokenUsage};
+use awaken_event::{
+    AgentEvent, EventSink, Message, TerminationReason, ThreadId, TokenUsage, ToolCallId,
+    ToolCallState,
+};
 use awaken_state::{
     KeyScope, PersistedState, StateCommand, StateError, StateStore, UnknownKeyPolicy,
 };
 use awaken_store::{
-    BatchWrite, LeaseToken, RunRecord, RunStatus, StoreError, ThreadCommit, ThreadStore,
+    BatchData, BatchSource, BatchWrite, LeaseToken, RunRecord, RunStatus, StoreError, ThreadCommit,
+    ThreadStore,
 };
 use awaken_tool::ToolBatch;
 
@@ -36,8 +40,8 @@ pub(crate) struct Durable {
     new_messages: Vec<Message>,
     /// Lifecycle events not yet committed, in order.
     events: Vec<AgentEvent>,
-    /// Events about facts of the next commit, emitted after it.
-    after_commit: Vec<AgentEvent>,
+    /// Which of `events` are about facts of the next commit, emitted after it (indices).
+    after_commit: Vec<usize>,
     /// The state revision the last commit exported up to.
     state_revision: u64,
     /// The run's lease, carried by every commit, when a recovery claimed the run.
@@ -88,22 +92,22 @@ impl Durable {
 
     /// An event emitted now (stored with the next commit if it is a lifecycle event).
     pub(crate) fn note(&mut self, event: AgentEvent, sink: &dyn EventSink) {
-        if event.is_lifecycle() {
-            self.events.push(event.clone());
-        }
         sink.emit(&event);
+        if event.is_lifecycle() {
+            self.events.push(event);
+        }
     }
 
     /// An event about a fact of the next commit: stored with it and emitted after it.
     pub(crate) fn fact(&mut self, event: AgentEvent) {
-        self.events.push(event.clone());
-        self.after_commit.push(event);
+        self.after_commit.push(self.events.len());
+        self.events.push(event);
     }
 
     /// Emits the held-back events without a commit (when the run can no longer commit).
     pub(crate) fn flush_uncommitted(&mut self, sink: &dyn EventSink) {
-        for event in self.after_commit.drain(..) {
-            sink.emit(&event);
+        for i in self.after_commit.drain(..) {
+            sink.emit(&self.events[i]);
         }
         self.events.clear();
     }
@@ -119,8 +123,10 @@ impl Durable {
         sink: &dyn EventSink,
     ) -> Result<(), CheckpointError> {
         let snapshot = state.snapshot();
-        let run_state = snapshot.export_changed_in(KeyScope::Run, self.state_revision)?;
-        let thread_state = snapshot.export_changed_in(KeyScope::Thread, self.state_revision)?;
+        let [run_state, thread_state, profile_delta] = snapshot.export_changed_in_each(
+            [KeyScope::Run, KeyScope::Thread, KeyScope::Profile],
+            self.state_revision,
+        )?;
         // Crash tests: this commit carries a compaction's summary (or its failure).
         let compaction = thread_state
             .values
@@ -144,7 +150,7 @@ impl Durable {
         // the run's writes are then redone on the fresh values and the commit retried.
         let mut profile = match &self.profile_versions {
             Some(versions) => {
-                let delta = snapshot.export_changed_in(KeyScope::Profile, self.state_revision)?;
+                let delta = profile_delta;
                 let guards: BTreeMap<String, u64> = delta
                     .values
                     .keys()
@@ -197,10 +203,10 @@ impl Durable {
         } else {
             snapshot.revision()
         };
-        self.events.clear();
-        for event in self.after_commit.drain(..) {
-            sink.emit(&event);
+        for i in self.after_commit.drain(..) {
+            sink.emit(&self.events[i]);
         }
+        self.events.clear();
         Ok(())
     }
 
@@ -255,13 +261,33 @@ impl Durable {
     }
 }
 
-/// The batch as the store keeps it.
+/// The batch as a commit carries it: a copy kept typed, serialized only by a store that writes
+/// it out (the in-memory store keeps it as it is).
 pub(crate) fn batch_json(batch: &ToolBatch) -> BatchWrite {
-    match serde_json::to_value(batch) {
-        Ok(v) => BatchWrite::Set(v),
-        Err(e) => {
-            tracing::error!(error = %e, "tool batch does not serialize; kept as it was");
-            BatchWrite::Keep
-        }
+    BatchWrite::Set(BatchData::typed(Arc::new(TypedBatch(batch.clone()))))
+}
+
+/// A [`ToolBatch`] as a [`BatchSource`].
+#[derive(Debug)]
+struct TypedBatch(ToolBatch);
+
+impl BatchSource for TypedBatch {
+    fn to_json(&self) -> Result<serde_json::Value, serde_json::Error> {
+        serde_json::to_value(&self.0)
+    }
+
+    fn to_text(&self) -> Result<String, serde_json::Error> {
+        serde_json::to_string(&self.0)
+    }
+
+    fn open_call(
+        &self,
+    ) -> Result<Option<(ToolCallId, ToolCallState)>, awaken_store::CommitViolation> {
+        Ok(self
+            .0
+            .calls()
+            .iter()
+            .find(|c| !c.state().is_terminal())
+            .map(|c| (c.id().clone(), c.state())))
     }
 }

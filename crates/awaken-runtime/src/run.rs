@@ -713,15 +713,16 @@ impl Run<'_> {
 
     /// Commits what happened since the last commit, then emits the events about it.
     async fn checkpoint(&mut self, batch: BatchWrite) -> Result<(), Failure> {
-        let stats = self.stats();
+        // The counts only (a copy of the whole stats would copy its tool list).
+        let (steps, usage) = {
+            let snapshot = self.engine.store().snapshot();
+            snapshot
+                .get::<RunStatsKey>()
+                .map(|s| (s.steps, s.usage.clone()))
+                .unwrap_or_default()
+        };
         self.durable
-            .commit(
-                self.engine.store(),
-                batch,
-                stats.steps,
-                stats.usage,
-                self.sink,
-            )
+            .commit(self.engine.store(), batch, steps, usage, self.sink)
             .await
             .map_err(|e| Failure::Error(e.to_string()))
     }
@@ -746,11 +747,18 @@ impl Run<'_> {
     }
 
     fn ctx(&self, phase: Phase) -> PhaseContext {
-        PhaseContext::new(phase, self.engine.store().snapshot(), self.identity.clone())
-            .with_sections(self.sections.clone())
-            .with_messages(self.shared_history())
-            .with_step(self.step)
-            .with_cancel(self.cancel.clone())
+        // Built whole: `PhaseContext::new` would allocate defaults replaced at once.
+        PhaseContext {
+            phase,
+            snapshot: self.engine.store().snapshot(),
+            sections: self.sections.clone(),
+            run: self.identity.clone(),
+            step: self.step,
+            messages: self.shared_history(),
+            tool: None,
+            response: None,
+            cancel: self.cancel.clone(),
+        }
     }
 
     fn report(&mut self, report: &PhaseReport) {

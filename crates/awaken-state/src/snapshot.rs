@@ -109,6 +109,42 @@ impl Snapshot {
         self.export_changed_where(since_revision, |s| s == scope && s.is_persisted())
     }
 
+    /// [`export_changed_in`](Self::export_changed_in) for several scopes in one pass over the
+    /// changed keys: one [`PersistedState`] per scope, in the order given.
+    pub fn export_changed_in_each<const N: usize>(
+        &self,
+        scopes: [KeyScope; N],
+        since_revision: u64,
+    ) -> Result<[PersistedState; N], StateError> {
+        let registry = &self.version.registry;
+        let mut out: [PersistedState; N] = std::array::from_fn(|_| PersistedState {
+            revision: self.revision(),
+            values: BTreeMap::new(),
+        });
+        let mut first_error = None;
+        self.version
+            .table
+            .for_each_changed(since_revision, &mut |index, slot| {
+                let entry = registry.entry_at(index);
+                if first_error.is_some() || !entry.options.scope.is_persisted() {
+                    return;
+                }
+                let Some(i) = scopes.iter().position(|s| *s == entry.options.scope) else {
+                    return;
+                };
+                match entry.codec.value_to_json(entry.name, &*slot.value) {
+                    Ok(json) => {
+                        out[i].values.insert(entry.name.to_owned(), json);
+                    }
+                    Err(e) => first_error = Some(e),
+                }
+            });
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+
     /// Every key (ephemeral ones included) as `name = json` lines in registration order; for
     /// logs and tests.
     pub fn dump(&self) -> String {

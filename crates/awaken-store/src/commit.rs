@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use awaken_event::{AgentEvent, Message, ProfileId, RunId, TerminationReason, ThreadId};
@@ -153,19 +154,102 @@ pub struct LeaseToken {
 }
 
 /// What a commit does to the run's active tool batch.
-///
-/// The batch travels as the serde JSON form of `awaken_tool::ToolBatch`
-/// (`serde_json::to_value(&batch)`, read back with `serde_json::from_value`): this crate does
-/// not depend on `awaken-tool`, which reaches the phase engine.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub enum BatchWrite {
     /// The stored batch stays as it is.
     #[default]
     Keep,
     /// The run's active batch becomes this one.
-    Set(serde_json::Value),
+    Set(BatchData),
     /// The run has no active batch any more.
     Clear,
+}
+
+/// A tool batch as a commit carries it: the serde JSON form of `awaken_tool::ToolBatch`
+/// (read back with `serde_json::from_value`). This crate does not depend on `awaken-tool`
+/// (which reaches the phase engine), so the batch is either JSON ([`BatchData::json`]) or a
+/// value the writer keeps typed ([`BatchData::typed`]); a store serializes it only when it
+/// writes it out, and the in-memory store keeps it as it is.
+#[derive(Clone)]
+pub struct BatchData(Arc<dyn BatchSource>);
+
+/// A typed tool batch a commit can carry (see [`BatchData`]).
+pub trait BatchSource: Send + Sync + fmt::Debug + 'static {
+    /// The batch as JSON: the serde form of `awaken_tool::ToolBatch`.
+    fn to_json(&self) -> Result<serde_json::Value, serde_json::Error>;
+    /// The same as JSON text.
+    fn to_text(&self) -> Result<String, serde_json::Error>;
+    /// The first call that is not closed, with its state; a [`CommitViolation`] when the value
+    /// is not a tool batch.
+    fn open_call(&self) -> Result<Option<(ToolCallId, ToolCallState)>, CommitViolation>;
+}
+
+impl BatchSource for serde_json::Value {
+    fn to_json(&self) -> Result<serde_json::Value, serde_json::Error> {
+        Ok(self.clone())
+    }
+
+    fn to_text(&self) -> Result<String, serde_json::Error> {
+        serde_json::to_string(self)
+    }
+
+    fn open_call(&self) -> Result<Option<(ToolCallId, ToolCallState)>, CommitViolation> {
+        let view = BatchView::deserialize(self).map_err(|e| CommitViolation::MalformedBatch {
+            detail: e.to_string(),
+        })?;
+        Ok(view
+            .calls
+            .into_iter()
+            .find(|c| !c.state.is_terminal())
+            .map(|c| (c.call.id, c.state)))
+    }
+}
+
+impl BatchData {
+    /// A batch given as JSON (checked when a commit carrying it is validated).
+    pub fn json(batch: serde_json::Value) -> Self {
+        Self(Arc::new(batch))
+    }
+
+    /// A batch the writer keeps typed.
+    pub fn typed(batch: Arc<dyn BatchSource>) -> Self {
+        Self(batch)
+    }
+
+    /// The batch as JSON.
+    pub fn to_json(&self) -> Result<serde_json::Value, serde_json::Error> {
+        self.0.to_json()
+    }
+
+    /// The batch as JSON text.
+    pub fn to_text(&self) -> Result<String, serde_json::Error> {
+        self.0.to_text()
+    }
+
+    /// The first call that is not closed (see [`BatchSource::open_call`]).
+    pub fn open_call(&self) -> Result<Option<(ToolCallId, ToolCallState)>, CommitViolation> {
+        self.0.open_call()
+    }
+}
+
+impl From<serde_json::Value> for BatchData {
+    fn from(batch: serde_json::Value) -> Self {
+        Self::json(batch)
+    }
+}
+
+impl fmt::Debug for BatchData {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// Equal when both serialize to the same JSON (two batches that do not serialize are unequal).
+impl PartialEq for BatchData {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+            || matches!((self.to_json(), other.to_json()), (Ok(a), Ok(b)) if a == b)
+    }
 }
 
 /// Everything one commit writes to a thread, atomically or not at all (DESIGN §10).
@@ -322,9 +406,9 @@ impl ThreadCommit {
         self
     }
 
-    /// Sets the run's active batch to this serialized `ToolBatch`.
-    pub fn with_batch(mut self, batch: serde_json::Value) -> Self {
-        self.batch = BatchWrite::Set(batch);
+    /// Sets the run's active batch to this one (a serialized `ToolBatch`, or typed).
+    pub fn with_batch(mut self, batch: impl Into<BatchData>) -> Self {
+        self.batch = BatchWrite::Set(batch.into());
         self
     }
 
@@ -444,20 +528,12 @@ struct CallIdView {
 }
 
 /// Checks that `batch` reads as a `ToolBatch` and, for a `Done` run, that every call is closed.
-pub(crate) fn check_batch(
-    batch: &serde_json::Value,
-    status: RunStatus,
-) -> Result<(), CommitViolation> {
-    let view = BatchView::deserialize(batch).map_err(|e| CommitViolation::MalformedBatch {
-        detail: e.to_string(),
-    })?;
+pub(crate) fn check_batch(batch: &BatchData, status: RunStatus) -> Result<(), CommitViolation> {
+    let open = batch.open_call()?;
     if status == RunStatus::Done
-        && let Some(open) = view.calls.iter().find(|c| !c.state.is_terminal())
+        && let Some((call_id, state)) = open
     {
-        return Err(CommitViolation::CallInFlight {
-            call_id: open.call.id.clone(),
-            state: open.state,
-        });
+        return Err(CommitViolation::CallInFlight { call_id, state });
     }
     Ok(())
 }

@@ -28,7 +28,8 @@ mod sqlite;
 mod store;
 
 pub use commit::{
-    BatchWrite, CommitViolation, LeaseToken, RunRecord, RunStatus, ThreadCommit, Timestamp,
+    BatchData, BatchSource, BatchWrite, CommitViolation, LeaseToken, RunRecord, RunStatus,
+    ThreadCommit, Timestamp,
 };
 pub use error::StoreError;
 pub use failpoint::FailPoint;

@@ -1,14 +1,16 @@
 //! [`MemoryStore`]: everything in process memory, for tests and as the library default.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use awaken_event::{Message, ProfileId, RunId, ThreadId};
 use awaken_state::PersistedState;
 
-use crate::commit::{BatchWrite, LeaseToken, RunRecord, RunStatus, ThreadCommit, Timestamp};
+use crate::commit::{
+    BatchData, BatchWrite, LeaseToken, RunRecord, RunStatus, ThreadCommit, Timestamp,
+};
 use crate::error::StoreError;
 use crate::failpoint::{FailPoint, Failpoints};
 use crate::store::{
@@ -27,7 +29,7 @@ pub struct MemoryStore {
 
 #[derive(Debug, Default)]
 struct Inner {
-    threads: BTreeMap<ThreadId, ThreadRow>,
+    threads: HashMap<ThreadId, ThreadRow>,
     messages: HashMap<ThreadId, Vec<Message>>,
     events: HashMap<ThreadId, Vec<StoredEvent>>,
     thread_state: HashMap<ThreadId, BTreeMap<String, serde_json::Value>>,
@@ -49,8 +51,8 @@ struct RunRow {
     thread_id: ThreadId,
     record: RunRecord,
     state_revision: u64,
-    /// Shared, so the row's copy kept for a rollback does not copy the batch.
-    batch: Option<Arc<serde_json::Value>>,
+    /// As the commit carried it (shared, and typed when the writer kept it typed).
+    batch: Option<BatchData>,
     lease_owner: Option<String>,
     lease_epoch: u64,
     lease_expires_at: Option<Timestamp>,
@@ -67,7 +69,9 @@ struct CommitIds {
 enum Undo {
     Messages(usize),
     Events(usize),
-    Run(Option<Box<RunRow>>),
+    /// The run row a commit replaced (`None`: the commit created it).
+    Run(Option<RunRow>),
+    /// The thread row a commit replaced (`None`: the commit created it).
     Thread(Option<ThreadRow>),
     ThreadKey(String, Option<serde_json::Value>),
     RunKey(String, Option<serde_json::Value>),
@@ -127,7 +131,7 @@ impl Inner {
             }
         }
         if c.run.status == RunStatus::Done
-            && c.batch == BatchWrite::Keep
+            && matches!(c.batch, BatchWrite::Keep)
             && let Some(batch) = run.and_then(|r| r.batch.as_ref())
         {
             crate::commit::check_batch(batch, RunStatus::Done)
@@ -168,57 +172,76 @@ impl Inner {
         let status = record.status;
         let profile_id = record.profile_id.clone();
 
-        let messages = self.messages.entry(tid.clone()).or_default();
+        let messages = entry(&mut self.messages, &tid);
         undo.push(Undo::Messages(messages.len()));
         messages.extend(new_messages);
         let message_count = messages.len() as u64;
         fp.check(FailPoint::AfterMessages)?;
 
-        let old_run = self.runs.remove(&rid);
-        let mut row = match &old_run {
-            Some(old) => RunRow {
-                record: RunRecord {
-                    created_at: old.record.created_at,
-                    ..record
-                },
-                ..(**old).clone()
-            },
-            None => RunRow {
-                thread_id: tid.clone(),
-                record,
-                state_revision: 0,
-                batch: None,
-                lease_owner: None,
-                lease_epoch: 0,
-                lease_expires_at: None,
-            },
+        // The row is updated in place; the replaced row (moved, not copied) is the undo.
+        let replaced = match self.runs.get_mut(&rid) {
+            Some(row) => {
+                let next = RunRow {
+                    thread_id: row.thread_id.clone(),
+                    record: RunRecord {
+                        created_at: row.record.created_at,
+                        ..record
+                    },
+                    state_revision: row.state_revision,
+                    batch: row.batch.clone(),
+                    lease_owner: row.lease_owner.clone(),
+                    lease_epoch: row.lease_epoch,
+                    lease_expires_at: row.lease_expires_at,
+                };
+                Some(std::mem::replace(&mut **row, next))
+            }
+            None => {
+                self.runs.insert(
+                    rid.clone(),
+                    Box::new(RunRow {
+                        thread_id: tid.clone(),
+                        record,
+                        state_revision: 0,
+                        batch: None,
+                        lease_owner: None,
+                        lease_epoch: 0,
+                        lease_expires_at: None,
+                    }),
+                );
+                None
+            }
         };
-        match batch_write {
-            BatchWrite::Keep => {}
-            BatchWrite::Set(b) => row.batch = Some(Arc::new(b)),
-            BatchWrite::Clear => row.batch = None,
+        undo.push(Undo::Run(replaced));
+        if let Some(row) = self.runs.get_mut(&rid) {
+            match batch_write {
+                BatchWrite::Keep => {}
+                BatchWrite::Set(b) => row.batch = Some(b),
+                BatchWrite::Clear => row.batch = None,
+            }
+            if !run_delta.values.is_empty() {
+                row.state_revision = run_delta.revision;
+            }
+            if status == RunStatus::Done {
+                row.lease_owner = None;
+                row.lease_expires_at = None;
+            }
         }
-        if !run_delta.values.is_empty() {
-            row.state_revision = run_delta.revision;
-        }
-        if status == RunStatus::Done {
-            row.lease_owner = None;
-            row.lease_expires_at = None;
-        }
-        undo.push(Undo::Run(old_run));
-        self.runs.insert(rid.clone(), Box::new(row));
         fp.check(FailPoint::AfterRun)?;
 
-        let run_state = self.run_state.entry(rid.clone()).or_default();
-        for (k, v) in run_delta.values {
-            let old = run_state.insert(k.clone(), v);
-            undo.push(Undo::RunKey(k, old));
+        if !run_delta.values.is_empty() {
+            let run_state = entry(&mut self.run_state, &rid);
+            for (k, v) in run_delta.values {
+                let old = run_state.insert(k.clone(), v);
+                undo.push(Undo::RunKey(k, old));
+            }
         }
         let thread_revision = (!thread_delta.values.is_empty()).then_some(thread_delta.revision);
-        let thread_state = self.thread_state.entry(tid.clone()).or_default();
-        for (k, v) in thread_delta.values {
-            let old = thread_state.insert(k.clone(), v);
-            undo.push(Undo::ThreadKey(k, old));
+        if !thread_delta.values.is_empty() {
+            let thread_state = entry(&mut self.thread_state, &tid);
+            for (k, v) in thread_delta.values {
+                let old = thread_state.insert(k.clone(), v);
+                undo.push(Undo::ThreadKey(k, old));
+            }
         }
         let mut profile_versions = BTreeMap::new();
         if let Some(pid) = &profile_id
@@ -234,7 +257,7 @@ impl Inner {
         }
         fp.check(FailPoint::AfterState)?;
 
-        let events = self.events.entry(tid.clone()).or_default();
+        let events = entry(&mut self.events, &tid);
         undo.push(Undo::Events(events.len()));
         let mut seq = events.len() as u64;
         for event in new_events {
@@ -247,20 +270,30 @@ impl Inner {
         }
         fp.check(FailPoint::AfterEvents)?;
 
-        let old_thread = self.threads.get(&tid).cloned();
-        let mut thread = old_thread.clone().unwrap_or(ThreadRow {
-            state_revision: 0,
-            latest_run_id: None,
-            created_at: now,
-            updated_at: now,
-        });
-        if let Some(revision) = thread_revision {
-            thread.state_revision = revision;
-        }
-        thread.latest_run_id = Some(rid);
-        thread.updated_at = now;
-        undo.push(Undo::Thread(old_thread));
-        self.threads.insert(tid, thread);
+        let replaced = match self.threads.get_mut(&tid) {
+            Some(thread) => {
+                let next = ThreadRow {
+                    state_revision: thread_revision.unwrap_or(thread.state_revision),
+                    latest_run_id: Some(rid),
+                    created_at: thread.created_at,
+                    updated_at: now,
+                };
+                Some(std::mem::replace(thread, next))
+            }
+            None => {
+                self.threads.insert(
+                    tid,
+                    ThreadRow {
+                        state_revision: thread_revision.unwrap_or(0),
+                        latest_run_id: Some(rid),
+                        created_at: now,
+                        updated_at: now,
+                    },
+                );
+                None
+            }
+        };
+        undo.push(Undo::Thread(replaced));
 
         Ok(CommitReceipt {
             message_count,
@@ -284,7 +317,7 @@ impl Inner {
                         e.truncate(len);
                     }
                 }
-                Undo::Run(old) => restore(&mut self.runs, rid, old),
+                Undo::Run(old) => restore(&mut self.runs, rid, old.map(Box::new)),
                 Undo::Thread(old) => restore(&mut self.threads, tid, old),
                 Undo::RunKey(k, old) => {
                     if let Some(m) = self.run_state.get_mut(rid) {
@@ -349,6 +382,19 @@ fn restore<K: Clone, V>(map: &mut impl MapLike<K, V>, key: &K, old: Option<V>) {
     }
 }
 
+/// The value under `key`, created empty if absent (the key is cloned only then).
+fn entry<'m, K, V>(map: &'m mut HashMap<K, V>, key: &K) -> &'m mut V
+where
+    K: std::hash::Hash + Eq + Clone,
+    V: Default,
+{
+    if !map.contains_key(key) {
+        map.insert(key.clone(), V::default());
+    }
+    map.get_mut(key)
+        .unwrap_or_else(|| unreachable!("the key was just inserted"))
+}
+
 fn persisted(revision: u64, map: Option<&BTreeMap<String, serde_json::Value>>) -> PersistedState {
     PersistedState {
         revision,
@@ -409,7 +455,14 @@ impl ThreadStore for MemoryStore {
             profile: run
                 .and_then(|r| r.record.profile_id.as_ref())
                 .map(|p| profile_state(&inner, p)),
-            batch: run.and_then(|r| r.batch.as_deref().cloned()),
+            batch: run
+                .and_then(|r| r.batch.as_ref())
+                .map(BatchData::to_json)
+                .transpose()
+                .map_err(|source| StoreError::Serialize {
+                    what: "tool batch",
+                    source,
+                })?,
             last_event_seq: inner.events.get(thread_id).map_or(0, |e| e.len() as u64),
         }))
     }
@@ -420,7 +473,7 @@ impl ThreadStore for MemoryStore {
 
     async fn list_threads(&self) -> Result<Vec<ThreadSummary>, StoreError> {
         let inner = self.lock();
-        Ok(inner
+        let mut threads: Vec<ThreadSummary> = inner
             .threads
             .iter()
             .map(|(id, t)| ThreadSummary {
@@ -430,7 +483,9 @@ impl ThreadStore for MemoryStore {
                 created_at: t.created_at,
                 updated_at: t.updated_at,
             })
-            .collect())
+            .collect();
+        threads.sort_unstable_by(|a, b| a.thread_id.cmp(&b.thread_id));
+        Ok(threads)
     }
 
     async fn list_runs(&self, thread_id: &ThreadId) -> Result<Vec<RunRecord>, StoreError> {

@@ -10,7 +10,9 @@ use awaken_state::PersistedState;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use crate::codec::{self, RUN_COLUMNS, RawRun};
-use crate::commit::{BatchWrite, LeaseToken, RunRecord, RunStatus, ThreadCommit, Timestamp};
+use crate::commit::{
+    BatchData, BatchWrite, LeaseToken, RunRecord, RunStatus, ThreadCommit, Timestamp,
+};
 use crate::error::StoreError;
 use crate::failpoint::{FailPoint, Failpoints};
 use crate::memory::check_worker;
@@ -306,11 +308,11 @@ fn commit_tx(
         }
     }
     if c.run.status == RunStatus::Done
-        && c.batch == BatchWrite::Keep
+        && matches!(c.batch, BatchWrite::Keep)
         && let Some((_, _, _, Some(batch))) = &run
     {
         let batch = codec::value("tool batch", batch)?;
-        crate::commit::check_batch(&batch, RunStatus::Done)
+        crate::commit::check_batch(&BatchData::json(batch), RunStatus::Done)
             .map_err(|v| StoreError::invalid(&c.thread_id, v))?;
     }
     let profile_id = c.run.profile_id.as_ref().map(ProfileId::as_str);
@@ -341,7 +343,13 @@ fn commit_tx(
     let enc = codec::encode_run(&c.run)?;
     let (batch_mode, batch) = match &c.batch {
         BatchWrite::Keep => (0, None),
-        BatchWrite::Set(b) => (1, Some(codec::to_json("tool batch", b)?)),
+        BatchWrite::Set(b) => (
+            1,
+            Some(b.to_text().map_err(|source| StoreError::Serialize {
+                what: "tool batch",
+                source,
+            })?),
+        ),
         BatchWrite::Clear => (2, None),
     };
     let run_revision = (!c.run_state.values.is_empty()).then(|| codec::int(c.run_state.revision));

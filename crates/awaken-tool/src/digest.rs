@@ -43,6 +43,35 @@ pub fn pending_call(call: &ToolCall) -> PendingCall {
     }
 }
 
+/// A SHA-256 digest fed incrementally through [`std::io::Write`] (for instance by
+/// `serde_json::to_writer`) and finished as `sha256:<64 hex digits>`: digests a serialized
+/// value without building its text or a JSON tree first.
+#[derive(Default)]
+pub struct DigestWriter(Sha256);
+
+impl DigestWriter {
+    /// An empty digest.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// `sha256:` followed by the 64 lowercase hex digits of everything written.
+    pub fn finish(self) -> String {
+        hex_with_prefix(DIGEST_PREFIX, &self.0.finalize())
+    }
+}
+
+impl std::io::Write for DigestWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 pub(crate) fn hex_with_prefix(prefix: &str, bytes: &[u8]) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(prefix.len() + bytes.len() * 2);

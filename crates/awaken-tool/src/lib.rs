@@ -26,7 +26,7 @@ mod validate;
 
 pub use batch::{BatchCall, BatchError, OUTCOME_UNKNOWN_MESSAGE, ToolBatch, is_allowed_transition};
 pub use context::{IdempotencyKey, NullProgress, ProgressSink, ToolCallContext};
-pub use digest::{DIGEST_PREFIX, argument_digest, canonical_json, pending_call};
+pub use digest::{DIGEST_PREFIX, DigestWriter, argument_digest, canonical_json, pending_call};
 pub use error::{ToolError, ToolRegistrationError, Violation};
 #[cfg(feature = "time")]
 pub use execute::execute_with_timeout;

@@ -31,7 +31,8 @@ fn batch(write: &BatchWrite) -> String {
     match write {
         BatchWrite::Keep => "keep".into(),
         BatchWrite::Clear => "clear".into(),
-        BatchWrite::Set(v) => {
+        BatchWrite::Set(b) => {
+            let v = b.to_json().unwrap_or_default();
             let calls = v["calls"].as_array().cloned().unwrap_or_default();
             let states: Vec<String> = calls
                 .iter()
