@@ -161,13 +161,15 @@ impl Durable {
             None => None,
         };
         let mut retried = false;
+        // `(*self.store)`: the store's own method, not the `Arc` forwarding impl (which would box
+        // a second future around it on every commit).
         let receipt = match &mut profile {
-            None => self.store.commit(commit).await?,
+            None => (*self.store).commit(commit).await?,
             Some(written) => loop {
                 let attempt = commit
                     .clone()
                     .with_profile_state(written.0.clone(), written.1.clone());
-                match self.store.commit(attempt).await {
+                match (*self.store).commit(attempt).await {
                     Ok(receipt) => break receipt,
                     Err(StoreError::ProfileConflict { key })
                         if self.profile_retries < MAX_PROFILE_RETRIES =>

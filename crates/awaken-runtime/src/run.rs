@@ -23,8 +23,8 @@ use awaken_spec::{InferenceOverride, StopConditionSpec};
 use awaken_state::{KeyScope, PersistedState, StateCommand, StateStore, UnknownKeyPolicy};
 use awaken_store::{BatchWrite, ClaimedRun, LeaseToken, RunRecord, RunStatus};
 use awaken_tool::{
-    OUTCOME_UNKNOWN_MESSAGE, RecoveryAction, ToolBatch, ToolCallContext, ToolGateHook,
-    ToolInterceptPayload, ToolOutput, evaluate_gates, pending_call,
+    GateResolution, OUTCOME_UNKNOWN_MESSAGE, RecoveryAction, ToolBatch, ToolCallContext,
+    ToolGateHook, ToolInterceptPayload, ToolOutput, evaluate_gates, pending_call,
 };
 use futures_util::StreamExt;
 use tracing::Instrument;
@@ -256,8 +256,7 @@ async fn run_activation(
         Start::Resume(r) => r.thread_id.clone(),
         Start::Recover(c, _) => c.thread_id.clone(),
     };
-    let checkpoint = rt
-        .store
+    let checkpoint = (*rt.store)
         .load_checkpoint(&thread_id)
         .await
         .map_err(RunError::Store)?;
@@ -718,7 +717,7 @@ impl Run<'_> {
             let snapshot = self.engine.store().snapshot();
             snapshot
                 .get::<RunStatsKey>()
-                .map(|s| (s.steps, s.usage.clone()))
+                .map(|s| (s.steps, s.usage))
                 .unwrap_or_default()
         };
         self.durable
@@ -1686,15 +1685,21 @@ impl Run<'_> {
                 ToolCallState::Blocked,
             )));
         }
-        let info = ToolPhaseInfo {
+        // One call description, shared by the gates' and the hooks' contexts.
+        let info = Arc::new(ToolPhaseInfo {
             call: call.clone(),
             result: None,
             resume,
+        });
+        let resolution = if self.gates.is_empty() {
+            GateResolution::default()
+        } else {
+            let mut gate_ctx = self.ctx(Phase::ToolGate);
+            gate_ctx.tool = Some(info.clone());
+            evaluate_gates(&self.gates, &gate_ctx)
+                .await
+                .map_err(|e| Failure::Error(e.to_string()))?
         };
-        let gate_ctx = self.ctx(Phase::ToolGate).with_tool(info.clone());
-        let resolution = evaluate_gates(&self.gates, &gate_ctx)
-            .await
-            .map_err(|e| Failure::Error(e.to_string()))?;
         for conflict in &resolution.conflicts {
             self.note(AgentEvent::Warning {
                 kind: WarningKind::GateConflict,
@@ -1707,8 +1712,9 @@ impl Run<'_> {
         if let Some(decision) = resolution.decision {
             return Ok(Prepared::Done(intercepted(decision.payload)));
         }
-        self.phase_with(self.ctx(Phase::BeforeToolExecute).with_tool(info))
-            .await?;
+        let mut before = self.ctx(Phase::BeforeToolExecute);
+        before.tool = Some(info);
+        self.phase_with(before).await?;
         // An action of `BeforeToolExecute` may still decide on the call.
         let decided = match self.engine.store().snapshot().get::<CallInterceptKey>() {
             Ok(Some(d)) if d.call_id == call.id => Some(d.payload.clone()),

@@ -1,6 +1,7 @@
 //! [`MemoryStore`]: everything in process memory, for tests and as the library default.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+use std::hash::BuildHasher;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -21,12 +22,41 @@ use crate::store::{
 /// A [`ThreadStore`] in process memory. Commits are atomic: every check runs before the first
 /// change, and a failure between changes (an injected fault) is rolled back from an undo log,
 /// so the cost of a commit stays proportional to what it writes.
-#[derive(Debug, Default)]
+///
+/// Threads are spread over independently locked shards (by a hash of the thread id), so
+/// commits to different threads rarely wait for each other. Profiles, shared by threads, and
+/// the index of which thread each run is on have their own locks, always taken after a
+/// shard's (a thread's shard, then the run index, then the profiles).
+#[derive(Debug)]
 pub struct MemoryStore {
-    inner: Mutex<Inner>,
+    shards: Box<[Mutex<Inner>]>,
+    /// The thread each run is on: finds a run's shard, and refuses a run id on two threads.
+    run_threads: Mutex<HashMap<RunId, ThreadId>>,
+    profiles: Mutex<Profiles>,
     failpoints: Failpoints,
 }
 
+/// How many shards a store has.
+const SHARDS: usize = 16;
+
+type Profiles = HashMap<ProfileId, BTreeMap<String, ProfileEntry>>;
+
+/// The store's hash maps: a fast hash with a per-process random seed (ids are short strings
+/// hashed several times per commit; SipHash was a tenth of a commit's cost).
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            run_threads: Mutex::default(),
+            profiles: Mutex::default(),
+            failpoints: Failpoints::default(),
+        }
+    }
+}
+
+/// One shard: the threads whose id hashes to it, with their messages, events, state and runs.
 #[derive(Debug, Default)]
 struct Inner {
     threads: HashMap<ThreadId, ThreadRow>,
@@ -35,7 +65,6 @@ struct Inner {
     thread_state: HashMap<ThreadId, BTreeMap<String, serde_json::Value>>,
     runs: HashMap<RunId, Box<RunRow>>,
     run_state: HashMap<RunId, BTreeMap<String, serde_json::Value>>,
-    profiles: HashMap<ProfileId, BTreeMap<String, ProfileEntry>>,
 }
 
 #[derive(Debug, Clone)]
@@ -66,6 +95,9 @@ struct CommitIds {
 }
 
 /// One change to undo if a later write of the same commit fails.
+// The replaced run row is kept inline: the log lives for one commit, sized up front, and a box
+// would cost an allocation on every commit.
+#[allow(clippy::large_enum_variant)]
 enum Undo {
     Messages(usize),
     Events(usize),
@@ -90,15 +122,29 @@ impl MemoryStore {
         self.failpoints.arm(point);
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        // A panic while holding the lock cannot leave a half-applied commit (the undo log runs
-        // on errors, and nothing in the write path panics), so the data is still consistent.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    /// The shard of `thread_id`, locked.
+    fn shard(&self, thread_id: &ThreadId) -> MutexGuard<'_, Inner> {
+        let h = foldhash::fast::FixedState::default().hash_one(thread_id);
+        let i = usize::try_from(h % SHARDS as u64).unwrap_or(0);
+        lock(&self.shards[i])
+    }
+
+    /// The shard holding `run_id`, locked, if the run exists.
+    fn run_shard(&self, run_id: &RunId) -> Option<MutexGuard<'_, Inner>> {
+        // The index lock is released before the shard's is taken (shard first, always).
+        let thread_id = lock(&self.run_threads).get(run_id).cloned()?;
+        Some(self.shard(&thread_id))
     }
 }
 
+/// Locks `m`. A panic while holding a lock cannot leave a half-applied commit (the undo log
+/// runs on errors, and nothing in the write path panics), so the data is still consistent.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 impl Inner {
-    fn check(&self, c: &ThreadCommit) -> Result<(), StoreError> {
+    fn check(&self, c: &ThreadCommit, profiles: Option<&Profiles>) -> Result<(), StoreError> {
         let actual = self
             .messages
             .get(&c.thread_id)
@@ -138,7 +184,7 @@ impl Inner {
                 .map_err(|v| StoreError::invalid(&c.thread_id, v))?;
         }
         if let Some(profile_id) = &c.run.profile_id {
-            let stored = self.profiles.get(profile_id);
+            let stored = profiles.and_then(|p| p.get(profile_id));
             for (key, read) in &c.profile_versions {
                 let current = stored.and_then(|p| p.get(key)).map_or(0, |e| e.version);
                 if current != *read {
@@ -155,6 +201,7 @@ impl Inner {
         c: ThreadCommit,
         fp: &Failpoints,
         undo: &mut Vec<Undo>,
+        profiles: Option<&mut Profiles>,
     ) -> Result<CommitReceipt, StoreError> {
         let ThreadCommit {
             thread_id: tid,
@@ -245,9 +292,10 @@ impl Inner {
         }
         let mut profile_versions = BTreeMap::new();
         if let Some(pid) = &profile_id
+            && let Some(profiles) = profiles
             && !profile_delta.values.is_empty()
         {
-            let profile = self.profiles.entry(pid.clone()).or_default();
+            let profile = profiles.entry(pid.clone()).or_default();
             for (k, value) in profile_delta.values {
                 let version = profile.get(&k).map_or(0, |e| e.version) + 1;
                 profile_versions.insert(k.clone(), version);
@@ -302,7 +350,7 @@ impl Inner {
         })
     }
 
-    fn rollback(&mut self, ids: &CommitIds, undo: Vec<Undo>) {
+    fn rollback(&mut self, ids: &CommitIds, undo: Vec<Undo>, mut profiles: Option<&mut Profiles>) {
         let tid = &ids.thread_id;
         let rid = &ids.run_id;
         for op in undo.into_iter().rev() {
@@ -333,7 +381,8 @@ impl Inner {
                     if let Some(m) = ids
                         .profile_id
                         .as_ref()
-                        .and_then(|p| self.profiles.get_mut(p))
+                        .zip(profiles.as_deref_mut())
+                        .and_then(|(p, profiles)| profiles.get_mut(p))
                     {
                         restore(m, &k, old);
                     }
@@ -366,7 +415,9 @@ impl<K: Ord, V> MapLike<K, V> for BTreeMap<K, V> {
     }
 }
 
-impl<K: std::hash::Hash + Eq, V> MapLike<K, V> for HashMap<K, V> {
+impl<K: std::hash::Hash + Eq, V, S: BuildHasher> MapLike<K, V>
+    for std::collections::HashMap<K, V, S>
+{
     fn put(&mut self, k: K, v: V) {
         self.insert(k, v);
     }
@@ -402,10 +453,10 @@ fn persisted(revision: u64, map: Option<&BTreeMap<String, serde_json::Value>>) -
     }
 }
 
-fn profile_state(inner: &Inner, profile_id: &ProfileId) -> ProfileState {
+fn profile_state(profiles: &Profiles, profile_id: &ProfileId) -> ProfileState {
     ProfileState {
         profile_id: profile_id.clone(),
-        keys: inner.profiles.get(profile_id).cloned().unwrap_or_default(),
+        keys: profiles.get(profile_id).cloned().unwrap_or_default(),
     }
 }
 
@@ -415,28 +466,63 @@ impl ThreadStore for MemoryStore {
         commit
             .validate()
             .map_err(|v| StoreError::invalid(&commit.thread_id, v))?;
-        let mut inner = self.lock();
-        inner.check(&commit)?;
+        let mut inner = self.shard(&commit.thread_id);
+        // A run new to this shard: the index says whether it is on another thread, and stays
+        // locked until the commit has put it there.
+        let mut run_threads = None;
+        if !inner.runs.contains_key(&commit.run.run_id) {
+            let index = lock(&self.run_threads);
+            if let Some(stored) = index.get(&commit.run.run_id)
+                && *stored != commit.thread_id
+            {
+                return Err(StoreError::RunOnOtherThread {
+                    run_id: commit.run.run_id.clone(),
+                    thread_id: commit.thread_id.clone(),
+                    stored_thread_id: stored.clone(),
+                });
+            }
+            run_threads = Some(index);
+        }
+        let mut profiles = commit
+            .run
+            .profile_id
+            .is_some()
+            .then(|| lock(&self.profiles));
+        inner.check(&commit, profiles.as_deref())?;
         let ids = CommitIds {
             thread_id: commit.thread_id.clone(),
             run_id: commit.run.run_id.clone(),
             profile_id: commit.run.profile_id.clone(),
         };
-        let mut undo = Vec::new();
-        match inner.apply(commit, &self.failpoints, &mut undo) {
-            Ok(receipt) => Ok(receipt),
-            Err(e) => {
-                inner.rollback(&ids, undo);
-                Err(e)
+        // Room for every change the commit can make (no growth while the lock is held).
+        let mut undo = Vec::with_capacity(
+            5 + commit.run_state.values.len()
+                + commit.thread_state.values.len()
+                + commit.profile_state.values.len(),
+        );
+        let result = inner.apply(commit, &self.failpoints, &mut undo, profiles.as_deref_mut());
+        match (&result, run_threads.as_mut()) {
+            (Err(_), _) => {
+                inner.rollback(&ids, std::mem::take(&mut undo), profiles.as_deref_mut());
             }
+            (Ok(_), Some(index)) => {
+                index.insert(ids.run_id, ids.thread_id);
+            }
+            (Ok(_), None) => {}
         }
+        // The replaced rows and values are freed after the locks are released.
+        drop(profiles);
+        drop(run_threads);
+        drop(inner);
+        drop(undo);
+        result
     }
 
     async fn load_checkpoint(
         &self,
         thread_id: &ThreadId,
     ) -> Result<Option<Checkpoint>, StoreError> {
-        let inner = self.lock();
+        let inner = self.shard(thread_id);
         let Some(thread) = inner.threads.get(thread_id) else {
             return Ok(None);
         };
@@ -454,7 +540,7 @@ impl ThreadStore for MemoryStore {
             }),
             profile: run
                 .and_then(|r| r.record.profile_id.as_ref())
-                .map(|p| profile_state(&inner, p)),
+                .map(|p| profile_state(&lock(&self.profiles), p)),
             batch: run
                 .and_then(|r| r.batch.as_ref())
                 .map(BatchData::to_json)
@@ -468,28 +554,27 @@ impl ThreadStore for MemoryStore {
     }
 
     async fn load_profile(&self, profile_id: &ProfileId) -> Result<ProfileState, StoreError> {
-        Ok(profile_state(&self.lock(), profile_id))
+        Ok(profile_state(&lock(&self.profiles), profile_id))
     }
 
     async fn list_threads(&self) -> Result<Vec<ThreadSummary>, StoreError> {
-        let inner = self.lock();
-        let mut threads: Vec<ThreadSummary> = inner
-            .threads
-            .iter()
-            .map(|(id, t)| ThreadSummary {
+        let mut threads: Vec<ThreadSummary> = Vec::new();
+        for shard in &self.shards {
+            let inner = lock(shard);
+            threads.extend(inner.threads.iter().map(|(id, t)| ThreadSummary {
                 thread_id: id.clone(),
                 message_count: inner.messages.get(id).map_or(0, |m| m.len() as u64),
                 latest_run_id: t.latest_run_id.clone(),
                 created_at: t.created_at,
                 updated_at: t.updated_at,
-            })
-            .collect();
+            }));
+        }
         threads.sort_unstable_by(|a, b| a.thread_id.cmp(&b.thread_id));
         Ok(threads)
     }
 
     async fn list_runs(&self, thread_id: &ThreadId) -> Result<Vec<RunRecord>, StoreError> {
-        let inner = self.lock();
+        let inner = self.shard(thread_id);
         let mut runs: Vec<RunRecord> = inner
             .runs
             .values()
@@ -505,7 +590,7 @@ impl ThreadStore for MemoryStore {
         thread_id: &ThreadId,
         since: u64,
     ) -> Result<Vec<StoredEvent>, StoreError> {
-        let inner = self.lock();
+        let inner = self.shard(thread_id);
         let events = inner.events.get(thread_id).map_or(&[][..], |e| &e[..]);
         let start = usize::try_from(since)
             .unwrap_or(usize::MAX)
@@ -514,7 +599,7 @@ impl ThreadStore for MemoryStore {
     }
 
     async fn delete_thread(&self, thread_id: &ThreadId) -> Result<bool, StoreError> {
-        let mut inner = self.lock();
+        let mut inner = self.shard(thread_id);
         let existed = inner.threads.remove(thread_id).is_some();
         inner.messages.remove(thread_id);
         inner.events.remove(thread_id);
@@ -525,9 +610,11 @@ impl ThreadStore for MemoryStore {
             .filter(|(_, r)| &r.thread_id == thread_id)
             .map(|(id, _)| id.clone())
             .collect();
+        let mut index = lock(&self.run_threads);
         for run in runs {
             inner.runs.remove(&run);
             inner.run_state.remove(&run);
+            index.remove(&run);
         }
         Ok(existed)
     }
@@ -540,10 +627,11 @@ impl ThreadStore for MemoryStore {
         limit: usize,
     ) -> Result<Vec<ClaimedRun>, StoreError> {
         check_worker(worker_id)?;
-        let mut inner = self.lock();
-        let mut free: Vec<&mut RunRow> = inner
-            .runs
-            .values_mut()
+        // Every shard, locked in order, so the oldest runs of the whole store are claimed.
+        let mut shards: Vec<MutexGuard<'_, Inner>> = self.shards.iter().map(lock).collect();
+        let mut free: Vec<&mut RunRow> = shards
+            .iter_mut()
+            .flat_map(|inner| inner.runs.values_mut())
             .map(|r| &mut **r)
             .filter(|r| claimable(r, now))
             .collect();
@@ -566,7 +654,9 @@ impl ThreadStore for MemoryStore {
         now: Timestamp,
     ) -> Result<Option<ClaimedRun>, StoreError> {
         check_worker(worker_id)?;
-        let mut inner = self.lock();
+        let Some(mut inner) = self.run_shard(run_id) else {
+            return Ok(None);
+        };
         Ok(inner
             .runs
             .get_mut(run_id)
@@ -580,8 +670,8 @@ impl ThreadStore for MemoryStore {
         lease_duration: Duration,
         now: Timestamp,
     ) -> Result<Timestamp, StoreError> {
-        let mut inner = self.lock();
-        match inner.runs.get_mut(&lease.run_id) {
+        let mut inner = self.run_shard(&lease.run_id);
+        match inner.as_mut().and_then(|i| i.runs.get_mut(&lease.run_id)) {
             Some(r) if holds(r, lease) => {
                 let expires_at = now.saturating_add(lease_duration);
                 r.lease_expires_at = Some(expires_at);
@@ -594,8 +684,8 @@ impl ThreadStore for MemoryStore {
     }
 
     async fn release(&self, lease: &LeaseToken) -> Result<bool, StoreError> {
-        let mut inner = self.lock();
-        match inner.runs.get_mut(&lease.run_id) {
+        let mut inner = self.run_shard(&lease.run_id);
+        match inner.as_mut().and_then(|i| i.runs.get_mut(&lease.run_id)) {
             Some(r) if holds(r, lease) => {
                 r.lease_owner = None;
                 r.lease_expires_at = None;

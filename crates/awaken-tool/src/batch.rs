@@ -1,5 +1,7 @@
 //! The tool batch of one step (seed 003's active tool batch) and DESIGN §6's transition table.
 
+use std::sync::Arc;
+
 use awaken_event::{EffectClass, SuspendTicket, ToolCall, ToolCallId, ToolCallState, ToolResult};
 use serde::{Deserialize, Serialize};
 
@@ -111,13 +113,14 @@ pub enum BatchError {
 }
 
 /// One call of a batch: the call, its state, its closing result once terminal, its last
-/// suspension ticket, and how many times it entered `Executing`.
+/// suspension ticket, and how many times it entered `Executing`. The call and its result are
+/// shared, so a copy of a batch (the one a commit carries) copies neither.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BatchCall {
-    call: ToolCall,
+    call: Arc<ToolCall>,
     state: ToolCallState,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    result: Option<ToolResult>,
+    result: Option<Arc<ToolResult>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     ticket: Option<SuspendTicket>,
     #[serde(default)]
@@ -142,7 +145,7 @@ impl BatchCall {
 
     /// Its closing result: `Some` exactly when the state is terminal.
     pub fn result(&self) -> Option<&ToolResult> {
-        self.result.as_ref()
+        self.result.as_deref()
     }
 
     /// The ticket of its last suspension (kept after it leaves `Suspended`).
@@ -193,7 +196,7 @@ impl ToolBatch {
             calls: calls
                 .into_iter()
                 .map(|call| BatchCall {
-                    call,
+                    call: Arc::new(call),
                     state: ToolCallState::Requested,
                     result: None,
                     ticket: None,
@@ -244,7 +247,7 @@ impl ToolBatch {
     pub fn closing_results(&self) -> impl Iterator<Item = (&ToolCallId, &ToolResult)> {
         self.calls
             .iter()
-            .filter_map(|c| c.result.as_ref().map(|r| (&c.call.id, r)))
+            .filter_map(|c| c.result.as_deref().map(|r| (&c.call.id, r)))
     }
 
     /// Moves call `id` to `to`. A terminal `to` needs the closing `result`; a non-terminal one
@@ -384,7 +387,7 @@ impl ToolBatch {
             };
             debug_assert!(is_allowed_transition(c.state, state));
             c.state = state;
-            c.result = Some(ToolResult::error(message));
+            c.result = Some(Arc::new(ToolResult::error(message)));
             closed.push(c.call.id.clone());
         }
         closed
@@ -458,7 +461,7 @@ impl ToolBatch {
             entry.ticket = ticket;
         }
         entry.state = to;
-        entry.result = result;
+        entry.result = result.map(Arc::new);
         Ok(())
     }
 
