@@ -8,9 +8,7 @@ use awaken_event::{
     AgentEvent, EventSink, Message, TerminationReason, ThreadId, TokenUsage, ToolCallId,
     ToolCallState,
 };
-use awaken_state::{
-    KeyScope, PersistedState, StateCommand, StateError, StateStore, UnknownKeyPolicy,
-};
+use awaken_state::{KeyScope, StateCommand, StateDelta, StateError, StateStore, UnknownKeyPolicy};
 use awaken_store::{
     BatchData, BatchSource, BatchWrite, LeaseToken, RunRecord, RunStatus, StoreError, ThreadCommit,
     ThreadStore,
@@ -126,7 +124,7 @@ impl Durable {
         let [run_state, thread_state, profile_delta] = snapshot.export_changed_in_each(
             [KeyScope::Run, KeyScope::Thread, KeyScope::Profile],
             self.state_revision,
-        )?;
+        );
         // Crash tests: this commit carries a compaction's summary (or its failure).
         let compaction = thread_state
             .values
@@ -218,9 +216,9 @@ impl Durable {
     async fn redo_profile_writes(
         &mut self,
         state: &StateStore,
-    ) -> Result<(PersistedState, BTreeMap<String, u64>), CheckpointError> {
+    ) -> Result<(StateDelta, BTreeMap<String, u64>), CheckpointError> {
         let Some(profile_id) = self.record.profile_id.clone() else {
-            return Ok((PersistedState::default(), BTreeMap::new()));
+            return Ok((StateDelta::default(), BTreeMap::new()));
         };
         self.pending_profile_writes.extend(state.take_journal());
         let fresh = self.store.load_profile(&profile_id).await?;
@@ -249,7 +247,7 @@ impl Durable {
         // The run goes on from the redone values.
         state.restore(&delta, UnknownKeyPolicy::Skip)?;
         // (A restore is not journaled: the pending writes stay the record until durable.)
-        Ok((delta, guards))
+        Ok((delta.into(), guards))
     }
 
     /// Marks the run finished (or waiting) for the final commit.

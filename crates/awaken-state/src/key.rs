@@ -400,6 +400,7 @@ pub(crate) trait KeyCodec: Send + Sync {
         json: serde_json::Value,
     ) -> Result<Arc<dyn ErasedUpdate>, StateError>;
     fn value_to_json(&self, key: &str, value: &AnyValue) -> Result<serde_json::Value, StateError>;
+    fn value_to_text(&self, key: &str, value: &AnyValue) -> Result<String, StateError>;
     fn value_from_json(
         &self,
         key: &str,
@@ -495,6 +496,14 @@ where
     fn value_to_json(&self, key: &str, value: &AnyValue) -> Result<serde_json::Value, StateError> {
         let stored = downcast::<Stored<V, U>>(key, value)?;
         serde_json::to_value(&stored.value).map_err(|e| StateError::Serialize {
+            key: key.to_owned(),
+            source: Arc::new(e),
+        })
+    }
+
+    fn value_to_text(&self, key: &str, value: &AnyValue) -> Result<String, StateError> {
+        let stored = downcast::<Stored<V, U>>(key, value)?;
+        serde_json::to_string(&stored.value).map_err(|e| StateError::Serialize {
             key: key.to_owned(),
             source: Arc::new(e),
         })

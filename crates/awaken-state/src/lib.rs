@@ -18,6 +18,7 @@
 
 mod command;
 mod error;
+mod exported;
 mod key;
 mod parallel;
 mod snapshot;
@@ -29,6 +30,7 @@ pub mod testing;
 
 pub use command::{Effect, KeyUpdate, ScheduledAction, StateCommand};
 pub use error::StateError;
+pub use exported::{StateDelta, StateValue};
 pub use key::{KeyInfo, KeyOptions, KeyRegistry, KeyScope, MergeStrategy, StateKey};
 pub use parallel::ParallelBatch;
 pub use snapshot::{PersistedState, Snapshot};

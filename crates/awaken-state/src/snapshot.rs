@@ -7,6 +7,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::error::StateError;
+use crate::exported::{StateDelta, StateValue};
 use crate::key::{KeyRegistry, KeyScope, StateKey, Stored, downcast};
 use crate::table::Table;
 
@@ -109,40 +110,34 @@ impl Snapshot {
         self.export_changed_where(since_revision, |s| s == scope && s.is_persisted())
     }
 
-    /// [`export_changed_in`](Self::export_changed_in) for several scopes in one pass over the
-    /// changed keys: one [`PersistedState`] per scope, in the order given.
+    /// The keys of several scopes changed after `since_revision`, in one pass over the changed
+    /// keys: one [`StateDelta`] per scope, in the order given. The values stay typed (shared
+    /// with this snapshot) until a store asks for their JSON.
     pub fn export_changed_in_each<const N: usize>(
         &self,
         scopes: [KeyScope; N],
         since_revision: u64,
-    ) -> Result<[PersistedState; N], StateError> {
+    ) -> [StateDelta; N] {
         let registry = &self.version.registry;
-        let mut out: [PersistedState; N] = std::array::from_fn(|_| PersistedState {
+        let mut out: [StateDelta; N] = std::array::from_fn(|_| StateDelta {
             revision: self.revision(),
             values: BTreeMap::new(),
         });
-        let mut first_error = None;
         self.version
             .table
             .for_each_changed(since_revision, &mut |index, slot| {
                 let entry = registry.entry_at(index);
-                if first_error.is_some() || !entry.options.scope.is_persisted() {
+                if !entry.options.scope.is_persisted() {
                     return;
                 }
-                let Some(i) = scopes.iter().position(|s| *s == entry.options.scope) else {
-                    return;
-                };
-                match entry.codec.value_to_json(entry.name, &*slot.value) {
-                    Ok(json) => {
-                        out[i].values.insert(entry.name.to_owned(), json);
-                    }
-                    Err(e) => first_error = Some(e),
+                if let Some(i) = scopes.iter().position(|s| *s == entry.options.scope) {
+                    out[i].values.insert(
+                        entry.name.to_owned(),
+                        StateValue::typed(entry.name, slot.value.clone(), entry.codec.clone()),
+                    );
                 }
             });
-        match first_error {
-            Some(e) => Err(e),
-            None => Ok(out),
-        }
+        out
     }
 
     /// Every key (ephemeral ones included) as `name = json` lines in registration order; for

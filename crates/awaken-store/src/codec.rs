@@ -80,6 +80,16 @@ pub(crate) fn to_json<T: serde::Serialize + ?Sized>(
     serde_json::to_string(value).map_err(|source| StoreError::Serialize { what, source })
 }
 
+/// A state value as JSON text, for a store that writes it out.
+pub(crate) fn state_text(
+    what: &'static str,
+    value: &awaken_state::StateValue,
+) -> Result<String, StoreError> {
+    value
+        .to_text()
+        .map_err(|source| StoreError::StateValue { what, source })
+}
+
 pub(crate) fn message(body: &str) -> Result<Message, StoreError> {
     serde_json::from_str(body).map_err(|e| StoreError::corrupt("message", e))
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use awaken_event::{AgentEvent, Message, ProfileId, RunId, TerminationReason, ThreadId};
 use awaken_event::{TokenUsage, ToolCallId, ToolCallState};
-use awaken_state::PersistedState;
+use awaken_state::StateDelta;
 use serde::{Deserialize, Serialize};
 
 /// A point in time as milliseconds since the Unix epoch, supplied by the caller: stores never
@@ -269,11 +269,11 @@ pub struct ThreadCommit {
     /// Messages appended after the first `expected_message_count`.
     pub messages: Vec<Message>,
     /// Changed `Run`-scoped keys (`Snapshot::export_changed_in(KeyScope::Run, since)`).
-    pub run_state: PersistedState,
+    pub run_state: StateDelta,
     /// Changed `Thread`-scoped keys.
-    pub thread_state: PersistedState,
+    pub thread_state: StateDelta,
     /// Changed `Profile`-scoped keys of the run's profile.
-    pub profile_state: PersistedState,
+    pub profile_state: StateDelta,
     /// The version at which each profile key was read (0: absent). Every key of
     /// `profile_state` needs one (its guard); other listed keys are checked as read guards.
     pub profile_versions: BTreeMap<String, u64>,
@@ -367,9 +367,9 @@ impl ThreadCommit {
             run,
             expected_message_count,
             messages: Vec::new(),
-            run_state: PersistedState::default(),
-            thread_state: PersistedState::default(),
-            profile_state: PersistedState::default(),
+            run_state: StateDelta::default(),
+            thread_state: StateDelta::default(),
+            profile_state: StateDelta::default(),
             profile_versions: BTreeMap::new(),
             batch: BatchWrite::Keep,
             events: Vec::new(),
@@ -384,24 +384,24 @@ impl ThreadCommit {
     }
 
     /// Writes these changed run-scoped keys.
-    pub fn with_run_state(mut self, delta: PersistedState) -> Self {
-        self.run_state = delta;
+    pub fn with_run_state(mut self, delta: impl Into<StateDelta>) -> Self {
+        self.run_state = delta.into();
         self
     }
 
     /// Writes these changed thread-scoped keys.
-    pub fn with_thread_state(mut self, delta: PersistedState) -> Self {
-        self.thread_state = delta;
+    pub fn with_thread_state(mut self, delta: impl Into<StateDelta>) -> Self {
+        self.thread_state = delta.into();
         self
     }
 
     /// Writes these changed profile keys, each guarded by the version it was read at.
     pub fn with_profile_state(
         mut self,
-        delta: PersistedState,
+        delta: impl Into<StateDelta>,
         versions: BTreeMap<String, u64>,
     ) -> Self {
-        self.profile_state = delta;
+        self.profile_state = delta.into();
         self.profile_versions = versions;
         self
     }

@@ -72,6 +72,15 @@ pub enum StoreError {
         #[source]
         source: serde_json::Error,
     },
+    /// A state value could not be serialized for storage.
+    #[error("could not serialize {what}: {source}")]
+    StateValue {
+        /// What was being written.
+        what: &'static str,
+        /// The state error (names the key).
+        #[source]
+        source: awaken_state::StateError,
+    },
     /// The database holds a schema newer than this code knows.
     #[error("the database schema is at version {found}; this build knows up to {supported}")]
     SchemaTooNew {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use awaken_event::{Message, ProfileId, RunId, ThreadId};
-use awaken_state::PersistedState;
+use awaken_state::{PersistedState, StateValue};
 
 use crate::commit::{
     BatchData, BatchWrite, LeaseToken, RunRecord, RunStatus, ThreadCommit, Timestamp,
@@ -62,9 +62,10 @@ struct Inner {
     threads: HashMap<ThreadId, ThreadRow>,
     messages: HashMap<ThreadId, Vec<Message>>,
     events: HashMap<ThreadId, Vec<StoredEvent>>,
-    thread_state: HashMap<ThreadId, BTreeMap<String, serde_json::Value>>,
+    /// Values as the commits carried them (typed until a load asks for JSON).
+    thread_state: HashMap<ThreadId, BTreeMap<String, StateValue>>,
     runs: HashMap<RunId, Box<RunRow>>,
-    run_state: HashMap<RunId, BTreeMap<String, serde_json::Value>>,
+    run_state: HashMap<RunId, BTreeMap<String, StateValue>>,
 }
 
 #[derive(Debug, Clone)]
@@ -105,8 +106,8 @@ enum Undo {
     Run(Option<RunRow>),
     /// The thread row a commit replaced (`None`: the commit created it).
     Thread(Option<ThreadRow>),
-    ThreadKey(String, Option<serde_json::Value>),
-    RunKey(String, Option<serde_json::Value>),
+    ThreadKey(String, Option<StateValue>),
+    RunKey(String, Option<StateValue>),
     ProfileKey(String, Option<ProfileEntry>),
 }
 
@@ -297,6 +298,10 @@ impl Inner {
         {
             let profile = profiles.entry(pid.clone()).or_default();
             for (k, value) in profile_delta.values {
+                let value = value.into_json().map_err(|source| StoreError::StateValue {
+                    what: "profile state",
+                    source,
+                })?;
                 let version = profile.get(&k).map_or(0, |e| e.version) + 1;
                 profile_versions.insert(k.clone(), version);
                 let old = profile.insert(k.clone(), ProfileEntry { value, version });
@@ -446,11 +451,19 @@ where
         .unwrap_or_else(|| unreachable!("the key was just inserted"))
 }
 
-fn persisted(revision: u64, map: Option<&BTreeMap<String, serde_json::Value>>) -> PersistedState {
-    PersistedState {
-        revision,
-        values: map.cloned().unwrap_or_default(),
+fn persisted(
+    what: &'static str,
+    revision: u64,
+    map: Option<&BTreeMap<String, StateValue>>,
+) -> Result<PersistedState, StoreError> {
+    let mut values = BTreeMap::new();
+    for (k, v) in map.into_iter().flatten() {
+        let json = v
+            .to_json()
+            .map_err(|source| StoreError::StateValue { what, source })?;
+        values.insert(k.clone(), json);
     }
+    Ok(PersistedState { revision, values })
 }
 
 fn profile_state(profiles: &Profiles, profile_id: &ProfileId) -> ProfileState {
@@ -533,11 +546,20 @@ impl ThreadStore for MemoryStore {
         Ok(Some(Checkpoint {
             thread_id: thread_id.clone(),
             messages: inner.messages.get(thread_id).cloned().unwrap_or_default(),
-            thread_state: persisted(thread.state_revision, inner.thread_state.get(thread_id)),
+            thread_state: persisted(
+                "thread state",
+                thread.state_revision,
+                inner.thread_state.get(thread_id),
+            )?,
             run: run.map(|r| r.record.clone()),
-            run_state: run.map_or_else(PersistedState::default, |r| {
-                persisted(r.state_revision, inner.run_state.get(&r.record.run_id))
-            }),
+            run_state: match run {
+                Some(r) => persisted(
+                    "run state",
+                    r.state_revision,
+                    inner.run_state.get(&r.record.run_id),
+                )?,
+                None => PersistedState::default(),
+            },
             profile: run
                 .and_then(|r| r.record.profile_id.as_ref())
                 .map(|p| profile_state(&lock(&self.profiles), p)),

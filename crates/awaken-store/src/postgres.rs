@@ -359,7 +359,7 @@ async fn commit_tx(
             )
             .await?;
         for (k, v) in &c.run_state.values {
-            let v = codec::to_json("run state", v)?;
+            let v = codec::state_text("run state", v)?;
             tx.execute(&stmt, &[&rid, k, &v]).await?;
         }
     }
@@ -371,7 +371,7 @@ async fn commit_tx(
             )
             .await?;
         for (k, v) in &c.thread_state.values {
-            let v = codec::to_json("thread state", v)?;
+            let v = codec::state_text("thread state", v)?;
             tx.execute(&stmt, &[&tid, k, &v]).await?;
         }
     }
@@ -391,7 +391,7 @@ async fn commit_tx(
             )
             .await?;
         for (k, v) in &c.profile_state.values {
-            let v = codec::to_json("profile state", v)?;
+            let v = codec::state_text("profile state", v)?;
             let read = c.profile_versions.get(k).copied().unwrap_or(0);
             let n = tx.execute(&stmt, &[&pid, k, &v, &codec::int(read)]).await?;
             if n != 1 {

@@ -393,7 +393,7 @@ fn commit_tx(
              ON CONFLICT (run_id, key) DO UPDATE SET value = excluded.value",
         )?;
         for (k, v) in &c.run_state.values {
-            stmt.execute(params![rid, k, codec::to_json("run state", v)?])?;
+            stmt.execute(params![rid, k, codec::state_text("run state", v)?])?;
         }
     }
     if !c.thread_state.values.is_empty() {
@@ -402,7 +402,7 @@ fn commit_tx(
              ON CONFLICT (thread_id, key) DO UPDATE SET value = excluded.value",
         )?;
         for (k, v) in &c.thread_state.values {
-            stmt.execute(params![tid, k, codec::to_json("thread state", v)?])?;
+            stmt.execute(params![tid, k, codec::state_text("thread state", v)?])?;
         }
     }
     let mut profile_versions = std::collections::BTreeMap::new();
@@ -415,7 +415,7 @@ fn commit_tx(
                  version = profile_state.version + 1",
         )?;
         for (k, v) in &c.profile_state.values {
-            stmt.execute(params![pid, k, codec::to_json("profile state", v)?])?;
+            stmt.execute(params![pid, k, codec::state_text("profile state", v)?])?;
             let read = c.profile_versions.get(k).copied().unwrap_or(0);
             profile_versions.insert(k.clone(), read + 1);
         }

@@ -94,3 +94,30 @@ proptest! {
         prop_assert_eq!(by_scope, expected.into_keys().collect::<BTreeSet<_>>());
     }
 }
+
+proptest! {
+    /// The one-pass, lazily serialized export of several scopes gives, per scope, the same keys
+    /// and values as `export_changed_in`, whether read as JSON, taken as JSON or as text.
+    #[test]
+    fn export_changed_in_each_matches_export_changed_in(commits in commits(), cut in any::<prop::sample::Index>()) {
+        let store = keys::store();
+        let mut revisions = vec![0];
+        for ops in &commits {
+            store.commit(keys::command(ops, true)).unwrap();
+            revisions.push(store.revision());
+        }
+        let since = revisions[cut.index(revisions.len())];
+        let now = store.snapshot();
+        let deltas = now.export_changed_in_each(KeyScope::PERSISTED, since);
+        for (scope, delta) in KeyScope::PERSISTED.into_iter().zip(deltas) {
+            let expected = now.export_changed_in(scope, since).unwrap();
+            prop_assert_eq!(delta.revision, expected.revision);
+            prop_assert_eq!(&delta.to_persisted().unwrap(), &expected);
+            for (key, value) in delta.values {
+                let text: Value = serde_json::from_str(&value.to_text().unwrap()).unwrap();
+                prop_assert_eq!(&text, &expected.values[&key]);
+                prop_assert_eq!(&value.into_json().unwrap(), &expected.values[&key]);
+            }
+        }
+    }
+}

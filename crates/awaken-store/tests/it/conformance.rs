@@ -524,7 +524,7 @@ pub async fn invalid_commits_write_nothing(h: &Harness) {
     blank.run.agent_id = " ".to_owned();
     let mut unguarded = step("t1", "r1", 2, 2, 2_000);
     unguarded.run.profile_id = Some(pid("alice"));
-    unguarded.profile_state = state(1, &[("prefs.lang", json!("en"))]);
+    unguarded.profile_state = state(1, &[("prefs.lang", json!("en"))]).into();
     let mut in_flight = step("t1", "r1", 2, 2, 2_000);
     in_flight.run.status = RunStatus::Done;
     in_flight.run.termination = Some(TerminationReason::Cancelled);
@@ -864,7 +864,7 @@ pub async fn failpoint_inside_the_write(h: &Harness) {
         (h.arm)(point);
         let mut first = step("fresh", "fresh-run", 0, 1, 1_000);
         first.run.profile_id = Some(pid("bob"));
-        first.profile_state = state(1, &[("prefs.tz", json!("UTC"))]);
+        first.profile_state = state(1, &[("prefs.tz", json!("UTC"))]).into();
         first.profile_versions = BTreeMap::from([("prefs.tz".to_owned(), 0)]);
         let err = s.commit(first).await.expect_err("injected");
         assert!(
