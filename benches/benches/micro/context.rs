@@ -3,7 +3,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use awaken_context::{ContextConfig, ContextPlugins, is_omission_marker};
-use awaken_event::{Message, RunId, ThreadId, ToolCall, ToolCallId, ToolDescriptor, ToolResult};
+use awaken_event::{
+    History, Message, RunId, ThreadId, ToolCall, ToolCallId, ToolDescriptor, ToolResult,
+};
 use awaken_llm::InferenceRequest;
 use awaken_phase::RunIdentity;
 use awaken_plugin::{ExecutionEnv, Plugin, TokenCounts, TransformContext, apply_transforms};
@@ -65,9 +67,9 @@ fn bench_transform(c: &mut Criterion, name: &str, len: usize) {
         "Reads a file of the repository",
     )];
     let messages = thread(len);
-    let previous: Arc<[Message]> = messages[..len - 2].to_vec().into();
-    let current: Arc<[Message]> = messages.into();
-    let request = |m: &Arc<[Message]>| {
+    let previous: History = messages[..len - 2].to_vec().into();
+    let current: History = messages.into();
+    let request = |m: &History| {
         InferenceRequest::new("model", m.clone())
             .with_tools(tools.clone())
             .with_system_prompt("You are a careful engineer.")

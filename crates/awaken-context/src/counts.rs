@@ -9,7 +9,6 @@
 //! messages are estimated. A slice that shares nothing is recounted from scratch.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use awaken_event::{Message, Role, ToolCallId};
 
@@ -17,8 +16,9 @@ use crate::estimate::TokenEstimator;
 
 /// Counts of one run's messages, with prefix sums and the places a history may be cut.
 pub(crate) struct Counts {
-    /// The slice the counts describe.
-    seen: Option<Arc<[Message]>>,
+    /// The messages the counts describe: a copy kept up to date one new message at a time, so
+    /// the cache never holds the run's history buffer (which the run then appends to in place).
+    seen: Vec<Message>,
     /// Raw tokens per message.
     tokens: Vec<u64>,
     /// `prefix[i]` = tokens of messages `0..i` (one longer than `tokens`).
@@ -37,7 +37,7 @@ pub(crate) struct Counts {
 impl Default for Counts {
     fn default() -> Self {
         Self {
-            seen: None,
+            seen: Vec::new(),
             tokens: Vec::new(),
             prefix: vec![0],
             cut: Vec::new(),
@@ -50,21 +50,13 @@ impl Default for Counts {
 
 impl Counts {
     /// Brings the counts in line with `messages`.
-    pub(crate) fn sync(&mut self, messages: &Arc<[Message]>, estimator: &dyn TokenEstimator) {
-        if let Some(seen) = &self.seen
-            && Arc::ptr_eq(seen, messages)
-        {
-            return;
-        }
-        let common = match &self.seen {
-            Some(seen) => common_prefix(seen, messages),
-            None => 0,
-        };
+    pub(crate) fn sync(&mut self, messages: &[Message], estimator: &dyn TokenEstimator) {
+        let common = common_prefix(&self.seen, messages);
         self.truncate(common);
         for message in &messages[common..] {
             self.push(message, estimator);
+            self.seen.push(message.clone());
         }
-        self.seen = Some(messages.clone());
     }
 
     /// Number of messages counted.
@@ -162,15 +154,15 @@ impl Counts {
         while self.users.last().is_some_and(|&u| u >= len) {
             self.users.pop();
         }
+        let seen = std::mem::take(&mut self.seen);
         if rebuild {
             self.pending.clear();
-            let Some(seen) = self.seen.clone() else {
-                return;
-            };
             for (i, message) in seen[..len].iter().enumerate() {
                 self.track_calls(message, i);
             }
         }
+        self.seen = seen;
+        self.seen.truncate(len);
     }
 }
 

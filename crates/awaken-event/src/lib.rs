@@ -9,6 +9,7 @@
 mod cancel;
 mod event;
 mod grammar;
+mod history;
 mod ids;
 mod inference;
 mod message;
@@ -20,6 +21,7 @@ pub use event::{AgentEvent, EventSink, NullSink, VecSink, WarningKind};
 pub use grammar::{
     GrammarChecker, GrammarViolation, ViolationKind, check_activation, check_events,
 };
+pub use history::History;
 pub use ids::{IdError, MAX_ID_LEN, ProfileId, RunId, ThreadId, ToolCallId};
 pub use inference::{InferenceResponse, StopReason, TokenUsage};
 pub use message::{ContentBlock, Message, Role, ToolCall};

@@ -2,20 +2,20 @@
 
 use std::sync::Arc;
 
-use awaken_event::{Message, ToolDescriptor};
+use awaken_event::{History, ToolDescriptor};
 use awaken_spec::InferenceOverride;
 
 /// One inference call's input.
 ///
-/// Cloning is cheap: the history and the tool list are shared (`Arc<[_]>`), never copied per
-/// call or per retry attempt.
+/// Cloning is cheap: the history ([`History`]) and the tool list (`Arc<[_]>`) are shared, never
+/// copied per call or per retry attempt.
 #[derive(Debug, Clone, PartialEq)]
 pub struct InferenceRequest {
     /// The provider-side model name (the model spec's `upstream_model`). A non-blank
     /// `overrides.upstream_model` replaces it; see [`InferenceRequest::effective_model`].
     pub upstream_model: String,
     /// The conversation, oldest first. System instructions usually go in `system_prompt`.
-    pub messages: Arc<[Message]>,
+    pub messages: History,
     /// The tools the model may call.
     pub tools: Arc<[ToolDescriptor]>,
     /// The system prompt, sent before `messages` when set.
@@ -30,7 +30,7 @@ pub struct InferenceRequest {
 impl InferenceRequest {
     /// A request for `upstream_model` over `messages`, with no tools, no system prompt and no
     /// overrides.
-    pub fn new(upstream_model: impl Into<String>, messages: impl Into<Arc<[Message]>>) -> Self {
+    pub fn new(upstream_model: impl Into<String>, messages: impl Into<History>) -> Self {
         Self {
             upstream_model: upstream_model.into(),
             messages: messages.into(),

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use awaken_event::{
-    CancellationToken, InferenceResponse, Message, ProfileId, RunId, ThreadId, ToolCall,
+    CancellationToken, History, InferenceResponse, ProfileId, RunId, ThreadId, ToolCall,
     ToolCallResume, ToolResult,
 };
 use awaken_spec::Sections;
@@ -53,7 +53,7 @@ pub struct PhaseContext {
     /// The current step (0 before the first).
     pub step: u32,
     /// The thread's history as the run sees it (shared, never copied per hook).
-    pub messages: Arc<[Message]>,
+    pub messages: History,
     /// The call, for tool-level phases.
     pub tool: Option<Arc<ToolPhaseInfo>>,
     /// The model's response, for `AfterInference`.
@@ -71,7 +71,7 @@ impl PhaseContext {
             sections: Arc::new(Sections::new()),
             run,
             step: 0,
-            messages: Arc::from(Vec::new()),
+            messages: History::new(),
             tool: None,
             response: None,
             cancel: CancellationToken::new(),
@@ -107,8 +107,8 @@ impl PhaseContext {
     }
 
     /// With the history.
-    pub fn with_messages(mut self, messages: Arc<[Message]>) -> Self {
-        self.messages = messages;
+    pub fn with_messages(mut self, messages: impl Into<History>) -> Self {
+        self.messages = messages.into();
         self
     }
 

@@ -167,6 +167,20 @@ impl PhaseEngine {
         &self.inner.store
     }
 
+    /// Whether running `phase` now would do nothing: no hook is registered for it and no
+    /// action is queued for it. Such a run reads nothing of its context and changes nothing, so
+    /// a caller may skip it (and building its context); the caller keeps the cancellation check
+    /// [`run_phase`](Self::run_phase) would have made.
+    pub fn is_idle(&self, phase: Phase) -> bool {
+        self.inner.env.hooks(phase).is_empty()
+            && self
+                .inner
+                .store
+                .snapshot()
+                .get::<ActionQueueKey>()
+                .is_ok_and(|queue| queue.for_phase(phase.as_str()).next().is_none())
+    }
+
     /// The environment.
     pub fn env(&self) -> &Arc<PhaseEnv> {
         &self.inner.env

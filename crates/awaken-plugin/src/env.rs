@@ -1,7 +1,7 @@
 //! `ExecutionEnv`: seed 003's resolved execution environment, built from the agent's plugins
 //! and the built-ins in the one plugin order.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use awaken_phase::{PhaseEnv, register_engine_keys};
@@ -14,6 +14,9 @@ use crate::order::execution_order;
 use crate::plugin::Plugin;
 use crate::registrar::PluginRegistrar;
 use crate::transform::RegisteredTransform;
+
+/// Hash maps of one environment build (short string keys, hashed many times per resolution).
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// A tool contributed by a plugin.
 #[derive(Clone)]
@@ -121,12 +124,13 @@ impl ExecutionEnv {
         register_engine_keys(&mut keys).map_err(EnvError::EngineKeys)?;
         let engine: Arc<str> = Arc::from("awaken-phase");
         let mut key_owner: HashMap<&'static str, Arc<str>> =
-            HashMap::with_capacity(plugins.len() * 4);
+            HashMap::with_capacity_and_hasher(plugins.len() * 4, Default::default());
         key_owner.extend(keys.keys().map(|k| (k.name, engine.clone())));
         let mut phase_env = PhaseEnv::new();
-        let mut action_owner: HashMap<&'static str, String> = HashMap::new();
-        let mut effect_owner: HashMap<&'static str, String> = HashMap::new();
-        let mut tool_owner: HashMap<String, String> = HashMap::new();
+        // Owners are the plugins' ids, borrowed from `plugins` (no copy per contribution).
+        let mut action_owner: HashMap<&'static str, &str> = HashMap::default();
+        let mut effect_owner: HashMap<&'static str, &str> = HashMap::default();
+        let mut tool_owner: HashMap<String, &str> = HashMap::default();
         let mut env = ExecutionEnv {
             plugins: Vec::with_capacity(plugins.len()),
             active: BTreeSet::new(),
@@ -170,11 +174,11 @@ impl ExecutionEnv {
                 if !bound.allows(ContributionKind::Action, key) {
                     return Err(outside(id, ContributionKind::Action, key));
                 }
-                if let Some(first) = action_owner.insert(key, id.to_owned()) {
+                if let Some(first) = action_owner.insert(key, id) {
                     return Err(EnvError::DuplicateContribution {
                         kind: ContributionKind::Action,
                         name: key.to_owned(),
-                        first,
+                        first: first.to_owned(),
                         second: id.to_owned(),
                     });
                 }
@@ -185,11 +189,11 @@ impl ExecutionEnv {
                 if !bound.allows(ContributionKind::Effect, key) {
                     return Err(outside(id, ContributionKind::Effect, key));
                 }
-                if let Some(first) = effect_owner.insert(key, id.to_owned()) {
+                if let Some(first) = effect_owner.insert(key, id) {
                     return Err(EnvError::DuplicateContribution {
                         kind: ContributionKind::Effect,
                         name: key.to_owned(),
-                        first,
+                        first: first.to_owned(),
                         second: id.to_owned(),
                     });
                 }
@@ -250,11 +254,11 @@ impl ExecutionEnv {
                     });
                 }
                 for (tool, tool_id) in r.tools.into_iter().zip(tool_ids) {
-                    if let Some(first) = tool_owner.insert(tool_id.clone(), id.to_owned()) {
+                    if let Some(first) = tool_owner.insert(tool_id.clone(), id) {
                         return Err(EnvError::DuplicateContribution {
                             kind: ContributionKind::Tool,
                             name: tool_id,
-                            first,
+                            first: first.to_owned(),
                             second: id.to_owned(),
                         });
                     }

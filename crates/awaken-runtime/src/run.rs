@@ -4,7 +4,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use awaken_event::{
-    AgentEvent, CancellationToken, EventSink, Message, ResumeDecision, ResumeMode, RunId,
+    AgentEvent, CancellationToken, EventSink, History, Message, ResumeDecision, ResumeMode, RunId,
     SuspendTicket, TerminationReason, ThreadId, ToolCall, ToolCallId, ToolCallResume,
     ToolCallState, ToolDescriptor, ToolResult, WarningKind,
 };
@@ -99,9 +99,9 @@ struct Run<'a> {
     engine: PhaseEngine,
     identity: Arc<RunIdentity>,
     cancel: CancellationToken,
-    history: Vec<Message>,
-    /// The history as shared with phase contexts and requests; rebuilt only after it grows.
-    shared_history: Option<Arc<[Message]>>,
+    /// Shared with phase contexts and requests; appended in place once they are gone, so a
+    /// step's cost does not grow with the thread.
+    history: History,
     run_override: Option<InferenceOverride>,
     gates: Vec<(String, Arc<dyn ToolGateHook>)>,
     /// The agent's sections, shared by every phase context of the run.
@@ -569,8 +569,7 @@ async fn run_activation(
         engine,
         identity,
         cancel,
-        history,
-        shared_history: None,
+        history: history.into(),
         run_override: inference,
         gates,
         sections: Arc::new(resolved_sections),
@@ -706,7 +705,6 @@ impl Run<'_> {
     /// A message of the run: in the history at once, in the store with the next commit.
     fn push_message(&mut self, message: Message) {
         self.history.push(message.clone());
-        self.shared_history = None;
         self.durable.push_message(message);
     }
 
@@ -730,21 +728,6 @@ impl Run<'_> {
         self.batch.as_ref().map_or(BatchWrite::Keep, batch_json)
     }
 
-    /// The history as one shared slice (copied once per change, not once per phase).
-    fn shared_history(&self) -> Arc<[Message]> {
-        match &self.shared_history {
-            Some(h) => h.clone(),
-            None => Arc::from(self.history.as_slice()),
-        }
-    }
-
-    /// Refreshes the shared history after the history changed.
-    fn share_history(&mut self) {
-        if self.shared_history.is_none() {
-            self.shared_history = Some(Arc::from(self.history.as_slice()));
-        }
-    }
-
     fn ctx(&self, phase: Phase) -> PhaseContext {
         // Built whole: `PhaseContext::new` would allocate defaults replaced at once.
         PhaseContext {
@@ -753,7 +736,7 @@ impl Run<'_> {
             sections: self.sections.clone(),
             run: self.identity.clone(),
             step: self.step,
-            messages: self.shared_history(),
+            messages: self.history.clone(),
             tool: None,
             response: None,
             cancel: self.cancel.clone(),
@@ -787,8 +770,23 @@ impl Run<'_> {
     }
 
     async fn phase(&mut self, phase: Phase) -> Result<(), Failure> {
-        self.share_history();
+        if self.skip_idle(phase)? {
+            return Ok(());
+        }
         self.phase_with(self.ctx(phase)).await
+    }
+
+    /// Whether `phase` has nothing to run (no hook, no queued action), so it is skipped and no
+    /// context is built for it (nor the history shared); a cancelled run still stops here, as
+    /// the engine would have stopped it.
+    fn skip_idle(&self, phase: Phase) -> Result<bool, Failure> {
+        if !self.engine.is_idle(phase) {
+            return Ok(false);
+        }
+        if self.cancel.is_cancelled() {
+            return Err(Failure::Cancelled);
+        }
+        Ok(true)
     }
 
     async fn submit(&self, cmd: StateCommand) -> Result<(), Failure> {
@@ -1037,10 +1035,10 @@ impl Run<'_> {
                     .cloned()
                     .collect()
             };
-        let messages: Arc<[Message]> = if directives.context_messages.is_empty() {
-            self.shared_history()
+        let messages: History = if directives.context_messages.is_empty() {
+            self.history.clone()
         } else {
-            let mut messages = self.history.clone();
+            let mut messages = self.history.to_vec();
             messages.extend(
                 directives
                     .context_messages
@@ -1172,7 +1170,6 @@ impl Run<'_> {
                 ),
             });
         }
-        self.share_history();
         let directives = self.directives();
         let request = self.request(&directives);
         let stats = self.stats();
@@ -1213,10 +1210,11 @@ impl Run<'_> {
             }
             crate::failpoint::hit("after_requested", None);
         }
-        self.share_history();
-        let response = Arc::new(response);
-        self.phase_with(self.ctx(Phase::AfterInference).with_response(response))
-            .await?;
+        if !self.skip_idle(Phase::AfterInference)? {
+            let response = Arc::new(response);
+            self.phase_with(self.ctx(Phase::AfterInference).with_response(response))
+                .await?;
+        }
 
         if calls.is_empty() {
             self.end_step().await?;
@@ -1653,7 +1651,6 @@ impl Run<'_> {
         call: &ToolCall,
         resume: Option<ToolCallResume>,
     ) -> Result<Prepared, Failure> {
-        self.share_history();
         let Some(tool) = self
             .resolved
             .tools
@@ -1685,17 +1682,25 @@ impl Run<'_> {
                 ToolCallState::Blocked,
             )));
         }
-        // One call description, shared by the gates' and the hooks' contexts.
-        let info = Arc::new(ToolPhaseInfo {
-            call: call.clone(),
-            result: None,
-            resume,
-        });
+        // One call description, shared by the gates' and the hooks' contexts (made only if
+        // one of them runs).
+        let mut info = None;
+        let mut info = |resume: &mut Option<ToolCallResume>| {
+            info.get_or_insert_with(|| {
+                Arc::new(ToolPhaseInfo {
+                    call: call.clone(),
+                    result: None,
+                    resume: resume.take(),
+                })
+            })
+            .clone()
+        };
+        let mut resume = resume;
         let resolution = if self.gates.is_empty() {
             GateResolution::default()
         } else {
             let mut gate_ctx = self.ctx(Phase::ToolGate);
-            gate_ctx.tool = Some(info.clone());
+            gate_ctx.tool = Some(info(&mut resume));
             evaluate_gates(&self.gates, &gate_ctx)
                 .await
                 .map_err(|e| Failure::Error(e.to_string()))?
@@ -1712,9 +1717,11 @@ impl Run<'_> {
         if let Some(decision) = resolution.decision {
             return Ok(Prepared::Done(intercepted(decision.payload)));
         }
-        let mut before = self.ctx(Phase::BeforeToolExecute);
-        before.tool = Some(info);
-        self.phase_with(before).await?;
+        if !self.skip_idle(Phase::BeforeToolExecute)? {
+            let mut before = self.ctx(Phase::BeforeToolExecute);
+            before.tool = Some(info(&mut resume));
+            self.phase_with(before).await?;
+        }
         // An action of `BeforeToolExecute` may still decide on the call.
         let decided = match self.engine.store().snapshot().get::<CallInterceptKey>() {
             Ok(Some(d)) if d.call_id == call.id => Some(d.payload.clone()),
@@ -1770,14 +1777,15 @@ impl Run<'_> {
                 return Ok(CallOutcome::Closed(result, ToolCallState::Cancelled));
             }
         };
-        let after = ToolPhaseInfo {
-            call: call.clone(),
-            result: Some(result.clone()),
-            resume,
-        };
-        self.share_history();
-        self.phase_with(self.ctx(Phase::AfterToolExecute).with_tool(after))
-            .await?;
+        if !self.skip_idle(Phase::AfterToolExecute)? {
+            let after = ToolPhaseInfo {
+                call: call.clone(),
+                result: Some(result.clone()),
+                resume,
+            };
+            self.phase_with(self.ctx(Phase::AfterToolExecute).with_tool(after))
+                .await?;
+        }
         Ok(CallOutcome::Closed(result, state))
     }
 
@@ -1785,7 +1793,7 @@ impl Run<'_> {
     /// `on_deactivate`, and the last commit, after which `RunFinish` is emitted.
     async fn finish(&mut self, termination: TerminationReason) -> TerminationReason {
         let mut termination = termination;
-        if termination != TerminationReason::Suspended {
+        if termination != TerminationReason::Suspended && !self.engine.is_idle(Phase::RunEnd) {
             // RunEnd runs even for a cancelled run: give it a fresh token.
             let ctx = self
                 .ctx(Phase::RunEnd)

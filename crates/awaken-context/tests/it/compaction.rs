@@ -7,7 +7,7 @@ use awaken_context::{
     DEFAULT_SUMMARY_INSTRUCTIONS, LlmSummarizer, Summarizer, SummaryError, SummaryRequest,
     is_summary_message,
 };
-use awaken_event::{CancellationToken, Message};
+use awaken_event::{CancellationToken, History, Message};
 use awaken_llm::{ScriptTurn, ScriptedError, ScriptedErrorKind, ScriptedExecutor};
 use awaken_phase::CommandExt;
 use awaken_state::StateCommand;
@@ -43,14 +43,14 @@ impl Thread {
     }
 
     /// Adds a step and runs it up to the request: `BeforeInference`, then the transform.
-    async fn step(&mut self, h: &Harness) -> (Arc<[Message]>, awaken_llm::InferenceRequest) {
+    async fn step(&mut self, h: &Harness) -> (History, awaken_llm::InferenceRequest) {
         self.step += 1;
         let i = self.step;
         self.history.extend(step(
             &format!("c{i}"),
             &format!("figure {i}: {}", "z".repeat(40)),
         ));
-        let messages: Arc<[Message]> = self.history.clone().into();
+        let messages: History = self.history.clone().into();
         h.before_inference(&messages, i).await;
         let request = h.transform(&messages, i).expect("fits");
         assert!(request_chars(&request) <= 2_000);

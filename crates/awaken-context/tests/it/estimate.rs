@@ -1,12 +1,10 @@
 //! The default estimator's heuristic and the correction from reported usage.
 
-use std::sync::Arc;
-
 use awaken_context::{
     Calibration, CalibrationKey, ContextConfig, DefaultEstimator, TokenEstimator, UsageSample,
     json_tokens, text_tokens,
 };
-use awaken_event::{ContentBlock, Message, ToolDescriptor};
+use awaken_event::{ContentBlock, History, Message, ToolDescriptor};
 use expect_test::expect;
 use serde_json::json;
 
@@ -124,7 +122,7 @@ async fn reported_usage_corrects_the_next_request() {
     for i in 0..30 {
         history.extend(step(&format!("c{i}"), &"y".repeat(50)));
     }
-    let messages: Arc<[Message]> = history.into();
+    let messages: History = history.into();
     let h = Harness::chars(ContextConfig::new(4_000));
     let first = h.transform(&messages, 1).expect("fits");
     let estimate = request_chars(&first);

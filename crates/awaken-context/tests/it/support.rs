@@ -11,7 +11,7 @@ use awaken_context::{
     is_omission_marker,
 };
 use awaken_event::{
-    InferenceResponse, Message, Role, RunId, StopReason, ThreadId, TokenUsage, ToolCall,
+    History, InferenceResponse, Message, Role, RunId, StopReason, ThreadId, TokenUsage, ToolCall,
     ToolCallId, ToolDescriptor, ToolResult,
 };
 use awaken_llm::InferenceRequest;
@@ -201,7 +201,7 @@ impl Harness {
     }
 
     /// The request the runtime would build from `messages`.
-    pub fn request(&self, messages: &Arc<[Message]>) -> InferenceRequest {
+    pub fn request(&self, messages: &History) -> InferenceRequest {
         InferenceRequest::new("model", messages.clone())
             .with_tools(self.tools.clone())
             .with_system_prompt(self.system_prompt.clone())
@@ -210,7 +210,7 @@ impl Harness {
     /// Runs the transforms on the request for `messages` at `step`.
     pub fn transform(
         &self,
-        messages: &Arc<[Message]>,
+        messages: &History,
         step: u32,
     ) -> Result<InferenceRequest, TransformFailure> {
         let snapshot = self.engine.store().snapshot();
@@ -223,14 +223,14 @@ impl Harness {
         awaken_plugin::apply_transforms(self.env.transforms(), self.request(messages), &ctx)
     }
 
-    fn ctx(&self, phase: Phase, messages: &Arc<[Message]>, step: u32) -> PhaseContext {
+    fn ctx(&self, phase: Phase, messages: &History, step: u32) -> PhaseContext {
         PhaseContext::new(phase, self.engine.store().snapshot(), self.identity.clone())
             .with_messages(messages.clone())
             .with_step(step)
     }
 
     /// Runs `BeforeInference` (compaction) over `messages`.
-    pub async fn before_inference(&self, messages: &Arc<[Message]>, step: u32) -> PhaseReport {
+    pub async fn before_inference(&self, messages: &History, step: u32) -> PhaseReport {
         self.engine
             .run_phase(&self.ctx(Phase::BeforeInference, messages, step))
             .await
@@ -238,7 +238,7 @@ impl Harness {
     }
 
     /// Runs `AfterInference` with a response that reports `input_tokens`.
-    pub async fn after_inference(&self, messages: &Arc<[Message]>, step: u32, input_tokens: u64) {
+    pub async fn after_inference(&self, messages: &History, step: u32, input_tokens: u64) {
         let response = InferenceResponse {
             message: Message::assistant("ok"),
             usage: TokenUsage {

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use awaken_context::{ContextConfig, ContextPlugins, OMISSION_MARKER_PREFIX, is_omission_marker};
-use awaken_event::{Message, Role};
+use awaken_event::{History, Message, Role};
 use awaken_plugin::TransformError;
 use awaken_spec::TruncationStrategy;
 use expect_test::expect;
@@ -27,21 +27,21 @@ fn history() -> Vec<Message> {
     h
 }
 
-fn full_size(h: &Harness, messages: &Arc<[Message]>) -> u64 {
+fn full_size(h: &Harness, messages: &History) -> u64 {
     request_chars(&h.request(messages))
 }
 
 #[test]
 fn a_request_that_fits_is_sent_unchanged() {
-    let messages: Arc<[Message]> = history().into();
+    let messages: History = history().into();
     let h = Harness::chars(ContextConfig::new(100_000));
     let out = h.transform(&messages, 1).expect("fits");
-    assert!(Arc::ptr_eq(&out.messages, &messages));
+    assert!(History::ptr_eq(&out.messages, &messages));
 }
 
 #[test]
 fn oldest_units_go_first_and_the_latest_user_message_stays() {
-    let messages: Arc<[Message]> = history().into();
+    let messages: History = history().into();
     let probe = Harness::chars(ContextConfig::new(100_000));
     let full = full_size(&probe, &messages);
     // Room for the fixed part, the marker, the second question and the last two steps.
@@ -68,7 +68,7 @@ fn oldest_units_go_first_and_the_latest_user_message_stays() {
 #[test]
 fn every_budget_keeps_the_invariants() {
     let history = history();
-    let messages: Arc<[Message]> = history.clone().into();
+    let messages: History = history.clone().into();
     let full = full_size(&Harness::chars(ContextConfig::new(1)), &messages);
     let latest_user = history
         .iter()
@@ -133,7 +133,7 @@ fn the_latest_user_message_is_kept_ahead_of_a_long_agentic_tail() {
     for i in 0..20 {
         history.extend(step(&format!("c{i}"), &"log line ".repeat(8)));
     }
-    let messages: Arc<[Message]> = history.into();
+    let messages: History = history.into();
     let h = Harness::chars(ContextConfig::new(600));
     let out = h.transform(&messages, 1).expect("fits");
     assert!(request_chars(&out) <= 600);
@@ -155,7 +155,7 @@ fn the_latest_user_message_is_kept_ahead_of_a_long_agentic_tail() {
 
 #[test]
 fn when_even_the_minimum_does_not_fit_the_error_names_both_sizes() {
-    let messages: Arc<[Message]> = history().into();
+    let messages: History = history().into();
     let h = Harness::chars(ContextConfig::new(300));
     let e = h.transform(&messages, 1).expect_err("too small");
     expect!["request transform `context_window` of plugin `awaken.context_transform` failed: the request needs at least 449 tokens but the budget is 300"]
@@ -171,7 +171,7 @@ fn when_even_the_minimum_does_not_fit_the_error_names_both_sizes() {
 
 #[test]
 fn the_fail_strategy_refuses_instead_of_dropping() {
-    let messages: Arc<[Message]> = history().into();
+    let messages: History = history().into();
     let full = full_size(&Harness::chars(ContextConfig::new(1)), &messages);
     let config = ContextConfig::new(full - 1).with_truncation(TruncationStrategy::Fail);
     let e = Harness::chars(config.clone())
@@ -196,11 +196,11 @@ fn the_fail_strategy_refuses_instead_of_dropping() {
 fn shared_prefixes(stable: bool, steps: usize) -> Vec<usize> {
     let h = Harness::chars(ContextConfig::new(2_000).with_stable_prefix(stable));
     let mut history = vec![user("Keep going.")];
-    let mut previous: Option<Arc<[Message]>> = None;
+    let mut previous: Option<History> = None;
     let mut shared = Vec::new();
     for i in 0..steps {
         history.extend(step(&format!("c{i}"), &"x".repeat(40)));
-        let messages: Arc<[Message]> = history.clone().into();
+        let messages: History = history.clone().into();
         let out = h.transform(&messages, i as u32 + 1).expect("fits");
         assert!(request_chars(&out) <= 2_000);
         assert_pairs(&out.messages);
@@ -238,12 +238,12 @@ fn counts_are_cached_so_a_step_estimates_only_new_messages() {
         ContextPlugins::new(ContextConfig::new(100_000)).with_estimator(estimator.clone()),
     );
     let mut history = history();
-    let first: Arc<[Message]> = history.clone().into();
+    let first: History = history.clone().into();
     h.transform(&first, 1).expect("fits");
     assert_eq!(estimator.0.load(Ordering::SeqCst), history.len());
     // The next step: two new messages, in a new slice.
     history.extend(step("c6", "zeta"));
-    let second: Arc<[Message]> = history.clone().into();
+    let second: History = history.clone().into();
     h.transform(&second, 2).expect("fits");
     assert_eq!(estimator.0.load(Ordering::SeqCst), history.len());
     // A step with a trailing context message, then the history grows past it: the context
