@@ -2,7 +2,7 @@
 //! `depends_on`, where among plugins whose dependencies are all placed, higher `priority` goes
 //! first and equal priority keeps list order.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
 use std::sync::Arc;
 
 use crate::error::EnvError;
@@ -29,31 +29,35 @@ pub fn execution_order(plugins: &[Arc<dyn Plugin>]) -> Result<Vec<Arc<dyn Plugin
             }
         }
     }
-    let mut placed = vec![false; plugins.len()];
-    let mut order = Vec::with_capacity(plugins.len());
-    while order.len() < plugins.len() {
-        // The ready plugin with the highest priority; ties keep list order.
-        let next = (0..plugins.len())
-            .filter(|&i| !placed[i])
-            .filter(|&i| {
-                plugins[i]
-                    .manifest()
-                    .depends_on
-                    .iter()
-                    .all(|d| placed[index[d.as_str()]])
-            })
-            .min_by_key(|&i| (std::cmp::Reverse(plugins[i].manifest().priority), i));
-        match next {
-            Some(i) => {
-                placed[i] = true;
-                order.push(plugins[i].clone());
-            }
-            None => {
-                return Err(EnvError::DependencyCycle {
-                    members: find_cycle(plugins, &index, &placed),
-                });
+    // Kahn's algorithm: a plugin is ready once every dependency is placed; the ready one with
+    // the highest priority goes next, ties in list order (a heap keyed on both).
+    let n = plugins.len();
+    let mut unplaced_deps = vec![0usize; n];
+    let mut dependents: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (i, p) in plugins.iter().enumerate() {
+        for dep in &p.manifest().depends_on {
+            unplaced_deps[i] += 1;
+            dependents[index[dep.as_str()]].push(i);
+        }
+    }
+    let key = |i: usize| (plugins[i].manifest().priority, std::cmp::Reverse(i));
+    let mut ready: BinaryHeap<_> = (0..n).filter(|&i| unplaced_deps[i] == 0).map(key).collect();
+    let mut placed = vec![false; n];
+    let mut order = Vec::with_capacity(n);
+    while let Some((_, std::cmp::Reverse(i))) = ready.pop() {
+        placed[i] = true;
+        order.push(plugins[i].clone());
+        for &k in &dependents[i] {
+            unplaced_deps[k] -= 1;
+            if unplaced_deps[k] == 0 {
+                ready.push(key(k));
             }
         }
+    }
+    if order.len() < n {
+        return Err(EnvError::DependencyCycle {
+            members: find_cycle(plugins, &index, &placed),
+        });
     }
     Ok(order)
 }

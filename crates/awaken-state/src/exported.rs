@@ -21,7 +21,7 @@ enum Repr {
     Typed {
         name: &'static str,
         value: Arc<AnyValue>,
-        codec: Arc<dyn KeyCodec>,
+        codec: &'static dyn KeyCodec,
     },
 }
 
@@ -34,7 +34,7 @@ impl StateValue {
     pub(crate) fn typed(
         name: &'static str,
         value: Arc<AnyValue>,
-        codec: Arc<dyn KeyCodec>,
+        codec: &'static dyn KeyCodec,
     ) -> Self {
         Self(Repr::Typed { name, value, codec })
     }

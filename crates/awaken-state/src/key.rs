@@ -367,7 +367,7 @@ pub(crate) struct KeyEntry {
     pub(crate) type_name: &'static str,
     pub(crate) options: KeyOptions,
     pub(crate) default: Arc<AnyValue>,
-    pub(crate) codec: Arc<dyn KeyCodec>,
+    pub(crate) codec: &'static dyn KeyCodec,
 }
 
 impl KeyEntry {
@@ -379,7 +379,7 @@ impl KeyEntry {
             type_name: std::any::type_name::<K>(),
             options,
             default: Arc::new(Stored::value(K::Value::default(), meta)),
-            codec: Arc::new(Codec { meta }),
+            codec: &MetaOf::<K>::CODEC,
         }
     }
 
@@ -426,6 +426,8 @@ impl<K: StateKey> MetaOf<K> {
         key_type_name: std::any::type_name::<K>,
         apply: K::apply,
     };
+    /// The key's codec, a static too (no allocation per registration).
+    const CODEC: Codec<K::Value, K::Update> = Codec { meta: &Self::META };
 }
 
 impl<V, U> KeyMeta<V, U> {

@@ -133,7 +133,7 @@ impl Snapshot {
                 if let Some(i) = scopes.iter().position(|s| *s == entry.options.scope) {
                     out[i].values.insert(
                         entry.name.to_owned(),
-                        StateValue::typed(entry.name, slot.value.clone(), entry.codec.clone()),
+                        StateValue::typed(entry.name, slot.value.clone(), entry.codec),
                     );
                 }
             });
