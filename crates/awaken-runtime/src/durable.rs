@@ -152,7 +152,12 @@ impl Durable {
                 let guards: BTreeMap<String, u64> = delta
                     .values
                     .keys()
-                    .map(|k| (k.clone(), versions.get(k).copied().unwrap_or(0)))
+                    .map(|k| {
+                        (
+                            k.to_string(),
+                            versions.get(k.as_ref()).copied().unwrap_or(0),
+                        )
+                    })
                     .collect();
                 (!delta.values.is_empty()).then_some((delta, guards))
             }

@@ -1,6 +1,7 @@
 //! Exported state as a commit carries it: each changed key's value, turned into JSON only when a
 //! store writes it out ([`StateValue`], [`StateDelta`]).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
@@ -105,8 +106,9 @@ impl PartialEq for StateValue {
 pub struct StateDelta {
     /// Revision of the snapshot the values were exported from.
     pub revision: u64,
-    /// Value of each exported key.
-    pub values: BTreeMap<String, StateValue>,
+    /// Value of each exported key (names borrowed from the registry when exported from a
+    /// snapshot: no copy per key and commit).
+    pub values: BTreeMap<Cow<'static, str>, StateValue>,
 }
 
 impl StateDelta {
@@ -117,7 +119,7 @@ impl StateDelta {
     pub fn to_persisted(&self) -> Result<PersistedState, StateError> {
         let mut values = BTreeMap::new();
         for (k, v) in &self.values {
-            values.insert(k.clone(), v.to_json()?);
+            values.insert(k.to_string(), v.to_json()?);
         }
         Ok(PersistedState {
             revision: self.revision,
@@ -133,7 +135,7 @@ impl From<PersistedState> for StateDelta {
             values: state
                 .values
                 .into_iter()
-                .map(|(k, v)| (k, StateValue::json(v)))
+                .map(|(k, v)| (Cow::Owned(k), StateValue::json(v)))
                 .collect(),
         }
     }

@@ -132,7 +132,7 @@ impl Snapshot {
                 }
                 if let Some(i) = scopes.iter().position(|s| *s == entry.options.scope) {
                     out[i].values.insert(
-                        entry.name.to_owned(),
+                        std::borrow::Cow::Borrowed(entry.name),
                         StateValue::typed(entry.name, slot.value.clone(), entry.codec),
                     );
                 }

@@ -481,9 +481,11 @@ impl ThreadCommit {
             .profile_state
             .values
             .keys()
-            .find(|k| !self.profile_versions.contains_key(*k))
+            .find(|k| !self.profile_versions.contains_key(k.as_ref()))
         {
-            return Err(CommitViolation::UnguardedProfileKey { key: key.clone() });
+            return Err(CommitViolation::UnguardedProfileKey {
+                key: key.to_string(),
+            });
         }
         if let Some(event) = self.events.iter().find(|e| !e.is_lifecycle()) {
             return Err(CommitViolation::NotLifecycleEvent {

@@ -39,6 +39,9 @@ pub struct MemoryStore {
 /// How many shards a store has.
 const SHARDS: usize = 16;
 
+/// A state key's name: borrowed from the registry when the commit carried it so.
+type StateKeyName = std::borrow::Cow<'static, str>;
+
 type Profiles = HashMap<ProfileId, BTreeMap<String, ProfileEntry>>;
 
 /// The store's hash maps: a fast hash with a per-process random seed (ids are short strings
@@ -63,9 +66,9 @@ struct Inner {
     messages: HashMap<ThreadId, Vec<Message>>,
     events: HashMap<ThreadId, Vec<StoredEvent>>,
     /// Values as the commits carried them (typed until a load asks for JSON).
-    thread_state: HashMap<ThreadId, BTreeMap<String, StateValue>>,
+    thread_state: HashMap<ThreadId, BTreeMap<StateKeyName, StateValue>>,
     runs: HashMap<RunId, Box<RunRow>>,
-    run_state: HashMap<RunId, BTreeMap<String, StateValue>>,
+    run_state: HashMap<RunId, BTreeMap<StateKeyName, StateValue>>,
 }
 
 #[derive(Debug, Clone)]
@@ -106,8 +109,8 @@ enum Undo {
     Run(Option<RunRow>),
     /// The thread row a commit replaced (`None`: the commit created it).
     Thread(Option<ThreadRow>),
-    ThreadKey(String, Option<StateValue>),
-    RunKey(String, Option<StateValue>),
+    ThreadKey(StateKeyName, Option<StateValue>),
+    RunKey(StateKeyName, Option<StateValue>),
     ProfileKey(String, Option<ProfileEntry>),
 }
 
@@ -302,6 +305,7 @@ impl Inner {
                     what: "profile state",
                     source,
                 })?;
+                let k = k.into_owned();
                 let version = profile.get(&k).map_or(0, |e| e.version) + 1;
                 profile_versions.insert(k.clone(), version);
                 let old = profile.insert(k.clone(), ProfileEntry { value, version });
@@ -454,14 +458,14 @@ where
 fn persisted(
     what: &'static str,
     revision: u64,
-    map: Option<&BTreeMap<String, StateValue>>,
+    map: Option<&BTreeMap<StateKeyName, StateValue>>,
 ) -> Result<PersistedState, StoreError> {
     let mut values = BTreeMap::new();
     for (k, v) in map.into_iter().flatten() {
         let json = v
             .to_json()
             .map_err(|source| StoreError::StateValue { what, source })?;
-        values.insert(k.clone(), json);
+        values.insert(k.to_string(), json);
     }
     Ok(PersistedState { revision, values })
 }

@@ -392,12 +392,12 @@ async fn commit_tx(
             .await?;
         for (k, v) in &c.profile_state.values {
             let v = codec::state_text("profile state", v)?;
-            let read = c.profile_versions.get(k).copied().unwrap_or(0);
+            let read = c.profile_versions.get(k.as_ref()).copied().unwrap_or(0);
             let n = tx.execute(&stmt, &[&pid, k, &v, &codec::int(read)]).await?;
             if n != 1 {
-                return Err(StoreError::ProfileConflict { key: k.clone() });
+                return Err(StoreError::ProfileConflict { key: k.to_string() });
             }
-            profile_versions.insert(k.clone(), read + 1);
+            profile_versions.insert(k.to_string(), read + 1);
         }
     }
     fp.check(FailPoint::AfterState)?;

@@ -416,8 +416,8 @@ fn commit_tx(
         )?;
         for (k, v) in &c.profile_state.values {
             stmt.execute(params![pid, k, codec::state_text("profile state", v)?])?;
-            let read = c.profile_versions.get(k).copied().unwrap_or(0);
-            profile_versions.insert(k.clone(), read + 1);
+            let read = c.profile_versions.get(k.as_ref()).copied().unwrap_or(0);
+            profile_versions.insert(k.to_string(), read + 1);
         }
     }
     fp.check(FailPoint::AfterState)?;

@@ -115,8 +115,8 @@ proptest! {
             prop_assert_eq!(&delta.to_persisted().unwrap(), &expected);
             for (key, value) in delta.values {
                 let text: Value = serde_json::from_str(&value.to_text().unwrap()).unwrap();
-                prop_assert_eq!(&text, &expected.values[&key]);
-                prop_assert_eq!(&value.into_json().unwrap(), &expected.values[&key]);
+                prop_assert_eq!(&text, &expected.values[key.as_ref()]);
+                prop_assert_eq!(&value.into_json().unwrap(), &expected.values[key.as_ref()]);
             }
         }
     }
