@@ -314,7 +314,7 @@ async fn commit_tx(
     let parent = c.run.parent_run_id.as_ref().map(RunId::as_str);
     let steps = i64::from(c.run.steps);
     let created = c.run.created_at.as_unix_millis();
-    tx.execute(
+    let written = tx.execute(
         "INSERT INTO runs (run_id, thread_id, parent_run_id, agent_id, profile_id, status, \
              termination, steps, usage, spec_digest, created_at, updated_at, state_revision, batch) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, COALESCE($13::BIGINT, 0), $14) \
@@ -329,7 +329,8 @@ async fn commit_tx(
              lease_owner = CASE WHEN excluded.status = 'done' THEN NULL \
                  ELSE runs.lease_owner END, \
              lease_expires_at = CASE WHEN excluded.status = 'done' THEN NULL \
-                 ELSE runs.lease_expires_at END",
+                 ELSE runs.lease_expires_at END \
+         WHERE runs.thread_id = excluded.thread_id",
         &[
             &rid,
             &tid,
@@ -349,6 +350,19 @@ async fn commit_tx(
         ],
     )
     .await?;
+    if written == 0 {
+        // The run was not there when checked, and another transaction has since put it on
+        // another thread (the check's row lock cannot lock a row that does not exist yet).
+        let stored: String = tx
+            .query_one("SELECT thread_id FROM runs WHERE run_id = $1", &[&rid])
+            .await?
+            .try_get(0)?;
+        return Err(StoreError::RunOnOtherThread {
+            run_id: c.run.run_id.clone(),
+            thread_id: c.thread_id.clone(),
+            stored_thread_id: codec::thread_id(&stored)?,
+        });
+    }
     fp.check(FailPoint::AfterRun)?;
 
     if !c.run_state.values.is_empty() {

@@ -141,6 +141,7 @@ every_backend!(
     round_trip,
     message_guard_conflict,
     concurrent_writers_one_wins,
+    a_run_belongs_to_one_thread,
     profile_versions_and_conflict,
     deltas_upsert_changed_keys,
     events_in_order_since,

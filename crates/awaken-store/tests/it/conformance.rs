@@ -305,6 +305,63 @@ pub async fn concurrent_writers_one_wins(h: &Harness) {
     assert_eq!(s.load_events(&tid("t1"), 0).await.expect("events").len(), 6);
 }
 
+/// A run id lives on one thread: a commit of it on another thread is `RunOnOtherThread` and
+/// writes nothing, also when two first commits of one new run race on two threads (exactly one
+/// wins; the check cannot lock a run that does not exist yet, so the write itself must refuse).
+pub async fn a_run_belongs_to_one_thread(h: &Harness) {
+    let s = &*h.store;
+    s.commit(step("ta", "r1", 0, 1, 1_000))
+        .await
+        .expect("first commit");
+    let err = s
+        .commit(step("tb", "r1", 0, 1, 2_000))
+        .await
+        .expect_err("the run is on ta");
+    assert!(
+        matches!(&err, StoreError::RunOnOtherThread { stored_thread_id, .. } if stored_thread_id.as_str() == "ta"),
+        "{err:?}"
+    );
+    assert!(
+        s.load_checkpoint(&tid("tb")).await.expect("load").is_none(),
+        "nothing written for tb"
+    );
+
+    let handle = tokio::runtime::Handle::current();
+    for i in 0..20 {
+        let (run, x, y) = (format!("race-{i}"), format!("x{i}"), format!("y{i}"));
+        let (a, b) = tokio::task::block_in_place(|| {
+            std::thread::scope(|scope| {
+                let a = scope.spawn(|| handle.block_on(s.commit(step(&x, &run, 0, 1, 1_000))));
+                let b = scope.spawn(|| handle.block_on(s.commit(step(&y, &run, 0, 1, 1_000))));
+                (a.join().expect("thread a"), b.join().expect("thread b"))
+            })
+        });
+        assert_eq!(
+            usize::from(a.is_ok()) + usize::from(b.is_ok()),
+            1,
+            "{run}: {a:?} {b:?}"
+        );
+        let (winner, loser, lost) = if a.is_ok() { (&x, &y, b) } else { (&y, &x, a) };
+        assert!(
+            matches!(lost, Err(StoreError::RunOnOtherThread { .. })),
+            "{run}: {lost:?}"
+        );
+        assert!(
+            s.load_checkpoint(&tid(loser))
+                .await
+                .expect("load")
+                .is_none(),
+            "{run}: nothing written for the losing thread"
+        );
+        let cp = s
+            .load_checkpoint(&tid(winner))
+            .await
+            .expect("load")
+            .expect("the winner's thread");
+        assert_eq!(cp.messages.len(), 2);
+    }
+}
+
 fn profile_commit(
     thread: &str,
     run_id: &str,
