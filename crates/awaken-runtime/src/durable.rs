@@ -148,8 +148,7 @@ impl Durable {
         // the run's writes are then redone on the fresh values and the commit retried.
         let mut profile = match &self.profile_versions {
             Some(versions) => {
-                let delta = profile_delta;
-                let guards: BTreeMap<String, u64> = delta
+                let guards: BTreeMap<String, u64> = profile_delta
                     .values
                     .keys()
                     .map(|k| {
@@ -159,7 +158,7 @@ impl Durable {
                         )
                     })
                     .collect();
-                (!delta.values.is_empty()).then_some((delta, guards))
+                (!profile_delta.values.is_empty()).then_some((profile_delta, guards))
             }
             None => None,
         };
@@ -268,7 +267,7 @@ impl Durable {
 
 /// The batch as a commit carries it: a copy kept typed, serialized only by a store that writes
 /// it out (the in-memory store keeps it as it is).
-pub(crate) fn batch_json(batch: &ToolBatch) -> BatchWrite {
+pub(crate) fn batch_set(batch: &ToolBatch) -> BatchWrite {
     BatchWrite::Set(BatchData::typed(Arc::new(TypedBatch(batch.clone()))))
 }
 
@@ -290,9 +289,8 @@ impl BatchSource for TypedBatch {
     ) -> Result<Option<(ToolCallId, ToolCallState)>, awaken_store::CommitViolation> {
         Ok(self
             .0
-            .calls()
-            .iter()
-            .find(|c| !c.state().is_terminal())
+            .open_calls()
+            .next()
             .map(|c| (c.id().clone(), c.state())))
     }
 }

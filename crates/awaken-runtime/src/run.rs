@@ -32,7 +32,7 @@ use tracing::Instrument;
 use crate::builtins::{
     RunStats, RunStatsKey, StatsUpdate, StepDirectives, StepDirectivesKey, StopRequestKey,
 };
-use crate::durable::{Durable, batch_json};
+use crate::durable::{Durable, batch_set};
 use crate::intercept::CallInterceptKey;
 use crate::repair::repair_history;
 use crate::resume::{
@@ -725,7 +725,7 @@ impl Run<'_> {
     }
 
     fn batch_write(&self) -> BatchWrite {
-        self.batch.as_ref().map_or(BatchWrite::Keep, batch_json)
+        self.batch.as_ref().map_or(BatchWrite::Keep, batch_set)
     }
 
     fn ctx(&self, phase: Phase) -> PhaseContext {
@@ -783,10 +783,17 @@ impl Run<'_> {
         if !self.engine.is_idle(phase) {
             return Ok(false);
         }
-        if self.cancel.is_cancelled() {
-            return Err(Failure::Cancelled);
-        }
+        self.check_cancelled()?;
         Ok(true)
+    }
+
+    /// `Cancelled` once the run's cancellation was requested.
+    fn check_cancelled(&self) -> Result<(), Failure> {
+        if self.cancel.is_cancelled() {
+            Err(Failure::Cancelled)
+        } else {
+            Ok(())
+        }
     }
 
     async fn submit(&self, cmd: StateCommand) -> Result<(), Failure> {
@@ -1001,7 +1008,7 @@ impl Run<'_> {
             None => BatchWrite::Keep,
             Some(b) if b.is_closed() => BatchWrite::Clear,
             Some(b) => {
-                let write = batch_json(&b);
+                let write = batch_set(&b);
                 self.batch = Some(b);
                 write
             }
@@ -1497,9 +1504,7 @@ impl Run<'_> {
             };
             suspended |= self.settle(call, outcome, i + 1 == calls.len()).await?;
         }
-        if self.cancel.is_cancelled() {
-            return Err(Failure::Cancelled);
-        }
+        self.check_cancelled()?;
         Ok(suspended)
     }
 
@@ -1682,25 +1687,22 @@ impl Run<'_> {
                 ToolCallState::Blocked,
             )));
         }
+        // Gates are pure, so whether `BeforeToolExecute` has anything to run is known now.
+        let hooks_idle = self.engine.is_idle(Phase::BeforeToolExecute);
         // One call description, shared by the gates' and the hooks' contexts (made only if
         // one of them runs).
-        let mut info = None;
-        let mut info = |resume: &mut Option<ToolCallResume>| {
-            info.get_or_insert_with(|| {
-                Arc::new(ToolPhaseInfo {
-                    call: call.clone(),
-                    result: None,
-                    resume: resume.take(),
-                })
+        let info = (!self.gates.is_empty() || !hooks_idle).then(|| {
+            Arc::new(ToolPhaseInfo {
+                call: call.clone(),
+                result: None,
+                resume,
             })
-            .clone()
-        };
-        let mut resume = resume;
+        });
         let resolution = if self.gates.is_empty() {
             GateResolution::default()
         } else {
             let mut gate_ctx = self.ctx(Phase::ToolGate);
-            gate_ctx.tool = Some(info(&mut resume));
+            gate_ctx.tool = info.clone();
             evaluate_gates(&self.gates, &gate_ctx)
                 .await
                 .map_err(|e| Failure::Error(e.to_string()))?
@@ -1717,9 +1719,11 @@ impl Run<'_> {
         if let Some(decision) = resolution.decision {
             return Ok(Prepared::Done(intercepted(decision.payload)));
         }
-        if !self.skip_idle(Phase::BeforeToolExecute)? {
+        if hooks_idle {
+            self.check_cancelled()?;
+        } else {
             let mut before = self.ctx(Phase::BeforeToolExecute);
-            before.tool = Some(info(&mut resume));
+            before.tool = info;
             self.phase_with(before).await?;
         }
         // An action of `BeforeToolExecute` may still decide on the call.
@@ -1862,9 +1866,9 @@ impl Run<'_> {
             Some(mut b) if !b.is_closed() && termination != TerminationReason::Suspended => {
                 // Calls the run will never finish are closed: a finished run holds none open.
                 b.close("the run ended");
-                batch_json(&b)
+                batch_set(&b)
             }
-            Some(b) => batch_json(&b),
+            Some(b) => batch_set(&b),
             None => BatchWrite::Keep,
         };
         if let Err(e) = self.checkpoint(batch).await {

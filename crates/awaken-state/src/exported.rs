@@ -117,13 +117,27 @@ impl StateDelta {
     /// # Errors
     /// A value's `Serialize` failed.
     pub fn to_persisted(&self) -> Result<PersistedState, StateError> {
-        let mut values = BTreeMap::new();
-        for (k, v) in &self.values {
-            values.insert(k.to_string(), v.to_json()?);
+        PersistedState::from_values(self.revision, &self.values)
+    }
+}
+
+impl PersistedState {
+    /// The JSON of `values` (a delta's, or values a store kept as commits carried them) at
+    /// `revision`.
+    ///
+    /// # Errors
+    /// A value's `Serialize` failed.
+    pub fn from_values<'a>(
+        revision: u64,
+        values: impl IntoIterator<Item = (&'a Cow<'static, str>, &'a StateValue)>,
+    ) -> Result<Self, StateError> {
+        let mut json = BTreeMap::new();
+        for (k, v) in values {
+            json.insert(k.to_string(), v.to_json()?);
         }
-        Ok(PersistedState {
-            revision: self.revision,
-            values,
+        Ok(Self {
+            revision,
+            values: json,
         })
     }
 }

@@ -1,5 +1,6 @@
 //! Immutable snapshots and their export to JSON.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
@@ -8,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::StateError;
 use crate::exported::{StateDelta, StateValue};
-use crate::key::{KeyRegistry, KeyScope, StateKey, Stored, downcast};
+use crate::key::{AnyValue, KeyEntry, KeyRegistry, KeyScope, StateKey, Stored, downcast};
 use crate::table::Table;
 
 /// An immutable view of all state at one revision.
@@ -37,6 +38,11 @@ pub struct PersistedState {
     pub revision: u64,
     /// JSON value of each exported key.
     pub values: BTreeMap<String, serde_json::Value>,
+}
+
+/// A key's value as an export carries it: typed, serialized when a store asks.
+fn exported(entry: &KeyEntry, value: &Arc<AnyValue>) -> StateValue {
+    StateValue::typed(entry.name, value.clone(), entry.codec)
 }
 
 impl Snapshot {
@@ -118,25 +124,17 @@ impl Snapshot {
         scopes: [KeyScope; N],
         since_revision: u64,
     ) -> [StateDelta; N] {
-        let registry = &self.version.registry;
         let mut out: [StateDelta; N] = std::array::from_fn(|_| StateDelta {
             revision: self.revision(),
             values: BTreeMap::new(),
         });
-        self.version
-            .table
-            .for_each_changed(since_revision, &mut |index, slot| {
-                let entry = registry.entry_at(index);
-                if !entry.options.scope.is_persisted() {
-                    return;
-                }
-                if let Some(i) = scopes.iter().position(|s| *s == entry.options.scope) {
-                    out[i].values.insert(
-                        std::borrow::Cow::Borrowed(entry.name),
-                        StateValue::typed(entry.name, slot.value.clone(), entry.codec),
-                    );
-                }
-            });
+        self.for_each_changed_persisted(since_revision, |entry, value| {
+            if let Some(i) = scopes.iter().position(|s| *s == entry.options.scope) {
+                out[i]
+                    .values
+                    .insert(Cow::Borrowed(entry.name), exported(entry, value));
+            }
+        });
         out
     }
 
@@ -179,30 +177,27 @@ impl Snapshot {
         since: u64,
         keep: impl Fn(KeyScope) -> bool,
     ) -> Result<PersistedState, StateError> {
-        let registry = &self.version.registry;
         let mut values = BTreeMap::new();
-        let mut first_error = None;
+        self.for_each_changed_persisted(since, |entry, value| {
+            if keep(entry.options.scope) {
+                values.insert(Cow::Borrowed(entry.name), exported(entry, value));
+            }
+        });
+        PersistedState::from_values(self.revision(), &values)
+    }
+
+    /// Calls `f` with the entry and value of every persisted key written by a commit after
+    /// `since`, in key order, without visiting unchanged parts of the table.
+    fn for_each_changed_persisted(&self, since: u64, mut f: impl FnMut(&KeyEntry, &Arc<AnyValue>)) {
+        let registry = &self.version.registry;
         self.version
             .table
             .for_each_changed(since, &mut |index, slot| {
                 let entry = registry.entry_at(index);
-                if first_error.is_some() || !keep(entry.options.scope) {
-                    return;
-                }
-                match entry.codec.value_to_json(entry.name, &*slot.value) {
-                    Ok(json) => {
-                        values.insert(entry.name.to_owned(), json);
-                    }
-                    Err(e) => first_error = Some(e),
+                if entry.options.scope.is_persisted() {
+                    f(entry, &slot.value);
                 }
             });
-        match first_error {
-            Some(e) => Err(e),
-            None => Ok(PersistedState {
-                revision: self.revision(),
-                values,
-            }),
-        }
     }
 
     fn slot(&self, index: usize, key: &str) -> Result<&crate::table::Slot, StateError> {

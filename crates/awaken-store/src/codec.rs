@@ -80,6 +80,14 @@ pub(crate) fn to_json<T: serde::Serialize + ?Sized>(
     serde_json::to_string(value).map_err(|source| StoreError::Serialize { what, source })
 }
 
+/// A commit's tool batch as JSON text, for a store that writes it out.
+pub(crate) fn batch_text(batch: &crate::commit::BatchData) -> Result<String, StoreError> {
+    batch.to_text().map_err(|source| StoreError::Serialize {
+        what: "tool batch",
+        source,
+    })
+}
+
 /// A state value as JSON text, for a store that writes it out.
 pub(crate) fn state_text(
     what: &'static str,

@@ -1,6 +1,7 @@
 //! [`MemoryStore`]: everything in process memory, for tests and as the library default.
 
 use std::collections::BTreeMap;
+use std::collections::hash_map::Entry;
 use std::hash::BuildHasher;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -223,15 +224,16 @@ impl Inner {
         let status = record.status;
         let profile_id = record.profile_id.clone();
 
-        let messages = entry(&mut self.messages, &tid);
+        let messages = self.messages.entry(tid.clone()).or_default();
         undo.push(Undo::Messages(messages.len()));
         messages.extend(new_messages);
         let message_count = messages.len() as u64;
         fp.check(FailPoint::AfterMessages)?;
 
         // The row is updated in place; the replaced row (moved, not copied) is the undo.
-        let replaced = match self.runs.get_mut(&rid) {
-            Some(row) => {
+        let (row, replaced) = match self.runs.entry(rid.clone()) {
+            Entry::Occupied(slot) => {
+                let row = slot.into_mut();
                 let next = RunRow {
                     thread_id: row.thread_id.clone(),
                     record: RunRecord {
@@ -244,43 +246,39 @@ impl Inner {
                     lease_epoch: row.lease_epoch,
                     lease_expires_at: row.lease_expires_at,
                 };
-                Some(std::mem::replace(&mut **row, next))
+                let replaced = std::mem::replace(&mut **row, next);
+                (row, Some(replaced))
             }
-            None => {
-                self.runs.insert(
-                    rid.clone(),
-                    Box::new(RunRow {
-                        thread_id: tid.clone(),
-                        record,
-                        state_revision: 0,
-                        batch: None,
-                        lease_owner: None,
-                        lease_epoch: 0,
-                        lease_expires_at: None,
-                    }),
-                );
-                None
+            Entry::Vacant(slot) => {
+                let row = slot.insert(Box::new(RunRow {
+                    thread_id: tid.clone(),
+                    record,
+                    state_revision: 0,
+                    batch: None,
+                    lease_owner: None,
+                    lease_epoch: 0,
+                    lease_expires_at: None,
+                }));
+                (row, None)
             }
         };
-        undo.push(Undo::Run(replaced));
-        if let Some(row) = self.runs.get_mut(&rid) {
-            match batch_write {
-                BatchWrite::Keep => {}
-                BatchWrite::Set(b) => row.batch = Some(b),
-                BatchWrite::Clear => row.batch = None,
-            }
-            if !run_delta.values.is_empty() {
-                row.state_revision = run_delta.revision;
-            }
-            if status == RunStatus::Done {
-                row.lease_owner = None;
-                row.lease_expires_at = None;
-            }
+        match batch_write {
+            BatchWrite::Keep => {}
+            BatchWrite::Set(b) => row.batch = Some(b),
+            BatchWrite::Clear => row.batch = None,
         }
+        if !run_delta.values.is_empty() {
+            row.state_revision = run_delta.revision;
+        }
+        if status == RunStatus::Done {
+            row.lease_owner = None;
+            row.lease_expires_at = None;
+        }
+        undo.push(Undo::Run(replaced));
         fp.check(FailPoint::AfterRun)?;
 
         if !run_delta.values.is_empty() {
-            let run_state = entry(&mut self.run_state, &rid);
+            let run_state = self.run_state.entry(rid.clone()).or_default();
             for (k, v) in run_delta.values {
                 let old = run_state.insert(k.clone(), v);
                 undo.push(Undo::RunKey(k, old));
@@ -288,7 +286,7 @@ impl Inner {
         }
         let thread_revision = (!thread_delta.values.is_empty()).then_some(thread_delta.revision);
         if !thread_delta.values.is_empty() {
-            let thread_state = entry(&mut self.thread_state, &tid);
+            let thread_state = self.thread_state.entry(tid.clone()).or_default();
             for (k, v) in thread_delta.values {
                 let old = thread_state.insert(k.clone(), v);
                 undo.push(Undo::ThreadKey(k, old));
@@ -314,7 +312,7 @@ impl Inner {
         }
         fp.check(FailPoint::AfterState)?;
 
-        let events = entry(&mut self.events, &tid);
+        let events = self.events.entry(tid.clone()).or_default();
         undo.push(Undo::Events(events.len()));
         let mut seq = events.len() as u64;
         for event in new_events {
@@ -327,8 +325,9 @@ impl Inner {
         }
         fp.check(FailPoint::AfterEvents)?;
 
-        let replaced = match self.threads.get_mut(&tid) {
-            Some(thread) => {
+        let replaced = match self.threads.entry(tid) {
+            Entry::Occupied(mut slot) => {
+                let thread = slot.get_mut();
                 let next = ThreadRow {
                     state_revision: thread_revision.unwrap_or(thread.state_revision),
                     latest_run_id: Some(rid),
@@ -337,16 +336,13 @@ impl Inner {
                 };
                 Some(std::mem::replace(thread, next))
             }
-            None => {
-                self.threads.insert(
-                    tid,
-                    ThreadRow {
-                        state_revision: thread_revision.unwrap_or(0),
-                        latest_run_id: Some(rid),
-                        created_at: now,
-                        updated_at: now,
-                    },
-                );
+            Entry::Vacant(slot) => {
+                slot.insert(ThreadRow {
+                    state_revision: thread_revision.unwrap_or(0),
+                    latest_run_id: Some(rid),
+                    created_at: now,
+                    updated_at: now,
+                });
                 None
             }
         };
@@ -442,32 +438,13 @@ fn restore<K: Clone, V>(map: &mut impl MapLike<K, V>, key: &K, old: Option<V>) {
     }
 }
 
-/// The value under `key`, created empty if absent (the key is cloned only then).
-fn entry<'m, K, V>(map: &'m mut HashMap<K, V>, key: &K) -> &'m mut V
-where
-    K: std::hash::Hash + Eq + Clone,
-    V: Default,
-{
-    if !map.contains_key(key) {
-        map.insert(key.clone(), V::default());
-    }
-    map.get_mut(key)
-        .unwrap_or_else(|| unreachable!("the key was just inserted"))
-}
-
 fn persisted(
     what: &'static str,
     revision: u64,
     map: Option<&BTreeMap<StateKeyName, StateValue>>,
 ) -> Result<PersistedState, StoreError> {
-    let mut values = BTreeMap::new();
-    for (k, v) in map.into_iter().flatten() {
-        let json = v
-            .to_json()
-            .map_err(|source| StoreError::StateValue { what, source })?;
-        values.insert(k.to_string(), json);
-    }
-    Ok(PersistedState { revision, values })
+    PersistedState::from_values(revision, map.into_iter().flatten())
+        .map_err(|source| StoreError::StateValue { what, source })
 }
 
 fn profile_state(profiles: &Profiles, profile_id: &ProfileId) -> ProfileState {

@@ -343,13 +343,7 @@ fn commit_tx(
     let enc = codec::encode_run(&c.run)?;
     let (batch_mode, batch) = match &c.batch {
         BatchWrite::Keep => (0, None),
-        BatchWrite::Set(b) => (
-            1,
-            Some(b.to_text().map_err(|source| StoreError::Serialize {
-                what: "tool batch",
-                source,
-            })?),
-        ),
+        BatchWrite::Set(b) => (1, Some(codec::batch_text(b)?)),
         BatchWrite::Clear => (2, None),
     };
     let run_revision = (!c.run_state.values.is_empty()).then(|| codec::int(c.run_state.revision));
