@@ -30,7 +30,7 @@ fn activation(steps: u32) -> Vec<AgentEvent> {
         });
         events.push(AgentEvent::ToolCallDone {
             call_id,
-            result: ToolResult::success(serde_json::json!({"ok": true})),
+            result: ToolResult::success(serde_json::json!({"ok": true})).into(),
             state: ToolCallState::Succeeded,
         });
         events.push(AgentEvent::StepEnd { step });

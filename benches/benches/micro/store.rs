@@ -24,7 +24,7 @@ fn step_commit(thread: &str, expected: u64, step: u32) -> ThreadCommit {
     );
     run.updated_at = now;
     run.steps = step;
-    run.spec_digest = "sha256:0123456789abcdef".to_owned();
+    run.spec_digest = "sha256:0123456789abcdef".into();
     run.usage = TokenUsage {
         input_tokens: 1_200,
         output_tokens: 80,

@@ -1,6 +1,6 @@
 //! The neutral event stream a run emits, and the sink it is handed to.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -116,8 +116,9 @@ pub enum AgentEvent {
     ToolCallDone {
         /// The call.
         call_id: ToolCallId,
-        /// The result the model will see.
-        result: ToolResult,
+        /// The result the model will see (shared with the run's tool batch: events are copied
+        /// into commits, the result is not).
+        result: Arc<ToolResult>,
         /// The call's final state in the batch.
         state: ToolCallState,
     },

@@ -72,7 +72,7 @@ fn samples() -> Vec<AgentEvent> {
         },
         AgentEvent::ToolCallDone {
             call_id: id("c1"),
-            result: ToolResult::success(json!({"echoed": "hi"})),
+            result: ToolResult::success(json!({"echoed": "hi"})).into(),
             state: ToolCallState::Succeeded,
         },
         AgentEvent::ToolCallSuspended {

@@ -19,7 +19,7 @@ pub struct RunIdentity {
     /// The run.
     pub run_id: RunId,
     /// The agent's id.
-    pub agent_id: String,
+    pub agent_id: std::sync::Arc<str>,
     /// The profile, when the run has one.
     pub profile_id: Option<ProfileId>,
 }

@@ -156,7 +156,7 @@ pub struct ResolvedAgent {
     pub warnings: Vec<ResolveWarning>,
     /// Digest of the resolved spec (spec, model, plugins with versions, tool ids), stable
     /// across processes.
-    pub spec_digest: String,
+    pub spec_digest: Arc<str>,
 }
 
 impl std::fmt::Debug for ResolvedAgent {
@@ -208,7 +208,7 @@ pub struct Resolver {
     /// The last digest computed for each agent, with the serialized inputs it hashed: an
     /// agent resolved again with byte-identical inputs reuses the hash (the inputs are still
     /// read afresh and compared on every resolution).
-    digests: Arc<Mutex<HashMap<String, (Vec<u8>, String)>>>,
+    digests: Arc<Mutex<HashMap<String, (Vec<u8>, Arc<str>)>>>,
 }
 
 /// The resolver's own claim on the retry section, beside the plugins' claims.
@@ -486,7 +486,7 @@ impl Resolver {
     }
 
     /// `sha256:<hex>` of `input`, reusing the agent's last digest when its input is unchanged.
-    fn digest(&self, agent_id: &str, input: Vec<u8>) -> String {
+    fn digest(&self, agent_id: &str, input: Vec<u8>) -> Arc<str> {
         let mut digests = self.digests.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((last, digest)) = digests.get(agent_id)
             && *last == input
@@ -496,7 +496,7 @@ impl Resolver {
         let mut w = awaken_tool::DigestWriter::new();
         // Writing into a hash cannot fail.
         let _ = std::io::Write::write_all(&mut w, &input);
-        let digest = w.finish();
+        let digest: Arc<str> = w.finish().into();
         digests.insert(agent_id.to_owned(), (input, digest.clone()));
         digest
     }

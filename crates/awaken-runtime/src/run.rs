@@ -348,7 +348,7 @@ async fn run_activation(
             }
             requested = (act.run_id, act.parent_run_id);
             (
-                act.agent_id,
+                Arc::<str>::from(act.agent_id),
                 act.profile_id,
                 act.messages,
                 act.cancel,
@@ -414,7 +414,7 @@ async fn run_activation(
         }
         ResolvedRunPlan::Backend(b) => {
             return Err(RunError::BackendPlan {
-                agent_id,
+                agent_id: agent_id.to_string(),
                 backend: b.backend.id().to_owned(),
             });
         }
@@ -594,7 +594,7 @@ async fn run_activation(
     run.durable.fact(AgentEvent::RunStart {
         thread_id: run.identity.thread_id.clone(),
         run_id: run.identity.run_id.clone(),
-        agent_id: run.identity.agent_id.clone(),
+        agent_id: run.identity.agent_id.to_string(),
         parent_run_id: parent_run_id.clone(),
         resumed: is_resume,
     });
@@ -1135,7 +1135,7 @@ impl Run<'_> {
             for (_, call_id) in started_calls {
                 self.note(AgentEvent::ToolCallDone {
                     call_id,
-                    result: ToolResult::error("not executed: the inference failed"),
+                    result: ToolResult::error("not executed: the inference failed").into(),
                     state: ToolCallState::Cancelled,
                 });
             }
@@ -1347,6 +1347,8 @@ impl Run<'_> {
             state,
             ToolCallState::Succeeded | ToolCallState::ShortCircuited
         );
+        // One result, shared by the batch and the event (which commits copy).
+        let result = Arc::new(result);
         if let Some(batch) = self.batch.as_mut() {
             let open = matches!(
                 batch.state(&call.id),
@@ -1356,7 +1358,7 @@ impl Run<'_> {
             );
             if open {
                 batch
-                    .transition(&call.id, state, Some(result.clone()))
+                    .transition_shared(&call.id, state, Some(result.clone()))
                     .map_err(|e| Failure::Error(e.to_string()))?;
             }
         }
@@ -2082,7 +2084,7 @@ async fn supersede(
         messages.push(Message::tool(id.clone(), &result));
         events.push(AgentEvent::ToolCallDone {
             call_id: id,
-            result,
+            result: result.into(),
             state: call.state(),
         });
     }

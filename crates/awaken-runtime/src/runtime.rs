@@ -712,7 +712,7 @@ impl AgentRuntime {
             let foreign = config
                 .agents
                 .as_ref()
-                .is_some_and(|a| !a.contains(&claimed.run.agent_id));
+                .is_some_and(|a| !a.iter().any(|id| **id == *claimed.run.agent_id));
             // A human's decision resumes a waiting run, not a recovery; another worker serves
             // a foreign agent; a delegate's child run is continued by its parent's call (the
             // delegate tool re-run with the same key); a cancelled recovery starts nothing.

@@ -34,7 +34,7 @@ impl RawRun {
                 .map(RunId::new)
                 .transpose()
                 .map_err(|e| StoreError::corrupt(what, e))?,
-            agent_id: self.agent_id,
+            agent_id: self.agent_id.into(),
             profile_id: self
                 .profile_id
                 .map(ProfileId::new)
@@ -49,7 +49,7 @@ impl RawRun {
                 .map_err(|e| StoreError::corrupt(what, e))?,
             steps: u32::try_from(self.steps).map_err(|e| StoreError::corrupt(what, e))?,
             usage: serde_json::from_str(&self.usage).map_err(|e| StoreError::corrupt(what, e))?,
-            spec_digest: self.spec_digest,
+            spec_digest: self.spec_digest.into(),
             created_at: Timestamp::from_unix_millis(self.created_at),
             updated_at: Timestamp::from_unix_millis(self.updated_at),
         })

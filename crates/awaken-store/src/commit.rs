@@ -100,8 +100,8 @@ pub struct RunRecord {
     pub run_id: RunId,
     /// The parent run, for a delegated child run.
     pub parent_run_id: Option<RunId>,
-    /// The agent being run (not blank).
-    pub agent_id: String,
+    /// The agent being run (not blank). Shared: the record is copied into every commit.
+    pub agent_id: Arc<str>,
     /// The profile whose profile-scoped state the run reads and writes.
     pub profile_id: Option<ProfileId>,
     /// Where the run stands.
@@ -114,7 +114,7 @@ pub struct RunRecord {
     /// Token usage of the whole run so far.
     pub usage: TokenUsage,
     /// Digest of the resolved agent spec the run uses (detects a spec change on resume).
-    pub spec_digest: String,
+    pub spec_digest: Arc<str>,
     /// When the run was created; the store keeps the value of the run's first commit.
     pub created_at: Timestamp,
     /// When this commit was made (the caller's clock).
@@ -123,7 +123,7 @@ pub struct RunRecord {
 
 impl RunRecord {
     /// A `Running` run at step 0 with no usage, created and updated at `now`.
-    pub fn new(run_id: RunId, agent_id: impl Into<String>, now: Timestamp) -> Self {
+    pub fn new(run_id: RunId, agent_id: impl Into<Arc<str>>, now: Timestamp) -> Self {
         Self {
             run_id,
             parent_run_id: None,
@@ -133,7 +133,7 @@ impl RunRecord {
             termination: None,
             steps: 0,
             usage: TokenUsage::default(),
-            spec_digest: String::new(),
+            spec_digest: Arc::from(""),
             created_at: now,
             updated_at: now,
         }

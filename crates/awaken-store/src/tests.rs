@@ -61,7 +61,7 @@ fn status_and_termination_must_agree() {
 #[test]
 fn blank_ids_own_parent_and_time_travel_are_rejected() {
     let mut c = commit();
-    c.run.agent_id = String::new();
+    c.run.agent_id = "".into();
     assert_eq!(violation(&c), "agent_id is blank");
     let mut c = commit();
     c.run.parent_run_id = Some(c.run.run_id.clone());

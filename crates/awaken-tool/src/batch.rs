@@ -262,6 +262,20 @@ impl ToolBatch {
         to: ToolCallState,
         result: Option<ToolResult>,
     ) -> Result<(), BatchError> {
+        self.apply(id, to, result.map(Arc::new), None)
+    }
+
+    /// [`ToolBatch::transition`] with a result shared with its other holders (the run's
+    /// `ToolCallDone` event), so the batch does not copy it.
+    ///
+    /// # Errors
+    /// As [`ToolBatch::transition`].
+    pub fn transition_shared(
+        &mut self,
+        id: &ToolCallId,
+        to: ToolCallState,
+        result: Option<Arc<ToolResult>>,
+    ) -> Result<(), BatchError> {
         self.apply(id, to, result, None)
     }
 
@@ -287,7 +301,7 @@ impl ToolBatch {
     /// # Errors
     /// As [`ToolBatch::transition`].
     pub fn succeed(&mut self, id: &ToolCallId, result: ToolResult) -> Result<(), BatchError> {
-        self.apply(id, ToolCallState::Succeeded, Some(result), None)
+        self.apply(id, ToolCallState::Succeeded, Some(Arc::new(result)), None)
     }
 
     /// `Executing` → `Failed` with an error result.
@@ -295,7 +309,7 @@ impl ToolBatch {
     /// # Errors
     /// As [`ToolBatch::transition`].
     pub fn fail(&mut self, id: &ToolCallId, result: ToolResult) -> Result<(), BatchError> {
-        self.apply(id, ToolCallState::Failed, Some(result), None)
+        self.apply(id, ToolCallState::Failed, Some(Arc::new(result)), None)
     }
 
     /// Closes an executing call with a [`ToolError`]'s state (`Cancelled` or `Failed`) and
@@ -304,7 +318,12 @@ impl ToolBatch {
     /// # Errors
     /// As [`ToolBatch::transition`].
     pub fn fail_with(&mut self, id: &ToolCallId, error: &ToolError) -> Result<(), BatchError> {
-        self.apply(id, error.closing_state(), Some(error.to_result()), None)
+        self.apply(
+            id,
+            error.closing_state(),
+            Some(Arc::new(error.to_result())),
+            None,
+        )
     }
 
     /// Records the winning gate decision: `Block` → `Blocked` (error result with the reason),
@@ -321,7 +340,7 @@ impl ToolBatch {
             ToolInterceptPayload::Block { reason } => self.apply(
                 id,
                 ToolCallState::Blocked,
-                Some(ToolResult::error(reason.clone())),
+                Some(Arc::new(ToolResult::error(reason.clone()))),
                 None,
             ),
             ToolInterceptPayload::Suspend(ticket) => {
@@ -330,7 +349,7 @@ impl ToolBatch {
             ToolInterceptPayload::SetResult(result) => self.apply(
                 id,
                 ToolCallState::ShortCircuited,
-                Some(result.clone()),
+                Some(Arc::new(result.clone())),
                 None,
             ),
         }
@@ -344,7 +363,7 @@ impl ToolBatch {
         self.apply(
             id,
             ToolCallState::Cancelled,
-            Some(ToolResult::error(format!("cancelled: {reason}"))),
+            Some(Arc::new(ToolResult::error(format!("cancelled: {reason}")))),
             None,
         )
     }
@@ -357,7 +376,7 @@ impl ToolBatch {
         self.apply(
             id,
             ToolCallState::OutcomeUnknown,
-            Some(ToolResult::error(OUTCOME_UNKNOWN_MESSAGE)),
+            Some(Arc::new(ToolResult::error(OUTCOME_UNKNOWN_MESSAGE))),
             None,
         )
     }
@@ -420,7 +439,7 @@ impl ToolBatch {
         &mut self,
         id: &ToolCallId,
         to: ToolCallState,
-        result: Option<ToolResult>,
+        result: Option<Arc<ToolResult>>,
         ticket: Option<SuspendTicket>,
     ) -> Result<(), BatchError> {
         let entry = self
@@ -461,7 +480,7 @@ impl ToolBatch {
             entry.ticket = ticket;
         }
         entry.state = to;
-        entry.result = result.map(Arc::new);
+        entry.result = result;
         Ok(())
     }
 

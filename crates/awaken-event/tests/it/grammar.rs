@@ -48,7 +48,7 @@ fn args(c: &str) -> AgentEvent {
 fn done(c: &str) -> AgentEvent {
     AgentEvent::ToolCallDone {
         call_id: cid(c),
-        result: ToolResult::success(json!(null)),
+        result: ToolResult::success(json!(null)).into(),
         state: ToolCallState::Succeeded,
     }
 }

@@ -186,7 +186,7 @@ async fn a_delegate_runs_as_a_child_run_and_its_answer_is_the_result() {
         runs[0].parent_run_id.as_ref().map(|r| r.as_str()),
         Some("run-1")
     );
-    assert_eq!(runs[0].agent_id, "helper");
+    assert_eq!(&*runs[0].agent_id, "helper");
     let child = rt.history(&child_thread()).await.expect("child");
     assert_eq!(child[0].text(), "what is 2+2?");
     assert_eq!(

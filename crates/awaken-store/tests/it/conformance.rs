@@ -41,7 +41,7 @@ pub fn at(ms: i64) -> Timestamp {
 
 pub fn run(id: &str, now: i64) -> RunRecord {
     let mut run = RunRecord::new(rid(id), "assistant", at(now));
-    run.spec_digest = "sha256:spec".to_owned();
+    run.spec_digest = "sha256:spec".into();
     run
 }
 
@@ -578,7 +578,7 @@ pub async fn invalid_commits_write_nothing(h: &Harness) {
         .expect("commit");
     let before = dump_all(s).await;
     let mut blank = step("t1", "r1", 2, 2, 2_000);
-    blank.run.agent_id = " ".to_owned();
+    blank.run.agent_id = " ".into();
     let mut unguarded = step("t1", "r1", 2, 2, 2_000);
     unguarded.run.profile_id = Some(pid("alice"));
     unguarded.profile_state = state(1, &[("prefs.lang", json!("en"))]).into();
