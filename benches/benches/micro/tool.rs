@@ -33,14 +33,17 @@ impl Tool for Booking {
 }
 
 fn batch_of_four() -> (ToolBatch, Vec<ToolCallId>) {
-    let calls: Vec<ToolCall> = (0..4)
-        .map(|i| ToolCall {
-            id: ToolCallId::new(format!("call_{i}")).expect("bench id"),
-            name: "book_table".into(),
-            arguments: json!({"restaurant": "Chez Nous", "date": "2026-12-01", "party_size": i + 1}),
-            invalid_arguments: None,
-        })
-        .collect();
+    let calls: Vec<ToolCall> =
+        (0..4)
+            .map(|i| ToolCall {
+                id: ToolCallId::new(format!("call_{i}")).expect("bench id"),
+                name: "book_table".into(),
+                arguments:
+                    json!({"restaurant": "Chez Nous", "date": "2026-12-01", "party_size": i + 1})
+                        .into(),
+                invalid_arguments: None,
+            })
+            .collect();
     let ids = calls.iter().map(|c| c.id.clone()).collect();
     (ToolBatch::new(calls).expect("bench batch"), ids)
 }

@@ -73,7 +73,7 @@ impl Core {
 pub(crate) struct Cache {
     run: Option<RunId>,
     pub(crate) counts: Counts,
-    system: Option<(String, u64)>,
+    system: Option<(std::sync::Arc<str>, u64)>,
     tools: Option<(Arc<[ToolDescriptor]>, u64)>,
     summary: Option<(usize, String, u64)>,
     marker_bound: Option<u64>,
@@ -94,7 +94,11 @@ impl Cache {
         let system = match &request.system_prompt {
             None => 0,
             Some(prompt) => match &self.system {
-                Some((cached, tokens)) if cached == prompt => *tokens,
+                Some((cached, tokens))
+                    if std::sync::Arc::ptr_eq(cached, prompt) || cached == prompt =>
+                {
+                    *tokens
+                }
                 _ => {
                     let tokens = estimator.system_prompt_tokens(prompt);
                     self.system = Some((prompt.clone(), tokens));

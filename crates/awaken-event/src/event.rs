@@ -109,8 +109,9 @@ pub enum AgentEvent {
         call_id: ToolCallId,
         /// The tool's name.
         name: String,
-        /// The parsed arguments (`null` if they were not JSON).
-        arguments: Value,
+        /// The parsed arguments (`null` if they were not JSON); shared, as events are copied
+        /// into commits.
+        arguments: Arc<Value>,
     },
     /// A tool call was closed with its result.
     ToolCallDone {
@@ -126,8 +127,9 @@ pub enum AgentEvent {
     ToolCallSuspended {
         /// The call.
         call_id: ToolCallId,
-        /// What is asked, and how to answer.
-        ticket: SuspendTicket,
+        /// What is asked, and how to answer (boxed: the largest payload, which would otherwise
+        /// size every event).
+        ticket: Box<SuspendTicket>,
     },
     /// A decision for a suspended call was applied.
     ToolCallResumed {

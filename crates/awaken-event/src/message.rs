@@ -46,10 +46,10 @@ pub enum ContentBlock {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         media_type: Option<String>,
     },
-    /// Structured content, typically a tool's JSON result.
+    /// Structured content, typically a tool's JSON result (shared with the result it shows).
     Json {
         /// The value.
-        value: Value,
+        value: Arc<Value>,
     },
 }
 
@@ -67,8 +67,9 @@ pub struct ToolCall {
     pub id: ToolCallId,
     /// The tool's name as the model used it.
     pub name: String,
-    /// The parsed arguments (`null` when [`ToolCall::invalid_arguments`] is set).
-    pub arguments: Value,
+    /// The parsed arguments (`null` when [`ToolCall::invalid_arguments`] is set). Shared: the
+    /// history, the tool batch and the call's events hold the same value, never a copy.
+    pub arguments: Arc<Value>,
     /// The raw argument text when the model produced something that is not JSON. The call is
     /// kept in the history (so it can be answered) and closed with an error result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -77,11 +78,11 @@ pub struct ToolCall {
 
 impl ToolCall {
     /// A call with parsed arguments.
-    pub fn new(id: ToolCallId, name: impl Into<String>, arguments: Value) -> Self {
+    pub fn new(id: ToolCallId, name: impl Into<String>, arguments: impl Into<Arc<Value>>) -> Self {
         Self {
             id,
             name: name.into(),
-            arguments,
+            arguments: arguments.into(),
             invalid_arguments: None,
         }
     }
@@ -98,7 +99,7 @@ impl ToolCall {
             Err(_) => Self {
                 id,
                 name: name.into(),
-                arguments: Value::Null,
+                arguments: Arc::new(Value::Null),
                 invalid_arguments: Some(raw.to_owned()),
             },
         }
@@ -165,16 +166,16 @@ impl Message {
     /// A tool message answering `call_id` with `result`: a string result becomes a text block,
     /// any other JSON a JSON block; an error result is marked so the model sees it failed.
     pub fn tool(call_id: ToolCallId, result: &ToolResult) -> Self {
-        let block = match (&result.status, &result.content) {
+        let block = match (&result.status, &*result.content) {
             (crate::tool::ToolResultStatus::Error, Value::String(s)) => {
                 ContentBlock::text(format!("error: {s}"))
             }
             (_, Value::String(s)) => ContentBlock::text(s.clone()),
             (crate::tool::ToolResultStatus::Error, other) => ContentBlock::Json {
-                value: serde_json::json!({ "error": other }),
+                value: Arc::new(serde_json::json!({ "error": other })),
             },
-            (_, other) => ContentBlock::Json {
-                value: other.clone(),
+            (_, _) => ContentBlock::Json {
+                value: result.content.clone(),
             },
         };
         Self {

@@ -68,7 +68,7 @@ fn samples() -> Vec<AgentEvent> {
         AgentEvent::ToolCallReady {
             call_id: id("c1"),
             name: "echo".into(),
-            arguments: json!({"text": "hi"}),
+            arguments: json!({"text": "hi"}).into(),
         },
         AgentEvent::ToolCallDone {
             call_id: id("c1"),
@@ -77,7 +77,7 @@ fn samples() -> Vec<AgentEvent> {
         },
         AgentEvent::ToolCallSuspended {
             call_id: id("c1"),
-            ticket: ticket(),
+            ticket: Box::new(ticket()),
         },
         AgentEvent::ToolCallResumed {
             call_id: id("c1"),
@@ -253,13 +253,13 @@ fn ids_reject_bad_strings_and_round_trip() {
 #[test]
 fn raw_arguments_parse_once() {
     let ok = ToolCall::from_raw_arguments(id("c"), "t", " {\"a\":1} ");
-    assert_eq!(ok.arguments, json!({"a": 1}));
+    assert_eq!(*ok.arguments, json!({"a": 1}));
     assert!(ok.invalid_arguments.is_none());
     let empty = ToolCall::from_raw_arguments(id("c"), "t", "");
-    assert_eq!(empty.arguments, json!({}));
+    assert_eq!(*empty.arguments, json!({}));
     let bad = ToolCall::from_raw_arguments(id("c"), "t", "{\"a\":");
     assert_eq!(bad.invalid_arguments.as_deref(), Some("{\"a\":"));
-    assert_eq!(bad.arguments, serde_json::Value::Null);
+    assert_eq!(*bad.arguments, serde_json::Value::Null);
 }
 
 #[test]
@@ -273,4 +273,12 @@ fn terminal_states() {
     for s in ToolCallState::ALL {
         assert_eq!(serde_json::to_value(s).expect("ser"), s.as_str());
     }
+}
+
+#[test]
+fn events_stay_small() {
+    // Every stored event is one of these; a large payload goes behind a box instead of sizing
+    // them all (a suspension ticket alone is about 180 bytes).
+    let size = std::mem::size_of::<AgentEvent>();
+    assert!(size <= 144, "AgentEvent is {size} bytes");
 }

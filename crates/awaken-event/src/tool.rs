@@ -1,6 +1,8 @@
 //! The tool-call vocabulary shared by events, phases, tools and stores: descriptors, results,
 //! the states of a call in a tool batch, suspension tickets and resume decisions.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -86,16 +88,17 @@ pub enum ToolResultStatus {
 pub struct ToolResult {
     /// Success, error or pending.
     pub status: ToolResultStatus,
-    /// The content: any JSON; a string is shown to the model as text.
-    pub content: Value,
+    /// The content: any JSON; a string is shown to the model as text. Shared: the tool batch,
+    /// the tool message and the call's `ToolCallDone` event hold the same value.
+    pub content: Arc<Value>,
 }
 
 impl ToolResult {
     /// A successful result.
-    pub fn success(content: Value) -> Self {
+    pub fn success(content: impl Into<Arc<Value>>) -> Self {
         Self {
             status: ToolResultStatus::Success,
-            content,
+            content: content.into(),
         }
     }
 
@@ -103,15 +106,15 @@ impl ToolResult {
     pub fn error(message: impl Into<String>) -> Self {
         Self {
             status: ToolResultStatus::Error,
-            content: Value::String(message.into()),
+            content: Arc::new(Value::String(message.into())),
         }
     }
 
     /// A pending result.
-    pub fn pending(content: Value) -> Self {
+    pub fn pending(content: impl Into<Arc<Value>>) -> Self {
         Self {
             status: ToolResultStatus::Pending,
-            content,
+            content: content.into(),
         }
     }
 

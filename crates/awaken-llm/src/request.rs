@@ -7,30 +7,31 @@ use awaken_spec::InferenceOverride;
 
 /// One inference call's input.
 ///
-/// Cloning is cheap: the history ([`History`]) and the tool list (`Arc<[_]>`) are shared, never
-/// copied per call or per retry attempt.
+/// Cloning is cheap: the history ([`History`]), the tool list (`Arc<[_]>`) and the strings
+/// (`Arc<str>`) are shared, never copied per call or per retry attempt; a run builds its
+/// strings once and shares them with every step's request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct InferenceRequest {
     /// The provider-side model name (the model spec's `upstream_model`). A non-blank
     /// `overrides.upstream_model` replaces it; see [`InferenceRequest::effective_model`].
-    pub upstream_model: String,
+    pub upstream_model: Arc<str>,
     /// The conversation, oldest first. System instructions usually go in `system_prompt`.
     pub messages: History,
     /// The tools the model may call.
     pub tools: Arc<[ToolDescriptor]>,
     /// The system prompt, sent before `messages` when set.
-    pub system_prompt: Option<String>,
+    pub system_prompt: Option<Arc<str>>,
     /// The merged inference parameters (agent default < run override < step override).
     pub overrides: InferenceOverride,
     /// A key for session affinity (usually the thread id): requests with the same key should
     /// reach the same backend, so its prompt cache is reused. Executors may ignore it.
-    pub routing_key: Option<String>,
+    pub routing_key: Option<Arc<str>>,
 }
 
 impl InferenceRequest {
     /// A request for `upstream_model` over `messages`, with no tools, no system prompt and no
     /// overrides.
-    pub fn new(upstream_model: impl Into<String>, messages: impl Into<History>) -> Self {
+    pub fn new(upstream_model: impl Into<Arc<str>>, messages: impl Into<History>) -> Self {
         Self {
             upstream_model: upstream_model.into(),
             messages: messages.into(),
@@ -48,7 +49,7 @@ impl InferenceRequest {
     }
 
     /// Sets the system prompt.
-    pub fn with_system_prompt(mut self, prompt: impl Into<String>) -> Self {
+    pub fn with_system_prompt(mut self, prompt: impl Into<Arc<str>>) -> Self {
         self.system_prompt = Some(prompt.into());
         self
     }
@@ -60,7 +61,7 @@ impl InferenceRequest {
     }
 
     /// Sets the routing key.
-    pub fn with_routing_key(mut self, key: impl Into<String>) -> Self {
+    pub fn with_routing_key(mut self, key: impl Into<Arc<str>>) -> Self {
         self.routing_key = Some(key.into());
         self
     }

@@ -210,14 +210,18 @@ impl InferenceRequestTransform for FragmentsAndReminders {
         _ctx: &TransformContext<'_>,
     ) -> Result<InferenceRequest, TransformError> {
         if !self.fragments.is_empty() {
-            let mut prompt = request.system_prompt.take().unwrap_or_default();
+            let mut prompt = request
+                .system_prompt
+                .take()
+                .map(|p| p.to_string())
+                .unwrap_or_default();
             for f in &self.fragments {
                 if !prompt.is_empty() {
                     prompt.push_str("\n\n");
                 }
                 prompt.push_str(f);
             }
-            request.system_prompt = Some(prompt);
+            request.system_prompt = Some(prompt.into());
         }
         if !self.reminders.is_empty() {
             // The tool results at the end of the history answer the last assistant turn.

@@ -120,6 +120,9 @@ struct Run<'a> {
     seen_fallbacks: u64,
     /// The descriptors of the agent's tools, shared by every request of the run.
     tools: Arc<[ToolDescriptor]>,
+    /// The request's strings (upstream model, system prompt, routing key), made once per run
+    /// and shared by every request.
+    request_strings: (Arc<str>, Option<Arc<str>>, Arc<str>),
     /// The call whose result commit was folded into the step's last commit (its `after_result`
     /// failpoint fires after that commit).
     folded_result: Option<ToolCallId>,
@@ -557,6 +560,12 @@ async fn run_activation(
         .iter()
         .map(|t| t.tool.descriptor().clone())
         .collect();
+    let request_strings = (
+        Arc::<str>::from(resolved.model.upstream_model.as_str()),
+        (!resolved.spec.system_prompt.is_empty())
+            .then(|| Arc::<str>::from(resolved.spec.system_prompt.as_str())),
+        Arc::<str>::from(identity.thread_id.as_str()),
+    );
     let is_resume = resumed.is_some();
     let (batch, resume_decisions) = match resumed {
         Some(r) if r.recovering => (r.batch, Some(Continue::Recover)),
@@ -582,6 +591,7 @@ async fn run_activation(
         resume: resume_decisions,
         seen_fallbacks: 0,
         tools,
+        request_strings,
         folded_result: None,
     };
     run.seen_fallbacks = run.compaction_fallbacks().0;
@@ -1059,14 +1069,12 @@ impl Run<'_> {
             overrides = overrides.merge(run);
         }
         overrides = overrides.merge(&directives.inference);
-        let mut request =
-            InferenceRequest::new(self.resolved.model.upstream_model.clone(), messages)
-                .with_tools(tools)
-                .with_overrides(overrides)
-                .with_routing_key(self.identity.thread_id.to_string());
-        if !spec.system_prompt.is_empty() {
-            request = request.with_system_prompt(spec.system_prompt.clone());
-        }
+        let (model, system_prompt, routing_key) = &self.request_strings;
+        let mut request = InferenceRequest::new(model.clone(), messages)
+            .with_tools(tools)
+            .with_overrides(overrides)
+            .with_routing_key(routing_key.clone());
+        request.system_prompt = system_prompt.clone();
         request
     }
 
@@ -1081,7 +1089,8 @@ impl Run<'_> {
             self.cancel.clone(),
         );
         let mut collector = ResponseCollector::new();
-        let mut calls: HashMap<u32, ToolCallId> = HashMap::new();
+        // The calls the model began, by stream index (a few: searched, not hashed).
+        let mut calls: Vec<(u32, ToolCallId)> = Vec::new();
         let mut failure = None;
         while let Some(item) = stream.next().await {
             let event = match item {
@@ -1103,14 +1112,17 @@ impl Run<'_> {
                     })
                 }
                 LlmStreamEvent::ToolCallStart { index, id, name } => {
-                    calls.insert(*index, id.clone());
+                    match calls.iter_mut().find(|(i, _)| i == index) {
+                        Some((_, known)) => *known = id.clone(),
+                        None => calls.push((*index, id.clone())),
+                    }
                     self.note(AgentEvent::ToolCallStart {
                         call_id: id.clone(),
                         name: name.clone(),
                     });
                 }
                 LlmStreamEvent::ToolCallArgsDelta { index, delta } => {
-                    if let Some(id) = calls.get(index) {
+                    if let Some((_, id)) = calls.iter().find(|(i, _)| i == index) {
                         self.sink.emit(&AgentEvent::ToolCallArgsDelta {
                             call_id: id.clone(),
                             delta: delta.clone(),
@@ -1130,9 +1142,8 @@ impl Run<'_> {
         };
         if result.is_err() {
             // Calls the model began but never finished get their closing event.
-            let mut started_calls: Vec<(u32, ToolCallId)> = calls.into_iter().collect();
-            started_calls.sort_by_key(|(i, _)| *i);
-            for (_, call_id) in started_calls {
+            calls.sort_by_key(|(i, _)| *i);
+            for (_, call_id) in calls {
                 self.note(AgentEvent::ToolCallDone {
                     call_id,
                     result: ToolResult::error("not executed: the inference failed").into(),
@@ -1583,7 +1594,7 @@ impl Run<'_> {
                 }
                 self.fact(AgentEvent::ToolCallSuspended {
                     call_id: call.id.clone(),
-                    ticket: *ticket,
+                    ticket,
                 });
                 let batch = self.batch_write();
                 self.checkpoint(batch).await?;
@@ -2001,7 +2012,12 @@ impl Invocation<'_> {
         }
         let invoked = tool
             .tool
-            .invoke_with_timeout(call.arguments.clone(), &tool_ctx, self.keys, timer)
+            .invoke_with_timeout(
+                serde_json::Value::clone(&call.arguments),
+                &tool_ctx,
+                self.keys,
+                timer,
+            )
             .instrument(span)
             .await;
         crate::failpoint::hit("after_executing", Some(call.id.as_str()));

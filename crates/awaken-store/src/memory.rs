@@ -7,7 +7,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use awaken_event::{Message, ProfileId, RunId, ThreadId};
+use awaken_event::{AgentEvent, Message, ProfileId, RunId, ThreadId};
 use awaken_state::{PersistedState, StateValue};
 
 use crate::commit::{
@@ -65,11 +65,74 @@ impl Default for MemoryStore {
 struct Inner {
     threads: HashMap<ThreadId, ThreadRow>,
     messages: HashMap<ThreadId, Vec<Message>>,
-    events: HashMap<ThreadId, Vec<StoredEvent>>,
+    events: HashMap<ThreadId, EventLog>,
     /// Values as the commits carried them (typed until a load asks for JSON).
     thread_state: HashMap<ThreadId, BTreeMap<StateKeyName, StateValue>>,
     runs: HashMap<RunId, Box<RunRow>>,
     run_state: HashMap<RunId, BTreeMap<StateKeyName, StateValue>>,
+}
+
+/// A thread's event log: one chunk per commit, holding the commit's own vector (moved in whole,
+/// so an event is neither copied nor padded out by a doubling vector of 224-byte entries).
+#[derive(Debug, Default)]
+struct EventLog {
+    chunks: Vec<EventChunk>,
+}
+
+#[derive(Debug)]
+struct EventChunk {
+    /// The sequence number of the chunk's first event.
+    first_seq: u64,
+    run_id: RunId,
+    events: Vec<AgentEvent>,
+}
+
+impl EventLog {
+    /// The sequence number of the last event (0: none).
+    fn len(&self) -> u64 {
+        self.chunks
+            .last()
+            .map_or(0, |c| c.first_seq + c.events.len() as u64 - 1)
+    }
+
+    fn append(&mut self, run_id: &RunId, events: Vec<AgentEvent>) {
+        if events.is_empty() {
+            return;
+        }
+        let first_seq = self.len() + 1;
+        self.chunks.push(EventChunk {
+            first_seq,
+            run_id: run_id.clone(),
+            events,
+        });
+    }
+
+    /// Drops the chunks after the first `chunks` (a rolled-back commit's).
+    fn truncate(&mut self, chunks: usize) {
+        self.chunks.truncate(chunks);
+    }
+
+    /// The events with a sequence number above `since`, in order.
+    fn since(&self, since: u64) -> Vec<StoredEvent> {
+        // The first chunk with an event past `since`.
+        let start = self
+            .chunks
+            .partition_point(|c| c.first_seq + c.events.len() as u64 - 1 <= since);
+        let mut out = Vec::new();
+        for chunk in &self.chunks[start..] {
+            for (i, event) in chunk.events.iter().enumerate() {
+                let seq = chunk.first_seq + i as u64;
+                if seq > since {
+                    out.push(StoredEvent {
+                        seq,
+                        run_id: chunk.run_id.clone(),
+                        event: event.clone(),
+                    });
+                }
+            }
+        }
+        out
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -105,6 +168,7 @@ struct CommitIds {
 // cache on every commit.
 enum Undo {
     Messages(usize),
+    /// The number of event chunks before the commit.
     Events(usize),
     /// The run row a commit replaced (`None`: the commit created it).
     Run(Option<Box<RunRow>>),
@@ -313,16 +377,9 @@ impl Inner {
         fp.check(FailPoint::AfterState)?;
 
         let events = self.events.entry(tid.clone()).or_default();
-        undo.push(Undo::Events(events.len()));
-        let mut seq = events.len() as u64;
-        for event in new_events {
-            seq += 1;
-            events.push(StoredEvent {
-                seq,
-                run_id: rid.clone(),
-                event,
-            });
-        }
+        undo.push(Undo::Events(events.chunks.len()));
+        events.append(&rid, new_events);
+        let seq = events.len();
         fp.check(FailPoint::AfterEvents)?;
 
         let replaced = match self.threads.entry(tid) {
@@ -365,9 +422,9 @@ impl Inner {
                         m.truncate(len);
                     }
                 }
-                Undo::Events(len) => {
+                Undo::Events(chunks) => {
                     if let Some(e) = self.events.get_mut(tid) {
-                        e.truncate(len);
+                        e.truncate(chunks);
                     }
                 }
                 Undo::Run(old) => restore(&mut self.runs, rid, old),
@@ -552,7 +609,7 @@ impl ThreadStore for MemoryStore {
                     what: "tool batch",
                     source,
                 })?,
-            last_event_seq: inner.events.get(thread_id).map_or(0, |e| e.len() as u64),
+            last_event_seq: inner.events.get(thread_id).map_or(0, EventLog::len),
         }))
     }
 
@@ -594,11 +651,10 @@ impl ThreadStore for MemoryStore {
         since: u64,
     ) -> Result<Vec<StoredEvent>, StoreError> {
         let inner = self.shard(thread_id);
-        let events = inner.events.get(thread_id).map_or(&[][..], |e| &e[..]);
-        let start = usize::try_from(since)
-            .unwrap_or(usize::MAX)
-            .min(events.len());
-        Ok(events[start..].to_vec())
+        Ok(inner
+            .events
+            .get(thread_id)
+            .map_or_else(Vec::new, |log| log.since(since)))
     }
 
     async fn delete_thread(&self, thread_id: &ThreadId) -> Result<bool, StoreError> {

@@ -38,7 +38,7 @@ pub fn pending_call(call: &ToolCall) -> PendingCall {
     PendingCall {
         call_id: call.id.clone(),
         tool_name: call.name.clone(),
-        arguments: call.arguments.clone(),
+        arguments: Value::clone(&call.arguments),
         argument_digest: argument_digest(&call.arguments),
     }
 }

@@ -195,7 +195,7 @@ impl<P: ToolPolicyHook> ToolGateHook for PolicyGate<P> {
         if !self.0.applies_to(&call.name) {
             return Ok(None);
         }
-        let args = match serde_json::from_value::<P::Args>(call.arguments.clone()) {
+        let args = match <P::Args as serde::Deserialize>::deserialize(&*call.arguments) {
             Ok(args) => args,
             Err(e) => {
                 return Ok(Some(ToolInterceptPayload::block(format!(

@@ -210,7 +210,7 @@ async fn the_llm_summarizer_sends_a_transcript_and_classifies_failures() {
     let text = summarizer.summarize(request).await.expect("summary");
     assert_eq!(text, "They looked up c1.");
     let sent = &executor.requests()[0];
-    assert_eq!(sent.upstream_model, "small-model");
+    assert_eq!(&*sent.upstream_model, "small-model");
     assert_eq!(
         sent.system_prompt.as_deref(),
         Some(DEFAULT_SUMMARY_INSTRUCTIONS)

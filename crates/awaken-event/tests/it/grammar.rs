@@ -55,7 +55,7 @@ fn done(c: &str) -> AgentEvent {
 fn suspended(c: &str) -> AgentEvent {
     AgentEvent::ToolCallSuspended {
         call_id: cid(c),
-        ticket: SuspendTicket {
+        ticket: Box::new(SuspendTicket {
             suspension_id: format!("s-{c}"),
             call: PendingCall {
                 call_id: cid(c),
@@ -66,7 +66,7 @@ fn suspended(c: &str) -> AgentEvent {
             message: "ok?".into(),
             response_schema: None,
             resume_mode: ResumeMode::Replay,
-        },
+        }),
     }
 }
 fn resumed(c: &str) -> AgentEvent {
@@ -104,7 +104,7 @@ fn accepts_valid_activations() {
         AgentEvent::ToolCallReady {
             call_id: cid("a"),
             name: "tool".into(),
-            arguments: json!({}),
+            arguments: json!({}).into(),
         },
         AgentEvent::ToolCallProgress {
             call_id: cid("a"),

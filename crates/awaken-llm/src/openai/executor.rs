@@ -371,7 +371,7 @@ impl Inner {
         if let (RoutingKeyPlacement::Header(name), Some(key)) =
             (&config.routing_key, &request.routing_key)
         {
-            builder = builder.header(name.as_str(), key.as_str());
+            builder = builder.header(name.as_str(), &**key);
         }
         tracing::debug!(
             executor = %config.name,

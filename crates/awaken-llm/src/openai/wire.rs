@@ -236,7 +236,7 @@ pub fn request_body(
     let taken = serde_json::to_value(&body)?;
     let mut extra = Map::new();
     if let (Some(field), Some(key)) = (options.routing_field, &request.routing_key) {
-        extra.insert(field.to_owned(), Value::String(key.clone()));
+        extra.insert(field.to_owned(), Value::String(key.to_string()));
     }
     if let Some(more) = options.extra {
         for (k, v) in more {

@@ -21,7 +21,7 @@ impl InferenceRequestTransform for Append {
         _ctx: &TransformContext<'_>,
     ) -> Result<InferenceRequest, TransformError> {
         let prompt = request.system_prompt.take().unwrap_or_default();
-        request.system_prompt = Some(format!("{prompt}[{}]", self.0));
+        request.system_prompt = Some(format!("{prompt}[{}]", self.0).into());
         Ok(request)
     }
 }

@@ -249,7 +249,7 @@ async fn compaction_in_a_run_commits_each_summary_once_and_keeps_the_originals()
     assert!(
         calls
             .iter()
-            .all(|r| r.upstream_model == "small-model" && r.tools.is_empty())
+            .all(|r| &*r.upstream_model == "small-model" && r.tools.is_empty())
     );
     let thread = ThreadId::new("thread").expect("id");
     let checkpoint = run

@@ -97,7 +97,7 @@ async fn an_approved_call_runs_and_is_not_asked_again() {
     assert_eq!(
         history[2].content[..],
         [awaken_event::ContentBlock::Json {
-            value: json!({"echoed": "x"})
+            value: json!({"echoed": "x"}).into()
         }]
     );
 }

@@ -706,7 +706,7 @@ impl awaken_plugin::InferenceRequestTransform for Stamp {
         ctx: &awaken_plugin::TransformContext<'_>,
     ) -> Result<awaken_llm::InferenceRequest, awaken_plugin::TransformError> {
         let prompt = request.system_prompt.take().unwrap_or_default();
-        request.system_prompt = Some(format!("{prompt}\n(step {})", ctx.step));
+        request.system_prompt = Some(format!("{prompt}\n(step {})", ctx.step).into());
         Ok(request)
     }
 }
@@ -728,7 +728,7 @@ async fn request_transforms_reach_the_provider() {
         .executor
         .requests()
         .iter()
-        .map(|r| r.system_prompt.clone())
+        .map(|r| r.system_prompt.as_deref().map(str::to_owned))
         .collect();
     assert_eq!(
         prompts,

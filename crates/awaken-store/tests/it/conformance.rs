@@ -507,6 +507,13 @@ pub async fn events_in_order_since(h: &Harness) {
     assert_eq!(all[3].event, AgentEvent::StepStart { step: 2 });
     let tail = s.load_events(&tid("t1"), 7).await.expect("events");
     assert_eq!(tail.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![8, 9]);
+    // From the end of one commit's events: the next commit's, whole.
+    let from_second = s.load_events(&tid("t1"), 3).await.expect("events");
+    assert_eq!(
+        from_second.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        (4..=9).collect::<Vec<_>>()
+    );
+    assert_eq!(from_second[0], all[3]);
     assert!(
         s.load_events(&tid("t1"), 9)
             .await

@@ -269,7 +269,7 @@ async fn progress_reports_reach_the_sink_with_the_call_id() {
         .invoke(json!({}), &ctx, &registry())
         .await
         .expect("finishes");
-    assert_eq!(out.result.content, json!("finished"));
+    assert_eq!(*out.result.content, json!("finished"));
     assert_eq!(
         *reports.lock().expect("lock"),
         vec![

@@ -79,7 +79,7 @@ pub fn call(id: &str, name: &str, arguments: Value) -> ToolCall {
     ToolCall {
         id: call_id(id),
         name: name.to_owned(),
-        arguments,
+        arguments: arguments.into(),
         invalid_arguments: None,
     }
 }
