@@ -45,7 +45,7 @@ pub struct ExecutionEnv {
     plugins: Vec<Arc<dyn Plugin>>,
     active: BTreeSet<String>,
     phase_env: Arc<PhaseEnv>,
-    keys: KeyRegistry,
+    keys: Arc<KeyRegistry>,
     tools: Vec<PluginTool>,
     gate_hooks: Vec<RegisteredGateHook>,
     transforms: Vec<RegisteredTransform>,
@@ -135,7 +135,7 @@ impl ExecutionEnv {
             plugins: Vec::with_capacity(plugins.len()),
             active: BTreeSet::new(),
             phase_env: Arc::new(PhaseEnv::new()),
-            keys: KeyRegistry::new(),
+            keys: Arc::default(),
             tools: Vec::new(),
             gate_hooks: Vec::new(),
             transforms: Vec::new(),
@@ -279,7 +279,7 @@ impl ExecutionEnv {
             }
             env.plugins.push(plugin.clone());
         }
-        env.keys = keys;
+        env.keys = Arc::new(keys);
         env.phase_env = Arc::new(phase_env);
         Ok(env)
     }
@@ -309,6 +309,11 @@ impl ExecutionEnv {
 
     /// Every state key (the phase engine's included).
     pub fn keys(&self) -> &KeyRegistry {
+        &self.keys
+    }
+
+    /// The same registry, shared: a run's state store takes it without a copy.
+    pub fn shared_keys(&self) -> &Arc<KeyRegistry> {
         &self.keys
     }
 

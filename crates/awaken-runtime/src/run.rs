@@ -249,11 +249,87 @@ pub(crate) fn stored_batch(
         })
 }
 
+/// A run ready to drive: what `prepare_activation` hands to `run_activation`.
+struct Ready<'a> {
+    run: Run<'a>,
+    heartbeat: Option<tokio::task::JoinHandle<()>>,
+    lifecycle_run: RunLifecycle,
+}
+
+/// How an activation's preparation ended.
+enum Started<'a> {
+    /// An endpoint-backed agent ran to its end on its backend.
+    Done(RunOutcome),
+    /// A local run, started (first commit in, `RunStart` dispatched).
+    Ready(Box<Ready<'a>>),
+}
+
 async fn run_activation(
     rt: &AgentRuntime,
     start: Start,
     sink: &dyn EventSink,
 ) -> Result<RunOutcome, RunError> {
+    // The preparation's state (checkpoint, resolution, the first commit) is boxed and gone
+    // before the run is driven: kept inline, it would stay part of every in-flight run's
+    // future (several KiB each) for the whole run.
+    let Ready {
+        mut run,
+        heartbeat,
+        lifecycle_run,
+    } = match Box::pin(prepare_activation(rt, start, sink)).await? {
+        Started::Done(outcome) => return Ok(outcome),
+        Started::Ready(ready) => *ready,
+    };
+    let termination = match run.drive().await {
+        Ok(t) => t,
+        Err(Failure::Cancelled) => TerminationReason::Cancelled,
+        Err(Failure::Error(message)) => TerminationReason::Error { message },
+    };
+    let termination = run.finish(termination).await;
+    match &termination {
+        TerminationReason::Cancelled => {
+            run.lifecycle
+                .dispatch(
+                    run.resolved.env.plugins(),
+                    LifecycleEvent::RunCancel(&lifecycle_run),
+                )
+                .await;
+        }
+        TerminationReason::Error { message } => {
+            run.lifecycle
+                .dispatch(
+                    run.resolved.env.plugins(),
+                    LifecycleEvent::RunError(&lifecycle_run, message),
+                )
+                .await;
+        }
+        other => {
+            run.lifecycle
+                .dispatch(
+                    run.resolved.env.plugins(),
+                    LifecycleEvent::RunComplete(&lifecycle_run, other),
+                )
+                .await;
+        }
+    }
+    release_lease(rt, &run, heartbeat).await;
+    let usage = run.stats().usage;
+    Ok(RunOutcome {
+        run_id: run.identity.run_id.clone(),
+        termination,
+        response: run.response,
+        steps: run.step - run.first_step,
+        usage,
+    })
+}
+
+/// Everything before a run is driven: loads the thread, resolves the agent, builds the run,
+/// makes its first commit, takes its lease, dispatches `RunStart`.
+async fn prepare_activation<'a>(
+    rt: &AgentRuntime,
+    start: Start,
+    sink: &'a dyn EventSink,
+) -> Result<Started<'a>, RunError> {
     let thread_id = match &start {
         Start::Fresh(a) => a.thread_id.clone(),
         Start::Resume(r) => r.thread_id.clone(),
@@ -407,13 +483,13 @@ async fn run_activation(
                 .run(&b.spec, request, sink)
                 .await
                 .map_err(RunError::Backend)?;
-            return Ok(RunOutcome {
+            return Ok(Started::Done(RunOutcome {
                 run_id,
                 termination: outcome.termination,
                 response: outcome.response,
                 steps: 0,
                 usage: outcome.usage,
-            });
+            }));
         }
         ResolvedRunPlan::Backend(b) => {
             return Err(RunError::BackendPlan {
@@ -442,8 +518,8 @@ async fn run_activation(
     });
     // A run with a profile journals its profile writes, to redo them after a conflict.
     let store = Arc::new(match &profile_id {
-        Some(_) => StateStore::with_journal(resolved.env.keys().clone(), KeyScope::Profile),
-        None => StateStore::new(resolved.env.keys().clone()),
+        Some(_) => StateStore::with_journal(resolved.env.shared_keys().clone(), KeyScope::Profile),
+        None => StateStore::new(resolved.env.shared_keys().clone()),
     });
     let restore_error = |e| RunError::State {
         thread_id: thread_id.clone(),
@@ -658,47 +734,11 @@ async fn run_activation(
             detail: w.to_string(),
         });
     }
-    let termination = match run.drive().await {
-        Ok(t) => t,
-        Err(Failure::Cancelled) => TerminationReason::Cancelled,
-        Err(Failure::Error(message)) => TerminationReason::Error { message },
-    };
-    let termination = run.finish(termination).await;
-    match &termination {
-        TerminationReason::Cancelled => {
-            run.lifecycle
-                .dispatch(
-                    run.resolved.env.plugins(),
-                    LifecycleEvent::RunCancel(&lifecycle_run),
-                )
-                .await;
-        }
-        TerminationReason::Error { message } => {
-            run.lifecycle
-                .dispatch(
-                    run.resolved.env.plugins(),
-                    LifecycleEvent::RunError(&lifecycle_run, message),
-                )
-                .await;
-        }
-        other => {
-            run.lifecycle
-                .dispatch(
-                    run.resolved.env.plugins(),
-                    LifecycleEvent::RunComplete(&lifecycle_run, other),
-                )
-                .await;
-        }
-    }
-    release_lease(rt, &run, heartbeat).await;
-    let usage = run.stats().usage;
-    Ok(RunOutcome {
-        run_id: run.identity.run_id.clone(),
-        termination,
-        response: run.response,
-        steps: run.step - run.first_step,
-        usage,
-    })
+    Ok(Started::Ready(Box::new(Ready {
+        run,
+        heartbeat,
+        lifecycle_run,
+    })))
 }
 
 impl Run<'_> {

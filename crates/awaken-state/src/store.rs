@@ -113,8 +113,10 @@ pub struct Transaction<'s> {
 
 impl StateStore {
     /// A store over `registry` (frozen from now on), every key at its default, revision 0.
-    pub fn new(registry: KeyRegistry) -> Self {
-        let registry = Arc::new(registry);
+    /// A shared registry (`Arc<KeyRegistry>`) is used as it is: stores over the same keys
+    /// need no copy each.
+    pub fn new(registry: impl Into<Arc<KeyRegistry>>) -> Self {
+        let registry: Arc<KeyRegistry> = registry.into();
         let defaults: Vec<_> = registry
             .entries()
             .iter()
@@ -141,7 +143,7 @@ impl StateStore {
     /// A store that also journals every committed update of a key of `scope`, as JSON in
     /// commit order, so they can be applied again to other values (profile keys: a write
     /// refused because another thread changed the key is redone on the fresh value).
-    pub fn with_journal(registry: KeyRegistry, scope: KeyScope) -> Self {
+    pub fn with_journal(registry: impl Into<Arc<KeyRegistry>>, scope: KeyScope) -> Self {
         Self {
             journal_scope: Some(scope),
             ..Self::new(registry)
