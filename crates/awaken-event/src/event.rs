@@ -111,6 +111,7 @@ pub enum AgentEvent {
         name: String,
         /// The parsed arguments (`null` if they were not JSON); shared, as events are copied
         /// into commits.
+        #[serde(deserialize_with = "crate::shared::arc_value")]
         arguments: Arc<Value>,
     },
     /// A tool call was closed with its result.

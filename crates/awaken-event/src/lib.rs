@@ -13,6 +13,7 @@ mod history;
 mod ids;
 mod inference;
 mod message;
+mod shared;
 mod termination;
 mod tool;
 

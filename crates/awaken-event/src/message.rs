@@ -49,6 +49,7 @@ pub enum ContentBlock {
     /// Structured content, typically a tool's JSON result (shared with the result it shows).
     Json {
         /// The value.
+        #[serde(deserialize_with = "crate::shared::arc_value")]
         value: Arc<Value>,
     },
 }
@@ -69,6 +70,7 @@ pub struct ToolCall {
     pub name: String,
     /// The parsed arguments (`null` when [`ToolCall::invalid_arguments`] is set). Shared: the
     /// history, the tool batch and the call's events hold the same value, never a copy.
+    #[serde(deserialize_with = "crate::shared::arc_value")]
     pub arguments: Arc<Value>,
     /// The raw argument text when the model produced something that is not JSON. The call is
     /// kept in the history (so it can be answered) and closed with an error result.

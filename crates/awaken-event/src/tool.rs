@@ -90,6 +90,7 @@ pub struct ToolResult {
     pub status: ToolResultStatus,
     /// The content: any JSON; a string is shown to the model as text. Shared: the tool batch,
     /// the tool message and the call's `ToolCallDone` event hold the same value.
+    #[serde(deserialize_with = "crate::shared::arc_value")]
     pub content: Arc<Value>,
 }
 
