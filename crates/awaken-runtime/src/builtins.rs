@@ -183,8 +183,9 @@ pub struct RunStats {
     pub consecutive_errors: u32,
     /// Token usage.
     pub usage: TokenUsage,
-    /// Tools whose calls completed, in the latest step.
-    pub tools_in_step: Vec<String>,
+    /// Tools whose calls completed, in the latest step (shared strings: the statistics are
+    /// copied on every update while a snapshot holds them).
+    pub tools_in_step: Vec<Arc<str>>,
 }
 
 /// A change to [`RunStats`].
@@ -199,7 +200,7 @@ pub enum StatsUpdate {
     /// A tool call closed.
     ToolClosed {
         /// The tool id.
-        tool: String,
+        tool: Arc<str>,
         /// Whether it failed.
         failed: bool,
     },

@@ -257,11 +257,14 @@ struct Ready<'a> {
 }
 
 /// How an activation's preparation ended.
+// Not boxed: the value is moved once, and a box of a run (over 1 KiB) would be an allocation
+// past the allocator's per-thread cache on every run.
+#[allow(clippy::large_enum_variant)]
 enum Started<'a> {
     /// An endpoint-backed agent ran to its end on its backend.
     Done(RunOutcome),
     /// A local run, started (first commit in, `RunStart` dispatched).
-    Ready(Box<Ready<'a>>),
+    Ready(Ready<'a>),
 }
 
 async fn run_activation(
@@ -278,7 +281,7 @@ async fn run_activation(
         lifecycle_run,
     } = match Box::pin(prepare_activation(rt, start, sink)).await? {
         Started::Done(outcome) => return Ok(outcome),
-        Started::Ready(ready) => *ready,
+        Started::Ready(ready) => ready,
     };
     let termination = match run.drive().await {
         Ok(t) => t,
@@ -313,7 +316,7 @@ async fn run_activation(
         }
     }
     release_lease(rt, &run, heartbeat).await;
-    let usage = run.stats().usage;
+    let usage = run.read_stats(|s| s.usage);
     Ok(RunOutcome {
         run_id: run.identity.run_id.clone(),
         termination,
@@ -671,7 +674,7 @@ async fn prepare_activation<'a>(
         folded_result: None,
     };
     run.seen_fallbacks = run.compaction_fallbacks().0;
-    run.step = run.stats().steps;
+    run.step = run.read_stats(|s| s.steps);
     run.first_step = run.step;
     tracing::Span::current().record("run_id", tracing::field::display(&run.identity.run_id));
     for message in messages {
@@ -699,7 +702,7 @@ async fn prepare_activation<'a>(
             run.engine.store(),
             BatchWrite::Keep,
             run.step,
-            run.stats().usage,
+            run.read_stats(|s| s.usage),
             sink,
         )
         .await
@@ -734,11 +737,11 @@ async fn prepare_activation<'a>(
             detail: w.to_string(),
         });
     }
-    Ok(Started::Ready(Box::new(Ready {
+    Ok(Started::Ready(Ready {
         run,
         heartbeat,
         lifecycle_run,
-    })))
+    }))
 }
 
 impl Run<'_> {
@@ -858,6 +861,15 @@ impl Run<'_> {
             .get::<RunStatsKey>()
             .cloned()
             .unwrap_or_default()
+    }
+
+    /// `f` of the statistics, read in place (no copy of their tool list).
+    fn read_stats<T>(&self, f: impl FnOnce(&RunStats) -> T) -> T {
+        let snapshot = self.engine.store().snapshot();
+        match snapshot.get::<RunStatsKey>() {
+            Ok(stats) => f(stats),
+            Err(_) => f(&RunStats::default()),
+        }
     }
 
     async fn drive(&mut self) -> Result<TerminationReason, Failure> {
@@ -1031,11 +1043,11 @@ impl Run<'_> {
             let last = i + 1 == calls.len();
             suspended |= self.settle(&call, outcome, last).await?;
         }
-        let stats = self.end_step().await?;
+        let stop = self.end_step().await?;
         if suspended {
             return Ok(StepEnd::End(TerminationReason::Suspended));
         }
-        Ok(match self.stop_condition(&stats) {
+        Ok(match stop {
             Some(t) => StepEnd::End(t),
             None => StepEnd::Continue,
         })
@@ -1230,7 +1242,7 @@ impl Run<'_> {
         }
         let directives = self.directives();
         let request = self.request(&directives);
-        let stats = self.stats();
+        let run_usage = self.read_stats(|s| s.usage);
         let snapshot = self.engine.store().snapshot();
         let tctx = TransformContext {
             snapshot: &snapshot,
@@ -1238,7 +1250,7 @@ impl Run<'_> {
             step: self.step,
             tokens: TokenCounts {
                 last_usage: None,
-                run_usage: stats.usage,
+                run_usage,
             },
         };
         let request = apply_transforms(self.resolved.env.transforms(), request, &tctx)
@@ -1279,7 +1291,7 @@ impl Run<'_> {
             return Ok(StepEnd::End(TerminationReason::NaturalEnd));
         }
         let max_rounds = self.resolved.spec.max_rounds;
-        if self.stats().inferences >= max_rounds {
+        if self.read_stats(|s| s.inferences) >= max_rounds {
             for call in calls.iter() {
                 self.close(
                     call,
@@ -1299,8 +1311,7 @@ impl Run<'_> {
         } else {
             self.run_calls_sequentially(&calls).await?
         };
-        let stats = self.end_step().await?;
-        let stop = self.stop_condition(&stats);
+        let stop = self.end_step().await?;
         if suspended {
             return Ok(StepEnd::End(TerminationReason::Suspended));
         }
@@ -1310,14 +1321,14 @@ impl Run<'_> {
         })
     }
 
-    /// Runs `StepEnd` and counts the step; returns the statistics as the step left them (the
-    /// stop conditions read them: the step's tools are cleared by the count).
-    async fn end_step(&mut self) -> Result<RunStats, Failure> {
+    /// Runs `StepEnd` and counts the step; returns what the stop conditions say about the
+    /// statistics as the step left them (read before the count clears the step's tools).
+    async fn end_step(&mut self) -> Result<Option<TerminationReason>, Failure> {
         self.phase(Phase::StepEnd).await?;
-        let stats = self.stats();
+        let stop = self.read_stats(|stats| self.stop_condition(stats));
         self.submit(StateCommand::new().with_update::<RunStatsKey>(StatsUpdate::StepEnded))
             .await?;
-        Ok(stats)
+        Ok(stop)
     }
 
     fn stop_condition(&self, stats: &RunStats) -> Option<TerminationReason> {
@@ -1345,7 +1356,9 @@ impl Run<'_> {
                         format!("used {} of {max_total_tokens} tokens", stats.usage.total()),
                     ));
                 }
-                StopConditionSpec::StopOnTool { tool } if stats.tools_in_step.contains(tool) => {
+                StopConditionSpec::StopOnTool { tool }
+                    if stats.tools_in_step.iter().any(|t| **t == **tool) =>
+                {
                     return Some(TerminationReason::stopped(
                         "stop_tool",
                         format!("tool `{tool}` ran"),
@@ -1425,9 +1438,10 @@ impl Run<'_> {
             .iter()
             .find(|t| t.tool.descriptor().name == call.name)
             .cloned();
-        let tool = resolved_tool
+        let tool: Arc<str> = resolved_tool
             .as_ref()
-            .map_or_else(|| call.name.clone(), |t| t.tool.id().to_owned());
+            .map_or(call.name.as_str(), |t| t.tool.id())
+            .into();
         self.submit(
             StateCommand::new()
                 .with_update::<RunStatsKey>(StatsUpdate::ToolClosed { tool, failed }),
@@ -1907,13 +1921,13 @@ impl Run<'_> {
         }
         // The last commit: the run's end (or wait), `RunFinish` emitted after it.
         self.durable.finish(&termination);
-        let stats = self.stats();
+        let usage = self.read_stats(|s| s.usage);
         self.fact(AgentEvent::RunFinish {
             thread_id: self.identity.thread_id.clone(),
             run_id: self.identity.run_id.clone(),
             termination: termination.clone(),
             response: self.response.clone(),
-            usage: stats.usage,
+            usage,
         });
         let batch = match self.batch.take() {
             Some(mut b) if !b.is_closed() && termination != TerminationReason::Suspended => {
