@@ -65,7 +65,7 @@ fn step_commit(thread: &str, expected: u64, step: u32) -> ThreadCommit {
     .with_events([
         AgentEvent::StepStart { step },
         AgentEvent::InferenceComplete {
-            model: "scripted".to_owned(),
+            model: "scripted".into(),
             usage: TokenUsage::default(),
             duration_ms: 120,
         },

@@ -48,7 +48,7 @@ pub enum AgentEvent {
         /// The run.
         run_id: RunId,
         /// The agent being run.
-        agent_id: String,
+        agent_id: Arc<str>,
         /// The parent run, for a delegated child run.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         parent_run_id: Option<RunId>,
@@ -94,7 +94,7 @@ pub enum AgentEvent {
         /// The call.
         call_id: ToolCallId,
         /// The tool's name.
-        name: String,
+        name: Arc<str>,
     },
     /// A fragment of a tool call's argument text.
     ToolCallArgsDelta {
@@ -108,7 +108,7 @@ pub enum AgentEvent {
         /// The call.
         call_id: ToolCallId,
         /// The tool's name.
-        name: String,
+        name: Arc<str>,
         /// The parsed arguments (`null` if they were not JSON); shared, as events are copied
         /// into commits.
         #[serde(deserialize_with = "crate::shared::arc_value")]
@@ -149,7 +149,7 @@ pub enum AgentEvent {
     /// An inference finished.
     InferenceComplete {
         /// The upstream model that answered.
-        model: String,
+        model: Arc<str>,
         /// Its token usage.
         usage: TokenUsage,
         /// How long it took, in milliseconds.

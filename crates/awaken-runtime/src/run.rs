@@ -683,7 +683,7 @@ async fn prepare_activation<'a>(
     run.durable.fact(AgentEvent::RunStart {
         thread_id: run.identity.thread_id.clone(),
         run_id: run.identity.run_id.clone(),
-        agent_id: run.identity.agent_id.to_string(),
+        agent_id: run.identity.agent_id.clone(),
         parent_run_id: parent_run_id.clone(),
         resumed: is_resume,
     });
@@ -1004,7 +1004,7 @@ impl Run<'_> {
                 }),
                 _ => self.note(AgentEvent::ToolCallStart {
                     call_id: call.id.clone(),
-                    name: call.name.clone(),
+                    name: call.name.as_str().into(),
                 }),
             }
             self.announce_ready(&call);
@@ -1134,7 +1134,12 @@ impl Run<'_> {
         &mut self,
         request: InferenceRequest,
     ) -> Result<awaken_event::InferenceResponse, Failure> {
-        let model = request.effective_model().to_owned();
+        // The request's own shared name unless an override renames the model.
+        let model: Arc<str> = if request.effective_model() == &*request.upstream_model {
+            request.upstream_model.clone()
+        } else {
+            request.effective_model().into()
+        };
         let started = tokio::time::Instant::now();
         let mut stream = with_cancellation(
             self.resolved.executor.execute_stream(request),
@@ -1170,7 +1175,7 @@ impl Run<'_> {
                     }
                     self.note(AgentEvent::ToolCallStart {
                         call_id: id.clone(),
-                        name: name.clone(),
+                        name: name.as_str().into(),
                     });
                 }
                 LlmStreamEvent::ToolCallArgsDelta { index, delta } => {
@@ -1596,7 +1601,7 @@ impl Run<'_> {
     fn announce_ready(&mut self, call: &ToolCall) {
         self.note(AgentEvent::ToolCallReady {
             call_id: call.id.clone(),
-            name: call.name.clone(),
+            name: call.name.as_str().into(),
             arguments: call.arguments.clone(),
         });
     }

@@ -179,6 +179,11 @@ enum Undo {
     ProfileKey(String, Option<ProfileEntry>),
 }
 
+thread_local! {
+    /// The undo log of this thread's commits, kept between them (emptied, capacity kept).
+    static UNDO_LOG: std::cell::Cell<Vec<Undo>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
 impl MemoryStore {
     /// An empty store.
     pub fn new() -> Self {
@@ -545,8 +550,10 @@ impl ThreadStore for MemoryStore {
             run_id: commit.run.run_id.clone(),
             profile_id: commit.run.profile_id.clone(),
         };
-        // Room for every change the commit can make (no growth while the lock is held).
-        let mut undo = Vec::with_capacity(
+        // Room for every change the commit can make, in this thread's reused log (after the
+        // first commits, no allocation at all).
+        let mut undo = UNDO_LOG.take();
+        undo.reserve(
             5 + commit.run_state.values.len()
                 + commit.thread_state.values.len()
                 + commit.profile_state.values.len(),
@@ -565,7 +572,8 @@ impl ThreadStore for MemoryStore {
         drop(profiles);
         drop(run_threads);
         drop(inner);
-        drop(undo);
+        undo.clear();
+        UNDO_LOG.set(undo);
         result
     }
 

@@ -132,7 +132,7 @@ impl ExecutionBackend for EchoBackend {
         sink.emit(&AgentEvent::RunStart {
             thread_id: request.thread_id.clone(),
             run_id: request.run_id.clone(),
-            agent_id: agent.id.clone(),
+            agent_id: agent.id.as_str().into(),
             parent_run_id: None,
             resumed: false,
         });

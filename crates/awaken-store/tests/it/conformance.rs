@@ -101,7 +101,7 @@ pub fn step(thread: &str, run_id: &str, expected: u64, step_no: u32, now: i64) -
         .with_events([
             AgentEvent::StepStart { step: step_no },
             AgentEvent::InferenceComplete {
-                model: "scripted".to_owned(),
+                model: "scripted".into(),
                 usage: TokenUsage::default(),
                 duration_ms: 1,
             },
