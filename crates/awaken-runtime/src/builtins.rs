@@ -186,6 +186,10 @@ pub struct RunStats {
     /// Tools whose calls completed, in the latest step (shared strings: the statistics are
     /// copied on every update while a snapshot holds them).
     pub tools_in_step: Vec<Arc<str>>,
+    /// Tools whose calls completed in the last step that ended (what the step count took from
+    /// `tools_in_step`): a run recovered between steps still applies `StopOnTool` to them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub last_step_tools: Vec<Arc<str>>,
 }
 
 /// A change to [`RunStats`].
@@ -232,7 +236,7 @@ impl StateKey for RunStatsKey {
             }
             StatsUpdate::StepEnded => {
                 value.steps = value.steps.saturating_add(1);
-                value.tools_in_step.clear();
+                value.last_step_tools = std::mem::take(&mut value.tools_in_step);
             }
         }
         Ok(())

@@ -854,15 +854,6 @@ impl Run<'_> {
         Ok(())
     }
 
-    fn stats(&self) -> RunStats {
-        self.engine
-            .store()
-            .snapshot()
-            .get::<RunStatsKey>()
-            .cloned()
-            .unwrap_or_default()
-    }
-
     /// `f` of the statistics, read in place (no copy of their tool list).
     fn read_stats<T>(&self, f: impl FnOnce(&RunStats) -> T) -> T {
         let snapshot = self.engine.store().snapshot();
@@ -1061,7 +1052,8 @@ impl Run<'_> {
         if last.role == awaken_event::Role::Assistant && last.tool_calls.is_empty() {
             return Some(TerminationReason::NaturalEnd);
         }
-        self.stop_condition(&self.stats())
+        // Between steps the step count has moved the last step's tools aside.
+        self.read_stats(|stats| self.stop_condition(stats, &stats.last_step_tools))
     }
 
     /// After a step: a closed batch is cleared, a batch with suspended calls is kept.
@@ -1330,13 +1322,19 @@ impl Run<'_> {
     /// statistics as the step left them (read before the count clears the step's tools).
     async fn end_step(&mut self) -> Result<Option<TerminationReason>, Failure> {
         self.phase(Phase::StepEnd).await?;
-        let stop = self.read_stats(|stats| self.stop_condition(stats));
+        let stop = self.read_stats(|stats| self.stop_condition(stats, &stats.tools_in_step));
         self.submit(StateCommand::new().with_update::<RunStatsKey>(StatsUpdate::StepEnded))
             .await?;
         Ok(stop)
     }
 
-    fn stop_condition(&self, stats: &RunStats) -> Option<TerminationReason> {
+    /// The first stop condition that holds for `stats`, with `step_tools` the tools of the step
+    /// just ended.
+    fn stop_condition(
+        &self,
+        stats: &RunStats,
+        step_tools: &[Arc<str>],
+    ) -> Option<TerminationReason> {
         let snapshot = self.engine.store().snapshot();
         if let Ok(Some(request)) = snapshot.get::<StopRequestKey>() {
             return Some(TerminationReason::stopped(
@@ -1362,7 +1360,7 @@ impl Run<'_> {
                     ));
                 }
                 StopConditionSpec::StopOnTool { tool }
-                    if stats.tools_in_step.iter().any(|t| **t == **tool) =>
+                    if step_tools.iter().any(|t| **t == **tool) =>
                 {
                     return Some(TerminationReason::stopped(
                         "stop_tool",

@@ -179,8 +179,12 @@ enum Undo {
     ProfileKey(String, Option<ProfileEntry>),
 }
 
+/// The most undo entries a worker thread's reused log keeps room for between commits.
+const UNDO_LOG_KEPT: usize = 64;
+
 thread_local! {
-    /// The undo log of this thread's commits, kept between them (emptied, capacity kept).
+    /// The undo log of the commits made on this OS thread, kept between them (emptied, with
+    /// room for up to `UNDO_LOG_KEPT` entries).
     static UNDO_LOG: std::cell::Cell<Vec<Undo>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
@@ -417,10 +421,16 @@ impl Inner {
         })
     }
 
-    fn rollback(&mut self, ids: &CommitIds, undo: Vec<Undo>, mut profiles: Option<&mut Profiles>) {
+    /// Undoes a failed commit's changes, emptying `undo` (its capacity is kept).
+    fn rollback(
+        &mut self,
+        ids: &CommitIds,
+        undo: &mut Vec<Undo>,
+        mut profiles: Option<&mut Profiles>,
+    ) {
         let tid = &ids.thread_id;
         let rid = &ids.run_id;
-        for op in undo.into_iter().rev() {
+        for op in undo.drain(..).rev() {
             match op {
                 Undo::Messages(len) => {
                     if let Some(m) = self.messages.get_mut(tid) {
@@ -561,7 +571,7 @@ impl ThreadStore for MemoryStore {
         let result = inner.apply(commit, &self.failpoints, &mut undo, profiles.as_deref_mut());
         match (&result, run_threads.as_mut()) {
             (Err(_), _) => {
-                inner.rollback(&ids, std::mem::take(&mut undo), profiles.as_deref_mut());
+                inner.rollback(&ids, &mut undo, profiles.as_deref_mut());
             }
             (Ok(_), Some(index)) => {
                 index.insert(ids.run_id, ids.thread_id);
@@ -573,6 +583,8 @@ impl ThreadStore for MemoryStore {
         drop(run_threads);
         drop(inner);
         undo.clear();
+        // A commit of very many keys does not pin its log's room on this thread for good.
+        undo.shrink_to(UNDO_LOG_KEPT);
         UNDO_LOG.set(undo);
         result
     }

@@ -253,3 +253,85 @@ async fn recovery_leaves_other_agents_runs_and_starts_nothing_once_cancelled() {
         TerminationReason::NaturalEnd
     );
 }
+
+/// [`HistoryModel`], counting the requests it gets.
+struct CountingModel(Arc<AtomicUsize>);
+
+impl LlmExecutor for CountingModel {
+    fn name(&self) -> &str {
+        "counting-model"
+    }
+
+    fn execute_stream(&self, request: InferenceRequest) -> LlmEventStream {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        HistoryModel.execute_stream(request)
+    }
+}
+
+fn stop_on_echo(store: Arc<dyn ThreadStore>, requests: Arc<AtomicUsize>) -> AgentRuntime {
+    AgentRuntime::builder()
+        .with_ids(Arc::new(SequentialIds::default()))
+        .with_store(store)
+        .with_model(ModelSpec::new("model", "history", "upstream"))
+        .with_provider("history", Arc::new(CountingModel(requests)))
+        .with_tool(Arc::new(Echo))
+        .with_agent_spec(AgentSpec::new("agent", "model").with_stop_condition(
+            awaken_spec::StopConditionSpec::StopOnTool {
+                tool: "echo".into(),
+            },
+        ))
+        .build()
+        .expect("runtime")
+}
+
+/// A run that stopped on a tool and lost only its last commit (its end) is ended the same way
+/// by recovery, without asking the model again: the step count keeps the ended step's tools.
+#[tokio::test]
+async fn a_run_stopped_on_a_tool_is_still_stopped_after_losing_its_last_commit() {
+    let stopped = TerminationReason::stopped("stop_tool", "tool `echo` ran");
+    // Uninterrupted: one step, then the stop; count its commits.
+    let store: Arc<dyn ThreadStore> = Arc::new(MemoryStore::new());
+    let commits = Arc::new(AtomicUsize::new(0));
+    let counting = Arc::new({
+        let commits = commits.clone();
+        Intercepted::new(store.clone(), move |_| {
+            commits.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        })
+    });
+    let requests = Arc::new(AtomicUsize::new(0));
+    let out = stop_on_echo(counting, requests.clone())
+        .run_to_completion(RunActivation::new(thread(), "agent").with_user_message("go"))
+        .await
+        .expect("run");
+    assert_eq!(out.termination, stopped);
+    assert_eq!(requests.load(Ordering::SeqCst), 1);
+    let expected = render(store.as_ref()).await;
+    let commits = commits.load(Ordering::SeqCst);
+
+    // The same run, its last commit lost.
+    let store: Arc<dyn ThreadStore> = Arc::new(MemoryStore::new());
+    let dying = Arc::new(Intercepted::dies_after(store.clone(), commits - 1));
+    let requests = Arc::new(AtomicUsize::new(0));
+    stop_on_echo(dying, requests.clone())
+        .run_to_completion(RunActivation::new(thread(), "agent").with_user_message("go"))
+        .await
+        .expect("the run started");
+    let recovered = stop_on_echo(store.clone(), requests.clone())
+        .recover(&RecoverConfig::new("w2"), &awaken_event::NullSink)
+        .await
+        .expect("recover");
+    let outcome = recovered
+        .into_iter()
+        .next()
+        .expect("one recovered run")
+        .outcome
+        .expect("recovered");
+    assert_eq!(outcome.termination, stopped);
+    assert_eq!(
+        requests.load(Ordering::SeqCst),
+        1,
+        "the model is not asked again"
+    );
+    assert_eq!(render(store.as_ref()).await, expected);
+}
