@@ -116,17 +116,21 @@ fn message(m: &Message) -> String {
     }
 }
 
+/// `store`, counting the commits made through it.
+fn counting(store: Arc<dyn ThreadStore>) -> (Arc<Intercepted>, Arc<AtomicUsize>) {
+    let commits = Arc::new(AtomicUsize::new(0));
+    let count = commits.clone();
+    let counting = Intercepted::new(store, move |_| {
+        count.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    });
+    (Arc::new(counting), commits)
+}
+
 async fn matrix(fresh: impl AsyncFn() -> Arc<dyn ThreadStore>) {
     // The uninterrupted run, and how many commits it makes.
     let store = fresh().await;
-    let commits = Arc::new(AtomicUsize::new(0));
-    let counting = Arc::new({
-        let commits = commits.clone();
-        Intercepted::new(store.clone(), move |_| {
-            commits.fetch_add(1, Ordering::SeqCst);
-            Ok(())
-        })
-    });
+    let (counting, commits) = counting(store.clone());
     let out = runtime(counting.clone())
         .run_to_completion(RunActivation::new(thread(), "agent").with_user_message("go"))
         .await
@@ -291,14 +295,7 @@ async fn a_run_stopped_on_a_tool_is_still_stopped_after_losing_its_last_commit()
     let stopped = TerminationReason::stopped("stop_tool", "tool `echo` ran");
     // Uninterrupted: one step, then the stop; count its commits.
     let store: Arc<dyn ThreadStore> = Arc::new(MemoryStore::new());
-    let commits = Arc::new(AtomicUsize::new(0));
-    let counting = Arc::new({
-        let commits = commits.clone();
-        Intercepted::new(store.clone(), move |_| {
-            commits.fetch_add(1, Ordering::SeqCst);
-            Ok(())
-        })
-    });
+    let (counting, commits) = counting(store.clone());
     let requests = Arc::new(AtomicUsize::new(0));
     let out = stop_on_echo(counting, requests.clone())
         .run_to_completion(RunActivation::new(thread(), "agent").with_user_message("go"))
