@@ -94,11 +94,8 @@ impl Cache {
         let system = match &request.system_prompt {
             None => 0,
             Some(prompt) => match &self.system {
-                Some((cached, tokens))
-                    if std::sync::Arc::ptr_eq(cached, prompt) || cached == prompt =>
-                {
-                    *tokens
-                }
+                // `Arc<str>`'s equality checks the pointer first.
+                Some((cached, tokens)) if cached == prompt => *tokens,
                 _ => {
                     let tokens = estimator.system_prompt_tokens(prompt);
                     self.system = Some((prompt.clone(), tokens));

@@ -75,4 +75,13 @@ impl InferenceRequest {
             _ => &self.upstream_model,
         }
     }
+
+    /// [`InferenceRequest::effective_model`], shared: the request's own `upstream_model`
+    /// unless an override renames the model (then a new string).
+    pub fn effective_model_shared(&self) -> Arc<str> {
+        match &self.overrides.upstream_model {
+            Some(m) if !m.trim().is_empty() => Arc::from(m.as_str()),
+            _ => self.upstream_model.clone(),
+        }
+    }
 }

@@ -1126,12 +1126,7 @@ impl Run<'_> {
         &mut self,
         request: InferenceRequest,
     ) -> Result<awaken_event::InferenceResponse, Failure> {
-        // The request's own shared name unless an override renames the model.
-        let model: Arc<str> = if request.effective_model() == &*request.upstream_model {
-            request.upstream_model.clone()
-        } else {
-            request.effective_model().into()
-        };
+        let model = request.effective_model_shared();
         let started = tokio::time::Instant::now();
         let mut stream = with_cancellation(
             self.resolved.executor.execute_stream(request),

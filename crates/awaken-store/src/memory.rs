@@ -87,19 +87,24 @@ struct EventChunk {
     events: Vec<AgentEvent>,
 }
 
+impl EventChunk {
+    /// The sequence number of the chunk's last event (a chunk is never empty).
+    fn last_seq(&self) -> u64 {
+        self.first_seq + self.events.len() as u64 - 1
+    }
+}
+
 impl EventLog {
     /// The sequence number of the last event (0: none).
-    fn len(&self) -> u64 {
-        self.chunks
-            .last()
-            .map_or(0, |c| c.first_seq + c.events.len() as u64 - 1)
+    fn last_seq(&self) -> u64 {
+        self.chunks.last().map_or(0, EventChunk::last_seq)
     }
 
     fn append(&mut self, run_id: &RunId, events: Vec<AgentEvent>) {
         if events.is_empty() {
             return;
         }
-        let first_seq = self.len() + 1;
+        let first_seq = self.last_seq() + 1;
         self.chunks.push(EventChunk {
             first_seq,
             run_id: run_id.clone(),
@@ -115,9 +120,7 @@ impl EventLog {
     /// The events with a sequence number above `since`, in order.
     fn since(&self, since: u64) -> Vec<StoredEvent> {
         // The first chunk with an event past `since`.
-        let start = self
-            .chunks
-            .partition_point(|c| c.first_seq + c.events.len() as u64 - 1 <= since);
+        let start = self.chunks.partition_point(|c| c.last_seq() <= since);
         let mut out = Vec::new();
         for chunk in &self.chunks[start..] {
             for (i, event) in chunk.events.iter().enumerate() {
@@ -388,7 +391,7 @@ impl Inner {
         let events = self.events.entry(tid.clone()).or_default();
         undo.push(Undo::Events(events.chunks.len()));
         events.append(&rid, new_events);
-        let seq = events.len();
+        let seq = events.last_seq();
         fp.check(FailPoint::AfterEvents)?;
 
         let replaced = match self.threads.entry(tid) {
@@ -629,7 +632,7 @@ impl ThreadStore for MemoryStore {
                     what: "tool batch",
                     source,
                 })?,
-            last_event_seq: inner.events.get(thread_id).map_or(0, EventLog::len),
+            last_event_seq: inner.events.get(thread_id).map_or(0, EventLog::last_seq),
         }))
     }
 

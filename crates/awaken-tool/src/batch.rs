@@ -262,7 +262,7 @@ impl ToolBatch {
         to: ToolCallState,
         result: Option<ToolResult>,
     ) -> Result<(), BatchError> {
-        self.apply(id, to, result.map(Arc::new), None)
+        self.transition_shared(id, to, result.map(Arc::new))
     }
 
     /// [`ToolBatch::transition`] with a result shared with its other holders (the run's
