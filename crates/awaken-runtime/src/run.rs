@@ -651,6 +651,9 @@ async fn prepare_activation<'a>(
         Some(r) => (r.batch, Some(Continue::Decide(r.recorded, r.new))),
         None => (None, None),
     };
+    // Room for the messages of a few steps: a short run's history never grows (with glibc,
+    // every `realloc` takes its arena's lock, which the other worker threads contend for).
+    history.reserve(HISTORY_ROOM);
     let mut run = Run {
         sink,
         resolved,
@@ -1943,6 +1946,9 @@ impl Run<'_> {
         termination
     }
 }
+
+/// How many more messages a run's history has room for when the run starts.
+const HISTORY_ROOM: usize = 16;
 
 /// What preparing a call decided.
 enum Prepared {

@@ -64,12 +64,58 @@ impl Default for MemoryStore {
 #[derive(Debug, Default)]
 struct Inner {
     threads: HashMap<ThreadId, ThreadRow>,
-    messages: HashMap<ThreadId, Vec<Message>>,
+    messages: HashMap<ThreadId, MessageLog>,
     events: HashMap<ThreadId, EventLog>,
     /// Values as the commits carried them (typed until a load asks for JSON).
     thread_state: HashMap<ThreadId, BTreeMap<StateKeyName, StateValue>>,
     runs: HashMap<RunId, Box<RunRow>>,
     run_state: HashMap<RunId, BTreeMap<StateKeyName, StateValue>>,
+}
+
+/// How many chunks a thread's message or event log makes room for at its first append: a short
+/// conversation's logs never grow (with glibc, every `realloc` takes its arena's lock, which
+/// the other worker threads contend for).
+const LOG_CHUNKS_RESERVED: usize = 16;
+
+/// A thread's messages: one chunk per commit that brought any, holding the commit's own vector
+/// (moved in whole: a message is neither copied nor moved again by a doubling buffer).
+#[derive(Debug, Default)]
+struct MessageLog {
+    chunks: Vec<Vec<Message>>,
+    len: usize,
+}
+
+impl MessageLog {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn append(&mut self, messages: Vec<Message>) {
+        if messages.is_empty() {
+            return;
+        }
+        if self.chunks.capacity() == 0 {
+            self.chunks.reserve_exact(LOG_CHUNKS_RESERVED);
+        }
+        self.len += messages.len();
+        self.chunks.push(messages);
+    }
+
+    /// Drops the chunks after the first `chunks` (a rolled-back commit's).
+    fn truncate(&mut self, chunks: usize) {
+        for dropped in self.chunks.drain(chunks.min(self.chunks.len())..) {
+            self.len -= dropped.len();
+        }
+    }
+
+    /// Every message, in order (a copy).
+    fn to_vec(&self) -> Vec<Message> {
+        let mut out = Vec::with_capacity(self.len);
+        for chunk in &self.chunks {
+            out.extend_from_slice(chunk);
+        }
+        out
+    }
 }
 
 /// A thread's event log: one chunk per commit, holding the commit's own vector (moved in whole,
@@ -105,6 +151,9 @@ impl EventLog {
             return;
         }
         let first_seq = self.last_seq() + 1;
+        if self.chunks.capacity() == 0 {
+            self.chunks.reserve_exact(LOG_CHUNKS_RESERVED);
+        }
         self.chunks.push(EventChunk {
             first_seq,
             run_id: run_id.clone(),
@@ -170,6 +219,7 @@ struct CommitIds {
 // bytes, and the log (sized up front) an allocation too large for the allocator's per-thread
 // cache on every commit.
 enum Undo {
+    /// The number of message chunks before the commit.
     Messages(usize),
     /// The number of event chunks before the commit.
     Events(usize),
@@ -301,8 +351,8 @@ impl Inner {
         let profile_id = record.profile_id.clone();
 
         let messages = self.messages.entry(tid.clone()).or_default();
-        undo.push(Undo::Messages(messages.len()));
-        messages.extend(new_messages);
+        undo.push(Undo::Messages(messages.chunks.len()));
+        messages.append(new_messages);
         let message_count = messages.len() as u64;
         fp.check(FailPoint::AfterMessages)?;
 
@@ -435,9 +485,9 @@ impl Inner {
         let rid = &ids.run_id;
         for op in undo.drain(..).rev() {
             match op {
-                Undo::Messages(len) => {
+                Undo::Messages(chunks) => {
                     if let Some(m) = self.messages.get_mut(tid) {
-                        m.truncate(len);
+                        m.truncate(chunks);
                     }
                 }
                 Undo::Events(chunks) => {
@@ -606,7 +656,10 @@ impl ThreadStore for MemoryStore {
             .and_then(|r| inner.runs.get(r));
         Ok(Some(Checkpoint {
             thread_id: thread_id.clone(),
-            messages: inner.messages.get(thread_id).cloned().unwrap_or_default(),
+            messages: inner
+                .messages
+                .get(thread_id)
+                .map_or_else(Vec::new, MessageLog::to_vec),
             thread_state: persisted(
                 "thread state",
                 thread.state_revision,
