@@ -120,7 +120,10 @@ impl ExecutionEnv {
         }
         let plugins = execution_order(&enabled)?;
 
-        let mut keys = KeyRegistry::new();
+        // Room for the engine's keys and a few per plugin: growing the registry would reallocate
+        // its entries (with glibc, every `realloc` takes an arena lock other threads contend
+        // for).
+        let mut keys = KeyRegistry::with_capacity(16 + 4 * plugins.len());
         register_engine_keys(&mut keys).map_err(EnvError::EngineKeys)?;
         let engine: Arc<str> = Arc::from("awaken-phase");
         let mut key_owner: HashMap<&'static str, Arc<str>> =

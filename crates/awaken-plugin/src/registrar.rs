@@ -147,6 +147,10 @@ impl PluginRegistrar {
                 ),
             });
         }
+        if self.actions.capacity() == 0 {
+            // Room for a plugin's usual handful: no reallocation while it registers them.
+            self.actions.reserve_exact(8);
+        }
         self.actions.push(erase_action::<A, H>(handler));
         Ok(())
     }

@@ -157,6 +157,16 @@ impl KeyRegistry {
         Self::default()
     }
 
+    /// An empty registry with room for `keys` keys (registering up to that many never grows
+    /// it).
+    pub fn with_capacity(keys: usize) -> Self {
+        Self {
+            entries: Vec::with_capacity(keys),
+            by_name: HashMap::with_capacity_and_hasher(keys, BuildNameHasher::default()),
+            by_type: HashMap::with_capacity_and_hasher(keys, BuildTypeHasher::default()),
+        }
+    }
+
     /// Registers `K` under `K::KEY` with `options`.
     ///
     /// `Err(StateError::DuplicateKey)` when the name is taken (by `K` or another type); the
