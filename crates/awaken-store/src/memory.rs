@@ -45,6 +45,11 @@ type StateKeyName = std::borrow::Cow<'static, str>;
 
 type Profiles = HashMap<ProfileId, BTreeMap<String, ProfileEntry>>;
 
+/// A run's or thread's stored state. Hashed, not ordered: a commit writes each changed key with
+/// one string comparison instead of a walk through a tree's nodes; a load sorts (through
+/// `PersistedState`).
+type StateMap = HashMap<StateKeyName, StateValue>;
+
 /// The store's hash maps: a fast hash with a per-process random seed (ids are short strings
 /// hashed several times per commit; SipHash was a tenth of a commit's cost).
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
@@ -67,9 +72,9 @@ struct Inner {
     messages: HashMap<ThreadId, MessageLog>,
     events: HashMap<ThreadId, EventLog>,
     /// Values as the commits carried them (typed until a load asks for JSON).
-    thread_state: HashMap<ThreadId, BTreeMap<StateKeyName, StateValue>>,
+    thread_state: HashMap<ThreadId, StateMap>,
     runs: HashMap<RunId, Box<RunRow>>,
-    run_state: HashMap<RunId, BTreeMap<StateKeyName, StateValue>>,
+    run_state: HashMap<RunId, StateMap>,
 }
 
 /// How many chunks a thread's message or event log makes room for at its first append: a short
@@ -566,7 +571,7 @@ fn restore<K: Clone, V>(map: &mut impl MapLike<K, V>, key: &K, old: Option<V>) {
 fn persisted(
     what: &'static str,
     revision: u64,
-    map: Option<&BTreeMap<StateKeyName, StateValue>>,
+    map: Option<&StateMap>,
 ) -> Result<PersistedState, StoreError> {
     PersistedState::from_values(revision, map.into_iter().flatten())
         .map_err(|source| StoreError::StateValue { what, source })
