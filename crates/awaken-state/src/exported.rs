@@ -108,7 +108,147 @@ pub struct StateDelta {
     pub revision: u64,
     /// Value of each exported key (names borrowed from the registry when exported from a
     /// snapshot: no copy per key and commit).
-    pub values: BTreeMap<Cow<'static, str>, StateValue>,
+    pub values: DeltaValues,
+}
+
+/// The values of a [`StateDelta`]: each key once, in the order they were added (a snapshot's
+/// export adds them in key registration order).
+///
+/// A list rather than a sorted map: a commit builds it once and a store reads it once, so
+/// ordering the names (several string comparisons and a tree node per key) was wasted work.
+/// Lookups by name are linear; equality ignores the order.
+#[derive(Clone, Default)]
+pub struct DeltaValues(Vec<(Cow<'static, str>, StateValue)>);
+
+impl DeltaValues {
+    /// No values.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// No values, with room for `n`.
+    pub fn with_capacity(n: usize) -> Self {
+        Self(Vec::with_capacity(n))
+    }
+
+    /// How many keys.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Sets `key` to `value`; returns the value it replaces.
+    pub fn insert(
+        &mut self,
+        key: impl Into<Cow<'static, str>>,
+        value: StateValue,
+    ) -> Option<StateValue> {
+        let key = key.into();
+        match self.0.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, old)) => Some(std::mem::replace(old, value)),
+            None => {
+                self.0.push((key, value));
+                None
+            }
+        }
+    }
+
+    /// Adds a key known to be absent (an export visits each key once).
+    pub(crate) fn push_new(&mut self, key: &'static str, value: StateValue) {
+        debug_assert!(!self.contains_key(key), "{key} exported twice");
+        self.0.push((Cow::Borrowed(key), value));
+    }
+
+    /// The value of `key`.
+    pub fn get(&self, key: &str) -> Option<&StateValue> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    /// Whether `key` has a value.
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
+
+    /// The names, in order.
+    pub fn keys(&self) -> impl ExactSizeIterator<Item = &Cow<'static, str>> {
+        self.0.iter().map(|(k, _)| k)
+    }
+
+    /// The names, in order, taken.
+    pub fn into_keys(self) -> impl ExactSizeIterator<Item = Cow<'static, str>> {
+        self.0.into_iter().map(|(k, _)| k)
+    }
+
+    /// The names and values, in order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&Cow<'static, str>, &StateValue)> {
+        self.0.iter().map(|(k, v)| (k, v))
+    }
+}
+
+impl fmt::Debug for DeltaValues {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.iter()).finish()
+    }
+}
+
+/// Equal when both hold the same keys with equal values, in any order.
+impl PartialEq for DeltaValues {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len() && self.iter().all(|(k, v)| other.get(k) == Some(v))
+    }
+}
+
+impl std::ops::Index<&str> for DeltaValues {
+    type Output = StateValue;
+
+    /// # Panics
+    /// `key` has no value.
+    fn index(&self, key: &str) -> &StateValue {
+        self.get(key)
+            .unwrap_or_else(|| panic!("no value for state key {key}"))
+    }
+}
+
+impl IntoIterator for DeltaValues {
+    type Item = (Cow<'static, str>, StateValue);
+    type IntoIter = std::vec::IntoIter<(Cow<'static, str>, StateValue)>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
+
+impl<'a> IntoIterator for &'a DeltaValues {
+    type Item = (&'a Cow<'static, str>, &'a StateValue);
+    type IntoIter = std::iter::Map<
+        std::slice::Iter<'a, (Cow<'static, str>, StateValue)>,
+        fn(&'a (Cow<'static, str>, StateValue)) -> (&'a Cow<'static, str>, &'a StateValue),
+    >;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter().map(|(k, v)| (k, v))
+    }
+}
+
+/// A later value of a key replaces an earlier one (as a map's would).
+impl<K: Into<Cow<'static, str>>> FromIterator<(K, StateValue)> for DeltaValues {
+    fn from_iter<I: IntoIterator<Item = (K, StateValue)>>(iter: I) -> Self {
+        let mut out = Self::new();
+        for (k, v) in iter {
+            out.insert(k, v);
+        }
+        out
+    }
+}
+
+impl From<BTreeMap<Cow<'static, str>, StateValue>> for DeltaValues {
+    fn from(map: BTreeMap<Cow<'static, str>, StateValue>) -> Self {
+        Self(map.into_iter().collect())
+    }
 }
 
 impl StateDelta {
@@ -146,11 +286,14 @@ impl From<PersistedState> for StateDelta {
     fn from(state: PersistedState) -> Self {
         Self {
             revision: state.revision,
-            values: state
-                .values
-                .into_iter()
-                .map(|(k, v)| (Cow::Owned(k), StateValue::json(v)))
-                .collect(),
+            // A map's keys are distinct: no search per key.
+            values: DeltaValues(
+                state
+                    .values
+                    .into_iter()
+                    .map(|(k, v)| (Cow::Owned(k), StateValue::json(v)))
+                    .collect(),
+            ),
         }
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::error::StateError;
-use crate::exported::{StateDelta, StateValue};
+use crate::exported::{DeltaValues, StateDelta, StateValue};
 use crate::key::{AnyValue, KeyEntry, KeyRegistry, KeyScope, StateKey, Stored, downcast};
 use crate::table::Table;
 
@@ -126,13 +126,11 @@ impl Snapshot {
     ) -> [StateDelta; N] {
         let mut out: [StateDelta; N] = std::array::from_fn(|_| StateDelta {
             revision: self.revision(),
-            values: BTreeMap::new(),
+            values: DeltaValues::new(),
         });
         self.for_each_changed_persisted(since_revision, |entry, value| {
             if let Some(i) = scopes.iter().position(|s| *s == entry.options.scope) {
-                out[i]
-                    .values
-                    .insert(Cow::Borrowed(entry.name), exported(entry, value));
+                out[i].values.push_new(entry.name, exported(entry, value));
             }
         });
         out

@@ -1003,3 +1003,57 @@ fn a_journal_records_the_committed_updates_of_its_scope_in_order() {
         .unwrap();
     assert!(plain.take_journal().is_empty());
 }
+
+#[test]
+fn delta_values_keep_one_value_per_key_and_compare_in_any_order() {
+    let mut a = DeltaValues::new();
+    assert!(a.insert("x", StateValue::json(json!(1))).is_none());
+    assert!(a.insert("y", StateValue::json(json!(2))).is_none());
+    let replaced = a.insert("x", StateValue::json(json!(3)));
+    assert_eq!(replaced, Some(StateValue::json(json!(1))));
+    assert_eq!(a.len(), 2);
+    assert_eq!(a["x"], StateValue::json(json!(3)));
+    assert!(a.get("z").is_none());
+    assert_eq!(
+        a.keys().map(|k| k.as_ref()).collect::<Vec<_>>(),
+        ["x", "y"],
+        "insertion order"
+    );
+
+    // Collecting keeps the last value of a repeated key, as a map would.
+    let b: DeltaValues = [
+        ("y", StateValue::json(json!(2))),
+        ("x", StateValue::json(json!(1))),
+        ("x", StateValue::json(json!(3))),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(a, b, "same keys and values, other order");
+    let c: DeltaValues = [("x", StateValue::json(json!(3)))].into_iter().collect();
+    assert_ne!(a, c, "a missing key");
+    let d: DeltaValues = [
+        ("x", StateValue::json(json!(3))),
+        ("y", StateValue::json(json!(4))),
+    ]
+    .into_iter()
+    .collect();
+    assert_ne!(a, d, "another value");
+}
+
+#[test]
+fn an_export_lists_each_changed_key_once_in_registration_order() {
+    let store = StateStore::new(registry());
+    let since = store.revision();
+    let mut cmd = StateCommand::new();
+    cmd.update::<Counter>(1);
+    store.commit(cmd).unwrap();
+    let mut cmd = StateCommand::new();
+    cmd.update::<Counter>(2);
+    store.commit(cmd).unwrap();
+    let [run, thread] = store
+        .snapshot()
+        .export_changed_in_each([KeyScope::Run, KeyScope::Thread], since);
+    assert_eq!(run.values.len(), 1, "{:?}", run.values);
+    assert_eq!(run.values[Counter::KEY], StateValue::json(json!(3)));
+    assert!(thread.values.is_empty());
+}
