@@ -168,10 +168,12 @@ impl ExecutionEnv {
                 }
                 key_owner.insert(name, shared_id.clone());
             }
-            keys.extend(&r.keys).map_err(|source| PluginError::State {
-                plugin_id: id.to_owned(),
-                source,
-            })?;
+            for key in r.keys {
+                keys.add(key).map_err(|source| PluginError::State {
+                    plugin_id: id.to_owned(),
+                    source,
+                })?;
+            }
             for handler in r.actions {
                 let key = handler.key();
                 if !bound.allows(ContributionKind::Action, key) {

@@ -1,7 +1,7 @@
 //! Dispatching the observational lifecycle hooks: plugin order, a timeout per call, failures
 //! and timeouts logged and counted per plugin and hook, never stopping the others.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -19,6 +19,7 @@ pub const DEFAULT_LIFECYCLE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The observational lifecycle hooks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(u8)]
 pub enum LifecycleHook {
     /// `on_runtime_start`.
     RuntimeStart,
@@ -47,6 +48,22 @@ pub enum LifecycleHook {
 }
 
 impl LifecycleHook {
+    /// Every hook, in declaration order (`ALL[h as usize] == h`).
+    pub const ALL: [LifecycleHook; 12] = [
+        Self::RuntimeStart,
+        Self::RuntimeShutdown,
+        Self::RunStart,
+        Self::RunComplete,
+        Self::RunError,
+        Self::RunCancel,
+        Self::DelegateCallStart,
+        Self::DelegateCallComplete,
+        Self::DelegateCallError,
+        Self::DelegateReturnStart,
+        Self::DelegateReturnComplete,
+        Self::DelegateReturnError,
+    ];
+
     /// The hook's method name.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -150,7 +167,20 @@ pub struct HookStats {
 #[derive(Clone)]
 pub struct LifecycleDispatcher {
     timeout: Duration,
-    stats: Arc<Mutex<BTreeMap<(String, LifecycleHook), HookStats>>>,
+    stats: Arc<Mutex<StatsTable>>,
+}
+
+/// Each plugin's counters, one per hook (indexed by `LifecycleHook as usize`). Keyed by the
+/// plugin id and found by a borrowed id: counting a call allocates nothing after a plugin's
+/// first.
+type StatsTable =
+    HashMap<String, [HookStats; LifecycleHook::ALL.len()], foldhash::fast::RandomState>;
+
+/// One hook call's outcome, counted after the calls of one dispatch.
+struct Outcome {
+    failed: bool,
+    timed_out: bool,
+    elapsed: Duration,
 }
 
 impl Default for LifecycleDispatcher {
@@ -179,13 +209,20 @@ impl LifecycleDispatcher {
     /// Calls the event's hook on every plugin, in order. Needs a tokio runtime with timers.
     /// Never fails: each failure or timeout is logged and counted.
     pub async fn dispatch(&self, plugins: &[Arc<dyn Plugin>], event: LifecycleEvent<'_>) {
+        if plugins.is_empty() {
+            return;
+        }
         let hook = event.hook();
+        let mut outcomes = Vec::with_capacity(plugins.len());
+        // One clock reading per call: a call's end is the next one's start.
+        let mut started = Instant::now();
         for plugin in plugins {
             let id = plugin.manifest().id.as_str();
-            let started = Instant::now();
             let call = AssertUnwindSafe(event.call(plugin.as_ref())).catch_unwind();
-            let outcome = tokio::time::timeout(self.timeout, call).await;
-            let elapsed = started.elapsed();
+            let outcome = tokio::time::timeout_at(started + self.timeout, call).await;
+            let ended = Instant::now();
+            let elapsed = ended.saturating_duration_since(started);
+            started = ended;
             let (failed, timed_out) = match outcome {
                 Ok(Ok(Ok(()))) => (false, false),
                 Ok(Ok(Err(e))) => {
@@ -201,12 +238,25 @@ impl LifecycleDispatcher {
                     (false, true)
                 }
             };
-            let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-            let entry = stats.entry((id.to_owned(), hook)).or_default();
+            outcomes.push(Outcome {
+                failed,
+                timed_out,
+                elapsed,
+            });
+        }
+        // One lock for the whole dispatch (the table is shared by every run).
+        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        for (plugin, outcome) in plugins.iter().zip(outcomes) {
+            let id = plugin.manifest().id.as_str();
+            let counters = match stats.get_mut(id) {
+                Some(c) => c,
+                None => stats.entry(id.to_owned()).or_default(),
+            };
+            let entry = &mut counters[hook as usize];
             entry.calls += 1;
-            entry.failures += u64::from(failed);
-            entry.timeouts += u64::from(timed_out);
-            entry.total_time += elapsed;
+            entry.failures += u64::from(outcome.failed);
+            entry.timeouts += u64::from(outcome.timed_out);
+            entry.total_time += outcome.elapsed;
         }
     }
 
@@ -214,13 +264,23 @@ impl LifecycleDispatcher {
     pub fn stats(&self, plugin_id: &str, hook: LifecycleHook) -> HookStats {
         let stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
         stats
-            .get(&(plugin_id.to_owned(), hook))
-            .copied()
+            .get(plugin_id)
+            .map(|c| c[hook as usize])
             .unwrap_or_default()
     }
 
-    /// Every statistic, by plugin and hook.
+    /// Every statistic, by plugin and hook (hooks never called are left out).
     pub fn all_stats(&self) -> BTreeMap<(String, LifecycleHook), HookStats> {
-        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        let stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        stats
+            .iter()
+            .flat_map(|(id, counters)| {
+                LifecycleHook::ALL
+                    .iter()
+                    .zip(counters)
+                    .filter(|(_, c)| c.calls > 0)
+                    .map(|(hook, c)| ((id.clone(), *hook), *c))
+            })
+            .collect()
     }
 }

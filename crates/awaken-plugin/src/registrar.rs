@@ -9,7 +9,7 @@ use awaken_phase::{
     ActionHandler, EffectHandler, EffectSpec, ErasedActionHandler, ErasedEffectHandler, Phase,
     PhaseHook, ScheduledActionSpec, erase_action, erase_effect,
 };
-use awaken_state::{KeyOptions, KeyRegistry, KeyScope, StateKey};
+use awaken_state::{KeyDecl, KeyOptions, KeyScope, StateKey};
 use awaken_tool::{PolicyGate, Tool, ToolGateHook, ToolPolicyHook};
 
 use crate::error::{ContributionKind, PluginError};
@@ -18,7 +18,8 @@ use crate::transform::InferenceRequestTransform;
 /// Everything one plugin registered, stamped with its id.
 pub struct PluginRegistrar {
     plugin_id: Arc<str>,
-    pub(crate) keys: KeyRegistry,
+    /// The plugin's keys, moved into the environment's registry when it is built.
+    pub(crate) keys: Vec<KeyDecl>,
     pub(crate) key_kinds: Vec<(&'static str, ContributionKind)>,
     pub(crate) actions: Vec<Arc<dyn ErasedActionHandler>>,
     pub(crate) effects: Vec<Arc<dyn ErasedEffectHandler>>,
@@ -78,7 +79,7 @@ impl PluginRegistrar {
     pub fn new(plugin_id: impl Into<Arc<str>>) -> Self {
         Self {
             plugin_id: plugin_id.into(),
-            keys: KeyRegistry::new(),
+            keys: Vec::new(),
             key_kinds: Vec::new(),
             actions: Vec::new(),
             effects: Vec::new(),
@@ -114,12 +115,15 @@ impl PluginRegistrar {
         } else {
             ContributionKind::StateKey
         };
-        self.keys
-            .register_key::<K>(options)
-            .map_err(|source| PluginError::State {
+        let key = KeyDecl::of::<K>(options);
+        // A plugin declares a handful of keys: a scan finds a second use of a name.
+        if let Some(first) = self.keys.iter().find(|k| k.name() == K::KEY) {
+            return Err(PluginError::State {
                 plugin_id: self.plugin_id.to_string(),
-                source,
-            })?;
+                source: first.duplicate(&key),
+            });
+        }
+        self.keys.push(key);
         self.key_kinds.push((K::KEY, kind));
         Ok(())
     }

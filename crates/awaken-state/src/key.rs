@@ -180,6 +180,12 @@ impl KeyRegistry {
         self.register_key::<K>(KeyOptions::new().with_scope(KeyScope::Profile))
     }
 
+    /// Adds a declared key, moved in: `Err(StateError::DuplicateKey)` when its name is taken
+    /// (the registry is then unchanged).
+    pub fn add(&mut self, key: KeyDecl) -> Result<(), StateError> {
+        self.insert(key.0)
+    }
+
     /// Adds every key of `other` (e.g. another plugin's keys), all or none: if any name of
     /// `other` is already registered here, returns `DuplicateKey` for the first such name in
     /// `other`'s order and changes nothing.
@@ -349,6 +355,42 @@ impl std::hash::Hasher for TypeHasher {
 
     fn write(&mut self, bytes: &[u8]) {
         self.0.write(bytes);
+    }
+}
+
+/// One key as declared, before it joins a registry: what a plugin's registrar collects, for
+/// [`KeyRegistry::add`] to move in (no registry of its own per plugin, no copy).
+pub struct KeyDecl(KeyEntry);
+
+impl KeyDecl {
+    /// `K` under `K::KEY` with `options`.
+    pub fn of<K: StateKey>(options: KeyOptions) -> Self {
+        Self(KeyEntry::of::<K>(options))
+    }
+
+    /// The key's name.
+    pub fn name(&self) -> &'static str {
+        self.0.name
+    }
+
+    /// The key's options.
+    pub fn options(&self) -> KeyOptions {
+        self.0.options
+    }
+
+    /// The error of declaring `other` when this key already has its name.
+    pub fn duplicate(&self, other: &KeyDecl) -> StateError {
+        duplicate(&self.0, &other.0)
+    }
+}
+
+impl fmt::Debug for KeyDecl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyDecl")
+            .field("name", &self.0.name)
+            .field("type", &self.0.type_name)
+            .field("options", &self.0.options)
+            .finish()
     }
 }
 

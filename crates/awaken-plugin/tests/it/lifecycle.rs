@@ -96,3 +96,13 @@ async fn default_hooks_are_no_ops_that_count_as_calls() {
         0
     );
 }
+
+#[test]
+fn every_hook_is_listed_once_at_its_own_index() {
+    for (i, hook) in LifecycleHook::ALL.iter().enumerate() {
+        assert_eq!(*hook as usize, i, "{}", hook.as_str());
+    }
+    let names: std::collections::BTreeSet<&str> =
+        LifecycleHook::ALL.iter().map(|h| h.as_str()).collect();
+    assert_eq!(names.len(), LifecycleHook::ALL.len());
+}
