@@ -29,6 +29,7 @@ mod durable;
 mod failpoint;
 mod intercept;
 mod permission;
+mod progress;
 mod repair;
 mod resume;
 mod run;

@@ -34,6 +34,7 @@ use crate::builtins::{
 };
 use crate::durable::{Durable, batch_set};
 use crate::intercept::CallInterceptKey;
+use crate::progress::ProgressQueue;
 use crate::repair::repair_history;
 use crate::resume::{
     DecisionsUpdate, Resume, ResumeDecisionsKey, recorded_decisions, suspended_calls,
@@ -126,6 +127,8 @@ struct Run<'a> {
     /// The call whose result commit was folded into the step's last commit (its `after_result`
     /// failpoint fires after that commit).
     folded_result: Option<ToolCallId>,
+    /// The progress reports of the run's tool calls, emitted as events while a call runs.
+    progress: Arc<ProgressQueue>,
 }
 
 /// How an activation continues an earlier one.
@@ -675,6 +678,7 @@ async fn prepare_activation<'a>(
         tools,
         request_strings,
         folded_result: None,
+        progress: Arc::default(),
     };
     run.seen_fallbacks = run.compaction_fallbacks().0;
     run.step = run.read_stats(|s| s.steps);
@@ -1830,6 +1834,8 @@ impl Run<'_> {
             timeout: self.resolved.spec.tool_timeout.map(|t| t.get()),
             lifecycle: &self.lifecycle,
             plugins: self.resolved.env.plugins(),
+            progress: &self.progress,
+            sink: self.sink,
         }
     }
 
@@ -2032,6 +2038,9 @@ struct Invocation<'a> {
     /// For the delegate-call lifecycle hooks of the run's plugins.
     lifecycle: &'a LifecycleDispatcher,
     plugins: &'a [Arc<dyn awaken_plugin::Plugin>],
+    /// Where the call's progress reports wait to be emitted to `sink`.
+    progress: &'a Arc<ProgressQueue>,
+    sink: &'a dyn EventSink,
 }
 
 impl Invocation<'_> {
@@ -2044,13 +2053,14 @@ impl Invocation<'_> {
         resume: Option<&ToolCallResume>,
         engine: &PhaseEngine,
     ) -> Ran {
-        let mut tool_ctx = ToolCallContext::new(
+        let mut tool_ctx = ToolCallContext::with_token(
             self.identity.thread_id.clone(),
             self.identity.run_id.clone(),
             call.id.clone(),
             engine.store().snapshot(),
+            self.cancel.clone(),
         )
-        .with_cancel(self.cancel.clone());
+        .with_progress(self.progress.clone());
         if let Some(resume) = resume {
             tool_ctx = tool_ctx.with_resume(resume.clone());
         }
@@ -2076,8 +2086,8 @@ impl Invocation<'_> {
                 self.keys,
                 timer,
             )
-            .instrument(span)
-            .await;
+            .instrument(span);
+        let invoked = self.progress.forward(invoked, self.sink).await;
         crate::failpoint::hit("after_executing", Some(call.id.as_str()));
         if let Some(d) = &delegate {
             let event = match &invoked {

@@ -92,7 +92,8 @@ pub struct ToolCallContext {
     idempotency_key: std::sync::OnceLock<IdempotencyKey>,
     snapshot: Snapshot,
     cancel: CancellationToken,
-    progress: Arc<dyn ProgressSink>,
+    /// `None`: reports are dropped (no allocation for a sink most calls never use).
+    progress: Option<Arc<dyn ProgressSink>>,
     resume: Option<ToolCallResume>,
 }
 
@@ -105,14 +106,32 @@ impl ToolCallContext {
         call_id: ToolCallId,
         snapshot: Snapshot,
     ) -> Self {
+        Self::with_token(
+            thread_id,
+            run_id,
+            call_id,
+            snapshot,
+            CancellationToken::new(),
+        )
+    }
+
+    /// As [`new`](Self::new), with the run's cancellation token (or a child of it) from the
+    /// start: no fresh token is made to be replaced.
+    pub fn with_token(
+        thread_id: ThreadId,
+        run_id: RunId,
+        call_id: ToolCallId,
+        snapshot: Snapshot,
+        cancel: CancellationToken,
+    ) -> Self {
         Self {
             thread_id,
             run_id,
             call_id,
             idempotency_key: std::sync::OnceLock::new(),
             snapshot,
-            cancel: CancellationToken::new(),
-            progress: Arc::new(NullProgress),
+            cancel,
+            progress: None,
             resume: None,
         }
     }
@@ -125,7 +144,7 @@ impl ToolCallContext {
 
     /// With the sink progress reports go to.
     pub fn with_progress(mut self, progress: Arc<dyn ProgressSink>) -> Self {
-        self.progress = progress;
+        self.progress = Some(progress);
         self
     }
 
@@ -179,7 +198,9 @@ impl ToolCallContext {
 
     /// Reports progress (tool-defined JSON); the runtime streams it as a progress event.
     pub fn report_progress(&self, progress: Value) {
-        self.progress.report(&self.call_id, progress);
+        if let Some(sink) = &self.progress {
+            sink.report(&self.call_id, progress);
+        }
     }
 }
 

@@ -448,3 +448,58 @@ async fn effects_run_after_their_commit_and_may_submit_commands() {
         "{state}"
     );
 }
+
+/// Reports its progress twice, yielding in between (as a tool waiting on I/O would).
+struct Stages;
+
+#[async_trait]
+impl Tool for Stages {
+    fn descriptor(&self) -> ToolDescriptor {
+        ToolDescriptor::new("stages", "Reports its progress").with_parameters(json!({
+            "type": "object",
+            "properties": {}
+        }))
+    }
+    async fn execute(&self, _args: Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
+        ctx.report_progress(json!({"stage": 1}));
+        tokio::task::yield_now().await;
+        ctx.report_progress(json!({"stage": 2}));
+        Ok(ToolOutput::success(json!("staged")))
+    }
+}
+
+#[tokio::test]
+async fn a_tools_progress_reports_are_events_between_its_ready_and_its_result() {
+    let mut scenario = Scenario::new(vec![
+        ScriptTurn::text("").with_tool_call(ScriptToolCall::new("stages", json!({})).with_id("c1")),
+        ScriptTurn::text("done"),
+    ]);
+    scenario.tools.push(Arc::new(Stages));
+    let out = scenario.run().await;
+    assert_eq!(out.outcome.termination, TerminationReason::NaturalEnd);
+    let lines: Vec<String> = out
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            awaken_event::AgentEvent::ToolCallReady { call_id, .. } => {
+                Some(format!("ready {call_id}"))
+            }
+            awaken_event::AgentEvent::ToolCallProgress { call_id, progress } => {
+                Some(format!("progress {call_id} {progress}"))
+            }
+            awaken_event::AgentEvent::ToolCallDone { call_id, .. } => {
+                Some(format!("done {call_id}"))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            "ready c1",
+            r#"progress c1 {"stage":1}"#,
+            r#"progress c1 {"stage":2}"#,
+            "done c1"
+        ]
+    );
+}
