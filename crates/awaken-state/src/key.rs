@@ -162,8 +162,8 @@ impl KeyRegistry {
     pub fn with_capacity(keys: usize) -> Self {
         Self {
             entries: Vec::with_capacity(keys),
-            by_name: HashMap::with_capacity_and_hasher(keys, BuildNameHasher::default()),
-            by_type: HashMap::with_capacity_and_hasher(keys, BuildTypeHasher::default()),
+            by_name: HashMap::with_capacity_and_hasher(keys, BuildNameHasher),
+            by_type: HashMap::with_capacity_and_hasher(keys, BuildTypeHasher),
         }
     }
 
