@@ -1213,14 +1213,15 @@ impl Run<'_> {
 
     /// How many times compaction fell back to truncation on this thread, and the last error.
     fn compaction_fallbacks(&self) -> (u64, Option<String>) {
+        // An agent without a context policy has no compaction key.
         match self
             .engine
             .store()
             .snapshot()
-            .get::<awaken_context::CompactionKey>()
+            .find::<awaken_context::CompactionKey>()
         {
-            Ok(state) => (state.fallbacks, state.last_error.clone()),
-            Err(_) => (0, None),
+            Some(state) => (state.fallbacks, state.last_error.clone()),
+            None => (0, None),
         }
     }
 

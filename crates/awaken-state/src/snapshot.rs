@@ -76,6 +76,19 @@ impl Snapshot {
         downcast::<Stored<K::Value, K::Update>>(K::KEY, &*slot.value).map(|s| &s.value)
     }
 
+    /// The value of `K`, or `None` if `K` is not registered (with this type): for a key that
+    /// only some agents have, read without making the error `get` would.
+    pub fn find<K: StateKey>(&self) -> Option<&K::Value> {
+        let index = self
+            .version
+            .registry
+            .index_of_type(std::any::TypeId::of::<K>())?;
+        let slot = self.version.table.get(index)?;
+        downcast::<Stored<K::Value, K::Update>>(K::KEY, &*slot.value)
+            .ok()
+            .map(|s| &s.value)
+    }
+
     /// The value of the key named `key`, as JSON.
     pub fn get_json(&self, key: &str) -> Result<serde_json::Value, StateError> {
         let (index, entry) = self.version.registry.resolve(key)?;

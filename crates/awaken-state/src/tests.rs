@@ -1057,3 +1057,25 @@ fn an_export_lists_each_changed_key_once_in_registration_order() {
     assert_eq!(run.values[Counter::KEY], StateValue::json(json!(3)));
     assert!(thread.values.is_empty());
 }
+
+#[test]
+fn find_reads_a_registered_key_and_is_none_for_another() {
+    struct Unregistered;
+    impl StateKey for Unregistered {
+        const KEY: &'static str = "test.unregistered";
+        type Value = i64;
+        type Update = i64;
+        fn apply(value: &mut i64, update: i64) -> Result<(), StateError> {
+            *value = update;
+            Ok(())
+        }
+    }
+    let store = StateStore::new(registry());
+    let mut cmd = StateCommand::new();
+    cmd.update::<Counter>(5);
+    store.commit(cmd).unwrap();
+    let snapshot = store.snapshot();
+    assert_eq!(snapshot.find::<Counter>(), Some(&5));
+    assert_eq!(snapshot.find::<Unregistered>(), None);
+    assert!(snapshot.get::<Unregistered>().is_err());
+}
