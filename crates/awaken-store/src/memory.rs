@@ -65,16 +65,23 @@ impl Default for MemoryStore {
     }
 }
 
-/// One shard: the threads whose id hashes to it, with their messages, events, state and runs.
+/// One shard: the threads whose id hashes to it, and their runs.
 #[derive(Debug, Default)]
 struct Inner {
-    threads: HashMap<ThreadId, ThreadRow>,
-    messages: HashMap<ThreadId, MessageLog>,
-    events: HashMap<ThreadId, EventLog>,
-    /// Values as the commits carried them (typed until a load asks for JSON).
-    thread_state: HashMap<ThreadId, StateMap>,
+    threads: HashMap<ThreadId, ThreadData>,
     runs: HashMap<RunId, Box<RunRow>>,
-    run_state: HashMap<RunId, StateMap>,
+}
+
+/// Everything of one thread, found with one lookup per commit.
+#[derive(Debug, Default)]
+struct ThreadData {
+    /// `None` only while the thread's first commit is being applied (a thread exists once a
+    /// commit to it succeeded).
+    row: Option<ThreadRow>,
+    messages: MessageLog,
+    events: EventLog,
+    /// Values as the commits carried them (typed until a load asks for JSON).
+    state: StateMap,
 }
 
 /// How many chunks a thread's message or event log makes room for at its first append: a short
@@ -200,7 +207,7 @@ struct ThreadRow {
     updated_at: Timestamp,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct RunRow {
     thread_id: ThreadId,
     record: RunRecord,
@@ -210,6 +217,20 @@ struct RunRow {
     lease_owner: Option<String>,
     lease_epoch: u64,
     lease_expires_at: Option<Timestamp>,
+    /// The run's state, as the commits carried it.
+    state: StateMap,
+}
+
+/// What a commit changed in an existing run's row, to put back if it fails: the row is updated
+/// in place (no new row per commit).
+#[derive(Debug)]
+struct RunUndo {
+    record: RunRecord,
+    state_revision: u64,
+    /// The batch before, if the commit set or cleared it.
+    batch: Option<Option<BatchData>>,
+    /// The lease before, if the commit (finishing the run) cleared it.
+    lease: Option<(Option<String>, Option<Timestamp>)>,
 }
 
 /// What a rollback needs to know about the commit it undoes.
@@ -220,16 +241,15 @@ struct CommitIds {
 }
 
 /// One change to undo if a later write of the same commit fails.
-// The replaced run row stays in its box: an inline row would make every entry a few hundred
-// bytes, and the log (sized up front) an allocation too large for the allocator's per-thread
-// cache on every commit.
+// An entry is a few hundred bytes (a run's record, inline): the log is a worker thread's,
+// reused from commit to commit, so its size costs no allocation per commit.
 enum Undo {
     /// The number of message chunks before the commit.
     Messages(usize),
     /// The number of event chunks before the commit.
     Events(usize),
-    /// The run row a commit replaced (`None`: the commit created it).
-    Run(Option<Box<RunRow>>),
+    /// What the commit changed in the run's row (`None`: the commit created it).
+    Run(Option<RunUndo>),
     /// The thread row a commit replaced (`None`: the commit created it).
     Thread(Option<ThreadRow>),
     ThreadKey(StateKeyName, Option<StateValue>),
@@ -282,9 +302,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Inner {
     fn check(&self, c: &ThreadCommit, profiles: Option<&Profiles>) -> Result<(), StoreError> {
         let actual = self
-            .messages
+            .threads
             .get(&c.thread_id)
-            .map_or(0, |m| m.len() as u64);
+            .map_or(0, |t| t.messages.len() as u64);
         if actual != c.expected_message_count {
             return Err(StoreError::VersionConflict {
                 expected: c.expected_message_count,
@@ -354,74 +374,72 @@ impl Inner {
         let now = record.updated_at;
         let status = record.status;
         let profile_id = record.profile_id.clone();
+        let Inner { threads, runs } = self;
 
-        let messages = self.messages.entry(tid.clone()).or_default();
-        undo.push(Undo::Messages(messages.chunks.len()));
-        messages.append(new_messages);
-        let message_count = messages.len() as u64;
+        let thread = threads.entry(tid.clone()).or_default();
+        undo.push(Undo::Messages(thread.messages.chunks.len()));
+        thread.messages.append(new_messages);
+        let message_count = thread.messages.len() as u64;
         fp.check(FailPoint::AfterMessages)?;
 
-        // The row is updated in place; the replaced row (moved, not copied) is the undo.
-        let (row, replaced) = match self.runs.entry(rid.clone()) {
+        // The row is updated in place; what it held before is the undo.
+        let row = match runs.entry(rid.clone()) {
             Entry::Occupied(slot) => {
-                let row = slot.into_mut();
-                let next = RunRow {
-                    thread_id: row.thread_id.clone(),
-                    record: RunRecord {
-                        created_at: row.record.created_at,
+                let row = &mut **slot.into_mut();
+                let created_at = row.record.created_at;
+                let old_record = std::mem::replace(
+                    &mut row.record,
+                    RunRecord {
+                        created_at,
                         ..record
                     },
-                    state_revision: row.state_revision,
-                    batch: row.batch.clone(),
-                    lease_owner: row.lease_owner.clone(),
-                    lease_epoch: row.lease_epoch,
-                    lease_expires_at: row.lease_expires_at,
+                );
+                let batch = match batch_write {
+                    BatchWrite::Keep => None,
+                    BatchWrite::Set(b) => Some(row.batch.replace(b)),
+                    BatchWrite::Clear => Some(row.batch.take()),
                 };
-                let replaced = std::mem::replace(row, Box::new(next));
-                (row, Some(replaced))
+                let lease = (status == RunStatus::Done)
+                    .then(|| (row.lease_owner.take(), row.lease_expires_at.take()));
+                undo.push(Undo::Run(Some(RunUndo {
+                    record: old_record,
+                    state_revision: row.state_revision,
+                    batch,
+                    lease,
+                })));
+                row
             }
             Entry::Vacant(slot) => {
-                let row = slot.insert(Box::new(RunRow {
+                let batch = match batch_write {
+                    BatchWrite::Set(b) => Some(b),
+                    BatchWrite::Keep | BatchWrite::Clear => None,
+                };
+                undo.push(Undo::Run(None));
+                &mut **slot.insert(Box::new(RunRow {
                     thread_id: tid.clone(),
                     record,
                     state_revision: 0,
-                    batch: None,
+                    batch,
                     lease_owner: None,
                     lease_epoch: 0,
                     lease_expires_at: None,
-                }));
-                (row, None)
+                    state: StateMap::default(),
+                }))
             }
         };
-        match batch_write {
-            BatchWrite::Keep => {}
-            BatchWrite::Set(b) => row.batch = Some(b),
-            BatchWrite::Clear => row.batch = None,
-        }
         if !run_delta.values.is_empty() {
             row.state_revision = run_delta.revision;
         }
-        if status == RunStatus::Done {
-            row.lease_owner = None;
-            row.lease_expires_at = None;
-        }
-        undo.push(Undo::Run(replaced));
         fp.check(FailPoint::AfterRun)?;
 
-        if !run_delta.values.is_empty() {
-            let run_state = self.run_state.entry(rid.clone()).or_default();
-            for (k, v) in run_delta.values {
-                let old = run_state.insert(k.clone(), v);
-                undo.push(Undo::RunKey(k, old));
-            }
+        for (k, v) in run_delta.values {
+            let old = row.state.insert(k.clone(), v);
+            undo.push(Undo::RunKey(k, old));
         }
         let thread_revision = (!thread_delta.values.is_empty()).then_some(thread_delta.revision);
-        if !thread_delta.values.is_empty() {
-            let thread_state = self.thread_state.entry(tid.clone()).or_default();
-            for (k, v) in thread_delta.values {
-                let old = thread_state.insert(k.clone(), v);
-                undo.push(Undo::ThreadKey(k, old));
-            }
+        for (k, v) in thread_delta.values {
+            let old = thread.state.insert(k.clone(), v);
+            undo.push(Undo::ThreadKey(k, old));
         }
         let mut profile_versions = BTreeMap::new();
         if let Some(pid) = &profile_id
@@ -443,34 +461,26 @@ impl Inner {
         }
         fp.check(FailPoint::AfterState)?;
 
-        let events = self.events.entry(tid.clone()).or_default();
-        undo.push(Undo::Events(events.chunks.len()));
-        events.append(&rid, new_events);
-        let seq = events.last_seq();
+        undo.push(Undo::Events(thread.events.chunks.len()));
+        thread.events.append(&rid, new_events);
+        let seq = thread.events.last_seq();
         fp.check(FailPoint::AfterEvents)?;
 
-        let replaced = match self.threads.entry(tid) {
-            Entry::Occupied(mut slot) => {
-                let thread = slot.get_mut();
-                let next = ThreadRow {
-                    state_revision: thread_revision.unwrap_or(thread.state_revision),
-                    latest_run_id: Some(rid),
-                    created_at: thread.created_at,
-                    updated_at: now,
-                };
-                Some(std::mem::replace(thread, next))
-            }
-            Entry::Vacant(slot) => {
-                slot.insert(ThreadRow {
-                    state_revision: thread_revision.unwrap_or(0),
-                    latest_run_id: Some(rid),
-                    created_at: now,
-                    updated_at: now,
-                });
-                None
-            }
+        let next = match &thread.row {
+            Some(old) => ThreadRow {
+                state_revision: thread_revision.unwrap_or(old.state_revision),
+                latest_run_id: Some(rid),
+                created_at: old.created_at,
+                updated_at: now,
+            },
+            None => ThreadRow {
+                state_revision: thread_revision.unwrap_or(0),
+                latest_run_id: Some(rid),
+                created_at: now,
+                updated_at: now,
+            },
         };
-        undo.push(Undo::Thread(replaced));
+        undo.push(Undo::Thread(thread.row.replace(next)));
 
         Ok(CommitReceipt {
             message_count,
@@ -491,25 +501,44 @@ impl Inner {
         for op in undo.drain(..).rev() {
             match op {
                 Undo::Messages(chunks) => {
-                    if let Some(m) = self.messages.get_mut(tid) {
-                        m.truncate(chunks);
+                    if let Some(t) = self.threads.get_mut(tid) {
+                        t.messages.truncate(chunks);
                     }
                 }
                 Undo::Events(chunks) => {
-                    if let Some(e) = self.events.get_mut(tid) {
-                        e.truncate(chunks);
+                    if let Some(t) = self.threads.get_mut(tid) {
+                        t.events.truncate(chunks);
                     }
                 }
-                Undo::Run(old) => restore(&mut self.runs, rid, old),
-                Undo::Thread(old) => restore(&mut self.threads, tid, old),
+                Undo::Run(None) => {
+                    self.runs.remove(rid);
+                }
+                Undo::Run(Some(old)) => {
+                    if let Some(row) = self.runs.get_mut(rid) {
+                        row.record = old.record;
+                        row.state_revision = old.state_revision;
+                        if let Some(batch) = old.batch {
+                            row.batch = batch;
+                        }
+                        if let Some((owner, expires_at)) = old.lease {
+                            row.lease_owner = owner;
+                            row.lease_expires_at = expires_at;
+                        }
+                    }
+                }
+                Undo::Thread(old) => {
+                    if let Some(t) = self.threads.get_mut(tid) {
+                        t.row = old;
+                    }
+                }
                 Undo::RunKey(k, old) => {
-                    if let Some(m) = self.run_state.get_mut(rid) {
-                        restore(m, &k, old);
+                    if let Some(row) = self.runs.get_mut(rid) {
+                        restore(&mut row.state, &k, old);
                     }
                 }
                 Undo::ThreadKey(k, old) => {
-                    if let Some(m) = self.thread_state.get_mut(tid) {
-                        restore(m, &k, old);
+                    if let Some(t) = self.threads.get_mut(tid) {
+                        restore(&mut t.state, &k, old);
                     }
                 }
                 Undo::ProfileKey(k, old) => {
@@ -524,14 +553,9 @@ impl Inner {
                 }
             }
         }
-        // Drop the empty containers a first commit created.
-        if !self.threads.contains_key(tid) {
-            self.messages.remove(tid);
-            self.events.remove(tid);
-            self.thread_state.remove(tid);
-        }
-        if !self.runs.contains_key(rid) {
-            self.run_state.remove(rid);
+        // A thread whose first commit failed does not exist.
+        if self.threads.get(tid).is_some_and(|t| t.row.is_none()) {
+            self.threads.remove(tid);
         }
     }
 }
@@ -652,7 +676,11 @@ impl ThreadStore for MemoryStore {
         thread_id: &ThreadId,
     ) -> Result<Option<Checkpoint>, StoreError> {
         let inner = self.shard(thread_id);
-        let Some(thread) = inner.threads.get(thread_id) else {
+        let Some((data, thread)) = inner
+            .threads
+            .get(thread_id)
+            .and_then(|t| Some((t, t.row.as_ref()?)))
+        else {
             return Ok(None);
         };
         let run = thread
@@ -661,22 +689,11 @@ impl ThreadStore for MemoryStore {
             .and_then(|r| inner.runs.get(r));
         Ok(Some(Checkpoint {
             thread_id: thread_id.clone(),
-            messages: inner
-                .messages
-                .get(thread_id)
-                .map_or_else(Vec::new, MessageLog::to_vec),
-            thread_state: persisted(
-                "thread state",
-                thread.state_revision,
-                inner.thread_state.get(thread_id),
-            )?,
+            messages: data.messages.to_vec(),
+            thread_state: persisted("thread state", thread.state_revision, Some(&data.state))?,
             run: run.map(|r| r.record.clone()),
             run_state: match run {
-                Some(r) => persisted(
-                    "run state",
-                    r.state_revision,
-                    inner.run_state.get(&r.record.run_id),
-                )?,
+                Some(r) => persisted("run state", r.state_revision, Some(&r.state))?,
                 None => PersistedState::default(),
             },
             profile: run
@@ -690,7 +707,7 @@ impl ThreadStore for MemoryStore {
                     what: "tool batch",
                     source,
                 })?,
-            last_event_seq: inner.events.get(thread_id).map_or(0, EventLog::last_seq),
+            last_event_seq: data.events.last_seq(),
         }))
     }
 
@@ -702,12 +719,15 @@ impl ThreadStore for MemoryStore {
         let mut threads: Vec<ThreadSummary> = Vec::new();
         for shard in &self.shards {
             let inner = lock(shard);
-            threads.extend(inner.threads.iter().map(|(id, t)| ThreadSummary {
-                thread_id: id.clone(),
-                message_count: inner.messages.get(id).map_or(0, |m| m.len() as u64),
-                latest_run_id: t.latest_run_id.clone(),
-                created_at: t.created_at,
-                updated_at: t.updated_at,
+            threads.extend(inner.threads.iter().filter_map(|(id, data)| {
+                let t = data.row.as_ref()?;
+                Some(ThreadSummary {
+                    thread_id: id.clone(),
+                    message_count: data.messages.len() as u64,
+                    latest_run_id: t.latest_run_id.clone(),
+                    created_at: t.created_at,
+                    updated_at: t.updated_at,
+                })
             }));
         }
         threads.sort_unstable_by(|a, b| a.thread_id.cmp(&b.thread_id));
@@ -733,17 +753,17 @@ impl ThreadStore for MemoryStore {
     ) -> Result<Vec<StoredEvent>, StoreError> {
         let inner = self.shard(thread_id);
         Ok(inner
-            .events
+            .threads
             .get(thread_id)
-            .map_or_else(Vec::new, |log| log.since(since)))
+            .map_or_else(Vec::new, |t| t.events.since(since)))
     }
 
     async fn delete_thread(&self, thread_id: &ThreadId) -> Result<bool, StoreError> {
         let mut inner = self.shard(thread_id);
-        let existed = inner.threads.remove(thread_id).is_some();
-        inner.messages.remove(thread_id);
-        inner.events.remove(thread_id);
-        inner.thread_state.remove(thread_id);
+        let existed = inner
+            .threads
+            .remove(thread_id)
+            .is_some_and(|t| t.row.is_some());
         let runs: Vec<RunId> = inner
             .runs
             .iter()
@@ -753,7 +773,6 @@ impl ThreadStore for MemoryStore {
         let mut index = lock(&self.run_threads);
         for run in runs {
             inner.runs.remove(&run);
-            inner.run_state.remove(&run);
             index.remove(&run);
         }
         Ok(existed)

@@ -152,5 +152,6 @@ every_backend!(
     claim_one_run,
     concurrent_claims_never_share,
     failpoint_inside_the_write,
+    failed_last_commit_keeps_lease_and_batch,
     commit_cost_shape_at_length,
 );

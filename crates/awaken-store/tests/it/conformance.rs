@@ -1006,3 +1006,44 @@ pub async fn commit_cost_shape_at_length(h: &Harness) {
     assert_eq!(cp.messages[199].text(), "m199");
     assert_eq!(cp.messages[201].text(), "answer 1");
 }
+
+/// A leased run's last commit (finishing it, clearing its batch, releasing its lease) failing
+/// at any point leaves the run as it was: still leased to its worker, its batch still there.
+pub async fn failed_last_commit_keeps_lease_and_batch(h: &Harness) {
+    let s = &*h.store;
+    let lease = Duration::from_secs(30);
+    s.commit(step("t1", "r1", 0, 1, 1_000))
+        .await
+        .expect("commit 1");
+    let claimed = s
+        .claim_run(&rid("r1"), "w1", lease, at(2_000))
+        .await
+        .expect("claim")
+        .expect("claimable");
+    let last = || {
+        let mut c = step("t1", "r1", 2, 2, 3_000)
+            .with_batch_cleared()
+            .with_lease(claimed.lease.clone());
+        c.run.status = RunStatus::Done;
+        c.run.termination = Some(TerminationReason::NaturalEnd);
+        c
+    };
+    for point in FailPoint::all() {
+        let before = dump_all(s).await;
+        (h.arm)(point);
+        let err = s.commit(last()).await.expect_err("injected");
+        assert!(matches!(err, StoreError::Injected { .. }), "{err:?}");
+        assert_eq!(dump_all(s).await, before, "failpoint {point:?}");
+        assert!(before.contains("batch "), "{before}");
+        s.heartbeat(&claimed.lease, lease, at(4_000))
+            .await
+            .unwrap_or_else(|e| panic!("failpoint {point:?}: the lease was lost: {e}"));
+    }
+    s.commit(last()).await.expect("the last commit");
+    let after = dump_all(s).await;
+    assert!(!after.contains("batch "), "{after}");
+    assert!(
+        s.heartbeat(&claimed.lease, lease, at(5_000)).await.is_err(),
+        "a finished run holds no lease"
+    );
+}
