@@ -31,6 +31,6 @@ pub use env::{PhaseEnv, PhaseEnvError, RegisteredAction, RegisteredEffect, Regis
 pub use hook::{FnHook, HookError, PhaseHook};
 pub use phase::{Phase, UnknownPhase};
 pub use queue::{
-    ActionQueue, ActionQueueKey, DeadLetter, DeadLettersKey, QueueUpdate, QueuedAction,
-    register_engine_keys,
+    ActionQueue, ActionQueueKey, DeadLetter, DeadLettersKey, ENGINE_KEY_COUNT, QueueUpdate,
+    QueuedAction, register_engine_keys,
 };

@@ -111,6 +111,9 @@ impl StateKey for DeadLettersKey {
     }
 }
 
+/// How many keys [`register_engine_keys`] registers.
+pub const ENGINE_KEY_COUNT: usize = 2;
+
 /// Registers the engine's own keys (both `Run`-scoped, `Exclusive`). The environment's key
 /// registry must contain them before a store is built over it.
 pub fn register_engine_keys(registry: &mut KeyRegistry) -> Result<(), StateError> {

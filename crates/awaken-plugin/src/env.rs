@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use awaken_phase::{PhaseEnv, register_engine_keys};
+use awaken_phase::{ENGINE_KEY_COUNT, PhaseEnv, register_engine_keys};
 use awaken_state::KeyRegistry;
 use awaken_tool::{Tool, ToolGateHook};
 
@@ -120,15 +120,16 @@ impl ExecutionEnv {
         }
         let plugins = execution_order(&enabled)?;
 
-        // Room for the engine's keys and a few per plugin: growing the registry would reallocate
-        // its entries (with glibc, every `realloc` takes an arena lock other threads contend
-        // for).
-        let mut keys = KeyRegistry::with_capacity(16 + 4 * plugins.len());
+        // Room for the engine's keys and three per plugin (the built-ins register two or three):
+        // growing the registry would reallocate its entries (with glibc, every `realloc` takes
+        // an arena lock other threads contend for), and much room to spare is memory every run
+        // holds.
+        let mut keys = KeyRegistry::with_capacity(ENGINE_KEY_COUNT + 3 * plugins.len());
         register_engine_keys(&mut keys).map_err(EnvError::EngineKeys)?;
-        let engine: Arc<str> = Arc::from("awaken-phase");
-        let mut key_owner: HashMap<&'static str, Arc<str>> =
-            HashMap::with_capacity_and_hasher(plugins.len() * 4, Default::default());
-        key_owner.extend(keys.keys().map(|k| (k.name, engine.clone())));
+        // Each key's owner (for the error naming both owners of a name).
+        let mut key_owner: HashMap<&'static str, &str> =
+            HashMap::with_capacity_and_hasher(keys.capacity(), Default::default());
+        key_owner.extend(keys.keys().map(|k| (k.name, "awaken-phase")));
         let mut phase_env = PhaseEnv::new();
         // Owners are the plugins' ids, borrowed from `plugins` (no copy per contribution).
         let mut action_owner: HashMap<&'static str, &str> = HashMap::default();
@@ -166,7 +167,7 @@ impl ExecutionEnv {
                         second: id.to_owned(),
                     });
                 }
-                key_owner.insert(name, shared_id.clone());
+                key_owner.insert(name, id);
             }
             for key in r.keys {
                 keys.add(key).map_err(|source| PluginError::State {

@@ -221,6 +221,11 @@ impl KeyRegistry {
         self.entries.iter().map(KeyEntry::info)
     }
 
+    /// How many keys the registry has room for without growing.
+    pub fn capacity(&self) -> usize {
+        self.entries.capacity()
+    }
+
     /// Number of registered keys.
     pub fn len(&self) -> usize {
         self.entries.len()

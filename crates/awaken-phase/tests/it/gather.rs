@@ -533,3 +533,10 @@ fn phases_parse_and_classify() {
         key: "y".into(),
     };
 }
+
+#[test]
+fn the_engine_key_count_is_what_it_registers() {
+    let mut keys = awaken_state::KeyRegistry::new();
+    awaken_phase::register_engine_keys(&mut keys).expect("registers");
+    assert_eq!(keys.len(), awaken_phase::ENGINE_KEY_COUNT);
+}
