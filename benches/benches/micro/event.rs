@@ -1,7 +1,7 @@
 use std::hint::black_box;
 
 use awaken_event::{AgentEvent, GrammarChecker, RunId, ThreadId, ToolCallId, ToolResult};
-use awaken_event::{TerminationReason, TokenUsage, ToolCallState};
+use awaken_event::{TerminationReason, ToolCallState};
 use criterion::Criterion;
 
 fn activation(steps: u32) -> Vec<AgentEvent> {
@@ -38,9 +38,9 @@ fn activation(steps: u32) -> Vec<AgentEvent> {
     events.push(AgentEvent::RunFinish {
         thread_id,
         run_id,
-        termination: TerminationReason::NaturalEnd,
+        termination: Box::new(TerminationReason::NaturalEnd),
         response: None,
-        usage: TokenUsage::default(),
+        usage: Box::default(),
     });
     events
 }

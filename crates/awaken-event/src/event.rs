@@ -61,13 +61,13 @@ pub enum AgentEvent {
         thread_id: ThreadId,
         /// The run.
         run_id: RunId,
-        /// Why it ended.
-        termination: TerminationReason,
+        /// Why it ended (boxed: every stored event would otherwise be sized for it).
+        termination: Box<TerminationReason>,
         /// The final assistant text, if any.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         response: Option<String>,
-        /// Token usage of the whole run so far.
-        usage: TokenUsage,
+        /// Token usage of the whole run so far (boxed, as `termination`).
+        usage: Box<TokenUsage>,
     },
     /// A step began.
     StepStart {

@@ -41,13 +41,13 @@ fn samples() -> Vec<AgentEvent> {
         AgentEvent::RunFinish {
             thread_id: id("t1"),
             run_id: id("r1"),
-            termination: TerminationReason::stopped("max_rounds", "3 inferences"),
+            termination: Box::new(TerminationReason::stopped("max_rounds", "3 inferences")),
             response: Some("done".into()),
-            usage: TokenUsage {
+            usage: Box::new(TokenUsage {
                 input_tokens: 10,
                 output_tokens: 5,
                 ..Default::default()
-            },
+            }),
         },
         AgentEvent::StepStart { step: 1 },
         AgentEvent::StepEnd { step: 1 },
@@ -278,7 +278,7 @@ fn terminal_states() {
 #[test]
 fn events_stay_small() {
     // Every stored event is one of these; a large payload goes behind a box instead of sizing
-    // them all (a suspension ticket alone is about 180 bytes).
+    // them all (a suspension ticket alone is about 180 bytes, a run's end 112).
     let size = std::mem::size_of::<AgentEvent>();
-    assert!(size <= 144, "AgentEvent is {size} bytes");
+    assert!(size <= 80, "AgentEvent is {size} bytes");
 }

@@ -1933,9 +1933,9 @@ impl Run<'_> {
         self.fact(AgentEvent::RunFinish {
             thread_id: self.identity.thread_id.clone(),
             run_id: self.identity.run_id.clone(),
-            termination: termination.clone(),
+            termination: Box::new(termination.clone()),
             response: self.response.clone(),
-            usage,
+            usage: Box::new(usage),
         });
         let batch = match self.batch.take() {
             Some(mut b) if !b.is_closed() && termination != TerminationReason::Suspended => {

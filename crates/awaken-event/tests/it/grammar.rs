@@ -21,9 +21,9 @@ fn finish(termination: TerminationReason) -> AgentEvent {
     AgentEvent::RunFinish {
         thread_id: ThreadId::new("t").expect("id"),
         run_id: RunId::new("r").expect("id"),
-        termination,
+        termination: Box::new(termination),
         response: None,
-        usage: TokenUsage::default(),
+        usage: Box::default(),
     }
 }
 

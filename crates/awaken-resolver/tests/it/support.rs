@@ -139,9 +139,9 @@ impl ExecutionBackend for EchoBackend {
         sink.emit(&AgentEvent::RunFinish {
             thread_id: request.thread_id,
             run_id: request.run_id,
-            termination: TerminationReason::NaturalEnd,
+            termination: Box::new(TerminationReason::NaturalEnd),
             response: response.clone(),
-            usage: TokenUsage::default(),
+            usage: Box::default(),
         });
         Ok(BackendOutcome {
             termination: TerminationReason::NaturalEnd,
