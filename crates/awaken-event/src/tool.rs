@@ -31,8 +31,10 @@ pub struct ToolDescriptor {
     pub name: String,
     /// What it does, for the model.
     pub description: String,
-    /// JSON Schema of the arguments object.
-    pub parameters: Value,
+    /// JSON Schema of the arguments object. Shared: every run's copy of the descriptor (and
+    /// every request listing the tool) holds the same schema.
+    #[serde(deserialize_with = "crate::shared::arc_value")]
+    pub parameters: Arc<Value>,
     /// Its effect class.
     #[serde(default)]
     pub effect: EffectClass,
@@ -47,7 +49,7 @@ impl ToolDescriptor {
             name: id.clone(),
             id,
             description: description.into(),
-            parameters: serde_json::json!({ "type": "object" }),
+            parameters: Arc::new(serde_json::json!({ "type": "object" })),
             effect: EffectClass::SideEffecting,
         }
     }
@@ -59,8 +61,8 @@ impl ToolDescriptor {
     }
 
     /// Sets the arguments' JSON Schema.
-    pub fn with_parameters(mut self, schema: Value) -> Self {
-        self.parameters = schema;
+    pub fn with_parameters(mut self, schema: impl Into<Arc<Value>>) -> Self {
+        self.parameters = schema.into();
         self
     }
 

@@ -2,7 +2,7 @@
 //! emitted on the run's own task (as every event is) while the run waits for the call.
 
 use std::future::Future;
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::sync::{Mutex, PoisonError};
 
 use awaken_event::{AgentEvent, EventSink, ToolCallId};
@@ -41,12 +41,14 @@ impl ProgressQueue {
     /// Awaits `call`, emitting the reports made meanwhile as they come, and those left when it
     /// ends (before the caller emits anything about the call's result). A call that finishes
     /// on its first poll costs no more than awaiting it.
-    pub(crate) async fn forward<T>(
+    ///
+    /// The call comes pinned by the caller: taken by value, it would be stored twice in the
+    /// caller's future (the argument and its pinned copy), a few hundred bytes per run.
+    pub(crate) async fn forward<F: Future>(
         &self,
-        call: impl Future<Output = T>,
+        mut call: Pin<&mut F>,
         sink: &dyn EventSink,
-    ) -> T {
-        let mut call = pin!(call);
+    ) -> F::Output {
         loop {
             let ready = pin!(self.ready.notified());
             match select(call.as_mut(), ready).await {

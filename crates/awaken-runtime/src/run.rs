@@ -2088,7 +2088,10 @@ impl Invocation<'_> {
                 timer,
             )
             .instrument(span);
-        let invoked = self.progress.forward(invoked, self.sink).await;
+        let invoked = self
+            .progress
+            .forward(std::pin::pin!(invoked), self.sink)
+            .await;
         crate::failpoint::hit("after_executing", Some(call.id.as_str()));
         if let Some(d) = &delegate {
             let event = match &invoked {

@@ -738,3 +738,23 @@ async fn request_transforms_reach_the_provider() {
         ]
     );
 }
+
+/// Every run in flight holds its future: its size is memory per in-flight run (the e2e
+/// benchmark's KiB figure). Not a speed test; a guard against a change that inflates it
+/// unnoticed (a future moved into another, a large value held across an await).
+#[test]
+fn a_runs_future_stays_small() {
+    let runtime = AgentRuntime::builder()
+        .with_model(awaken_spec::ModelSpec::new("model", "scripted", "upstream"))
+        .with_provider(
+            "scripted",
+            Arc::new(awaken_llm::ScriptedExecutor::from_turns(vec![]).expect("script")),
+        )
+        .with_agent_spec(awaken_spec::AgentSpec::new("agent", "model"))
+        .build()
+        .expect("runtime");
+    let activation = RunActivation::new(awaken_event::ThreadId::new("t").expect("id"), "agent");
+    let future = runtime.run_to_completion(activation);
+    let size = std::mem::size_of_val(&future);
+    assert!(size <= 6_144, "run_to_completion's future is {size} bytes");
+}
