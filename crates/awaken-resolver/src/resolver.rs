@@ -205,10 +205,20 @@ pub struct Resolver {
     builtins: Arc<dyn BuiltinPlugins>,
     delegates: Option<Arc<dyn DelegateToolFactory>>,
     backends: Vec<Arc<dyn ExecutionBackend>>,
-    /// The last digest computed for each agent, with the serialized inputs it hashed: an
-    /// agent resolved again with byte-identical inputs reuses the hash (the inputs are still
-    /// read afresh and compared on every resolution).
-    digests: Arc<Mutex<HashMap<String, (Vec<u8>, Arc<str>)>>>,
+    /// The last digest computed for each agent, with the inputs it hashed: an agent resolved
+    /// again with equal inputs reuses the hash (the inputs are still read afresh and compared
+    /// on every resolution).
+    digests: Arc<Mutex<HashMap<String, DigestEntry>>>,
+}
+
+/// What an agent's last digest hashed: its spec and model (compared as values: equal values
+/// serialize to equal bytes, and comparing them costs a fraction of serializing them) and the
+/// plugin and tool lines.
+struct DigestEntry {
+    spec: AgentSpec,
+    model: ModelSpec,
+    tail: Vec<u8>,
+    digest: Arc<str>,
 }
 
 /// The resolver's own claim on the retry section, beside the plugins' claims.
@@ -473,7 +483,7 @@ impl Resolver {
         for w in &warnings {
             tracing::warn!(agent = %spec.id, warning = %w, "resolution warning");
         }
-        let spec_digest = self.digest(&spec.id, digest_input(&spec, &model, &env, &tools));
+        let spec_digest = self.digest(&spec, &model, digest_tail(&env, &tools));
         Ok(ResolvedAgent {
             spec: Arc::new(spec),
             model,
@@ -485,19 +495,30 @@ impl Resolver {
         })
     }
 
-    /// `sha256:<hex>` of `input`, reusing the agent's last digest when its input is unchanged.
-    fn digest(&self, agent_id: &str, input: Vec<u8>) -> Arc<str> {
+    /// `sha256:<hex>` of the serialized spec, model and `tail`, reusing the agent's last
+    /// digest when they are unchanged.
+    fn digest(&self, spec: &AgentSpec, model: &ModelSpec, tail: Vec<u8>) -> Arc<str> {
         let mut digests = self.digests.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((last, digest)) = digests.get(agent_id)
-            && *last == input
+        if let Some(last) = digests.get(&spec.id)
+            && last.tail == tail
+            && last.spec == *spec
+            && last.model == *model
         {
-            return digest.clone();
+            return last.digest.clone();
         }
         let mut w = awaken_tool::DigestWriter::new();
         // Writing into a hash cannot fail.
-        let _ = std::io::Write::write_all(&mut w, &input);
+        let _ = std::io::Write::write_all(&mut w, &digest_input(spec, model, &tail));
         let digest: Arc<str> = w.finish().into();
-        digests.insert(agent_id.to_owned(), (input, digest.clone()));
+        digests.insert(
+            spec.id.clone(),
+            DigestEntry {
+                spec: spec.clone(),
+                model: model.clone(),
+                tail,
+                digest: digest.clone(),
+            },
+        );
         digest
     }
 
@@ -538,18 +559,21 @@ fn push_unique(tools: &mut Vec<ResolvedTool>, tool: ResolvedTool) -> Result<(), 
 /// The serialized form of what a run uses, which its digest hashes: the spec, the model, the
 /// plugins (id and version) and the tool ids. The serialized forms are deterministic (structs
 /// in field order, maps sorted), so equal inputs give equal bytes.
-fn digest_input(
-    spec: &AgentSpec,
-    model: &ModelSpec,
-    env: &ExecutionEnv,
-    tools: &[ResolvedTool],
-) -> Vec<u8> {
-    use std::io::Write as _;
+/// The bytes a spec digest hashes: the spec, the model, then [`digest_tail`].
+fn digest_input(spec: &AgentSpec, model: &ModelSpec, tail: &[u8]) -> Vec<u8> {
     let mut w = Vec::with_capacity(1024);
     // Writing into a vector cannot fail, and these types always serialize.
     let _ = serde_json::to_writer(&mut w, spec);
     w.push(b'\n');
     let _ = serde_json::to_writer(&mut w, model);
+    w.extend_from_slice(tail);
+    w
+}
+
+/// The digest's lines for the plugins (id and version, in order) and the tools (ids, sorted).
+fn digest_tail(env: &ExecutionEnv, tools: &[ResolvedTool]) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut w = Vec::with_capacity(256);
     for p in env.plugins() {
         let m = p.manifest();
         let _ = write!(w, "\nplugin {}@{}", m.id, m.version);
@@ -559,4 +583,49 @@ fn digest_input(
         let _ = write!(w, "\ntool {id}");
     }
     w
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct NoBuiltins;
+
+    impl BuiltinPlugins for NoBuiltins {
+        fn builtin_plugins(
+            &self,
+            _spec: &AgentSpec,
+            _model: &ModelSpec,
+        ) -> Result<Vec<Arc<dyn Plugin>>, String> {
+            Ok(Vec::new())
+        }
+    }
+
+    fn sha256(bytes: &[u8]) -> String {
+        let mut w = awaken_tool::DigestWriter::new();
+        let _ = std::io::Write::write_all(&mut w, bytes);
+        w.finish()
+    }
+
+    #[test]
+    fn a_digest_hashes_its_inputs_and_follows_every_change() {
+        let r = Resolver::new(Arc::new(Registries::new()), Arc::new(NoBuiltins));
+        let spec = AgentSpec::new("a", "m");
+        let model = ModelSpec::new("m", "p", "upstream");
+        let tail = b"\nplugin x@1".to_vec();
+        let first = r.digest(&spec, &model, tail.clone());
+        assert_eq!(&*first, sha256(&digest_input(&spec, &model, &tail)));
+        // Equal inputs: the same digest (reused).
+        assert_eq!(r.digest(&spec, &model, tail.clone()), first);
+        // Any changed input: another digest, the hash of the new inputs.
+        let prompted = spec.clone().with_system_prompt("Be brief.");
+        let changed = r.digest(&prompted, &model, tail.clone());
+        assert_ne!(changed, first);
+        assert_eq!(&*changed, sha256(&digest_input(&prompted, &model, &tail)));
+        let other_model = ModelSpec::new("m", "p", "other-upstream");
+        assert_ne!(r.digest(&spec, &other_model, tail.clone()), first);
+        assert_ne!(r.digest(&spec, &model, b"\nplugin x@2".to_vec()), first);
+        // Back to the first inputs: the first digest again.
+        assert_eq!(r.digest(&spec, &model, tail), first);
+    }
 }
