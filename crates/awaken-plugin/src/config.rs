@@ -1,6 +1,5 @@
 //! Config sections claimed by plugins, validated against their JSON Schemas at resolve time.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use awaken_spec::Sections;
@@ -123,7 +122,9 @@ pub fn validate_sections<'a>(
     sections: &Sections,
     claims: impl IntoIterator<Item = &'a (String, ConfigSchema)>,
 ) -> Vec<SectionReport> {
-    let mut reports: BTreeMap<String, SectionReport> = BTreeMap::new();
+    // A few sections at most: a list searched by name, sorted at the end (a map's node would
+    // be a kilobyte allocated on every resolution).
+    let mut reports: Vec<SectionReport> = Vec::new();
     for (plugin_id, schema) in claims {
         let section = schema.section();
         let status = match sections.get(section) {
@@ -137,7 +138,7 @@ pub fn validate_sections<'a>(
                 }
             }
         };
-        match reports.get_mut(section) {
+        match reports.iter_mut().find(|r| r.section == section) {
             Some(existing) => {
                 if let (SectionStatus::Invalid(found), SectionStatus::Invalid(more)) =
                     (&mut existing.status, &status)
@@ -147,26 +148,22 @@ pub fn validate_sections<'a>(
                     existing.status = status;
                 }
             }
-            None => {
-                reports.insert(
-                    section.to_owned(),
-                    SectionReport {
-                        section: section.to_owned(),
-                        claimed_by: Some(plugin_id.clone()),
-                        status,
-                    },
-                );
-            }
+            None => reports.push(SectionReport {
+                section: section.to_owned(),
+                claimed_by: Some(plugin_id.clone()),
+                status,
+            }),
         }
     }
     for key in sections.keys() {
-        reports
-            .entry(key.to_owned())
-            .or_insert_with(|| SectionReport {
+        if !reports.iter().any(|r| r.section == *key) {
+            reports.push(SectionReport {
                 section: key.to_owned(),
                 claimed_by: None,
                 status: SectionStatus::Unclaimed,
             });
+        }
     }
-    reports.into_values().collect()
+    reports.sort_by(|a, b| a.section.cmp(&b.section));
+    reports
 }
