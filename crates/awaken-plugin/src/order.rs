@@ -11,7 +11,8 @@ use crate::plugin::Plugin;
 /// Orders `plugins` (already filtered to enabled ones). Errors: a duplicate id, a dependency
 /// not in the list, a cycle (naming its members).
 pub fn execution_order(plugins: &[Arc<dyn Plugin>]) -> Result<Vec<Arc<dyn Plugin>>, EnvError> {
-    let mut index: HashMap<&str, usize> = HashMap::with_capacity(plugins.len());
+    let mut index: HashMap<&str, usize, foldhash::fast::RandomState> =
+        HashMap::with_capacity_and_hasher(plugins.len(), Default::default());
     for (i, p) in plugins.iter().enumerate() {
         if index.insert(p.manifest().id.as_str(), i).is_some() {
             return Err(EnvError::DuplicatePlugin {
@@ -29,9 +30,16 @@ pub fn execution_order(plugins: &[Arc<dyn Plugin>]) -> Result<Vec<Arc<dyn Plugin
             }
         }
     }
+    let n = plugins.len();
+    if plugins.iter().all(|p| p.manifest().depends_on.is_empty()) {
+        // No dependencies (the usual case): Kahn's order below is then the list sorted by
+        // priority, highest first, ties in list order — a stable sort gives it directly.
+        let mut order: Vec<Arc<dyn Plugin>> = plugins.to_vec();
+        order.sort_by_key(|p| std::cmp::Reverse(p.manifest().priority));
+        return Ok(order);
+    }
     // Kahn's algorithm: a plugin is ready once every dependency is placed; the ready one with
     // the highest priority goes next, ties in list order (a heap keyed on both).
-    let n = plugins.len();
     let mut unplaced_deps = vec![0usize; n];
     let mut dependents: Vec<Vec<usize>> = vec![Vec::new(); n];
     for (i, p) in plugins.iter().enumerate() {
@@ -65,7 +73,7 @@ pub fn execution_order(plugins: &[Arc<dyn Plugin>]) -> Result<Vec<Arc<dyn Plugin
 /// Walks dependencies from the first unplaced plugin until a plugin repeats; returns that cycle.
 fn find_cycle(
     plugins: &[Arc<dyn Plugin>],
-    index: &HashMap<&str, usize>,
+    index: &HashMap<&str, usize, foldhash::fast::RandomState>,
     placed: &[bool],
 ) -> Vec<String> {
     let Some(start) = (0..plugins.len()).find(|&i| !placed[i]) else {
