@@ -132,17 +132,20 @@ impl Durable {
         self.record.steps = steps;
         self.record.usage = usage;
         self.record.updated_at = self.ids.timestamp();
-        let mut commit = ThreadCommit::new(
-            self.thread_id.clone(),
-            self.record.clone(),
-            self.persisted_messages,
-        )
-        .with_messages(self.new_messages.iter().cloned())
-        .with_run_state(run_state)
-        .with_thread_state(thread_state)
-        .with_events(self.events.iter().cloned());
-        commit.batch = batch;
-        commit.lease = self.lease.clone();
+        // Built whole (each `with_*` call would move the whole commit once more).
+        let commit = ThreadCommit {
+            thread_id: self.thread_id.clone(),
+            run: self.record.clone(),
+            expected_message_count: self.persisted_messages,
+            messages: self.new_messages.clone(),
+            run_state,
+            thread_state,
+            profile_state: StateDelta::default(),
+            profile_versions: BTreeMap::new(),
+            batch,
+            events: self.events.clone(),
+            lease: self.lease.clone(),
+        };
         // Profile keys written since the last commit, each guarded by the version it was
         // read at: a concurrent writer's change is a `ProfileConflict`, never a lost update;
         // the run's writes are then redone on the fresh values and the commit retried.
@@ -166,7 +169,11 @@ impl Durable {
         // `(*self.store)`: the store's own method, not the `Arc` forwarding impl (which would box
         // a second future around it on every commit).
         let receipt = match &mut profile {
-            None => (*self.store).commit(commit).await?,
+            // A store that writes at once (the memory store) needs no future.
+            None => match self.store.commit_now(commit) {
+                Ok(written) => written?,
+                Err(commit) => (*self.store).commit(commit).await?,
+            },
             Some(written) => loop {
                 let attempt = commit
                     .clone()

@@ -608,9 +608,9 @@ fn profile_state(profiles: &Profiles, profile_id: &ProfileId) -> ProfileState {
     }
 }
 
-#[async_trait]
-impl ThreadStore for MemoryStore {
-    async fn commit(&self, commit: ThreadCommit) -> Result<CommitReceipt, StoreError> {
+impl MemoryStore {
+    /// A commit, written at once (nothing in it waits).
+    fn write(&self, commit: ThreadCommit) -> Result<CommitReceipt, StoreError> {
         commit
             .validate()
             .map_err(|v| StoreError::invalid(&commit.thread_id, v))?;
@@ -669,6 +669,20 @@ impl ThreadStore for MemoryStore {
         undo.shrink_to(UNDO_LOG_KEPT);
         UNDO_LOG.set(undo);
         result
+    }
+}
+
+#[async_trait]
+impl ThreadStore for MemoryStore {
+    async fn commit(&self, commit: ThreadCommit) -> Result<CommitReceipt, StoreError> {
+        self.write(commit)
+    }
+
+    fn commit_now(
+        &self,
+        commit: ThreadCommit,
+    ) -> Result<Result<CommitReceipt, StoreError>, ThreadCommit> {
+        Ok(self.write(commit))
     }
 
     async fn load_checkpoint(

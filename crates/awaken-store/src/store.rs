@@ -146,6 +146,19 @@ pub trait ThreadStore: Send + Sync {
     /// not the run's lease any more), or a backend error. A `Done` run's lease is released.
     async fn commit(&self, commit: ThreadCommit) -> Result<CommitReceipt, StoreError>;
 
+    /// [`commit`](Self::commit) without a future, for a store that writes without waiting
+    /// (the memory store): `Ok` with what `commit` would return, or `Err(commit)` handed back
+    /// for `commit`. The default takes no shortcut. A caller that commits often saves the
+    /// boxed future of a dynamically dispatched `commit` (an allocation per commit).
+    // The commit comes back by value: boxing it would be the allocation this saves.
+    #[allow(clippy::result_large_err)]
+    fn commit_now(
+        &self,
+        commit: ThreadCommit,
+    ) -> Result<Result<CommitReceipt, StoreError>, ThreadCommit> {
+        Err(commit)
+    }
+
     /// Reads the thread back in one consistent read; `None` if it was never committed (or was
     /// deleted).
     async fn load_checkpoint(&self, thread_id: &ThreadId)
@@ -214,6 +227,13 @@ pub trait ThreadStore: Send + Sync {
 impl<T: ThreadStore + ?Sized> ThreadStore for std::sync::Arc<T> {
     async fn commit(&self, commit: ThreadCommit) -> Result<CommitReceipt, StoreError> {
         (**self).commit(commit).await
+    }
+
+    fn commit_now(
+        &self,
+        commit: ThreadCommit,
+    ) -> Result<Result<CommitReceipt, StoreError>, ThreadCommit> {
+        (**self).commit_now(commit)
     }
 
     async fn load_checkpoint(

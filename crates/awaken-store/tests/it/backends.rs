@@ -153,5 +153,15 @@ every_backend!(
     concurrent_claims_never_share,
     failpoint_inside_the_write,
     failed_last_commit_keeps_lease_and_batch,
+    commit_now_writes_or_hands_back,
     commit_cost_shape_at_length,
 );
+
+/// The memory store writes at once: `commit_now` never hands a commit back.
+#[test]
+fn the_memory_store_commits_without_a_future() {
+    use awaken_store::ThreadStore as _;
+    let store = MemoryStore::new();
+    let written = store.commit_now(crate::conformance::step("t1", "r1", 0, 1, 1_000));
+    assert!(matches!(written, Ok(Ok(_))), "{written:?}");
+}

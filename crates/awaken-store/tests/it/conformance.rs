@@ -1047,3 +1047,26 @@ pub async fn failed_last_commit_keeps_lease_and_batch(h: &Harness) {
         "a finished run holds no lease"
     );
 }
+
+/// `commit_now` either writes as `commit` would, or hands the very commit back for `commit`.
+pub async fn commit_now_writes_or_hands_back(h: &Harness) {
+    let s = &*h.store;
+    let commit = step("t1", "r1", 0, 1, 1_000);
+    let receipt = match s.commit_now(commit.clone()) {
+        Ok(written) => written.expect("written at once"),
+        Err(back) => {
+            assert_eq!(back, commit, "handed back unchanged");
+            s.commit(back).await.expect("commit")
+        }
+    };
+    assert_eq!((receipt.message_count, receipt.last_event_seq), (2, 3));
+    // A failing commit fails the same way on either path, writing nothing.
+    let before = dump_all(s).await;
+    let stale = step("t1", "r1", 0, 2, 2_000);
+    let err = match s.commit_now(stale) {
+        Ok(written) => written.expect_err("stale guard"),
+        Err(back) => s.commit(back).await.expect_err("stale guard"),
+    };
+    assert!(matches!(err, StoreError::VersionConflict { .. }), "{err:?}");
+    assert_eq!(dump_all(s).await, before);
+}
