@@ -222,15 +222,35 @@ impl PhaseEngine {
 
     /// Validates `cmd` (handlers, phases; nothing is written if it fails), commits it with its
     /// scheduled actions queued, then dispatches its effects.
-    pub async fn submit_command(&self, mut cmd: StateCommand) -> Result<SubmitReport, PhaseError> {
+    pub async fn submit_command(&self, cmd: StateCommand) -> Result<SubmitReport, PhaseError> {
+        let committed = self.commit_command(cmd)?;
+        let effects = self.dispatch_effects(&committed).await;
+        Ok(SubmitReport { committed, effects })
+    }
+
+    /// [`submit_command`](Self::submit_command) for a command without effects (nothing to
+    /// await): committed at once, no future made. A command with effects is handed back
+    /// (`Err`) for `submit_command`.
+    // The command comes back by value: boxing it would cost what this saves.
+    #[allow(clippy::result_large_err)]
+    pub fn submit_command_now(
+        &self,
+        cmd: StateCommand,
+    ) -> Result<Result<Committed, PhaseError>, StateCommand> {
+        if !cmd.effects().is_empty() {
+            return Err(cmd);
+        }
+        Ok(self.commit_command(cmd))
+    }
+
+    /// Validates and commits `cmd`, its scheduled actions queued.
+    fn commit_command(&self, mut cmd: StateCommand) -> Result<Committed, PhaseError> {
         self.validate(&cmd)?;
         let actions = take_actions(&mut cmd);
         if !actions.is_empty() {
             cmd.update::<ActionQueueKey>(QueueUpdate::Enqueue { actions });
         }
-        let committed = self.inner.store.commit(cmd)?;
-        let effects = self.dispatch_effects(&committed).await;
-        Ok(SubmitReport { committed, effects })
+        Ok(self.inner.store.commit(cmd)?)
     }
 
     /// Runs `ctx.phase` with [`DEFAULT_MAX_PHASE_ROUNDS`].

@@ -857,7 +857,15 @@ impl Run<'_> {
     }
 
     async fn submit(&self, cmd: StateCommand) -> Result<(), Failure> {
-        self.engine.submit_command(cmd).await?;
+        // A command without effects (the run's statistics, every step) commits at once.
+        match self.engine.submit_command_now(cmd) {
+            Ok(committed) => {
+                committed?;
+            }
+            Err(cmd) => {
+                self.engine.submit_command(cmd).await?;
+            }
+        }
         Ok(())
     }
 

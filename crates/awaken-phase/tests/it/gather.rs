@@ -540,3 +540,35 @@ fn the_engine_key_count_is_what_it_registers() {
     awaken_phase::register_engine_keys(&mut keys).expect("registers");
     assert_eq!(keys.len(), awaken_phase::ENGINE_KEY_COUNT);
 }
+
+#[test]
+fn a_command_without_effects_commits_at_once_and_one_with_effects_comes_back() {
+    let log = Log::default();
+    let mut env = PhaseEnv::new();
+    env.add_effect("p", erase_effect::<Note, _>(RecordNote(log.clone())))
+        .expect("effect");
+    let engine = engine(env);
+    let committed = engine
+        .submit_command_now(StateCommand::new().with_update::<A>(2))
+        .expect("no effects: committed at once")
+        .expect("valid");
+    assert_eq!(committed.revision, 1);
+    assert_eq!(dump(&engine), "rev=1 a=2 b=0 c=0 d=0 counter=0 applied={}");
+    // Invalid: the same error as submit_command, nothing written.
+    let mut bad = StateCommand::new().with_update::<A>(1);
+    bad.schedule_json("after_lunch", Mark::KEY, serde_json::json!("x"));
+    let err = engine
+        .submit_command_now(bad)
+        .expect("no effects")
+        .expect_err("invalid phase");
+    assert!(err.to_string().contains("after_lunch"), "{err}");
+    // With an effect: handed back unchanged, nothing written, no handler run.
+    let mut with_effect = StateCommand::new().with_update::<A>(40);
+    with_effect.emit::<Note>("n".into()).expect("emit");
+    let back = engine
+        .submit_command_now(with_effect)
+        .expect_err("effects need submit_command");
+    assert_eq!(back.effects().len(), 1);
+    assert_eq!(dump(&engine), "rev=1 a=2 b=0 c=0 d=0 counter=0 applied={}");
+    assert!(log.lines().is_empty());
+}
