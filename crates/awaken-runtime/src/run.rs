@@ -96,7 +96,8 @@ enum CallOutcome {
 
 struct Run<'a> {
     sink: &'a dyn EventSink,
-    resolved: ResolvedAgent,
+    // Kept in the box the resolver made (not copied out of it).
+    resolved: Box<ResolvedAgent>,
     engine: PhaseEngine,
     identity: Arc<RunIdentity>,
     cancel: CancellationToken,
@@ -473,7 +474,7 @@ async fn prepare_activation<'a>(
         }
     };
     let resolved = match rt.resolver.plan(&agent_id)? {
-        ResolvedRunPlan::Local(agent) => *agent,
+        ResolvedRunPlan::Local(agent) => agent,
         ResolvedRunPlan::Backend(b) if resumed.is_none() => {
             // An endpoint-backed agent: its backend runs the activation (and keeps its thread).
             let run_id = rt.ids.next_run_id();
