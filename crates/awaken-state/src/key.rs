@@ -145,11 +145,16 @@ pub struct KeyInfo {
 #[derive(Clone, Default)]
 pub struct KeyRegistry {
     entries: Vec<KeyEntry>,
+    /// Index by name; built only past [`SMALL_REGISTRY`] keys (below, a scan of `entries`
+    /// finds a key as fast, and a run's registry is a kilobyte smaller).
     by_name: HashMap<&'static str, u32, BuildNameHasher>,
     /// The same indexes by key type: typed reads and updates find their key without hashing
-    /// its name (a key type has one name, so its type identifies it).
+    /// its name (a key type has one name, so its type identifies it). Built with `by_name`.
     by_type: HashMap<TypeId, u32, BuildTypeHasher>,
 }
+
+/// Up to this many keys, a registry finds a key by scanning its entries.
+const SMALL_REGISTRY: usize = 16;
 
 impl KeyRegistry {
     /// An empty registry.
@@ -160,11 +165,17 @@ impl KeyRegistry {
     /// An empty registry with room for `keys` keys (registering up to that many never grows
     /// it).
     pub fn with_capacity(keys: usize) -> Self {
+        let indexed = if keys > SMALL_REGISTRY { keys } else { 0 };
         Self {
             entries: Vec::with_capacity(keys),
-            by_name: HashMap::with_capacity_and_hasher(keys, BuildNameHasher),
-            by_type: HashMap::with_capacity_and_hasher(keys, BuildTypeHasher),
+            by_name: HashMap::with_capacity_and_hasher(indexed, BuildNameHasher),
+            by_type: HashMap::with_capacity_and_hasher(indexed, BuildTypeHasher),
         }
+    }
+
+    /// Whether lookups scan the entries (no index built).
+    fn is_small(&self) -> bool {
+        self.entries.len() <= SMALL_REGISTRY
     }
 
     /// Registers `K` under `K::KEY` with `options`.
@@ -203,7 +214,7 @@ impl KeyRegistry {
 
     /// Whether `name` is registered.
     pub fn contains(&self, name: &str) -> bool {
-        self.by_name.contains_key(name)
+        self.index_of(name).is_some()
     }
 
     /// What is known about `name`, if registered.
@@ -251,25 +262,40 @@ impl KeyRegistry {
             key: entry.name.to_owned(),
             reason: "too many state keys".to_owned(),
         })?;
-        self.by_name.insert(entry.name, index);
-        self.by_type.insert(entry.key_type, index);
+        let (name, key_type) = (entry.name, entry.key_type);
         self.entries.push(entry);
+        if self.entries.len() == SMALL_REGISTRY + 1 {
+            // Past the small size: index every key.
+            self.by_name.reserve(self.entries.len());
+            self.by_type.reserve(self.entries.len());
+            for (i, e) in (0u32..).zip(&self.entries) {
+                self.by_name.insert(e.name, i);
+                self.by_type.insert(e.key_type, i);
+            }
+        } else if !self.is_small() {
+            self.by_name.insert(name, index);
+            self.by_type.insert(key_type, index);
+        }
         Ok(())
     }
 
     /// Index of `name`, if registered.
     pub(crate) fn index_of(&self, name: &str) -> Option<usize> {
-        self.by_name.get(name).map(|&i| i as usize)
+        if self.is_small() {
+            self.entries.iter().position(|e| e.name == name)
+        } else {
+            self.by_name.get(name).map(|&i| i as usize)
+        }
     }
 
     pub(crate) fn entry(&self, name: &str) -> Option<&KeyEntry> {
-        self.by_name.get(name).map(|&i| &self.entries[i as usize])
+        self.index_of(name).map(|i| &self.entries[i])
     }
 
     /// Index and entry of `name`, or `UnknownKey`.
     pub(crate) fn resolve(&self, name: &str) -> Result<(usize, &KeyEntry), StateError> {
-        match self.by_name.get(name) {
-            Some(&i) => Ok((i as usize, &self.entries[i as usize])),
+        match self.index_of(name) {
+            Some(i) => Ok((i, &self.entries[i])),
             None => Err(StateError::UnknownKey {
                 key: name.to_owned(),
             }),
@@ -292,7 +318,11 @@ impl KeyRegistry {
 
     /// Index of the key registered with the `StateKey` type `key_type`, if any.
     pub(crate) fn index_of_type(&self, key_type: TypeId) -> Option<usize> {
-        self.by_type.get(&key_type).map(|&i| i as usize)
+        if self.is_small() {
+            self.entries.iter().position(|e| e.key_type == key_type)
+        } else {
+            self.by_type.get(&key_type).map(|&i| i as usize)
+        }
     }
 
     pub(crate) fn entry_at(&self, index: usize) -> &KeyEntry {

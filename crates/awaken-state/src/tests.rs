@@ -1079,3 +1079,71 @@ fn find_reads_a_registered_key_and_is_none_for_another() {
     assert_eq!(snapshot.find::<Unregistered>(), None);
     assert!(snapshot.get::<Unregistered>().is_err());
 }
+
+/// A key per `N` (names `n00` … `n99`), for registries of many keys.
+struct Nth<const N: usize>;
+
+impl<const N: usize> Nth<N> {
+    const NAME: [u8; 3] = [b'n', b'0' + (N / 10 % 10) as u8, b'0' + (N % 10) as u8];
+}
+
+impl<const N: usize> StateKey for Nth<N> {
+    const KEY: &'static str = match std::str::from_utf8(&Self::NAME) {
+        Ok(name) => name,
+        Err(_) => panic!("ascii name"),
+    };
+    type Value = u64;
+    type Update = u64;
+    fn apply(value: &mut u64, add: u64) -> Result<(), StateError> {
+        *value += add;
+        Ok(())
+    }
+}
+
+macro_rules! register_nth {
+    ($registry:ident, $($n:literal)*) => {
+        $( $registry.register_key::<Nth<$n>>(KeyOptions::new()).unwrap(); )*
+    };
+}
+
+#[test]
+fn a_registry_finds_its_keys_below_and_past_the_size_it_indexes_at() {
+    let mut registry = KeyRegistry::new();
+    register_nth!(registry, 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+    let check = |registry: &KeyRegistry, n: usize| {
+        assert_eq!(registry.len(), n);
+        assert!(registry.contains("n00") && registry.contains("n15"));
+        assert!(!registry.contains("n99"));
+        assert_eq!(registry.index_of("n07"), Some(7));
+        assert_eq!(
+            registry.index_of_type(std::any::TypeId::of::<Nth<15>>()),
+            Some(15)
+        );
+        assert_eq!(
+            registry.index_of_type(std::any::TypeId::of::<Nth<99>>()),
+            None
+        );
+        // A second key of a taken name is refused, whatever the registry's size.
+        let again = registry.clone().register_key::<Nth<3>>(KeyOptions::new());
+        assert!(
+            matches!(again, Err(StateError::DuplicateKey { .. })),
+            "{again:?}"
+        );
+    };
+    check(&registry, 16);
+    register_nth!(registry, 16 17 18 19 20);
+    check(&registry, 21);
+    assert_eq!(registry.index_of("n20"), Some(20));
+    assert_eq!(
+        registry.index_of_type(std::any::TypeId::of::<Nth<18>>()),
+        Some(18)
+    );
+    // A store over it reads and writes past the indexed size.
+    let store = StateStore::new(registry);
+    let mut cmd = StateCommand::new();
+    cmd.update::<Nth<20>>(4);
+    cmd.update::<Nth<2>>(1);
+    store.commit(cmd).unwrap();
+    assert_eq!(store.snapshot().find::<Nth<20>>(), Some(&4));
+    assert_eq!(store.snapshot().find::<Nth<2>>(), Some(&1));
+}
