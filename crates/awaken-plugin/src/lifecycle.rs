@@ -14,6 +14,10 @@ use futures_util::FutureExt;
 use crate::error::PluginError;
 use crate::plugin::{DelegateCall, Plugin, RunLifecycle};
 
+/// The longest wait when a timeout is too long to add to now (about 30 years, as tokio's own
+/// far-future deadline).
+const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
+
 /// Default time a lifecycle hook may take.
 pub const DEFAULT_LIFECYCLE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -219,7 +223,11 @@ impl LifecycleDispatcher {
         for plugin in plugins {
             let id = plugin.manifest().id.as_str();
             let call = AssertUnwindSafe(event.call(plugin.as_ref())).catch_unwind();
-            let outcome = tokio::time::timeout_at(started + self.timeout, call).await;
+            // A timeout too long to add ("no timeout") waits as long as tokio can.
+            let deadline = started
+                .checked_add(self.timeout)
+                .unwrap_or_else(|| started + FAR_FUTURE);
+            let outcome = tokio::time::timeout_at(deadline, call).await;
             let ended = Instant::now();
             let elapsed = ended.saturating_duration_since(started);
             started = ended;

@@ -211,9 +211,11 @@ pub struct Resolver {
     digests: Arc<Mutex<HashMap<String, DigestEntry>>>,
 }
 
-/// What an agent's last digest hashed: its spec and model (compared as values: equal values
-/// serialize to equal bytes, and comparing them costs a fraction of serializing them) and the
-/// plugin and tool lines.
+/// What an agent's last digest hashed: its spec and model (compared as values, at a fraction
+/// of the cost of serializing them) and the plugin and tool lines. A digest therefore names a
+/// spec up to value equality: a spec that differs only in ways `==` ignores (`-0.0` for `0.0`,
+/// or map order if serde_json's `preserve_order` is on) keeps the digest of the bytes first
+/// hashed for it.
 struct DigestEntry {
     spec: AgentSpec,
     model: ModelSpec,

@@ -2099,7 +2099,7 @@ impl Invocation<'_> {
             .instrument(span);
         let invoked = self
             .progress
-            .forward(std::pin::pin!(invoked), self.sink)
+            .forward(&call.id, std::pin::pin!(invoked), self.sink)
             .await;
         crate::failpoint::hit("after_executing", Some(call.id.as_str()));
         if let Some(d) = &delegate {

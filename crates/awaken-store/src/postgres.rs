@@ -398,7 +398,11 @@ async fn commit_tx(
                  WHERE profile_state.version = $4",
             )
             .await?;
-        for (k, v) in &c.profile_state.values {
+        // In key order, like the `FOR UPDATE` above: two commits writing the same new keys of
+        // one profile take their row locks in one order (a conflict, retried, not a deadlock).
+        let mut written: Vec<_> = c.profile_state.values.iter().collect();
+        written.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        for (k, v) in written {
             let v = codec::state_text("profile state", v)?;
             let read = c.profile_versions.get(k.as_ref()).copied().unwrap_or(0);
             let n = tx.execute(&stmt, &[&pid, k, &v, &codec::int(read)]).await?;

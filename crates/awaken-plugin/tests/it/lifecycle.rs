@@ -106,3 +106,14 @@ fn every_hook_is_listed_once_at_its_own_index() {
         LifecycleHook::ALL.iter().map(|h| h.as_str()).collect();
     assert_eq!(names.len(), LifecycleHook::ALL.len());
 }
+
+#[tokio::test]
+async fn a_timeout_too_long_to_add_means_no_timeout() {
+    let plugins = vec![TestPlugin::new("quiet").arc()];
+    let dispatcher = LifecycleDispatcher::new(Duration::MAX);
+    dispatcher
+        .dispatch(&plugins, LifecycleEvent::RuntimeStart)
+        .await;
+    let s = dispatcher.stats("quiet", LifecycleHook::RuntimeStart);
+    assert_eq!((s.calls, s.failures, s.timeouts), (1, 0, 0));
+}

@@ -503,3 +503,61 @@ async fn a_tools_progress_reports_are_events_between_its_ready_and_its_result() 
         ]
     );
 }
+
+/// Leaves a task behind holding its context; the task reports once `go` is notified.
+struct Late(Arc<tokio::sync::Notify>);
+
+#[async_trait]
+impl Tool for Late {
+    fn descriptor(&self) -> ToolDescriptor {
+        ToolDescriptor::new("late", "Reports after it returned")
+    }
+    async fn execute(&self, _args: Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
+        let (ctx, go) = (ctx.clone(), self.0.clone());
+        tokio::spawn(async move {
+            go.notified().await;
+            ctx.report_progress(json!("too late"));
+        });
+        Ok(ToolOutput::success(json!("returned")))
+    }
+}
+
+/// Lets the task `Late` left behind report, while this call runs.
+struct Trigger(Arc<tokio::sync::Notify>);
+
+#[async_trait]
+impl Tool for Trigger {
+    fn descriptor(&self) -> ToolDescriptor {
+        ToolDescriptor::new("trigger", "Wakes the late reporter")
+    }
+    async fn execute(&self, _args: Value, _ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
+        self.0.notify_one();
+        for _ in 0..4 {
+            tokio::task::yield_now().await;
+        }
+        Ok(ToolOutput::success(json!("triggered")))
+    }
+}
+
+#[tokio::test]
+async fn a_report_of_a_call_that_already_returned_is_dropped() {
+    let go = Arc::new(tokio::sync::Notify::new());
+    let mut scenario = Scenario::new(vec![
+        ScriptTurn::text("").with_tool_call(ScriptToolCall::new("late", json!({})).with_id("c1")),
+        ScriptTurn::text("")
+            .with_tool_call(ScriptToolCall::new("trigger", json!({})).with_id("c2")),
+        ScriptTurn::text("done"),
+    ]);
+    scenario.tools.push(Arc::new(Late(go.clone())));
+    scenario.tools.push(Arc::new(Trigger(go)));
+    // The scenario checks the event grammar: a progress event of `c1` after its result fails it.
+    let out = scenario.run().await;
+    assert_eq!(out.outcome.termination, TerminationReason::NaturalEnd);
+    assert!(
+        !out.events
+            .iter()
+            .any(|e| matches!(e, awaken_event::AgentEvent::ToolCallProgress { .. })),
+        "{}",
+        render(&out.events)
+    );
+}
