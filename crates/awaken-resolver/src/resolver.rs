@@ -591,18 +591,6 @@ fn digest_tail(env: &ExecutionEnv, tools: &[ResolvedTool]) -> Vec<u8> {
 mod tests {
     use super::*;
 
-    struct NoBuiltins;
-
-    impl BuiltinPlugins for NoBuiltins {
-        fn builtin_plugins(
-            &self,
-            _spec: &AgentSpec,
-            _model: &ModelSpec,
-        ) -> Result<Vec<Arc<dyn Plugin>>, String> {
-            Ok(Vec::new())
-        }
-    }
-
     fn sha256(bytes: &[u8]) -> String {
         let mut w = awaken_tool::DigestWriter::new();
         let _ = std::io::Write::write_all(&mut w, bytes);

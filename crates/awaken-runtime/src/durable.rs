@@ -170,7 +170,7 @@ impl Durable {
         // a second future around it on every commit).
         let receipt = match &mut profile {
             // A store that writes at once (the memory store) needs no future.
-            None => match self.store.commit_now(commit) {
+            None => match (*self.store).commit_now(commit) {
                 Ok(written) => written?,
                 Err(commit) => (*self.store).commit(commit).await?,
             },

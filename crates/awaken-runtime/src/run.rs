@@ -261,8 +261,7 @@ struct Ready<'a> {
 }
 
 /// How an activation's preparation ended.
-// Not boxed: the value is moved once, and a box of a run (over 1 KiB) would be an allocation
-// past the allocator's per-thread cache on every run.
+// Not boxed: the value is moved once, and boxing it would be one more allocation per run.
 #[allow(clippy::large_enum_variant)]
 enum Started<'a> {
     /// An endpoint-backed agent ran to its end on its backend.
