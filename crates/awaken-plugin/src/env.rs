@@ -43,7 +43,8 @@ pub struct RegisteredGateHook {
 #[derive(Clone)]
 pub struct ExecutionEnv {
     plugins: Vec<Arc<dyn Plugin>>,
-    active: BTreeSet<String>,
+    /// Whether `plugins[i]` contributes behaviour (a flag per plugin: no copy of its id).
+    active: Vec<bool>,
     phase_env: Arc<PhaseEnv>,
     keys: Arc<KeyRegistry>,
     tools: Vec<PluginTool>,
@@ -56,7 +57,16 @@ impl std::fmt::Debug for ExecutionEnv {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ExecutionEnv")
             .field("plugins", &self.plugin_ids())
-            .field("active", &self.active)
+            .field(
+                "active",
+                &self
+                    .plugins
+                    .iter()
+                    .zip(&self.active)
+                    .filter(|(_, active)| **active)
+                    .map(|(p, _)| p.manifest().id.as_str())
+                    .collect::<Vec<_>>(),
+            )
             .field("keys", &self.keys.len())
             .field(
                 "tools",
@@ -105,10 +115,6 @@ impl ExecutionEnv {
         builtin_plugins: &[Arc<dyn Plugin>],
         active_hook_filter: &[String],
     ) -> Result<Self, EnvError> {
-        let builtin_ids: BTreeSet<&str> = builtin_plugins
-            .iter()
-            .map(|p| p.manifest().id.as_str())
-            .collect();
         let enabled: Vec<Arc<dyn Plugin>> = user_plugins
             .iter()
             .chain(builtin_plugins)
@@ -137,7 +143,7 @@ impl ExecutionEnv {
         let mut tool_owner: HashMap<String, &str> = HashMap::default();
         let mut env = ExecutionEnv {
             plugins: Vec::with_capacity(plugins.len()),
-            active: BTreeSet::new(),
+            active: Vec::with_capacity(plugins.len()),
             phase_env: Arc::new(PhaseEnv::new()),
             keys: Arc::default(),
             tools: Vec::new(),
@@ -243,11 +249,12 @@ impl ExecutionEnv {
                 }
             }
 
-            let active = builtin_ids.contains(id)
+            // The built-ins are a handful: a scan finds one.
+            let active = builtin_plugins.iter().any(|b| b.manifest().id == id)
                 || active_hook_filter.is_empty()
                 || active_hook_filter.iter().any(|f| f == id);
+            env.active.push(active);
             if active {
-                env.active.insert(id.to_owned());
                 for (phase, name, hook) in r.phase_hooks {
                     phase_env.add_hook_shared(phase, &shared_id, name, hook)?;
                 }
@@ -305,7 +312,10 @@ impl ExecutionEnv {
 
     /// Whether the plugin contributes behaviour.
     pub fn is_active(&self, plugin_id: &str) -> bool {
-        self.active.contains(plugin_id)
+        self.plugins
+            .iter()
+            .zip(&self.active)
+            .any(|(p, active)| *active && p.manifest().id == plugin_id)
     }
 
     /// The phase environment (hooks of active plugins, every plugin's handlers).

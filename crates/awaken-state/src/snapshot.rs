@@ -137,9 +137,18 @@ impl Snapshot {
         scopes: [KeyScope; N],
         since_revision: u64,
     ) -> [StateDelta; N] {
-        let mut out: [StateDelta; N] = std::array::from_fn(|_| StateDelta {
+        // A first pass counts each scope's keys, so each list is allocated once at its size
+        // (growing one entry at a time reallocated it up to five times per commit with many
+        // changed keys; the pass reads only the changed parts of the table).
+        let mut counts = [0usize; N];
+        self.for_each_changed_persisted(since_revision, |entry, _| {
+            if let Some(i) = scopes.iter().position(|s| *s == entry.options.scope) {
+                counts[i] += 1;
+            }
+        });
+        let mut out: [StateDelta; N] = std::array::from_fn(|i| StateDelta {
             revision: self.revision(),
-            values: DeltaValues::new(),
+            values: DeltaValues::with_capacity(counts[i]),
         });
         self.for_each_changed_persisted(since_revision, |entry, value| {
             if let Some(i) = scopes.iter().position(|s| *s == entry.options.scope) {
