@@ -152,12 +152,21 @@ impl ExecutionEnv {
             config_claims: Vec::new(),
         };
 
+        let mut registrar: Option<PluginRegistrar> = None;
         for plugin in &plugins {
             let manifest = plugin.manifest();
             let id = manifest.id.as_str();
             let bound = &manifest.bound;
-            let mut r = PluginRegistrar::new(id);
-            plugin.register(&mut r)?;
+            // One registrar for every plugin, emptied in between: its lists keep their room
+            // (a fresh one per plugin allocated each list again).
+            let r = match &mut registrar {
+                Some(r) => {
+                    r.restart(id);
+                    r
+                }
+                None => registrar.insert(PluginRegistrar::new(id)),
+            };
+            plugin.register(r)?;
             let shared_id = r.shared_id().clone();
 
             // Structural parts, for every plugin.
@@ -175,13 +184,13 @@ impl ExecutionEnv {
                 }
                 key_owner.insert(name, id);
             }
-            for key in r.keys {
+            for key in r.keys.drain(..) {
                 keys.add(key).map_err(|source| PluginError::State {
                     plugin_id: id.to_owned(),
                     source,
                 })?;
             }
-            for handler in r.actions {
+            for handler in r.actions.drain(..) {
                 let key = handler.key();
                 if !bound.allows(ContributionKind::Action, key) {
                     return Err(outside(id, ContributionKind::Action, key));
@@ -196,7 +205,7 @@ impl ExecutionEnv {
                 }
                 phase_env.add_action(id, handler)?;
             }
-            for handler in r.effects {
+            for handler in r.effects.drain(..) {
                 let key = handler.key();
                 if !bound.allows(ContributionKind::Effect, key) {
                     return Err(outside(id, ContributionKind::Effect, key));
@@ -255,18 +264,18 @@ impl ExecutionEnv {
                 || active_hook_filter.iter().any(|f| f == id);
             env.active.push(active);
             if active {
-                for (phase, name, hook) in r.phase_hooks {
+                for (phase, name, hook) in r.phase_hooks.drain(..) {
                     phase_env.add_hook_shared(phase, &shared_id, name, hook)?;
                 }
                 let plugin_id = shared_id.clone();
-                for (name, hook) in r.gate_hooks {
+                for (name, hook) in r.gate_hooks.drain(..) {
                     env.gate_hooks.push(RegisteredGateHook {
                         plugin_id: plugin_id.clone(),
                         name: name.into(),
                         hook,
                     });
                 }
-                for (tool, tool_id) in r.tools.into_iter().zip(tool_ids) {
+                for (tool, tool_id) in r.tools.drain(..).zip(tool_ids) {
                     if let Some(first) = tool_owner.insert(tool_id.clone(), id) {
                         return Err(EnvError::DuplicateContribution {
                             kind: ContributionKind::Tool,
@@ -280,7 +289,7 @@ impl ExecutionEnv {
                         tool,
                     });
                 }
-                for transform in r.transforms {
+                for transform in r.transforms.drain(..) {
                     env.transforms.push(RegisteredTransform {
                         plugin_id: plugin_id.clone(),
                         transform,

@@ -90,6 +90,20 @@ impl PluginRegistrar {
         }
     }
 
+    /// Empties the registrar for the plugin `plugin_id`, keeping its lists' room (one registrar
+    /// serves every plugin of an environment build).
+    pub(crate) fn restart(&mut self, plugin_id: &str) {
+        self.plugin_id = plugin_id.into();
+        self.keys.clear();
+        self.key_kinds.clear();
+        self.actions.clear();
+        self.effects.clear();
+        self.phase_hooks.clear();
+        self.gate_hooks.clear();
+        self.tools.clear();
+        self.transforms.clear();
+    }
+
     /// The plugin's id, shared.
     pub(crate) fn shared_id(&self) -> &Arc<str> {
         &self.plugin_id

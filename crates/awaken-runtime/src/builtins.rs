@@ -183,13 +183,18 @@ pub struct RunStats {
     pub consecutive_errors: u32,
     /// Token usage.
     pub usage: TokenUsage,
-    /// Tools whose calls completed, in the latest step (shared strings: the statistics are
-    /// copied on every update while a snapshot holds them).
-    pub tools_in_step: Vec<Arc<str>>,
+    /// Tools whose calls completed, in the latest step. Shared lists of shared strings: the
+    /// statistics are copied on every update while a snapshot holds them, and a copy of a
+    /// shared list allocates nothing (an added tool makes a new list).
+    pub tools_in_step: Arc<[Arc<str>]>,
     /// Tools whose calls completed in the last step that ended (what the step count took from
     /// `tools_in_step`): a run recovered between steps still applies `StopOnTool` to them.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub last_step_tools: Vec<Arc<str>>,
+    #[serde(default, skip_serializing_if = "slice_is_empty")]
+    pub last_step_tools: Arc<[Arc<str>]>,
+}
+
+fn slice_is_empty<T>(list: &Arc<[T]>) -> bool {
+    list.is_empty()
 }
 
 /// A change to [`RunStats`].
@@ -232,7 +237,13 @@ impl StateKey for RunStatsKey {
                 } else {
                     0
                 };
-                value.tools_in_step.push(tool);
+                // One allocation, at the list's new length.
+                value.tools_in_step = value
+                    .tools_in_step
+                    .iter()
+                    .cloned()
+                    .chain(std::iter::once(tool))
+                    .collect();
             }
             StatsUpdate::StepEnded => {
                 value.steps = value.steps.saturating_add(1);

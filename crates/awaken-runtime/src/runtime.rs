@@ -69,14 +69,35 @@ impl IdSource for SystemIds {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
-        RunId::new(format!("run-{nanos:x}-{n:x}"))
-            .unwrap_or_else(|e| unreachable!("generated ids are valid: {e}"))
+        // `run-{nanos:x}-{n:x}`, written on the stack: `format!` grew a string through three
+        // allocations, then the id copied it.
+        let mut id = [0u8; 4 + 32 + 1 + 16];
+        id[..4].copy_from_slice(b"run-");
+        let mut len = 4;
+        len += push_hex(&mut id[len..], nanos);
+        id[len] = b'-';
+        len += 1;
+        len += push_hex(&mut id[len..], u128::from(n));
+        let id = std::str::from_utf8(&id[..len])
+            .unwrap_or_else(|e| unreachable!("hex digits are ASCII: {e}"));
+        RunId::new(id).unwrap_or_else(|e| unreachable!("generated ids are valid: {e}"))
     }
     fn now_ms(&self) -> u64 {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
     }
+}
+
+/// Writes `n` in lowercase hex (as `{n:x}`) at the start of `out`; returns the digits' count.
+/// `out` has room for 32.
+fn push_hex(out: &mut [u8], n: u128) -> usize {
+    let digits = (128 - n.leading_zeros()).div_ceil(4).max(1) as usize;
+    for (i, d) in out[..digits].iter_mut().enumerate() {
+        let nibble = (n >> (4 * (digits - 1 - i))) & 0xf;
+        *d = b"0123456789abcdef"[nibble as usize];
+    }
+    digits
 }
 
 /// A request to run an agent on a thread.
@@ -811,5 +832,48 @@ impl AgentRuntime {
                     .collect()
             })
             .unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_digits_are_written_as_formatted() {
+        for n in [
+            0u128,
+            1,
+            0xf,
+            0x10,
+            0xdead_beef,
+            u128::from(u64::MAX),
+            u128::MAX,
+        ] {
+            let mut out = [0u8; 32];
+            let len = push_hex(&mut out, n);
+            assert_eq!(
+                std::str::from_utf8(&out[..len]),
+                Ok(format!("{n:x}").as_str())
+            );
+        }
+    }
+
+    #[test]
+    fn system_run_ids_are_distinct_and_shaped() {
+        let ids = SystemIds::default();
+        let (a, b) = (ids.next_run_id(), ids.next_run_id());
+        assert_ne!(a, b);
+        for id in [a.as_str(), b.as_str()] {
+            let mut parts = id.splitn(3, '-');
+            assert_eq!(parts.next(), Some("run"));
+            for part in parts {
+                assert!(
+                    !part.is_empty() && part.bytes().all(|c| c.is_ascii_hexdigit()),
+                    "{id}"
+                );
+            }
+        }
+        assert!(b.as_str().ends_with("-1"), "{b}");
     }
 }
