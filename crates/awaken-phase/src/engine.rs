@@ -125,6 +125,8 @@ pub struct PhaseEngine {
 struct Inner {
     store: Arc<StateStore>,
     env: Arc<PhaseEnv>,
+    /// Where the store's registry holds the action queue (read before every phase).
+    queue_at: Option<usize>,
 }
 
 impl std::fmt::Debug for PhaseEngine {
@@ -158,7 +160,11 @@ impl PhaseEngine {
     /// [`crate::register_engine_keys`]) and `env`.
     pub fn new(store: Arc<StateStore>, env: Arc<PhaseEnv>) -> Self {
         Self {
-            inner: Arc::new(Inner { store, env }),
+            inner: Arc::new(Inner {
+                queue_at: store.registry().position_of::<ActionQueueKey>(),
+                store,
+                env,
+            }),
         }
     }
 
@@ -173,12 +179,13 @@ impl PhaseEngine {
     /// [`run_phase`](Self::run_phase) would have made.
     pub fn is_idle(&self, phase: Phase) -> bool {
         self.inner.env.hooks(phase).is_empty()
-            && self
-                .inner
-                .store
-                .snapshot()
-                .get::<ActionQueueKey>()
-                .is_ok_and(|queue| queue.for_phase(phase.as_str()).next().is_none())
+            && self.inner.store.read(|state| {
+                state
+                    .get_at::<ActionQueueKey>(self.inner.queue_at)
+                    .is_ok_and(|queue| {
+                        queue.items.is_empty() || queue.for_phase(phase.as_str()).next().is_none()
+                    })
+            })
     }
 
     /// The environment.

@@ -130,6 +130,8 @@ struct Run<'a> {
     folded_result: Option<ToolCallId>,
     /// The progress reports of the run's tool calls, emitted as events while a call runs.
     progress: Arc<ProgressQueue>,
+    /// Where the run's registry holds its statistics (read several times a step).
+    stats_at: Option<usize>,
 }
 
 /// How an activation continues an earlier one.
@@ -679,7 +681,9 @@ async fn prepare_activation<'a>(
         request_strings,
         folded_result: None,
         progress: Arc::default(),
+        stats_at: None,
     };
+    run.stats_at = run.engine.store().registry().position_of::<RunStatsKey>();
     run.seen_fallbacks = run.compaction_fallbacks().0;
     run.step = run.read_stats(|s| s.steps);
     run.first_step = run.step;
@@ -771,13 +775,7 @@ impl Run<'_> {
     /// Commits what happened since the last commit, then emits the events about it.
     async fn checkpoint(&mut self, batch: BatchWrite) -> Result<(), Failure> {
         // The counts only (a copy of the whole stats would copy its tool list).
-        let (steps, usage) = {
-            let snapshot = self.engine.store().snapshot();
-            snapshot
-                .get::<RunStatsKey>()
-                .map(|s| (s.steps, s.usage))
-                .unwrap_or_default()
-        };
+        let (steps, usage) = self.read_stats(|s| (s.steps, s.usage));
         self.durable
             .commit(self.engine.store(), batch, steps, usage, self.sink)
             .await
@@ -871,8 +869,9 @@ impl Run<'_> {
 
     /// `f` of the statistics, read in place (no copy of their tool list).
     fn read_stats<T>(&self, f: impl FnOnce(&RunStats) -> T) -> T {
+        // A snapshot, not `StateStore::read`: `f` may read the store itself (stop conditions).
         let snapshot = self.engine.store().snapshot();
-        match snapshot.get::<RunStatsKey>() {
+        match snapshot.get_at::<RunStatsKey>(self.stats_at) {
             Ok(stats) => f(stats),
             Err(_) => f(&RunStats::default()),
         }

@@ -280,6 +280,13 @@ impl KeyRegistry {
     }
 
     /// Index of `name`, if registered.
+    /// Where `K` is registered: a position a hot path may keep and read at with
+    /// [`Snapshot::get_at`](crate::Snapshot::get_at) (a registry never changes once a store
+    /// holds it). `None` if `K` is not registered with this type.
+    pub fn position_of<K: StateKey>(&self) -> Option<usize> {
+        self.index_of_type(TypeId::of::<K>())
+    }
+
     pub(crate) fn index_of(&self, name: &str) -> Option<usize> {
         if self.is_small() {
             self.entries.iter().position(|e| e.name == name)

@@ -76,6 +76,27 @@ impl Snapshot {
         downcast::<Stored<K::Value, K::Update>>(K::KEY, &*slot.value).map(|s| &s.value)
     }
 
+    /// [`get`](Self::get), with `K`'s position in the registry
+    /// ([`KeyRegistry::position_of`](crate::KeyRegistry::position_of)) found beforehand: no
+    /// search. A position that does not hold `K` in this snapshot's registry (one from another
+    /// registry) is checked and ignored, and `K` is looked up as `get` would.
+    #[inline]
+    pub fn get_at<K: StateKey>(&self, position: Option<usize>) -> Result<&K::Value, StateError> {
+        let registry = &self.version.registry;
+        match position {
+            Some(index)
+                if registry
+                    .entries()
+                    .get(index)
+                    .is_some_and(|e| e.key_type == std::any::TypeId::of::<K>()) =>
+            {
+                let slot = self.slot(index, K::KEY)?;
+                downcast::<Stored<K::Value, K::Update>>(K::KEY, &*slot.value).map(|s| &s.value)
+            }
+            _ => self.get::<K>(),
+        }
+    }
+
     /// The value of `K`, or `None` if `K` is not registered (with this type): for a key that
     /// only some agents have, read without making the error `get` would.
     pub fn find<K: StateKey>(&self) -> Option<&K::Value> {

@@ -177,6 +177,14 @@ impl StateStore {
             .clone()
     }
 
+    /// Calls `f` with the current state, without taking a [`snapshot`](Self::snapshot) (no
+    /// shared count changes hands). Commits wait while `f` runs: keep it short, and never
+    /// commit to this store from it (that would wait for itself).
+    #[inline]
+    pub fn read<T>(&self, f: impl FnOnce(&Snapshot) -> T) -> T {
+        f(&self.current.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
     /// The current revision.
     pub fn revision(&self) -> u64 {
         self.current

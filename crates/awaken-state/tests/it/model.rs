@@ -106,3 +106,44 @@ fn a_failing_first_command_leaves_nothing_staged() {
     assert_eq!(keys::values(&tx.snapshot()), model.values());
     assert_eq!(keys::values(&tx.commit().unwrap().snapshot), model.values());
 }
+
+/// A read at a key's position finds what `get` finds; a position that is not the key's (or
+/// none) is ignored, never read as another key's value.
+#[test]
+fn reads_at_a_position_match_get() {
+    use awaken_state::{KeyRegistry, StateCommand};
+    let store = keys::store();
+    store
+        .commit(StateCommand::new().with_update::<keys::Count>(5))
+        .unwrap();
+    let position = store.registry().position_of::<keys::Count>();
+    assert!(position.is_some());
+    let snapshot = store.snapshot();
+    assert_eq!(snapshot.get_at::<keys::Count>(position).unwrap(), &5);
+    assert_eq!(snapshot.get_at::<keys::Count>(None).unwrap(), &5);
+    // Another key's position (and one past the end) fall back to the lookup.
+    let other = store.registry().position_of::<keys::Log>();
+    assert_ne!(other, position);
+    assert_eq!(snapshot.get_at::<keys::Count>(other).unwrap(), &5);
+    assert_eq!(
+        snapshot.get_at::<keys::Count>(Some(usize::MAX)).unwrap(),
+        &5
+    );
+    // An unregistered key is the error `get` gives, wherever it is looked for.
+    assert!(KeyRegistry::new().position_of::<keys::Count>().is_none());
+    let empty = awaken_state::StateStore::new(std::sync::Arc::new(KeyRegistry::new()));
+    let at = empty
+        .snapshot()
+        .get_at::<keys::Count>(position)
+        .unwrap_err();
+    assert_eq!(
+        at.to_string(),
+        empty
+            .snapshot()
+            .get::<keys::Count>()
+            .unwrap_err()
+            .to_string()
+    );
+    // `read` sees the current state without taking a snapshot.
+    assert_eq!(store.read(|state| *state.get::<keys::Count>().unwrap()), 5);
+}
