@@ -267,7 +267,19 @@ impl PhaseEngine {
 
     /// Runs `ctx.phase`: GATHER, then EXECUTE with at most `max_rounds` processing rounds.
     /// `ctx.snapshot` is ignored: the engine reads the store's current state.
+    ///
+    /// The phase's working state is boxed for the time it runs: a caller awaiting phases keeps
+    /// a pointer in its own future, not the ~1 KiB of a phase's state (a run awaits phases at
+    /// many points, and its future is memory it holds for its whole life).
     pub async fn run_phase_with(
+        &self,
+        ctx: &PhaseContext,
+        max_rounds: usize,
+    ) -> Result<PhaseReport, PhaseError> {
+        Box::pin(self.run_phase_boxed(ctx, max_rounds)).await
+    }
+
+    async fn run_phase_boxed(
         &self,
         ctx: &PhaseContext,
         max_rounds: usize,
@@ -515,7 +527,9 @@ impl PhaseEngine {
                 if ctx.cancel.is_cancelled() {
                     return Err(PhaseError::Cancelled { phase });
                 }
-                match self.process_action(ctx, &action).await? {
+                // Boxed: most phases process no action, and their future need not hold room
+                // for one.
+                match Box::pin(self.process_action(ctx, &action)).await? {
                     Ok(stats) => {
                         report.actions_processed += 1;
                         report.effects.add(stats);

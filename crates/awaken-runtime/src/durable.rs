@@ -169,28 +169,27 @@ impl Durable {
         // `(*self.store)`: the store's own method, not the `Arc` forwarding impl (which would box
         // a second future around it on every commit).
         let receipt = match &mut profile {
-            // A store that writes at once (the memory store) needs no future.
-            None => match (*self.store).commit_now(commit) {
-                Ok(written) => written?,
-                Err(commit) => (*self.store).commit(commit).await?,
-            },
-            Some(written) => loop {
-                let attempt = commit
-                    .clone()
-                    .with_profile_state(written.0.clone(), written.1.clone());
-                match (*self.store).commit(attempt).await {
-                    Ok(receipt) => break receipt,
-                    Err(StoreError::ProfileConflict { key })
-                        if self.profile_retries < MAX_PROFILE_RETRIES =>
-                    {
-                        self.profile_retries += 1;
-                        tracing::info!(key = %key, "profile key changed under the run: redoing its writes on the fresh value");
-                        *written = self.redo_profile_writes(state).await?;
-                        retried = true;
-                    }
-                    Err(e) => return Err(e.into()),
+            // A store that writes at once (the memory store) needs no future. The commit it
+            // hands back is moved into the store's future before anything is awaited, so no
+            // copy of it is kept in this future while the store works.
+            None => {
+                let slow = match (*self.store).commit_now(commit) {
+                    Ok(written) => Ok(written?),
+                    Err(commit) => Err((*self.store).commit(commit)),
+                };
+                match slow {
+                    Ok(receipt) => receipt,
+                    Err(future) => future.await?,
                 }
-            },
+            }
+            // Boxed: only a run writing profile keys keeps its commit across awaits (for a
+            // retry), and every other commit's future need not hold room for it.
+            Some(written) => {
+                let (receipt, redone) =
+                    Box::pin(self.commit_guarded(commit, written, state)).await?;
+                retried = redone;
+                receipt
+            }
         };
         if compaction {
             crate::failpoint::hit("after_compaction_commit", None);
@@ -219,6 +218,35 @@ impl Durable {
         }
         self.events.clear();
         Ok(())
+    }
+
+    /// Commits `commit` with the profile keys `written` (and their guards), retried after a
+    /// profile conflict with the run's writes redone on the fresh values (up to
+    /// `MAX_PROFILE_RETRIES` times). Returns the receipt and whether the writes were redone.
+    async fn commit_guarded(
+        &mut self,
+        commit: ThreadCommit,
+        written: &mut (StateDelta, BTreeMap<String, u64>),
+        state: &StateStore,
+    ) -> Result<(awaken_store::CommitReceipt, bool), CheckpointError> {
+        let mut retried = false;
+        loop {
+            let attempt = commit
+                .clone()
+                .with_profile_state(written.0.clone(), written.1.clone());
+            match (*self.store).commit(attempt).await {
+                Ok(receipt) => return Ok((receipt, retried)),
+                Err(StoreError::ProfileConflict { key })
+                    if self.profile_retries < MAX_PROFILE_RETRIES =>
+                {
+                    self.profile_retries += 1;
+                    tracing::info!(key = %key, "profile key changed under the run: redoing its writes on the fresh value");
+                    *written = self.redo_profile_writes(state).await?;
+                    retried = true;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     /// After a profile conflict: reloads the profile, redoes the run's journaled profile writes

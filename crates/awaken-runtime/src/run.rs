@@ -142,11 +142,14 @@ enum Continue {
     Recover,
 }
 
-pub(crate) async fn run(
-    rt: &AgentRuntime,
+/// Runs `act`. Not an `async fn`: the activation is boxed before the future is made, so the
+/// run's future (memory every in-flight run holds) keeps a pointer, not the activation's
+/// couple of hundred bytes at each level that passes it on, for the whole run.
+pub(crate) fn run<'a>(
+    rt: &'a AgentRuntime,
     act: RunActivation,
-    sink: &dyn EventSink,
-) -> Result<RunOutcome, RunError> {
+    sink: &'a dyn EventSink,
+) -> impl Future<Output = Result<RunOutcome, RunError>> + Send + 'a {
     let span = tracing::info_span!(
         "run",
         thread_id = %act.thread_id,
@@ -154,12 +157,13 @@ pub(crate) async fn run(
         run_id = tracing::field::Empty
     );
     let cancel = act.cancel.clone();
-    let Some(_active) = rt.active.enter(&cancel) else {
-        return Err(RunError::ShuttingDown);
-    };
-    run_activation(rt, Start::Fresh(act), sink)
-        .instrument(span)
-        .await
+    let start = Box::new(Start::Fresh(act));
+    async move {
+        let Some(_active) = rt.active.enter(&cancel) else {
+            return Err(RunError::ShuttingDown);
+        };
+        run_activation(rt, start, sink).instrument(span).await
+    }
 }
 
 /// An unfinished run to continue: claimed by `recover()` (with its lease) or found by a
@@ -194,7 +198,7 @@ pub(crate) async fn recover(
     let Some(_active) = rt.active.enter(&cancel) else {
         return Err(RunError::ShuttingDown);
     };
-    run_activation(rt, Start::Recover(claimed, cancel), sink)
+    run_activation(rt, Box::new(Start::Recover(claimed, cancel)), sink)
         .instrument(span)
         .await
 }
@@ -213,7 +217,7 @@ pub(crate) async fn resume(
     let Some(_active) = rt.active.enter(&cancel) else {
         return Err(RunError::ShuttingDown);
     };
-    run_activation(rt, Start::Resume(resume), sink)
+    run_activation(rt, Box::new(Start::Resume(resume)), sink)
         .instrument(span)
         .await
 }
@@ -274,7 +278,7 @@ enum Started<'a> {
 
 async fn run_activation(
     rt: &AgentRuntime,
-    start: Start,
+    start: Box<Start>,
     sink: &dyn EventSink,
 ) -> Result<RunOutcome, RunError> {
     // The preparation's state (checkpoint, resolution, the first commit) is boxed and gone
@@ -284,7 +288,7 @@ async fn run_activation(
         mut run,
         heartbeat,
         lifecycle_run,
-    } = match Box::pin(prepare_activation(rt, start, sink)).await? {
+    } = match Box::pin(prepare_activation(rt, *start, sink)).await? {
         Started::Done(outcome) => return Ok(outcome),
         Started::Ready(ready) => ready,
     };
@@ -856,14 +860,16 @@ impl Run<'_> {
 
     async fn submit(&self, cmd: StateCommand) -> Result<(), Failure> {
         // A command without effects (the run's statistics, every step) commits at once.
-        match self.engine.submit_command_now(cmd) {
+        let cmd = match self.engine.submit_command_now(cmd) {
             Ok(committed) => {
                 committed?;
+                return Ok(());
             }
-            Err(cmd) => {
-                self.engine.submit_command(cmd).await?;
-            }
-        }
+            Err(cmd) => cmd,
+        };
+        // One with effects awaits their dispatch, boxed: the futures of the many places that
+        // submit need not hold room for it.
+        Box::pin(self.engine.submit_command(cmd)).await?;
         Ok(())
     }
 
@@ -947,7 +953,9 @@ impl Run<'_> {
         self.note(AgentEvent::StepStart { step });
         let outcome = match decisions {
             None => self.run_step().await,
-            Some(d) => self.resume_step(d).await,
+            // Boxed: only the first step of a resumed or recovered run is one, and the run's
+            // future need not hold room for it at every step.
+            Some(d) => Box::pin(self.resume_step(d)).await,
         };
         // `StepEnd` follows the step's facts, so it is one of them.
         self.fact(AgentEvent::StepEnd { step });
@@ -2054,6 +2062,11 @@ struct Invocation<'a> {
 impl Invocation<'_> {
     /// Runs the call's tool with validation, the agent's timeout, cancellation and panic
     /// capture, then commits the tool's state change (on the state as it is now).
+    ///
+    ///
+    /// What only some calls need is boxed when they need it (the timer of a tool that waits,
+    /// a delegate's lifecycle events, a tool's state change): every run's future holds room
+    /// for a call's invocation for its whole life, and most calls need none of it.
     async fn run(
         &self,
         tool: &ResolvedTool,
@@ -2061,45 +2074,70 @@ impl Invocation<'_> {
         resume: Option<&ToolCallResume>,
         engine: &PhaseEngine,
     ) -> Ran {
-        let mut tool_ctx = ToolCallContext::with_token(
-            self.identity.thread_id.clone(),
-            self.identity.run_id.clone(),
-            call.id.clone(),
-            engine.store().snapshot(),
-            self.cancel.clone(),
-        )
-        .with_progress(self.progress.clone());
-        if let Some(resume) = resume {
-            tool_ctx = tool_ctx.with_resume(resume.clone());
-        }
-        let timeout = self.timeout;
-        let timer = async move {
-            match timeout {
-                Some(t) => tokio::time::sleep(t).await,
-                None => std::future::pending::<()>().await,
-            }
-        };
-        let span = tracing::debug_span!("tool", call_id = %call.id, tool = %tool.tool.id());
         let delegate = delegate_call(self.identity, tool, call);
         if let Some(d) = &delegate {
-            self.lifecycle
-                .dispatch(self.plugins, LifecycleEvent::DelegateCallStart(d))
-                .await;
-        }
-        let invoked = tool
-            .tool
-            .invoke_with_timeout(
-                serde_json::Value::clone(&call.arguments),
-                &tool_ctx,
-                self.keys,
-                timer,
+            Box::pin(
+                self.lifecycle
+                    .dispatch(self.plugins, LifecycleEvent::DelegateCallStart(d)),
             )
-            .instrument(span);
-        let invoked = self
-            .progress
-            .forward(&call.id, std::pin::pin!(invoked), self.sink)
             .await;
+        }
+        // The call's context, timer and guards live in this block only: what the compiler
+        // keeps across the awaits after it is then only the output (see `settle`).
+        let (invoked, waits) = {
+            let mut tool_ctx = ToolCallContext::with_token(
+                self.identity.thread_id.clone(),
+                self.identity.run_id.clone(),
+                call.id.clone(),
+                engine.store().snapshot(),
+                self.cancel.clone(),
+            )
+            .with_progress(self.progress.clone());
+            if let Some(resume) = resume {
+                tool_ctx = tool_ctx.with_resume(resume.clone());
+            }
+            let timeout = self.timeout;
+            // Polled only once the tool waits (a tool that answers at once makes no timer).
+            let timer = async move {
+                match timeout {
+                    Some(t) => Box::pin(tokio::time::sleep(t)).await,
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            let span = tracing::debug_span!("tool", call_id = %call.id, tool = %tool.tool.id());
+            let invoked = tool
+                .tool
+                .invoke_with_timeout(
+                    serde_json::Value::clone(&call.arguments),
+                    &tool_ctx,
+                    self.keys,
+                    timer,
+                )
+                .instrument(span);
+            let invoked = self
+                .progress
+                .forward(&call.id, std::pin::pin!(invoked), self.sink)
+                .await;
+            let waits = delegate.is_some() || invoked.as_ref().is_ok_and(|o| o.command.is_some());
+            (invoked, waits)
+        };
         crate::failpoint::hit("after_executing", Some(call.id.as_str()));
+        if !waits {
+            return self.ran(invoked);
+        }
+        // A delegate's end or a tool's state change is awaited in a box (most calls have
+        // neither, and the run's future need not keep the output across those awaits).
+        Box::pin(self.settle(invoked, delegate, engine)).await
+    }
+
+    /// After a delegate call or a tool that returned a state change: the delegate's end is
+    /// dispatched, the change submitted (a rejected change fails the call).
+    async fn settle(
+        &self,
+        mut invoked: Result<ToolOutput, awaken_tool::ToolError>,
+        delegate: Option<awaken_plugin::DelegateCall>,
+        engine: &PhaseEngine,
+    ) -> Ran {
         if let Some(d) = &delegate {
             let event = match &invoked {
                 Ok(o) if o.suspend.is_some() => None,
@@ -2120,37 +2158,32 @@ impl Invocation<'_> {
                 self.lifecycle.dispatch(self.plugins, event).await;
             }
         }
+        let command = invoked.as_mut().ok().and_then(|o| o.command.take());
+        if let Some(cmd) = command
+            && let Err(e) = engine.submit_command(cmd).await
+        {
+            return Ran::Finished(
+                ToolResult::error(format!("the tool's state change was rejected: {e}")),
+                ToolCallState::Failed,
+            );
+        }
+        self.ran(invoked)
+    }
+
+    /// How the call ended, from the tool's output (its state change already submitted).
+    fn ran(&self, invoked: Result<ToolOutput, awaken_tool::ToolError>) -> Ran {
         match invoked {
             Ok(ToolOutput {
                 suspend: Some(ticket),
-                command,
                 ..
-            }) => {
-                if let Some(cmd) = command
-                    && let Err(e) = engine.submit_command(cmd).await
-                {
-                    return Ran::Finished(
-                        ToolResult::error(format!("the tool's state change was rejected: {e}")),
-                        ToolCallState::Failed,
-                    );
-                }
-                Ran::Suspended(ticket)
-            }
+            }) => Ran::Suspended(ticket),
             Ok(output) => {
-                let mut state = if output.result.is_error() {
+                let state = if output.result.is_error() {
                     ToolCallState::Failed
                 } else {
                     ToolCallState::Succeeded
                 };
-                let mut result = output.result;
-                if let Some(cmd) = output.command
-                    && let Err(e) = engine.submit_command(cmd).await
-                {
-                    result =
-                        ToolResult::error(format!("the tool's state change was rejected: {e}"));
-                    state = ToolCallState::Failed;
-                }
-                Ran::Finished(result, state)
+                Ran::Finished(output.result, state)
             }
             Err(e) if self.cancel.is_cancelled() => Ran::Cancelled(e.to_result()),
             Err(e) => Ran::Finished(e.to_result(), e.closing_state()),

@@ -677,20 +677,23 @@ impl AgentRuntime {
     }
 
     /// Runs `activation` to its end, streaming events to `sink`.
-    pub async fn run(
-        &self,
+    ///
+    /// (Not an `async fn`, and the same to await: the activation is boxed when the future is
+    /// made, so an in-flight run's future does not carry it by value for its whole life.)
+    pub fn run<'a>(
+        &'a self,
         activation: RunActivation,
-        sink: &dyn EventSink,
-    ) -> Result<RunOutcome, RunError> {
-        crate::run::run(self, activation, sink).await
+        sink: &'a dyn EventSink,
+    ) -> impl Future<Output = Result<RunOutcome, RunError>> + Send + 'a {
+        crate::run::run(self, activation, sink)
     }
 
     /// Runs `activation` to its end without streaming.
-    pub async fn run_to_completion(
+    pub fn run_to_completion(
         &self,
         activation: RunActivation,
-    ) -> Result<RunOutcome, RunError> {
-        self.run(activation, &NullSink).await
+    ) -> impl Future<Output = Result<RunOutcome, RunError>> + Send + '_ {
+        self.run(activation, &NullSink)
     }
 
     /// Continues the run waiting on `resume.thread_id` with decisions on its suspended calls,
