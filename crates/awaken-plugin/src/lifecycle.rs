@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -222,12 +223,21 @@ impl LifecycleDispatcher {
         let mut started = Instant::now();
         for plugin in plugins {
             let id = plugin.manifest().id.as_str();
-            let call = AssertUnwindSafe(event.call(plugin.as_ref())).catch_unwind();
-            // A timeout too long to add ("no timeout") waits as long as tokio can.
-            let deadline = started
-                .checked_add(self.timeout)
-                .unwrap_or_else(|| started + FAR_FUTURE);
-            let outcome = tokio::time::timeout_at(deadline, call).await;
+            let mut call =
+                std::pin::pin!(AssertUnwindSafe(event.call(plugin.as_ref())).catch_unwind());
+            // Polled once first: a hook that is done at once (most are) needs no timer. One
+            // that waits is then raced against its deadline, counted from its start.
+            let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+            let outcome = match first {
+                Poll::Ready(done) => Ok(done),
+                Poll::Pending => {
+                    // A timeout too long to add ("no timeout") waits as long as tokio can.
+                    let deadline = started
+                        .checked_add(self.timeout)
+                        .unwrap_or_else(|| started + FAR_FUTURE);
+                    tokio::time::timeout_at(deadline, call).await
+                }
+            };
             let ended = Instant::now();
             let elapsed = ended.saturating_duration_since(started);
             started = ended;
