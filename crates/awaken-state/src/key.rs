@@ -279,7 +279,6 @@ impl KeyRegistry {
         Ok(())
     }
 
-    /// Index of `name`, if registered.
     /// Where `K` is registered: a position a hot path may keep and read at with
     /// [`Snapshot::get_at`](crate::Snapshot::get_at) (a registry never changes once a store
     /// holds it). `None` if `K` is not registered with this type.
@@ -287,6 +286,7 @@ impl KeyRegistry {
         self.index_of_type(TypeId::of::<K>())
     }
 
+    /// Index of `name`, if registered.
     pub(crate) fn index_of(&self, name: &str) -> Option<usize> {
         if self.is_small() {
             self.entries.iter().position(|e| e.name == name)
