@@ -1,7 +1,12 @@
 //! The five registries (agents, tools, models, providers, plugins) as traits with map-backed
 //! implementations, and [`Registries`], which collects them with deferred errors.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+/// The registries' maps: a fast hash (every resolution looks its model, provider and each
+/// plugin up; ids come from the application's own configuration, so SipHash's protection
+/// against chosen keys buys nothing here).
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 use std::sync::Arc;
 
 use awaken_llm::LlmExecutor;

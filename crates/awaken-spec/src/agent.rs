@@ -360,7 +360,10 @@ impl AgentSpec {
 }
 
 fn check_ids(field: &str, ids: &[String]) -> Result<(), SpecError> {
-    let mut seen = HashSet::new();
+    // A short list (an agent's usual plugins or tools) is checked for repeats by comparing
+    // with the ids before (no set to build: resolution validates its spec on every run).
+    const SCANNED: usize = 16;
+    let mut seen = HashSet::with_capacity(if ids.len() > SCANNED { ids.len() } else { 0 });
     for (i, id) in ids.iter().enumerate() {
         if id.trim().is_empty() {
             return Err(SpecError::invalid(
@@ -368,7 +371,12 @@ fn check_ids(field: &str, ids: &[String]) -> Result<(), SpecError> {
                 "must not be blank",
             ));
         }
-        if !seen.insert(id.as_str()) {
+        let repeated = if ids.len() > SCANNED {
+            !seen.insert(id.as_str())
+        } else {
+            ids[..i].contains(id)
+        };
+        if repeated {
             return Err(SpecError::invalid(
                 format!("{field}[{i}]"),
                 format!("{id:?} is listed twice"),

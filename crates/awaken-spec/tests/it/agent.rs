@@ -246,3 +246,24 @@ fn durations_parse() {
         parse_toml("id = \"a\"\nmodel = \"m\"\ntool_timeout = 5\n").expect("int seconds");
     assert_eq!(spec.tool_timeout, Some(DurationSpec::from_secs(5)));
 }
+
+/// A repeated id is found at its second listing, in a short list (compared with the ids
+/// before it) and in a long one (through a set) alike; distinct ids pass either way.
+#[test]
+fn a_repeated_id_is_named_at_its_second_listing() {
+    for len in [2usize, 16, 17, 40] {
+        let mut spec = AgentSpec::new("a", "m");
+        for i in 0..len {
+            spec = spec.with_plugin(format!("p{i}"));
+        }
+        assert!(spec.validate().is_ok(), "{len} distinct ids");
+        let repeated = spec.clone().with_plugin(format!("p{}", len / 2));
+        match repeated.validate() {
+            Err(SpecError::Invalid { field, reason }) => {
+                assert_eq!(field, format!("agent.plugin_ids[{len}]"));
+                assert!(reason.contains("listed twice"), "{reason}");
+            }
+            other => panic!("{len} ids and a repeat: {other:?}"),
+        }
+    }
+}
