@@ -33,7 +33,7 @@ pub use lifecycle::{
 pub use manifest::{CapabilityBound, PluginManifest};
 pub use order::execution_order;
 pub use plugin::{
-    AgentBuildContext, AgentDefinition, DelegateCall, OnConflict, Plugin, RunLifecycle,
+    AgentBuildContext, AgentDefinition, DelegateCall, HookFuture, OnConflict, Plugin, RunLifecycle,
 };
 pub use registrar::PluginRegistrar;
 pub use registry::{

@@ -95,6 +95,25 @@ pub struct DelegateCall {
     pub child_run_id: RunId,
 }
 
+/// The future of a lifecycle hook, as `#[async_trait]` makes it.
+pub type HookFuture<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), PluginError>> + Send + 'a>>;
+
+/// A default lifecycle hook's future: done at once, and of size zero (boxing it allocates
+/// nothing).
+struct NoOp;
+
+impl std::future::Future for NoOp {
+    type Output = Result<(), PluginError>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
 /// An Awaken plugin.
 ///
 /// `register` declares what the plugin contributes (structural parts, always installed, and
@@ -147,17 +166,36 @@ pub trait Plugin: Send + Sync + 'static {
     }
 
     /// An activation started.
-    async fn on_run_start(&self, _run: &RunLifecycle) -> Result<(), PluginError> {
-        Ok(())
+    ///
+    /// (Written out as `#[async_trait]` expands an `async fn`, so a plugin implements it as
+    /// one; the default's future is a unit value, boxed without an allocation: every run calls
+    /// this on every plugin.)
+    fn on_run_start<'life0, 'life1, 'async_trait>(
+        &'life0 self,
+        _run: &'life1 RunLifecycle,
+    ) -> HookFuture<'async_trait>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        Self: 'async_trait,
+    {
+        Box::pin(NoOp)
     }
 
-    /// An activation ended normally: natural end, stopped or suspended.
-    async fn on_run_complete(
-        &self,
-        _run: &RunLifecycle,
-        _termination: &TerminationReason,
-    ) -> Result<(), PluginError> {
-        Ok(())
+    /// An activation ended normally: natural end, stopped or suspended. (Written out like
+    /// [`on_run_start`](Self::on_run_start), for the same reason.)
+    fn on_run_complete<'life0, 'life1, 'life2, 'async_trait>(
+        &'life0 self,
+        _run: &'life1 RunLifecycle,
+        _termination: &'life2 TerminationReason,
+    ) -> HookFuture<'async_trait>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        Self: 'async_trait,
+    {
+        Box::pin(NoOp)
     }
 
     /// An activation ended with an error.

@@ -150,15 +150,24 @@ pub(crate) fn run<'a>(
     act: RunActivation,
     sink: &'a dyn EventSink,
 ) -> impl Future<Output = Result<RunOutcome, RunError>> + Send + 'a {
-    let span = tracing::info_span!(
-        "run",
-        thread_id = %act.thread_id,
-        agent = %act.agent_id,
-        run_id = tracing::field::Empty
-    );
-    let cancel = act.cancel.clone();
     let start = Box::new(Start::Fresh(act));
     async move {
+        // Made when the run is first polled, as an `async fn` would (its parent is the span
+        // current then).
+        let (span, cancel) = match &*start {
+            Start::Fresh(act) => (
+                tracing::info_span!(
+                    "run",
+                    thread_id = %act.thread_id,
+                    agent = %act.agent_id,
+                    run_id = tracing::field::Empty
+                ),
+                act.cancel.clone(),
+            ),
+            Start::Resume(_) | Start::Recover(..) => {
+                (tracing::Span::none(), CancellationToken::new())
+            }
+        };
         let Some(_active) = rt.active.enter(&cancel) else {
             return Err(RunError::ShuttingDown);
         };
@@ -2063,7 +2072,6 @@ impl Invocation<'_> {
     /// Runs the call's tool with validation, the agent's timeout, cancellation and panic
     /// capture, then commits the tool's state change (on the state as it is now).
     ///
-    ///
     /// What only some calls need is boxed when they need it (the timer of a tool that waits,
     /// a delegate's lifecycle events, a tool's state change): every run's future holds room
     /// for a call's invocation for its whole life, and most calls need none of it.
@@ -2074,6 +2082,8 @@ impl Invocation<'_> {
         resume: Option<&ToolCallResume>,
         engine: &PhaseEngine,
     ) -> Ran {
+        // The tool's view of the state: taken before anything is awaited, as the call starts.
+        let snapshot = engine.store().snapshot();
         let delegate = delegate_call(self.identity, tool, call);
         if let Some(d) = &delegate {
             Box::pin(
@@ -2089,7 +2099,7 @@ impl Invocation<'_> {
                 self.identity.thread_id.clone(),
                 self.identity.run_id.clone(),
                 call.id.clone(),
-                engine.store().snapshot(),
+                snapshot,
                 self.cancel.clone(),
             )
             .with_progress(self.progress.clone());
