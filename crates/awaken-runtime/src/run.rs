@@ -1267,18 +1267,23 @@ impl Run<'_> {
         let directives = self.directives();
         let request = self.request(&directives);
         let run_usage = self.read_stats(|s| s.usage);
-        let snapshot = self.engine.store().snapshot();
-        let tctx = TransformContext {
-            snapshot: &snapshot,
-            run: &self.identity,
-            step: self.step,
-            tokens: TokenCounts {
-                last_usage: None,
-                run_usage,
-            },
+        // The transforms' snapshot is let go before the inference: held on, it would keep this
+        // version alive (and the commit after the inference would copy instead of writing in
+        // place).
+        let request = {
+            let snapshot = self.engine.store().snapshot();
+            let tctx = TransformContext {
+                snapshot: &snapshot,
+                run: &self.identity,
+                step: self.step,
+                tokens: TokenCounts {
+                    last_usage: None,
+                    run_usage,
+                },
+            };
+            apply_transforms(self.resolved.env.transforms(), request, &tctx)
+                .map_err(|e| Failure::Error(e.to_string()))?
         };
-        let request = apply_transforms(self.resolved.env.transforms(), request, &tctx)
-            .map_err(|e| Failure::Error(e.to_string()))?;
         let response = self.infer(request).await?;
         self.submit(
             StateCommand::new().with_update::<RunStatsKey>(StatsUpdate::Inference {

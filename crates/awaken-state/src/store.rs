@@ -24,11 +24,13 @@ use crate::table::{SlotValue, Table};
 /// carries its own revision and snapshot.
 pub struct StateStore {
     registry: Arc<KeyRegistry>,
-    /// What readers see. Replaced, under the `writer` lock, by every publishing commit.
+    /// What readers see. Replaced, under the `writer` lock, by every publishing commit; changed
+    /// in place, under its own write lock, by a one-key commit when no snapshot of it is held
+    /// outside the store (see [`commit`](Self::commit)).
     current: RwLock<Snapshot>,
-    /// Serializes writers and holds the head (the same version as `current`), so a commit reads
-    /// it without touching the readers' lock.
-    writer: Mutex<Snapshot>,
+    /// Serializes writers. It holds no version: the store's own is then the only one when no
+    /// snapshot is held elsewhere, which lets a commit change it in place.
+    writer: Mutex<()>,
     observers: RwLock<Observers>,
     /// Number of subscribed observers, so a commit with none skips their lock.
     observer_count: AtomicUsize,
@@ -92,6 +94,31 @@ pub struct Restored {
     pub skipped: Vec<String>,
 }
 
+/// A writer's view: the writer lock and the current state.
+struct Head<'a> {
+    snapshot: Snapshot,
+    _writer: MutexGuard<'a, ()>,
+}
+
+impl std::ops::Deref for Head<'_> {
+    type Target = Snapshot;
+    fn deref(&self) -> &Snapshot {
+        &self.snapshot
+    }
+}
+
+impl std::ops::DerefMut for Head<'_> {
+    fn deref_mut(&mut self) -> &mut Snapshot {
+        &mut self.snapshot
+    }
+}
+
+/// Whether [`StateStore::commit_in_place`] committed.
+enum InPlace {
+    Done(Committed),
+    No(StateCommand),
+}
+
 /// Several commands applied one after another to staged state, published as one commit.
 ///
 /// Made by [`StateStore::transaction`]. Each [`apply`](Self::apply) is atomic: if it fails, the
@@ -131,7 +158,7 @@ impl StateStore {
         StateStore {
             registry,
             current: RwLock::new(snapshot.clone()),
-            writer: Mutex::new(snapshot),
+            writer: Mutex::new(()),
             observers: RwLock::new(Arc::new(Vec::new())),
             observer_count: AtomicUsize::new(0),
             next_observer: AtomicU64::new(0),
@@ -199,8 +226,24 @@ impl StateStore {
     /// every updated key is registered with the type used; JSON updates parse; every reducer
     /// succeeds without panicking. On any failure the store is unchanged. An empty command
     /// (no updates, actions or effects) publishes nothing and keeps the revision.
+    ///
+    /// A command of one key update (the run's statistics, several times a step) is applied in
+    /// place, without copying a table path or allocating a version, when no snapshot of the
+    /// current state is held outside the store: then nobody can see the change but through the
+    /// store, which is what a commit means. The new value is computed first and put in only if
+    /// its reducer succeeds, so a failure still changes nothing. Readers on other threads wait
+    /// for the reducer meanwhile.
     pub fn commit(&self, command: StateCommand) -> Result<Committed, StateError> {
-        let mut head = self.lock_writer();
+        let writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let command = match self.commit_in_place(command)? {
+            InPlace::Done(committed) => {
+                drop(writer);
+                self.notify(&committed);
+                return Ok(committed);
+            }
+            InPlace::No(command) => command,
+        };
+        let mut head = self.head(writer);
         check_base(command.base_revision, head.revision())?;
         if command.is_empty() {
             return Ok(Committed {
@@ -344,8 +387,69 @@ impl StateStore {
         removed
     }
 
-    fn lock_writer(&self) -> MutexGuard<'_, Snapshot> {
-        self.writer.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock_writer(&self) -> Head<'_> {
+        self.head(self.writer.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// The current state for a writer holding `writer` (no other commit can publish meanwhile).
+    fn head<'a>(&'a self, writer: MutexGuard<'a, ()>) -> Head<'a> {
+        Head {
+            snapshot: self.snapshot(),
+            _writer: writer,
+        }
+    }
+
+    /// [`commit`](Self::commit)'s path for a one-key command when the store's version is not
+    /// shared; the command back otherwise. The caller holds the writer lock.
+    fn commit_in_place(&self, mut command: StateCommand) -> Result<InPlace, StateError> {
+        if command.updates.len() != 1 || self.journal_scope.is_some() {
+            return Ok(InPlace::No(command));
+        }
+        let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
+        let Some(version) = Arc::get_mut(&mut current.version) else {
+            return Ok(InPlace::No(command));
+        };
+        check_base(command.base_revision, version.revision)?;
+        let revision = version.revision + 1;
+        let Some(update) = std::mem::take(&mut command.updates).into_iter().next() else {
+            unreachable!("one update, counted above")
+        };
+        let (index, entry) = match update.locate(&self.registry) {
+            Some(index) => (index, self.registry.entry_at(index)),
+            None => self.registry.resolve(&update.key)?, // `UnknownKey`
+        };
+        let typed = match update.payload {
+            Payload::Typed(typed) if typed.key_type() == entry.key_type => typed,
+            Payload::Typed(typed) => {
+                return Err(StateError::KeyTypeMismatch {
+                    key: entry.name.to_owned(),
+                    registered_type: entry.type_name,
+                    used_type: typed.type_name(),
+                });
+            }
+            Payload::Json(json) => entry.codec.update_from_json(entry.name, *json)?,
+        };
+        let unknown = || StateError::UnknownKey {
+            key: entry.name.to_owned(),
+        };
+        // The new value first (on a copy of the current one); the table changes only after.
+        let value = {
+            let slot = version.table.get(index).ok_or_else(unknown)?;
+            typed.apply_copy(entry.name, &*slot.value)?
+        };
+        let slot = version
+            .table
+            .slot_mut(index, revision)
+            .ok_or_else(unknown)?;
+        slot.value = value;
+        slot.changed_at = revision;
+        version.revision = revision;
+        Ok(InPlace::Done(Committed {
+            revision,
+            snapshot: current.clone(),
+            actions: command.actions,
+            effects: command.effects,
+        }))
     }
 
     /// Swaps in a new version as the head and for readers.

@@ -271,6 +271,99 @@ fn a_failed_commit_changes_nothing() {
     );
 }
 
+/// A one-key command commits in place when no snapshot is held outside the store: every
+/// failure still changes nothing, and a snapshot held across such a commit never changes.
+#[test]
+fn one_key_commits_in_place_change_nothing_on_failure_and_no_snapshot() {
+    let store = store();
+    store
+        .commit(StateCommand::new().with_update::<Counter>(1))
+        .unwrap();
+    // No snapshot is held from here (the state is kept as text).
+    let before = state(&store.snapshot());
+    let mut unknown = StateCommand::new();
+    unknown.update_json("test.nope", json!(1));
+    let mut bad_json = StateCommand::new();
+    bad_json.update_json("test.counter", json!("one"));
+    let cases = [
+        ("unknown key", unknown),
+        (
+            "type mismatch",
+            StateCommand::new().with_update::<Impostor>(5),
+        ),
+        (
+            "stale base",
+            StateCommand::new()
+                .with_update::<Counter>(1)
+                .with_base_revision(0),
+        ),
+        ("bad json", bad_json),
+        (
+            "reducer error",
+            StateCommand::new().with_update::<Log>(String::new()),
+        ),
+        (
+            "reducer panic",
+            StateCommand::new().with_update::<Log>("panic".into()),
+        ),
+        (
+            "overflow",
+            StateCommand::new().with_update::<Counter>(i64::MAX),
+        ),
+    ];
+    let mut out = String::new();
+    for (name, command) in cases {
+        let err = store.commit(command).unwrap_err();
+        out.push_str(&format!("{name}: {err}\n"));
+        assert_eq!(state(&store.snapshot()), before, "{name} changed the store");
+    }
+    check(
+        out,
+        expect![[r#"
+            unknown key: state key `test.nope` is not registered
+            type mismatch: state key `test.counter` is registered as awaken_state::tests::Counter, used as awaken_state::tests::Impostor
+            stale base: stale state: command expects revision 0, store is at 1
+            bad json: update of state key `test.counter` is not valid JSON for its type: invalid type: string "one", expected i64
+            reducer error: update of state key `test.log` rejected: empty line
+            reducer panic: reducer of state key `test.log` panicked: log reducer asked to panic
+            overflow: update of state key `test.counter` rejected: overflow
+        "#]],
+    );
+    // In place: the same version, with the value, its change revision and the store's
+    // revision moved together.
+    let version = |store: &StateStore| Arc::as_ptr(&store.snapshot().version) as usize;
+    let at = version(&store);
+    let committed = store
+        .commit(StateCommand::new().with_update::<Counter>(2))
+        .unwrap();
+    assert_eq!(committed.revision, 2);
+    assert_eq!(Arc::as_ptr(&committed.snapshot.version) as usize, at);
+    assert_eq!(committed.snapshot.get::<Counter>().unwrap(), &3);
+    let mut changed = Vec::new();
+    committed
+        .snapshot
+        .version
+        .table
+        .for_each_changed(1, &mut |i, _| changed.push(i));
+    assert_eq!(
+        changed.len(),
+        1,
+        "only the counter changed since revision 1"
+    );
+    // A snapshot held across a one-key commit keeps its state (the commit copies instead).
+    let held = store.snapshot();
+    let held_state = state(&held);
+    drop(committed);
+    store
+        .commit(StateCommand::new().with_update::<Counter>(4))
+        .unwrap();
+    assert_eq!(state(&held), held_state);
+    assert_eq!(held.get::<Counter>().unwrap(), &3);
+    assert_ne!(version(&store), Arc::as_ptr(&held.version) as usize);
+    assert_eq!(store.snapshot().get::<Counter>().unwrap(), &7);
+    assert_eq!(store.revision(), 3);
+}
+
 #[test]
 fn empty_commands_keep_the_revision_but_still_check_the_base() {
     let store = store();
