@@ -135,3 +135,56 @@ fn readers_only_see_prefix_states() {
     assert_eq!(store.revision(), COMMITS);
     assert_eq!(*observed.lock().unwrap(), (1..=COMMITS).collect::<Vec<_>>());
 }
+
+/// One-key commits, which write in place when no snapshot is held outside the store, while
+/// readers on other threads take snapshots and hold each a while: every snapshot shows the
+/// count of its revision, and keeps showing it however many commits happen while it is held.
+#[test]
+fn one_key_commits_never_change_a_held_snapshot() {
+    let store = keys::store();
+    let done = AtomicBool::new(false);
+    let checks = AtomicU64::new(0);
+    let start = Barrier::new(READERS + 1);
+    let commits = std::thread::scope(|scope| {
+        let readers: Vec<_> = (0..READERS)
+            .map(|_| {
+                let (store, done, start, checks) = (&store, &done, &start, &checks);
+                scope.spawn(move || {
+                    start.wait();
+                    while !done.load(Ordering::Acquire) {
+                        let held = store.snapshot();
+                        let r = held.revision();
+                        assert_eq!(*held.get::<Count>().unwrap(), r as i64, "count at {r}");
+                        // Commits go on meanwhile; the held state does not move.
+                        for _ in 0..50 {
+                            std::thread::yield_now();
+                        }
+                        assert_eq!(held.revision(), r);
+                        assert_eq!(*held.get::<Count>().unwrap(), r as i64, "held at {r}");
+                        checks.fetch_add(1, Ordering::AcqRel);
+                    }
+                })
+            })
+            .collect();
+        start.wait();
+        let _stop = StopOnDrop(&done);
+        // At least COMMITS commits, and on until the readers have checked some snapshots held
+        // across commits (bounded, so readers that never get to run fail the test).
+        let mut i = 0u64;
+        while i < COMMITS || checks.load(Ordering::Acquire) < 20 {
+            i += 1;
+            assert!(i < MAX_SPINS, "the readers checked no snapshot");
+            let committed = store
+                .commit(StateCommand::new().with_update::<Count>(1))
+                .unwrap();
+            assert_eq!(committed.revision, i);
+        }
+        drop(_stop);
+        for reader in readers {
+            reader.join().unwrap();
+        }
+        i
+    });
+    assert_eq!(*store.snapshot().get::<Count>().unwrap(), commits as i64);
+    assert_eq!(store.revision(), commits);
+}
