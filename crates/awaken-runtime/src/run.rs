@@ -142,33 +142,28 @@ enum Continue {
     Recover,
 }
 
-/// Runs `act`. Not an `async fn`: the activation is boxed before the future is made, so the
-/// run's future (memory every in-flight run holds) keeps a pointer, not the activation's
-/// couple of hundred bytes at each level that passes it on, for the whole run.
+/// Runs `act`.
 pub(crate) fn run<'a>(
     rt: &'a AgentRuntime,
     act: RunActivation,
     sink: &'a dyn EventSink,
 ) -> impl Future<Output = Result<RunOutcome, RunError>> + Send + 'a {
-    let start = Box::new(Start::Fresh(act));
+    activate(rt, Start::Fresh(act), sink)
+}
+
+/// Starts an activation. Not an `async fn`: what it starts from is boxed before the future is
+/// made, so the run's future (memory every in-flight run holds) keeps a pointer, not a couple
+/// of hundred bytes at each level that passes it on, for the whole run. The span and the
+/// active-run entry are made when the future is first polled, as an `async fn` would.
+fn activate<'a>(
+    rt: &'a AgentRuntime,
+    start: Start,
+    sink: &'a dyn EventSink,
+) -> impl Future<Output = Result<RunOutcome, RunError>> + Send + 'a {
+    let start = Box::new(start);
     async move {
-        // Made when the run is first polled, as an `async fn` would (its parent is the span
-        // current then).
-        let (span, cancel) = match &*start {
-            Start::Fresh(act) => (
-                tracing::info_span!(
-                    "run",
-                    thread_id = %act.thread_id,
-                    agent = %act.agent_id,
-                    run_id = tracing::field::Empty
-                ),
-                act.cancel.clone(),
-            ),
-            Start::Resume(_) | Start::Recover(..) => {
-                (tracing::Span::none(), CancellationToken::new())
-            }
-        };
-        let Some(_active) = rt.active.enter(&cancel) else {
+        let span = start.span();
+        let Some(_active) = rt.active.enter(start.cancel()) else {
             return Err(RunError::ShuttingDown);
         };
         run_activation(rt, start, sink).instrument(span).await
@@ -193,42 +188,21 @@ impl From<ClaimedRun> for Unfinished {
     }
 }
 
-pub(crate) async fn recover(
-    rt: &AgentRuntime,
+pub(crate) fn recover<'a>(
+    rt: &'a AgentRuntime,
     claimed: Unfinished,
     cancel: CancellationToken,
-    sink: &dyn EventSink,
-) -> Result<RunOutcome, RunError> {
-    let span = tracing::info_span!(
-        "recover",
-        thread_id = %claimed.thread_id,
-        run_id = %claimed.run_id
-    );
-    let Some(_active) = rt.active.enter(&cancel) else {
-        return Err(RunError::ShuttingDown);
-    };
-    run_activation(rt, Box::new(Start::Recover(claimed, cancel)), sink)
-        .instrument(span)
-        .await
+    sink: &'a dyn EventSink,
+) -> impl Future<Output = Result<RunOutcome, RunError>> + Send + 'a {
+    activate(rt, Start::Recover(claimed, cancel), sink)
 }
 
-pub(crate) async fn resume(
-    rt: &AgentRuntime,
+pub(crate) fn resume<'a>(
+    rt: &'a AgentRuntime,
     resume: Resume,
-    sink: &dyn EventSink,
-) -> Result<RunOutcome, RunError> {
-    let span = tracing::info_span!(
-        "resume",
-        thread_id = %resume.thread_id,
-        run_id = tracing::field::Empty
-    );
-    let cancel = resume.cancel.clone();
-    let Some(_active) = rt.active.enter(&cancel) else {
-        return Err(RunError::ShuttingDown);
-    };
-    run_activation(rt, Box::new(Start::Resume(resume)), sink)
-        .instrument(span)
-        .await
+    sink: &'a dyn EventSink,
+) -> impl Future<Output = Result<RunOutcome, RunError>> + Send + 'a {
+    activate(rt, Start::Resume(resume), sink)
 }
 
 /// What an activation starts from.
@@ -240,6 +214,39 @@ enum Start {
     /// An unfinished run claimed by `recover()` (its lease held by this runtime) or continued
     /// by a delegate tool, with the token that cancels it.
     Recover(Unfinished, CancellationToken),
+}
+
+impl Start {
+    /// The activation's span (its run id recorded once known, unless it already is).
+    fn span(&self) -> tracing::Span {
+        match self {
+            Start::Fresh(act) => tracing::info_span!(
+                "run",
+                thread_id = %act.thread_id,
+                agent = %act.agent_id,
+                run_id = tracing::field::Empty
+            ),
+            Start::Resume(resume) => tracing::info_span!(
+                "resume",
+                thread_id = %resume.thread_id,
+                run_id = tracing::field::Empty
+            ),
+            Start::Recover(claimed, _) => tracing::info_span!(
+                "recover",
+                thread_id = %claimed.thread_id,
+                run_id = %claimed.run_id
+            ),
+        }
+    }
+
+    /// The token that cancels the activation.
+    fn cancel(&self) -> &CancellationToken {
+        match self {
+            Start::Fresh(act) => &act.cancel,
+            Start::Resume(resume) => &resume.cancel,
+            Start::Recover(_, cancel) => cancel,
+        }
+    }
 }
 
 /// The waiting run a resume continues.

@@ -363,7 +363,8 @@ fn check_ids(field: &str, ids: &[String]) -> Result<(), SpecError> {
     // A short list (an agent's usual plugins or tools) is checked for repeats by comparing
     // with the ids before (no set to build: resolution validates its spec on every run).
     const SCANNED: usize = 16;
-    let mut seen = HashSet::with_capacity(if ids.len() > SCANNED { ids.len() } else { 0 });
+    let scan = ids.len() <= SCANNED;
+    let mut seen = HashSet::with_capacity(if scan { 0 } else { ids.len() });
     for (i, id) in ids.iter().enumerate() {
         if id.trim().is_empty() {
             return Err(SpecError::invalid(
@@ -371,10 +372,10 @@ fn check_ids(field: &str, ids: &[String]) -> Result<(), SpecError> {
                 "must not be blank",
             ));
         }
-        let repeated = if ids.len() > SCANNED {
-            !seen.insert(id.as_str())
-        } else {
+        let repeated = if scan {
             ids[..i].contains(id)
+        } else {
+            !seen.insert(id.as_str())
         };
         if repeated {
             return Err(SpecError::invalid(

@@ -4,9 +4,9 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
-use crate::command::{Effect, Payload, ScheduledAction, StateCommand, Updates};
+use crate::command::{Effect, KeyUpdate, Payload, ScheduledAction, StateCommand, Updates};
 use crate::error::StateError;
-use crate::key::{KeyRegistry, KeyScope};
+use crate::key::{KeyEntry, KeyRegistry, KeyScope};
 use crate::snapshot::{PersistedState, Snapshot, Version};
 use crate::table::{SlotValue, Table};
 
@@ -411,23 +411,13 @@ impl StateStore {
         };
         check_base(command.base_revision, version.revision)?;
         let revision = version.revision + 1;
-        let Some(update) = std::mem::take(&mut command.updates).into_iter().next() else {
+        let Some(mut update) = std::mem::take(&mut command.updates).into_iter().next() else {
             unreachable!("one update, counted above")
         };
-        let (index, entry) = match update.locate(&self.registry) {
-            Some(index) => (index, self.registry.entry_at(index)),
-            None => self.registry.resolve(&update.key)?, // `UnknownKey`
-        };
-        let typed = match update.payload {
-            Payload::Typed(typed) if typed.key_type() == entry.key_type => typed,
-            Payload::Typed(typed) => {
-                return Err(StateError::KeyTypeMismatch {
-                    key: entry.name.to_owned(),
-                    registered_type: entry.type_name,
-                    used_type: typed.type_name(),
-                });
-            }
-            Payload::Json(json) => entry.codec.update_from_json(entry.name, *json)?,
+        let entry = locate(&self.registry, &mut update)?;
+        make_typed(entry, &mut update)?;
+        let (index, Payload::Typed(typed)) = (update.slot, update.payload) else {
+            unreachable!("made typed just above")
         };
         let unknown = || StateError::UnknownKey {
             key: entry.name.to_owned(),
@@ -609,6 +599,40 @@ fn check_base(base: Option<u64>, actual: u64) -> Result<(), StateError> {
     }
 }
 
+/// The registered key `update` writes, its index remembered in `update.slot` (`UnknownKey`).
+fn locate<'r>(
+    registry: &'r KeyRegistry,
+    update: &mut KeyUpdate,
+) -> Result<&'r KeyEntry, StateError> {
+    let (index, entry) = match update.locate(registry) {
+        Some(index) => (index, registry.entry_at(index)),
+        None => registry.resolve(&update.key)?,
+    };
+    update.slot = index;
+    Ok(entry)
+}
+
+/// Makes `update`'s payload typed for `entry`: a typed update must be of the key's type
+/// (`KeyTypeMismatch`), a JSON one must parse as its `Update`.
+fn make_typed(entry: &KeyEntry, update: &mut KeyUpdate) -> Result<(), StateError> {
+    match &mut update.payload {
+        Payload::Typed(typed) => {
+            if typed.key_type() != entry.key_type {
+                return Err(StateError::KeyTypeMismatch {
+                    key: entry.name.to_owned(),
+                    registered_type: entry.type_name,
+                    used_type: typed.type_name(),
+                });
+            }
+        }
+        Payload::Json(json) => {
+            let typed = entry.codec.update_from_json(entry.name, json.take())?;
+            update.payload = Payload::Typed(typed);
+        }
+    }
+    Ok(())
+}
+
 /// Validates every update (key registered, type matches, JSON parses), then runs the reducers on
 /// `table`, marking written slots with `revision`. On `Err`, `table` is half-written and must be
 /// discarded by the caller.
@@ -620,11 +644,7 @@ fn apply_updates(
     mut journal: Option<(KeyScope, &mut Vec<(String, serde_json::Value)>)>,
 ) -> Result<(), StateError> {
     for update in updates.as_mut_slice() {
-        let (index, entry) = match update.locate(registry) {
-            Some(index) => (index, registry.entry_at(index)),
-            None => registry.resolve(&update.key)?, // `UnknownKey`
-        };
-        update.slot = index;
+        let entry = locate(registry, update)?;
         if let Some((scope, entries)) = journal.as_mut()
             && entry.options.scope == *scope
         {
@@ -637,21 +657,7 @@ fn apply_updates(
             };
             entries.push((entry.name.to_owned(), json));
         }
-        match &mut update.payload {
-            Payload::Typed(typed) => {
-                if typed.key_type() != entry.key_type {
-                    return Err(StateError::KeyTypeMismatch {
-                        key: entry.name.to_owned(),
-                        registered_type: entry.type_name,
-                        used_type: typed.type_name(),
-                    });
-                }
-            }
-            Payload::Json(json) => {
-                let typed = entry.codec.update_from_json(entry.name, json.take())?;
-                update.payload = Payload::Typed(typed);
-            }
-        }
+        make_typed(entry, update)?;
     }
     table.write_each(
         revision,

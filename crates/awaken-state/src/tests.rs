@@ -100,6 +100,22 @@ fn state(snapshot: &Snapshot) -> String {
     format!("revision {}\n{}", snapshot.revision(), snapshot.dump())
 }
 
+/// Commits each named command, which must fail and leave the store's state `before`; returns
+/// the errors, a line each.
+fn failed_commits(
+    store: &StateStore,
+    before: &str,
+    cases: impl IntoIterator<Item = (&'static str, StateCommand)>,
+) -> String {
+    let mut out = String::new();
+    for (name, command) in cases {
+        let err = store.commit(command).unwrap_err();
+        out.push_str(&format!("{name}: {err}\n"));
+        assert_eq!(state(&store.snapshot()), before, "{name} changed the store");
+    }
+    out
+}
+
 fn check(actual: impl AsRef<str>, expected: Expect) {
     expected.assert_eq(actual.as_ref());
 }
@@ -243,14 +259,8 @@ fn a_failed_commit_changes_nothing() {
                 .with_update::<Counter>(1),
         ),
     ];
-    let mut out = String::new();
-    for (name, command) in cases {
-        let err = store.commit(command).unwrap_err();
-        out.push_str(&format!("{name}: {err}\n"));
-        assert_eq!(state(&store.snapshot()), before, "{name} changed the store");
-    }
     check(
-        out,
+        failed_commits(&store, &before, cases),
         expect![[r#"
             unknown key: state key `test.nope` is not registered
             type mismatch: state key `test.counter` is registered as awaken_state::tests::Counter, used as awaken_state::tests::Impostor
@@ -311,14 +321,8 @@ fn one_key_commits_in_place_change_nothing_on_failure_and_no_snapshot() {
             StateCommand::new().with_update::<Counter>(i64::MAX),
         ),
     ];
-    let mut out = String::new();
-    for (name, command) in cases {
-        let err = store.commit(command).unwrap_err();
-        out.push_str(&format!("{name}: {err}\n"));
-        assert_eq!(state(&store.snapshot()), before, "{name} changed the store");
-    }
     check(
-        out,
+        failed_commits(&store, &before, cases),
         expect![[r#"
             unknown key: state key `test.nope` is not registered
             type mismatch: state key `test.counter` is registered as awaken_state::tests::Counter, used as awaken_state::tests::Impostor
