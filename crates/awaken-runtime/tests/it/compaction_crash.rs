@@ -24,7 +24,8 @@ use awaken_state::StateKey;
 use awaken_store::{SqliteConfig, SqliteStore, ThreadStore};
 
 use crate::support::{
-    Echo, append_line, call_answer, fresh_dir, kill_child_at, lines, recover_the_run, text_answer,
+    Echo, TestDir, append_line, call_answer, fresh_dir, kill_child_at, lines, recover_the_run,
+    text_answer,
 };
 
 /// The `echo` results the agent collects before it answers. The budget below makes the run
@@ -213,7 +214,7 @@ async fn reference(name: &str) -> Thread {
 
 /// Kills a child at `at`; returns the folder, and the compaction state and the number of
 /// messages the crash left in the store.
-async fn crash(at: &str) -> (PathBuf, CompactionState, usize) {
+async fn crash(at: &str) -> (TestDir, CompactionState, usize) {
     let dir = fresh_dir(&format!("compaction-{at}"));
     kill_child_at(
         "compaction_crash::compaction_crash_child",

@@ -114,10 +114,8 @@ async fn each_durable_boundary_is_one_commit() {
 
 #[tokio::test]
 async fn a_second_run_continues_the_stored_thread_on_sqlite() {
-    let dir = std::env::temp_dir().join(format!("awaken-runtime-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
+    let dir = crate::support::fresh_dir("durable-second-run");
     let path = dir.join("threads.db");
-    let _ = std::fs::remove_file(&path);
     let store: Arc<dyn ThreadStore> = Arc::new(
         SqliteStore::open(SqliteConfig::file(&path))
             .await
@@ -157,5 +155,4 @@ async fn a_second_run_continues_the_stored_thread_on_sqlite() {
         "the second run's request carries the stored history"
     );
     assert_eq!(store.list_runs(&thread).await.expect("runs").len(), 2);
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -169,8 +169,7 @@ async fn two_workers_share_twenty_runs_and_one_takes_over_a_dead_workers_lease()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     let schema = format!("awaken_leases_{}_{nanos}", std::process::id());
-    let dir = std::env::temp_dir().join(&schema);
-    std::fs::create_dir_all(&dir).expect("dir");
+    let dir = crate::support::fresh_dir(&schema);
     let marker = dir.join("marker");
 
     // Twenty unfinished runs: each committed its start (and user message), then its process

@@ -196,8 +196,7 @@ async fn recovery_from_each_commit_matches_the_uninterrupted_run_on_memory() {
 
 #[tokio::test]
 async fn recovery_from_each_commit_matches_the_uninterrupted_run_on_sqlite() {
-    let dir = std::env::temp_dir().join(format!("awaken-recovery-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
+    let dir = crate::support::fresh_dir("recovery-matrix");
     let n = AtomicUsize::new(0);
     matrix(async || {
         let path = dir.join(format!("r{}.db", n.fetch_add(1, Ordering::SeqCst)));

@@ -225,12 +225,38 @@ fn answer(events: Vec<LlmStreamEvent>) -> LlmEventStream {
     Box::pin(futures_util::stream::iter(events.into_iter().map(Ok)).boxed())
 }
 
-/// An empty folder for one test: `awaken-<pid>-<name>` under the system's temporary folder.
-pub fn fresh_dir(name: &str) -> PathBuf {
+/// A folder of one test, removed with everything in it when dropped (also when the test
+/// fails), so test runs leave nothing behind in the system's temporary folder.
+#[derive(Debug)]
+pub struct TestDir(PathBuf);
+
+impl std::ops::Deref for TestDir {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for TestDir {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_os_str()
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// An empty folder for one test: `awaken-<pid>-<name>` under the system's temporary folder,
+/// removed when the returned guard is dropped.
+pub fn fresh_dir(name: &str) -> TestDir {
     let dir = std::env::temp_dir().join(format!("awaken-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("dir");
-    dir
+    TestDir(dir)
 }
 
 /// Recovers the one unfinished run of `rt`'s store to its natural end, and checks that
