@@ -1,7 +1,8 @@
 //! [`SqliteStore`]: the embedded default (feature `sqlite`), one file in WAL mode.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, TryLockError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -52,6 +53,13 @@ pub struct SqliteConfig {
     pub synchronous: Synchronous,
     /// How long a write waits for another process's lock before failing.
     pub busy_timeout: Duration,
+    /// Whether a commit may run on the caller's thread when the connection is free (default
+    /// `true`). A WAL commit that does not wait for the disk (`synchronous` `NORMAL` or `OFF`)
+    /// takes tens of microseconds, less than handing it to tokio's blocking pool and waking the
+    /// caller again; WAL checkpoints (which do wait for the disk) then run on the blocking pool
+    /// instead of inside a commit. With `false`, or with [`Synchronous::Full`], every commit
+    /// runs on the blocking pool.
+    pub inline_commits: bool,
 }
 
 impl SqliteConfig {
@@ -61,6 +69,7 @@ impl SqliteConfig {
             path: Some(path.into()),
             synchronous: Synchronous::Normal,
             busy_timeout: Duration::from_secs(5),
+            inline_commits: true,
         }
     }
 
@@ -70,7 +79,19 @@ impl SqliteConfig {
             path: None,
             synchronous: Synchronous::Normal,
             busy_timeout: Duration::from_secs(5),
+            inline_commits: true,
         }
+    }
+
+    /// Sets whether commits may run on the caller's thread ([`SqliteConfig::inline_commits`]).
+    pub fn with_inline_commits(mut self, inline: bool) -> Self {
+        self.inline_commits = inline;
+        self
+    }
+
+    /// Whether commits run on the caller's thread: asked for, and not waiting for the disk.
+    fn commits_inline(&self) -> bool {
+        self.inline_commits && self.synchronous != Synchronous::Full
     }
 
     /// Sets the `synchronous` pragma.
@@ -82,11 +103,58 @@ impl SqliteConfig {
 
 /// A [`ThreadStore`] in one SQLite file (WAL journal, `synchronous=NORMAL` by default), with
 /// schema migrations recorded in `awaken_schema_version`. One connection serves the store; its
-/// blocking calls run on tokio's blocking pool. Each commit is one `IMMEDIATE` transaction.
+/// blocking calls run on tokio's blocking pool, except a commit that finds the connection free
+/// when [`SqliteConfig::inline_commits`] allows it (see there). Each commit is one `IMMEDIATE`
+/// transaction.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     conn: Arc<Mutex<Connection>>,
     failpoints: Arc<Failpoints>,
+    /// `Some` when commits may run inline: SQLite's automatic checkpoints are off, and the
+    /// store runs them on the blocking pool.
+    checkpoints: Option<Arc<Checkpoints>>,
+}
+
+/// The store's own WAL checkpoints, for a connection whose commits run inline (SQLite's
+/// automatic checkpoint would run inside a commit, waiting for the disk on the caller's thread).
+#[derive(Debug, Default)]
+struct Checkpoints {
+    /// Commits since the last checkpoint was started.
+    commits: AtomicU32,
+    /// A checkpoint is scheduled or running.
+    running: AtomicBool,
+}
+
+/// Commits between two WAL checkpoints. A commit writes a handful of pages to the WAL; SQLite's
+/// automatic checkpoint would run at 1,000 pages, which this keeps the WAL near.
+const COMMITS_PER_CHECKPOINT: u32 = 128;
+
+impl Checkpoints {
+    /// Counts a commit; every [`COMMITS_PER_CHECKPOINT`] commits, checkpoints the WAL on the
+    /// blocking pool (or here, outside a tokio runtime).
+    fn committed(self: &Arc<Self>, conn: &Arc<Mutex<Connection>>) {
+        if self.commits.fetch_add(1, Ordering::Relaxed) + 1 < COMMITS_PER_CHECKPOINT
+            || self.running.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        self.commits.store(0, Ordering::Relaxed);
+        let (this, conn) = (Arc::clone(self), Arc::clone(conn));
+        let run = move || {
+            let conn = conn.lock().unwrap_or_else(|e| e.into_inner());
+            // PASSIVE: copies what it can without waiting for readers or writers of other
+            // connections. A failure only leaves the WAL longer until the next one.
+            if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                tracing::warn!(error = %e, "sqlite store: WAL checkpoint failed");
+            }
+            drop(conn);
+            this.running.store(false, Ordering::Release);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => drop(handle.spawn_blocking(run)),
+            Err(_) => run(),
+        }
+    }
 }
 
 /// The schema, one entry per version; never edit a released entry, append a new one.
@@ -159,10 +227,12 @@ impl SqliteStore {
     /// Opens (creating if needed) the database, sets WAL and `synchronous`, and migrates the
     /// schema. `SchemaTooNew` if the file was written by a newer build.
     pub async fn open(config: SqliteConfig) -> Result<Self, StoreError> {
+        let inline = config.commits_inline();
         let conn = blocking(move || open_connection(&config)).await??;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
             failpoints: Arc::new(Failpoints::default()),
+            checkpoints: inline.then(Arc::default),
         })
     }
 
@@ -203,6 +273,15 @@ async fn blocking<T: Send + 'static>(
         })
 }
 
+/// The message of a panic's payload (a `&str` or a `String`; anything else is unnamed).
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message")
+}
+
 fn open_connection(config: &SqliteConfig) -> Result<Connection, StoreError> {
     let mut conn = match &config.path {
         Some(path) => Connection::open(path)?,
@@ -212,6 +291,10 @@ fn open_connection(config: &SqliteConfig) -> Result<Connection, StoreError> {
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", config.synchronous.pragma())?;
     conn.pragma_update(None, "foreign_keys", "OFF")?;
+    if config.commits_inline() {
+        // The store checkpoints on the blocking pool ([`Checkpoints`]), not inside a commit.
+        conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+    }
     migrate(&mut conn)?;
     Ok(conn)
 }
@@ -576,8 +659,50 @@ impl ThreadStore for SqliteStore {
         commit
             .validate()
             .map_err(|v| StoreError::invalid(&commit.thread_id, v))?;
-        self.with_conn(move |conn, fp| commit_tx(conn, &commit, fp))
-            .await
+        let receipt = self
+            .with_conn(move |conn, fp| commit_tx(conn, &commit, fp))
+            .await?;
+        // Commits handed to the pool count towards the next checkpoint too.
+        if let Some(checkpoints) = &self.checkpoints {
+            checkpoints.committed(&self.conn);
+        }
+        Ok(receipt)
+    }
+
+    /// Commits on the caller's thread when commits may run inline and the connection is free
+    /// (no wait for another commit here); the commit back for the blocking pool otherwise.
+    fn commit_now(
+        &self,
+        commit: ThreadCommit,
+    ) -> Result<Result<CommitReceipt, StoreError>, ThreadCommit> {
+        let Some(checkpoints) = &self.checkpoints else {
+            return Err(commit);
+        };
+        let mut conn = match self.conn.try_lock() {
+            Ok(conn) => conn,
+            // A panic inside a transaction rolls it back when the transaction drops, so a
+            // poisoned connection is still consistent.
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => return Err(commit),
+        };
+        if let Err(v) = commit.validate() {
+            return Ok(Err(StoreError::invalid(&commit.thread_id, v)));
+        }
+        // A panic is a typed error here as it is from the blocking pool (the transaction,
+        // dropped while unwinding, rolls back).
+        let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            commit_tx(&mut conn, &commit, &self.failpoints)
+        }))
+        .unwrap_or_else(|panic| {
+            Err(StoreError::Task {
+                detail: format!("the commit panicked: {}", panic_text(&*panic)),
+            })
+        });
+        drop(conn);
+        if written.is_ok() {
+            checkpoints.committed(&self.conn);
+        }
+        Ok(written)
     }
 
     async fn load_checkpoint(
@@ -823,5 +948,150 @@ impl ThreadStore for SqliteStore {
             Ok(n > 0)
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use awaken_event::{Message, RunId, ThreadId, ToolCallId, ToolCallState};
+
+    use super::*;
+    use crate::commit::{BatchSource, CommitViolation};
+
+    fn step(n: u64) -> ThreadCommit {
+        let run = RunRecord::new(
+            RunId::new("r1").expect("id"),
+            "agent",
+            Timestamp::from_unix_millis(1),
+        );
+        ThreadCommit::new(ThreadId::new("t1").expect("id"), run, n)
+            .with_messages([Message::user(format!("message {n}"))])
+    }
+
+    async fn open(dir: &tempfile::TempDir, config: fn(PathBuf) -> SqliteConfig) -> SqliteStore {
+        SqliteStore::open(config(dir.path().join("awaken.db")))
+            .await
+            .expect("open")
+    }
+
+    #[tokio::test]
+    async fn a_commit_runs_inline_only_when_allowed_and_the_connection_is_free() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = open(&dir, SqliteConfig::file).await;
+        let receipt = store.commit_now(step(0)).expect("inline").expect("written");
+        assert_eq!(receipt.message_count, 1);
+        // Busy (another commit or read holds the connection): handed back unchanged, not
+        // waited for on the caller's thread.
+        let held = store.conn.lock().expect("lock");
+        let back = store.commit_now(step(1)).expect_err("handed back");
+        assert_eq!(back, step(1));
+        drop(held);
+        store.commit(back).await.expect("written on the pool");
+        // Not allowed: asked not to, or every commit waits for the disk.
+        for config in [
+            |p: PathBuf| SqliteConfig::file(p).with_inline_commits(false),
+            |p: PathBuf| SqliteConfig::file(p).with_synchronous(Synchronous::Full),
+        ] {
+            let dir = tempfile::tempdir().expect("dir");
+            let store = open(&dir, config).await;
+            assert_eq!(store.commit_now(step(0)).expect_err("handed back"), step(0));
+        }
+    }
+
+    /// A batch whose serialization panics (a bug in a `BatchSource`).
+    #[derive(Debug)]
+    struct Panics;
+
+    impl BatchSource for Panics {
+        fn to_json(&self) -> Result<serde_json::Value, serde_json::Error> {
+            panic!("to_json of a broken batch")
+        }
+        fn to_text(&self) -> Result<String, serde_json::Error> {
+            panic!("to_text of a broken batch")
+        }
+        fn open_call(&self) -> Result<Option<(ToolCallId, ToolCallState)>, CommitViolation> {
+            Ok(None)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_panic_inside_an_inline_commit_is_a_typed_error_and_writes_nothing() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = open(&dir, SqliteConfig::file).await;
+        store.commit_now(step(0)).expect("inline").expect("written");
+        let broken = step(1).with_batch(BatchData::typed(Arc::new(Panics)));
+        let err = store
+            .commit_now(broken)
+            .expect("inline")
+            .expect_err("panicked");
+        assert!(
+            matches!(&err, StoreError::Task { detail } if detail.contains("to_text of a broken batch")),
+            "{err:?}"
+        );
+        let thread = ThreadId::new("t1").expect("id");
+        let stored = store
+            .load_checkpoint(&thread)
+            .await
+            .expect("load")
+            .expect("thread");
+        assert_eq!(
+            stored.messages.len(),
+            1,
+            "the panicked commit wrote nothing"
+        );
+        // The connection still works, inline.
+        let receipt = store.commit_now(step(1)).expect("inline").expect("written");
+        assert_eq!(receipt.message_count, 2);
+    }
+
+    /// Frames in the WAL (read through a second connection: a passive checkpoint that finds
+    /// nothing to copy reports the log's size).
+    fn wal_frames(path: &std::path::Path) -> i64 {
+        let conn = Connection::open(path).expect("open");
+        conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get(1))
+            .expect("checkpoint")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn inline_commits_keep_the_wal_short_with_checkpoints_on_the_blocking_pool() {
+        wal_stays_short(true).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn commits_on_the_blocking_pool_count_towards_checkpoints_too() {
+        wal_stays_short(false).await;
+    }
+
+    /// Commits `4 * COMMITS_PER_CHECKPOINT` steps (through `commit_now` if `inline`, else
+    /// through `commit`) and checks the WAL was checkpointed along the way.
+    async fn wal_stays_short(inline: bool) {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = open(&dir, SqliteConfig::file).await;
+        let checkpoints = store.checkpoints.clone().expect("inline commits");
+        let commits = 4 * COMMITS_PER_CHECKPOINT;
+        let mut frames_after_first_commits = 0;
+        for n in 0..u64::from(commits) {
+            if inline {
+                store.commit_now(step(n)).expect("inline").expect("written");
+            } else {
+                store.commit(step(n)).await.expect("written");
+            }
+            if n == 9 {
+                frames_after_first_commits = wal_frames(&dir.path().join("awaken.db"));
+            }
+            // Let a scheduled checkpoint finish (it holds the connection meanwhile; a commit
+            // finding it busy would go to the blocking pool).
+            while checkpoints.running.load(Ordering::Acquire) {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        // Without checkpoints (SQLite's automatic ones are off) the WAL would hold every
+        // commit's frames: about `commits / 10` times the first ten commits'.
+        let frames = wal_frames(&dir.path().join("awaken.db"));
+        assert!(frames_after_first_commits > 0);
+        assert!(
+            frames < frames_after_first_commits * i64::from(COMMITS_PER_CHECKPOINT) / 5,
+            "{frames} frames in the WAL after {commits} commits ({frames_after_first_commits} after 10)"
+        );
     }
 }

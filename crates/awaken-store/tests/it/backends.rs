@@ -154,6 +154,7 @@ every_backend!(
     failpoint_inside_the_write,
     failed_last_commit_keeps_lease_and_batch,
     commit_now_writes_or_hands_back,
+    failpoint_inside_an_immediate_write,
     commit_cost_shape_at_length,
 );
 

@@ -948,30 +948,7 @@ pub async fn failpoint_inside_the_write(h: &Harness) {
                 .is_empty()
         );
     }
-    s.commit(step("t1", "r1", 0, 1, 1_000))
-        .await
-        .expect("commit 1");
-    let mut expected = 2;
-    for (i, point) in FailPoint::all().into_iter().enumerate() {
-        let before = dump_all(s).await;
-        (h.arm)(point);
-        let step_no = 2 + i as u32;
-        let err = s
-            .commit(step("t1", "r1", expected, step_no, 2_000 + i as i64))
-            .await
-            .expect_err("injected");
-        assert!(matches!(err, StoreError::Injected { .. }), "{err:?}");
-        assert_eq!(
-            dump_all(s).await,
-            before,
-            "later commit, failpoint {point:?}"
-        );
-        // The failpoint fired once; the same commit now goes through.
-        s.commit(step("t1", "r1", expected, step_no, 2_000 + i as i64))
-            .await
-            .expect("retry");
-        expected += 2;
-    }
+    each_fault_writes_nothing(h, false).await;
     let events = s.load_events(&tid("t1"), 0).await.expect("events");
     assert_eq!(events.len(), 15);
     assert!(
@@ -1069,4 +1046,53 @@ pub async fn commit_now_writes_or_hands_back(h: &Harness) {
     };
     assert!(matches!(err, StoreError::VersionConflict { .. }), "{err:?}");
     assert_eq!(dump_all(s).await, before);
+}
+
+/// `commit_now`, or `commit` when the store hands the commit back.
+async fn commit_either(
+    s: &dyn ThreadStore,
+    commit: ThreadCommit,
+) -> Result<awaken_store::CommitReceipt, StoreError> {
+    match s.commit_now(commit) {
+        Ok(written) => written,
+        Err(back) => s.commit(back).await,
+    }
+}
+
+/// Commits a first step of `t1`, then for every failpoint: a commit that hits it fails with
+/// that point and writes nothing, and the same commit then goes through. Through `commit_now`
+/// (on the caller's thread, where the store allows it) if `immediate`, else through `commit`.
+async fn each_fault_writes_nothing(h: &Harness, immediate: bool) {
+    let s = &*h.store;
+    let write = async |c: ThreadCommit| {
+        if immediate {
+            commit_either(s, c).await
+        } else {
+            s.commit(c).await
+        }
+    };
+    write(step("t1", "r1", 0, 1, 1_000))
+        .await
+        .expect("commit 1");
+    let mut expected = 2;
+    for (i, point) in FailPoint::all().into_iter().enumerate() {
+        let before = dump_all(s).await;
+        (h.arm)(point);
+        let commit = step("t1", "r1", expected, 2 + i as u32, 2_000 + i as i64);
+        let err = write(commit.clone()).await.expect_err("injected");
+        assert!(
+            matches!(err, StoreError::Injected { point: p } if p == point),
+            "{err:?}"
+        );
+        assert_eq!(dump_all(s).await, before, "failpoint {point:?}");
+        // The failpoint fired once; the same commit now goes through.
+        write(commit).await.expect("retry");
+        expected += 2;
+    }
+}
+
+/// A fault between two writes of a commit made through `commit_now` writes nothing, as
+/// through `commit`.
+pub async fn failpoint_inside_an_immediate_write(h: &Harness) {
+    each_fault_writes_nothing(h, true).await;
 }
