@@ -297,14 +297,13 @@ async fn run_activation(
     start: Box<Start>,
     sink: &dyn EventSink,
 ) -> Result<RunOutcome, RunError> {
-    // The preparation's state (checkpoint, resolution, the first commit) is boxed and gone
-    // before the run is driven: kept inline, it would stay part of every in-flight run's
-    // future (several KiB each) for the whole run.
+    // The preparation's state is smaller than the driven run's (see `prepare_activation`): held
+    // inline, it costs the run's future no room and the run no allocation.
     let Ready {
         mut run,
         heartbeat,
         lifecycle_run,
-    } = match Box::pin(prepare_activation(rt, *start, sink)).await? {
+    } = match prepare_activation(rt, start, sink).await? {
         Started::Done(outcome) => return Ok(outcome),
         Started::Ready(ready) => ready,
     };
@@ -352,13 +351,68 @@ async fn run_activation(
 }
 
 /// Everything before a run is driven: loads the thread, resolves the agent, builds the run,
-/// makes its first commit, takes its lease, dispatches `RunStart`.
+/// makes its first commit, takes its lease, dispatches `RunStart`. In parts, so that no part's
+/// locals are kept while another part awaits (an `async fn` keeps a slot for every local that
+/// lives across any of its awaits): the whole is smaller than the driven run's state, and the
+/// run's future holds it inline instead of boxing it (a box of several KiB per run, which
+/// glibc serves from its slow path).
 async fn prepare_activation<'a>(
     rt: &AgentRuntime,
-    start: Start,
+    start: Box<Start>,
     sink: &'a dyn EventSink,
 ) -> Result<Started<'a>, RunError> {
-    let thread_id = match &start {
+    let loaded = match load_activation(rt, start, sink).await? {
+        Loaded::Done(outcome) => return Ok(Started::Done(outcome)),
+        Loaded::Local(loaded) => loaded,
+    };
+    let built = build_run(rt, loaded, sink)?;
+    Ok(Started::Ready(start_run(rt, built).await?))
+}
+
+/// What [`load_activation`] found: an endpoint-backed agent's finished activation, or what a
+/// local run is built from.
+// Not boxed: moved once, out of a finished future.
+#[allow(clippy::large_enum_variant)]
+enum Loaded {
+    Done(RunOutcome),
+    Local(LoadedRun),
+}
+
+/// The thread as loaded and the agent as resolved, for [`build_run`].
+struct LoadedRun {
+    thread_id: ThreadId,
+    history: Vec<Message>,
+    persisted: u64,
+    notes: Vec<AgentEvent>,
+    lease: Option<LeaseToken>,
+    agent_id: Arc<str>,
+    profile_id: Option<awaken_event::ProfileId>,
+    messages: Vec<Message>,
+    cancel: CancellationToken,
+    inference: Option<InferenceOverride>,
+    resumed: Option<Resumed>,
+    resolved: Box<ResolvedAgent>,
+    parent_run_id: Option<RunId>,
+    identity: Arc<RunIdentity>,
+    store: Arc<StateStore>,
+    profile_versions: Option<std::collections::BTreeMap<String, u64>>,
+}
+
+/// A built run and what [`start_run`] needs besides it.
+struct Built<'a> {
+    run: Run<'a>,
+    notes: Vec<AgentEvent>,
+    is_resume: bool,
+    parent_run_id: Option<RunId>,
+}
+
+/// Loads the thread and resolves the agent (an endpoint-backed agent's activation runs here).
+async fn load_activation(
+    rt: &AgentRuntime,
+    start: Box<Start>,
+    sink: &dyn EventSink,
+) -> Result<Loaded, RunError> {
+    let thread_id = match &*start {
         Start::Fresh(a) => a.thread_id.clone(),
         Start::Resume(r) => r.thread_id.clone(),
         Start::Recover(c, _) => c.thread_id.clone(),
@@ -377,7 +431,7 @@ async fn prepare_activation<'a>(
     if let Some(cp) = checkpoint {
         persisted = cp.message_count();
         last_run_id = cp.run.as_ref().map(|r| r.run_id.clone());
-        if let Start::Recover(claimed, _) = &start
+        if let Start::Recover(claimed, _) = &*start
             && let Some(record) = &cp.run
             && record.run_id == claimed.run_id
             && record.status == RunStatus::Running
@@ -401,7 +455,7 @@ async fn prepare_activation<'a>(
     let mut lease = None;
     // A fresh run's requested id and parent (a delegate's child run), if any.
     let mut requested: (Option<RunId>, Option<RunId>) = (None, None);
-    let (agent_id, profile_id, messages, cancel, inference, resumed) = match start {
+    let (agent_id, profile_id, messages, cancel, inference, resumed) = match *start {
         Start::Recover(claimed, cancel) => {
             let Some((record, batch, run_state)) = unfinished else {
                 return Err(RunError::NotRecoverable {
@@ -438,7 +492,8 @@ async fn prepare_activation<'a>(
                             .collect(),
                     });
                 }
-                let closed = supersede(rt, &thread_id, record, batch, persisted).await?;
+                // Boxed: a rare path, whose state need not be part of every preparation.
+                let closed = Box::pin(supersede(rt, &thread_id, record, batch, persisted)).await?;
                 persisted += closed.len() as u64;
                 notes.push(AgentEvent::Warning {
                     kind: WarningKind::Other,
@@ -511,7 +566,7 @@ async fn prepare_activation<'a>(
                 .run(&b.spec, request, sink)
                 .await
                 .map_err(RunError::Backend)?;
-            return Ok(Started::Done(RunOutcome {
+            return Ok(Loaded::Done(RunOutcome {
                 run_id,
                 termination: outcome.termination,
                 response: outcome.response,
@@ -582,6 +637,51 @@ async fn prepare_activation<'a>(
                 .collect(),
         );
     }
+    Ok(Loaded::Local(LoadedRun {
+        thread_id,
+        history,
+        persisted,
+        notes,
+        lease,
+        agent_id,
+        profile_id,
+        messages,
+        cancel,
+        inference,
+        resumed,
+        resolved,
+        parent_run_id,
+        identity,
+        store,
+        profile_versions,
+    }))
+}
+
+/// Builds the run from what [`load_activation`] found (no awaits: nothing of it is kept in a
+/// future), with its `RunStart` fact pending for the first commit.
+fn build_run<'a>(
+    rt: &AgentRuntime,
+    loaded: LoadedRun,
+    sink: &'a dyn EventSink,
+) -> Result<Built<'a>, RunError> {
+    let LoadedRun {
+        thread_id,
+        mut history,
+        persisted,
+        mut notes,
+        lease,
+        agent_id,
+        profile_id,
+        messages,
+        cancel,
+        inference,
+        resumed,
+        resolved,
+        parent_run_id,
+        identity,
+        store,
+        profile_versions,
+    } = loaded;
     // A history with unpaired calls or results never reaches a provider.
     // Calls still open in the batch are answered by this activation, not by the repair.
     let open: HashSet<ToolCallId> = resumed
@@ -718,61 +818,85 @@ async fn prepare_activation<'a>(
         parent_run_id: parent_run_id.clone(),
         resumed: is_resume,
     });
-    // A runtime with a worker identity holds the lease of every run it drives (a recovery's
-    // lease comes with its claim): taken before a resume writes anything (so two processes
-    // never continue one waiting run), and right after a new run's first commit creates it.
-    let claimed_already = run.durable.lease.is_some();
-    let mut heartbeat = None;
-    if is_resume && !claimed_already {
-        heartbeat = hold_lease(rt, &mut run).await?;
-    }
-    // The activation exists once this first commit is in: its record and the new messages.
-    let started = run
-        .durable
-        .commit(
-            run.engine.store(),
-            BatchWrite::Keep,
-            run.step,
-            run.read_stats(|s| s.usage),
-            sink,
-        )
-        .await
-        .map_err(|e| RunError::Checkpoint {
-            thread_id: run.identity.thread_id.clone(),
-            message: e.to_string(),
-        });
-    if let Err(e) = started {
-        release_lease(rt, &run, heartbeat).await;
-        return Err(e);
-    }
-    if !is_resume && !claimed_already {
-        heartbeat = hold_lease(rt, &mut run).await?;
-    }
-    for note in notes {
-        run.note(note);
-    }
-    let lifecycle_run = RunLifecycle {
-        run: run.identity.clone(),
-        resumed: is_resume,
-        parent_run_id,
-    };
-    run.lifecycle
-        .dispatch(
-            run.resolved.env.plugins(),
-            LifecycleEvent::RunStart(&lifecycle_run),
-        )
-        .await;
-    for w in run.resolved.warnings.clone() {
-        run.note(AgentEvent::Warning {
-            kind: WarningKind::Resolution,
-            detail: w.to_string(),
-        });
-    }
-    Ok(Started::Ready(Ready {
+    Ok(Built {
         run,
-        heartbeat,
-        lifecycle_run,
-    }))
+        notes,
+        is_resume,
+        parent_run_id,
+    })
+}
+
+/// Starts the built run: takes its lease, makes its first commit, dispatches `RunStart`.
+/// Not an `async fn`: the block works on the run where it was moved in (an `async fn` would
+/// keep its argument and a second copy of the run).
+fn start_run<'a, 'r>(
+    rt: &'r AgentRuntime,
+    mut built: Built<'a>,
+) -> impl Future<Output = Result<Ready<'a>, RunError>> + Send + 'r
+where
+    'a: 'r,
+{
+    async move {
+        let run = &mut built.run;
+        // A runtime with a worker identity holds the lease of every run it drives (a
+        // recovery's lease comes with its claim): taken before a resume writes anything (so
+        // two processes never continue one waiting run), and right after a new run's first
+        // commit creates it.
+        let claimed_already = run.durable.lease.is_some();
+        let mut heartbeat = None;
+        if built.is_resume && !claimed_already {
+            heartbeat = hold_lease(rt, run).await?;
+        }
+        // The activation exists once this first commit is in: its record and the new
+        // messages.
+        let usage = run.read_stats(|s| s.usage);
+        if let Err(e) = run
+            .durable
+            .commit(
+                run.engine.store(),
+                BatchWrite::Keep,
+                run.step,
+                usage,
+                run.sink,
+            )
+            .await
+        {
+            let e = RunError::Checkpoint {
+                thread_id: run.identity.thread_id.clone(),
+                message: e.to_string(),
+            };
+            release_lease(rt, run, heartbeat).await;
+            return Err(e);
+        }
+        if !built.is_resume && !claimed_already {
+            heartbeat = hold_lease(rt, run).await?;
+        }
+        for note in std::mem::take(&mut built.notes) {
+            run.note(note);
+        }
+        let lifecycle_run = RunLifecycle {
+            run: run.identity.clone(),
+            resumed: built.is_resume,
+            parent_run_id: built.parent_run_id.take(),
+        };
+        run.lifecycle
+            .dispatch(
+                run.resolved.env.plugins(),
+                LifecycleEvent::RunStart(&lifecycle_run),
+            )
+            .await;
+        for w in run.resolved.warnings.clone() {
+            run.note(AgentEvent::Warning {
+                kind: WarningKind::Resolution,
+                detail: w.to_string(),
+            });
+        }
+        Ok(Ready {
+            run: built.run,
+            heartbeat,
+            lifecycle_run,
+        })
+    }
 }
 
 impl Run<'_> {

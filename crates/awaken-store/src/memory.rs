@@ -26,13 +26,15 @@ use crate::store::{
 ///
 /// Threads are spread over independently locked shards (by a hash of the thread id), so
 /// commits to different threads rarely wait for each other. Profiles, shared by threads, and
-/// the index of which thread each run is on have their own locks, always taken after a
-/// shard's (a thread's shard, then the run index, then the profiles).
+/// the index of which thread each run is on (sharded by run id) have their own locks, always
+/// taken after a shard's (a thread's shard, then a run index shard, then the profiles).
 #[derive(Debug)]
 pub struct MemoryStore {
     shards: Box<[Mutex<Inner>]>,
-    /// The thread each run is on: finds a run's shard, and refuses a run id on two threads.
-    run_threads: Mutex<HashMap<RunId, ThreadId>>,
+    /// The thread each run is on, sharded by run id (every new run's first commit holds its
+    /// entry's lock while it is written): finds a run's shard, and refuses a run id on two
+    /// threads.
+    run_threads: Box<[Mutex<HashMap<RunId, ThreadId>>]>,
     profiles: Mutex<Profiles>,
     failpoints: Failpoints,
 }
@@ -58,7 +60,7 @@ impl Default for MemoryStore {
     fn default() -> Self {
         Self {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            run_threads: Mutex::default(),
+            run_threads: (0..SHARDS).map(|_| Mutex::default()).collect(),
             profiles: Mutex::default(),
             failpoints: Failpoints::default(),
         }
@@ -280,17 +282,26 @@ impl MemoryStore {
 
     /// The shard of `thread_id`, locked.
     fn shard(&self, thread_id: &ThreadId) -> MutexGuard<'_, Inner> {
-        let h = foldhash::fast::FixedState::default().hash_one(thread_id);
-        let i = usize::try_from(h % SHARDS as u64).unwrap_or(0);
-        lock(&self.shards[i])
+        lock(&self.shards[shard_of(thread_id)])
+    }
+
+    /// The run index shard that holds `run_id`'s entry, locked.
+    fn run_index(&self, run_id: &RunId) -> MutexGuard<'_, HashMap<RunId, ThreadId>> {
+        lock(&self.run_threads[shard_of(run_id)])
     }
 
     /// The shard holding `run_id`, locked, if the run exists.
     fn run_shard(&self, run_id: &RunId) -> Option<MutexGuard<'_, Inner>> {
         // The index lock is released before the shard's is taken (shard first, always).
-        let thread_id = lock(&self.run_threads).get(run_id).cloned()?;
+        let thread_id = self.run_index(run_id).get(run_id).cloned()?;
         Some(self.shard(&thread_id))
     }
+}
+
+/// The shard of `key` among [`SHARDS`].
+fn shard_of(key: &impl std::hash::Hash) -> usize {
+    let h = foldhash::fast::FixedState::default().hash_one(key);
+    usize::try_from(h % SHARDS as u64).unwrap_or(0)
 }
 
 /// Locks `m`. A panic while holding a lock cannot leave a half-applied commit (the undo log
@@ -619,7 +630,7 @@ impl MemoryStore {
         // locked until the commit has put it there.
         let mut run_threads = None;
         if !inner.runs.contains_key(&commit.run.run_id) {
-            let index = lock(&self.run_threads);
+            let index = self.run_index(&commit.run.run_id);
             if let Some(stored) = index.get(&commit.run.run_id)
                 && *stored != commit.thread_id
             {
@@ -784,10 +795,9 @@ impl ThreadStore for MemoryStore {
             .filter(|(_, r)| &r.thread_id == thread_id)
             .map(|(id, _)| id.clone())
             .collect();
-        let mut index = lock(&self.run_threads);
         for run in runs {
             inner.runs.remove(&run);
-            index.remove(&run);
+            self.run_index(&run).remove(&run);
         }
         Ok(existed)
     }
