@@ -351,51 +351,30 @@ async fn run_activation(
 }
 
 /// Everything before a run is driven: loads the thread, resolves the agent, builds the run,
-/// makes its first commit, takes its lease, dispatches `RunStart`. In parts, so that no part's
-/// locals are kept while another part awaits (an `async fn` keeps a slot for every local that
-/// lives across any of its awaits): the whole is smaller than the driven run's state, and the
-/// run's future holds it inline instead of boxing it (a box of several KiB per run, which
+/// makes its first commit, takes its lease, dispatches `RunStart`. In two parts, so that neither
+/// part's locals are kept while the other awaits (an `async fn` keeps a slot for every local
+/// that lives across any of its awaits): the whole is smaller than the driven run's state, and
+/// the run's future holds it inline instead of boxing it (a box of several KiB per run, which
 /// glibc serves from its slow path).
 async fn prepare_activation<'a>(
     rt: &AgentRuntime,
     start: Box<Start>,
     sink: &'a dyn EventSink,
 ) -> Result<Started<'a>, RunError> {
-    let loaded = match load_activation(rt, start, sink).await? {
+    let built = match load_activation(rt, start, sink).await? {
         Loaded::Done(outcome) => return Ok(Started::Done(outcome)),
-        Loaded::Local(loaded) => loaded,
+        Loaded::Local(built) => built,
     };
-    let built = build_run(rt, loaded, sink)?;
     Ok(Started::Ready(start_run(rt, built).await?))
 }
 
-/// What [`load_activation`] found: an endpoint-backed agent's finished activation, or what a
-/// local run is built from.
+/// What [`load_activation`] made: an endpoint-backed agent's finished activation, or the built
+/// local run.
 // Not boxed: moved once, out of a finished future.
 #[allow(clippy::large_enum_variant)]
-enum Loaded {
+enum Loaded<'a> {
     Done(RunOutcome),
-    Local(LoadedRun),
-}
-
-/// The thread as loaded and the agent as resolved, for [`build_run`].
-struct LoadedRun {
-    thread_id: ThreadId,
-    history: Vec<Message>,
-    persisted: u64,
-    notes: Vec<AgentEvent>,
-    lease: Option<LeaseToken>,
-    agent_id: Arc<str>,
-    profile_id: Option<awaken_event::ProfileId>,
-    messages: Vec<Message>,
-    cancel: CancellationToken,
-    inference: Option<InferenceOverride>,
-    resumed: Option<Resumed>,
-    resolved: Box<ResolvedAgent>,
-    parent_run_id: Option<RunId>,
-    identity: Arc<RunIdentity>,
-    store: Arc<StateStore>,
-    profile_versions: Option<std::collections::BTreeMap<String, u64>>,
+    Local(Built<'a>),
 }
 
 /// A built run and what [`start_run`] needs besides it.
@@ -406,12 +385,14 @@ struct Built<'a> {
     parent_run_id: Option<RunId>,
 }
 
-/// Loads the thread and resolves the agent (an endpoint-backed agent's activation runs here).
-async fn load_activation(
+/// Loads the thread, resolves the agent (an endpoint-backed agent's activation runs here) and
+/// builds the run, with its `RunStart` fact pending for the first commit. Everything after the
+/// last await is plain stack data, not part of the future.
+async fn load_activation<'a>(
     rt: &AgentRuntime,
     start: Box<Start>,
-    sink: &dyn EventSink,
-) -> Result<Loaded, RunError> {
+    sink: &'a dyn EventSink,
+) -> Result<Loaded<'a>, RunError> {
     let thread_id = match &*start {
         Start::Fresh(a) => a.thread_id.clone(),
         Start::Resume(r) => r.thread_id.clone(),
@@ -637,51 +618,6 @@ async fn load_activation(
                 .collect(),
         );
     }
-    Ok(Loaded::Local(LoadedRun {
-        thread_id,
-        history,
-        persisted,
-        notes,
-        lease,
-        agent_id,
-        profile_id,
-        messages,
-        cancel,
-        inference,
-        resumed,
-        resolved,
-        parent_run_id,
-        identity,
-        store,
-        profile_versions,
-    }))
-}
-
-/// Builds the run from what [`load_activation`] found (no awaits: nothing of it is kept in a
-/// future), with its `RunStart` fact pending for the first commit.
-fn build_run<'a>(
-    rt: &AgentRuntime,
-    loaded: LoadedRun,
-    sink: &'a dyn EventSink,
-) -> Result<Built<'a>, RunError> {
-    let LoadedRun {
-        thread_id,
-        mut history,
-        persisted,
-        mut notes,
-        lease,
-        agent_id,
-        profile_id,
-        messages,
-        cancel,
-        inference,
-        resumed,
-        resolved,
-        parent_run_id,
-        identity,
-        store,
-        profile_versions,
-    } = loaded;
     // A history with unpaired calls or results never reaches a provider.
     // Calls still open in the batch are answered by this activation, not by the repair.
     let open: HashSet<ToolCallId> = resumed
@@ -818,12 +754,12 @@ fn build_run<'a>(
         parent_run_id: parent_run_id.clone(),
         resumed: is_resume,
     });
-    Ok(Built {
+    Ok(Loaded::Local(Built {
         run,
         notes,
         is_resume,
         parent_run_id,
-    })
+    }))
 }
 
 /// Starts the built run: takes its lease, makes its first commit, dispatches `RunStart`.
