@@ -19,15 +19,34 @@ use crate::event::{LlmEventStream, LlmStreamEvent};
 /// This is the cancellation protocol for callers that hold an `awaken_event::CancellationToken`;
 /// dropping the stream does the same without the final `Cancelled` item.
 pub fn with_cancellation(stream: LlmEventStream, token: CancellationToken) -> LlmEventStream {
-    Box::pin(CancellableStream {
-        inner: Some(stream),
-        token,
-    })
+    Box::pin(CancellableStream::new(stream, token))
 }
 
-struct CancellableStream {
+/// [`with_cancellation`]'s stream, unboxed (for a caller that polls it in place: one
+/// allocation less per inference).
+pub struct CancellableStream {
     inner: Option<LlmEventStream>,
     token: CancellationToken,
+}
+
+impl std::fmt::Debug for CancellableStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CancellableStream")
+            .field("ended", &self.inner.is_none())
+            .field("token", &self.token)
+            .finish()
+    }
+}
+
+impl CancellableStream {
+    /// `stream`, ended with [`InferenceExecutionError::Cancelled`] once `token` is cancelled
+    /// (see [`with_cancellation`]).
+    pub fn new(stream: LlmEventStream, token: CancellationToken) -> Self {
+        Self {
+            inner: Some(stream),
+            token,
+        }
+    }
 }
 
 impl Stream for CancellableStream {

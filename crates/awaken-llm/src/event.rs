@@ -1,9 +1,12 @@
 //! The events of a streamed inference and their collection into an [`InferenceResponse`].
 
 use std::pin::Pin;
+use std::sync::Arc;
 
 use awaken_event::ContentBlock;
-use awaken_event::{InferenceResponse, Message, StopReason, TokenUsage, ToolCall, ToolCallId};
+use awaken_event::{
+    InferenceResponse, Message, Role, StopReason, TokenUsage, ToolCall, ToolCallId,
+};
 use futures_core::Stream;
 
 use crate::error::InferenceExecutionError;
@@ -86,8 +89,8 @@ impl ResponseCollector {
             ));
         }
         match event {
-            LlmStreamEvent::TextDelta(t) => self.text.push_str(&t),
-            LlmStreamEvent::ReasoningDelta(t) => self.reasoning.push_str(&t),
+            LlmStreamEvent::TextDelta(t) => append(&mut self.text, t),
+            LlmStreamEvent::ReasoningDelta(t) => append(&mut self.reasoning, t),
             LlmStreamEvent::ToolCallStart { index, id, name } => {
                 if self.calls.iter().any(|c| c.index == index) {
                     return Err(InferenceExecutionError::malformed(
@@ -105,7 +108,7 @@ impl ResponseCollector {
             }
             LlmStreamEvent::ToolCallArgsDelta { index, delta } => {
                 match self.calls.iter_mut().find(|c| c.index == index) {
-                    Some(call) => call.arguments.push_str(&delta),
+                    Some(call) => append(&mut call.arguments, delta),
                     None => {
                         return Err(InferenceExecutionError::malformed(
                             format!("arguments for tool call {index}, which never started"),
@@ -129,27 +132,45 @@ impl ResponseCollector {
                 "the stream ended without a stop event",
             ));
         };
-        let mut content = Vec::new();
-        if !self.reasoning.is_empty() {
-            content.push(ContentBlock::Reasoning {
-                text: self.reasoning,
-            });
-        }
-        if !self.text.is_empty() {
-            content.push(ContentBlock::text(self.text));
-        }
-        let tool_calls = self
-            .calls
-            .into_iter()
-            .map(|c| ToolCall::from_raw_arguments(c.id, c.name, &c.arguments))
-            .collect();
-        let mut message = Message::assistant_with_calls("", tool_calls);
-        message.content = content.into();
+        // Each list is collected straight into its shared slice (one allocation, no vector
+        // copied into it).
+        let reasoning = (!self.reasoning.is_empty()).then(|| ContentBlock::Reasoning {
+            text: self.reasoning,
+        });
+        let text = (!self.text.is_empty()).then(|| ContentBlock::text(self.text));
+        let content: Arc<[ContentBlock]> = match (reasoning, text) {
+            (None, None) => Arc::default(),
+            (Some(block), None) | (None, Some(block)) => Arc::new([block]),
+            (Some(reasoning), Some(text)) => Arc::new([reasoning, text]),
+        };
+        let tool_calls: Arc<[ToolCall]> = if self.calls.is_empty() {
+            Arc::default()
+        } else {
+            self.calls
+                .into_iter()
+                .map(|c| ToolCall::from_raw_arguments(c.id, c.name, &c.arguments))
+                .collect()
+        };
         Ok(InferenceResponse {
-            message,
+            message: Message {
+                role: Role::Assistant,
+                content,
+                tool_calls,
+                tool_call_id: None,
+            },
             usage: self.usage,
             stop_reason,
         })
+    }
+}
+
+/// Appends a streamed fragment to `buffer`, taking the fragment's own string when the buffer is
+/// still empty (most fragments of a short answer are the first).
+fn append(buffer: &mut String, fragment: String) {
+    if buffer.is_empty() {
+        *buffer = fragment;
+    } else {
+        buffer.push_str(&fragment);
     }
 }
 

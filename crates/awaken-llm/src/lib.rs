@@ -22,7 +22,7 @@ mod sse;
 #[cfg(test)]
 mod tests;
 
-pub use cancel::with_cancellation;
+pub use cancel::{CancellableStream, with_cancellation};
 pub use error::{BoxError, ErrorClass, InferenceExecutionError};
 pub use event::{LlmEventStream, LlmStreamEvent, ResponseCollector, collect_stream};
 pub use executor::{LlmExecutor, LlmResponseFuture};

@@ -141,16 +141,14 @@ impl ExecutionEnv {
         let mut action_owner: HashMap<&'static str, &str> = HashMap::default();
         let mut effect_owner: HashMap<&'static str, &str> = HashMap::default();
         let mut tool_owner: HashMap<String, &str> = HashMap::default();
-        let mut env = ExecutionEnv {
-            plugins: Vec::with_capacity(plugins.len()),
-            active: Vec::with_capacity(plugins.len()),
-            phase_env: Arc::new(PhaseEnv::new()),
-            keys: Arc::default(),
-            tools: Vec::new(),
-            gate_hooks: Vec::new(),
-            transforms: Vec::new(),
-            config_claims: Vec::new(),
-        };
+        // The parts of the environment, put together at the end (placeholders for the shared
+        // registry and phase environment would be two allocations thrown away).
+        let mut env_plugins = Vec::with_capacity(plugins.len());
+        let mut env_active = Vec::with_capacity(plugins.len());
+        let mut env_tools = Vec::new();
+        let mut env_gate_hooks = Vec::new();
+        let mut env_transforms = Vec::new();
+        let mut env_config_claims = Vec::new();
 
         let mut registrar: Option<PluginRegistrar> = None;
         for plugin in &plugins {
@@ -262,14 +260,14 @@ impl ExecutionEnv {
             let active = builtin_plugins.iter().any(|b| b.manifest().id == id)
                 || active_hook_filter.is_empty()
                 || active_hook_filter.iter().any(|f| f == id);
-            env.active.push(active);
+            env_active.push(active);
             if active {
                 for (phase, name, hook) in r.phase_hooks.drain(..) {
                     phase_env.add_hook_shared(phase, &shared_id, name, hook)?;
                 }
                 let plugin_id = shared_id.clone();
                 for (name, hook) in r.gate_hooks.drain(..) {
-                    env.gate_hooks.push(RegisteredGateHook {
+                    env_gate_hooks.push(RegisteredGateHook {
                         plugin_id: plugin_id.clone(),
                         name: name.into(),
                         hook,
@@ -284,26 +282,33 @@ impl ExecutionEnv {
                             second: id.to_owned(),
                         });
                     }
-                    env.tools.push(PluginTool {
+                    env_tools.push(PluginTool {
                         plugin_id: plugin_id.clone(),
                         tool,
                     });
                 }
                 for transform in r.transforms.drain(..) {
-                    env.transforms.push(RegisteredTransform {
+                    env_transforms.push(RegisteredTransform {
                         plugin_id: plugin_id.clone(),
                         transform,
                     });
                 }
             }
             for schema in plugin.config_schemas() {
-                env.config_claims.push((id.to_owned(), schema));
+                env_config_claims.push((id.to_owned(), schema));
             }
-            env.plugins.push(plugin.clone());
+            env_plugins.push(plugin.clone());
         }
-        env.keys = Arc::new(keys);
-        env.phase_env = Arc::new(phase_env);
-        Ok(env)
+        Ok(ExecutionEnv {
+            plugins: env_plugins,
+            active: env_active,
+            phase_env: Arc::new(phase_env),
+            keys: Arc::new(keys),
+            tools: env_tools,
+            gate_hooks: env_gate_hooks,
+            transforms: env_transforms,
+            config_claims: env_config_claims,
+        })
     }
 
     /// The plugins in execution order (enabled only).

@@ -9,7 +9,7 @@ use awaken_event::{
     ToolCallState, ToolDescriptor, ToolResult, WarningKind,
 };
 use awaken_llm::{
-    InferenceExecutionError, InferenceRequest, LlmStreamEvent, ResponseCollector, with_cancellation,
+    CancellableStream, InferenceExecutionError, InferenceRequest, LlmStreamEvent, ResponseCollector,
 };
 use awaken_phase::{
     Phase, PhaseContext, PhaseEngine, PhaseError, PhaseReport, RunIdentity, ToolPhaseInfo,
@@ -633,15 +633,21 @@ async fn load_activation<'a>(
     }
     let record = match &resumed {
         None => {
-            let mut record = RunRecord::new(
-                identity.run_id.clone(),
-                agent_id.clone(),
-                rt.ids.timestamp(),
-            );
-            record.profile_id = profile_id.clone();
-            record.spec_digest = resolved.spec_digest.clone();
-            record.parent_run_id = parent_run_id.clone();
-            record
+            // Built whole: `RunRecord::new` would allocate a blank digest replaced at once.
+            let now = rt.ids.timestamp();
+            RunRecord {
+                run_id: identity.run_id.clone(),
+                parent_run_id: parent_run_id.clone(),
+                agent_id: agent_id.clone(),
+                profile_id: profile_id.clone(),
+                status: RunStatus::Running,
+                termination: None,
+                steps: 0,
+                usage: awaken_event::TokenUsage::default(),
+                spec_digest: resolved.spec_digest.clone(),
+                created_at: now,
+                updated_at: now,
+            }
         }
         Some(r) => {
             let mut record = r.record.clone();
@@ -1093,7 +1099,7 @@ impl Run<'_> {
                 }),
                 _ => self.note(AgentEvent::ToolCallStart {
                     call_id: call.id.clone(),
-                    name: call.name.as_str().into(),
+                    name: self.shared_tool_name(&call.name),
                 }),
             }
             self.announce_ready(&call);
@@ -1212,12 +1218,15 @@ impl Run<'_> {
         }
         overrides = overrides.merge(&directives.inference);
         let (model, system_prompt, routing_key) = &self.request_strings;
-        let mut request = InferenceRequest::new(model.clone(), messages)
-            .with_tools(tools)
-            .with_overrides(overrides)
-            .with_routing_key(routing_key.clone());
-        request.system_prompt = system_prompt.clone();
-        request
+        // Built whole: `InferenceRequest::new` would allocate an empty tool list replaced at once.
+        InferenceRequest {
+            upstream_model: model.clone(),
+            messages,
+            tools,
+            system_prompt: system_prompt.clone(),
+            overrides,
+            routing_key: Some(routing_key.clone()),
+        }
     }
 
     async fn infer(
@@ -1226,7 +1235,7 @@ impl Run<'_> {
     ) -> Result<awaken_event::InferenceResponse, Failure> {
         let model = request.effective_model_shared();
         let started = tokio::time::Instant::now();
-        let mut stream = with_cancellation(
+        let mut stream = CancellableStream::new(
             self.resolved.executor.execute_stream(request),
             self.cancel.clone(),
         );
@@ -1258,9 +1267,10 @@ impl Run<'_> {
                         Some((_, known)) => *known = id.clone(),
                         None => calls.push((*index, id.clone())),
                     }
+                    let name = self.shared_tool_name(name);
                     self.note(AgentEvent::ToolCallStart {
                         call_id: id.clone(),
-                        name: name.as_str().into(),
+                        name,
                     });
                 }
                 LlmStreamEvent::ToolCallArgsDelta { index, delta } => {
@@ -1534,26 +1544,21 @@ impl Run<'_> {
             result,
             state,
         });
-        let resolved_tool = self
-            .resolved
-            .tools
-            .iter()
-            .find(|t| t.tool.descriptor().name == call.name)
-            .cloned();
-        let tool: Arc<str> = resolved_tool
-            .as_ref()
-            .map_or(call.name.as_str(), |t| t.tool.id())
-            .into();
+        let resolved_tool = self.tool_named(&call.name);
+        let tool = resolved_tool.map_or_else(
+            || Arc::from(call.name.as_str()),
+            |t| t.tool.shared_id().clone(),
+        );
+        // A delegate's answer returning into this run: the return hooks frame its commit.
+        let returning = match (resolved_tool, failed) {
+            (Some(t), false) => delegate_call(&self.identity, t, call),
+            _ => None,
+        };
         self.submit(
             StateCommand::new()
                 .with_update::<RunStatsKey>(StatsUpdate::ToolClosed { tool, failed }),
         )
         .await?;
-        // A delegate's answer returning into this run: the return hooks frame its commit.
-        let returning = match (&resolved_tool, failed) {
-            (Some(t), false) => delegate_call(&self.identity, t, call),
-            _ => None,
-        };
         if fold && returning.is_none() {
             self.folded_result = Some(call.id.clone());
             return Ok(());
@@ -1695,10 +1700,25 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// The resolved tool models call `name`, if any.
+    fn tool_named(&self, name: &str) -> Option<&ResolvedTool> {
+        self.resolved
+            .tools
+            .iter()
+            .find(|t| t.tool.descriptor().name == name)
+    }
+
+    /// `name` as a shared string for an event: the resolved tool's (no allocation per call),
+    /// else a new one.
+    fn shared_tool_name(&self, name: &str) -> Arc<str> {
+        self.tool_named(name)
+            .map_or_else(|| Arc::from(name), |t| t.tool.shared_name().clone())
+    }
+
     fn announce_ready(&mut self, call: &ToolCall) {
         self.note(AgentEvent::ToolCallReady {
             call_id: call.id.clone(),
-            name: call.name.as_str().into(),
+            name: self.shared_tool_name(&call.name),
             arguments: call.arguments.clone(),
         });
     }

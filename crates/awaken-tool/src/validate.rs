@@ -85,6 +85,14 @@ impl fmt::Debug for ArgumentValidator {
     }
 }
 
+/// A tool's descriptor as read at registration, with its id and name shared.
+#[derive(Debug)]
+struct Described {
+    descriptor: ToolDescriptor,
+    id: Arc<str>,
+    name: Arc<str>,
+}
+
 /// A tool accepted for use: its descriptor read once, its schema compiled, its recovery policy
 /// checked against its effect class. Cheap to clone (shared).
 ///
@@ -94,7 +102,7 @@ impl fmt::Debug for ArgumentValidator {
 #[derive(Clone)]
 pub struct RegisteredTool {
     tool: Arc<dyn Tool>,
-    descriptor: Arc<ToolDescriptor>,
+    descriptor: Arc<Described>,
     validator: ArgumentValidator,
     policy: ToolRecoveryPolicy,
 }
@@ -119,7 +127,11 @@ impl RegisteredTool {
         let validator = ArgumentValidator::compile(&descriptor.id, &descriptor.parameters)?;
         Ok(Self {
             tool,
-            descriptor: Arc::new(descriptor),
+            descriptor: Arc::new(Described {
+                id: Arc::from(descriptor.id.as_str()),
+                name: Arc::from(descriptor.name.as_str()),
+                descriptor,
+            }),
             validator,
             policy,
         })
@@ -140,12 +152,22 @@ impl RegisteredTool {
 
     /// The descriptor, as read at registration.
     pub fn descriptor(&self) -> &ToolDescriptor {
-        &self.descriptor
+        &self.descriptor.descriptor
+    }
+
+    /// The tool's id, shared (for events and statistics that name the tool on every call).
+    pub fn shared_id(&self) -> &Arc<str> {
+        &self.descriptor.id
+    }
+
+    /// The tool's name as models call it, shared.
+    pub fn shared_name(&self) -> &Arc<str> {
+        &self.descriptor.name
     }
 
     /// The effect class.
     pub fn effect(&self) -> EffectClass {
-        self.descriptor.effect
+        self.descriptor.descriptor.effect
     }
 
     /// The declared (and accepted) recovery policy.
@@ -170,7 +192,7 @@ impl RegisteredTool {
 
     /// What recovery does with a call of this tool last durably in state `last`.
     pub fn recovery_action(&self, last: ToolCallState) -> RecoveryAction {
-        recovery_action(self.descriptor.effect, self.policy, last)
+        recovery_action(self.descriptor.descriptor.effect, self.policy, last)
     }
 
     /// Validates `args` against the cached schema.
@@ -256,7 +278,7 @@ impl fmt::Debug for RegisteredTool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RegisteredTool")
             .field("id", &self.descriptor.id)
-            .field("effect", &self.descriptor.effect)
+            .field("effect", &self.descriptor.descriptor.effect)
             .field("policy", &self.policy)
             .field("writes", &self.tool.writes())
             .finish_non_exhaustive()
