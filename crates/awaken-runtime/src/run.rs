@@ -1251,38 +1251,44 @@ impl Run<'_> {
                     break;
                 }
             };
-            match &event {
+            // A delta is lent to its event and taken back for the collector (no copy per
+            // fragment).
+            let event = match event {
                 LlmStreamEvent::TextDelta(delta) if !delta.is_empty() => {
-                    self.sink.emit(&AgentEvent::TextDelta {
-                        delta: delta.clone(),
-                    })
+                    LlmStreamEvent::TextDelta(relay(self.sink, AgentEvent::TextDelta { delta }))
                 }
                 LlmStreamEvent::ReasoningDelta(delta) if !delta.is_empty() => {
-                    self.sink.emit(&AgentEvent::ReasoningDelta {
-                        delta: delta.clone(),
-                    })
+                    LlmStreamEvent::ReasoningDelta(relay(
+                        self.sink,
+                        AgentEvent::ReasoningDelta { delta },
+                    ))
                 }
                 LlmStreamEvent::ToolCallStart { index, id, name } => {
-                    match calls.iter_mut().find(|(i, _)| i == index) {
+                    match calls.iter_mut().find(|(i, _)| *i == index) {
                         Some((_, known)) => *known = id.clone(),
-                        None => calls.push((*index, id.clone())),
+                        None => calls.push((index, id.clone())),
                     }
-                    let name = self.shared_tool_name(name);
                     self.note(AgentEvent::ToolCallStart {
                         call_id: id.clone(),
-                        name,
+                        name: self.shared_tool_name(&name),
                     });
+                    LlmStreamEvent::ToolCallStart { index, id, name }
                 }
                 LlmStreamEvent::ToolCallArgsDelta { index, delta } => {
-                    if let Some((_, id)) = calls.iter().find(|(i, _)| i == index) {
-                        self.sink.emit(&AgentEvent::ToolCallArgsDelta {
-                            call_id: id.clone(),
-                            delta: delta.clone(),
-                        });
-                    }
+                    let delta = match calls.iter().find(|(i, _)| *i == index) {
+                        Some((_, id)) => relay(
+                            self.sink,
+                            AgentEvent::ToolCallArgsDelta {
+                                call_id: id.clone(),
+                                delta,
+                            },
+                        ),
+                        None => delta,
+                    };
+                    LlmStreamEvent::ToolCallArgsDelta { index, delta }
                 }
-                _ => {}
-            }
+                other => other,
+            };
             if let Err(e) = collector.push(event) {
                 failure = Some(Failure::from(e));
                 break;
@@ -2384,6 +2390,18 @@ async fn release_lease(
 
 /// The delegate call a call of `tool` is, if `tool` is a delegate tool.
 /// (The call's idempotency key, a hash, is derived only for a delegate's call.)
+/// Emits a delta event to `sink` and hands its text back.
+fn relay(sink: &dyn EventSink, event: AgentEvent) -> String {
+    sink.emit(&event);
+    match event {
+        AgentEvent::TextDelta { delta }
+        | AgentEvent::ReasoningDelta { delta }
+        | AgentEvent::ToolCallArgsDelta { delta, .. } => delta,
+        // Only the delta events above are relayed.
+        _ => String::new(),
+    }
+}
+
 fn delegate_call(
     identity: &Arc<RunIdentity>,
     tool: &ResolvedTool,
