@@ -134,7 +134,7 @@ impl ResponseCollector {
         };
         // Each list is collected straight into its shared slice (one allocation, no vector
         // copied into it).
-        let reasoning = (!self.reasoning.is_empty()).then(|| ContentBlock::Reasoning {
+        let reasoning = (!self.reasoning.is_empty()).then_some(ContentBlock::Reasoning {
             text: self.reasoning,
         });
         let text = (!self.text.is_empty()).then(|| ContentBlock::text(self.text));

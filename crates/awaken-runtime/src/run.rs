@@ -771,6 +771,8 @@ async fn load_activation<'a>(
 /// Starts the built run: takes its lease, makes its first commit, dispatches `RunStart`.
 /// Not an `async fn`: the block works on the run where it was moved in (an `async fn` would
 /// keep its argument and a second copy of the run).
+// The `async fn` clippy suggests is the copy this avoids.
+#[allow(clippy::manual_async_fn)]
 fn start_run<'a, 'r>(
     rt: &'r AgentRuntime,
     mut built: Built<'a>,
