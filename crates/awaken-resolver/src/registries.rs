@@ -18,8 +18,8 @@ use crate::error::RegistrationError;
 
 /// Agent specs by id.
 pub trait AgentSpecRegistry: Send + Sync {
-    /// The spec with this id.
-    fn get_agent(&self, id: &str) -> Option<AgentSpec>;
+    /// The spec with this id (shared: a resolution per run reads it without copying it).
+    fn get_agent(&self, id: &str) -> Option<Arc<AgentSpec>>;
     /// Every id, sorted.
     fn agent_ids(&self) -> Vec<String>;
 }
@@ -32,8 +32,8 @@ pub trait ToolRegistry: Send + Sync {
 
 /// Model specs by id.
 pub trait ModelRegistry: Send + Sync {
-    /// The model with this id.
-    fn get_model(&self, id: &str) -> Option<ModelSpec>;
+    /// The model with this id (shared, like agent specs).
+    fn get_model(&self, id: &str) -> Option<Arc<ModelSpec>>;
 }
 
 /// Model executors by provider id.
@@ -50,10 +50,10 @@ pub trait PluginSource: Send + Sync {
 
 /// A map of agent specs.
 #[derive(Debug, Clone, Default)]
-pub struct MapAgentSpecRegistry(BTreeMap<String, AgentSpec>);
+pub struct MapAgentSpecRegistry(BTreeMap<String, Arc<AgentSpec>>);
 
 impl AgentSpecRegistry for MapAgentSpecRegistry {
-    fn get_agent(&self, id: &str) -> Option<AgentSpec> {
+    fn get_agent(&self, id: &str) -> Option<Arc<AgentSpec>> {
         self.0.get(id).cloned()
     }
     fn agent_ids(&self) -> Vec<String> {
@@ -73,10 +73,10 @@ impl ToolRegistry for MapToolRegistry {
 
 /// A map of model specs.
 #[derive(Debug, Clone, Default)]
-pub struct MapModelRegistry(HashMap<String, ModelSpec>);
+pub struct MapModelRegistry(HashMap<String, Arc<ModelSpec>>);
 
 impl ModelRegistry for MapModelRegistry {
-    fn get_model(&self, id: &str) -> Option<ModelSpec> {
+    fn get_model(&self, id: &str) -> Option<Arc<ModelSpec>> {
         self.0.get(id).cloned()
     }
 }
@@ -111,12 +111,12 @@ impl PluginSource for PluginRegistry {
 
 /// ...and a source of agent definitions (those its plugins contribute).
 impl AgentSpecRegistry for PluginRegistry {
-    fn get_agent(&self, id: &str) -> Option<AgentSpec> {
+    fn get_agent(&self, id: &str) -> Option<Arc<AgentSpec>> {
         self.snapshot()
             .agent_configs()
             .agents
             .get(id)
-            .map(|a| a.spec.clone())
+            .map(|a| Arc::new(a.spec.clone()))
     }
     fn agent_ids(&self) -> Vec<String> {
         self.snapshot()
@@ -194,7 +194,7 @@ impl Registries {
         if self.agents.0.contains_key(&spec.id) {
             self.duplicate("agent", &spec.id);
         } else {
-            self.agents.0.insert(spec.id.clone(), spec);
+            self.agents.0.insert(spec.id.clone(), Arc::new(spec));
         }
     }
 
@@ -228,7 +228,7 @@ impl Registries {
         if self.models.0.contains_key(&model.id) {
             self.duplicate("model", &model.id);
         } else {
-            self.models.0.insert(model.id.clone(), model);
+            self.models.0.insert(model.id.clone(), Arc::new(model));
         }
     }
 
@@ -302,7 +302,7 @@ impl Registries {
     }
 
     /// The agent spec with this id: the explicit specs first, then plugin registries in order.
-    pub fn agent(&self, id: &str) -> Option<AgentSpec> {
+    pub fn agent(&self, id: &str) -> Option<Arc<AgentSpec>> {
         self.agents
             .get_agent(id)
             .or_else(|| self.plugin_registries.iter().find_map(|r| r.get_agent(id)))
@@ -350,7 +350,7 @@ impl Registries {
     }
 
     /// The model with this id.
-    pub fn model(&self, id: &str) -> Option<ModelSpec> {
+    pub fn model(&self, id: &str) -> Option<Arc<ModelSpec>> {
         self.models.get_model(id)
     }
 

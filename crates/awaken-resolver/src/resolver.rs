@@ -139,13 +139,15 @@ pub struct ResolvedTool {
     pub source: ToolSource,
 }
 
-/// A locally runnable agent. A fresh one per resolution; nothing is shared between calls.
+/// A locally runnable agent. A fresh one per resolution: its environment and tool set are
+/// built anew; its spec and model are the registries' (shared and immutable) as they are when
+/// it is resolved.
 #[derive(Clone)]
 pub struct ResolvedAgent {
     /// The spec.
     pub spec: Arc<AgentSpec>,
-    /// Its model.
-    pub model: ModelSpec,
+    /// Its model (shared with the model registry).
+    pub model: Arc<ModelSpec>,
     /// The executor (wrapped in `RetryingExecutor` when the `retry` section asks).
     pub executor: Arc<dyn LlmExecutor>,
     /// The execution environment.
@@ -217,8 +219,8 @@ pub struct Resolver {
 /// or map order if serde_json's `preserve_order` is on) keeps the digest of the bytes first
 /// hashed for it.
 struct DigestEntry {
-    spec: AgentSpec,
-    model: ModelSpec,
+    spec: Arc<AgentSpec>,
+    model: Arc<ModelSpec>,
     tail: Vec<u8>,
     digest: Arc<str>,
 }
@@ -281,7 +283,7 @@ impl Resolver {
         &self.registries
     }
 
-    fn lookup(&self, agent_id: &str) -> Result<AgentSpec, ResolveError> {
+    fn lookup(&self, agent_id: &str) -> Result<Arc<AgentSpec>, ResolveError> {
         let spec = self
             .registries
             .agent(agent_id)
@@ -312,7 +314,7 @@ impl Resolver {
                         endpoint: endpoint.url.clone(),
                     })?;
                 Ok(ResolvedRunPlan::Backend(ResolvedBackendAgent {
-                    spec: Arc::new(spec),
+                    spec,
                     backend,
                 }))
             }
@@ -325,11 +327,12 @@ impl Resolver {
         self.resolve_spec(spec)
     }
 
-    fn resolve_spec(&self, spec: AgentSpec) -> Result<ResolvedAgent, ResolveError> {
-        let agent_id = spec.id.clone();
+    fn resolve_spec(&self, spec: Arc<AgentSpec>) -> Result<ResolvedAgent, ResolveError> {
+        // For the errors (the spec is shared, not copied, by a resolution that succeeds).
+        let agent_id = &spec.id;
         if let Some(endpoint) = &spec.endpoint {
             return Err(ResolveError::RemoteAgentNotDirectlyRunnable {
-                agent_id,
+                agent_id: agent_id.clone(),
                 endpoint: endpoint.url.clone(),
             });
         }
@@ -387,7 +390,7 @@ impl Resolver {
             match report.status {
                 SectionStatus::Invalid(violations) => {
                     return Err(ResolveError::InvalidPluginConfig {
-                        agent_id,
+                        agent_id: agent_id.clone(),
                         section: report.section,
                         plugin_id: report.claimed_by.unwrap_or_default(),
                         violations,
@@ -487,7 +490,7 @@ impl Resolver {
         }
         let spec_digest = self.digest(&spec, &model, digest_tail(&env, &tools));
         Ok(ResolvedAgent {
-            spec: Arc::new(spec),
+            spec,
             model,
             executor,
             env,
@@ -499,12 +502,13 @@ impl Resolver {
 
     /// `sha256:<hex>` of the serialized spec, model and `tail`, reusing the agent's last
     /// digest when they are unchanged.
-    fn digest(&self, spec: &AgentSpec, model: &ModelSpec, tail: Vec<u8>) -> Arc<str> {
+    fn digest(&self, spec: &Arc<AgentSpec>, model: &Arc<ModelSpec>, tail: Vec<u8>) -> Arc<str> {
         let mut digests = self.digests.lock().unwrap_or_else(|e| e.into_inner());
+        // The registries' shared specs: the same ones compare equal without reading them.
         if let Some(last) = digests.get(&spec.id)
             && last.tail == tail
-            && last.spec == *spec
-            && last.model == *model
+            && (Arc::ptr_eq(&last.spec, spec) || last.spec == *spec)
+            && (Arc::ptr_eq(&last.model, model) || last.model == *model)
         {
             return last.digest.clone();
         }
@@ -515,8 +519,8 @@ impl Resolver {
         digests.insert(
             spec.id.clone(),
             DigestEntry {
-                spec: spec.clone(),
-                model: model.clone(),
+                spec: Arc::clone(spec),
+                model: Arc::clone(model),
                 tail,
                 digest: digest.clone(),
             },
@@ -654,19 +658,21 @@ mod tests {
     #[test]
     fn a_digest_hashes_its_inputs_and_follows_every_change() {
         let r = Resolver::new(Arc::new(Registries::new()), Arc::new(NoBuiltins));
-        let spec = AgentSpec::new("a", "m");
-        let model = ModelSpec::new("m", "p", "upstream");
+        let spec = Arc::new(AgentSpec::new("a", "m"));
+        let model = Arc::new(ModelSpec::new("m", "p", "upstream"));
         let tail = b"\nplugin x@1".to_vec();
         let first = r.digest(&spec, &model, tail.clone());
         assert_eq!(&*first, sha256(&digest_input(&spec, &model, &tail)));
-        // Equal inputs: the same digest (reused).
+        // Equal inputs: the same digest (reused), also from equal copies of the specs.
         assert_eq!(r.digest(&spec, &model, tail.clone()), first);
+        let (spec_copy, model_copy) = (Arc::new((*spec).clone()), Arc::new((*model).clone()));
+        assert_eq!(r.digest(&spec_copy, &model_copy, tail.clone()), first);
         // Any changed input: another digest, the hash of the new inputs.
-        let prompted = spec.clone().with_system_prompt("Be brief.");
+        let prompted = Arc::new((*spec).clone().with_system_prompt("Be brief."));
         let changed = r.digest(&prompted, &model, tail.clone());
         assert_ne!(changed, first);
         assert_eq!(&*changed, sha256(&digest_input(&prompted, &model, &tail)));
-        let other_model = ModelSpec::new("m", "p", "other-upstream");
+        let other_model = Arc::new(ModelSpec::new("m", "p", "other-upstream"));
         assert_ne!(r.digest(&spec, &other_model, tail.clone()), first);
         assert_ne!(r.digest(&spec, &model, b"\nplugin x@2".to_vec()), first);
         // Back to the first inputs: the first digest again.

@@ -376,7 +376,7 @@ struct SummaryModelsIn<'a>(Option<&'a awaken_resolver::Registries>);
 
 impl awaken_context::SummaryModels for SummaryModelsIn<'_> {
     fn model(&self, id: &str) -> Option<ModelSpec> {
-        self.0?.model(id)
+        self.0?.model(id).map(|m| (*m).clone())
     }
 
     fn executor(&self, provider_id: &str) -> Option<Arc<dyn awaken_llm::LlmExecutor>> {

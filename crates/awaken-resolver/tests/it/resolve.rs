@@ -83,8 +83,9 @@ fn each_resolution_is_fresh() {
     let r = resolver(base().with_agent_spec(AgentSpec::new("a", "m")));
     let one = r.resolve("a").expect("resolves");
     let two = r.resolve("a").expect("resolves");
-    assert!(!Arc::ptr_eq(&one.spec, &two.spec));
+    // The environment is built anew; the spec is the registry's (shared, immutable), read again.
     assert!(!Arc::ptr_eq(one.env.phase_env(), two.env.phase_env()));
+    assert_eq!(one.spec, two.spec);
 }
 
 #[test]
@@ -161,7 +162,7 @@ async fn retry_wraps_the_executor_only_when_asked() {
     r2 = Registries::new()
         .with_model(awaken_spec::ModelSpec::new("m", "p", "upstream-m"))
         .with_provider("p", executor.clone())
-        .with_agent_specs(r2.agent("a"));
+        .with_agent_specs(r2.agent("a").map(|s| (*s).clone()));
     let resolved = resolver(r2).resolve("a").expect("resolves");
     let response = resolved
         .executor
