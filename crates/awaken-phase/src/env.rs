@@ -156,10 +156,26 @@ impl PhaseEnv {
         plugin_id: &str,
         handler: Arc<dyn ErasedActionHandler>,
     ) -> Result<(), PhaseEnvError> {
+        self.add_action_shared(&Arc::from(plugin_id), handler)
+    }
+
+    /// Makes room for `additional` more action handlers (one allocation for a plugin's
+    /// handlers instead of a growing table).
+    pub fn reserve_actions(&mut self, additional: usize) {
+        self.actions.reserve(additional);
+    }
+
+    /// As [`add_action`](Self::add_action), sharing the plugin id's allocation between the
+    /// handlers of one plugin.
+    pub fn add_action_shared(
+        &mut self,
+        plugin_id: &Arc<str>,
+        handler: Arc<dyn ErasedActionHandler>,
+    ) -> Result<(), PhaseEnvError> {
         let key = handler.key();
         if handler.phase() == Phase::ToolGate {
             return Err(PhaseEnvError::ActionForToolGate {
-                plugin_id: plugin_id.into(),
+                plugin_id: plugin_id.to_string(),
                 key: key.into(),
             });
         }
@@ -167,13 +183,13 @@ impl PhaseEnv {
             return Err(PhaseEnvError::DuplicateAction {
                 key: key.into(),
                 first: existing.plugin_id.to_string(),
-                second: plugin_id.into(),
+                second: plugin_id.to_string(),
             });
         }
         self.actions.insert(
             key,
             RegisteredAction {
-                plugin_id: plugin_id.into(),
+                plugin_id: plugin_id.clone(),
                 handler,
             },
         );

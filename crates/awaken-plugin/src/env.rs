@@ -96,6 +96,23 @@ impl std::fmt::Debug for ExecutionEnv {
     }
 }
 
+/// A phase environment's error, a key taken twice as the environment's
+/// [`EnvError::DuplicateContribution`] of `kind`.
+fn duplicate(e: awaken_phase::PhaseEnvError, kind: ContributionKind) -> EnvError {
+    use awaken_phase::PhaseEnvError::{DuplicateAction, DuplicateEffect};
+    match e {
+        DuplicateAction { key, first, second } | DuplicateEffect { key, first, second } => {
+            EnvError::DuplicateContribution {
+                kind,
+                name: key,
+                first,
+                second,
+            }
+        }
+        other => other.into(),
+    }
+}
+
 fn outside(plugin_id: &str, kind: ContributionKind, name: impl Into<String>) -> EnvError {
     EnvError::OutsideBound {
         plugin_id: plugin_id.to_owned(),
@@ -138,8 +155,6 @@ impl ExecutionEnv {
         key_owner.extend(keys.keys().map(|k| (k.name, "awaken-phase")));
         let mut phase_env = PhaseEnv::new();
         // Owners are the plugins' ids, borrowed from `plugins` (no copy per contribution).
-        let mut action_owner: HashMap<&'static str, &str> = HashMap::default();
-        let mut effect_owner: HashMap<&'static str, &str> = HashMap::default();
         let mut tool_owner: HashMap<String, &str> = HashMap::default();
         // The parts of the environment, put together at the end (placeholders for the shared
         // registry and phase environment would be two allocations thrown away).
@@ -188,35 +203,25 @@ impl ExecutionEnv {
                     source,
                 })?;
             }
+            phase_env.reserve_actions(r.actions.len());
             for handler in r.actions.drain(..) {
                 let key = handler.key();
                 if !bound.allows(ContributionKind::Action, key) {
                     return Err(outside(id, ContributionKind::Action, key));
                 }
-                if let Some(first) = action_owner.insert(key, id) {
-                    return Err(EnvError::DuplicateContribution {
-                        kind: ContributionKind::Action,
-                        name: key.to_owned(),
-                        first: first.to_owned(),
-                        second: id.to_owned(),
-                    });
-                }
-                phase_env.add_action(id, handler)?;
+                // The phase environment finds a key taken twice, with both owners.
+                phase_env
+                    .add_action_shared(&shared_id, handler)
+                    .map_err(|e| duplicate(e, ContributionKind::Action))?;
             }
             for handler in r.effects.drain(..) {
                 let key = handler.key();
                 if !bound.allows(ContributionKind::Effect, key) {
                     return Err(outside(id, ContributionKind::Effect, key));
                 }
-                if let Some(first) = effect_owner.insert(key, id) {
-                    return Err(EnvError::DuplicateContribution {
-                        kind: ContributionKind::Effect,
-                        name: key.to_owned(),
-                        first: first.to_owned(),
-                        second: id.to_owned(),
-                    });
-                }
-                phase_env.add_effect(id, handler)?;
+                phase_env
+                    .add_effect(id, handler)
+                    .map_err(|e| duplicate(e, ContributionKind::Effect))?;
             }
 
             // Behavioural parts: checked against the bound always, installed only if active.
