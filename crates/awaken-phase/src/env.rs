@@ -202,18 +202,27 @@ impl PhaseEnv {
         plugin_id: &str,
         handler: Arc<dyn ErasedEffectHandler>,
     ) -> Result<(), PhaseEnvError> {
+        self.add_effect_shared(&Arc::from(plugin_id), handler)
+    }
+
+    /// As [`add_effect`](Self::add_effect), sharing the plugin id's allocation.
+    pub fn add_effect_shared(
+        &mut self,
+        plugin_id: &Arc<str>,
+        handler: Arc<dyn ErasedEffectHandler>,
+    ) -> Result<(), PhaseEnvError> {
         let key = handler.key();
         if let Some(existing) = self.effects.get(key) {
             return Err(PhaseEnvError::DuplicateEffect {
                 key: key.into(),
                 first: existing.plugin_id.to_string(),
-                second: plugin_id.into(),
+                second: plugin_id.to_string(),
             });
         }
         self.effects.insert(
             key,
             RegisteredEffect {
-                plugin_id: plugin_id.into(),
+                plugin_id: plugin_id.clone(),
                 handler,
             },
         );

@@ -220,7 +220,7 @@ impl ExecutionEnv {
                     return Err(outside(id, ContributionKind::Effect, key));
                 }
                 phase_env
-                    .add_effect(id, handler)
+                    .add_effect_shared(&shared_id, handler)
                     .map_err(|e| duplicate(e, ContributionKind::Effect))?;
             }
 

@@ -18,7 +18,8 @@ use crate::error::RegistrationError;
 
 /// Agent specs by id.
 pub trait AgentSpecRegistry: Send + Sync {
-    /// The spec with this id (shared: a resolution per run reads it without copying it).
+    /// The spec with this id (shared where the registry keeps it shared: then a resolution per
+    /// run reads it without copying it).
     fn get_agent(&self, id: &str) -> Option<Arc<AgentSpec>>;
     /// Every id, sorted.
     fn agent_ids(&self) -> Vec<String>;

@@ -2390,8 +2390,6 @@ async fn release_lease(
     }
 }
 
-/// The delegate call a call of `tool` is, if `tool` is a delegate tool.
-/// (The call's idempotency key, a hash, is derived only for a delegate's call.)
 /// Emits a delta event to `sink` and hands its text back.
 fn relay(sink: &dyn EventSink, event: AgentEvent) -> String {
     sink.emit(&event);
@@ -2399,11 +2397,12 @@ fn relay(sink: &dyn EventSink, event: AgentEvent) -> String {
         AgentEvent::TextDelta { delta }
         | AgentEvent::ReasoningDelta { delta }
         | AgentEvent::ToolCallArgsDelta { delta, .. } => delta,
-        // Only the delta events above are relayed.
-        _ => String::new(),
+        _ => unreachable!("only delta events are relayed"),
     }
 }
 
+/// The delegate call a call of `tool` is, if `tool` is a delegate tool.
+/// (The call's idempotency key, a hash, is derived only for a delegate's call.)
 fn delegate_call(
     identity: &Arc<RunIdentity>,
     tool: &ResolvedTool,

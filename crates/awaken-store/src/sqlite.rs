@@ -53,12 +53,14 @@ pub struct SqliteConfig {
     pub synchronous: Synchronous,
     /// How long a write waits for another process's lock before failing.
     pub busy_timeout: Duration,
-    /// Whether a commit may run on the caller's thread when the connection is free (default
-    /// `true`). A WAL commit that does not wait for the disk (`synchronous` `NORMAL` or `OFF`)
-    /// takes tens of microseconds, less than handing it to tokio's blocking pool and waking the
-    /// caller again; WAL checkpoints (which do wait for the disk) then run on the blocking pool
-    /// instead of inside a commit. With `false`, or with [`Synchronous::Full`], every commit
-    /// runs on the blocking pool.
+    /// Whether a commit through `commit_now` may run on the caller's thread (default `true`):
+    /// when the store's connection is free and no other process holds the database's write
+    /// lock (the attempt never waits for either: a busy database hands the commit to the
+    /// blocking pool, which waits up to `busy_timeout`). A WAL commit that does not wait for the
+    /// disk (`synchronous` `NORMAL` or `OFF`) takes tens of microseconds, less than handing it
+    /// to tokio's blocking pool and waking the caller again; WAL checkpoints (which do wait for
+    /// the disk) then run on the blocking pool instead of inside a commit. With `false`, or with
+    /// [`Synchronous::Full`], every commit runs on the blocking pool.
     pub inline_commits: bool,
 }
 
@@ -94,6 +96,12 @@ impl SqliteConfig {
         self.inline_commits && self.synchronous != Synchronous::Full
     }
 
+    /// Whether the store runs the WAL checkpoints itself: a file database (an in-memory one has
+    /// no WAL) whose commits run inline.
+    fn own_checkpoints(&self) -> bool {
+        self.commits_inline() && self.path.is_some()
+    }
+
     /// Sets the `synchronous` pragma.
     pub fn with_synchronous(mut self, synchronous: Synchronous) -> Self {
         self.synchronous = synchronous;
@@ -110,8 +118,13 @@ impl SqliteConfig {
 pub struct SqliteStore {
     conn: Arc<Mutex<Connection>>,
     failpoints: Arc<Failpoints>,
-    /// `Some` when commits may run inline: SQLite's automatic checkpoints are off, and the
-    /// store runs them on the blocking pool.
+    /// Whether commits may run on the caller's thread ([`SqliteConfig::inline_commits`], not
+    /// with [`Synchronous::Full`]).
+    inline: bool,
+    /// How long a write on the blocking pool waits for another process's lock.
+    busy_timeout: Duration,
+    /// `Some` for a file database whose commits may run inline: SQLite's automatic checkpoints
+    /// are off, and the store runs them on the blocking pool.
     checkpoints: Option<Arc<Checkpoints>>,
 }
 
@@ -119,36 +132,46 @@ pub struct SqliteStore {
 /// automatic checkpoint would run inside a commit, waiting for the disk on the caller's thread).
 #[derive(Debug, Default)]
 struct Checkpoints {
-    /// Commits since the last checkpoint was started.
-    commits: AtomicU32,
+    /// Writes since the last checkpoint was started.
+    writes: AtomicU32,
     /// A checkpoint is scheduled or running.
     running: AtomicBool,
 }
 
-/// Commits between two WAL checkpoints. A commit writes a handful of pages to the WAL; SQLite's
-/// automatic checkpoint would run at 1,000 pages, which this keeps the WAL near.
-const COMMITS_PER_CHECKPOINT: u32 = 128;
+/// Writes (commits, lease changes, deletions) between two WAL checkpoints. A commit writes a
+/// handful of pages to the WAL; SQLite's automatic checkpoint would run at 1,000 pages, which
+/// this keeps the WAL near.
+const WRITES_PER_CHECKPOINT: u32 = 128;
+
+/// Clears [`Checkpoints::running`] when dropped: after the checkpoint, and also when its task
+/// panics or is dropped unrun (a runtime shutting down), so checkpoints never stop for good.
+struct CheckpointDone(Arc<Checkpoints>);
+
+impl Drop for CheckpointDone {
+    fn drop(&mut self) {
+        self.0.running.store(false, Ordering::Release);
+    }
+}
 
 impl Checkpoints {
-    /// Counts a commit; every [`COMMITS_PER_CHECKPOINT`] commits, checkpoints the WAL on the
+    /// Counts a write; every [`WRITES_PER_CHECKPOINT`] writes, checkpoints the WAL on the
     /// blocking pool (or here, outside a tokio runtime).
-    fn committed(self: &Arc<Self>, conn: &Arc<Mutex<Connection>>) {
-        if self.commits.fetch_add(1, Ordering::Relaxed) + 1 < COMMITS_PER_CHECKPOINT
-            || self.running.swap(true, Ordering::AcqRel)
-        {
+    fn wrote(self: &Arc<Self>, conn: &Arc<Mutex<Connection>>) {
+        let before = self.writes.fetch_add(1, Ordering::Relaxed);
+        if before < WRITES_PER_CHECKPOINT - 1 || self.running.swap(true, Ordering::AcqRel) {
             return;
         }
-        self.commits.store(0, Ordering::Relaxed);
-        let (this, conn) = (Arc::clone(self), Arc::clone(conn));
+        self.writes.store(0, Ordering::Relaxed);
+        let done = CheckpointDone(Arc::clone(self));
+        let conn = Arc::clone(conn);
         let run = move || {
+            let _done = done;
             let conn = conn.lock().unwrap_or_else(|e| e.into_inner());
             // PASSIVE: copies what it can without waiting for readers or writers of other
             // connections. A failure only leaves the WAL longer until the next one.
             if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
                 tracing::warn!(error = %e, "sqlite store: WAL checkpoint failed");
             }
-            drop(conn);
-            this.running.store(false, Ordering::Release);
         };
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => drop(handle.spawn_blocking(run)),
@@ -228,11 +251,15 @@ impl SqliteStore {
     /// schema. `SchemaTooNew` if the file was written by a newer build.
     pub async fn open(config: SqliteConfig) -> Result<Self, StoreError> {
         let inline = config.commits_inline();
+        let own_checkpoints = config.own_checkpoints();
+        let busy_timeout = config.busy_timeout;
         let conn = blocking(move || open_connection(&config)).await??;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
             failpoints: Arc::new(Failpoints::default()),
-            checkpoints: inline.then(Arc::default),
+            inline,
+            busy_timeout,
+            checkpoints: own_checkpoints.then(Arc::default),
         })
     }
 
@@ -245,6 +272,18 @@ impl SqliteStore {
     #[cfg(feature = "failpoints")]
     pub fn arm_failpoint(&self, point: FailPoint) {
         self.failpoints.arm(point);
+    }
+
+    /// [`with_conn`](Self::with_conn) for a write: counted towards the next WAL checkpoint.
+    async fn write_conn<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection, &Failpoints) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let written = self.with_conn(f).await;
+        if let Some(checkpoints) = &self.checkpoints {
+            checkpoints.wrote(&self.conn);
+        }
+        written
     }
 
     async fn with_conn<T: Send + 'static>(
@@ -291,7 +330,7 @@ fn open_connection(config: &SqliteConfig) -> Result<Connection, StoreError> {
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", config.synchronous.pragma())?;
     conn.pragma_update(None, "foreign_keys", "OFF")?;
-    if config.commits_inline() {
+    if config.own_checkpoints() {
         // The store checkpoints on the blocking pool ([`Checkpoints`]), not inside a commit.
         conn.pragma_update(None, "wal_autocheckpoint", 0)?;
     }
@@ -659,25 +698,20 @@ impl ThreadStore for SqliteStore {
         commit
             .validate()
             .map_err(|v| StoreError::invalid(&commit.thread_id, v))?;
-        let receipt = self
-            .with_conn(move |conn, fp| commit_tx(conn, &commit, fp))
-            .await?;
-        // Commits handed to the pool count towards the next checkpoint too.
-        if let Some(checkpoints) = &self.checkpoints {
-            checkpoints.committed(&self.conn);
-        }
-        Ok(receipt)
+        self.write_conn(move |conn, fp| commit_tx(conn, &commit, fp))
+            .await
     }
 
-    /// Commits on the caller's thread when commits may run inline and the connection is free
-    /// (no wait for another commit here); the commit back for the blocking pool otherwise.
+    /// Commits on the caller's thread when commits may run inline, the connection is free and
+    /// no other process holds the write lock (nothing is waited for here); the commit back for
+    /// the blocking pool otherwise.
     fn commit_now(
         &self,
         commit: ThreadCommit,
     ) -> Result<Result<CommitReceipt, StoreError>, ThreadCommit> {
-        let Some(checkpoints) = &self.checkpoints else {
+        if !self.inline {
             return Err(commit);
-        };
+        }
         let mut conn = match self.conn.try_lock() {
             Ok(conn) => conn,
             // A panic inside a transaction rolls it back when the transaction drops, so a
@@ -687,6 +721,11 @@ impl ThreadStore for SqliteStore {
         };
         if let Err(v) = commit.validate() {
             return Ok(Err(StoreError::invalid(&commit.thread_id, v)));
+        }
+        // Another process's write lock is not waited for here: with no busy timeout, `BEGIN
+        // IMMEDIATE` fails at once, nothing is written, and the pool does the waiting.
+        if conn.busy_timeout(Duration::ZERO).is_err() {
+            return Err(commit);
         }
         // A panic is a typed error here as it is from the blocking pool (the transaction,
         // dropped while unwinding, rolls back).
@@ -698,9 +737,19 @@ impl ThreadStore for SqliteStore {
                 detail: format!("the commit panicked: {}", panic_text(&*panic)),
             })
         });
+        if let Err(e) = conn.busy_timeout(self.busy_timeout) {
+            tracing::warn!(error = %e, "sqlite store: the busy timeout was not restored");
+        }
         drop(conn);
-        if written.is_ok() {
-            checkpoints.committed(&self.conn);
+        if let Err(StoreError::Sqlite { source }) = &written
+            && source.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy)
+        {
+            return Err(commit);
+        }
+        if written.is_ok()
+            && let Some(checkpoints) = &self.checkpoints
+        {
+            checkpoints.wrote(&self.conn);
         }
         Ok(written)
     }
@@ -801,7 +850,7 @@ impl ThreadStore for SqliteStore {
 
     async fn delete_thread(&self, thread_id: &ThreadId) -> Result<bool, StoreError> {
         let thread_id = thread_id.clone();
-        self.with_conn(move |conn, _| {
+        self.write_conn(move |conn, _| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let tid = thread_id.as_str();
             tx.execute(
@@ -828,7 +877,7 @@ impl ThreadStore for SqliteStore {
         check_worker(worker_id)?;
         let worker = worker_id.to_owned();
         let expires_at = now.saturating_add(lease_duration);
-        self.with_conn(move |conn, _| {
+        self.write_conn(move |conn, _| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let mut out = Vec::new();
             {
@@ -874,7 +923,7 @@ impl ThreadStore for SqliteStore {
         let worker = worker_id.to_owned();
         let id = run_id.to_string();
         let expires_at = now.saturating_add(lease_duration);
-        self.with_conn(move |conn, _| {
+        self.write_conn(move |conn, _| {
             let mut stmt = conn.prepare_cached(&format!(
                 "UPDATE runs SET lease_owner = ?1, lease_epoch = lease_epoch + 1, \
                      lease_expires_at = ?2 \
@@ -910,7 +959,7 @@ impl ThreadStore for SqliteStore {
     ) -> Result<Timestamp, StoreError> {
         let lease = lease.clone();
         let expires_at = now.saturating_add(lease_duration);
-        self.with_conn(move |conn, _| {
+        self.write_conn(move |conn, _| {
             let n = conn
                 .prepare_cached(
                     "UPDATE runs SET lease_expires_at = ?1 WHERE run_id = ?2 \
@@ -934,7 +983,7 @@ impl ThreadStore for SqliteStore {
 
     async fn release(&self, lease: &LeaseToken) -> Result<bool, StoreError> {
         let lease = lease.clone();
-        self.with_conn(move |conn, _| {
+        self.write_conn(move |conn, _| {
             let n = conn
                 .prepare_cached(
                     "UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL \
@@ -996,6 +1045,69 @@ mod tests {
             let store = open(&dir, config).await;
             assert_eq!(store.commit_now(step(0)).expect_err("handed back"), step(0));
         }
+    }
+
+    #[tokio::test]
+    async fn an_inline_commit_never_waits_for_another_processs_write_lock() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = open(&dir, SqliteConfig::file).await;
+        store.commit_now(step(0)).expect("inline").expect("written");
+        // Another connection (as another process would) holds the write lock, and lets it go
+        // a moment later: a commit that waited for it (the store's busy timeout is 5 s) would
+        // then be written inline; one that does not wait is handed back at once.
+        let other = Connection::open(dir.path().join("awaken.db")).expect("open");
+        other.execute_batch("BEGIN IMMEDIATE").expect("write lock");
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            other.execute_batch("COMMIT").expect("released");
+        });
+        let back = store
+            .commit_now(step(1))
+            .expect_err("handed back, not waited for");
+        assert_eq!(back, step(1));
+        releaser.join().expect("releaser");
+        // The pool path writes it (waiting for the lock, were it still held).
+        let receipt = store.commit(back).await.expect("written on the pool");
+        assert_eq!(receipt.message_count, 2);
+    }
+
+    #[tokio::test]
+    async fn every_write_counts_towards_the_next_checkpoint() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = open(&dir, SqliteConfig::file).await;
+        let checkpoints = store.checkpoints.clone().expect("own checkpoints");
+        for n in 0..u64::from(WRITES_PER_CHECKPOINT - 1) {
+            store.commit_now(step(n)).expect("inline").expect("written");
+        }
+        assert_eq!(
+            checkpoints.writes.load(Ordering::Relaxed),
+            WRITES_PER_CHECKPOINT - 1
+        );
+        // A write that is not a commit (here, deleting a thread) starts the checkpoint.
+        let other = ThreadId::new("other").expect("id");
+        store.delete_thread(&other).await.expect("deleted");
+        assert_eq!(checkpoints.writes.load(Ordering::Relaxed), 0);
+        // Reads do not count.
+        store.list_threads().await.expect("listed");
+        assert_eq!(checkpoints.writes.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_checkpoint_dropped_unrun_does_not_stop_the_next_ones() {
+        let checkpoints = Arc::new(Checkpoints::default());
+        checkpoints.running.store(true, Ordering::Release);
+        // What a runtime shutting down does to a queued blocking task: drops it unrun.
+        drop(CheckpointDone(Arc::clone(&checkpoints)));
+        assert!(!checkpoints.running.load(Ordering::Acquire));
+    }
+
+    #[tokio::test]
+    async fn an_in_memory_database_runs_commits_inline_without_checkpoints() {
+        let store = SqliteStore::open(SqliteConfig::in_memory())
+            .await
+            .expect("open");
+        assert!(store.checkpoints.is_none());
+        store.commit_now(step(0)).expect("inline").expect("written");
     }
 
     /// A batch whose serialization panics (a bug in a `BatchSource`).
@@ -1062,13 +1174,13 @@ mod tests {
         wal_stays_short(false).await;
     }
 
-    /// Commits `4 * COMMITS_PER_CHECKPOINT` steps (through `commit_now` if `inline`, else
+    /// Commits `4 * WRITES_PER_CHECKPOINT` steps (through `commit_now` if `inline`, else
     /// through `commit`) and checks the WAL was checkpointed along the way.
     async fn wal_stays_short(inline: bool) {
         let dir = tempfile::tempdir().expect("dir");
         let store = open(&dir, SqliteConfig::file).await;
         let checkpoints = store.checkpoints.clone().expect("inline commits");
-        let commits = 4 * COMMITS_PER_CHECKPOINT;
+        let commits = 4 * WRITES_PER_CHECKPOINT;
         let mut frames_after_first_commits = 0;
         for n in 0..u64::from(commits) {
             if inline {
@@ -1090,7 +1202,7 @@ mod tests {
         let frames = wal_frames(&dir.path().join("awaken.db"));
         assert!(frames_after_first_commits > 0);
         assert!(
-            frames < frames_after_first_commits * i64::from(COMMITS_PER_CHECKPOINT) / 5,
+            frames < frames_after_first_commits * i64::from(WRITES_PER_CHECKPOINT) / 5,
             "{frames} frames in the WAL after {commits} commits ({frames_after_first_commits} after 10)"
         );
     }

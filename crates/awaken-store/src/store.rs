@@ -146,10 +146,12 @@ pub trait ThreadStore: Send + Sync {
     /// not the run's lease any more), or a backend error. A `Done` run's lease is released.
     async fn commit(&self, commit: ThreadCommit) -> Result<CommitReceipt, StoreError>;
 
-    /// [`commit`](Self::commit) without a future, for a store that writes without waiting
-    /// (the memory store): `Ok` with what `commit` would return, or `Err(commit)` handed back
-    /// for `commit`. The default takes no shortcut. A caller that commits often saves the
-    /// boxed future of a dynamically dispatched `commit` (an allocation per commit).
+    /// [`commit`](Self::commit) without a future, for a store that can write at once (the
+    /// memory store always; SQLite when its connection and the database's write lock are free,
+    /// see `SqliteConfig::inline_commits`): `Ok` with what `commit` would return, or
+    /// `Err(commit)` handed back, unchanged and unwritten, for `commit`. The default takes no
+    /// shortcut. A caller that commits often saves the boxed future of a dynamically
+    /// dispatched `commit` (an allocation per commit), and with SQLite a thread hop.
     // The commit comes back by value: boxing it would be the allocation this saves.
     #[allow(clippy::result_large_err)]
     fn commit_now(

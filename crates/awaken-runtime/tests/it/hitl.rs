@@ -87,15 +87,16 @@ fn process(store: Arc<dyn ThreadStore>, turns: Vec<ScriptTurn>, max_rounds: u32)
     }
 }
 
-/// A SQLite store in a fresh folder of its own (removed when the returned guard is dropped).
-async fn sqlite(name: &str) -> (Arc<dyn ThreadStore>, TestDir) {
+/// A SQLite store in a fresh folder of its own, removed when the returned guard is dropped
+/// (bound first, it is dropped after the store).
+async fn sqlite(name: &str) -> (TestDir, Arc<dyn ThreadStore>) {
     let dir = fresh_dir(&format!("hitl-{name}"));
     let store = Arc::new(
         SqliteStore::open(SqliteConfig::file(dir.join("threads.db")))
             .await
             .expect("sqlite"),
     );
-    (store, dir)
+    (dir, store)
 }
 
 fn thread() -> ThreadId {
@@ -150,7 +151,7 @@ fn roles(messages: &[Message]) -> String {
 
 #[tokio::test]
 async fn resume_in_a_fresh_runtime_on_the_same_sqlite_store() {
-    let (store, _dir) = sqlite("fresh").await;
+    let (_dir, store) = sqlite("fresh").await;
     let first = process(store.clone(), vec![two_echoes()], 25);
     let out = start(&first).await;
     assert_eq!(out.termination, TerminationReason::Suspended);
@@ -218,7 +219,7 @@ async fn resume_in_a_fresh_runtime_on_the_same_sqlite_store() {
 
 #[tokio::test]
 async fn refused_decisions_apply_nothing() {
-    let (store, _dir) = sqlite("refused").await;
+    let (_dir, store) = sqlite("refused").await;
     let p = process(
         store.clone(),
         vec![two_echoes(), ScriptTurn::text("ok")],
@@ -307,7 +308,7 @@ async fn refused_decisions_apply_nothing() {
 
 #[tokio::test]
 async fn a_new_message_on_a_waiting_thread_is_refused_unless_it_supersedes() {
-    let (store, _dir) = sqlite("supersede").await;
+    let (_dir, store) = sqlite("supersede").await;
     let p = process(
         store.clone(),
         vec![two_echoes(), ScriptTurn::text("fresh start")],
@@ -350,7 +351,7 @@ async fn a_new_message_on_a_waiting_thread_is_refused_unless_it_supersedes() {
 
 #[tokio::test]
 async fn stop_statistics_and_step_numbers_carry_over_a_resume() {
-    let (store, _dir) = sqlite("carry").await;
+    let (_dir, store) = sqlite("carry").await;
     // max_rounds 2: one inference before the wait, one after.
     let first = process(
         store.clone(),
@@ -509,7 +510,7 @@ impl Plugin for Later {
 
 #[tokio::test]
 async fn a_resume_after_the_agent_changed_warns_and_dead_letters_orphaned_actions() {
-    let (store, _dir) = sqlite("changed").await;
+    let (_dir, store) = sqlite("changed").await;
     let build = |with_later: bool, turns: Vec<ScriptTurn>| {
         let executor = Arc::new(ScriptedExecutor::from_turns(turns).expect("script"));
         let mut spec = AgentSpec::new("agent", "model")
