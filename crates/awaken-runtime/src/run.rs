@@ -957,6 +957,16 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// Counts in the run's statistics: a typed commit of their key, no command built (it
+    /// carries no actions or effects).
+    fn count(&self, update: StatsUpdate) -> Result<(), Failure> {
+        self.engine
+            .store()
+            .update::<RunStatsKey>(self.stats_at, update)
+            .map_err(|e| Failure::from(PhaseError::from(e)))?;
+        Ok(())
+    }
+
     /// `f` of the statistics, read in place (no copy of their tool list).
     fn read_stats<T>(&self, f: impl FnOnce(&RunStats) -> T) -> T {
         // A snapshot, not `StateStore::read`: `f` may read the store itself (stop conditions).
@@ -1370,12 +1380,9 @@ impl Run<'_> {
                 .map_err(|e| Failure::Error(e.to_string()))?
         };
         let response = self.infer(request).await?;
-        self.submit(
-            StateCommand::new().with_update::<RunStatsKey>(StatsUpdate::Inference {
-                usage: response.usage,
-            }),
-        )
-        .await?;
+        self.count(StatsUpdate::Inference {
+            usage: response.usage,
+        })?;
         let text = response.message.text();
         if !text.is_empty() {
             self.response = Some(text);
@@ -1440,8 +1447,7 @@ impl Run<'_> {
     async fn end_step(&mut self) -> Result<Option<TerminationReason>, Failure> {
         self.phase(Phase::StepEnd).await?;
         let stop = self.read_stats(|stats| self.stop_condition(stats, &stats.tools_in_step));
-        self.submit(StateCommand::new().with_update::<RunStatsKey>(StatsUpdate::StepEnded))
-            .await?;
+        self.count(StatsUpdate::StepEnded)?;
         Ok(stop)
     }
 
@@ -1562,11 +1568,7 @@ impl Run<'_> {
             (Some(t), false) => delegate_call(&self.identity, t, call),
             _ => None,
         };
-        self.submit(
-            StateCommand::new()
-                .with_update::<RunStatsKey>(StatsUpdate::ToolClosed { tool, failed }),
-        )
-        .await?;
+        self.count(StatsUpdate::ToolClosed { tool, failed })?;
         if fold && returning.is_none() {
             self.folded_result = Some(call.id.clone());
             return Ok(());

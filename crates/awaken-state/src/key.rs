@@ -720,6 +720,20 @@ fn reduce<V, U>(
     }
 }
 
+/// `current` (a value of `K`) with `update` applied, as a new value to publish; `current` is
+/// not changed (a failing or panicking reducer leaves nothing changed).
+pub(crate) fn updated<K: StateKey>(
+    current: &AnyValue,
+    update: K::Update,
+) -> Result<Arc<AnyValue>, StateError> {
+    let meta = KeyMeta::of::<K>();
+    let mut value = downcast::<Stored<K::Value, K::Update>>(K::KEY, current)?
+        .value
+        .clone();
+    reduce(meta.apply, K::KEY, &mut value, Some(update))?;
+    Ok(Arc::new(Stored::value(value, meta)))
+}
+
 pub(crate) fn downcast<'a, V: 'static>(
     key: &str,
     value: &'a AnyValue,

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
 use crate::command::{Effect, KeyUpdate, Payload, ScheduledAction, StateCommand, Updates};
 use crate::error::StateError;
-use crate::key::{KeyEntry, KeyRegistry, KeyScope};
+use crate::key::{KeyEntry, KeyRegistry, KeyScope, StateKey};
 use crate::snapshot::{PersistedState, Snapshot, Version};
 use crate::table::{SlotValue, Table};
 
@@ -276,6 +276,44 @@ impl StateStore {
         Ok(committed)
     }
 
+    /// Commits one typed update of `K`, as [`commit`](Self::commit) commits a command of that
+    /// one update (the reducer's result checked before anything changes, a new revision, seen
+    /// by every later snapshot), without building a command: for a caller that updates a key
+    /// of its own often (the run's statistics, several times a step). `at` is `K`'s position
+    /// in the registry ([`KeyRegistry::position_of`]); `None` looks it up. A store with a
+    /// journal or observers, or whose current state a snapshot outside it holds, takes the
+    /// command path. Returns the new revision.
+    pub fn update<K: StateKey>(
+        &self,
+        at: Option<usize>,
+        update: K::Update,
+    ) -> Result<u64, StateError> {
+        if self.journal_scope.is_none() && self.observer_count.load(Ordering::Acquire) == 0 {
+            let writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
+            // A key not registered as `K` takes the command path too, for its error.
+            let index = at
+                .filter(|&i| {
+                    self.registry
+                        .entries()
+                        .get(i)
+                        .is_some_and(|e| e.key_type == std::any::TypeId::of::<K>())
+                })
+                .or_else(|| self.registry.position_of::<K>());
+            if let (Some(version), Some(index)) = (Arc::get_mut(&mut current.version), index) {
+                put_in_place(version, index, K::KEY, |current| {
+                    crate::key::updated::<K>(current, update)
+                })?;
+                return Ok(version.revision);
+            }
+            drop(current);
+            drop(writer);
+        }
+        Ok(self
+            .commit(StateCommand::new().with_update::<K>(update))?
+            .revision)
+    }
+
     /// Starts a transaction on the current state.
     pub fn transaction(&self) -> Transaction<'_> {
         let base = self.snapshot();
@@ -419,21 +457,9 @@ impl StateStore {
         let (index, Payload::Typed(typed)) = (update.slot, update.payload) else {
             unreachable!("made typed just above")
         };
-        let unknown = || StateError::UnknownKey {
-            key: entry.name.to_owned(),
-        };
-        // The new value first (on a copy of the current one); the table changes only after.
-        let value = {
-            let slot = version.table.get(index).ok_or_else(unknown)?;
-            typed.apply_copy(entry.name, &*slot.value)?
-        };
-        let slot = version
-            .table
-            .slot_mut(index, revision)
-            .ok_or_else(unknown)?;
-        slot.value = value;
-        slot.changed_at = revision;
-        version.revision = revision;
+        put_in_place(version, index, entry.name, |current| {
+            typed.apply_copy(entry.name, current)
+        })?;
         Ok(InPlace::Done(Committed {
             revision,
             snapshot: current.clone(),
@@ -472,6 +498,33 @@ impl StateStore {
             observer.on_commit(committed);
         }
     }
+}
+
+/// Replaces the value at `index` of a version no one else holds with what `make` makes of the
+/// current one, at the next revision: the new value first, the table changes only after (a
+/// failure changes nothing).
+fn put_in_place(
+    version: &mut Version,
+    index: usize,
+    name: &str,
+    make: impl FnOnce(&crate::key::AnyValue) -> Result<Arc<crate::key::AnyValue>, StateError>,
+) -> Result<(), StateError> {
+    let unknown = || StateError::UnknownKey {
+        key: name.to_owned(),
+    };
+    let revision = version.revision + 1;
+    let value = {
+        let slot = version.table.get(index).ok_or_else(unknown)?;
+        make(&*slot.value)?
+    };
+    let slot = version
+        .table
+        .slot_mut(index, revision)
+        .ok_or_else(unknown)?;
+    slot.value = value;
+    slot.changed_at = revision;
+    version.revision = revision;
+    Ok(())
 }
 
 impl fmt::Debug for StateStore {

@@ -369,6 +369,62 @@ fn one_key_commits_in_place_change_nothing_on_failure_and_no_snapshot() {
 }
 
 #[test]
+fn a_typed_update_commits_like_a_one_update_command() {
+    let store = store();
+    let at = store.registry().position_of::<Counter>();
+    assert_eq!(store.update::<Counter>(at, 1).unwrap(), 1);
+    let before = state(&store.snapshot());
+    // Failures change nothing and read as a command's: a rejected or panicking reducer, a key
+    // registered with another type (a wrong position is not trusted: the key's own is looked
+    // up).
+    let mut errors = String::new();
+    let log_at = store.registry().position_of::<Log>();
+    for (name, result) in [
+        ("reducer error", store.update::<Log>(log_at, String::new())),
+        ("reducer panic", store.update::<Log>(log_at, "panic".into())),
+        ("overflow", store.update::<Counter>(log_at, i64::MAX)),
+        ("impostor", store.update::<Impostor>(at, 5)),
+    ] {
+        errors.push_str(&format!("{name}: {}\n", result.unwrap_err()));
+        assert_eq!(state(&store.snapshot()), before, "{name} changed the store");
+    }
+    check(
+        errors,
+        expect![[r#"
+            reducer error: update of state key `test.log` rejected: empty line
+            reducer panic: reducer of state key `test.log` panicked: log reducer asked to panic
+            overflow: update of state key `test.counter` rejected: overflow
+            impostor: state key `test.counter` is registered as awaken_state::tests::Counter, used as awaken_state::tests::Impostor
+        "#]],
+    );
+    // A good update at a wrong position still updates its own key, with its change revision.
+    assert_eq!(store.update::<Counter>(log_at, 2).unwrap(), 2);
+    let snapshot = store.snapshot();
+    assert_eq!(snapshot.get::<Counter>().unwrap(), &3);
+    let mut changed = Vec::new();
+    snapshot
+        .version
+        .table
+        .for_each_changed(1, &mut |i, _| changed.push(i));
+    assert_eq!(changed, [at.unwrap()]);
+    // A snapshot held across the update keeps its state (the command path copies).
+    let held_state = state(&snapshot);
+    assert_eq!(store.update::<Counter>(None, 4).unwrap(), 3);
+    assert_eq!(state(&snapshot), held_state);
+    drop(snapshot);
+    assert_eq!(store.snapshot().get::<Counter>().unwrap(), &7);
+    // Observers and a journal see it as the command it stands for.
+    let seen = Arc::new(AtomicU64::new(0));
+    let s = seen.clone();
+    store.subscribe(move |c: &Committed| s.store(c.revision, Ordering::SeqCst));
+    assert_eq!(store.update::<Counter>(at, 1).unwrap(), 4);
+    assert_eq!(seen.load(Ordering::SeqCst), 4);
+    let journaled = StateStore::with_journal(registry(), KeyScope::Profile);
+    journaled.update::<Quota>(None, 3).unwrap();
+    assert_eq!(journaled.take_journal().len(), 1);
+}
+
+#[test]
 fn empty_commands_keep_the_revision_but_still_check_the_base() {
     let store = store();
     store
