@@ -278,33 +278,51 @@ impl StateStore {
 
     /// Commits one typed update of `K`, as [`commit`](Self::commit) commits a command of that
     /// one update (the reducer's result checked before anything changes, a new revision, seen
-    /// by every later snapshot), without building a command: for a caller that updates a key
-    /// of its own often (the run's statistics, several times a step). `at` is `K`'s position
-    /// in the registry ([`KeyRegistry::position_of`]); `None` looks it up. A store with a
-    /// journal or observers, or whose current state a snapshot outside it holds, takes the
-    /// command path. Returns the new revision.
+    /// by every later snapshot, observers notified), without building a command: for a caller
+    /// that updates a key of its own often (the run's statistics, several times a step). `at`
+    /// is `K`'s position in the registry ([`KeyRegistry::position_of`]); `None` looks it up,
+    /// and a wrong one is not trusted. A journaled key, a key not registered as `K`, or a
+    /// current state that a snapshot outside the store holds takes the command path (and its
+    /// errors). Returns the new revision.
     pub fn update<K: StateKey>(
         &self,
         at: Option<usize>,
         update: K::Update,
     ) -> Result<u64, StateError> {
-        if self.journal_scope.is_none() && self.observer_count.load(Ordering::Acquire) == 0 {
+        let index = at
+            .filter(|&i| {
+                self.registry
+                    .entries()
+                    .get(i)
+                    .is_some_and(|e| e.key_type == std::any::TypeId::of::<K>())
+            })
+            .or_else(|| self.registry.position_of::<K>())
+            .filter(|&i| {
+                self.journal_scope
+                    .is_none_or(|scope| self.registry.entries()[i].options.scope != scope)
+            });
+        if let Some(index) = index {
             let writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
             let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
-            // A key not registered as `K` takes the command path too, for its error.
-            let index = at
-                .filter(|&i| {
-                    self.registry
-                        .entries()
-                        .get(i)
-                        .is_some_and(|e| e.key_type == std::any::TypeId::of::<K>())
-                })
-                .or_else(|| self.registry.position_of::<K>());
-            if let (Some(version), Some(index)) = (Arc::get_mut(&mut current.version), index) {
+            if let Some(version) = Arc::get_mut(&mut current.version) {
                 put_in_place(version, index, K::KEY, |current| {
                     crate::key::updated::<K>(current, update)
                 })?;
-                return Ok(version.revision);
+                let revision = version.revision;
+                // Observers are told as for a command, after the locks are released.
+                let committed =
+                    (self.observer_count.load(Ordering::Acquire) > 0).then(|| Committed {
+                        revision,
+                        snapshot: current.clone(),
+                        actions: Vec::new(),
+                        effects: Vec::new(),
+                    });
+                drop(current);
+                drop(writer);
+                if let Some(committed) = committed {
+                    self.notify(&committed);
+                }
+                return Ok(revision);
             }
             drop(current);
             drop(writer);

@@ -421,7 +421,15 @@ fn a_typed_update_commits_like_a_one_update_command() {
     assert_eq!(seen.load(Ordering::SeqCst), 4);
     let journaled = StateStore::with_journal(registry(), KeyScope::Profile);
     journaled.update::<Quota>(None, 3).unwrap();
-    assert_eq!(journaled.take_journal().len(), 1);
+    journaled.update::<Counter>(None, 1).unwrap();
+    let journal = journaled.take_journal();
+    assert_eq!(
+        journal.len(),
+        1,
+        "only the profile key's update: {journal:?}"
+    );
+    assert_eq!(journal[0].0, Quota::KEY);
+    assert_eq!(journaled.revision(), 2);
 }
 
 #[test]

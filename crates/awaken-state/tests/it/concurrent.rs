@@ -174,10 +174,16 @@ fn one_key_commits_never_change_a_held_snapshot() {
         while i < COMMITS || checks.load(Ordering::Acquire) < 20 {
             i += 1;
             assert!(i < MAX_SPINS, "the readers checked no snapshot");
-            let committed = store
-                .commit(StateCommand::new().with_update::<Count>(1))
-                .unwrap();
-            assert_eq!(committed.revision, i);
+            // Commands and typed updates in turn (both in place when no snapshot is held).
+            let revision = if i.is_multiple_of(2) {
+                store
+                    .commit(StateCommand::new().with_update::<Count>(1))
+                    .unwrap()
+                    .revision
+            } else {
+                store.update::<Count>(None, 1).unwrap()
+            };
+            assert_eq!(revision, i);
         }
         drop(_stop);
         for reader in readers {
