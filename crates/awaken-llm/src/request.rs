@@ -35,7 +35,8 @@ impl InferenceRequest {
         Self {
             upstream_model: upstream_model.into(),
             messages: messages.into(),
-            tools: Arc::from(Vec::new()),
+            // The shared empty slice: no allocation.
+            tools: Arc::default(),
             system_prompt: None,
             overrides: InferenceOverride::default(),
             routing_key: None,

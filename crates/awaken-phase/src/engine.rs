@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use awaken_state::{
     Committed, KeyRegistry, ParallelBatch, StateCommand, StateError, StateStore, Transaction,
+    panic_message,
 };
 use futures_util::FutureExt;
 use futures_util::future::join_all;
@@ -134,16 +135,6 @@ impl std::fmt::Debug for PhaseEngine {
         f.debug_struct("PhaseEngine")
             .field("store", &self.inner.store)
             .finish_non_exhaustive()
-    }
-}
-
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-string panic payload".to_owned()
     }
 }
 

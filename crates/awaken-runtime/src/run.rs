@@ -633,21 +633,15 @@ async fn load_activation<'a>(
     }
     let record = match &resumed {
         None => {
-            // Built whole: `RunRecord::new` would allocate a blank digest replaced at once.
-            let now = rt.ids.timestamp();
-            RunRecord {
-                run_id: identity.run_id.clone(),
-                parent_run_id: parent_run_id.clone(),
-                agent_id: agent_id.clone(),
-                profile_id: profile_id.clone(),
-                status: RunStatus::Running,
-                termination: None,
-                steps: 0,
-                usage: awaken_event::TokenUsage::default(),
-                spec_digest: resolved.spec_digest.clone(),
-                created_at: now,
-                updated_at: now,
-            }
+            let mut record = RunRecord::new(
+                identity.run_id.clone(),
+                agent_id.clone(),
+                rt.ids.timestamp(),
+            );
+            record.profile_id = profile_id.clone();
+            record.spec_digest = resolved.spec_digest.clone();
+            record.parent_run_id = parent_run_id.clone();
+            record
         }
         Some(r) => {
             let mut record = r.record.clone();
@@ -1230,15 +1224,12 @@ impl Run<'_> {
         }
         overrides = overrides.merge(&directives.inference);
         let (model, system_prompt, routing_key) = &self.request_strings;
-        // Built whole: `InferenceRequest::new` would allocate an empty tool list replaced at once.
-        InferenceRequest {
-            upstream_model: model.clone(),
-            messages,
-            tools,
-            system_prompt: system_prompt.clone(),
-            overrides,
-            routing_key: Some(routing_key.clone()),
-        }
+        let mut request = InferenceRequest::new(model.clone(), messages)
+            .with_tools(tools)
+            .with_overrides(overrides)
+            .with_routing_key(routing_key.clone());
+        request.system_prompt = system_prompt.clone();
+        request
     }
 
     async fn infer(
@@ -1793,12 +1784,7 @@ impl Run<'_> {
     /// re-runs it (`ReadOnly`/`Idempotent` only, with the same idempotency key), closes it as
     /// outcome unknown, or suspends it for a human. Never a silent re-run.
     async fn recover_call(&mut self, call: &ToolCall) -> Result<CallOutcome, Failure> {
-        let tool = self
-            .resolved
-            .tools
-            .iter()
-            .find(|t| t.tool.descriptor().name == call.name)
-            .cloned();
+        let tool = self.tool_named(&call.name).cloned();
         let action = tool
             .as_ref()
             .map_or(RecoveryAction::CloseOutcomeUnknown, |t| {
@@ -1855,13 +1841,7 @@ impl Run<'_> {
         call: &ToolCall,
         resume: Option<ToolCallResume>,
     ) -> Result<Prepared, Failure> {
-        let Some(tool) = self
-            .resolved
-            .tools
-            .iter()
-            .find(|t| t.tool.descriptor().name == call.name)
-            .cloned()
-        else {
+        let Some(tool) = self.tool_named(&call.name).cloned() else {
             return Ok(Prepared::Done(CallOutcome::Closed(
                 ToolResult::error(format!(
                     "unknown tool `{}`: it is not available to this agent",

@@ -749,7 +749,9 @@ fn mismatch<V>(key: &str) -> StateError {
     }
 }
 
-fn panic_message(payload: &(dyn Any + Send)) -> String {
+/// The message of a caught panic's payload (a `&str` or a `String`), for the typed error that
+/// reports it; shared by the crates that catch panics of user code.
+pub fn panic_message(payload: &(dyn Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&'static str>() {
         (*s).to_owned()
     } else if let Some(s) = payload.downcast_ref::<String>() {

@@ -31,7 +31,9 @@ pub mod testing;
 pub use command::{Effect, KeyUpdate, ScheduledAction, StateCommand};
 pub use error::StateError;
 pub use exported::{DeltaValues, StateDelta, StateValue};
-pub use key::{KeyDecl, KeyInfo, KeyOptions, KeyRegistry, KeyScope, MergeStrategy, StateKey};
+pub use key::{
+    KeyDecl, KeyInfo, KeyOptions, KeyRegistry, KeyScope, MergeStrategy, StateKey, panic_message,
+};
 pub use parallel::ParallelBatch;
 pub use snapshot::{PersistedState, Snapshot};
 pub use store::{

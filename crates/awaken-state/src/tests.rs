@@ -100,6 +100,28 @@ fn state(snapshot: &Snapshot) -> String {
     format!("revision {}\n{}", snapshot.revision(), snapshot.dump())
 }
 
+/// Commands that fail, each for another reason, named, each starting from what `lead` makes:
+/// an unknown key, a type mismatch, a stale base, bad JSON, a reducer's error, a reducer's
+/// panic, an overflow.
+fn failing_commands(lead: impl Fn() -> StateCommand) -> Vec<(&'static str, StateCommand)> {
+    let mut unknown = lead();
+    unknown.update_json("test.nope", json!(1));
+    let mut bad_json = lead();
+    bad_json.update_json("test.counter", json!("one"));
+    vec![
+        ("unknown key", unknown),
+        ("type mismatch", lead().with_update::<Impostor>(5)),
+        (
+            "stale base",
+            lead().with_update::<Counter>(1).with_base_revision(0),
+        ),
+        ("bad json", bad_json),
+        ("reducer error", lead().with_update::<Log>(String::new())),
+        ("reducer panic", lead().with_update::<Log>("panic".into())),
+        ("overflow", lead().with_update::<Counter>(i64::MAX)),
+    ]
+}
+
 /// Commits each named command, which must fail and leave the store's state `before`; returns
 /// the errors, a line each.
 fn failed_commits(
@@ -221,44 +243,8 @@ fn a_failed_commit_changes_nothing() {
         .commit(StateCommand::new().with_update::<Log>("kept".into()))
         .unwrap();
     let before = state(&store.snapshot());
-    let mut unknown = StateCommand::new().with_update::<Counter>(1);
-    unknown.update_json("test.nope", json!(1));
-    let mut bad_json = StateCommand::new().with_update::<Counter>(1);
-    bad_json.update_json("test.counter", json!("one"));
-    let cases = [
-        ("unknown key", unknown),
-        (
-            "type mismatch",
-            StateCommand::new()
-                .with_update::<Counter>(1)
-                .with_update::<Impostor>(5),
-        ),
-        (
-            "stale base",
-            StateCommand::new()
-                .with_update::<Counter>(1)
-                .with_base_revision(0),
-        ),
-        ("bad json", bad_json),
-        (
-            "reducer error",
-            StateCommand::new()
-                .with_update::<Counter>(1)
-                .with_update::<Log>(String::new()),
-        ),
-        (
-            "reducer panic",
-            StateCommand::new()
-                .with_update::<Counter>(1)
-                .with_update::<Log>("panic".into()),
-        ),
-        (
-            "overflow",
-            StateCommand::new()
-                .with_update::<Counter>(i64::MAX)
-                .with_update::<Counter>(1),
-        ),
-    ];
+    // Each failing update follows a good one: nothing of the command is kept.
+    let cases = failing_commands(|| StateCommand::new().with_update::<Counter>(1));
     check(
         failed_commits(&store, &before, cases),
         expect![[r#"
@@ -291,36 +277,7 @@ fn one_key_commits_in_place_change_nothing_on_failure_and_no_snapshot() {
         .unwrap();
     // No snapshot is held from here (the state is kept as text).
     let before = state(&store.snapshot());
-    let mut unknown = StateCommand::new();
-    unknown.update_json("test.nope", json!(1));
-    let mut bad_json = StateCommand::new();
-    bad_json.update_json("test.counter", json!("one"));
-    let cases = [
-        ("unknown key", unknown),
-        (
-            "type mismatch",
-            StateCommand::new().with_update::<Impostor>(5),
-        ),
-        (
-            "stale base",
-            StateCommand::new()
-                .with_update::<Counter>(1)
-                .with_base_revision(0),
-        ),
-        ("bad json", bad_json),
-        (
-            "reducer error",
-            StateCommand::new().with_update::<Log>(String::new()),
-        ),
-        (
-            "reducer panic",
-            StateCommand::new().with_update::<Log>("panic".into()),
-        ),
-        (
-            "overflow",
-            StateCommand::new().with_update::<Counter>(i64::MAX),
-        ),
-    ];
+    let cases = failing_commands(StateCommand::new);
     check(
         failed_commits(&store, &before, cases),
         expect![[r#"

@@ -133,7 +133,8 @@ impl RunRecord {
             termination: None,
             steps: 0,
             usage: TokenUsage::default(),
-            spec_digest: Arc::from(""),
+            // The shared empty string: no allocation.
+            spec_digest: Arc::default(),
             created_at: now,
             updated_at: now,
         }

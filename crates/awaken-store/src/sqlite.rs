@@ -312,15 +312,6 @@ async fn blocking<T: Send + 'static>(
         })
 }
 
-/// The message of a panic's payload (a `&str` or a `String`; anything else is unnamed).
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
-    payload
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("a panic without a message")
-}
-
 fn open_connection(config: &SqliteConfig) -> Result<Connection, StoreError> {
     let mut conn = match &config.path {
         Some(path) => Connection::open(path)?,
@@ -734,7 +725,10 @@ impl ThreadStore for SqliteStore {
         }))
         .unwrap_or_else(|panic| {
             Err(StoreError::Task {
-                detail: format!("the commit panicked: {}", panic_text(&*panic)),
+                detail: format!(
+                    "the commit panicked: {}",
+                    awaken_state::panic_message(&*panic)
+                ),
             })
         });
         if let Err(e) = conn.busy_timeout(self.busy_timeout) {
