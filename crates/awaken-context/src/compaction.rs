@@ -8,7 +8,7 @@ use awaken_phase::{
     ActionHandler, CommandExt, EffectContext, EffectHandler, EffectSpec, FnHook, HookError, Phase,
     PhaseContext, ScheduledActionSpec,
 };
-use awaken_plugin::{Plugin, PluginError, PluginManifest, PluginRegistrar};
+use awaken_plugin::{LifecycleHooks, Plugin, PluginError, PluginManifest, PluginRegistrar};
 use awaken_state::{KeyOptions, KeyScope, StateCommand, StateError, StateKey};
 use serde::{Deserialize, Serialize};
 
@@ -184,6 +184,10 @@ impl CompactionPlugin {
 impl Plugin for CompactionPlugin {
     fn manifest(&self) -> &PluginManifest {
         &self.manifest
+    }
+
+    fn lifecycle_hooks(&self) -> LifecycleHooks {
+        LifecycleHooks::NONE
     }
 
     fn register(&self, r: &mut PluginRegistrar) -> Result<(), PluginError> {

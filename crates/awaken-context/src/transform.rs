@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use awaken_phase::{FnHook, HookError, Phase, PhaseContext};
 use awaken_plugin::{
-    InferenceRequestTransform, Plugin, PluginError, PluginManifest, PluginRegistrar,
-    TransformContext, TransformError,
+    InferenceRequestTransform, LifecycleHooks, Plugin, PluginError, PluginManifest,
+    PluginRegistrar, TransformContext, TransformError,
 };
 use awaken_spec::TruncationStrategy;
 use awaken_state::{KeyOptions, KeyScope, StateCommand, StateError, StateKey};
@@ -51,6 +51,10 @@ impl ContextTransformPlugin {
 impl Plugin for ContextTransformPlugin {
     fn manifest(&self) -> &PluginManifest {
         &self.manifest
+    }
+
+    fn lifecycle_hooks(&self) -> LifecycleHooks {
+        LifecycleHooks::NONE
     }
 
     fn register(&self, r: &mut PluginRegistrar) -> Result<(), PluginError> {

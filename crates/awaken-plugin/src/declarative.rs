@@ -31,6 +31,7 @@ use awaken_spec::{AgentSpec, Glob, SpecError, parse_toml};
 use serde::Deserialize;
 
 use crate::error::{LoadError, PluginError};
+use crate::lifecycle::LifecycleHooks;
 use crate::manifest::{CapabilityBound, PluginManifest};
 use crate::plugin::{AgentBuildContext, AgentDefinition, OnConflict, Plugin};
 use crate::registrar::PluginRegistrar;
@@ -171,6 +172,10 @@ impl DeclarativePlugin {
 impl Plugin for DeclarativePlugin {
     fn manifest(&self) -> &PluginManifest {
         &self.manifest
+    }
+
+    fn lifecycle_hooks(&self) -> LifecycleHooks {
+        LifecycleHooks::NONE
     }
 
     fn register(&self, registrar: &mut PluginRegistrar) -> Result<(), PluginError> {

@@ -29,6 +29,7 @@ pub use env::{ExecutionEnv, PluginTool, RegisteredGateHook};
 pub use error::{ContributionKind, EnvError, LoadError, PluginError, RegistryError};
 pub use lifecycle::{
     DEFAULT_LIFECYCLE_TIMEOUT, HookStats, LifecycleDispatcher, LifecycleEvent, LifecycleHook,
+    LifecycleHooks,
 };
 pub use manifest::{CapabilityBound, PluginManifest};
 pub use order::execution_order;

@@ -88,6 +88,34 @@ impl LifecycleHook {
     }
 }
 
+/// A set of [`LifecycleHook`]s: the hooks a plugin implements
+/// ([`Plugin::lifecycle_hooks`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LifecycleHooks(u16);
+
+impl LifecycleHooks {
+    /// Every hook (a plugin's default: it is called for each).
+    pub const ALL: LifecycleHooks = LifecycleHooks((1 << LifecycleHook::ALL.len()) - 1);
+    /// No hook: the plugin is never called by a lifecycle dispatch.
+    pub const NONE: LifecycleHooks = LifecycleHooks(0);
+
+    /// The set of these hooks.
+    pub const fn of(hooks: &[LifecycleHook]) -> Self {
+        let mut bits = 0;
+        let mut i = 0;
+        while i < hooks.len() {
+            bits |= 1 << hooks[i] as u16;
+            i += 1;
+        }
+        LifecycleHooks(bits)
+    }
+
+    /// Whether `hook` is in the set.
+    pub const fn contains(self, hook: LifecycleHook) -> bool {
+        self.0 & (1 << hook as u16) != 0
+    }
+}
+
 /// One lifecycle moment with its arguments.
 #[derive(Debug, Clone, Copy)]
 pub enum LifecycleEvent<'a> {
@@ -214,14 +242,18 @@ impl LifecycleDispatcher {
     /// Calls the event's hook on every plugin, in order. Needs a tokio runtime with timers.
     /// Never fails: each failure or timeout is logged and counted.
     pub async fn dispatch(&self, plugins: &[Arc<dyn Plugin>], event: LifecycleEvent<'_>) {
-        if plugins.is_empty() {
+        let hook = event.hook();
+        // Only the plugins implementing the hook are called and counted: a dispatch none of
+        // them implements reads no clock and takes no lock.
+        let called = |p: &&Arc<dyn Plugin>| p.lifecycle_hooks().contains(hook);
+        let count = plugins.iter().filter(called).count();
+        if count == 0 {
             return;
         }
-        let hook = event.hook();
-        let mut outcomes = Vec::with_capacity(plugins.len());
+        let mut outcomes = Vec::with_capacity(count);
         // One clock reading per call: a call's end is the next one's start.
         let mut started = Instant::now();
-        for plugin in plugins {
+        for plugin in plugins.iter().filter(called) {
             let id = plugin.manifest().id.as_str();
             let mut call =
                 std::pin::pin!(AssertUnwindSafe(event.call(plugin.as_ref())).catch_unwind());
@@ -264,7 +296,7 @@ impl LifecycleDispatcher {
         }
         // One lock for the whole dispatch (the table is shared by every run).
         let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-        for (plugin, outcome) in plugins.iter().zip(outcomes) {
+        for (plugin, outcome) in plugins.iter().filter(called).zip(outcomes) {
             let id = plugin.manifest().id.as_str();
             let counters = match stats.get_mut(id) {
                 Some(c) => c,

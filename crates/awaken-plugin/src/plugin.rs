@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::ConfigSchema;
 use crate::error::PluginError;
+use crate::lifecycle::LifecycleHooks;
 use crate::manifest::PluginManifest;
 use crate::registrar::PluginRegistrar;
 
@@ -153,6 +154,15 @@ pub trait Plugin: Send + Sync + 'static {
     /// Called at run end; the returned command is committed with the run's last commit.
     fn on_deactivate(&self) -> Result<Option<StateCommand>, PluginError> {
         Ok(None)
+    }
+
+    /// The lifecycle hooks this plugin implements: a dispatch calls (and counts) only the
+    /// plugins whose set holds its hook. Defaults to every hook, so a plugin that overrides a
+    /// hook is called without declaring it; a plugin that declares a smaller set is not called
+    /// for the hooks outside it, even if it overrides them. A plugin with none
+    /// ([`LifecycleHooks::NONE`]) costs a run's dispatches no clock reading and no lock.
+    fn lifecycle_hooks(&self) -> LifecycleHooks {
+        LifecycleHooks::ALL
     }
 
     /// The runtime started.

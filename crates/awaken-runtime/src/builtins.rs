@@ -7,7 +7,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use awaken_event::TokenUsage;
 use awaken_phase::{ActionHandler, HookError, Phase, PhaseContext, ScheduledActionSpec};
-use awaken_plugin::{Plugin, PluginError, PluginManifest, PluginRegistrar};
+use awaken_plugin::{LifecycleHooks, Plugin, PluginError, PluginManifest, PluginRegistrar};
 use awaken_resolver::BuiltinPlugins;
 use awaken_spec::{AgentSpec, InferenceOverride, ModelSpec};
 use awaken_state::{KeyOptions, KeyScope, StateCommand, StateError, StateKey};
@@ -152,6 +152,10 @@ impl Default for LoopActionsPlugin {
 impl Plugin for LoopActionsPlugin {
     fn manifest(&self) -> &PluginManifest {
         &self.manifest
+    }
+
+    fn lifecycle_hooks(&self) -> LifecycleHooks {
+        LifecycleHooks::NONE
     }
 
     fn register(&self, r: &mut PluginRegistrar) -> Result<(), PluginError> {
@@ -320,6 +324,10 @@ impl Default for StopConditionsPlugin {
 impl Plugin for StopConditionsPlugin {
     fn manifest(&self) -> &PluginManifest {
         &self.manifest
+    }
+
+    fn lifecycle_hooks(&self) -> LifecycleHooks {
+        LifecycleHooks::NONE
     }
 
     fn register(&self, r: &mut PluginRegistrar) -> Result<(), PluginError> {

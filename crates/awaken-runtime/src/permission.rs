@@ -11,7 +11,9 @@ use std::sync::{Arc, OnceLock};
 use async_trait::async_trait;
 use awaken_event::{ResumeMode, SuspendTicket};
 use awaken_phase::{HookError, PhaseContext};
-use awaken_plugin::{ConfigSchema, Plugin, PluginError, PluginManifest, PluginRegistrar};
+use awaken_plugin::{
+    ConfigSchema, LifecycleHooks, Plugin, PluginError, PluginManifest, PluginRegistrar,
+};
 use awaken_spec::{PERMISSION_SECTION, PermissionConfig, PermissionDecision, Sections};
 use awaken_state::StateCommand;
 use awaken_tool::{ToolGateHook, ToolInterceptPayload, pending_call};
@@ -36,6 +38,10 @@ impl Default for PermissionPlugin {
 impl Plugin for PermissionPlugin {
     fn manifest(&self) -> &PluginManifest {
         &self.manifest
+    }
+
+    fn lifecycle_hooks(&self) -> LifecycleHooks {
+        LifecycleHooks::NONE
     }
 
     fn register(&self, r: &mut PluginRegistrar) -> Result<(), PluginError> {

@@ -97,6 +97,67 @@ async fn default_hooks_are_no_ops_that_count_as_calls() {
     );
 }
 
+#[tokio::test]
+async fn only_the_plugins_implementing_a_hook_are_called_and_counted() {
+    let log = Log::default();
+    let plugin = |id: &str, hooks: LifecycleHooks| {
+        let mut p = TestPlugin::new(id);
+        p.log = log.clone();
+        p.hooks = hooks;
+        p.arc()
+    };
+    let plugins = vec![
+        plugin("none", LifecycleHooks::NONE),
+        plugin("end", LifecycleHooks::of(&[LifecycleHook::RunComplete])),
+        plugin("all", LifecycleHooks::ALL),
+    ];
+    let dispatcher = LifecycleDispatcher::default();
+    let run = run();
+    dispatcher
+        .dispatch(&plugins, LifecycleEvent::RunStart(&run))
+        .await;
+    dispatcher
+        .dispatch(
+            &plugins,
+            LifecycleEvent::RunComplete(&run, &TerminationReason::NaturalEnd),
+        )
+        .await;
+    assert_eq!(
+        log.lines(),
+        vec![
+            "all on_run_start",
+            "end on_run_complete(natural_end)",
+            "all on_run_complete(natural_end)",
+        ]
+    );
+    let calls = |id, hook| dispatcher.stats(id, hook).calls;
+    assert_eq!(calls("none", LifecycleHook::RunStart), 0);
+    assert_eq!(calls("none", LifecycleHook::RunComplete), 0);
+    assert_eq!(calls("end", LifecycleHook::RunStart), 0);
+    assert_eq!(calls("end", LifecycleHook::RunComplete), 1);
+    assert_eq!(calls("all", LifecycleHook::RunStart), 1);
+    // A dispatch no plugin implements calls nothing and counts nothing.
+    let quiet = LifecycleDispatcher::default();
+    quiet
+        .dispatch(&plugins[..2], LifecycleEvent::RunStart(&run))
+        .await;
+    assert!(quiet.all_stats().is_empty());
+}
+
+#[test]
+fn a_hook_set_holds_exactly_its_hooks() {
+    let set = LifecycleHooks::of(&[LifecycleHook::RunStart, LifecycleHook::DelegateReturnError]);
+    for hook in LifecycleHook::ALL {
+        let expected = matches!(
+            hook,
+            LifecycleHook::RunStart | LifecycleHook::DelegateReturnError
+        );
+        assert_eq!(set.contains(hook), expected, "{}", hook.as_str());
+        assert!(LifecycleHooks::ALL.contains(hook));
+        assert!(!LifecycleHooks::NONE.contains(hook));
+    }
+}
+
 #[test]
 fn every_hook_is_listed_once_at_its_own_index() {
     for (i, hook) in LifecycleHook::ALL.iter().enumerate() {

@@ -42,6 +42,7 @@ pub struct TestPlugin {
     pub lifecycle: Behaviour,
     pub reload: Behaviour,
     pub schemas: Vec<ConfigSchema>,
+    pub hooks: LifecycleHooks,
 }
 
 impl TestPlugin {
@@ -54,6 +55,7 @@ impl TestPlugin {
             lifecycle: Behaviour::Ok,
             reload: Behaviour::Ok,
             schemas: Vec::new(),
+            hooks: LifecycleHooks::ALL,
         }
     }
 
@@ -105,6 +107,9 @@ impl Plugin for TestPlugin {
     }
     fn config_schemas(&self) -> Vec<ConfigSchema> {
         self.schemas.clone()
+    }
+    fn lifecycle_hooks(&self) -> LifecycleHooks {
+        self.hooks
     }
     fn agent_definitions(
         &self,
