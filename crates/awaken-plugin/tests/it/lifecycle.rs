@@ -22,6 +22,20 @@ fn run() -> RunLifecycle {
     }
 }
 
+/// Dispatches a run's start, then its natural end.
+async fn start_and_complete(dispatcher: &LifecycleDispatcher, plugins: &[Arc<dyn Plugin>]) {
+    let run = run();
+    dispatcher
+        .dispatch(plugins, LifecycleEvent::RunStart(&run))
+        .await;
+    dispatcher
+        .dispatch(
+            plugins,
+            LifecycleEvent::RunComplete(&run, &TerminationReason::NaturalEnd),
+        )
+        .await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn hooks_run_in_order_and_failures_and_timeouts_are_counted() {
     let log = Log::default();
@@ -38,16 +52,7 @@ async fn hooks_run_in_order_and_failures_and_timeouts_are_counted() {
         plugin("last", Behaviour::Ok),
     ];
     let dispatcher = LifecycleDispatcher::new(Duration::from_secs(2));
-    let run = run();
-    dispatcher
-        .dispatch(&plugins, LifecycleEvent::RunStart(&run))
-        .await;
-    dispatcher
-        .dispatch(
-            &plugins,
-            LifecycleEvent::RunComplete(&run, &TerminationReason::NaturalEnd),
-        )
-        .await;
+    start_and_complete(&dispatcher, &plugins).await;
     assert_eq!(
         log.lines(),
         vec![
@@ -112,16 +117,7 @@ async fn only_the_plugins_implementing_a_hook_are_called_and_counted() {
         plugin("all", LifecycleHooks::ALL),
     ];
     let dispatcher = LifecycleDispatcher::default();
-    let run = run();
-    dispatcher
-        .dispatch(&plugins, LifecycleEvent::RunStart(&run))
-        .await;
-    dispatcher
-        .dispatch(
-            &plugins,
-            LifecycleEvent::RunComplete(&run, &TerminationReason::NaturalEnd),
-        )
-        .await;
+    start_and_complete(&dispatcher, &plugins).await;
     assert_eq!(
         log.lines(),
         vec![
@@ -139,7 +135,7 @@ async fn only_the_plugins_implementing_a_hook_are_called_and_counted() {
     // A dispatch no plugin implements calls nothing and counts nothing.
     let quiet = LifecycleDispatcher::default();
     quiet
-        .dispatch(&plugins[..2], LifecycleEvent::RunStart(&run))
+        .dispatch(&plugins[..2], LifecycleEvent::RunStart(&run()))
         .await;
     assert!(quiet.all_stats().is_empty());
 }
