@@ -132,6 +132,9 @@ impl Durable {
         self.record.steps = steps;
         self.record.usage = usage;
         self.record.updated_at = self.ids.timestamp();
+        // Moved into one shared slice: the store keeps it, and the events about the commit's
+        // facts are emitted from it afterwards (no event is cloned; the vector keeps its room).
+        let events: Arc<[AgentEvent]> = self.events.drain(..).collect();
         // Built whole (each `with_*` call would move the whole commit once more).
         let commit = ThreadCommit {
             thread_id: self.thread_id.clone(),
@@ -143,7 +146,7 @@ impl Durable {
             profile_state: StateDelta::default(),
             profile_versions: BTreeMap::new(),
             batch,
-            events: self.events.clone(),
+            events: events.clone(),
             lease: self.lease.clone(),
         };
         // Profile keys written since the last commit, each guarded by the version it was
@@ -174,21 +177,30 @@ impl Durable {
             // copy of it is kept in this future while the store works.
             None => {
                 let slow = match (*self.store).commit_now(commit) {
-                    Ok(written) => Ok(written?),
+                    Ok(written) => Ok(written),
                     Err(commit) => Err((*self.store).commit(commit)),
                 };
                 match slow {
-                    Ok(receipt) => receipt,
-                    Err(future) => future.await?,
+                    Ok(written) => written.map_err(CheckpointError::from),
+                    Err(future) => future.await.map_err(CheckpointError::from),
                 }
             }
             // Boxed: only a run writing profile keys keeps its commit across awaits (for a
             // retry), and every other commit's future need not hold room for it.
-            Some(written) => {
-                let (receipt, redone) =
-                    Box::pin(self.commit_guarded(commit, written, state)).await?;
-                retried = redone;
-                receipt
+            Some(written) => match Box::pin(self.commit_guarded(commit, written, state)).await {
+                Ok((receipt, redone)) => {
+                    retried = redone;
+                    Ok(receipt)
+                }
+                Err(e) => Err(e),
+            },
+        };
+        let receipt = match receipt {
+            Ok(receipt) => receipt,
+            Err(e) => {
+                // Not written: the events wait for the next commit (or are flushed unstored).
+                self.events.extend(events.iter().cloned());
+                return Err(e);
             }
         };
         if compaction {
@@ -214,9 +226,8 @@ impl Durable {
             snapshot.revision()
         };
         for i in self.after_commit.drain(..) {
-            sink.emit(&self.events[i]);
+            sink.emit(&events[i]);
         }
-        self.events.clear();
         Ok(())
     }
 

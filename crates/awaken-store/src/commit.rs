@@ -280,8 +280,9 @@ pub struct ThreadCommit {
     pub profile_versions: BTreeMap<String, u64>,
     /// What happens to the run's active tool batch.
     pub batch: BatchWrite,
-    /// Lifecycle events to store with the commit (no token deltas), in emission order.
-    pub events: Vec<AgentEvent>,
+    /// Lifecycle events to store with the commit (no token deltas), in emission order. Shared:
+    /// a runtime keeps the same slice to emit the events once the commit is written.
+    pub events: Arc<[AgentEvent]>,
     /// The writer's lease, when leases are in use: the commit fails with `LeaseLost` unless it
     /// is still the run's current lease. `None`: no lease check.
     pub lease: Option<LeaseToken>,
@@ -373,7 +374,7 @@ impl ThreadCommit {
             profile_state: StateDelta::default(),
             profile_versions: BTreeMap::new(),
             batch: BatchWrite::Keep,
-            events: Vec::new(),
+            events: Arc::default(),
             lease: None,
         }
     }
@@ -421,7 +422,7 @@ impl ThreadCommit {
 
     /// Stores these lifecycle events.
     pub fn with_events(mut self, events: impl IntoIterator<Item = AgentEvent>) -> Self {
-        self.events.extend(events);
+        self.events = self.events.iter().cloned().chain(events).collect();
         self
     }
 

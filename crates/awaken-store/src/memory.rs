@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::collections::hash_map::Entry;
 use std::hash::BuildHasher;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -132,8 +132,9 @@ impl MessageLog {
     }
 }
 
-/// A thread's event log: one chunk per commit, holding the commit's own vector (moved in whole,
-/// so an event is neither copied nor padded out by a doubling vector of 224-byte entries).
+/// A thread's event log: one chunk per commit, holding the commit's own slice (shared with the
+/// runtime, so an event is neither copied nor padded out by a doubling vector of 224-byte
+/// entries).
 #[derive(Debug, Default)]
 struct EventLog {
     chunks: Vec<EventChunk>,
@@ -144,7 +145,8 @@ struct EventChunk {
     /// The sequence number of the chunk's first event.
     first_seq: u64,
     run_id: RunId,
-    events: Vec<AgentEvent>,
+    /// The commit's own slice (shared with the runtime that emits them after the commit).
+    events: Arc<[AgentEvent]>,
 }
 
 impl EventChunk {
@@ -160,7 +162,7 @@ impl EventLog {
         self.chunks.last().map_or(0, EventChunk::last_seq)
     }
 
-    fn append(&mut self, run_id: &RunId, events: Vec<AgentEvent>) {
+    fn append(&mut self, run_id: &RunId, events: Arc<[AgentEvent]>) {
         if events.is_empty() {
             return;
         }

@@ -419,7 +419,7 @@ async fn commit_tx(
         let stmt = tx
             .prepare("INSERT INTO events (thread_id, seq, run_id, body) VALUES ($1, $2, $3, $4)")
             .await?;
-        for e in &c.events {
+        for e in c.events.iter() {
             seq += 1;
             let body = codec::to_json("event", e)?;
             tx.execute(&stmt, &[&tid, &seq, &rid, &body]).await?;

@@ -534,7 +534,7 @@ fn commit_tx(
         let mut stmt = tx.prepare_cached(
             "INSERT INTO events (thread_id, seq, run_id, body) VALUES (?1, ?2, ?3, ?4)",
         )?;
-        for e in &c.events {
+        for e in c.events.iter() {
             seq += 1;
             stmt.execute(params![tid, seq, rid, codec::to_json("event", e)?])?;
         }

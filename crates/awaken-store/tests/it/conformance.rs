@@ -593,10 +593,9 @@ pub async fn invalid_commits_write_nothing(h: &Harness) {
     in_flight.run.status = RunStatus::Done;
     in_flight.run.termination = Some(TerminationReason::Cancelled);
     in_flight.batch = BatchWrite::Set(batch(&[("c9", "executing")]).into());
-    let mut delta_event = step("t1", "r1", 2, 2, 2_000);
-    delta_event.events.push(AgentEvent::TextDelta {
+    let delta_event = step("t1", "r1", 2, 2, 2_000).with_events([AgentEvent::TextDelta {
         delta: "tok".to_owned(),
-    });
+    }]);
     let mut malformed = step("t1", "r1", 2, 2, 2_000);
     malformed.batch = BatchWrite::Set(json!({"calls": [{"state": "flying"}]}).into());
     let mut foreign_lease = step("t1", "r1", 2, 2, 2_000);
