@@ -132,6 +132,9 @@ struct Run<'a> {
     progress: Arc<ProgressQueue>,
     /// Where the run's registry holds its statistics (read several times a step).
     stats_at: Option<usize>,
+    /// The calls opened by an event (`ToolCallStart`, `ToolCallResumed`) and not yet closed by
+    /// one (`ToolCallDone`, `ToolCallSuspended`): a step that fails closes them before it ends.
+    open_calls: Vec<ToolCallId>,
 }
 
 /// How an activation continues an earlier one.
@@ -738,6 +741,7 @@ async fn load_activation<'a>(
         folded_result: None,
         progress: Arc::default(),
         stats_at: None,
+        open_calls: Vec::new(),
     };
     run.stats_at = run.engine.store().registry().position_of::<RunStatsKey>();
     run.seen_fallbacks = run.compaction_fallbacks().0;
@@ -846,6 +850,32 @@ impl Run<'_> {
     /// An event about a fact of the next commit, emitted after it.
     fn fact(&mut self, event: AgentEvent) {
         self.durable.fact(event);
+    }
+
+    /// A `ToolCallStart` or `ToolCallResumed` event for the call: it is open.
+    fn opened(&mut self, call_id: &ToolCallId) {
+        self.open_calls.push(call_id.clone());
+    }
+
+    /// A `ToolCallDone` or `ToolCallSuspended` event for the call: it is closed.
+    fn closed(&mut self, call_id: &ToolCallId) {
+        if let Some(i) = self.open_calls.iter().position(|open| open == call_id) {
+            self.open_calls.remove(i);
+        }
+    }
+
+    /// Closes the calls still open when a step fails (announced, but the step ended before
+    /// they had a result: a call that has one has its result event already), each with a
+    /// cancelled result saying why, as the calls of a failed inference are closed.
+    fn close_open_calls(&mut self, failure: &Failure) {
+        let why = failure_reason(failure);
+        for call_id in std::mem::take(&mut self.open_calls) {
+            self.note(AgentEvent::ToolCallDone {
+                call_id,
+                result: ToolResult::error(why).into(),
+                state: ToolCallState::Cancelled,
+            });
+        }
     }
 
     /// A message of the run: in the history at once, in the store with the next commit.
@@ -1045,6 +1075,11 @@ impl Run<'_> {
             // future need not hold room for it at every step.
             Some(d) => Box::pin(self.resume_step(d)).await,
         };
+        match &outcome {
+            Err(failure) => self.close_open_calls(failure),
+            // Every call of a finished step was closed (or the grammar check reports it).
+            Ok(_) => self.open_calls.clear(),
+        }
         // `StepEnd` follows the step's facts, so it is one of them.
         self.fact(AgentEvent::StepEnd { step });
         match outcome {
@@ -1098,6 +1133,7 @@ impl Run<'_> {
                 suspended = true;
                 continue;
             }
+            self.opened(&call.id);
             match (&decision, state) {
                 (Some(d), ToolCallState::Suspended) => self.note(AgentEvent::ToolCallResumed {
                     call_id: call.id.clone(),
@@ -1271,6 +1307,7 @@ impl Run<'_> {
                         Some((_, known)) => *known = id.clone(),
                         None => calls.push((index, id.clone())),
                     }
+                    self.opened(&id);
                     self.note(AgentEvent::ToolCallStart {
                         call_id: id.clone(),
                         name: self.shared_tool_name(&name),
@@ -1305,6 +1342,7 @@ impl Run<'_> {
             // Calls the model began but never finished get their closing event.
             calls.sort_by_key(|(i, _)| *i);
             for (_, call_id) in calls {
+                self.closed(&call_id);
                 self.note(AgentEvent::ToolCallDone {
                     call_id,
                     result: ToolResult::error("not executed: the inference failed").into(),
@@ -1544,6 +1582,7 @@ impl Run<'_> {
             }
         }
         self.push_message(Message::tool(call.id.clone(), &result));
+        self.closed(&call.id);
         self.fact(AgentEvent::ToolCallDone {
             call_id: call.id.clone(),
             result,
@@ -1769,6 +1808,7 @@ impl Run<'_> {
                         .suspend(&call.id, (*ticket).clone())
                         .map_err(|e| Failure::Error(e.to_string()))?;
                 }
+                self.closed(&call.id);
                 self.fact(AgentEvent::ToolCallSuspended {
                     call_id: call.id.clone(),
                     ticket,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
-use awaken_event::{Message, Role, TerminationReason, ThreadId};
+use awaken_event::{Message, Role, TerminationReason, ThreadId, VecSink, check_activation};
 use awaken_llm::{InferenceRequest, LlmEventStream, LlmExecutor};
 use awaken_runtime::{AgentRuntime, RecoverConfig, RunActivation, RunStatsKey, SequentialIds};
 use awaken_spec::{AgentSpec, ModelSpec};
@@ -146,11 +146,19 @@ async fn matrix(fresh: impl AsyncFn() -> Arc<dyn ThreadStore>) {
     for alive in 1..commits {
         let store = fresh().await;
         let dying = Arc::new(Intercepted::dies_after(store.clone(), alive));
-        // The first process: its writes stop after `alive` commits.
+        // The first process: its writes stop after `alive` commits. Its events still make
+        // one well-formed activation (the events held back for a failed commit are emitted).
+        let sink = VecSink::new();
         let first = runtime(dying)
-            .run_to_completion(RunActivation::new(thread(), "agent").with_user_message("go"))
+            .run(
+                RunActivation::new(thread(), "agent").with_user_message("go"),
+                &sink,
+            )
             .await
             .expect("the run started");
+        if let Err(v) = check_activation(&sink.events()) {
+            panic!("after {alive} commits: {v}");
+        }
         // It fails where its next commit fails; when only the last commit is lost it has
         // already decided how it ends (and says so), but the store still holds it running.
         if alive + 1 < commits {
