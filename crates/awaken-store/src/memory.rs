@@ -312,19 +312,25 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// What a commit finds of its thread and run in their shard (each looked up once).
+type ThreadEntry<'a> = Entry<'a, ThreadId, ThreadData>;
+type RunEntry<'a> = Entry<'a, RunId, Box<RunRow>>;
+
 impl Inner {
-    fn check(&self, c: &ThreadCommit, profiles: Option<&Profiles>) -> Result<(), StoreError> {
-        let actual = self
-            .threads
-            .get(&c.thread_id)
-            .map_or(0, |t| t.messages.len() as u64);
+    /// Checks a commit against its thread and run as stored (`None`: not stored yet).
+    fn check(
+        thread: Option<&ThreadData>,
+        run: Option<&RunRow>,
+        c: &ThreadCommit,
+        profiles: Option<&Profiles>,
+    ) -> Result<(), StoreError> {
+        let actual = thread.map_or(0, |t| t.messages.len() as u64);
         if actual != c.expected_message_count {
             return Err(StoreError::VersionConflict {
                 expected: c.expected_message_count,
                 actual,
             });
         }
-        let run = self.runs.get(&c.run.run_id);
         if let Some(run) = run
             && run.thread_id != c.thread_id
         {
@@ -364,9 +370,11 @@ impl Inner {
         Ok(())
     }
 
-    /// Applies a checked commit, moving its data in (no copies of messages, values or events).
+    /// Applies a checked commit to its thread's and run's entries, moving its data in (no
+    /// copies of messages, values or events).
     fn apply(
-        &mut self,
+        thread: ThreadEntry<'_>,
+        run: RunEntry<'_>,
         c: ThreadCommit,
         fp: &Failpoints,
         undo: &mut Vec<Undo>,
@@ -387,16 +395,15 @@ impl Inner {
         let now = record.updated_at;
         let status = record.status;
         let profile_id = record.profile_id.clone();
-        let Inner { threads, runs } = self;
 
-        let thread = threads.entry(tid.clone()).or_default();
+        let thread = thread.or_default();
         undo.push(Undo::Messages(thread.messages.chunks.len()));
         thread.messages.append(new_messages);
         let message_count = thread.messages.len() as u64;
         fp.check(FailPoint::AfterMessages)?;
 
         // The row is updated in place; what it held before is the undo.
-        let row = match runs.entry(rid.clone()) {
+        let row = match run {
             Entry::Occupied(slot) => {
                 let row = &mut **slot.into_mut();
                 let created_at = row.record.created_at;
@@ -630,8 +637,13 @@ impl MemoryStore {
         let mut inner = self.shard(&commit.thread_id);
         // A run new to this shard: the index says whether it is on another thread, and stays
         // locked until the commit has put it there.
+        let Inner { threads, runs } = &mut *inner;
+        // The thread and the run, each found once: checked, then written through the same
+        // entries (a vacant one left unused inserts nothing).
+        let thread = threads.entry(commit.thread_id.clone());
+        let run = runs.entry(commit.run.run_id.clone());
         let mut run_threads = None;
-        if !inner.runs.contains_key(&commit.run.run_id) {
+        if matches!(run, Entry::Vacant(_)) {
             let index = self.run_index(&commit.run.run_id);
             if let Some(stored) = index.get(&commit.run.run_id)
                 && *stored != commit.thread_id
@@ -649,7 +661,18 @@ impl MemoryStore {
             .profile_id
             .is_some()
             .then(|| lock(&self.profiles));
-        inner.check(&commit, profiles.as_deref())?;
+        Inner::check(
+            match &thread {
+                Entry::Occupied(t) => Some(t.get()),
+                Entry::Vacant(_) => None,
+            },
+            match &run {
+                Entry::Occupied(r) => Some(&**r.get()),
+                Entry::Vacant(_) => None,
+            },
+            &commit,
+            profiles.as_deref(),
+        )?;
         let ids = CommitIds {
             thread_id: commit.thread_id.clone(),
             run_id: commit.run.run_id.clone(),
@@ -663,7 +686,14 @@ impl MemoryStore {
                 + commit.thread_state.values.len()
                 + commit.profile_state.values.len(),
         );
-        let result = inner.apply(commit, &self.failpoints, &mut undo, profiles.as_deref_mut());
+        let result = Inner::apply(
+            thread,
+            run,
+            commit,
+            &self.failpoints,
+            &mut undo,
+            profiles.as_deref_mut(),
+        );
         match (&result, run_threads.as_mut()) {
             (Err(_), _) => {
                 inner.rollback(&ids, &mut undo, profiles.as_deref_mut());
