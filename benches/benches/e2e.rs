@@ -84,7 +84,7 @@ impl Tool for Echo {
             "required": ["text"]
         }))
     }
-    async fn execute(&self, args: Value, _ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
+    async fn execute(&self, args: &Value, _ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
         Ok(ToolOutput::success(json!({"echoed": args["text"]})))
     }
 }

@@ -22,8 +22,8 @@ impl Tool for Echo {
             "required": ["text"]
         }))
     }
-    async fn execute(&self, args: Value, _ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
-        Ok(ToolOutput::success(args))
+    async fn execute(&self, args: &Value, _ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
+        Ok(ToolOutput::success(args.clone()))
     }
 }
 

@@ -27,7 +27,11 @@ impl Tool for Booking {
             }))
     }
 
-    async fn execute(&self, _args: Value, _ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
+    async fn execute(
+        &self,
+        _args: &Value,
+        _ctx: &ToolCallContext,
+    ) -> Result<ToolOutput, ToolError> {
         Ok(ToolOutput::success(json!("booked")))
     }
 }

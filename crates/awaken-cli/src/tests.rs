@@ -85,7 +85,7 @@ fn temp_dir(name: &str) -> PathBuf {
 }
 
 async fn call(tool: &dyn Tool, args: Value, call: &str) -> String {
-    match tool.execute(args, &ctx(call)).await {
+    match tool.execute(&args, &ctx(call)).await {
         Ok(out) => format!("ok {}", out.result.content),
         Err(e) => format!("error {e}"),
     }

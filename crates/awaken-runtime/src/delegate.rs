@@ -107,7 +107,7 @@ impl Tool for DelegateTool {
         self.descriptor.clone()
     }
 
-    async fn execute(&self, args: Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
+    async fn execute(&self, args: &Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
         let rt = self
             .runtime
             .get()

@@ -2239,12 +2239,7 @@ impl Invocation<'_> {
             let span = tracing::debug_span!("tool", call_id = %call.id, tool = %tool.tool.id());
             let invoked = tool
                 .tool
-                .invoke_with_timeout(
-                    serde_json::Value::clone(&call.arguments),
-                    &tool_ctx,
-                    self.keys,
-                    timer,
-                )
+                .invoke_with_timeout(&call.arguments, &tool_ctx, self.keys, timer)
                 .instrument(span);
             let invoked = self
                 .progress

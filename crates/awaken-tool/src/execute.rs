@@ -25,7 +25,7 @@ use crate::tool::{Tool, ToolOutput};
 pub async fn execute_guarded(
     tool: &dyn Tool,
     tool_id: &str,
-    args: Value,
+    args: &Value,
     ctx: &ToolCallContext,
 ) -> Result<ToolOutput, ToolError> {
     execute_guarded_with_timeout(tool, tool_id, args, ctx, std::future::pending(), None).await
@@ -41,7 +41,7 @@ pub async fn execute_guarded(
 pub async fn execute_guarded_with_timeout<T>(
     tool: &dyn Tool,
     tool_id: &str,
-    args: Value,
+    args: &Value,
     ctx: &ToolCallContext,
     timeout: T,
     after: Option<Duration>,
@@ -90,7 +90,7 @@ where
 pub async fn execute_with_timeout(
     tool: &dyn Tool,
     tool_id: &str,
-    args: Value,
+    args: &Value,
     ctx: &ToolCallContext,
     after: Duration,
 ) -> Result<ToolOutput, ToolError> {

@@ -37,13 +37,15 @@ pub trait Tool: Send + Sync + 'static {
         &[]
     }
 
-    /// Runs the call with arguments already validated against the schema.
+    /// Runs the call with arguments already validated against the schema. They are borrowed:
+    /// the value parsed once from the model's output, shared by the history, the batch and the
+    /// call's events (a tool copies only what it keeps).
     ///
     /// May do IO (that is what tools are for) and should stop early when
     /// `ctx.cancel_token()` fires. An `Err` closes the call with that error, which the model
     /// sees. Pass `ctx.idempotency_key()` to the systems the tool writes to: a call of a
     /// `ReadOnly` or `Idempotent` tool may run again after a crash with the same key.
-    async fn execute(&self, args: Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError>;
+    async fn execute(&self, args: &Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError>;
 }
 
 /// What a successful `execute` returns: the result the model sees and, optionally, a state

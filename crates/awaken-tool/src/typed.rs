@@ -3,6 +3,7 @@
 use async_trait::async_trait;
 use awaken_event::ToolDescriptor;
 use awaken_state::StateCommand;
+use serde::Deserialize;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -135,9 +136,9 @@ impl<T: TypedTool> Tool for TypedToolAdapter<T> {
         self.0.writes()
     }
 
-    async fn execute(&self, args: Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
+    async fn execute(&self, args: &Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
         let args: T::Args =
-            serde_json::from_value(args).map_err(|e| ToolError::InvalidArguments {
+            T::Args::deserialize(args).map_err(|e| ToolError::InvalidArguments {
                 tool_id: self.0.descriptor().id,
                 violations: vec![Violation {
                     path: String::new(),

@@ -231,11 +231,11 @@ impl RegisteredTool {
     /// Any [`ToolError`]; the tool is not called when the arguments are invalid.
     pub async fn invoke(
         &self,
-        args: Value,
+        args: &Value,
         ctx: &ToolCallContext,
         registry: &KeyRegistry,
     ) -> Result<ToolOutput, ToolError> {
-        self.validate(&args)?;
+        self.validate(args)?;
         let output = execute_guarded(self.tool.as_ref(), self.id(), args, ctx).await?;
         self.check_output(output, registry)
     }
@@ -247,7 +247,7 @@ impl RegisteredTool {
     /// Any [`ToolError`].
     pub async fn invoke_with_timeout<T>(
         &self,
-        args: Value,
+        args: &Value,
         ctx: &ToolCallContext,
         registry: &KeyRegistry,
         timeout: T,
@@ -255,7 +255,7 @@ impl RegisteredTool {
     where
         T: Future<Output = ()> + Send,
     {
-        self.validate(&args)?;
+        self.validate(args)?;
         let output =
             execute_guarded_with_timeout(self.tool.as_ref(), self.id(), args, ctx, timeout, None)
                 .await?;

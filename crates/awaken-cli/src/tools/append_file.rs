@@ -121,7 +121,7 @@ impl awaken::tool::Tool for AppendFile {
         .with_effect(EffectClass::SideEffecting)
     }
 
-    async fn execute(&self, args: Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
+    async fn execute(&self, args: &Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
         let requested = args["path"].as_str().unwrap_or_default();
         let line = args["line"].as_str().unwrap_or_default();
         if line.contains(['\n', '\r']) {

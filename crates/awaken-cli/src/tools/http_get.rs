@@ -151,7 +151,7 @@ impl awaken::tool::Tool for HttpGet {
         .with_effect(EffectClass::ReadOnly)
     }
 
-    async fn execute(&self, args: Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
+    async fn execute(&self, args: &Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
         let requested = args["url"].as_str().unwrap_or_default();
         let url = Url::parse(requested)
             .map_err(|e| failed(format!("`{requested}` is not a URL: {e}")))?;

@@ -68,7 +68,7 @@ impl Tool for ReadFile {
         .with_effect(EffectClass::ReadOnly)
     }
 
-    async fn execute(&self, args: Value, _ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
+    async fn execute(&self, args: &Value, _ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
         let requested = args["path"].as_str().unwrap_or_default();
         let path = confine(&self.root, requested)?;
         // A symbolic link must not lead out of the root either.

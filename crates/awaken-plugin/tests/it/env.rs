@@ -454,10 +454,10 @@ impl awaken_tool::Tool for Echo {
     }
     async fn execute(
         &self,
-        args: serde_json::Value,
+        args: &serde_json::Value,
         _ctx: &awaken_tool::ToolCallContext,
     ) -> Result<awaken_tool::ToolOutput, awaken_tool::ToolError> {
-        Ok(awaken_tool::ToolOutput::success(args))
+        Ok(awaken_tool::ToolOutput::success(args.clone()))
     }
 }
 

@@ -29,8 +29,8 @@ impl Tool for Echo {
     fn descriptor(&self) -> ToolDescriptor {
         ToolDescriptor::new(self.id.clone(), "echo").with_parameters(self.schema.clone())
     }
-    async fn execute(&self, args: Value, _ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
-        Ok(ToolOutput::success(args))
+    async fn execute(&self, args: &Value, _ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
+        Ok(ToolOutput::success(args.clone()))
     }
 }
 

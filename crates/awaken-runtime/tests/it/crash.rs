@@ -28,7 +28,7 @@ impl Tool for Append {
     fn descriptor(&self) -> ToolDescriptor {
         ToolDescriptor::new("append", "Appends a line").with_effect(EffectClass::SideEffecting)
     }
-    async fn execute(&self, args: Value, _ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
+    async fn execute(&self, args: &Value, _ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
         append_line(
             &self.0.join("append.log"),
             args["text"].as_str().unwrap_or_default(),
@@ -46,7 +46,7 @@ impl Tool for Ledger {
     fn descriptor(&self) -> ToolDescriptor {
         ToolDescriptor::new("ledger", "Books an entry").with_effect(EffectClass::Idempotent)
     }
-    async fn execute(&self, _args: Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
+    async fn execute(&self, _args: &Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
         append_line(&self.0.join("ledger.log"), ctx.idempotency_key().as_str());
         Ok(ToolOutput::success(json!("booked")))
     }

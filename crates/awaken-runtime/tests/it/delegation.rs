@@ -67,7 +67,7 @@ impl Tool for WaitsForCancel {
     fn descriptor(&self) -> ToolDescriptor {
         ToolDescriptor::new("wait", "Waits until cancelled")
     }
-    async fn execute(&self, _args: Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
+    async fn execute(&self, _args: &Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
         self.0.notify_one();
         ctx.cancel_token().cancelled().await;
         Err(ToolError::Cancelled {

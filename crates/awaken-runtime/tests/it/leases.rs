@@ -55,7 +55,7 @@ impl Tool for Book {
     fn descriptor(&self) -> ToolDescriptor {
         ToolDescriptor::new("book", "Books").with_effect(EffectClass::SideEffecting)
     }
-    async fn execute(&self, _args: Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
+    async fn execute(&self, _args: &Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
         use std::io::Write;
         let mut f = std::fs::OpenOptions::new()
             .create(true)

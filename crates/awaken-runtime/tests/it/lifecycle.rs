@@ -77,7 +77,11 @@ impl Tool for Gate {
     fn descriptor(&self) -> ToolDescriptor {
         ToolDescriptor::new("gate", "Waits for the test")
     }
-    async fn execute(&self, _args: Value, _ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
+    async fn execute(
+        &self,
+        _args: &Value,
+        _ctx: &ToolCallContext,
+    ) -> Result<ToolOutput, ToolError> {
         self.0.notify_one();
         self.1.notified().await;
         Ok(ToolOutput::success(json!("through")))

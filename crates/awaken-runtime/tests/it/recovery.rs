@@ -30,7 +30,7 @@ impl Tool for Echo {
     }
     async fn execute(
         &self,
-        args: serde_json::Value,
+        args: &serde_json::Value,
         _ctx: &ToolCallContext,
     ) -> Result<ToolOutput, ToolError> {
         Ok(ToolOutput::success(

@@ -624,7 +624,7 @@ impl awaken_tool::Tool for Waits {
     }
     async fn execute(
         &self,
-        _args: serde_json::Value,
+        _args: &serde_json::Value,
         ctx: &awaken_tool::ToolCallContext,
     ) -> Result<awaken_tool::ToolOutput, awaken_tool::ToolError> {
         self.0.notify_one();

@@ -31,7 +31,7 @@ impl Tool for Echo {
             "additionalProperties": false
         }))
     }
-    async fn execute(&self, args: Value, _ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
+    async fn execute(&self, args: &Value, _ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
         Ok(ToolOutput::success(json!({"echoed": args["text"]})))
     }
 }
@@ -44,7 +44,11 @@ impl Tool for Broken {
     fn descriptor(&self) -> ToolDescriptor {
         ToolDescriptor::new("broken", "Always fails")
     }
-    async fn execute(&self, _args: Value, _ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
+    async fn execute(
+        &self,
+        _args: &Value,
+        _ctx: &ToolCallContext,
+    ) -> Result<ToolOutput, ToolError> {
         Err(ToolError::Execution {
             message: "disk on fire".into(),
         })

@@ -82,7 +82,7 @@ impl Tool for Meet {
             "required": ["who"]
         }))
     }
-    async fn execute(&self, args: Value, _ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
+    async fn execute(&self, args: &Value, _ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
         self.0.wait().await;
         Ok(ToolOutput::success(json!({"met": args["who"]}))
             .with_command(StateCommand::new().with_update::<CallsRun>(1)))
@@ -166,7 +166,11 @@ impl Tool for Writer {
     fn writes(&self) -> &[&'static str] {
         self.declares
     }
-    async fn execute(&self, _args: Value, _ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
+    async fn execute(
+        &self,
+        _args: &Value,
+        _ctx: &ToolCallContext,
+    ) -> Result<ToolOutput, ToolError> {
         self.log.push(format!("start {}", self.name));
         for _ in 0..5 {
             tokio::task::yield_now().await;
@@ -460,7 +464,7 @@ impl Tool for Stages {
             "properties": {}
         }))
     }
-    async fn execute(&self, _args: Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
+    async fn execute(&self, _args: &Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
         ctx.report_progress(json!({"stage": 1}));
         tokio::task::yield_now().await;
         ctx.report_progress(json!({"stage": 2}));
@@ -512,7 +516,7 @@ impl Tool for Late {
     fn descriptor(&self) -> ToolDescriptor {
         ToolDescriptor::new("late", "Reports after it returned")
     }
-    async fn execute(&self, _args: Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
+    async fn execute(&self, _args: &Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
         let (ctx, go) = (ctx.clone(), self.0.clone());
         tokio::spawn(async move {
             go.notified().await;
@@ -530,7 +534,11 @@ impl Tool for Trigger {
     fn descriptor(&self) -> ToolDescriptor {
         ToolDescriptor::new("trigger", "Wakes the late reporter")
     }
-    async fn execute(&self, _args: Value, _ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
+    async fn execute(
+        &self,
+        _args: &Value,
+        _ctx: &ToolCallContext,
+    ) -> Result<ToolOutput, ToolError> {
         self.0.notify_one();
         for _ in 0..4 {
             tokio::task::yield_now().await;

@@ -23,7 +23,7 @@ async fn run_in_batch(tool: &RegisteredTool, args: Value) -> ToolBatch {
     let mut batch = ToolBatch::new([call("c1", tool.id(), args.clone())]).expect("batch");
     let id = ToolCallId::new("c1").expect("id");
     batch.start(&id).expect("executing");
-    match tool.invoke(args, &tool_ctx("c1"), &registry()).await {
+    match tool.invoke(&args, &tool_ctx("c1"), &registry()).await {
         Ok(out) => batch.succeed(&id, out.result).expect("succeeded"),
         Err(e) => batch.fail_with(&id, &e).expect("closed"),
     }
@@ -43,7 +43,7 @@ fn closing(batch: &ToolBatch) -> (ToolCallState, String) {
 async fn a_panicking_tool_fails_its_call_and_the_process_goes_on() {
     let tool = RegisteredTool::from_tool(Scripted::new("explode", Behaviour::Panic)).expect("tool");
     let err = tool
-        .invoke(json!({}), &tool_ctx("c1"), &registry())
+        .invoke(&json!({}), &tool_ctx("c1"), &registry())
         .await
         .expect_err("panics");
     assert_eq!(
@@ -95,7 +95,7 @@ async fn declared_exclusive_and_any_commutative_writes_pass() {
     )
     .expect("tool");
     let out = tool
-        .invoke(json!({}), &tool_ctx("c1"), &registry())
+        .invoke(&json!({}), &tool_ctx("c1"), &registry())
         .await
         .expect("declared writes");
     assert!(out.command.is_some());
@@ -156,7 +156,7 @@ impl Tool for Waits {
         ToolDescriptor::new("waits", "waits")
     }
 
-    async fn execute(&self, _args: Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
+    async fn execute(&self, _args: &Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
         ctx.report_progress(json!({"phase": "started"}));
         let started = self.started.lock().expect("lock").take();
         let finish = self.finish.lock().expect("lock").take();
@@ -178,7 +178,8 @@ async fn cancellation_while_running_ends_the_call_as_cancelled() {
     let token = CancellationToken::new();
     let ctx = tool_ctx("c1").with_cancel(token.clone());
     let registry = registry();
-    let (result, ()) = tokio::join!(tool.invoke(json!({}), &ctx, &registry), async {
+    let args = json!({});
+    let (result, ()) = tokio::join!(tool.invoke(&args, &ctx, &registry), async {
         started.await.expect("the tool started");
         token.cancel();
     });
@@ -200,7 +201,7 @@ async fn a_call_whose_run_is_already_cancelled_does_not_start() {
     let token = CancellationToken::new();
     token.cancel();
     let err = tool
-        .invoke(json!({}), &tool_ctx("c1").with_cancel(token), &registry())
+        .invoke(&json!({}), &tool_ctx("c1").with_cancel(token), &registry())
         .await
         .expect_err("cancelled");
     assert!(matches!(err, ToolError::Cancelled { .. }));
@@ -217,8 +218,9 @@ async fn a_timeout_future_abandons_the_call() {
     let timeout = async {
         let _ = timer.await;
     };
+    let args = json!({});
     let (result, ()) = tokio::join!(
-        tool.invoke_with_timeout(json!({}), &ctx, &registry, timeout),
+        tool.invoke_with_timeout(&args, &ctx, &registry, timeout),
         async {
             started.await.expect("the tool started");
             let _ = fire.send(());
@@ -239,7 +241,7 @@ async fn a_duration_timeout_fires_on_the_paused_clock() {
     let err = execute_with_timeout(
         &tool,
         "waits",
-        json!({}),
+        &json!({}),
         &tool_ctx("c1"),
         Duration::from_secs(30),
     )
@@ -266,7 +268,7 @@ async fn progress_reports_reach_the_sink_with_the_call_id() {
     }));
     let out = RegisteredTool::from_tool(tool)
         .expect("tool")
-        .invoke(json!({}), &ctx, &registry())
+        .invoke(&json!({}), &ctx, &registry())
         .await
         .expect("finishes");
     assert_eq!(*out.result.content, json!("finished"));
@@ -291,15 +293,15 @@ async fn every_attempt_of_a_call_sees_the_same_idempotency_key() {
     };
     // Two attempts (a retry, or a re-run in another process) build fresh contexts.
     let first = key(tool
-        .invoke(json!({}), &tool_ctx("c1"), &registry)
+        .invoke(&json!({}), &tool_ctx("c1"), &registry)
         .await
         .expect("run"));
     let again = key(tool
-        .invoke(json!({}), &tool_ctx("c1"), &registry)
+        .invoke(&json!({}), &tool_ctx("c1"), &registry)
         .await
         .expect("run"));
     let other = key(tool
-        .invoke(json!({}), &tool_ctx("c2"), &registry)
+        .invoke(&json!({}), &tool_ctx("c2"), &registry)
         .await
         .expect("run"));
     assert!(

@@ -177,7 +177,7 @@ impl Tool for Scripted {
         self.writes
     }
 
-    async fn execute(&self, args: Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
+    async fn execute(&self, args: &Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         match &self.behaviour {
             Behaviour::Echo => Ok(ToolOutput::success(json!({

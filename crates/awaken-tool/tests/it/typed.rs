@@ -74,7 +74,7 @@ async fn a_typed_tool_runs_with_its_structs_and_its_command() {
     assert_eq!(tool.recovery_policy(), ToolRecoveryPolicy::Rerun);
     assert_eq!(tool.writes(), &[Notes::KEY]);
     let out = tool
-        .invoke(json!({"a": 2, "b": 40}), &tool_ctx("c1"), &registry())
+        .invoke(&json!({"a": 2, "b": 40}), &tool_ctx("c1"), &registry())
         .await
         .expect("runs");
     assert_eq!(out.result, ToolResult::success(json!({"sum": 42})));
@@ -85,12 +85,16 @@ async fn a_typed_tool_runs_with_its_structs_and_its_command() {
     );
 
     let err = tool
-        .invoke(json!({"a": i64::MAX, "b": 1}), &tool_ctx("c2"), &registry())
+        .invoke(
+            &json!({"a": i64::MAX, "b": 1}),
+            &tool_ctx("c2"),
+            &registry(),
+        )
         .await
         .expect_err("overflow");
     assert_eq!(err, ToolError::execution("the sum overflows"));
     let err = tool
-        .invoke(json!({"a": "2", "b": 1}), &tool_ctx("c3"), &registry())
+        .invoke(&json!({"a": "2", "b": 1}), &tool_ctx("c3"), &registry())
         .await
         .expect_err("schema");
     assert!(
@@ -103,7 +107,7 @@ async fn arguments_the_schema_lets_through_but_serde_refuses_fail_the_call() {
     let tool =
         RegisteredTool::from_tool(TypedToolAdapter::new(Add { loose: true })).expect("registers");
     let err = tool
-        .invoke(json!({"a": "two", "b": 1}), &tool_ctx("c1"), &registry())
+        .invoke(&json!({"a": "two", "b": 1}), &tool_ctx("c1"), &registry())
         .await
         .expect_err("serde refuses");
     match err {

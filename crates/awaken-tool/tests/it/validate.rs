@@ -118,7 +118,7 @@ async fn invalid_arguments_become_an_error_result_and_the_tool_is_not_called() {
     let calls = scripted.calls.clone();
     let tool = RegisteredTool::from_tool(scripted).expect("valid schema");
     let err = tool
-        .invoke(json!({"city": 1, "days": 0}), &tool_ctx("c1"), &registry())
+        .invoke(&json!({"city": 1, "days": 0}), &tool_ctx("c1"), &registry())
         .await
         .expect_err("invalid arguments");
     assert_eq!(calls.load(Ordering::SeqCst), 0, "the tool must not run");
@@ -127,7 +127,7 @@ async fn invalid_arguments_become_an_error_result_and_the_tool_is_not_called() {
     expect![[r#"invalid arguments for tool `weather`: at /city: 1 is not of type "string"; at /days: 0 is less than the minimum of 1"#]]
         .assert_eq(result.content.as_str().expect("text"));
     // The same tool runs once the arguments are valid.
-    tool.invoke(json!({"city": "Oslo"}), &tool_ctx("c2"), &registry())
+    tool.invoke(&json!({"city": "Oslo"}), &tool_ctx("c2"), &registry())
         .await
         .expect("valid call");
     assert_eq!(calls.load(Ordering::SeqCst), 1);
