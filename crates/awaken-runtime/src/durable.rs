@@ -8,7 +8,9 @@ use awaken_event::{
     AgentEvent, EventSink, Message, TerminationReason, ThreadId, TokenUsage, ToolCallId,
     ToolCallState,
 };
-use awaken_state::{KeyScope, StateCommand, StateDelta, StateError, StateStore, UnknownKeyPolicy};
+use awaken_state::{
+    KeyScope, Snapshot, StateCommand, StateDelta, StateError, StateStore, UnknownKeyPolicy,
+};
 use awaken_store::{
     BatchData, BatchSource, BatchWrite, LeaseToken, RunRecord, RunStatus, StoreError, ThreadCommit,
     ThreadStore,
@@ -112,15 +114,17 @@ impl Durable {
 
     /// Commits what the run did since the last commit — messages, changed run and thread
     /// state, the batch, lifecycle events — then emits those events to `sink`.
+    /// `snapshot` is `state`'s current snapshot (taken by the caller, which read the record's
+    /// counts from it).
     pub(crate) async fn commit(
         &mut self,
         state: &StateStore,
+        snapshot: Snapshot,
         batch: BatchWrite,
         steps: u32,
         usage: TokenUsage,
         sink: &dyn EventSink,
     ) -> Result<(), CheckpointError> {
-        let snapshot = state.snapshot();
         let [run_state, thread_state, profile_delta] = snapshot.export_changed_in_each(
             [KeyScope::Run, KeyScope::Thread, KeyScope::Profile],
             self.state_revision,

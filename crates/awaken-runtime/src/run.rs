@@ -20,7 +20,9 @@ use awaken_plugin::{
 };
 use awaken_resolver::{BackendRequest, ResolvedAgent, ResolvedRunPlan, ResolvedTool};
 use awaken_spec::{InferenceOverride, StopConditionSpec};
-use awaken_state::{KeyScope, PersistedState, StateCommand, StateStore, UnknownKeyPolicy};
+use awaken_state::{
+    KeyScope, PersistedState, Snapshot, StateCommand, StateStore, UnknownKeyPolicy,
+};
 use awaken_store::{BatchWrite, ClaimedRun, LeaseToken, RunRecord, RunStatus};
 use awaken_tool::{
     GateResolution, OUTCOME_UNKNOWN_MESSAGE, RecoveryAction, ToolBatch, ToolCallContext,
@@ -791,11 +793,13 @@ where
         }
         // The activation exists once this first commit is in: its record and the new
         // messages.
-        let usage = run.read_stats(|s| s.usage);
+        let snapshot = run.engine.store().snapshot();
+        let usage = run.stats_in(&snapshot, |s| s.usage);
         if let Err(e) = run
             .durable
             .commit(
                 run.engine.store(),
+                snapshot,
                 BatchWrite::Keep,
                 run.step,
                 usage,
@@ -886,10 +890,19 @@ impl Run<'_> {
 
     /// Commits what happened since the last commit, then emits the events about it.
     async fn checkpoint(&mut self, batch: BatchWrite) -> Result<(), Failure> {
-        // The counts only (a copy of the whole stats would copy its tool list).
-        let (steps, usage) = self.read_stats(|s| (s.steps, s.usage));
+        // One snapshot for the record's counts and the commit's state. The counts only (a copy
+        // of the whole stats would copy its tool list).
+        let snapshot = self.engine.store().snapshot();
+        let (steps, usage) = self.stats_in(&snapshot, |s| (s.steps, s.usage));
         self.durable
-            .commit(self.engine.store(), batch, steps, usage, self.sink)
+            .commit(
+                self.engine.store(),
+                snapshot,
+                batch,
+                steps,
+                usage,
+                self.sink,
+            )
             .await
             .map_err(|e| Failure::Error(e.to_string()))
     }
@@ -994,7 +1007,11 @@ impl Run<'_> {
     /// `f` of the statistics, read in place (no copy of their tool list).
     fn read_stats<T>(&self, f: impl FnOnce(&RunStats) -> T) -> T {
         // A snapshot, not `StateStore::read`: `f` may read the store itself (stop conditions).
-        let snapshot = self.engine.store().snapshot();
+        self.stats_in(&self.engine.store().snapshot(), f)
+    }
+
+    /// `f` of the statistics as `snapshot` holds them.
+    fn stats_in<T>(&self, snapshot: &Snapshot, f: impl FnOnce(&RunStats) -> T) -> T {
         match snapshot.get_at::<RunStatsKey>(self.stats_at) {
             Ok(stats) => f(stats),
             Err(_) => f(&RunStats::default()),
