@@ -118,8 +118,8 @@ pub enum AgentEvent {
     ToolCallDone {
         /// The call.
         call_id: ToolCallId,
-        /// The result the model will see (shared with the run's tool batch: events are copied
-        /// into commits, the result is not).
+        /// The result the model will see (shared with the run's tool batch and its tool
+        /// message).
         result: Arc<ToolResult>,
         /// The call's final state in the batch.
         state: ToolCallState,

@@ -210,7 +210,8 @@ type StatsTable =
     HashMap<String, [HookStats; LifecycleHook::ALL.len()], foldhash::fast::RandomState>;
 
 /// One hook call's outcome, counted after the calls of one dispatch.
-struct Outcome {
+struct Outcome<'a> {
+    plugin: &'a Arc<dyn Plugin>,
     failed: bool,
     timed_out: bool,
     elapsed: Duration,
@@ -239,21 +240,28 @@ impl LifecycleDispatcher {
         }
     }
 
-    /// Calls the event's hook on every plugin, in order. Needs a tokio runtime with timers.
-    /// Never fails: each failure or timeout is logged and counted.
+    /// Calls the event's hook on every plugin that implements it
+    /// ([`Plugin::lifecycle_hooks`]), in order. Needs a tokio runtime with timers. Never fails:
+    /// each failure or timeout is logged and counted.
     pub async fn dispatch(&self, plugins: &[Arc<dyn Plugin>], event: LifecycleEvent<'_>) {
         let hook = event.hook();
         // Only the plugins implementing the hook are called and counted: a dispatch none of
         // them implements reads no clock and takes no lock.
-        let called = |p: &&Arc<dyn Plugin>| p.lifecycle_hooks().contains(hook);
-        let count = plugins.iter().filter(called).count();
+        let count = plugins
+            .iter()
+            .filter(|p| p.lifecycle_hooks().contains(hook))
+            .count();
         if count == 0 {
             return;
         }
         let mut outcomes = Vec::with_capacity(count);
         // One clock reading per call: a call's end is the next one's start.
         let mut started = Instant::now();
-        for plugin in plugins.iter().filter(called) {
+        for plugin in plugins {
+            // Asked once per plugin and dispatch: the outcome names the plugin it counts for.
+            if !plugin.lifecycle_hooks().contains(hook) {
+                continue;
+            }
             let id = plugin.manifest().id.as_str();
             let mut call =
                 std::pin::pin!(AssertUnwindSafe(event.call(plugin.as_ref())).catch_unwind());
@@ -289,6 +297,7 @@ impl LifecycleDispatcher {
                 }
             };
             outcomes.push(Outcome {
+                plugin,
                 failed,
                 timed_out,
                 elapsed,
@@ -296,8 +305,8 @@ impl LifecycleDispatcher {
         }
         // One lock for the whole dispatch (the table is shared by every run).
         let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-        for (plugin, outcome) in plugins.iter().filter(called).zip(outcomes) {
-            let id = plugin.manifest().id.as_str();
+        for outcome in outcomes {
+            let id = outcome.plugin.manifest().id.as_str();
             let counters = match stats.get_mut(id) {
                 Some(c) => c,
                 None => stats.entry(id.to_owned()).or_default(),

@@ -138,6 +138,9 @@ impl Durable {
         self.record.updated_at = self.ids.timestamp();
         // Moved into one shared slice: the store keeps it, and the events about the commit's
         // facts are emitted from it afterwards (no event is cloned; the vector keeps its room).
+        // Until the commit is done they are only in this slice: a commit is never abandoned
+        // mid-await while the run goes on (a run stops at its cancellation token, not by
+        // dropping a commit), and a failed one puts them back.
         let events: Arc<[AgentEvent]> = self.events.drain(..).collect();
         // Built whole (each `with_*` call would move the whole commit once more).
         let commit = ThreadCommit {

@@ -858,7 +858,10 @@ impl Run<'_> {
 
     /// A `ToolCallStart` or `ToolCallResumed` event for the call: it is open.
     fn opened(&mut self, call_id: &ToolCallId) {
-        self.open_calls.push(call_id.clone());
+        // Once, even when a model opens one id twice (it is closed once).
+        if !self.open_calls.contains(call_id) {
+            self.open_calls.push(call_id.clone());
+        }
     }
 
     /// A `ToolCallDone` or `ToolCallSuspended` event for the call: it is closed.

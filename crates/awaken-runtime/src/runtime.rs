@@ -623,8 +623,9 @@ impl AgentRuntime {
         &self.store
     }
 
-    /// Fires every plugin's `on_runtime_start` (in the plugin source: plugins added directly,
-    /// then those of the plugin registries), each within the lifecycle timeout; a failing
+    /// Fires `on_runtime_start` of every plugin that implements it (`Plugin::lifecycle_hooks`;
+    /// in the plugin source: plugins added directly, then those of the plugin registries), each
+    /// within the lifecycle timeout; a failing
     /// hook is counted in [`AgentRuntime::lifecycle_stats`], not fatal.
     pub async fn start(&self) {
         let plugins = self.resolver.registries().plugins();
@@ -634,8 +635,8 @@ impl AgentRuntime {
     }
 
     /// Shuts the runtime down: refuses new activations (`RunError::ShuttingDown`), waits for
-    /// the active ones or cancels them first (`mode`), then fires every plugin's
-    /// `on_runtime_shutdown`.
+    /// the active ones or cancels them first (`mode`), then fires `on_runtime_shutdown` of every
+    /// plugin that implements it.
     pub async fn shutdown(&self, mode: ShutdownMode) {
         self.active.close(mode);
         self.active.idle().await;

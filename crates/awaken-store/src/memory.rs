@@ -946,3 +946,55 @@ pub(crate) fn check_worker(worker_id: &str) -> Result<(), StoreError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn commit(thread: &str, run: &str, expected_messages: u64) -> ThreadCommit {
+        let run = RunRecord::new(
+            RunId::new(run).expect("id"),
+            "agent",
+            Timestamp::from_unix_millis(10),
+        );
+        ThreadCommit::new(ThreadId::new(thread).expect("id"), run, expected_messages)
+    }
+
+    /// Whether the store holds anything of `thread` or `run` (the public reads hide a thread
+    /// without a row; this looks at the maps themselves).
+    fn holds(store: &MemoryStore, thread: &str, run: &str) -> (bool, bool, bool) {
+        let thread = ThreadId::new(thread).expect("id");
+        let run = RunId::new(run).expect("id");
+        let shard = store.shard(&thread);
+        (
+            shard.threads.contains_key(&thread),
+            shard.runs.contains_key(&run),
+            store.run_index(&run).contains_key(&run),
+        )
+    }
+
+    #[test]
+    fn a_refused_commit_of_a_new_thread_or_run_inserts_nothing() {
+        let store = MemoryStore::new();
+        // A message guard the new thread does not meet.
+        assert!(matches!(
+            store.write(commit("t1", "r1", 3)),
+            Err(StoreError::VersionConflict { .. })
+        ));
+        assert_eq!(holds(&store, "t1", "r1"), (false, false, false));
+        // A run already on another thread.
+        store.write(commit("t2", "r2", 0)).expect("written");
+        assert_eq!(holds(&store, "t2", "r2"), (true, true, true));
+        assert!(matches!(
+            store.write(commit("t3", "r2", 0)),
+            Err(StoreError::RunOnOtherThread { .. })
+        ));
+        assert!(!holds(&store, "t3", "r2").0);
+        // A new run on a stored thread, refused by its guard.
+        assert!(matches!(
+            store.write(commit("t2", "r4", 5)),
+            Err(StoreError::VersionConflict { .. })
+        ));
+        assert_eq!(holds(&store, "t2", "r4"), (true, false, false));
+    }
+}

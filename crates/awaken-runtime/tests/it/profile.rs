@@ -171,3 +171,39 @@ async fn a_concurrent_write_is_redone_on_the_fresh_value_never_lost() {
     rt.run_to_completion(on("later")).await.expect("later");
     assert_eq!(log.lines()[2], "later saw 2");
 }
+
+#[tokio::test]
+async fn a_refused_profile_commit_still_gives_one_well_formed_activation() {
+    // Every commit that writes the profile key is refused (its store died there).
+    let store: Arc<dyn ThreadStore> = Arc::new(Intercepted::new(
+        Arc::new(MemoryStore::new()),
+        |c: &awaken_store::ThreadCommit| {
+            if c.profile_state.values.is_empty() {
+                Ok(())
+            } else {
+                Err(awaken_store::StoreError::Task {
+                    detail: "the process died".into(),
+                })
+            }
+        },
+    ));
+    let log = Log::default();
+    let (entered, release) = notifies();
+    let rt = runtime(store, &log, crate::lifecycle::Gate(entered, release));
+    let sink = awaken_event::VecSink::new();
+    let out = rt.run(on("a"), &sink).await.expect("the run started");
+    assert!(
+        matches!(out.termination, TerminationReason::Error { .. }),
+        "{out:?}"
+    );
+    // The events held back for the refused commits were emitted, once each, in order.
+    let events = sink.events();
+    if let Err(v) = awaken_event::check_activation(&events) {
+        panic!("{v}\n{}", render(&events));
+    }
+    let done = events
+        .iter()
+        .filter(|e| e.type_name() == "tool_call_done")
+        .count();
+    assert_eq!(done, 1, "{}", render(&events));
+}

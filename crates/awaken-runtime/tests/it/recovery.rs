@@ -127,7 +127,9 @@ fn counting(store: Arc<dyn ThreadStore>) -> (Arc<Intercepted>, Arc<AtomicUsize>)
     (Arc::new(counting), commits)
 }
 
-async fn matrix(fresh: impl AsyncFn() -> Arc<dyn ThreadStore>) {
+/// `immediate`: the dying store writes through the runtime's immediate path (`commit_now`), not
+/// the awaited one.
+async fn matrix(fresh: impl AsyncFn() -> Arc<dyn ThreadStore>, immediate: bool) {
     // The uninterrupted run, and how many commits it makes.
     let store = fresh().await;
     let (counting, commits) = counting(store.clone());
@@ -145,7 +147,8 @@ async fn matrix(fresh: impl AsyncFn() -> Arc<dyn ThreadStore>) {
 
     for alive in 1..commits {
         let store = fresh().await;
-        let dying = Arc::new(Intercepted::dies_after(store.clone(), alive));
+        let dying = Intercepted::dies_after(store.clone(), alive);
+        let dying = Arc::new(if immediate { dying.immediate() } else { dying });
         // The first process: its writes stop after `alive` commits. Its events still make
         // one well-formed activation (the events held back for a failed commit are emitted).
         let sink = VecSink::new();
@@ -199,22 +202,32 @@ async fn matrix(fresh: impl AsyncFn() -> Arc<dyn ThreadStore>) {
 
 #[tokio::test]
 async fn recovery_from_each_commit_matches_the_uninterrupted_run_on_memory() {
-    matrix(async || Arc::new(MemoryStore::new()) as Arc<dyn ThreadStore>).await;
+    // Through the awaited path, then the immediate one (`commit_now`).
+    for immediate in [false, true] {
+        matrix(
+            async || Arc::new(MemoryStore::new()) as Arc<dyn ThreadStore>,
+            immediate,
+        )
+        .await;
+    }
 }
 
 #[tokio::test]
 async fn recovery_from_each_commit_matches_the_uninterrupted_run_on_sqlite() {
     let dir = crate::support::fresh_dir("recovery-matrix");
     let n = AtomicUsize::new(0);
-    matrix(async || {
-        let path = dir.join(format!("r{}.db", n.fetch_add(1, Ordering::SeqCst)));
-        let _ = std::fs::remove_file(&path);
-        Arc::new(
-            SqliteStore::open(SqliteConfig::file(&path))
-                .await
-                .expect("sqlite"),
-        ) as Arc<dyn ThreadStore>
-    })
+    matrix(
+        async || {
+            let path = dir.join(format!("r{}.db", n.fetch_add(1, Ordering::SeqCst)));
+            let _ = std::fs::remove_file(&path);
+            Arc::new(
+                SqliteStore::open(SqliteConfig::file(&path))
+                    .await
+                    .expect("sqlite"),
+            ) as Arc<dyn ThreadStore>
+        },
+        false,
+    )
     .await;
 }
 

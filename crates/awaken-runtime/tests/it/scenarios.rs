@@ -2,7 +2,10 @@
 
 use std::sync::Arc;
 
-use awaken_event::{CancellationToken, ResumeMode, SuspendTicket, TerminationReason, ToolResult};
+use awaken_event::{
+    AgentEvent, CancellationToken, ResumeMode, SuspendTicket, TerminationReason, ToolCallState,
+    ToolResult,
+};
 use awaken_llm::{ScriptToolCall, ScriptTurn};
 use awaken_phase::{CommandExt, FnHook, Phase, PhaseContext};
 use awaken_plugin::{Plugin, PluginError, PluginManifest, PluginRegistrar};
@@ -530,15 +533,20 @@ async fn each_stop_condition() {
     );
 }
 
-#[tokio::test]
-async fn a_panicking_hook_ends_the_run_with_an_error_and_one_run_finish() {
-    let bomb = plugin("bomb", |r| {
+/// A plugin whose `AfterInference` hook panics.
+fn after_inference_bomb() -> Arc<dyn Plugin> {
+    plugin("bomb", |r| {
         r.register_phase_hook(
             Phase::AfterInference,
             "explode",
             Arc::new(FnHook(|_: &PhaseContext| panic!("kaboom"))),
         )
-    });
+    })
+}
+
+#[tokio::test]
+async fn a_panicking_hook_ends_the_run_with_an_error_and_one_run_finish() {
+    let bomb = after_inference_bomb();
     let out = Scenario::new(vec![ScriptTurn::text("hi")])
         .plugin(bomb)
         .run()
@@ -556,6 +564,39 @@ async fn a_panicking_hook_ends_the_run_with_an_error_and_one_run_finish() {
             .filter(|e| e.type_name() == "run_finish")
             .count(),
         1
+    );
+}
+
+#[tokio::test]
+async fn a_step_that_fails_after_the_model_called_a_tool_closes_the_call() {
+    let bomb = after_inference_bomb();
+    // The call was announced while the response streamed; the step fails before it runs.
+    let out = Scenario::new(vec![ScriptTurn::tool_call("echo", json!({"text": "x"}))])
+        .plugin(bomb)
+        .run()
+        .await;
+    assert!(
+        matches!(out.outcome.termination, TerminationReason::Error { .. }),
+        "{:?}",
+        out.outcome
+    );
+    let closing: Vec<_> = out
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::ToolCallDone { result, state, .. } => Some((result.clone(), *state)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(closing.len(), 1, "{}", render(&out.events));
+    assert_eq!(closing[0].1, ToolCallState::Cancelled);
+    assert_eq!(
+        closing[0].0.content.as_str(),
+        Some("not finished: the run failed")
+    );
+    assert!(
+        out.executor.requests().len() == 1,
+        "the tool never ran and nothing was asked again"
     );
 }
 

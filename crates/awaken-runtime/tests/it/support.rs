@@ -336,6 +336,9 @@ pub struct Intercepted {
     on_commit: Box<
         dyn Fn(&awaken_store::ThreadCommit) -> Result<(), awaken_store::StoreError> + Send + Sync,
     >,
+    /// Whether `commit_now` is forwarded (the runtime's immediate path) or every commit is
+    /// awaited (`commit`).
+    immediate: bool,
 }
 
 impl Intercepted {
@@ -349,7 +352,15 @@ impl Intercepted {
         Self {
             inner,
             on_commit: Box::new(on_commit),
+            immediate: false,
         }
+    }
+
+    /// Forwards `commit_now` too, for an inner store that writes every commit at once (the
+    /// memory store): the runtime takes its immediate path.
+    pub fn immediate(mut self) -> Self {
+        self.immediate = true;
+        self
     }
 
     /// A store that dies after `alive` commits: every later commit fails, writing nothing.
@@ -374,6 +385,25 @@ impl awaken_store::ThreadStore for Intercepted {
     ) -> Result<awaken_store::CommitReceipt, awaken_store::StoreError> {
         (self.on_commit)(&commit)?;
         self.inner.commit(commit).await
+    }
+    fn commit_now(
+        &self,
+        commit: awaken_store::ThreadCommit,
+    ) -> Result<
+        Result<awaken_store::CommitReceipt, awaken_store::StoreError>,
+        awaken_store::ThreadCommit,
+    > {
+        if !self.immediate {
+            return Err(commit);
+        }
+        if let Err(e) = (self.on_commit)(&commit) {
+            return Ok(Err(e));
+        }
+        match self.inner.commit_now(commit) {
+            Ok(written) => Ok(written),
+            // `on_commit` saw it already: handing it back would show it twice.
+            Err(_) => panic!("`immediate` needs a store that writes every commit at once"),
+        }
     }
     async fn load_checkpoint(
         &self,
