@@ -158,12 +158,21 @@ impl Snapshot {
         scopes: [KeyScope; N],
         since_revision: u64,
     ) -> [StateDelta; N] {
-        // A first pass counts each scope's keys, so each list is allocated once at its size
-        // (growing one entry at a time reallocated it up to five times per commit with many
-        // changed keys; the pass reads only the changed parts of the table).
+        // One walk of the changed parts of the table counts each scope's keys and keeps what it
+        // found on the stack, so each list is allocated once at its size (growing one entry at
+        // a time reallocated it up to five times per commit with many changed keys). A commit
+        // changes a few keys; when more changed than the stack holds, a second walk fills the
+        // lists.
+        const KEPT: usize = 4;
+        let mut kept: [Option<(usize, &KeyEntry, &Arc<AnyValue>)>; KEPT] = [None; KEPT];
+        let mut found = 0;
         let mut counts = [0usize; N];
-        self.for_each_changed_persisted(since_revision, |entry, _| {
+        self.for_each_changed_persisted(since_revision, |entry, value| {
             if let Some(i) = scopes.iter().position(|s| *s == entry.options.scope) {
+                if let Some(slot) = kept.get_mut(found) {
+                    *slot = Some((i, entry, value));
+                }
+                found += 1;
                 counts[i] += 1;
             }
         });
@@ -171,11 +180,17 @@ impl Snapshot {
             revision: self.revision(),
             values: DeltaValues::with_capacity(counts[i]),
         });
-        self.for_each_changed_persisted(since_revision, |entry, value| {
-            if let Some(i) = scopes.iter().position(|s| *s == entry.options.scope) {
+        if found <= KEPT {
+            for (i, entry, value) in kept.into_iter().flatten() {
                 out[i].values.push_new(entry.name, exported(entry, value));
             }
-        });
+        } else {
+            self.for_each_changed_persisted(since_revision, |entry, value| {
+                if let Some(i) = scopes.iter().position(|s| *s == entry.options.scope) {
+                    out[i].values.push_new(entry.name, exported(entry, value));
+                }
+            });
+        }
         out
     }
 
@@ -229,7 +244,11 @@ impl Snapshot {
 
     /// Calls `f` with the entry and value of every persisted key written by a commit after
     /// `since`, in key order, without visiting unchanged parts of the table.
-    fn for_each_changed_persisted(&self, since: u64, mut f: impl FnMut(&KeyEntry, &Arc<AnyValue>)) {
+    fn for_each_changed_persisted<'s>(
+        &'s self,
+        since: u64,
+        mut f: impl FnMut(&'s KeyEntry, &'s Arc<AnyValue>),
+    ) {
         let registry = &self.version.registry;
         self.version
             .table

@@ -152,7 +152,7 @@ impl Table {
 
     /// Calls `f(index, slot)` for every slot with `changed_at > since`, in index order, without
     /// visiting unchanged subtrees.
-    pub(crate) fn for_each_changed(&self, since: u64, f: &mut dyn FnMut(usize, &Slot)) {
+    pub(crate) fn for_each_changed<'t>(&'t self, since: u64, f: &mut dyn FnMut(usize, &'t Slot)) {
         visit(&self.root, 0, BITS * (self.depth - 1), since, f);
     }
 }
@@ -343,7 +343,13 @@ fn build_node(values: &[Arc<AnyValue>], start: usize, level: usize) -> Node {
     }
 }
 
-fn visit(node: &Node, base: usize, shift: usize, since: u64, f: &mut dyn FnMut(usize, &Slot)) {
+fn visit<'t>(
+    node: &'t Node,
+    base: usize,
+    shift: usize,
+    since: u64,
+    f: &mut dyn FnMut(usize, &'t Slot),
+) {
     match node {
         Node::Leaf { max_rev, slots } => {
             if *max_rev <= since {

@@ -1176,6 +1176,52 @@ fn an_export_lists_each_changed_key_once_in_registration_order() {
     assert!(thread.values.is_empty());
 }
 
+/// Keys `m.00` … `m.19`, alternately run- and thread-scoped.
+struct Many<const N: usize>;
+
+const MANY: [&str; 20] = [
+    "m.00", "m.01", "m.02", "m.03", "m.04", "m.05", "m.06", "m.07", "m.08", "m.09", "m.10", "m.11",
+    "m.12", "m.13", "m.14", "m.15", "m.16", "m.17", "m.18", "m.19",
+];
+
+impl<const N: usize> StateKey for Many<N> {
+    const KEY: &'static str = MANY[N];
+    type Value = i64;
+    type Update = i64;
+    fn apply(value: &mut i64, update: i64) -> Result<(), StateError> {
+        *value += update;
+        Ok(())
+    }
+}
+
+#[test]
+fn an_export_of_more_changed_keys_than_it_keeps_on_the_stack_lists_them_all() {
+    let mut registry = KeyRegistry::new();
+    let mut cmd = StateCommand::new();
+    macro_rules! each {
+        ($($n:literal)*) => {$(
+            let scope = if $n % 2 == 0 { KeyScope::Run } else { KeyScope::Thread };
+            registry.register_key::<Many<$n>>(KeyOptions::new().with_scope(scope)).unwrap();
+            cmd.update::<Many<$n>>($n + 1);
+        )*};
+    }
+    each!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19);
+    let store = StateStore::new(registry);
+    store.commit(cmd).unwrap();
+    let now = store.snapshot();
+    let [run, thread] = now.export_changed_in_each([KeyScope::Run, KeyScope::Thread], 0);
+    for (scope, delta, parity) in [(KeyScope::Run, run, 0), (KeyScope::Thread, thread, 1)] {
+        assert_eq!(delta.values.len(), 10, "{scope:?}");
+        assert_eq!(
+            delta.to_persisted().unwrap(),
+            now.export_changed_in(scope, 0).unwrap()
+        );
+        for (i, name) in MANY.iter().enumerate().filter(|(i, _)| i % 2 == parity) {
+            assert_eq!(delta.values[*name], StateValue::json(json!(i + 1)));
+        }
+    }
+}
+
 #[test]
 fn find_reads_a_registered_key_and_is_none_for_another() {
     struct Unregistered;
