@@ -1707,7 +1707,10 @@ impl Run<'_> {
                     let mut out = Vec::with_capacity(lane.len());
                     for slot in lane {
                         let (i, tool) = &to_run[slot];
-                        out.push((*i, invocation.run(tool, &calls[*i], None, engine).await));
+                        out.push((
+                            *i,
+                            invocation.run(tool, &calls[*i], None, engine, true).await,
+                        ));
                     }
                     out
                 }
@@ -1853,7 +1856,10 @@ impl Run<'_> {
         match (action, tool) {
             (RecoveryAction::Rerun, Some(tool)) => {
                 self.mark_executing(&[call]).await?;
-                let ran = self.invocation().run(&tool, call, None, &self.engine).await;
+                let ran = self
+                    .invocation()
+                    .run(&tool, call, None, &self.engine, false)
+                    .await;
                 self.after_tool(call, ran, None).await
             }
             (RecoveryAction::SuspendForHuman, _) => {
@@ -1889,7 +1895,7 @@ impl Run<'_> {
         self.mark_executing(&[call]).await?;
         let ran = self
             .invocation()
-            .run(&tool, call, resume.as_ref(), &self.engine)
+            .run(&tool, call, resume.as_ref(), &self.engine, true)
             .await;
         self.after_tool(call, ran, resume).await
     }
@@ -2217,12 +2223,15 @@ impl Invocation<'_> {
     /// What only some calls need is boxed when they need it (the timer of a tool that waits,
     /// a delegate's lifecycle events, a tool's state change): every run's future holds room
     /// for a call's invocation for its whole life, and most calls need none of it.
+    /// `checked`: the call's arguments passed `RegisteredTool::check_call` in this activation
+    /// (`prepare_call`); otherwise (a recovery's re-run) they are validated here.
     async fn run(
         &self,
         tool: &ResolvedTool,
         call: &ToolCall,
         resume: Option<&ToolCallResume>,
         engine: &PhaseEngine,
+        checked: bool,
     ) -> Ran {
         // The tool's view of the state: taken before anything is awaited, as the call starts.
         let snapshot = engine.store().snapshot();
@@ -2257,10 +2266,16 @@ impl Invocation<'_> {
                 }
             };
             let span = tracing::debug_span!("tool", call_id = %call.id, tool = %tool.tool.id());
-            let invoked = tool
-                .tool
-                .invoke_with_timeout(&call.arguments, &tool_ctx, self.keys, timer)
-                .instrument(span);
+            let invoked = async {
+                // Arguments `prepare_call` checked are not validated twice.
+                if !checked {
+                    tool.tool.validate(&call.arguments)?;
+                }
+                tool.tool
+                    .invoke_checked_with_timeout(&call.arguments, &tool_ctx, self.keys, timer)
+                    .await
+            }
+            .instrument(span);
             let invoked = self
                 .progress
                 .forward(&call.id, std::pin::pin!(invoked), self.sink)

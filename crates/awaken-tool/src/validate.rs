@@ -256,6 +256,25 @@ impl RegisteredTool {
         T: Future<Output = ()> + Send,
     {
         self.validate(args)?;
+        self.invoke_checked_with_timeout(args, ctx, registry, timeout)
+            .await
+    }
+
+    /// As [`RegisteredTool::invoke_with_timeout`], for arguments [`RegisteredTool::check_call`]
+    /// (or [`RegisteredTool::validate`]) has accepted already: they are not validated again.
+    ///
+    /// # Errors
+    /// Any [`ToolError`] but `InvalidArguments`.
+    pub async fn invoke_checked_with_timeout<T>(
+        &self,
+        args: &Value,
+        ctx: &ToolCallContext,
+        registry: &KeyRegistry,
+        timeout: T,
+    ) -> Result<ToolOutput, ToolError>
+    where
+        T: Future<Output = ()> + Send,
+    {
         let output =
             execute_guarded_with_timeout(self.tool.as_ref(), self.id(), args, ctx, timeout, None)
                 .await?;

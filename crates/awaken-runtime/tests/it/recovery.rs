@@ -67,15 +67,65 @@ impl LlmExecutor for HistoryModel {
 }
 
 fn runtime(store: Arc<dyn ThreadStore>) -> AgentRuntime {
+    runtime_with(store, Arc::new(Echo))
+}
+
+fn runtime_with(store: Arc<dyn ThreadStore>, echo: Arc<dyn Tool>) -> AgentRuntime {
     AgentRuntime::builder()
         .with_ids(Arc::new(SequentialIds::default()))
         .with_store(store)
         .with_model(ModelSpec::new("model", "history", "upstream"))
         .with_provider("history", Arc::new(HistoryModel))
-        .with_tool(Arc::new(Echo))
+        .with_tool(echo)
         .with_agent_spec(AgentSpec::new("agent", "model"))
         .build()
         .expect("runtime")
+}
+
+/// `echo` after an upgrade: its arguments now need a `count`.
+struct StricterEcho;
+
+#[async_trait]
+impl Tool for StricterEcho {
+    fn descriptor(&self) -> awaken_event::ToolDescriptor {
+        Echo.descriptor().with_parameters(serde_json::json!({
+            "type": "object",
+            "properties": {"text": {"type": "string"}, "count": {"type": "integer"}},
+            "required": ["text", "count"]
+        }))
+    }
+    async fn execute(
+        &self,
+        _args: &serde_json::Value,
+        _ctx: &ToolCallContext,
+    ) -> Result<ToolOutput, ToolError> {
+        panic!("never called with arguments its schema refuses")
+    }
+}
+
+#[tokio::test]
+async fn a_recovered_re_run_validates_its_arguments_against_the_tools_schema_of_now() {
+    let store: Arc<dyn ThreadStore> = Arc::new(MemoryStore::new());
+    // The first process stores `c0` as executing (start, requested, executing), then dies.
+    let dying = Arc::new(Intercepted::dies_after(store.clone(), 3));
+    runtime(dying)
+        .run_to_completion(RunActivation::new(thread(), "agent").with_user_message("go"))
+        .await
+        .expect("the run started");
+    let recovered = runtime_with(store.clone(), Arc::new(StricterEcho))
+        .recover(&RecoverConfig::new("w2"), &awaken_event::NullSink)
+        .await
+        .expect("recover");
+    assert_eq!(recovered.len(), 1);
+    let rendered = render(store.as_ref()).await;
+    let c0 = rendered
+        .lines()
+        .find(|l| l.starts_with("tool c0"))
+        .unwrap_or_else(|| panic!("c0 closed:\n{rendered}"));
+    assert!(
+        c0.contains("count"),
+        "the re-run was refused by the schema: {c0}"
+    );
 }
 
 fn thread() -> ThreadId {
