@@ -81,7 +81,11 @@ impl PluginManifest {
             field: field.into(),
             reason,
         };
-        if self.id.trim().is_empty() || self.id.chars().any(|c| c.is_whitespace() || c.is_control())
+        // Printable ASCII (most ids) is checked a byte at a time; anything else by character.
+        let printable_ascii = !self.id.is_empty() && self.id.bytes().all(|b| b.is_ascii_graphic());
+        if !printable_ascii
+            && (self.id.trim().is_empty()
+                || self.id.chars().any(|c| c.is_whitespace() || c.is_control()))
         {
             return Err(bad(
                 "id",

@@ -445,6 +445,25 @@ fn manifest_versions_are_semver() {
     assert!(ExecutionEnv::from_plugins(&[bad], &[], &[]).is_err());
 }
 
+#[test]
+fn manifest_ids_are_non_empty_without_whitespace_or_control_characters() {
+    for (id, valid) in [
+        ("p", true),
+        ("awaken.loop_actions", true),
+        ("ünï-code", true),
+        ("", false),
+        (" ", false),
+        ("a b", false),
+        ("a\tb", false),
+        ("a\u{7f}", false),
+        ("\u{2003}", false),
+        ("é x", false),
+        ("é\u{2003}x", false),
+    ] {
+        assert_eq!(PluginManifest::new(id).validate().is_ok(), valid, "{id:?}");
+    }
+}
+
 struct Echo(&'static str);
 
 #[async_trait::async_trait]
