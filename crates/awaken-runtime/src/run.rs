@@ -1441,9 +1441,8 @@ impl Run<'_> {
         if !calls.is_empty() {
             crate::failpoint::hit("before_requested", None);
             // Every call durable as `Requested`, with the assistant message, before any gate.
-            self.batch = Some(
-                ToolBatch::new(calls.iter().cloned()).map_err(|e| Failure::Error(e.to_string()))?,
-            );
+            self.batch =
+                Some(ToolBatch::of_shared(&calls).map_err(|e| Failure::Error(e.to_string()))?);
             {
                 let batch = self.batch_write();
                 self.checkpoint(batch).await?;

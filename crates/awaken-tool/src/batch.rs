@@ -117,7 +117,7 @@ pub enum BatchError {
 /// shared, so a copy of a batch (the one a commit carries) copies neither.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BatchCall {
-    call: Arc<ToolCall>,
+    call: SharedCall,
     state: ToolCallState,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     result: Option<Arc<ToolResult>>,
@@ -125,6 +125,56 @@ pub struct BatchCall {
     ticket: Option<SuspendTicket>,
     #[serde(default)]
     attempts: u32,
+}
+
+/// One call of a shared list of calls (an assistant message's): read as that call, written
+/// and read back by serde as that call alone.
+#[derive(Clone)]
+struct SharedCall {
+    calls: Arc<[ToolCall]>,
+    index: usize,
+}
+
+impl SharedCall {
+    /// A call of its own (a list of one).
+    fn own(call: ToolCall) -> Self {
+        Self {
+            calls: Arc::from([call]),
+            index: 0,
+        }
+    }
+}
+
+impl std::ops::Deref for SharedCall {
+    type Target = ToolCall;
+
+    fn deref(&self) -> &ToolCall {
+        &self.calls[self.index]
+    }
+}
+
+impl std::fmt::Debug for SharedCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        ToolCall::fmt(self, f)
+    }
+}
+
+impl PartialEq for SharedCall {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Serialize for SharedCall {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        ToolCall::serialize(self, serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for SharedCall {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        ToolCall::deserialize(deserializer).map(Self::own)
+    }
 }
 
 impl BatchCall {
@@ -192,11 +242,26 @@ impl ToolBatch {
     /// # Errors
     /// [`BatchError::DuplicateCall`] when two calls share an id.
     pub fn new(calls: impl IntoIterator<Item = ToolCall>) -> Result<Self, BatchError> {
+        Self::requested(calls.into_iter().map(SharedCall::own))
+    }
+
+    /// A batch of the calls of an assistant message (its shared list), all `Requested`, in
+    /// their order: the batch shares them with the message (no call is copied).
+    ///
+    /// # Errors
+    /// [`BatchError::DuplicateCall`] when two calls share an id.
+    pub fn of_shared(calls: &Arc<[ToolCall]>) -> Result<Self, BatchError> {
+        Self::requested((0..calls.len()).map(|index| SharedCall {
+            calls: calls.clone(),
+            index,
+        }))
+    }
+
+    fn requested(calls: impl Iterator<Item = SharedCall>) -> Result<Self, BatchError> {
         let batch = ToolBatch {
             calls: calls
-                .into_iter()
                 .map(|call| BatchCall {
-                    call: Arc::new(call),
+                    call,
                     state: ToolCallState::Requested,
                     result: None,
                     ticket: None,

@@ -1,7 +1,9 @@
 //! The tool batch: DESIGN §6's table as a model for random transition sequences, closing, and
 //! the serde round trip.
 
-use awaken_event::{ResumeMode, SuspendTicket, ToolCallId, ToolCallState, ToolResult};
+use std::sync::Arc;
+
+use awaken_event::{ResumeMode, SuspendTicket, ToolCall, ToolCallId, ToolCallState, ToolResult};
 use awaken_tool::{
     BatchError, OUTCOME_UNKNOWN_MESSAGE, ToolBatch, ToolError, ToolInterceptPayload,
     is_allowed_transition, pending_call,
@@ -304,6 +306,38 @@ fn malformed_moves_are_typed_errors_that_change_nothing() {
     assert_eq!(b, before);
     assert_eq!(
         ToolBatch::new([call("x", "t", json!({})), call("x", "t", json!({}))]),
+        Err(BatchError::DuplicateCall {
+            call_id: call_id("x")
+        })
+    );
+}
+
+#[test]
+fn a_batch_of_a_messages_shared_calls_is_the_batch_of_those_calls() {
+    let calls: Arc<[ToolCall]> = (0..3)
+        .map(|i| call(&format!("call_{i}"), "tool", json!({"i": i})))
+        .collect();
+    let mut shared = ToolBatch::of_shared(&calls).expect("distinct ids");
+    let mut owned = batch(3);
+    assert_eq!(shared, owned);
+    assert_eq!(
+        serde_json::to_value(&shared).expect("json"),
+        serde_json::to_value(&owned).expect("json")
+    );
+    for (i, c) in shared.calls().iter().enumerate() {
+        assert_eq!(c.call(), &calls[i]);
+    }
+    // Read back, it is the same batch, and it changes like one.
+    let read: ToolBatch =
+        serde_json::from_value(serde_json::to_value(&shared).expect("json")).expect("read back");
+    assert_eq!(read, shared);
+    for b in [&mut shared, &mut owned] {
+        b.start(&call_id("call_1")).expect("start");
+    }
+    assert_eq!(shared, owned);
+    let twice: Arc<[ToolCall]> = Arc::from([call("x", "t", json!({})), call("x", "t", json!({}))]);
+    assert_eq!(
+        ToolBatch::of_shared(&twice),
         Err(BatchError::DuplicateCall {
             call_id: call_id("x")
         })
