@@ -10,17 +10,49 @@ use std::task::{Context, Poll, Waker};
 #[derive(Default)]
 struct Inner {
     cancelled: AtomicBool,
-    wakers: Mutex<Vec<Waker>>,
+    /// The wakers of the futures waiting for the cancellation, each with how many waiting
+    /// futures registered it (one task's several waiting futures share its entry). A future
+    /// takes its registration back when it is dropped, so a token shared by many tasks holds
+    /// only the wakers of those still waiting (a waker keeps its task's memory alive).
+    wakers: Mutex<Vec<(Waker, usize)>>,
     children: Mutex<Vec<Weak<Inner>>>,
 }
 
 impl Inner {
+    fn wakers(&self) -> std::sync::MutexGuard<'_, Vec<(Waker, usize)>> {
+        self.wakers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers `waker` for a waiting future whose registration is `slot` (moved from the
+    /// waker it held, if another).
+    fn register(&self, slot: &mut Option<Waker>, waker: &Waker) {
+        if slot.as_ref().is_some_and(|held| held.will_wake(waker)) {
+            return;
+        }
+        let mut wakers = self.wakers();
+        if let Some(old) = slot.take() {
+            release(&mut wakers, &old);
+        }
+        match wakers.iter_mut().find(|(w, _)| w.will_wake(waker)) {
+            Some((_, futures)) => *futures += 1,
+            None => wakers.push((waker.clone(), 1)),
+        }
+        *slot = Some(waker.clone());
+    }
+
+    /// Takes back the registration in `slot`, if any.
+    fn deregister(&self, slot: &mut Option<Waker>) {
+        if let Some(old) = slot.take() {
+            release(&mut self.wakers(), &old);
+        }
+    }
+
     fn cancel(&self) {
         if self.cancelled.swap(true, Ordering::AcqRel) {
             return;
         }
         let wakers = std::mem::take(&mut *self.wakers.lock().unwrap_or_else(|e| e.into_inner()));
-        for w in wakers {
+        for (w, _) in wakers {
             w.wake();
         }
         let children =
@@ -73,9 +105,28 @@ impl CancellationToken {
         child
     }
 
-    /// Completes when the token is cancelled.
+    /// Completes when the token is cancelled. While it waits, the token holds its task's
+    /// waker; dropping the future takes it back.
     pub fn cancelled(&self) -> Cancelled<'_> {
-        Cancelled { token: self }
+        Cancelled {
+            token: self,
+            registered: None,
+        }
+    }
+
+    /// As [`CancellationToken::cancelled`], holding its own handle to the token (for a struct
+    /// that keeps waiting across polls).
+    pub fn cancelled_owned(&self) -> CancelledOwned {
+        CancelledOwned {
+            token: self.clone(),
+            registered: None,
+        }
+    }
+
+    /// How many tasks' wakers the token holds for futures still waiting on it (a diagnostic:
+    /// it falls back to zero once every waiting future is dropped or the token is cancelled).
+    pub fn waiting_tasks(&self) -> usize {
+        self.inner.wakers().len()
     }
 }
 
@@ -91,31 +142,67 @@ impl std::fmt::Debug for CancellationToken {
 #[derive(Debug)]
 pub struct Cancelled<'a> {
     token: &'a CancellationToken,
+    /// The waker this future registered, taken back when it is dropped.
+    registered: Option<Waker>,
 }
 
 impl Future for Cancelled<'_> {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.token.is_cancelled() {
-            return Poll::Ready(());
-        }
-        {
-            let mut wakers = self
-                .token
-                .inner
-                .wakers
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            if !wakers.iter().any(|w| w.will_wake(cx.waker())) {
-                wakers.push(cx.waker().clone());
-            }
-        }
-        // Re-check after registering, so a cancel between the first check and the push is seen.
-        if self.token.is_cancelled() {
-            Poll::Ready(())
-        } else {
-            Poll::Pending
+        let this = self.get_mut();
+        poll_cancelled(&this.token.inner, &mut this.registered, cx)
+    }
+}
+
+impl Drop for Cancelled<'_> {
+    fn drop(&mut self) {
+        self.token.inner.deregister(&mut self.registered);
+    }
+}
+
+/// [`CancellationToken::cancelled_owned`]'s future: [`Cancelled`] holding its own handle to the
+/// token, for a struct that keeps waiting across polls.
+#[derive(Debug)]
+pub struct CancelledOwned {
+    token: CancellationToken,
+    registered: Option<Waker>,
+}
+
+impl Future for CancelledOwned {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        poll_cancelled(&this.token.inner, &mut this.registered, cx)
+    }
+}
+
+impl Drop for CancelledOwned {
+    fn drop(&mut self) {
+        self.token.inner.deregister(&mut self.registered);
+    }
+}
+
+fn poll_cancelled(inner: &Inner, registered: &mut Option<Waker>, cx: &Context<'_>) -> Poll<()> {
+    if inner.cancelled.load(Ordering::Acquire) {
+        return Poll::Ready(());
+    }
+    inner.register(registered, cx.waker());
+    // Re-check after registering, so a cancel between the first check and the push is seen.
+    if inner.cancelled.load(Ordering::Acquire) {
+        Poll::Ready(())
+    } else {
+        Poll::Pending
+    }
+}
+
+/// Takes one waiting future's registration of `waker` out of `wakers`.
+fn release(wakers: &mut Vec<(Waker, usize)>, waker: &Waker) {
+    if let Some(i) = wakers.iter().position(|(w, _)| w.will_wake(waker)) {
+        wakers[i].1 -= 1;
+        if wakers[i].1 == 0 {
+            wakers.swap_remove(i);
         }
     }
 }
@@ -133,6 +220,64 @@ mod tests {
         fn wake(self: Arc<Self>) {
             self.0.fetch_add(1, Ordering::SeqCst);
         }
+    }
+
+    fn counting() -> (Arc<CountWake>, Waker) {
+        let counter = Arc::new(CountWake(AtomicUsize::new(0)));
+        let waker = Waker::from(counter.clone());
+        (counter, waker)
+    }
+
+    #[test]
+    fn a_dropped_waiter_leaves_no_waker_behind() {
+        let token = CancellationToken::new();
+        // A hundred tasks (each its own waker) waited once and went away.
+        for _ in 0..100 {
+            let (_, waker) = counting();
+            let mut fut = Box::pin(token.cancelled());
+            assert!(
+                fut.as_mut()
+                    .poll(&mut Context::from_waker(&waker))
+                    .is_pending()
+            );
+            let mut owned = Box::pin(token.cancelled_owned());
+            assert!(
+                owned
+                    .as_mut()
+                    .poll(&mut Context::from_waker(&waker))
+                    .is_pending()
+            );
+            assert_eq!(token.waiting_tasks(), 1, "one task, one waker");
+        }
+        assert_eq!(token.waiting_tasks(), 0);
+        // Two waiting futures of one task share its entry: dropping one keeps the other's.
+        let (counter, waker) = counting();
+        let mut cx = Context::from_waker(&waker);
+        let mut first = Box::pin(token.cancelled());
+        let mut second = Box::pin(token.cancelled());
+        assert!(first.as_mut().poll(&mut cx).is_pending());
+        assert!(second.as_mut().poll(&mut cx).is_pending());
+        drop(first);
+        assert_eq!(token.waiting_tasks(), 1);
+        // A future polled by another task moves its registration there.
+        let (other_counter, other) = counting();
+        assert!(
+            second
+                .as_mut()
+                .poll(&mut Context::from_waker(&other))
+                .is_pending()
+        );
+        assert_eq!(token.waiting_tasks(), 1);
+        token.cancel();
+        assert_eq!(
+            counter.0.load(Ordering::SeqCst),
+            0,
+            "its entry was taken back"
+        );
+        assert_eq!(other_counter.0.load(Ordering::SeqCst), 1);
+        assert_eq!(second.as_mut().poll(&mut cx), Poll::Ready(()));
+        drop(second);
+        assert_eq!(token.waiting_tasks(), 0);
     }
 
     #[test]

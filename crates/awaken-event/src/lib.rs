@@ -17,7 +17,7 @@ mod shared;
 mod termination;
 mod tool;
 
-pub use cancel::{CancellationToken, Cancelled};
+pub use cancel::{CancellationToken, Cancelled, CancelledOwned};
 pub use event::{AgentEvent, EventSink, NullSink, VecSink, WarningKind};
 pub use grammar::{
     GrammarChecker, GrammarViolation, ViolationKind, check_activation, check_events,

@@ -4,7 +4,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use awaken_event::CancellationToken;
+use awaken_event::{CancellationToken, CancelledOwned};
 use futures_core::Stream;
 
 use crate::error::InferenceExecutionError;
@@ -27,6 +27,9 @@ pub fn with_cancellation(stream: LlmEventStream, token: CancellationToken) -> Ll
 pub struct CancellableStream {
     inner: Option<LlmEventStream>,
     token: CancellationToken,
+    /// Waits for the token while the inner stream is pending (made at its first wait; dropped,
+    /// with the waker it registered, when the stream ends).
+    waiting: Option<CancelledOwned>,
 }
 
 impl std::fmt::Debug for CancellableStream {
@@ -45,7 +48,16 @@ impl CancellableStream {
         Self {
             inner: Some(stream),
             token,
+            waiting: None,
         }
+    }
+}
+
+impl CancellableStream {
+    /// Drops the inner stream and stops waiting for the token.
+    fn end(&mut self) {
+        self.inner = None;
+        self.waiting = None;
     }
 }
 
@@ -58,19 +70,20 @@ impl Stream for CancellableStream {
             return Poll::Ready(None);
         };
         if this.token.is_cancelled() {
-            this.inner = None;
+            this.end();
             return Poll::Ready(Some(Err(InferenceExecutionError::Cancelled)));
         }
         if let Poll::Ready(item) = inner.as_mut().poll_next(cx) {
             if item.is_none() {
-                this.inner = None;
+                this.end();
             }
             return Poll::Ready(item);
         }
         // Pending: be woken by the token too.
-        let mut cancelled = this.token.cancelled();
-        if Pin::new(&mut cancelled).poll(cx).is_ready() {
-            this.inner = None;
+        let token = &this.token;
+        let waiting = this.waiting.get_or_insert_with(|| token.cancelled_owned());
+        if Pin::new(waiting).poll(cx).is_ready() {
+            this.end();
             return Poll::Ready(Some(Err(InferenceExecutionError::Cancelled)));
         }
         Poll::Pending

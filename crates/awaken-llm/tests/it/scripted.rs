@@ -306,6 +306,35 @@ async fn a_cancellation_token_ends_a_waiting_turn() {
 }
 
 #[tokio::test]
+async fn a_stream_that_waited_and_ended_leaves_no_waker_on_its_token() {
+    let exec = ScriptedExecutor::from_turns([ScriptTurn::text("hi")]).expect("valid");
+    let token = awaken_event::CancellationToken::new();
+    // The scripted stream is pending once (it yields to the scheduler), so the stream waits
+    // on the token too; a shared token would otherwise keep every such task's waker.
+    let yielding = futures_util::stream::once(tokio::task::yield_now())
+        .flat_map(move |()| exec.execute_stream(request("x")));
+    let mut stream = awaken_llm::with_cancellation(Box::pin(yielding), token.clone());
+    assert!(stream.next().now_or_never().is_none(), "waiting");
+    assert_eq!(token.waiting_tasks(), 1);
+    while let Some(item) = stream.next().await {
+        item.expect("an event");
+    }
+    assert_eq!(token.waiting_tasks(), 0, "the ended stream stopped waiting");
+    // A stream dropped while waiting takes its waker back too.
+    let exec = ScriptedExecutor::from_turns([ScriptTurn {
+        wait_for_cancel: true,
+        ..ScriptTurn::default()
+    }])
+    .expect("valid");
+    let mut stream =
+        awaken_llm::with_cancellation(exec.execute_stream(request("x")), token.clone());
+    assert!(stream.next().now_or_never().is_none(), "waiting");
+    assert_eq!(token.waiting_tasks(), 1);
+    drop(stream);
+    assert_eq!(token.waiting_tasks(), 0);
+}
+
+#[tokio::test]
 async fn an_already_cancelled_token_sends_no_request() {
     let exec = ScriptedExecutor::from_turns([ScriptTurn::text("never")]).expect("valid");
     let token = awaken_event::CancellationToken::new();

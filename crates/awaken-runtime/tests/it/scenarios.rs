@@ -802,3 +802,51 @@ fn a_runs_future_stays_small() {
     // timer of a tool that waits, a profile commit's retries) is boxed when needed.
     assert!(size <= 4_096, "run_to_completion's future is {size} bytes");
 }
+
+/// Answers with a text after yielding to the scheduler once (as a network call would), so a
+/// run waits on its cancellation token during each inference.
+struct Yielding;
+
+impl awaken_llm::LlmExecutor for Yielding {
+    fn name(&self) -> &str {
+        "yielding"
+    }
+    fn execute_stream(&self, _request: awaken_llm::InferenceRequest) -> awaken_llm::LlmEventStream {
+        use futures_util::StreamExt;
+        Box::pin(
+            futures_util::stream::once(tokio::task::yield_now()).flat_map(|()| text_answer("done")),
+        )
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_sharing_one_cancellation_token_leave_no_waker_on_it() {
+    let runtime = AgentRuntime::builder()
+        .with_model(awaken_spec::ModelSpec::new("model", "y", "up"))
+        .with_provider("y", Arc::new(Yielding))
+        .with_agent_spec(awaken_spec::AgentSpec::new("agent", "model"))
+        .build()
+        .expect("runtime");
+    // One token for every activation (a server's "cancel everything"), each run on its own
+    // task: a waker kept per finished task would keep that task's memory alive.
+    let token = CancellationToken::new();
+    let runs: Vec<_> = (0..20)
+        .map(|i| {
+            let (runtime, token) = (runtime.clone(), token.clone());
+            tokio::spawn(async move {
+                let mut act = RunActivation::new(
+                    awaken_event::ThreadId::new(format!("t{i}")).expect("id"),
+                    "agent",
+                )
+                .with_user_message("go");
+                act.cancel = token;
+                runtime.run_to_completion(act).await
+            })
+        })
+        .collect();
+    for run in runs {
+        let out = run.await.expect("joined").expect("ran");
+        assert_eq!(out.termination, TerminationReason::NaturalEnd);
+    }
+    assert_eq!(token.waiting_tasks(), 0);
+}
