@@ -29,21 +29,26 @@ impl Inner {
         if slot.as_ref().is_some_and(|held| held.will_wake(waker)) {
             return;
         }
-        let mut wakers = self.wakers();
-        if let Some(old) = slot.take() {
-            release(&mut wakers, &old);
-        }
-        match wakers.iter_mut().find(|(w, _)| w.will_wake(waker)) {
-            Some((_, futures)) => *futures += 1,
-            None => wakers.push((waker.clone(), 1)),
-        }
+        // Wakers let go of are dropped after the lock is released (dropping a task's last
+        // waker may run code that waits on this token again).
+        let old = slot.take();
+        let _released = {
+            let mut wakers = self.wakers();
+            let released = old.as_ref().and_then(|old| release(&mut wakers, old));
+            match wakers.iter_mut().find(|(w, _)| w.will_wake(waker)) {
+                Some((_, futures)) => *futures += 1,
+                None => wakers.push((waker.clone(), 1)),
+            }
+            released
+        };
         *slot = Some(waker.clone());
     }
 
     /// Takes back the registration in `slot`, if any.
     fn deregister(&self, slot: &mut Option<Waker>) {
         if let Some(old) = slot.take() {
-            release(&mut self.wakers(), &old);
+            // The guard is a temporary: released before either waker is dropped.
+            let _released = release(&mut self.wakers(), &old);
         }
     }
 
@@ -124,7 +129,7 @@ impl CancellationToken {
     }
 
     /// How many tasks' wakers the token holds for futures still waiting on it (a diagnostic:
-    /// it falls back to zero once every waiting future is dropped or the token is cancelled).
+    /// it falls back to zero once every waiting future is dropped).
     pub fn waiting_tasks(&self) -> usize {
         self.inner.wakers().len()
     }
@@ -197,14 +202,12 @@ fn poll_cancelled(inner: &Inner, registered: &mut Option<Waker>, cx: &Context<'_
     }
 }
 
-/// Takes one waiting future's registration of `waker` out of `wakers`.
-fn release(wakers: &mut Vec<(Waker, usize)>, waker: &Waker) {
-    if let Some(i) = wakers.iter().position(|(w, _)| w.will_wake(waker)) {
-        wakers[i].1 -= 1;
-        if wakers[i].1 == 0 {
-            wakers.swap_remove(i);
-        }
-    }
+/// Takes one waiting future's registration of `waker` out of `wakers`; returns the entry's
+/// waker when that was its last (for the caller to drop once the lock is released).
+fn release(wakers: &mut Vec<(Waker, usize)>, waker: &Waker) -> Option<Waker> {
+    let i = wakers.iter().position(|(w, _)| w.will_wake(waker))?;
+    wakers[i].1 -= 1;
+    (wakers[i].1 == 0).then(|| wakers.swap_remove(i).0)
 }
 
 #[cfg(test)]

@@ -2216,7 +2216,8 @@ struct Invocation<'a> {
 }
 
 impl Invocation<'_> {
-    /// Runs the call's tool with validation, the agent's timeout, cancellation and panic
+    /// Runs the call's tool (its arguments validated here only for a recovery's re-run:
+    /// `prepare_call` checked the others), with the agent's timeout, cancellation and panic
     /// capture, then commits the tool's state change (on the state as it is now).
     ///
     /// What only some calls need is boxed when they need it (the timer of a tool that waits,

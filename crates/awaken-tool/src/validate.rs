@@ -264,7 +264,7 @@ impl RegisteredTool {
     /// (or [`RegisteredTool::validate`]) has accepted already: they are not validated again.
     ///
     /// # Errors
-    /// Any [`ToolError`] but `InvalidArguments`.
+    /// Any [`ToolError`] (`InvalidArguments` only if the tool returns it).
     pub async fn invoke_checked_with_timeout<T>(
         &self,
         args: &Value,
