@@ -720,18 +720,30 @@ fn reduce<V, U>(
     }
 }
 
-/// `current` (a value of `K`) with `update` applied, as a new value to publish; `current` is
+/// `current` (a value of `K`) with `update` applied, as the value to publish; `current` is
 /// not changed (a failing or panicking reducer leaves nothing changed).
 pub(crate) fn updated<K: StateKey>(
     current: &AnyValue,
     update: K::Update,
-) -> Result<Arc<AnyValue>, StateError> {
+) -> Result<K::Value, StateError> {
     let meta = KeyMeta::of::<K>();
     let mut value = downcast::<Stored<K::Value, K::Update>>(K::KEY, current)?
         .value
         .clone();
     reduce(meta.apply, K::KEY, &mut value, Some(update))?;
-    Ok(Arc::new(Stored::value(value, meta)))
+    Ok(value)
+}
+
+/// Publishes `value` (of `K`) in `slot`: into the value the slot holds when nothing else
+/// shares it (no allocation), else as a new one.
+pub(crate) fn put_value<K: StateKey>(slot: &mut Arc<AnyValue>, value: K::Value) {
+    match Arc::get_mut(slot).and_then(|v| v.downcast_mut::<Stored<K::Value, K::Update>>()) {
+        Some(stored) => {
+            stored.value = value;
+            stored.update = None;
+        }
+        None => *slot = Arc::new(Stored::value(value, KeyMeta::of::<K>())),
+    }
 }
 
 pub(crate) fn downcast<'a, V: 'static>(

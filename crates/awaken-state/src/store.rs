@@ -305,9 +305,13 @@ impl StateStore {
             let writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
             let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
             if let Some(version) = Arc::get_mut(&mut current.version) {
-                put_in_place(version, index, K::KEY, |current| {
-                    crate::key::updated::<K>(current, update)
-                })?;
+                put_in_place(
+                    version,
+                    index,
+                    K::KEY,
+                    |current| crate::key::updated::<K>(current, update),
+                    crate::key::put_value::<K>,
+                )?;
                 let revision = version.revision;
                 // Observers are told as for a command, after the locks are released.
                 let committed =
@@ -475,9 +479,13 @@ impl StateStore {
         let (index, Payload::Typed(typed)) = (update.slot, update.payload) else {
             unreachable!("made typed just above")
         };
-        put_in_place(version, index, entry.name, |current| {
-            typed.apply_copy(entry.name, current)
-        })?;
+        put_in_place(
+            version,
+            index,
+            entry.name,
+            |current| typed.apply_copy(entry.name, current),
+            |slot, value| *slot = value,
+        )?;
         Ok(InPlace::Done(Committed {
             revision,
             snapshot: current.clone(),
@@ -519,13 +527,14 @@ impl StateStore {
 }
 
 /// Replaces the value at `index` of a version no one else holds with what `make` makes of the
-/// current one, at the next revision: the new value first, the table changes only after (a
-/// failure changes nothing).
-fn put_in_place(
+/// current one (`put` puts it into the slot), at the next revision: the new value first, the
+/// table changes only after (a failure changes nothing).
+fn put_in_place<N>(
     version: &mut Version,
     index: usize,
     name: &str,
-    make: impl FnOnce(&crate::key::AnyValue) -> Result<Arc<crate::key::AnyValue>, StateError>,
+    make: impl FnOnce(&crate::key::AnyValue) -> Result<N, StateError>,
+    put: impl FnOnce(&mut Arc<crate::key::AnyValue>, N),
 ) -> Result<(), StateError> {
     let unknown = || StateError::UnknownKey {
         key: name.to_owned(),
@@ -539,7 +548,7 @@ fn put_in_place(
         .table
         .slot_mut(index, revision)
         .ok_or_else(unknown)?;
-    slot.value = value;
+    put(&mut slot.value, value);
     slot.changed_at = revision;
     version.revision = revision;
     Ok(())

@@ -370,12 +370,20 @@ fn a_typed_update_commits_like_a_one_update_command() {
     assert_eq!(state(&snapshot), held_state);
     drop(snapshot);
     assert_eq!(store.snapshot().get::<Counter>().unwrap(), &7);
+    // A value an export still holds is not written into: the update publishes a new one. One
+    // nothing else holds is written in place.
+    let [exported] = store.snapshot().export_changed_in_each([KeyScope::Run], 0);
+    assert_eq!(store.update::<Counter>(None, 10).unwrap(), 4);
+    assert_eq!(exported.values[Counter::KEY], StateValue::json(json!(7)));
+    drop(exported);
+    assert_eq!(store.update::<Counter>(None, 100).unwrap(), 5);
+    assert_eq!(store.snapshot().get::<Counter>().unwrap(), &117);
     // Observers and a journal see it as the command it stands for.
     let seen = Arc::new(AtomicU64::new(0));
     let s = seen.clone();
     store.subscribe(move |c: &Committed| s.store(c.revision, Ordering::SeqCst));
-    assert_eq!(store.update::<Counter>(at, 1).unwrap(), 4);
-    assert_eq!(seen.load(Ordering::SeqCst), 4);
+    assert_eq!(store.update::<Counter>(at, 1).unwrap(), 6);
+    assert_eq!(seen.load(Ordering::SeqCst), 6);
     let journaled = StateStore::with_journal(registry(), KeyScope::Profile);
     journaled.update::<Quota>(None, 3).unwrap();
     journaled.update::<Counter>(None, 1).unwrap();
