@@ -245,23 +245,18 @@ impl LifecycleDispatcher {
     /// each failure or timeout is logged and counted.
     pub async fn dispatch(&self, plugins: &[Arc<dyn Plugin>], event: LifecycleEvent<'_>) {
         let hook = event.hook();
-        // Only the plugins implementing the hook are called and counted: a dispatch none of
-        // them implements reads no clock and takes no lock.
-        let count = plugins
-            .iter()
-            .filter(|p| p.lifecycle_hooks().contains(hook))
-            .count();
-        if count == 0 {
-            return;
-        }
-        let mut outcomes = Vec::with_capacity(count);
-        // One clock reading per call: a call's end is the next one's start.
-        let mut started = Instant::now();
+        // Only the plugins implementing the hook are called and counted (each asked once; the
+        // outcome names the plugin it counts for): a dispatch none of them implements reads no
+        // clock, allocates nothing and takes no lock.
+        let mut outcomes = Vec::new();
+        // One clock reading per call: a call's end is the next one's start (read at the first
+        // call).
+        let mut clock = None;
         for plugin in plugins {
-            // Asked once per plugin and dispatch: the outcome names the plugin it counts for.
             if !plugin.lifecycle_hooks().contains(hook) {
                 continue;
             }
+            let started = *clock.get_or_insert_with(Instant::now);
             let id = plugin.manifest().id.as_str();
             let mut call =
                 std::pin::pin!(AssertUnwindSafe(event.call(plugin.as_ref())).catch_unwind());
@@ -280,7 +275,7 @@ impl LifecycleDispatcher {
             };
             let ended = Instant::now();
             let elapsed = ended.saturating_duration_since(started);
-            started = ended;
+            clock = Some(ended);
             let (failed, timed_out) = match outcome {
                 Ok(Ok(Ok(()))) => (false, false),
                 Ok(Ok(Err(e))) => {
@@ -302,6 +297,9 @@ impl LifecycleDispatcher {
                 timed_out,
                 elapsed,
             });
+        }
+        if outcomes.is_empty() {
+            return;
         }
         // One lock for the whole dispatch (the table is shared by every run).
         let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());

@@ -194,13 +194,12 @@ impl Durable {
             }
             // Boxed: only a run writing profile keys keeps its commit across awaits (for a
             // retry), and every other commit's future need not hold room for it.
-            Some(written) => match Box::pin(self.commit_guarded(commit, written, state)).await {
-                Ok((receipt, redone)) => {
+            Some(written) => Box::pin(self.commit_guarded(commit, written, state))
+                .await
+                .map(|(receipt, redone)| {
                     retried = redone;
-                    Ok(receipt)
-                }
-                Err(e) => Err(e),
-            },
+                    receipt
+                }),
         };
         let receipt = match receipt {
             Ok(receipt) => receipt,

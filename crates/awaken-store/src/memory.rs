@@ -133,8 +133,7 @@ impl MessageLog {
 }
 
 /// A thread's event log: one chunk per commit, holding the commit's own slice (shared with the
-/// runtime, so an event is neither copied nor padded out by a doubling vector of 224-byte
-/// entries).
+/// runtime, so an event is neither copied nor padded out by a doubling vector).
 #[derive(Debug, Default)]
 struct EventLog {
     chunks: Vec<EventChunk>,

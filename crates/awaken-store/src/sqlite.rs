@@ -280,10 +280,15 @@ impl SqliteStore {
         f: impl FnOnce(&mut Connection, &Failpoints) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let written = self.with_conn(f).await;
+        self.count_write();
+        written
+    }
+
+    /// Counts a write towards the next WAL checkpoint (when the store runs them).
+    fn count_write(&self) {
         if let Some(checkpoints) = &self.checkpoints {
             checkpoints.wrote(&self.conn);
         }
-        written
     }
 
     async fn with_conn<T: Send + 'static>(
@@ -740,10 +745,8 @@ impl ThreadStore for SqliteStore {
         {
             return Err(commit);
         }
-        if written.is_ok()
-            && let Some(checkpoints) = &self.checkpoints
-        {
-            checkpoints.wrote(&self.conn);
+        if written.is_ok() {
+            self.count_write();
         }
         Ok(written)
     }

@@ -22,6 +22,13 @@ fn run() -> RunLifecycle {
     }
 }
 
+/// A test plugin writing its calls to `log`.
+fn logging(id: &str, log: &Log) -> TestPlugin {
+    let mut p = TestPlugin::new(id);
+    p.log = log.clone();
+    p
+}
+
 /// Dispatches a run's start, then its natural end.
 async fn start_and_complete(dispatcher: &LifecycleDispatcher, plugins: &[Arc<dyn Plugin>]) {
     let run = run();
@@ -40,8 +47,7 @@ async fn start_and_complete(dispatcher: &LifecycleDispatcher, plugins: &[Arc<dyn
 async fn hooks_run_in_order_and_failures_and_timeouts_are_counted() {
     let log = Log::default();
     let plugin = |id: &str, how: Behaviour| {
-        let mut p = TestPlugin::new(id);
-        p.log = log.clone();
+        let mut p = logging(id, &log);
         p.lifecycle = how;
         p.arc()
     };
@@ -106,8 +112,7 @@ async fn default_hooks_are_no_ops_that_count_as_calls() {
 async fn only_the_plugins_implementing_a_hook_are_called_and_counted() {
     let log = Log::default();
     let plugin = |id: &str, hooks: LifecycleHooks| {
-        let mut p = TestPlugin::new(id);
-        p.log = log.clone();
+        let mut p = logging(id, &log);
         p.hooks = hooks;
         p.arc()
     };
