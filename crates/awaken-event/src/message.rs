@@ -108,6 +108,23 @@ impl ToolCall {
     }
 }
 
+thread_local! {
+    static NO_CONTENT: Arc<[ContentBlock]> = Vec::new().into_iter().collect();
+    static NO_TOOL_CALLS: Arc<[ToolCall]> = Vec::new().into_iter().collect();
+}
+
+/// An empty content list: this thread's own. `Arc::default()` of a slice is one static the
+/// whole process shares, so every copy or drop of a message holding it would change one count
+/// from every worker thread (a cache line they pass back and forth).
+pub fn no_content() -> Arc<[ContentBlock]> {
+    NO_CONTENT.try_with(Arc::clone).unwrap_or_default()
+}
+
+/// An empty tool call list: this thread's own (see [`no_content`]).
+pub fn no_tool_calls() -> Arc<[ToolCall]> {
+    NO_TOOL_CALLS.try_with(Arc::clone).unwrap_or_default()
+}
+
 /// One message of a conversation. Cheap to clone: content and calls are shared (a history is
 /// copied into every request and phase context; its messages never are).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -130,7 +147,7 @@ impl Message {
         Self {
             role,
             content: Arc::new([ContentBlock::text(text)]),
-            tool_calls: Arc::default(),
+            tool_calls: no_tool_calls(),
             tool_call_id: None,
         }
     }
@@ -156,7 +173,7 @@ impl Message {
         Self {
             role: Role::Assistant,
             content: if text.is_empty() {
-                Arc::default()
+                no_content()
             } else {
                 Arc::new([ContentBlock::text(text)])
             },
@@ -183,7 +200,7 @@ impl Message {
         Self {
             role: Role::Tool,
             content: Arc::new([block]),
-            tool_calls: Arc::default(),
+            tool_calls: no_tool_calls(),
             tool_call_id: Some(call_id),
         }
     }

@@ -139,12 +139,12 @@ impl ResponseCollector {
         });
         let text = (!self.text.is_empty()).then(|| ContentBlock::text(self.text));
         let content: Arc<[ContentBlock]> = match (reasoning, text) {
-            (None, None) => Arc::default(),
+            (None, None) => awaken_event::no_content(),
             (Some(block), None) | (None, Some(block)) => Arc::new([block]),
             (Some(reasoning), Some(text)) => Arc::new([reasoning, text]),
         };
         let tool_calls: Arc<[ToolCall]> = if self.calls.is_empty() {
-            Arc::default()
+            awaken_event::no_tool_calls()
         } else {
             self.calls
                 .into_iter()

@@ -177,7 +177,7 @@ impl Plugin for LoopActionsPlugin {
 }
 
 /// What the run has done so far, for stop conditions; carried over a resume.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunStats {
     /// Inferences made.
     pub inferences: u32,
@@ -199,6 +199,29 @@ pub struct RunStats {
 
 fn slice_is_empty<T>(list: &Arc<[T]>) -> bool {
     list.is_empty()
+}
+
+thread_local! {
+    static NO_TOOLS: Arc<[Arc<str>]> = Vec::new().into_iter().collect();
+}
+
+/// An empty tool list: this thread's own (`Arc::default()` of a slice is one static the whole
+/// process shares, whose count every worker thread would change each step).
+fn no_tools() -> Arc<[Arc<str>]> {
+    NO_TOOLS.try_with(Arc::clone).unwrap_or_default()
+}
+
+impl Default for RunStats {
+    fn default() -> Self {
+        Self {
+            inferences: 0,
+            steps: 0,
+            consecutive_errors: 0,
+            usage: TokenUsage::default(),
+            tools_in_step: no_tools(),
+            last_step_tools: no_tools(),
+        }
+    }
 }
 
 /// A change to [`RunStats`].
@@ -228,6 +251,8 @@ impl StateKey for RunStatsKey {
     const KEY: &'static str = "awaken.stop.run_stats";
     type Value = RunStats;
     type Update = StatsUpdate;
+    // Counting never fails: the statistics are counted in place.
+    const APPLY_IN_PLACE: bool = true;
 
     fn apply(value: &mut RunStats, update: StatsUpdate) -> Result<(), StateError> {
         match update {
@@ -251,7 +276,7 @@ impl StateKey for RunStatsKey {
             }
             StatsUpdate::StepEnded => {
                 value.steps = value.steps.saturating_add(1);
-                value.last_step_tools = std::mem::take(&mut value.tools_in_step);
+                value.last_step_tools = std::mem::replace(&mut value.tools_in_step, no_tools());
             }
         }
         Ok(())

@@ -38,6 +38,10 @@ pub(crate) struct Durable {
     persisted_messages: u64,
     /// Messages of the run not yet committed.
     new_messages: Vec<Message>,
+    /// The empty slice of a commit without messages: the run's own (an `Arc::default()` slice
+    /// is one static shared by the whole process, whose count every worker thread would
+    /// change).
+    no_messages: Arc<[Message]>,
     /// Lifecycle events not yet committed, in order.
     events: Vec<AgentEvent>,
     /// Which of `events` are about facts of the next commit, emitted after it (indices).
@@ -75,6 +79,7 @@ impl Durable {
             record,
             persisted_messages,
             new_messages: Vec::new(),
+            no_messages: Vec::new().into_iter().collect(),
             events: Vec::new(),
             after_commit: Vec::new(),
             state_revision,
@@ -142,12 +147,18 @@ impl Durable {
         // mid-await while the run goes on (a run stops at its cancellation token, not by
         // dropping a commit), and a failed one puts them back.
         let events: Arc<[AgentEvent]> = self.events.drain(..).collect();
+        // The messages too: the store keeps the slice, and a failed commit puts them back.
+        let messages: Option<Arc<[Message]>> =
+            (!self.new_messages.is_empty()).then(|| self.new_messages.drain(..).collect());
         // Built whole (each `with_*` call would move the whole commit once more).
         let commit = ThreadCommit {
             thread_id: self.thread_id.clone(),
             run: self.record.clone(),
             expected_message_count: self.persisted_messages,
-            messages: self.new_messages.clone(),
+            messages: match &messages {
+                Some(m) => m.clone(),
+                None => self.no_messages.clone(),
+            },
             run_state,
             thread_state,
             profile_state: StateDelta::default(),
@@ -204,7 +215,11 @@ impl Durable {
         let receipt = match receipt {
             Ok(receipt) => receipt,
             Err(e) => {
-                // Not written: the events wait for the next commit (or are flushed unstored).
+                // Not written: the messages and events wait for the next commit (or, for the
+                // events, are flushed unstored).
+                if let Some(messages) = &messages {
+                    self.new_messages.splice(0..0, messages.iter().cloned());
+                }
                 self.events.extend(events.iter().cloned());
                 return Err(e);
             }
@@ -223,7 +238,6 @@ impl Durable {
         if self.profile_versions.is_some() {
             state.take_journal();
         }
-        self.new_messages.clear();
         // After a retry the redone values were restored into the run's state after the
         // snapshot: they are committed too.
         self.state_revision = if retried {

@@ -134,6 +134,9 @@ struct Run<'a> {
     progress: Arc<ProgressQueue>,
     /// Where the run's registry holds its statistics (read several times a step).
     stats_at: Option<usize>,
+    /// Where the run's registry holds the compaction state (`None`: the agent has no context
+    /// policy, so nothing to read).
+    compaction_at: Option<usize>,
     /// The calls opened by an event (`ToolCallStart`, `ToolCallResumed`) and not yet closed by
     /// one (`ToolCallDone`, `ToolCallSuspended`): a step that fails closes them before it ends.
     open_calls: Vec<ToolCallId>,
@@ -743,11 +746,18 @@ async fn load_activation<'a>(
         folded_result: None,
         progress: Arc::default(),
         stats_at: None,
+        compaction_at: None,
         open_calls: Vec::new(),
     };
-    run.stats_at = run.engine.store().registry().position_of::<RunStatsKey>();
-    run.seen_fallbacks = run.compaction_fallbacks().0;
-    run.step = run.read_stats(|s| s.steps);
+    let registry = run.engine.store().registry();
+    run.stats_at = registry.position_of::<RunStatsKey>();
+    run.compaction_at = registry.position_of::<awaken_context::CompactionKey>();
+    (run.seen_fallbacks, run.step) = run.engine.store().read(|s| {
+        (
+            run.compaction_fallbacks_in(s).0,
+            run.stats_in(s, |s| s.steps),
+        )
+    });
     run.first_step = run.step;
     tracing::Span::current().record("run_id", tracing::field::display(&run.identity.run_id));
     for message in messages {
@@ -1007,10 +1017,26 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// `f` of the statistics, read in place (no copy of their tool list).
+    /// `f` of the statistics, read in place (no copy of their tool list, no snapshot taken).
+    /// `f` must not read the store itself: it runs under the store's read lock.
     fn read_stats<T>(&self, f: impl FnOnce(&RunStats) -> T) -> T {
-        // A snapshot, not `StateStore::read`: `f` may read the store itself (stop conditions).
-        self.stats_in(&self.engine.store().snapshot(), f)
+        self.engine.store().read(|s| self.stats_in(s, f))
+    }
+
+    /// The first stop condition that holds now, with the tools of the step in progress
+    /// (`last_step`: of the step before, once a step was counted), read in one look at the
+    /// state.
+    fn stop_now(&self, last_step: bool) -> Option<TerminationReason> {
+        self.engine.store().read(|s| {
+            self.stats_in(s, |stats| {
+                let tools = if last_step {
+                    &stats.last_step_tools
+                } else {
+                    &stats.tools_in_step
+                };
+                self.stop_condition(s, stats, tools)
+            })
+        })
     }
 
     /// `f` of the statistics as `snapshot` holds them.
@@ -1219,7 +1245,7 @@ impl Run<'_> {
             return Some(TerminationReason::NaturalEnd);
         }
         // Between steps the step count has moved the last step's tools aside.
-        self.read_stats(|stats| self.stop_condition(stats, &stats.last_step_tools))
+        self.stop_now(true)
     }
 
     /// After a step: a closed batch is cleared, a batch with suspended calls is kept.
@@ -1235,8 +1261,7 @@ impl Run<'_> {
         }
     }
 
-    fn directives(&self) -> StepDirectives {
-        let snapshot = self.engine.store().snapshot();
+    fn directives_in(&self, snapshot: &Snapshot) -> StepDirectives {
         match snapshot.get::<StepDirectivesKey>() {
             Ok(d) if d.step == self.step => d.clone(),
             _ => StepDirectives::default(),
@@ -1380,15 +1405,14 @@ impl Run<'_> {
     }
 
     /// How many times compaction fell back to truncation on this thread, and the last error.
-    fn compaction_fallbacks(&self) -> (u64, Option<String>) {
+    fn compaction_fallbacks_in<'s>(&self, snapshot: &'s Snapshot) -> (u64, Option<&'s str>) {
         // An agent without a context policy has no compaction key.
-        match self
-            .engine
-            .store()
-            .snapshot()
-            .find::<awaken_context::CompactionKey>()
-        {
-            Some(state) => (state.fallbacks, state.last_error.clone()),
+        match self.compaction_at.and_then(|at| {
+            snapshot
+                .get_at::<awaken_context::CompactionKey>(Some(at))
+                .ok()
+        }) {
+            Some(state) => (state.fallbacks, state.last_error.as_deref()),
             None => (0, None),
         }
     }
@@ -1396,25 +1420,32 @@ impl Run<'_> {
     async fn run_step(&mut self) -> Result<StepEnd, Failure> {
         self.phase(Phase::StepStart).await?;
         self.phase(Phase::BeforeInference).await?;
-        // A summary that failed in this phase's compaction: the run goes on truncating.
-        let (fallbacks, error) = self.compaction_fallbacks();
-        if fallbacks > self.seen_fallbacks {
+        // What the request needs of the state, in one look (no snapshot is taken: the commit
+        // after the inference writes in place when none is held). A summary that failed in this
+        // phase's compaction: the run goes on truncating.
+        let (fell_back, directives, run_usage) = self.engine.store().read(|s| {
+            let (fallbacks, error) = self.compaction_fallbacks_in(s);
+            (
+                (fallbacks > self.seen_fallbacks)
+                    .then(|| (fallbacks, error.unwrap_or("no detail").to_owned())),
+                self.directives_in(s),
+                self.stats_in(s, |s| s.usage),
+            )
+        });
+        if let Some((fallbacks, error)) = fell_back {
             self.seen_fallbacks = fallbacks;
             self.note(AgentEvent::Warning {
                 kind: WarningKind::CompactionFellBack,
-                detail: format!(
-                    "compaction failed, the request is truncated instead: {}",
-                    error.unwrap_or_else(|| "no detail".into())
-                ),
+                detail: format!("compaction failed, the request is truncated instead: {error}"),
             });
         }
-        let directives = self.directives();
         let request = self.request(&directives);
-        let run_usage = self.read_stats(|s| s.usage);
         // The transforms' snapshot is let go before the inference: held on, it would keep this
         // version alive (and the commit after the inference would copy instead of writing in
-        // place).
-        let request = {
+        // place). Without transforms, none is taken.
+        let request = if self.resolved.env.transforms().is_empty() {
+            request
+        } else {
             let snapshot = self.engine.store().snapshot();
             let tctx = TransformContext {
                 snapshot: &snapshot,
@@ -1494,7 +1525,7 @@ impl Run<'_> {
     /// statistics as the step left them (read before the count clears the step's tools).
     async fn end_step(&mut self) -> Result<Option<TerminationReason>, Failure> {
         self.phase(Phase::StepEnd).await?;
-        let stop = self.read_stats(|stats| self.stop_condition(stats, &stats.tools_in_step));
+        let stop = self.stop_now(false);
         self.count(StatsUpdate::StepEnded)?;
         Ok(stop)
     }
@@ -1503,10 +1534,10 @@ impl Run<'_> {
     /// just ended.
     fn stop_condition(
         &self,
+        snapshot: &Snapshot,
         stats: &RunStats,
         step_tools: &[Arc<str>],
     ) -> Option<TerminationReason> {
-        let snapshot = self.engine.store().snapshot();
         if let Ok(Some(request)) = snapshot.get::<StopRequestKey>() {
             return Some(TerminationReason::stopped(
                 request.code.clone(),
@@ -1971,10 +2002,13 @@ impl Run<'_> {
             self.phase_with(before).await?;
         }
         // An action of `BeforeToolExecute` may still decide on the call.
-        let decided = match self.engine.store().snapshot().get::<CallInterceptKey>() {
-            Ok(Some(d)) if d.call_id == call.id => Some(d.payload.clone()),
-            _ => None,
-        };
+        let decided = self
+            .engine
+            .store()
+            .read(|s| match s.get::<CallInterceptKey>() {
+                Ok(Some(d)) if d.call_id == call.id => Some(d.payload.clone()),
+                _ => None,
+            });
         if let Some(payload) = decided {
             return Ok(Prepared::Done(intercepted(payload)));
         }

@@ -50,6 +50,12 @@ pub trait StateKey: 'static + Send + Sync {
 
     /// Applies one update. Called only inside a commit; see the trait docs for failures.
     fn apply(value: &mut Self::Value, update: Self::Update) -> Result<(), StateError>;
+
+    /// Whether [`apply`](Self::apply) leaves the value exactly as it was when it returns `Err`,
+    /// and never panics. A typed update ([`crate::StateStore::update`]) of such a key then
+    /// changes the stored value in place when nothing else holds it, instead of a copy that
+    /// replaces it (no copy made, none dropped). Default `false`: a reducer may fail half-way.
+    const APPLY_IN_PLACE: bool = false;
 }
 
 /// Where a key's value lives beyond the process.
@@ -722,6 +728,17 @@ fn reduce<V, U>(
 
 /// `current` (a value of `K`) with `update` applied, as the value to publish; `current` is
 /// not changed (a failing or panicking reducer leaves nothing changed).
+/// Applies `update` to the stored value itself (a key whose reducer leaves the value as it was
+/// when it fails: [`StateKey::APPLY_IN_PLACE`]).
+pub(crate) fn apply_to<K: StateKey>(
+    stored: &mut Stored<K::Value, K::Update>,
+    update: K::Update,
+) -> Result<(), StateError> {
+    reduce(stored.meta.apply, K::KEY, &mut stored.value, Some(update))?;
+    stored.update = None;
+    Ok(())
+}
+
 pub(crate) fn updated<K: StateKey>(
     current: &AnyValue,
     update: K::Update,

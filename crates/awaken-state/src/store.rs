@@ -305,13 +305,17 @@ impl StateStore {
             let writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
             let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
             if let Some(version) = Arc::get_mut(&mut current.version) {
-                put_in_place(
-                    version,
-                    index,
-                    K::KEY,
-                    |current| crate::key::updated::<K>(current, update),
-                    crate::key::put_value::<K>,
-                )?;
+                if K::APPLY_IN_PLACE {
+                    apply_in_place::<K>(version, index, update)?;
+                } else {
+                    put_in_place(
+                        version,
+                        index,
+                        K::KEY,
+                        |current| crate::key::updated::<K>(current, update),
+                        crate::key::put_value::<K>,
+                    )?;
+                }
                 let revision = version.revision;
                 // Observers are told as for a command, after the locks are released.
                 let committed =
@@ -549,6 +553,39 @@ fn put_in_place<N>(
         .slot_mut(index, revision)
         .ok_or_else(unknown)?;
     put(&mut slot.value, value);
+    slot.changed_at = revision;
+    version.revision = revision;
+    Ok(())
+}
+
+/// Applies `update` of a key whose reducer changes nothing when it fails
+/// ([`StateKey::APPLY_IN_PLACE`]) in a version no one else holds: to the stored value itself
+/// when no snapshot shares it (no copy made, none dropped), else to a copy put in its place.
+/// A failure leaves the value and the revision as they were (the path to the slot may have
+/// been made private, which changes no value).
+fn apply_in_place<K: StateKey>(
+    version: &mut Version,
+    index: usize,
+    update: K::Update,
+) -> Result<(), StateError> {
+    let revision = version.revision + 1;
+    let slot = version
+        .table
+        .slot_mut(index, revision)
+        .ok_or_else(|| StateError::UnknownKey {
+            key: K::KEY.to_owned(),
+        })?;
+    match Arc::get_mut(&mut slot.value)
+        .and_then(|v| v.downcast_mut::<crate::key::Stored<K::Value, K::Update>>())
+    {
+        Some(stored) => {
+            crate::key::apply_to::<K>(stored, update)?;
+        }
+        None => {
+            let value = crate::key::updated::<K>(&*slot.value, update)?;
+            crate::key::put_value::<K>(&mut slot.value, value);
+        }
+    }
     slot.changed_at = revision;
     version.revision = revision;
     Ok(())

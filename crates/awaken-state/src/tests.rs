@@ -325,6 +325,71 @@ fn one_key_commits_in_place_change_nothing_on_failure_and_no_snapshot() {
     assert_eq!(store.revision(), 3);
 }
 
+/// A list whose reducer changes nothing when it fails (it checks first), so its typed updates
+/// are applied in place.
+struct Tally;
+impl StateKey for Tally {
+    const KEY: &'static str = "test.tally";
+    type Value = Vec<u32>;
+    type Update = u32;
+    const APPLY_IN_PLACE: bool = true;
+    fn apply(value: &mut Vec<u32>, n: u32) -> Result<(), StateError> {
+        if n == 0 {
+            return Err(StateError::invalid_update(Self::KEY, "zero"));
+        }
+        value.push(n);
+        Ok(())
+    }
+}
+
+#[test]
+fn an_in_place_update_changes_the_stored_value_unless_a_snapshot_holds_it() {
+    let mut registry = registry();
+    registry.register_key::<Tally>(KeyOptions::new()).unwrap();
+    let store = StateStore::new(registry);
+    let at = store.registry().position_of::<Tally>();
+    assert_eq!(store.update::<Tally>(at, 1).unwrap(), 1);
+    // Nothing else holds the value: the next update pushes into the same vector.
+    let first = store.read(|s| s.get::<Tally>().unwrap().as_ptr());
+    assert_eq!(store.update::<Tally>(at, 2).unwrap(), 2);
+    store.read(|s| {
+        assert_eq!(s.get::<Tally>().unwrap(), &[1, 2]);
+        assert_eq!(
+            s.get::<Tally>().unwrap().as_ptr(),
+            first,
+            "written in place"
+        );
+    });
+    // A held snapshot keeps what it saw; the update goes to a copy.
+    let held = store.snapshot();
+    assert_eq!(store.update::<Tally>(at, 3).unwrap(), 3);
+    assert_eq!(held.get::<Tally>().unwrap(), &[1, 2]);
+    assert_eq!(store.snapshot().get::<Tally>().unwrap(), &[1, 2, 3]);
+    drop(held);
+    // A rejected update changes neither the value nor the revision, in place or not.
+    let before = state(&store.snapshot());
+    let err = store.update::<Tally>(at, 0).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "update of state key `test.tally` rejected: zero"
+    );
+    assert_eq!(state(&store.snapshot()), before);
+    let held = store.snapshot();
+    store.update::<Tally>(at, 0).unwrap_err();
+    assert_eq!(state(&store.snapshot()), before);
+    drop(held);
+    // Its change revision is the update's, as for any commit.
+    assert_eq!(store.update::<Tally>(at, 4).unwrap(), 4);
+    assert_eq!(store.snapshot().changed_at(Tally::KEY).unwrap(), 4);
+    let mut changed = Vec::new();
+    store
+        .snapshot()
+        .version
+        .table
+        .for_each_changed(3, &mut |i, _| changed.push(i));
+    assert_eq!(changed, [at.unwrap()]);
+}
+
 #[test]
 fn a_typed_update_commits_like_a_one_update_command() {
     let store = store();

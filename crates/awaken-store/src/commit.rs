@@ -267,8 +267,10 @@ pub struct ThreadCommit {
     /// The number of messages the thread holds before this commit (the message guard): the
     /// commit fails with `VersionConflict` if the store holds another number.
     pub expected_message_count: u64,
-    /// Messages appended after the first `expected_message_count`.
-    pub messages: Vec<Message>,
+    /// Messages appended after the first `expected_message_count`. Shared, like the events: a
+    /// runtime keeps the same slice until the commit is written (to commit them again if it
+    /// failed), and a store that keeps messages in memory keeps this slice.
+    pub messages: Arc<[Message]>,
     /// Changed `Run`-scoped keys (`Snapshot::export_changed_in(KeyScope::Run, since)`).
     pub run_state: StateDelta,
     /// Changed `Thread`-scoped keys.
@@ -368,7 +370,7 @@ impl ThreadCommit {
             thread_id,
             run,
             expected_message_count,
-            messages: Vec::new(),
+            messages: Arc::default(),
             run_state: StateDelta::default(),
             thread_state: StateDelta::default(),
             profile_state: StateDelta::default(),
@@ -381,7 +383,7 @@ impl ThreadCommit {
 
     /// Appends these messages.
     pub fn with_messages(mut self, messages: impl IntoIterator<Item = Message>) -> Self {
-        self.messages.extend(messages);
+        self.messages = self.messages.iter().cloned().chain(messages).collect();
         self
     }
 

@@ -91,11 +91,12 @@ struct ThreadData {
 /// the other worker threads contend for).
 const LOG_CHUNKS_RESERVED: usize = 16;
 
-/// A thread's messages: one chunk per commit that brought any, holding the commit's own vector
-/// (moved in whole: a message is neither copied nor moved again by a doubling buffer).
+/// A thread's messages: one chunk per commit that brought any, holding the commit's own slice
+/// (shared with the runtime that wrote it: a message is neither copied nor moved again by a
+/// doubling buffer).
 #[derive(Debug, Default)]
 struct MessageLog {
-    chunks: Vec<Vec<Message>>,
+    chunks: Vec<Arc<[Message]>>,
     len: usize,
 }
 
@@ -104,7 +105,7 @@ impl MessageLog {
         self.len
     }
 
-    fn append(&mut self, messages: Vec<Message>) {
+    fn append(&mut self, messages: Arc<[Message]>) {
         if messages.is_empty() {
             return;
         }
@@ -236,6 +237,17 @@ struct RunUndo {
     lease: Option<(Option<String>, Option<Timestamp>)>,
 }
 
+/// A commit's data, apart from its ids.
+struct Parts {
+    record: RunRecord,
+    messages: Arc<[Message]>,
+    run_state: awaken_state::StateDelta,
+    thread_state: awaken_state::StateDelta,
+    profile_state: awaken_state::StateDelta,
+    batch: BatchWrite,
+    events: Arc<[AgentEvent]>,
+}
+
 /// What a rollback needs to know about the commit it undoes.
 struct CommitIds {
     thread_id: ThreadId,
@@ -255,6 +267,11 @@ enum Undo {
     Run(Option<RunUndo>),
     /// The thread row a commit replaced (`None`: the commit created it).
     Thread(Option<ThreadRow>),
+    /// What a commit of the thread's latest run changed in its row (kept in place).
+    ThreadTimes {
+        state_revision: u64,
+        updated_at: Timestamp,
+    },
     ThreadKey(StateKeyName, Option<StateValue>),
     RunKey(StateKeyName, Option<StateValue>),
     ProfileKey(String, Option<ProfileEntry>),
@@ -370,7 +387,8 @@ impl Inner {
     }
 
     /// Applies a checked commit to its thread's and run's entries, moving its data in (no
-    /// copies of messages, values or events).
+    /// copies of messages, values or events). Hands back the commit's ids (for a rollback, or
+    /// the run index), taken from the commit rather than copied before it.
     fn apply(
         thread: ThreadEntry<'_>,
         run: RunEntry<'_>,
@@ -378,22 +396,58 @@ impl Inner {
         fp: &Failpoints,
         undo: &mut Vec<Undo>,
         profiles: Option<&mut Profiles>,
-    ) -> Result<CommitReceipt, StoreError> {
+    ) -> (Result<CommitReceipt, StoreError>, CommitIds) {
         let ThreadCommit {
-            thread_id: tid,
+            thread_id,
             run: record,
+            messages,
+            run_state,
+            thread_state,
+            profile_state,
+            batch,
+            events,
+            ..
+        } = c;
+        let ids = CommitIds {
+            thread_id,
+            run_id: record.run_id.clone(),
+            profile_id: record.profile_id.clone(),
+        };
+        let parts = Parts {
+            record,
+            messages,
+            run_state,
+            thread_state,
+            profile_state,
+            batch,
+            events,
+        };
+        let result = Self::apply_parts(thread, run, &ids, parts, fp, undo, profiles);
+        (result, ids)
+    }
+
+    fn apply_parts(
+        thread: ThreadEntry<'_>,
+        run: RunEntry<'_>,
+        ids: &CommitIds,
+        parts: Parts,
+        fp: &Failpoints,
+        undo: &mut Vec<Undo>,
+        profiles: Option<&mut Profiles>,
+    ) -> Result<CommitReceipt, StoreError> {
+        let Parts {
+            record,
             messages: new_messages,
             run_state: run_delta,
             thread_state: thread_delta,
             profile_state: profile_delta,
             batch: batch_write,
             events: new_events,
-            ..
-        } = c;
-        let rid = record.run_id.clone();
+        } = parts;
+        let (tid, rid) = (&ids.thread_id, &ids.run_id);
         let now = record.updated_at;
         let status = record.status;
-        let profile_id = record.profile_id.clone();
+        let profile_id = &ids.profile_id;
 
         let thread = thread.or_default();
         undo.push(Undo::Messages(thread.messages.chunks.len()));
@@ -461,7 +515,7 @@ impl Inner {
             undo.push(Undo::ThreadKey(k, old));
         }
         let mut profile_versions = BTreeMap::new();
-        if let Some(pid) = &profile_id
+        if let Some(pid) = profile_id
             && let Some(profiles) = profiles
             && !profile_delta.values.is_empty()
         {
@@ -481,25 +535,39 @@ impl Inner {
         fp.check(FailPoint::AfterState)?;
 
         undo.push(Undo::Events(thread.events.chunks.len()));
-        thread.events.append(&rid, new_events);
+        thread.events.append(rid, new_events);
         let seq = thread.events.last_seq();
         fp.check(FailPoint::AfterEvents)?;
 
-        let next = match &thread.row {
-            Some(old) => ThreadRow {
-                state_revision: thread_revision.unwrap_or(old.state_revision),
-                latest_run_id: Some(rid),
-                created_at: old.created_at,
-                updated_at: now,
-            },
-            None => ThreadRow {
-                state_revision: thread_revision.unwrap_or(0),
-                latest_run_id: Some(rid),
-                created_at: now,
-                updated_at: now,
-            },
-        };
-        undo.push(Undo::Thread(thread.row.replace(next)));
+        match &mut thread.row {
+            // The same run's next commit: the row changes in place (its run id is kept, not
+            // replaced by an equal copy).
+            Some(row) if row.latest_run_id.as_ref() == Some(rid) => {
+                undo.push(Undo::ThreadTimes {
+                    state_revision: row.state_revision,
+                    updated_at: row.updated_at,
+                });
+                row.state_revision = thread_revision.unwrap_or(row.state_revision);
+                row.updated_at = now;
+            }
+            row => {
+                let next = match row {
+                    Some(old) => ThreadRow {
+                        state_revision: thread_revision.unwrap_or(old.state_revision),
+                        latest_run_id: Some(rid.clone()),
+                        created_at: old.created_at,
+                        updated_at: now,
+                    },
+                    None => ThreadRow {
+                        state_revision: thread_revision.unwrap_or(0),
+                        latest_run_id: Some(rid.clone()),
+                        created_at: now,
+                        updated_at: now,
+                    },
+                };
+                undo.push(Undo::Thread(row.replace(next)));
+            }
+        }
 
         Ok(CommitReceipt {
             message_count,
@@ -548,6 +616,15 @@ impl Inner {
                 Undo::Thread(old) => {
                     if let Some(t) = self.threads.get_mut(tid) {
                         t.row = old;
+                    }
+                }
+                Undo::ThreadTimes {
+                    state_revision,
+                    updated_at,
+                } => {
+                    if let Some(row) = self.threads.get_mut(tid).and_then(|t| t.row.as_mut()) {
+                        row.state_revision = state_revision;
+                        row.updated_at = updated_at;
                     }
                 }
                 Undo::RunKey(k, old) => {
@@ -672,11 +749,6 @@ impl MemoryStore {
             &commit,
             profiles.as_deref(),
         )?;
-        let ids = CommitIds {
-            thread_id: commit.thread_id.clone(),
-            run_id: commit.run.run_id.clone(),
-            profile_id: commit.run.profile_id.clone(),
-        };
         // Room for every change the commit can make, in this thread's reused log (after the
         // first commits, no allocation at all).
         let mut undo = UNDO_LOG.take();
@@ -685,7 +757,7 @@ impl MemoryStore {
                 + commit.thread_state.values.len()
                 + commit.profile_state.values.len(),
         );
-        let result = Inner::apply(
+        let (result, ids) = Inner::apply(
             thread,
             run,
             commit,
