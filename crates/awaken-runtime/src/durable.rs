@@ -60,6 +60,12 @@ pub(crate) struct Durable {
     pub(crate) profile_retries: u32,
 }
 
+/// The changed state a commit writes, and the revision it was exported at.
+pub(crate) struct StateExport {
+    revision: u64,
+    deltas: [StateDelta; 3],
+}
+
 /// How many profile conflicts one run retries before its commit fails.
 const MAX_PROFILE_RETRIES: u32 = 16;
 
@@ -117,23 +123,35 @@ impl Durable {
         self.events.clear();
     }
 
+    /// What the next commit writes of the run's state: the keys `snapshot` (the state now)
+    /// changed since the last commit. Taken by the caller in the same look at the state as the
+    /// record's counts (no snapshot is kept while the commit is written).
+    pub(crate) fn export(&self, snapshot: &Snapshot) -> StateExport {
+        StateExport {
+            revision: snapshot.revision(),
+            deltas: snapshot.export_changed_in_each(
+                [KeyScope::Run, KeyScope::Thread, KeyScope::Profile],
+                self.state_revision,
+            ),
+        }
+    }
+
     /// Commits what the run did since the last commit — messages, changed run and thread
-    /// state, the batch, lifecycle events — then emits those events to `sink`.
-    /// `snapshot` is `state`'s current snapshot (taken by the caller, which read the record's
-    /// counts from it).
+    /// state (`export`, made by [`export`](Self::export) from `state`'s current snapshot), the
+    /// batch, lifecycle events — then emits those events to `sink`.
     pub(crate) async fn commit(
         &mut self,
         state: &StateStore,
-        snapshot: Snapshot,
+        export: StateExport,
         batch: BatchWrite,
         steps: u32,
         usage: TokenUsage,
         sink: &dyn EventSink,
     ) -> Result<(), CheckpointError> {
-        let [run_state, thread_state, profile_delta] = snapshot.export_changed_in_each(
-            [KeyScope::Run, KeyScope::Thread, KeyScope::Profile],
-            self.state_revision,
-        );
+        let StateExport {
+            revision: exported_revision,
+            deltas: [run_state, thread_state, profile_delta],
+        } = export;
         // Crash tests: this commit carries a compaction's summary (or its failure).
         let compaction = thread_state
             .values
@@ -239,11 +257,11 @@ impl Durable {
             state.take_journal();
         }
         // After a retry the redone values were restored into the run's state after the
-        // snapshot: they are committed too.
+        // export: they are committed too.
         self.state_revision = if retried {
             state.revision()
         } else {
-            snapshot.revision()
+            exported_revision
         };
         for i in self.after_commit.drain(..) {
             sink.emit(&events[i]);

@@ -803,13 +803,15 @@ where
         }
         // The activation exists once this first commit is in: its record and the new
         // messages.
-        let snapshot = run.engine.store().snapshot();
-        let usage = run.stats_in(&snapshot, |s| s.usage);
+        let (usage, export) = run
+            .engine
+            .store()
+            .read(|s| (run.stats_in(s, |s| s.usage), run.durable.export(s)));
         if let Err(e) = run
             .durable
             .commit(
                 run.engine.store(),
-                snapshot,
+                export,
                 BatchWrite::Keep,
                 run.step,
                 usage,
@@ -903,19 +905,14 @@ impl Run<'_> {
 
     /// Commits what happened since the last commit, then emits the events about it.
     async fn checkpoint(&mut self, batch: BatchWrite) -> Result<(), Failure> {
-        // One snapshot for the record's counts and the commit's state. The counts only (a copy
-        // of the whole stats would copy its tool list).
-        let snapshot = self.engine.store().snapshot();
-        let (steps, usage) = self.stats_in(&snapshot, |s| (s.steps, s.usage));
+        // One look at the state for the record's counts and the commit's changed keys (no
+        // snapshot is taken).
+        let (steps, usage, export) = self.engine.store().read(|s| {
+            let (steps, usage) = self.stats_in(s, |s| (s.steps, s.usage));
+            (steps, usage, self.durable.export(s))
+        });
         self.durable
-            .commit(
-                self.engine.store(),
-                snapshot,
-                batch,
-                steps,
-                usage,
-                self.sink,
-            )
+            .commit(self.engine.store(), export, batch, steps, usage, self.sink)
             .await
             .map_err(|e| Failure::Error(e.to_string()))
     }
@@ -1305,12 +1302,16 @@ impl Run<'_> {
         }
         overrides = overrides.merge(&directives.inference);
         let (model, system_prompt, routing_key) = &self.request_strings;
-        let mut request = InferenceRequest::new(model.clone(), messages)
-            .with_tools(tools)
-            .with_overrides(overrides)
-            .with_routing_key(routing_key.clone());
-        request.system_prompt = system_prompt.clone();
-        request
+        // Built whole: `InferenceRequest::new` would take the process-wide empty tool slice
+        // (`Arc::default()`, one count every worker thread changes) only to drop it again.
+        InferenceRequest {
+            upstream_model: model.clone(),
+            messages,
+            tools,
+            system_prompt: system_prompt.clone(),
+            overrides,
+            routing_key: Some(routing_key.clone()),
+        }
     }
 
     async fn infer(
