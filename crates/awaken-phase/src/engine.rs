@@ -4,6 +4,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use awaken_state::{
     Committed, KeyRegistry, ParallelBatch, StateCommand, StateError, StateStore, Transaction,
@@ -128,6 +129,10 @@ struct Inner {
     env: Arc<PhaseEnv>,
     /// Where the store's registry holds the action queue (read before every phase).
     queue_at: Option<usize>,
+    /// The store's revision at which the queue was last seen empty (`u64::MAX`: not known). A
+    /// state at that revision is that state: [`PhaseEngine::is_idle`] then needs no look at
+    /// it (every change of the state advances the revision).
+    queue_empty_at: AtomicU64,
 }
 
 impl std::fmt::Debug for PhaseEngine {
@@ -153,6 +158,7 @@ impl PhaseEngine {
         Self {
             inner: Arc::new(Inner {
                 queue_at: store.registry().position_of::<ActionQueueKey>(),
+                queue_empty_at: AtomicU64::new(u64::MAX),
                 store,
                 env,
             }),
@@ -169,14 +175,28 @@ impl PhaseEngine {
     /// a caller may skip it (and building its context); the caller keeps the cancellation check
     /// [`run_phase`](Self::run_phase) would have made.
     pub fn is_idle(&self, phase: Phase) -> bool {
-        self.inner.env.hooks(phase).is_empty()
-            && self.inner.store.read(|state| {
-                state
-                    .get_at::<ActionQueueKey>(self.inner.queue_at)
-                    .is_ok_and(|queue| {
-                        queue.items.is_empty() || queue.for_phase(phase.as_str()).next().is_none()
-                    })
-            })
+        let inner = &*self.inner;
+        if !inner.env.hooks(phase).is_empty() {
+            return false;
+        }
+        // Nothing changed since the queue was last seen empty: no look at the state (its lock
+        // is two atomic operations, a few times a step).
+        if inner.queue_empty_at.load(Ordering::Acquire) == inner.store.revision() {
+            return true;
+        }
+        inner.store.read(|state| {
+            state
+                .get_at::<ActionQueueKey>(inner.queue_at)
+                .is_ok_and(|queue| {
+                    if queue.items.is_empty() {
+                        inner
+                            .queue_empty_at
+                            .store(state.revision(), Ordering::Release);
+                        return true;
+                    }
+                    queue.for_phase(phase.as_str()).next().is_none()
+                })
+        })
     }
 
     /// The environment.

@@ -25,9 +25,14 @@ use crate::table::{SlotValue, Table};
 pub struct StateStore {
     registry: Arc<KeyRegistry>,
     /// What readers see. Replaced, under the `writer` lock, by every publishing commit; changed
-    /// in place, under its own write lock, by a one-key commit when no snapshot of it is held
-    /// outside the store (see [`commit`](Self::commit)).
+    /// in place, under its own write lock, by a one-key commit or a typed update when no
+    /// snapshot of it is held outside the store (see [`commit`](Self::commit)). A publishing
+    /// writer holds a snapshot of the version it replaces until it has published, so nothing
+    /// changes that version in place meanwhile.
     current: RwLock<Snapshot>,
+    /// `current`'s revision, stored (under `current`'s write lock) by every write that changes
+    /// it: [`revision`](Self::revision) reads it without taking a lock.
+    published: AtomicU64,
     /// Serializes writers. It holds no version: the store's own is then the only one when no
     /// snapshot is held elsewhere, which lets a commit change it in place.
     writer: Mutex<()>,
@@ -158,6 +163,7 @@ impl StateStore {
         StateStore {
             registry,
             current: RwLock::new(snapshot.clone()),
+            published: AtomicU64::new(0),
             writer: Mutex::new(()),
             observers: RwLock::new(Arc::new(Vec::new())),
             observer_count: AtomicUsize::new(0),
@@ -212,12 +218,11 @@ impl StateStore {
         f(&self.current.read().unwrap_or_else(PoisonError::into_inner))
     }
 
-    /// The current revision.
+    /// The current revision, read without a lock (every change of the state advances it). A
+    /// call racing a commit on another thread sees the revision before or after it; once a
+    /// commit has returned, or a snapshot shows its change, this shows its revision too.
     pub fn revision(&self) -> u64 {
-        self.current
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .revision()
+        self.published.load(Ordering::Acquire)
     }
 
     /// Validates and applies `command` as one commit.
@@ -302,7 +307,9 @@ impl StateStore {
                     .is_none_or(|scope| self.registry.entries()[i].options.scope != scope)
             });
         if let Some(index) = index {
-            let writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+            // `current`'s write lock alone (not the writer lock): a writer that builds a new
+            // version holds a snapshot of the one it replaces until it publishes, so the
+            // version is not this store's alone meanwhile and is not changed in place here.
             let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
             if let Some(version) = Arc::get_mut(&mut current.version) {
                 if K::APPLY_IN_PLACE {
@@ -317,6 +324,7 @@ impl StateStore {
                     )?;
                 }
                 let revision = version.revision;
+                self.published.store(revision, Ordering::Release);
                 // Observers are told as for a command, after the locks are released.
                 let committed =
                     (self.observer_count.load(Ordering::Acquire) > 0).then(|| Committed {
@@ -326,14 +334,12 @@ impl StateStore {
                         effects: Vec::new(),
                     });
                 drop(current);
-                drop(writer);
                 if let Some(committed) = committed {
                     self.notify(&committed);
                 }
                 return Ok(revision);
             }
             drop(current);
-            drop(writer);
         }
         Ok(self
             .commit(StateCommand::new().with_update::<K>(update))?
@@ -490,6 +496,7 @@ impl StateStore {
             |current| typed.apply_copy(entry.name, current),
             |slot, value| *slot = value,
         )?;
+        self.published.store(revision, Ordering::Release);
         Ok(InPlace::Done(Committed {
             revision,
             snapshot: current.clone(),
@@ -508,6 +515,7 @@ impl StateStore {
         });
         let old = {
             let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
+            self.published.store(revision, Ordering::Release);
             std::mem::replace(&mut *current, snapshot.clone())
         };
         drop(old); // outside the read/write lock: freeing old nodes must not block readers

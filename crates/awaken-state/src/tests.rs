@@ -391,6 +391,53 @@ fn an_in_place_update_changes_the_stored_value_unless_a_snapshot_holds_it() {
 }
 
 #[test]
+fn the_lock_free_revision_follows_every_kind_of_write() {
+    let store = store();
+    let same = |what: &str| {
+        assert_eq!(
+            store.revision(),
+            store.snapshot().revision(),
+            "after {what}"
+        );
+    };
+    same("nothing");
+    store.update::<Counter>(None, 1).unwrap();
+    same("a typed update in place");
+    let held = store.snapshot();
+    store.update::<Counter>(None, 1).unwrap();
+    same("a typed update past a held snapshot");
+    drop(held);
+    store
+        .commit(StateCommand::new().with_update::<Mode>("a".into()))
+        .unwrap();
+    same("a one-key command in place");
+    store
+        .commit(
+            StateCommand::new()
+                .with_update::<Counter>(1)
+                .with_update::<Mode>("b".into()),
+        )
+        .unwrap();
+    same("a published command");
+    let mut tx = store.transaction();
+    tx.apply(StateCommand::new().with_update::<Counter>(1))
+        .unwrap();
+    tx.commit().unwrap();
+    same("a transaction");
+    let persisted = store.snapshot().export(KeyScope::Run).unwrap();
+    store.restore(&persisted, UnknownKeyPolicy::Reject).unwrap();
+    same("a restore");
+    let before = store.revision();
+    store.update::<Log>(None, String::new()).unwrap_err();
+    store
+        .commit(StateCommand::new().with_update::<Log>(String::new()))
+        .unwrap_err();
+    same("failed writes");
+    assert_eq!(store.revision(), before, "a failed write advances nothing");
+    assert_eq!(before, 6);
+}
+
+#[test]
 fn a_typed_update_commits_like_a_one_update_command() {
     let store = store();
     let at = store.registry().position_of::<Counter>();

@@ -226,3 +226,58 @@ async fn remaining_and_unhandled_actions_are_dead_lettered_with_the_reason() {
         .len();
     assert_eq!(letters, 2);
 }
+
+#[tokio::test]
+async fn a_phase_is_idle_only_while_nothing_is_queued_for_it_however_the_queue_was_written() {
+    let engine = engine(env());
+    // Nothing queued: idle, asked twice at one revision (the second answer is the remembered
+    // one) and again after an unrelated change.
+    assert!(engine.is_idle(Phase::StepEnd));
+    assert!(engine.is_idle(Phase::StepEnd));
+    engine
+        .store()
+        .update::<Counter>(None, 1)
+        .expect("unrelated change");
+    assert!(engine.is_idle(Phase::StepEnd));
+    // Through the engine: an action for `StepEnd` makes that phase busy, not another one.
+    let mut cmd = StateCommand::new();
+    cmd.schedule_action::<SetB>(7).expect("schedule");
+    engine.submit_command(cmd).await.expect("submit");
+    assert!(!engine.is_idle(Phase::StepEnd));
+    assert!(engine.is_idle(Phase::BeforeInference));
+    engine
+        .run_phase(&ctx(&engine, Phase::StepEnd))
+        .await
+        .expect("phase");
+    assert!(engine.is_idle(Phase::StepEnd));
+    // Past the engine: a queue written straight into the store (a typed update in place, then
+    // a command) is seen at once, though the queue was last seen empty.
+    engine
+        .store()
+        .update::<ActionQueueKey>(
+            None,
+            QueueUpdate::Enqueue {
+                actions: vec![("step_end".into(), SetB::KEY.into(), serde_json::json!(3))],
+            },
+        )
+        .expect("enqueue in place");
+    assert!(!engine.is_idle(Phase::StepEnd));
+    engine
+        .run_phase(&ctx(&engine, Phase::StepEnd))
+        .await
+        .expect("phase");
+    assert!(engine.is_idle(Phase::StepEnd));
+    engine
+        .store()
+        .commit(
+            StateCommand::new().with_update::<ActionQueueKey>(QueueUpdate::Enqueue {
+                actions: vec![("step_end".into(), SetB::KEY.into(), serde_json::json!(4))],
+            }),
+        )
+        .expect("enqueue by command");
+    assert!(!engine.is_idle(Phase::StepEnd));
+    assert_eq!(
+        engine.store().revision(),
+        engine.store().snapshot().revision()
+    );
+}

@@ -194,3 +194,81 @@ fn one_key_commits_never_change_a_held_snapshot() {
     assert_eq!(*store.snapshot().get::<Count>().unwrap(), commits as i64);
     assert_eq!(store.revision(), commits);
 }
+
+/// Writers of every kind on several threads at once — typed updates (in place, without the
+/// writer lock), one-key commands (in place), publishing commands and transactions — while a
+/// reader holds snapshots now and then (sending writes down their copying paths): no update is
+/// lost, every write is one revision, and transactions that lost a race fail whole.
+#[test]
+fn concurrent_writers_of_every_kind_lose_no_update() {
+    const EACH: u64 = 2_000;
+    let store = keys::store();
+    let done = AtomicBool::new(false);
+    let lost_races = AtomicU64::new(0);
+    let start = Barrier::new(6);
+    std::thread::scope(|scope| {
+        let (store, done, start, lost_races) = (&store, &done, &start, &lost_races);
+        let reader = scope.spawn(move || {
+            start.wait();
+            while !done.load(Ordering::Acquire) {
+                let held = store.snapshot();
+                let count = *held.get::<Count>().unwrap();
+                std::thread::yield_now();
+                assert_eq!(
+                    *held.get::<Count>().unwrap(),
+                    count,
+                    "a held snapshot moved"
+                );
+            }
+        });
+        let writers: Vec<_> = (0..4u64)
+            .map(|kind| {
+                scope.spawn(move || {
+                    start.wait();
+                    for _ in 0..EACH {
+                        match kind {
+                            0 => {
+                                store.update::<Count>(None, 1).unwrap();
+                            }
+                            1 => {
+                                store
+                                    .commit(StateCommand::new().with_update::<Count>(1))
+                                    .unwrap();
+                            }
+                            2 => {
+                                store
+                                    .commit(
+                                        StateCommand::new()
+                                            .with_update::<Count>(1)
+                                            .with_update::<Tally>(1),
+                                    )
+                                    .unwrap();
+                            }
+                            _ => loop {
+                                let mut tx = store.transaction();
+                                tx.apply(StateCommand::new().with_update::<Count>(1))
+                                    .unwrap();
+                                if tx.commit().is_ok() {
+                                    break;
+                                }
+                                lost_races.fetch_add(1, Ordering::Relaxed);
+                            },
+                        }
+                    }
+                })
+            })
+            .collect();
+        start.wait();
+        let _stop = StopOnDrop(done);
+        for writer in writers {
+            writer.join().unwrap();
+        }
+        drop(_stop);
+        reader.join().unwrap();
+    });
+    let snapshot = store.snapshot();
+    assert_eq!(*snapshot.get::<Count>().unwrap(), 4 * EACH as i64);
+    assert_eq!(u64::from(*snapshot.get::<Tally>().unwrap()), EACH);
+    assert_eq!(snapshot.revision(), 4 * EACH);
+    assert_eq!(store.revision(), 4 * EACH);
+}
