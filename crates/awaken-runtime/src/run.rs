@@ -647,7 +647,10 @@ async fn load_activation<'a>(
                 rt.ids.timestamp(),
             );
             record.profile_id = profile_id.clone();
-            record.spec_digest = resolved.spec_digest.clone();
+            // The run's own copy: the record is copied into every commit, and the resolver's
+            // digest is one string every run of the agent shares (its count would pass between
+            // the worker threads a few times a step).
+            record.spec_digest = Arc::from(&*resolved.spec_digest);
             record.parent_run_id = parent_run_id.clone();
             record
         }
@@ -661,7 +664,7 @@ async fn load_activation<'a>(
                         record.spec_digest, resolved.spec_digest
                     ),
                 });
-                record.spec_digest = resolved.spec_digest.clone();
+                record.spec_digest = Arc::from(&*resolved.spec_digest);
             }
             record.status = RunStatus::Running;
             record.termination = None;
