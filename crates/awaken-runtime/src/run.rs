@@ -25,7 +25,7 @@ use awaken_state::{
 };
 use awaken_store::{BatchWrite, ClaimedRun, LeaseToken, RunRecord, RunStatus};
 use awaken_tool::{
-    GateResolution, OUTCOME_UNKNOWN_MESSAGE, RecoveryAction, ToolBatch, ToolCallContext,
+    GateResolution, OUTCOME_UNKNOWN_MESSAGE, RecoveryAction, ToolBatch, ToolCallScope,
     ToolGateHook, ToolInterceptPayload, ToolOutput, evaluate_gates, pending_call,
 };
 use futures_util::StreamExt;
@@ -132,6 +132,9 @@ struct Run<'a> {
     folded_result: Option<ToolCallId>,
     /// The progress reports of the run's tool calls, emitted as events while a call runs.
     progress: Arc<ProgressQueue>,
+    /// What every tool call's context shares (the ids, the cancellation, the progress queue),
+    /// made once per run.
+    tool_scope: ToolCallScope,
     /// Where the run's registry holds its statistics (read several times a step).
     stats_at: Option<usize>,
     /// Where the run's registry holds the compaction state (`None`: the agent has no context
@@ -726,6 +729,13 @@ async fn load_activation<'a>(
     // Room for the messages of a few steps: a short run's history never grows (with glibc,
     // every `realloc` takes its arena's lock, which the other worker threads contend for).
     history.reserve(HISTORY_ROOM);
+    let progress: Arc<ProgressQueue> = Arc::default();
+    let tool_scope = ToolCallScope::new(
+        identity.thread_id.clone(),
+        identity.run_id.clone(),
+        cancel.clone(),
+    )
+    .with_progress(progress.clone());
     let mut run = Run {
         sink,
         resolved,
@@ -747,7 +757,8 @@ async fn load_activation<'a>(
         tools,
         request_strings,
         folded_result: None,
-        progress: Arc::default(),
+        progress,
+        tool_scope,
         stats_at: None,
         compaction_at: None,
         open_calls: Vec::new(),
@@ -2045,6 +2056,7 @@ impl Run<'_> {
             lifecycle: &self.lifecycle,
             plugins: self.resolved.env.plugins(),
             progress: &self.progress,
+            tool_scope: &self.tool_scope,
             sink: self.sink,
         }
     }
@@ -2250,6 +2262,8 @@ struct Invocation<'a> {
     plugins: &'a [Arc<dyn awaken_plugin::Plugin>],
     /// Where the call's progress reports wait to be emitted to `sink`.
     progress: &'a Arc<ProgressQueue>,
+    /// What the call's context shares with the run's other calls.
+    tool_scope: &'a ToolCallScope,
     sink: &'a dyn EventSink,
 }
 
@@ -2284,14 +2298,7 @@ impl Invocation<'_> {
         // The call's context, timer and guards live in this block only: what the compiler
         // keeps across the awaits after it is then only the output (see `settle`).
         let (invoked, waits) = {
-            let mut tool_ctx = ToolCallContext::with_token(
-                self.identity.thread_id.clone(),
-                self.identity.run_id.clone(),
-                call.id.clone(),
-                snapshot,
-                self.cancel.clone(),
-            )
-            .with_progress(self.progress.clone());
+            let mut tool_ctx = self.tool_scope.context(call.id.clone(), snapshot);
             if let Some(resume) = resume {
                 tool_ctx = tool_ctx.with_resume(resume.clone());
             }

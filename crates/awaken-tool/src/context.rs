@@ -82,18 +82,72 @@ impl ProgressSink for NullProgress {
     fn report(&self, _call_id: &ToolCallId, _progress: Value) {}
 }
 
-/// The context of one tool call. Cheap to clone (ids are shared strings, the rest is `Arc`s).
+/// What every call of one run shares: the thread and run ids, the run's cancellation and the
+/// sink its calls report progress to. Made once per run and handed to each call's context
+/// ([`ToolCallScope::context`]): a call then copies one handle for all of them (each handle
+/// copied is an atomic count change).
 #[derive(Clone)]
-pub struct ToolCallContext {
+pub struct ToolCallScope(Arc<ScopeParts>);
+
+#[derive(Clone)]
+struct ScopeParts {
     thread_id: ThreadId,
     run_id: RunId,
+    cancel: CancellationToken,
+    /// `None`: reports are dropped (no allocation for a sink most calls never use).
+    progress: Option<Arc<dyn ProgressSink>>,
+}
+
+impl ToolCallScope {
+    /// The calls of run `run_id` on thread `thread_id`, cancelled by `cancel`, with no
+    /// progress sink.
+    pub fn new(thread_id: ThreadId, run_id: RunId, cancel: CancellationToken) -> Self {
+        Self(Arc::new(ScopeParts {
+            thread_id,
+            run_id,
+            cancel,
+            progress: None,
+        }))
+    }
+
+    /// With the sink progress reports go to.
+    pub fn with_progress(mut self, progress: Arc<dyn ProgressSink>) -> Self {
+        Arc::make_mut(&mut self.0).progress = Some(progress);
+        self
+    }
+
+    /// The context of call `call_id` of this run, reading `snapshot`, with no resume decision.
+    pub fn context(&self, call_id: ToolCallId, snapshot: Snapshot) -> ToolCallContext {
+        ToolCallContext {
+            scope: self.clone(),
+            call_id,
+            idempotency_key: std::sync::OnceLock::new(),
+            snapshot,
+            resume: None,
+        }
+    }
+}
+
+impl fmt::Debug for ToolCallScope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ToolCallScope")
+            .field("thread_id", &self.0.thread_id)
+            .field("run_id", &self.0.run_id)
+            .field("cancelled", &self.0.cancel.is_cancelled())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The context of one tool call. Cheap to clone (what the run's calls share is one handle, the
+/// rest are shared strings and `Arc`s).
+#[derive(Clone)]
+pub struct ToolCallContext {
+    /// The run's ids, cancellation and progress sink.
+    scope: ToolCallScope,
     call_id: ToolCallId,
     /// Derived when first asked for (a hash: most tools never ask).
     idempotency_key: std::sync::OnceLock<IdempotencyKey>,
     snapshot: Snapshot,
-    cancel: CancellationToken,
-    /// `None`: reports are dropped (no allocation for a sink most calls never use).
-    progress: Option<Arc<dyn ProgressSink>>,
     resume: Option<ToolCallResume>,
 }
 
@@ -116,7 +170,8 @@ impl ToolCallContext {
     }
 
     /// As [`new`](Self::new), with the run's cancellation token (or a child of it) from the
-    /// start: no fresh token is made to be replaced.
+    /// start: no fresh token is made to be replaced. A runtime making many calls of one run
+    /// makes a [`ToolCallScope`] once instead.
     pub fn with_token(
         thread_id: ThreadId,
         run_id: RunId,
@@ -124,27 +179,18 @@ impl ToolCallContext {
         snapshot: Snapshot,
         cancel: CancellationToken,
     ) -> Self {
-        Self {
-            thread_id,
-            run_id,
-            call_id,
-            idempotency_key: std::sync::OnceLock::new(),
-            snapshot,
-            cancel,
-            progress: None,
-            resume: None,
-        }
+        ToolCallScope::new(thread_id, run_id, cancel).context(call_id, snapshot)
     }
 
     /// With the run's cancellation token (or a child of it).
     pub fn with_cancel(mut self, cancel: CancellationToken) -> Self {
-        self.cancel = cancel;
+        Arc::make_mut(&mut self.scope.0).cancel = cancel;
         self
     }
 
     /// With the sink progress reports go to.
     pub fn with_progress(mut self, progress: Arc<dyn ProgressSink>) -> Self {
-        self.progress = Some(progress);
+        self.scope = self.scope.with_progress(progress);
         self
     }
 
@@ -156,12 +202,12 @@ impl ToolCallContext {
 
     /// The thread.
     pub fn thread_id(&self) -> &ThreadId {
-        &self.thread_id
+        &self.scope.0.thread_id
     }
 
     /// The run.
     pub fn run_id(&self) -> &RunId {
-        &self.run_id
+        &self.scope.0.run_id
     }
 
     /// The call.
@@ -172,7 +218,7 @@ impl ToolCallContext {
     /// The call's idempotency key: identical on every attempt of this call, in any process.
     pub fn idempotency_key(&self) -> &IdempotencyKey {
         self.idempotency_key
-            .get_or_init(|| IdempotencyKey::derive(&self.thread_id, &self.run_id, &self.call_id))
+            .get_or_init(|| IdempotencyKey::derive(self.thread_id(), self.run_id(), &self.call_id))
     }
 
     /// The state as of the call's start. Read-only: a tool changes state only through the
@@ -183,12 +229,12 @@ impl ToolCallContext {
 
     /// The run's cancellation; a long tool should stop when it fires.
     pub fn cancel_token(&self) -> &CancellationToken {
-        &self.cancel
+        &self.scope.0.cancel
     }
 
     /// Whether the run has been cancelled.
     pub fn is_cancelled(&self) -> bool {
-        self.cancel.is_cancelled()
+        self.scope.0.cancel.is_cancelled()
     }
 
     /// The human decision this call runs under, if any.
@@ -198,7 +244,7 @@ impl ToolCallContext {
 
     /// Reports progress (tool-defined JSON); the runtime streams it as a progress event.
     pub fn report_progress(&self, progress: Value) {
-        if let Some(sink) = &self.progress {
+        if let Some(sink) = &self.scope.0.progress {
             sink.report(&self.call_id, progress);
         }
     }
@@ -207,12 +253,12 @@ impl ToolCallContext {
 impl fmt::Debug for ToolCallContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ToolCallContext")
-            .field("thread_id", &self.thread_id)
-            .field("run_id", &self.run_id)
+            .field("thread_id", self.thread_id())
+            .field("run_id", self.run_id())
             .field("call_id", &self.call_id)
             .field("idempotency_key", &self.idempotency_key)
             .field("revision", &self.snapshot.revision())
-            .field("cancelled", &self.cancel.is_cancelled())
+            .field("cancelled", &self.is_cancelled())
             .field("resume", &self.resume)
             .finish_non_exhaustive()
     }

@@ -25,7 +25,7 @@ mod typed;
 mod validate;
 
 pub use batch::{BatchCall, BatchError, OUTCOME_UNKNOWN_MESSAGE, ToolBatch, is_allowed_transition};
-pub use context::{IdempotencyKey, NullProgress, ProgressSink, ToolCallContext};
+pub use context::{IdempotencyKey, NullProgress, ProgressSink, ToolCallContext, ToolCallScope};
 pub use digest::{DIGEST_PREFIX, DigestWriter, argument_digest, canonical_json, pending_call};
 pub use error::{ToolError, ToolRegistrationError, Violation};
 #[cfg(feature = "time")]

@@ -312,3 +312,61 @@ async fn every_attempt_of_a_call_sees_the_same_idempotency_key() {
     assert_ne!(first, other);
     assert_eq!(first, tool_ctx("c1").idempotency_key().as_str());
 }
+
+/// Progress reports with the call they came from.
+#[derive(Default)]
+struct Reports(Mutex<Vec<(String, Value)>>);
+
+impl awaken_tool::ProgressSink for Reports {
+    fn report(&self, call_id: &ToolCallId, progress: Value) {
+        self.0
+            .lock()
+            .expect("reports")
+            .push((call_id.to_string(), progress));
+    }
+}
+
+#[test]
+fn a_runs_calls_share_its_scope_and_a_changed_context_leaves_the_others_alone() {
+    let token = CancellationToken::new();
+    let reports = Arc::new(Reports::default());
+    let scope = awaken_tool::ToolCallScope::new(
+        awaken_event::ThreadId::new("thread-1").expect("thread"),
+        awaken_event::RunId::new("run-1").expect("run"),
+        token.clone(),
+    )
+    .with_progress(reports.clone());
+    let snapshot = tool_ctx("c0").snapshot().clone();
+    let c1 = scope.context(ToolCallId::new("c1").expect("id"), snapshot.clone());
+    let c2 = scope.context(ToolCallId::new("c2").expect("id"), snapshot);
+    // The same ids, key and progress as a context made whole.
+    assert_eq!(
+        (c1.thread_id().as_str(), c1.run_id().as_str()),
+        ("thread-1", "run-1")
+    );
+    assert_eq!(c1.idempotency_key(), tool_ctx("c1").idempotency_key());
+    c1.report_progress(json!(1));
+    c2.report_progress(json!(2));
+    assert_eq!(
+        *reports.0.lock().expect("reports"),
+        [("c1".to_owned(), json!(1)), ("c2".to_owned(), json!(2))]
+    );
+    // One call's own token and sink change that call only.
+    let own = CancellationToken::new();
+    let c2 = c2
+        .with_cancel(own.clone())
+        .with_progress(Arc::new(awaken_tool::NullProgress));
+    own.cancel();
+    assert!(c2.is_cancelled() && !c1.is_cancelled());
+    c2.report_progress(json!(3));
+    c1.report_progress(json!(4));
+    assert_eq!(reports.0.lock().expect("reports").len(), 3);
+    // The run's cancellation reaches every context made from the scope.
+    token.cancel();
+    assert!(c1.is_cancelled());
+    assert!(
+        scope
+            .context(ToolCallId::new("c3").expect("id"), c1.snapshot().clone())
+            .is_cancelled()
+    );
+}
