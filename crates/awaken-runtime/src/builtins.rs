@@ -193,7 +193,7 @@ pub struct RunStats {
     pub tools_in_step: Arc<[Arc<str>]>,
     /// Tools whose calls completed in the last step that ended (what the step count took from
     /// `tools_in_step`): a run recovered between steps still applies `StopOnTool` to them.
-    #[serde(default, skip_serializing_if = "slice_is_empty")]
+    #[serde(default = "no_tools", skip_serializing_if = "slice_is_empty")]
     pub last_step_tools: Arc<[Arc<str>]>,
 }
 

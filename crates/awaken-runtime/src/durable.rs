@@ -165,7 +165,9 @@ impl Durable {
         // mid-await while the run goes on (a run stops at its cancellation token, not by
         // dropping a commit), and a failed one puts them back.
         let events: Arc<[AgentEvent]> = self.events.drain(..).collect();
-        // The messages too: the store keeps the slice, and a failed commit puts them back.
+        // The messages too: the store keeps the slice, and a failed commit puts them back. Like
+        // the events, until the commit is done they are only in these slices (a commit is never
+        // abandoned mid-await while the run goes on: see above).
         let messages: Option<Arc<[Message]>> =
             (!self.new_messages.is_empty()).then(|| self.new_messages.drain(..).collect());
         // Built whole (each `with_*` call would move the whole commit once more).

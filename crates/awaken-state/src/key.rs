@@ -55,6 +55,11 @@ pub trait StateKey: 'static + Send + Sync {
     /// and never panics. A typed update ([`crate::StateStore::update`]) of such a key then
     /// changes the stored value in place when nothing else holds it, instead of a copy that
     /// replaces it (no copy made, none dropped). Default `false`: a reducer may fail half-way.
+    ///
+    /// A promise the store cannot check: a key that sets it and then fails (or panics)
+    /// half-way leaves its stored value half-changed at the same revision, unseen by change
+    /// tracking (exports of changed keys, persistence) until the key's next successful write.
+    /// Set it only for a reducer that checks before it changes anything.
     const APPLY_IN_PLACE: bool = false;
 }
 
@@ -728,17 +733,6 @@ fn reduce<V, U>(
 
 /// `current` (a value of `K`) with `update` applied, as the value to publish; `current` is
 /// not changed (a failing or panicking reducer leaves nothing changed).
-/// Applies `update` to the stored value itself (a key whose reducer leaves the value as it was
-/// when it fails: [`StateKey::APPLY_IN_PLACE`]).
-pub(crate) fn apply_to<K: StateKey>(
-    stored: &mut Stored<K::Value, K::Update>,
-    update: K::Update,
-) -> Result<(), StateError> {
-    reduce(stored.meta.apply, K::KEY, &mut stored.value, Some(update))?;
-    stored.update = None;
-    Ok(())
-}
-
 pub(crate) fn updated<K: StateKey>(
     current: &AnyValue,
     update: K::Update,
@@ -749,6 +743,17 @@ pub(crate) fn updated<K: StateKey>(
         .clone();
     reduce(meta.apply, K::KEY, &mut value, Some(update))?;
     Ok(value)
+}
+
+/// Applies `update` to the stored value itself (a key whose reducer leaves the value as it was
+/// when it fails: [`StateKey::APPLY_IN_PLACE`]).
+pub(crate) fn apply_to<K: StateKey>(
+    stored: &mut Stored<K::Value, K::Update>,
+    update: K::Update,
+) -> Result<(), StateError> {
+    reduce(stored.meta.apply, K::KEY, &mut stored.value, Some(update))?;
+    stored.update = None;
+    Ok(())
 }
 
 /// Publishes `value` (of `K`) in `slot`: into the value the slot holds when nothing else

@@ -33,8 +33,9 @@ pub struct StateStore {
     /// `current`'s revision, stored (under `current`'s write lock) by every write that changes
     /// it: [`revision`](Self::revision) reads it without taking a lock.
     published: AtomicU64,
-    /// Serializes writers. It holds no version: the store's own is then the only one when no
-    /// snapshot is held elsewhere, which lets a commit change it in place.
+    /// Serializes the writers of commands, transactions and restores (a typed update in place
+    /// takes `current`'s write lock only). It holds no version: the store's own is then the
+    /// only one when no snapshot is held elsewhere, which lets a commit change it in place.
     writer: Mutex<()>,
     observers: RwLock<Observers>,
     /// Number of subscribed observers, so a commit with none skips their lock.
@@ -282,13 +283,14 @@ impl StateStore {
     }
 
     /// Commits one typed update of `K`, as [`commit`](Self::commit) commits a command of that
-    /// one update (the reducer's result checked before anything changes, a new revision, seen
-    /// by every later snapshot, observers notified), without building a command: for a caller
-    /// that updates a key of its own often (the run's statistics, several times a step). `at`
-    /// is `K`'s position in the registry ([`KeyRegistry::position_of`]); `None` looks it up,
-    /// and a wrong one is not trusted. A journaled key, a key not registered as `K`, or a
-    /// current state that a snapshot outside the store holds takes the command path (and its
-    /// errors). Returns the new revision.
+    /// one update (the reducer's result checked before anything changes — for a key with
+    /// [`StateKey::APPLY_IN_PLACE`], by the key's promise that a failing reducer changes
+    /// nothing —, a new revision, seen by every later snapshot, observers notified), without
+    /// building a command: for a caller that updates a key of its own often (the run's
+    /// statistics, several times a step). `at` is `K`'s position in the registry
+    /// ([`KeyRegistry::position_of`]); `None` looks it up, and a wrong one is not trusted. A
+    /// journaled key, a key not registered as `K`, or a current state that a snapshot outside
+    /// the store holds takes the command path (and its errors). Returns the new revision.
     pub fn update<K: StateKey>(
         &self,
         at: Option<usize>,

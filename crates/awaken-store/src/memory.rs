@@ -539,6 +539,8 @@ impl Inner {
         let seq = thread.events.last_seq();
         fp.check(FailPoint::AfterEvents)?;
 
+        // The thread row is written last, after every failpoint: no rollback undoes it today
+        // (its undo entries keep a rollback correct if a failure point is ever added after it).
         match &mut thread.row {
             // The same run's next commit: the row changes in place (its run id is kept, not
             // replaced by an equal copy).

@@ -245,6 +245,8 @@ async fn a_phase_is_idle_only_while_nothing_is_queued_for_it_however_the_queue_w
     engine.submit_command(cmd).await.expect("submit");
     assert!(!engine.is_idle(Phase::StepEnd));
     assert!(engine.is_idle(Phase::BeforeInference));
+    // An idle answer for another phase, with the queue not empty, is not remembered.
+    assert!(!engine.is_idle(Phase::StepEnd));
     engine
         .run_phase(&ctx(&engine, Phase::StepEnd))
         .await

@@ -195,14 +195,35 @@ fn one_key_commits_never_change_a_held_snapshot() {
     assert_eq!(store.revision(), commits);
 }
 
-/// Writers of every kind on several threads at once — typed updates (in place, without the
-/// writer lock), one-key commands (in place), publishing commands and transactions — while a
-/// reader holds snapshots now and then (sending writes down their copying paths): no update is
-/// lost, every write is one revision, and transactions that lost a race fail whole.
+/// A counter whose reducer checks before it changes anything: its typed updates are applied to
+/// the stored value in place.
+struct Ticks;
+impl awaken_state::StateKey for Ticks {
+    const KEY: &'static str = "it.ticks";
+    type Value = u64;
+    type Update = u64;
+    const APPLY_IN_PLACE: bool = true;
+    fn apply(value: &mut u64, add: u64) -> Result<(), awaken_state::StateError> {
+        *value = value
+            .checked_add(add)
+            .ok_or_else(|| awaken_state::StateError::invalid_update(Self::KEY, "overflow"))?;
+        Ok(())
+    }
+}
+
+/// Writers of every kind on several threads at once — typed updates (applied in place, without
+/// the writer lock), one-key commands (in place), publishing commands (writing the typed
+/// updates' key too) and transactions — while a reader holds snapshots now and then (sending
+/// writes down their copying paths): no update is lost, every write is one revision, and
+/// transactions that lost a race fail whole.
 #[test]
 fn concurrent_writers_of_every_kind_lose_no_update() {
     const EACH: u64 = 2_000;
-    let store = keys::store();
+    let mut registry = keys::registry();
+    registry
+        .register_key::<Ticks>(awaken_state::KeyOptions::new())
+        .unwrap();
+    let store = awaken_state::StateStore::new(registry);
     let done = AtomicBool::new(false);
     let lost_races = AtomicU64::new(0);
     let start = Barrier::new(6);
@@ -228,7 +249,7 @@ fn concurrent_writers_of_every_kind_lose_no_update() {
                     for _ in 0..EACH {
                         match kind {
                             0 => {
-                                store.update::<Count>(None, 1).unwrap();
+                                store.update::<Ticks>(None, 1).unwrap();
                             }
                             1 => {
                                 store
@@ -240,7 +261,8 @@ fn concurrent_writers_of_every_kind_lose_no_update() {
                                     .commit(
                                         StateCommand::new()
                                             .with_update::<Count>(1)
-                                            .with_update::<Tally>(1),
+                                            .with_update::<Tally>(1)
+                                            .with_update::<Ticks>(1),
                                     )
                                     .unwrap();
                             }
@@ -267,8 +289,9 @@ fn concurrent_writers_of_every_kind_lose_no_update() {
         reader.join().unwrap();
     });
     let snapshot = store.snapshot();
-    assert_eq!(*snapshot.get::<Count>().unwrap(), 4 * EACH as i64);
+    assert_eq!(*snapshot.get::<Count>().unwrap(), 3 * EACH as i64);
     assert_eq!(u64::from(*snapshot.get::<Tally>().unwrap()), EACH);
+    assert_eq!(*snapshot.get::<Ticks>().unwrap(), 2 * EACH);
     assert_eq!(snapshot.revision(), 4 * EACH);
     assert_eq!(store.revision(), 4 * EACH);
 }
