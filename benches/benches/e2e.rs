@@ -178,23 +178,40 @@ fn activation() -> RunActivation {
     .with_user_message("go")
 }
 
-/// Microseconds per inference step over `runs` sequential runs of loop-`n`.
-fn us_per_step(rt: &tokio::runtime::Runtime, runtime: &AgentRuntime, n: usize, runs: usize) -> f64 {
-    rt.block_on(async {
+/// Microseconds per inference step over `runs` sequential runs of loop-`n`: the median of
+/// `windows` measurements, each over `runs` runs (one window of a tenth of a second moved by a
+/// third from one run of the program to the next on the 2-core machine this was written on).
+/// The windows are printed too.
+fn us_per_step(
+    rt: &tokio::runtime::Runtime,
+    runtime: &AgentRuntime,
+    n: usize,
+    runs: usize,
+    windows: usize,
+) -> f64 {
+    let mut measured: Vec<f64> = rt.block_on(async {
         runtime
             .run_to_completion(activation())
             .await
             .unwrap_or_else(|e| panic!("{e}")); // warm up
-        let started = Instant::now();
-        for _ in 0..runs {
-            let out = runtime
-                .run_to_completion(activation())
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-            assert_eq!(out.steps as usize, n, "loop-{n} takes {n} steps");
+        let mut measured = Vec::with_capacity(windows);
+        for _ in 0..windows {
+            let started = Instant::now();
+            for _ in 0..runs {
+                let out = runtime
+                    .run_to_completion(activation())
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(out.steps as usize, n, "loop-{n} takes {n} steps");
+            }
+            measured.push(started.elapsed().as_secs_f64() * 1e6 / (runs * n) as f64);
         }
-        started.elapsed().as_secs_f64() * 1e6 / (runs * n) as f64
-    })
+        measured
+    });
+    let windows: Vec<String> = measured.iter().map(|w| format!("{w:.2}")).collect();
+    println!("  (us per step in each window: {})", windows.join(" "));
+    measured.sort_by(f64::total_cmp);
+    measured[measured.len() / 2]
 }
 
 fn rss_kib() -> f64 {
@@ -300,6 +317,8 @@ fn throughput(runtime: &AgentRuntime, inflight: usize, total: usize) -> Throughp
 fn main() {
     let quick = std::env::var("AWAKEN_BENCH_QUICK").is_ok_and(|v| v == "1");
     let scale = |full: usize, small: usize| if quick { small } else { full };
+    // The sequential figures are medians of this many windows (one in the quick mode).
+    let windows = scale(5, 1);
     let current = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -319,7 +338,7 @@ fn main() {
     if want("e2e/loop5_us_per_step") {
         add(
             "e2e/loop5_us_per_step",
-            us_per_step(&current, &loop5, 5, scale(2000, 20)),
+            us_per_step(&current, &loop5, 5, scale(2000, 20), windows),
             "us",
         );
     }
@@ -327,7 +346,7 @@ fn main() {
         let loop257 = runtime(257, 0, None);
         add(
             "e2e/loop257_us_per_step",
-            us_per_step(&current, &loop257, 257, scale(10, 1)),
+            us_per_step(&current, &loop257, 257, scale(10, 1), windows),
             "us",
         );
     }
@@ -368,7 +387,7 @@ fn main() {
                 .unwrap_or_else(|e| panic!("{e}")),
         );
         let durable = runtime(5, 0, Some(sqlite));
-        let per_step = us_per_step(&current, &durable, 5, scale(200, 5));
+        let per_step = us_per_step(&current, &durable, 5, scale(200, 5), windows);
         add("e2e/durable5_steps_per_s", 1e6 / per_step, "steps/s");
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -377,7 +396,7 @@ fn main() {
         let plugins16 = runtime(5, 16, None);
         add(
             "e2e/plugins16_us_per_step",
-            us_per_step(&current, &plugins16, 5, scale(500, 5)),
+            us_per_step(&current, &plugins16, 5, scale(500, 5), windows),
             "us",
         );
     }
