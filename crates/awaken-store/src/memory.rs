@@ -237,17 +237,6 @@ struct RunUndo {
     lease: Option<(Option<String>, Option<Timestamp>)>,
 }
 
-/// A commit's data, apart from its ids.
-struct Parts {
-    record: RunRecord,
-    messages: Arc<[Message]>,
-    run_state: awaken_state::StateDelta,
-    thread_state: awaken_state::StateDelta,
-    profile_state: awaken_state::StateDelta,
-    batch: BatchWrite,
-    events: Arc<[AgentEvent]>,
-}
-
 /// What a rollback needs to know about the commit it undoes.
 struct CommitIds {
     thread_id: ThreadId,
@@ -400,12 +389,12 @@ impl Inner {
         let ThreadCommit {
             thread_id,
             run: record,
-            messages,
-            run_state,
-            thread_state,
-            profile_state,
-            batch,
-            events,
+            messages: new_messages,
+            run_state: run_delta,
+            thread_state: thread_delta,
+            profile_state: profile_delta,
+            batch: batch_write,
+            events: new_events,
             ..
         } = c;
         let ids = CommitIds {
@@ -413,169 +402,153 @@ impl Inner {
             run_id: record.run_id.clone(),
             profile_id: record.profile_id.clone(),
         };
-        let parts = Parts {
-            record,
-            messages,
-            run_state,
-            thread_state,
-            profile_state,
-            batch,
-            events,
-        };
-        let result = Self::apply_parts(thread, run, &ids, parts, fp, undo, profiles);
-        (result, ids)
-    }
+        // One block (not a second function taking the commit's parts): a failure breaks out
+        // of it with its error, and the ids are handed back either way.
+        let result = 'apply: {
+            let (tid, rid) = (&ids.thread_id, &ids.run_id);
+            let now = record.updated_at;
+            let status = record.status;
+            let profile_id = &ids.profile_id;
 
-    fn apply_parts(
-        thread: ThreadEntry<'_>,
-        run: RunEntry<'_>,
-        ids: &CommitIds,
-        parts: Parts,
-        fp: &Failpoints,
-        undo: &mut Vec<Undo>,
-        profiles: Option<&mut Profiles>,
-    ) -> Result<CommitReceipt, StoreError> {
-        let Parts {
-            record,
-            messages: new_messages,
-            run_state: run_delta,
-            thread_state: thread_delta,
-            profile_state: profile_delta,
-            batch: batch_write,
-            events: new_events,
-        } = parts;
-        let (tid, rid) = (&ids.thread_id, &ids.run_id);
-        let now = record.updated_at;
-        let status = record.status;
-        let profile_id = &ids.profile_id;
+            let thread = thread.or_default();
+            undo.push(Undo::Messages(thread.messages.chunks.len()));
+            thread.messages.append(new_messages);
+            let message_count = thread.messages.len() as u64;
+            if let Err(e) = fp.check(FailPoint::AfterMessages) {
+                break 'apply Err(e);
+            }
 
-        let thread = thread.or_default();
-        undo.push(Undo::Messages(thread.messages.chunks.len()));
-        thread.messages.append(new_messages);
-        let message_count = thread.messages.len() as u64;
-        fp.check(FailPoint::AfterMessages)?;
+            // The row is updated in place; what it held before is the undo.
+            let row = match run {
+                Entry::Occupied(slot) => {
+                    let row = &mut **slot.into_mut();
+                    let created_at = row.record.created_at;
+                    let old_record = std::mem::replace(
+                        &mut row.record,
+                        RunRecord {
+                            created_at,
+                            ..record
+                        },
+                    );
+                    let batch = match batch_write {
+                        BatchWrite::Keep => None,
+                        BatchWrite::Set(b) => Some(row.batch.replace(b)),
+                        BatchWrite::Clear => Some(row.batch.take()),
+                    };
+                    let lease = (status == RunStatus::Done)
+                        .then(|| (row.lease_owner.take(), row.lease_expires_at.take()));
+                    undo.push(Undo::Run(Some(RunUndo {
+                        record: old_record,
+                        state_revision: row.state_revision,
+                        batch,
+                        lease,
+                    })));
+                    row
+                }
+                Entry::Vacant(slot) => {
+                    let batch = match batch_write {
+                        BatchWrite::Set(b) => Some(b),
+                        BatchWrite::Keep | BatchWrite::Clear => None,
+                    };
+                    undo.push(Undo::Run(None));
+                    &mut **slot.insert(Box::new(RunRow {
+                        thread_id: tid.clone(),
+                        record,
+                        state_revision: 0,
+                        batch,
+                        lease_owner: None,
+                        lease_epoch: 0,
+                        lease_expires_at: None,
+                        state: StateMap::default(),
+                    }))
+                }
+            };
+            if !run_delta.values.is_empty() {
+                row.state_revision = run_delta.revision;
+            }
+            if let Err(e) = fp.check(FailPoint::AfterRun) {
+                break 'apply Err(e);
+            }
 
-        // The row is updated in place; what it held before is the undo.
-        let row = match run {
-            Entry::Occupied(slot) => {
-                let row = &mut **slot.into_mut();
-                let created_at = row.record.created_at;
-                let old_record = std::mem::replace(
-                    &mut row.record,
-                    RunRecord {
+            for (k, v) in run_delta.values {
+                let old = row.state.insert(k.clone(), v);
+                undo.push(Undo::RunKey(k, old));
+            }
+            let thread_revision =
+                (!thread_delta.values.is_empty()).then_some(thread_delta.revision);
+            for (k, v) in thread_delta.values {
+                let old = thread.state.insert(k.clone(), v);
+                undo.push(Undo::ThreadKey(k, old));
+            }
+            let mut profile_versions = BTreeMap::new();
+            if let Some(pid) = profile_id
+                && let Some(profiles) = profiles
+                && !profile_delta.values.is_empty()
+            {
+                let profile = profiles.entry(pid.clone()).or_default();
+                for (k, value) in profile_delta.values {
+                    let value = match value.into_json() {
+                        Ok(value) => value,
+                        Err(source) => {
+                            break 'apply Err(StoreError::StateValue {
+                                what: "profile state",
+                                source,
+                            });
+                        }
+                    };
+                    let k = k.into_owned();
+                    let version = profile.get(&k).map_or(0, |e| e.version) + 1;
+                    profile_versions.insert(k.clone(), version);
+                    let old = profile.insert(k.clone(), ProfileEntry { value, version });
+                    undo.push(Undo::ProfileKey(k, old));
+                }
+            }
+            if let Err(e) = fp.check(FailPoint::AfterState) {
+                break 'apply Err(e);
+            }
+
+            undo.push(Undo::Events(thread.events.chunks.len()));
+            thread.events.append(rid, new_events);
+            let seq = thread.events.last_seq();
+            if let Err(e) = fp.check(FailPoint::AfterEvents) {
+                break 'apply Err(e);
+            }
+
+            // The thread row is written last, after every failpoint: no rollback undoes it today
+            // (its undo entries keep a rollback correct if a failure point is ever added after it).
+            match &mut thread.row {
+                // The same run's next commit: the row changes in place (its run id is kept, not
+                // replaced by an equal copy).
+                Some(row) if row.latest_run_id.as_ref() == Some(rid) => {
+                    undo.push(Undo::ThreadTimes {
+                        state_revision: row.state_revision,
+                        updated_at: row.updated_at,
+                    });
+                    row.state_revision = thread_revision.unwrap_or(row.state_revision);
+                    row.updated_at = now;
+                }
+                row => {
+                    // A new thread is created now, at state revision 0.
+                    let (created_at, state_revision) = row
+                        .as_ref()
+                        .map_or((now, 0), |old| (old.created_at, old.state_revision));
+                    let next = ThreadRow {
+                        state_revision: thread_revision.unwrap_or(state_revision),
+                        latest_run_id: Some(rid.clone()),
                         created_at,
-                        ..record
-                    },
-                );
-                let batch = match batch_write {
-                    BatchWrite::Keep => None,
-                    BatchWrite::Set(b) => Some(row.batch.replace(b)),
-                    BatchWrite::Clear => Some(row.batch.take()),
-                };
-                let lease = (status == RunStatus::Done)
-                    .then(|| (row.lease_owner.take(), row.lease_expires_at.take()));
-                undo.push(Undo::Run(Some(RunUndo {
-                    record: old_record,
-                    state_revision: row.state_revision,
-                    batch,
-                    lease,
-                })));
-                row
+                        updated_at: now,
+                    };
+                    undo.push(Undo::Thread(row.replace(next)));
+                }
             }
-            Entry::Vacant(slot) => {
-                let batch = match batch_write {
-                    BatchWrite::Set(b) => Some(b),
-                    BatchWrite::Keep | BatchWrite::Clear => None,
-                };
-                undo.push(Undo::Run(None));
-                &mut **slot.insert(Box::new(RunRow {
-                    thread_id: tid.clone(),
-                    record,
-                    state_revision: 0,
-                    batch,
-                    lease_owner: None,
-                    lease_epoch: 0,
-                    lease_expires_at: None,
-                    state: StateMap::default(),
-                }))
-            }
+
+            Ok(CommitReceipt {
+                message_count,
+                last_event_seq: seq,
+                profile_versions,
+            })
         };
-        if !run_delta.values.is_empty() {
-            row.state_revision = run_delta.revision;
-        }
-        fp.check(FailPoint::AfterRun)?;
-
-        for (k, v) in run_delta.values {
-            let old = row.state.insert(k.clone(), v);
-            undo.push(Undo::RunKey(k, old));
-        }
-        let thread_revision = (!thread_delta.values.is_empty()).then_some(thread_delta.revision);
-        for (k, v) in thread_delta.values {
-            let old = thread.state.insert(k.clone(), v);
-            undo.push(Undo::ThreadKey(k, old));
-        }
-        let mut profile_versions = BTreeMap::new();
-        if let Some(pid) = profile_id
-            && let Some(profiles) = profiles
-            && !profile_delta.values.is_empty()
-        {
-            let profile = profiles.entry(pid.clone()).or_default();
-            for (k, value) in profile_delta.values {
-                let value = value.into_json().map_err(|source| StoreError::StateValue {
-                    what: "profile state",
-                    source,
-                })?;
-                let k = k.into_owned();
-                let version = profile.get(&k).map_or(0, |e| e.version) + 1;
-                profile_versions.insert(k.clone(), version);
-                let old = profile.insert(k.clone(), ProfileEntry { value, version });
-                undo.push(Undo::ProfileKey(k, old));
-            }
-        }
-        fp.check(FailPoint::AfterState)?;
-
-        undo.push(Undo::Events(thread.events.chunks.len()));
-        thread.events.append(rid, new_events);
-        let seq = thread.events.last_seq();
-        fp.check(FailPoint::AfterEvents)?;
-
-        // The thread row is written last, after every failpoint: no rollback undoes it today
-        // (its undo entries keep a rollback correct if a failure point is ever added after it).
-        match &mut thread.row {
-            // The same run's next commit: the row changes in place (its run id is kept, not
-            // replaced by an equal copy).
-            Some(row) if row.latest_run_id.as_ref() == Some(rid) => {
-                undo.push(Undo::ThreadTimes {
-                    state_revision: row.state_revision,
-                    updated_at: row.updated_at,
-                });
-                row.state_revision = thread_revision.unwrap_or(row.state_revision);
-                row.updated_at = now;
-            }
-            row => {
-                let next = match row {
-                    Some(old) => ThreadRow {
-                        state_revision: thread_revision.unwrap_or(old.state_revision),
-                        latest_run_id: Some(rid.clone()),
-                        created_at: old.created_at,
-                        updated_at: now,
-                    },
-                    None => ThreadRow {
-                        state_revision: thread_revision.unwrap_or(0),
-                        latest_run_id: Some(rid.clone()),
-                        created_at: now,
-                        updated_at: now,
-                    },
-                };
-                undo.push(Undo::Thread(row.replace(next)));
-            }
-        }
-
-        Ok(CommitReceipt {
-            message_count,
-            last_event_seq: seq,
-            profile_versions,
-        })
+        (result, ids)
     }
 
     /// Undoes a failed commit's changes, emptying `undo` (its capacity is kept).

@@ -227,6 +227,15 @@ async fn remaining_and_unhandled_actions_are_dead_lettered_with_the_reason() {
     assert_eq!(letters, 2);
 }
 
+/// Runs `StepEnd` (its queued actions), then says whether the phase is idle again.
+async fn step_end_then_idle(engine: &PhaseEngine) -> bool {
+    engine
+        .run_phase(&ctx(engine, Phase::StepEnd))
+        .await
+        .expect("phase");
+    engine.is_idle(Phase::StepEnd)
+}
+
 #[tokio::test]
 async fn a_phase_is_idle_only_while_nothing_is_queued_for_it_however_the_queue_was_written() {
     let engine = engine(env());
@@ -247,11 +256,7 @@ async fn a_phase_is_idle_only_while_nothing_is_queued_for_it_however_the_queue_w
     assert!(engine.is_idle(Phase::BeforeInference));
     // An idle answer for another phase, with the queue not empty, is not remembered.
     assert!(!engine.is_idle(Phase::StepEnd));
-    engine
-        .run_phase(&ctx(&engine, Phase::StepEnd))
-        .await
-        .expect("phase");
-    assert!(engine.is_idle(Phase::StepEnd));
+    assert!(step_end_then_idle(&engine).await);
     // Past the engine: a queue written straight into the store (a typed update in place, then
     // a command) is seen at once, though the queue was last seen empty.
     engine
@@ -264,11 +269,7 @@ async fn a_phase_is_idle_only_while_nothing_is_queued_for_it_however_the_queue_w
         )
         .expect("enqueue in place");
     assert!(!engine.is_idle(Phase::StepEnd));
-    engine
-        .run_phase(&ctx(&engine, Phase::StepEnd))
-        .await
-        .expect("phase");
-    assert!(engine.is_idle(Phase::StepEnd));
+    assert!(step_end_then_idle(&engine).await);
     engine
         .store()
         .commit(
