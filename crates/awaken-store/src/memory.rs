@@ -244,16 +244,19 @@ struct CommitIds {
     profile_id: Option<ProfileId>,
 }
 
-/// One change to undo if a later write of the same commit fails.
-// An entry is a few hundred bytes (a run's record, inline): the log is a worker thread's,
-// reused from commit to commit, so its size costs no allocation per commit.
+/// One change to undo if a later write of the same commit fails. The log is a worker thread's,
+/// reused from commit to commit (no allocation per commit); an entry is small (a run's old
+/// record, a few hundred bytes, is kept beside the log, not in every entry).
 enum Undo {
     /// The number of message chunks before the commit.
     Messages(usize),
     /// The number of event chunks before the commit.
     Events(usize),
-    /// What the commit changed in the run's row (`None`: the commit created it).
-    Run(Option<RunUndo>),
+    /// The commit created the run's row.
+    RunCreated,
+    /// The commit changed the run's row in place; what it held before is the commit's
+    /// [`RunUndo`].
+    RunUpdated,
     /// The thread row a commit replaced (`None`: the commit created it).
     Thread(Option<ThreadRow>),
     /// What a commit of the thread's latest run changed in its row (kept in place).
@@ -384,6 +387,7 @@ impl Inner {
         c: ThreadCommit,
         fp: &Failpoints,
         undo: &mut Vec<Undo>,
+        run_undo: &mut Option<RunUndo>,
         profiles: Option<&mut Profiles>,
     ) -> (Result<CommitReceipt, StoreError>, CommitIds) {
         let ThreadCommit {
@@ -437,12 +441,13 @@ impl Inner {
                     };
                     let lease = (status == RunStatus::Done)
                         .then(|| (row.lease_owner.take(), row.lease_expires_at.take()));
-                    undo.push(Undo::Run(Some(RunUndo {
+                    *run_undo = Some(RunUndo {
                         record: old_record,
                         state_revision: row.state_revision,
                         batch,
                         lease,
-                    })));
+                    });
+                    undo.push(Undo::RunUpdated);
                     row
                 }
                 Entry::Vacant(slot) => {
@@ -450,7 +455,7 @@ impl Inner {
                         BatchWrite::Set(b) => Some(b),
                         BatchWrite::Keep | BatchWrite::Clear => None,
                     };
-                    undo.push(Undo::Run(None));
+                    undo.push(Undo::RunCreated);
                     &mut **slot.insert(Box::new(RunRow {
                         thread_id: tid.clone(),
                         record,
@@ -556,6 +561,7 @@ impl Inner {
         &mut self,
         ids: &CommitIds,
         undo: &mut Vec<Undo>,
+        mut run_undo: Option<RunUndo>,
         mut profiles: Option<&mut Profiles>,
     ) {
         let tid = &ids.thread_id;
@@ -572,11 +578,13 @@ impl Inner {
                         t.events.truncate(chunks);
                     }
                 }
-                Undo::Run(None) => {
+                Undo::RunCreated => {
                     self.runs.remove(rid);
                 }
-                Undo::Run(Some(old)) => {
-                    if let Some(row) = self.runs.get_mut(rid) {
+                Undo::RunUpdated => {
+                    if let Some(old) = run_undo.take()
+                        && let Some(row) = self.runs.get_mut(rid)
+                    {
                         row.record = old.record;
                         row.state_revision = old.state_revision;
                         if let Some(batch) = old.batch {
@@ -732,17 +740,21 @@ impl MemoryStore {
                 + commit.thread_state.values.len()
                 + commit.profile_state.values.len(),
         );
+        // What the commit replaced in its run's row: put back on failure, freed after the locks
+        // are released on success.
+        let mut run_undo = None;
         let (result, ids) = Inner::apply(
             thread,
             run,
             commit,
             &self.failpoints,
             &mut undo,
+            &mut run_undo,
             profiles.as_deref_mut(),
         );
         match (&result, run_threads.as_mut()) {
             (Err(_), _) => {
-                inner.rollback(&ids, &mut undo, profiles.as_deref_mut());
+                inner.rollback(&ids, &mut undo, run_undo.take(), profiles.as_deref_mut());
             }
             (Ok(_), Some(index)) => {
                 index.insert(ids.run_id, ids.thread_id);
@@ -753,6 +765,7 @@ impl MemoryStore {
         drop(profiles);
         drop(run_threads);
         drop(inner);
+        drop(run_undo);
         undo.clear();
         // A commit of very many keys does not pin its log's room on this thread for good.
         undo.shrink_to(UNDO_LOG_KEPT);
