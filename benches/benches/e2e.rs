@@ -178,6 +178,16 @@ fn activation() -> RunActivation {
     .with_user_message("go")
 }
 
+/// What [`us_per_step`] measured.
+struct Sequential {
+    /// The median window's microseconds per step.
+    us_per_step: f64,
+    /// Minor page faults per run over all windows (`None` without `/proc/self/stat`): the heap
+    /// the store's kept threads grow by is faulted in page by page, a cost instruction counts
+    /// do not show.
+    faults_per_run: Option<f64>,
+}
+
 /// Microseconds per inference step over `runs` sequential runs of loop-`n`: the median of
 /// `windows` measurements, each over `runs` runs (one window of a tenth of a second moved by a
 /// third from one run of the program to the next on the 2-core machine this was written on).
@@ -188,13 +198,15 @@ fn us_per_step(
     n: usize,
     runs: usize,
     windows: usize,
-) -> f64 {
+) -> Sequential {
+    let mut faults = None;
     let mut measured: Vec<f64> = rt.block_on(async {
         runtime
             .run_to_completion(activation())
             .await
             .unwrap_or_else(|e| panic!("{e}")); // warm up
         let mut measured = Vec::with_capacity(windows);
+        let faults_before = minor_faults();
         for _ in 0..windows {
             let started = Instant::now();
             for _ in 0..runs {
@@ -206,12 +218,29 @@ fn us_per_step(
             }
             measured.push(started.elapsed().as_secs_f64() * 1e6 / (runs * n) as f64);
         }
+        if let (Some(before), Some(after)) = (faults_before, minor_faults()) {
+            faults = Some(after.saturating_sub(before) as f64 / (runs * windows) as f64);
+        }
         measured
     });
     let windows: Vec<String> = measured.iter().map(|w| format!("{w:.2}")).collect();
     println!("  (us per step in each window: {})", windows.join(" "));
+    if let Some(f) = faults {
+        println!("  (minor page faults per run: {f:.2})");
+    }
     measured.sort_by(f64::total_cmp);
-    measured[measured.len() / 2]
+    Sequential {
+        us_per_step: measured[measured.len() / 2],
+        faults_per_run: faults,
+    }
+}
+
+/// The process's minor page faults so far (`/proc/self/stat`, the tenth field).
+fn minor_faults() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The fields after the command name (in parentheses, which may hold spaces), from the third.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(7)?.parse().ok()
 }
 
 fn rss_kib() -> f64 {
@@ -336,17 +365,18 @@ fn main() {
 
     let loop5 = runtime(5, 0, None);
     if want("e2e/loop5_us_per_step") {
-        add(
-            "e2e/loop5_us_per_step",
-            us_per_step(&current, &loop5, 5, scale(2000, 20), windows),
-            "us",
-        );
+        let loop5_seq = us_per_step(&current, &loop5, 5, scale(2000, 20), windows);
+        add("e2e/loop5_us_per_step", loop5_seq.us_per_step, "us");
+        // Not one of the figures: where a sixth of a step's time went (ninth session).
+        if let Some(f) = loop5_seq.faults_per_run {
+            add("e2e/loop5_page_faults_per_run", f, "faults");
+        }
     }
     if want("e2e/loop257_us_per_step") {
         let loop257 = runtime(257, 0, None);
         add(
             "e2e/loop257_us_per_step",
-            us_per_step(&current, &loop257, 257, scale(10, 1), windows),
+            us_per_step(&current, &loop257, 257, scale(10, 1), windows).us_per_step,
             "us",
         );
     }
@@ -387,7 +417,7 @@ fn main() {
                 .unwrap_or_else(|e| panic!("{e}")),
         );
         let durable = runtime(5, 0, Some(sqlite));
-        let per_step = us_per_step(&current, &durable, 5, scale(200, 5), windows);
+        let per_step = us_per_step(&current, &durable, 5, scale(200, 5), windows).us_per_step;
         add("e2e/durable5_steps_per_s", 1e6 / per_step, "steps/s");
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -396,7 +426,7 @@ fn main() {
         let plugins16 = runtime(5, 16, None);
         add(
             "e2e/plugins16_us_per_step",
-            us_per_step(&current, &plugins16, 5, scale(500, 5), windows),
+            us_per_step(&current, &plugins16, 5, scale(500, 5), windows).us_per_step,
             "us",
         );
     }
