@@ -1722,14 +1722,15 @@ impl Run<'_> {
     /// committed history is the one a sequential run gives.
     async fn run_calls_concurrently(&mut self, calls: &[ToolCall]) -> Result<bool, Failure> {
         let mut prepared: Vec<Option<CallOutcome>> = Vec::with_capacity(calls.len());
-        let mut to_run: Vec<(usize, ResolvedTool)> = Vec::new();
+        // (The call's index, its tool's place in the resolved tools.)
+        let mut to_run: Vec<(usize, usize)> = Vec::new();
         for (i, call) in calls.iter().enumerate() {
             self.begin_call(calls, i).await?;
             match self.prepare_call(call, None).await {
                 Ok(Prepared::Done(outcome)) => prepared.push(Some(outcome)),
-                Ok(Prepared::Run(tool)) => {
+                Ok(Prepared::Run(at)) => {
                     prepared.push(None);
-                    to_run.push((i, tool));
+                    to_run.push((i, at));
                 }
                 Err(failure) => {
                     self.close_all(calls, failure_reason(&failure)).await?;
@@ -1741,7 +1742,8 @@ impl Run<'_> {
         self.mark_executing(&started).await?;
         // Lanes: calls whose declared writes overlap (transitively) share a lane and run in
         // call order; lanes run concurrently.
-        let lanes = write_lanes(&to_run);
+        let tools = &self.resolved.tools;
+        let lanes = write_lanes(&to_run, tools);
         let invocation = self.invocation();
         let engine = &self.engine;
         let ran: Vec<Vec<(usize, Ran)>> =
@@ -1751,10 +1753,12 @@ impl Run<'_> {
                 async move {
                     let mut out = Vec::with_capacity(lane.len());
                     for slot in lane {
-                        let (i, tool) = &to_run[slot];
+                        let (i, at) = to_run[slot];
                         out.push((
-                            *i,
-                            invocation.run(tool, &calls[*i], None, engine, true).await,
+                            i,
+                            invocation
+                                .run(&tools[at], &calls[i], None, engine, true)
+                                .await,
                         ));
                     }
                     out
@@ -1810,10 +1814,15 @@ impl Run<'_> {
 
     /// The resolved tool models call `name`, if any.
     fn tool_named(&self, name: &str) -> Option<&ResolvedTool> {
+        self.tool_at(name).map(|at| &self.resolved.tools[at])
+    }
+
+    /// Where the resolved tool models call `name` is, if there is one.
+    fn tool_at(&self, name: &str) -> Option<usize> {
         self.resolved
             .tools
             .iter()
-            .find(|t| t.tool.descriptor().name == name)
+            .position(|t| t.tool.descriptor().name == name)
     }
 
     /// `name` as a shared string for an event: the resolved tool's (no allocation per call),
@@ -1933,14 +1942,20 @@ impl Run<'_> {
         call: &ToolCall,
         resume: Option<ToolCallResume>,
     ) -> Result<CallOutcome, Failure> {
-        let tool = match self.prepare_call(call, resume.clone()).await? {
+        let at = match self.prepare_call(call, resume.clone()).await? {
             Prepared::Done(outcome) => return Ok(outcome),
-            Prepared::Run(tool) => tool,
+            Prepared::Run(at) => at,
         };
         self.mark_executing(&[call]).await?;
         let ran = self
             .invocation()
-            .run(&tool, call, resume.as_ref(), &self.engine, true)
+            .run(
+                &self.resolved.tools[at],
+                call,
+                resume.as_ref(),
+                &self.engine,
+                true,
+            )
             .await;
         self.after_tool(call, ran, resume).await
     }
@@ -1952,7 +1967,7 @@ impl Run<'_> {
         call: &ToolCall,
         resume: Option<ToolCallResume>,
     ) -> Result<Prepared, Failure> {
-        let Some(tool) = self.tool_named(&call.name).cloned() else {
+        let Some(at) = self.tool_at(&call.name) else {
             return Ok(Prepared::Done(CallOutcome::Closed(
                 ToolResult::error(format!(
                     "unknown tool `{}`: it is not available to this agent",
@@ -1971,7 +1986,7 @@ impl Run<'_> {
             )));
         }
         // Arguments that break the schema never reach a gate or the tool.
-        if let Err(e) = tool.tool.check_call(call) {
+        if let Err(e) = self.resolved.tools[at].tool.check_call(call) {
             return Ok(Prepared::Done(CallOutcome::Closed(
                 e.to_result(),
                 ToolCallState::Blocked,
@@ -2027,7 +2042,7 @@ impl Run<'_> {
         if let Some(payload) = decided {
             return Ok(Prepared::Done(intercepted(payload)));
         }
-        Ok(Prepared::Run(tool))
+        Ok(Prepared::Run(at))
     }
 
     /// Commits `calls` as `Executing`: durable before any of them can have an effect.
@@ -2182,8 +2197,10 @@ const HISTORY_ROOM: usize = 16;
 enum Prepared {
     /// Closed or suspended without running the tool.
     Done(CallOutcome),
-    /// Allowed: the tool to run.
-    Run(ResolvedTool),
+    /// Allowed: the tool to run, by its place in the resolved tools (borrowed there, not
+    /// copied: the resolver's tools are shared by every run, and copying one changes counts the
+    /// other worker threads change too).
+    Run(usize),
 }
 
 /// How a tool's invocation ended.
@@ -2217,7 +2234,7 @@ fn intercepted(payload: ToolInterceptPayload) -> CallOutcome {
 
 /// Groups the calls to run into lanes: calls whose tools' declared `writes()` overlap, even
 /// through a third call, share a lane (in call order); a call that declares none has its own.
-fn write_lanes(to_run: &[(usize, ResolvedTool)]) -> Vec<Vec<usize>> {
+fn write_lanes(to_run: &[(usize, usize)], tools: &[ResolvedTool]) -> Vec<Vec<usize>> {
     let mut lane_of: Vec<usize> = (0..to_run.len()).collect();
     fn root(lane_of: &mut [usize], mut i: usize) -> usize {
         while lane_of[i] != i {
@@ -2228,8 +2245,8 @@ fn write_lanes(to_run: &[(usize, ResolvedTool)]) -> Vec<Vec<usize>> {
     }
     for a in 0..to_run.len() {
         for b in (a + 1)..to_run.len() {
-            let wa = to_run[a].1.tool.writes();
-            let wb = to_run[b].1.tool.writes();
+            let wa = tools[to_run[a].1].tool.writes();
+            let wb = tools[to_run[b].1].tool.writes();
             if wa.iter().any(|k| wb.contains(k)) {
                 let (ra, rb) = (root(&mut lane_of, a), root(&mut lane_of, b));
                 if ra != rb {
