@@ -39,17 +39,27 @@ impl ProgressSink for ProgressQueue {
     }
 }
 
-/// Closes a call's reporting when its awaiting ends, however it ends.
+/// Closes a call's reporting when its awaiting ends, however it ends (unless `forward`
+/// closed it already, with the same lock that took its last reports).
 struct Open<'q> {
     queue: &'q ProgressQueue,
     call_id: &'q ToolCallId,
+    closed: bool,
 }
 
 impl Drop for Open<'_> {
     fn drop(&mut self) {
-        let mut queue = self.queue.lock();
-        if let Some(i) = queue.open.iter().position(|id| id == self.call_id) {
-            queue.open.swap_remove(i);
+        if !self.closed {
+            self.queue.lock().close(self.call_id);
+        }
+    }
+}
+
+impl Queue {
+    /// `call_id`'s reporting ends: its later reports are dropped.
+    fn close(&mut self, call_id: &ToolCallId) {
+        if let Some(i) = self.open.iter().position(|id| id == call_id) {
+            self.open.swap_remove(i);
         }
     }
 }
@@ -61,10 +71,7 @@ impl ProgressQueue {
 
     /// Emits the queued reports.
     fn emit_to(&self, sink: &dyn EventSink) {
-        let reports = std::mem::take(&mut self.lock().reports);
-        for (call_id, progress) in reports {
-            sink.emit(&AgentEvent::ToolCallProgress { call_id, progress });
-        }
+        emit(std::mem::take(&mut self.lock().reports), sink);
     }
 
     /// Awaits `call` (of call `call_id`), emitting the reports made meanwhile as they come, and
@@ -80,9 +87,10 @@ impl ProgressQueue {
         sink: &dyn EventSink,
     ) -> F::Output {
         self.lock().open.push(call_id.clone());
-        let open = Open {
+        let mut open = Open {
             queue: self,
             call_id,
+            closed: false,
         };
         let out = loop {
             let ready = pin!(self.ready.notified());
@@ -91,8 +99,22 @@ impl ProgressQueue {
                 Either::Right(((), _)) => self.emit_to(sink),
             }
         };
-        drop(open);
-        self.emit_to(sink);
+        // The call's reporting ends and its last reports are taken under one lock (a report
+        // made after that is dropped, as one made after the call's close always was).
+        let reports = {
+            let mut queue = self.lock();
+            queue.close(call_id);
+            std::mem::take(&mut queue.reports)
+        };
+        open.closed = true;
+        emit(reports, sink);
         out
+    }
+}
+
+/// Emits `reports` in order.
+fn emit(reports: Vec<(ToolCallId, Value)>, sink: &dyn EventSink) {
+    for (call_id, progress) in reports {
+        sink.emit(&AgentEvent::ToolCallProgress { call_id, progress });
     }
 }

@@ -140,6 +140,12 @@ struct Run<'a> {
     /// Where the run's registry holds the compaction state (`None`: the agent has no context
     /// policy, so nothing to read).
     compaction_at: Option<usize>,
+    /// Where the run's registry holds the keys read every step or call: a plugin's stop
+    /// request, the step's directives, an action's decision on a call (each found without a
+    /// search by type).
+    stop_at: Option<usize>,
+    directives_at: Option<usize>,
+    intercept_at: Option<usize>,
     /// The calls opened by an event (`ToolCallStart`, `ToolCallResumed`) and not yet closed by
     /// one (`ToolCallDone`, `ToolCallSuspended`): a step that fails closes them before it ends.
     open_calls: Vec<ToolCallId>,
@@ -761,11 +767,17 @@ async fn load_activation<'a>(
         tool_scope,
         stats_at: None,
         compaction_at: None,
+        stop_at: None,
+        directives_at: None,
+        intercept_at: None,
         open_calls: Vec::new(),
     };
     let registry = run.engine.store().registry();
     run.stats_at = registry.position_of::<RunStatsKey>();
     run.compaction_at = registry.position_of::<awaken_context::CompactionKey>();
+    run.stop_at = registry.position_of::<StopRequestKey>();
+    run.directives_at = registry.position_of::<StepDirectivesKey>();
+    run.intercept_at = registry.position_of::<CallInterceptKey>();
     (run.seen_fallbacks, run.step) = run.engine.store().read(|s| {
         (
             run.compaction_fallbacks_in(s).0,
@@ -1273,7 +1285,7 @@ impl Run<'_> {
     }
 
     fn directives_in(&self, snapshot: &Snapshot) -> StepDirectives {
-        match snapshot.get::<StepDirectivesKey>() {
+        match snapshot.get_at::<StepDirectivesKey>(self.directives_at) {
             Ok(d) if d.step == self.step => d.clone(),
             _ => StepDirectives::default(),
         }
@@ -1474,16 +1486,20 @@ impl Run<'_> {
             apply_transforms(self.resolved.env.transforms(), request, &tctx)
                 .map_err(|e| Failure::Error(e.to_string()))?
         };
-        let response = self.infer(request).await?;
-        self.count(StatsUpdate::Inference {
-            usage: response.usage,
-        })?;
-        let text = response.message.text();
+        let awaken_event::InferenceResponse {
+            message,
+            usage,
+            stop_reason,
+        } = self.infer(request).await?;
+        self.count(StatsUpdate::Inference { usage })?;
+        let text = message.text();
         if !text.is_empty() {
             self.response = Some(text);
         }
-        let calls = response.message.tool_calls.clone();
-        self.push_message(response.message.clone());
+        let calls = message.tool_calls.clone();
+        // Moved into the history; `AfterInference`'s hooks, when there are any, get the
+        // response rebuilt around the history's copy.
+        self.push_message(message);
         if !calls.is_empty() {
             crate::failpoint::hit("before_requested", None);
             // Every call durable as `Requested`, with the assistant message, before any gate.
@@ -1496,7 +1512,14 @@ impl Run<'_> {
             crate::failpoint::hit("after_requested", None);
         }
         if !self.skip_idle(Phase::AfterInference)? {
-            let response = Arc::new(response);
+            let message = self.history.last().cloned().ok_or_else(|| {
+                Failure::Error("the assistant message is missing from the history".into())
+            })?;
+            let response = Arc::new(awaken_event::InferenceResponse {
+                message,
+                usage,
+                stop_reason,
+            });
             self.phase_with(self.ctx(Phase::AfterInference).with_response(response))
                 .await?;
         }
@@ -1553,7 +1576,7 @@ impl Run<'_> {
         stats: &RunStats,
         step_tools: &[Arc<str>],
     ) -> Option<TerminationReason> {
-        if let Ok(Some(request)) = snapshot.get::<StopRequestKey>() {
+        if let Ok(Some(request)) = snapshot.get_at::<StopRequestKey>(self.stop_at) {
             return Some(TerminationReason::stopped(
                 request.code.clone(),
                 request.detail.clone(),
@@ -2032,13 +2055,13 @@ impl Run<'_> {
             self.phase_with(before).await?;
         }
         // An action of `BeforeToolExecute` may still decide on the call.
-        let decided = self
-            .engine
-            .store()
-            .read(|s| match s.get::<CallInterceptKey>() {
-                Ok(Some(d)) if d.call_id == call.id => Some(d.payload.clone()),
-                _ => None,
-            });
+        let decided =
+            self.engine
+                .store()
+                .read(|s| match s.get_at::<CallInterceptKey>(self.intercept_at) {
+                    Ok(Some(d)) if d.call_id == call.id => Some(d.payload.clone()),
+                    _ => None,
+                });
         if let Some(payload) = decided {
             return Ok(Prepared::Done(intercepted(payload)));
         }
@@ -2147,9 +2170,10 @@ impl Run<'_> {
                 message: message.clone(),
             });
         }
-        let plugins = self.resolved.env.plugins().to_vec();
-        for plugin in plugins {
-            match plugin.on_deactivate() {
+        // By place (the list is not copied: its plugins are counted by every run).
+        for at in 0..self.resolved.env.plugins().len() {
+            let deactivated = self.resolved.env.plugins()[at].on_deactivate();
+            match deactivated {
                 Ok(Some(cmd)) => {
                     if let Err(e) = self.engine.submit_command(cmd).await {
                         self.note(AgentEvent::Error {

@@ -450,7 +450,8 @@ impl ThreadCommit {
     /// made by the store inside its write.
     pub fn validate(&self) -> Result<(), CommitViolation> {
         let run = &self.run;
-        if run.agent_id.trim().is_empty() {
+        // (`trim().is_empty()`, without finding where the trimmed text would end.)
+        if run.agent_id.chars().all(char::is_whitespace) {
             return Err(CommitViolation::BlankId { field: "agent_id" });
         }
         if run.parent_run_id.as_ref() == Some(&run.run_id) {
@@ -497,7 +498,7 @@ impl ThreadCommit {
             });
         }
         if let Some(lease) = &self.lease {
-            if lease.worker_id.trim().is_empty() {
+            if lease.worker_id.chars().all(char::is_whitespace) {
                 return Err(CommitViolation::BlankId {
                     field: "lease.worker_id",
                 });

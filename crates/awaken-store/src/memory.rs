@@ -769,7 +769,9 @@ impl MemoryStore {
         undo.clear();
         // A commit of very many keys does not pin its log's room on this thread for good.
         undo.shrink_to(UNDO_LOG_KEPT);
-        UNDO_LOG.set(undo);
+        // (`with`: `LocalKey::set` first checks whether the thread's slot needs its initial
+        // value, which a constant-initialized slot never does.)
+        UNDO_LOG.with(|log| log.set(undo));
         result
     }
 }

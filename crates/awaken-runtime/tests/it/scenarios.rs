@@ -533,6 +533,68 @@ async fn each_stop_condition() {
     );
 }
 
+/// `AfterInference` hooks see each step's whole response: the assistant message as the history
+/// holds it, the usage and the stop reason.
+#[tokio::test]
+async fn after_inference_hooks_see_the_response() {
+    type Seen = Vec<(String, Vec<String>, u64, awaken_event::StopReason)>;
+    let seen: Arc<std::sync::Mutex<Seen>> = Arc::default();
+    let record = seen.clone();
+    let watcher = plugin("watcher", move |r| {
+        let record = record.clone();
+        r.register_phase_hook(
+            Phase::AfterInference,
+            "record",
+            Arc::new(FnHook(move |ctx: &PhaseContext| {
+                let response = ctx.response.as_ref().expect("a response in AfterInference");
+                record.lock().unwrap_or_else(|e| e.into_inner()).push((
+                    response.message.text(),
+                    response
+                        .message
+                        .tool_calls
+                        .iter()
+                        .map(|c| c.name.clone())
+                        .collect(),
+                    response.usage.output_tokens,
+                    response.stop_reason,
+                ));
+                Ok(StateCommand::new())
+            })),
+        )
+    });
+    let usage = |output_tokens| awaken_event::TokenUsage {
+        input_tokens: 10,
+        output_tokens,
+        ..Default::default()
+    };
+    let out = Scenario::new(vec![
+        call("c1", "echo", json!({"text": "x"})).with_usage(usage(3)),
+        ScriptTurn::text("all done").with_usage(usage(5)),
+    ])
+    .plugin(watcher)
+    .run()
+    .await;
+    assert_eq!(out.outcome.termination, TerminationReason::NaturalEnd);
+    let seen = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    assert_eq!(
+        seen,
+        vec![
+            (
+                String::new(),
+                vec!["echo".to_owned()],
+                3,
+                awaken_event::StopReason::ToolCalls
+            ),
+            (
+                "all done".to_owned(),
+                Vec::new(),
+                5,
+                awaken_event::StopReason::EndTurn
+            ),
+        ]
+    );
+}
+
 /// A plugin whose `AfterInference` hook panics.
 fn after_inference_bomb() -> Arc<dyn Plugin> {
     plugin("bomb", |r| {
