@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use awaken_state::{
-    Committed, KeyRegistry, ParallelBatch, StateCommand, StateError, StateStore, Transaction,
-    panic_message,
+    Committed, KeyRegistry, ParallelBatch, StateCommand, StateError, StateKey, StateStore,
+    Transaction, panic_message,
 };
 use futures_util::FutureExt;
 use futures_util::future::join_all;
@@ -168,6 +168,29 @@ impl PhaseEngine {
     /// The state store.
     pub fn store(&self) -> &Arc<StateStore> {
         &self.inner.store
+    }
+
+    /// Commits one typed update of `K` ([`StateStore::update`]; `at` is `K`'s registry
+    /// position, `None` looks it up) and returns the new revision. What the engine knows of its
+    /// action queue stays known: a write of another key leaves a queue that was empty just
+    /// before it empty, so [`is_idle`](Self::is_idle) need not look at the state again.
+    pub fn update<K: StateKey>(
+        &self,
+        at: Option<usize>,
+        update: K::Update,
+    ) -> Result<u64, StateError> {
+        let inner = &*self.inner;
+        let revision = inner.store.update::<K>(at, update)?;
+        // The update is one commit of `K` alone, one revision after the state it changed. The
+        // mark is a fact about one revision, so a racing writer can at worst leave an older
+        // true one (and the next `is_idle` looks again); plain loads and stores, no lock.
+        if std::any::TypeId::of::<K>() != std::any::TypeId::of::<ActionQueueKey>()
+            && revision > 0
+            && inner.queue_empty_at.load(Ordering::Acquire) == revision - 1
+        {
+            inner.queue_empty_at.store(revision, Ordering::Release);
+        }
+        Ok(revision)
     }
 
     /// Whether running `phase` now would do nothing: no hook is registered for it and no

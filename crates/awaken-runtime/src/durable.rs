@@ -9,7 +9,8 @@ use awaken_event::{
     ToolCallState,
 };
 use awaken_state::{
-    KeyScope, Snapshot, StateCommand, StateDelta, StateError, StateStore, UnknownKeyPolicy,
+    DeltaValues, KeyScope, Snapshot, StateCommand, StateDelta, StateError, StateStore,
+    UnknownKeyPolicy,
 };
 use awaken_store::{
     BatchData, BatchSource, BatchWrite, LeaseToken, RunRecord, RunStatus, StoreError, ThreadCommit,
@@ -64,6 +65,13 @@ pub(crate) struct Durable {
 pub(crate) struct StateExport {
     revision: u64,
     deltas: [StateDelta; 3],
+}
+
+impl StateExport {
+    /// The revision the state was exported at.
+    pub(crate) fn revision(&self) -> u64 {
+        self.revision
+    }
 }
 
 /// How many profile conflicts one run retries before its commit fails.
@@ -127,6 +135,9 @@ impl Durable {
     /// changed since the last commit. Taken by the caller in the same look at the state as the
     /// record's counts (no snapshot is kept while the commit is written).
     pub(crate) fn export(&self, snapshot: &Snapshot) -> StateExport {
+        if snapshot.revision() == self.state_revision {
+            return Self::unchanged(self.state_revision);
+        }
         StateExport {
             revision: snapshot.revision(),
             deltas: snapshot.export_changed_in_each(
@@ -134,6 +145,24 @@ impl Durable {
                 self.state_revision,
             ),
         }
+    }
+
+    /// The export of a state still at `revision`, the revision the last commit exported up to:
+    /// no key changed (every change of the state advances its revision), so nothing is looked
+    /// up and no list is made.
+    pub(crate) fn unchanged(revision: u64) -> StateExport {
+        StateExport {
+            revision,
+            deltas: std::array::from_fn(|_| StateDelta {
+                revision,
+                values: DeltaValues::new(),
+            }),
+        }
+    }
+
+    /// The state revision the last commit exported up to.
+    pub(crate) fn committed_revision(&self) -> u64 {
+        self.state_revision
     }
 
     /// Commits what the run did since the last commit — messages, changed run and thread

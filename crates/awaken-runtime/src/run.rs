@@ -146,6 +146,9 @@ struct Run<'a> {
     stop_at: Option<usize>,
     directives_at: Option<usize>,
     intercept_at: Option<usize>,
+    /// The state revision of the last checkpoint's look at the state, with the step count and
+    /// usage it read then.
+    last_look: Option<(u64, u32, awaken_event::TokenUsage)>,
     /// The calls opened by an event (`ToolCallStart`, `ToolCallResumed`) and not yet closed by
     /// one (`ToolCallDone`, `ToolCallSuspended`): a step that fails closes them before it ends.
     open_calls: Vec<ToolCallId>,
@@ -770,6 +773,7 @@ async fn load_activation<'a>(
         stop_at: None,
         directives_at: None,
         intercept_at: None,
+        last_look: None,
         open_calls: Vec::new(),
     };
     let registry = run.engine.store().registry();
@@ -932,11 +936,22 @@ impl Run<'_> {
     /// Commits what happened since the last commit, then emits the events about it.
     async fn checkpoint(&mut self, batch: BatchWrite) -> Result<(), Failure> {
         // One look at the state for the record's counts and the commit's changed keys (no
-        // snapshot is taken).
-        let (steps, usage, export) = self.engine.store().read(|s| {
-            let (steps, usage) = self.stats_in(s, |s| (s.steps, s.usage));
-            (steps, usage, self.durable.export(s))
-        });
+        // snapshot is taken); none when the state has not moved since the last commit's look
+        // (a state's revision advances with every change), which the last commit exported.
+        let store = self.engine.store();
+        let revision = store.revision();
+        let (steps, usage, export) = match self.last_look {
+            Some((at, steps, usage))
+                if at == revision && self.durable.committed_revision() == revision =>
+            {
+                (steps, usage, Durable::unchanged(revision))
+            }
+            _ => store.read(|s| {
+                let (steps, usage) = self.stats_in(s, |s| (s.steps, s.usage));
+                (steps, usage, self.durable.export(s))
+            }),
+        };
+        self.last_look = Some((export.revision(), steps, usage));
         self.durable
             .commit(self.engine.store(), export, batch, steps, usage, self.sink)
             .await
@@ -1034,7 +1049,6 @@ impl Run<'_> {
     /// carries no actions or effects).
     fn count(&self, update: StatsUpdate) -> Result<(), Failure> {
         self.engine
-            .store()
             .update::<RunStatsKey>(self.stats_at, update)
             .map_err(|e| Failure::from(PhaseError::from(e)))?;
         Ok(())

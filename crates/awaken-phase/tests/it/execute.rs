@@ -284,3 +284,46 @@ async fn a_phase_is_idle_only_while_nothing_is_queued_for_it_however_the_queue_w
         engine.store().snapshot().revision()
     );
 }
+
+#[tokio::test]
+async fn the_engines_own_typed_updates_keep_an_empty_queue_known_and_a_queued_action_seen() {
+    let engine = engine(env());
+    assert!(engine.is_idle(Phase::StepEnd));
+    // Updates of another key through the engine: each one revision on, the queue still empty.
+    for n in 1..=3 {
+        let before = engine.store().revision();
+        let revision = engine.update::<Counter>(None, n).expect("update");
+        assert_eq!(revision, before + 1);
+        assert_eq!(revision, engine.store().revision());
+        assert!(engine.is_idle(Phase::StepEnd));
+    }
+    assert_eq!(
+        *engine.store().snapshot().get::<Counter>().expect("counter"),
+        6
+    );
+    // An action queued between two of them (by a command past the engine) is seen after both.
+    engine
+        .store()
+        .commit(
+            StateCommand::new().with_update::<ActionQueueKey>(QueueUpdate::Enqueue {
+                actions: vec![("step_end".into(), SetB::KEY.into(), serde_json::json!(5))],
+            }),
+        )
+        .expect("enqueue by command");
+    engine.update::<Counter>(None, 1).expect("update");
+    assert!(!engine.is_idle(Phase::StepEnd));
+    engine.update::<Counter>(None, 1).expect("update");
+    assert!(!engine.is_idle(Phase::StepEnd));
+    assert!(step_end_then_idle(&engine).await);
+    // The queue itself, written through the engine's update: seen at once.
+    engine
+        .update::<ActionQueueKey>(
+            None,
+            QueueUpdate::Enqueue {
+                actions: vec![("step_end".into(), SetB::KEY.into(), serde_json::json!(6))],
+            },
+        )
+        .expect("enqueue through the engine");
+    assert!(!engine.is_idle(Phase::StepEnd));
+    assert!(step_end_then_idle(&engine).await);
+}

@@ -156,3 +156,57 @@ async fn a_second_run_continues_the_stored_thread_on_sqlite() {
     );
     assert_eq!(store.list_runs(&thread).await.expect("runs").len(), 2);
 }
+
+/// Every commit carries the run's counts as they are when it is made, and exactly the state
+/// keys changed since the commit before: a commit made with the state unchanged (the call's
+/// `Executing`, the run's end) carries no key and the counts of the one before.
+#[tokio::test]
+async fn each_commit_carries_the_counts_and_the_keys_changed_since_the_last() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let written = log.clone();
+    let store = Arc::new(Intercepted::new(
+        Arc::new(MemoryStore::new()),
+        move |commit| {
+            let keys = |d: &awaken_state::StateDelta| {
+                let mut k: Vec<String> = d.values.iter().map(|(k, _)| k.to_string()).collect();
+                k.sort();
+                k.join(",")
+            };
+            written.lock().expect("log").push(format!(
+                "steps={} out={} run[{}] thread[{}]",
+                commit.run.steps,
+                commit.run.usage.output_tokens,
+                keys(&commit.run_state),
+                keys(&commit.thread_state),
+            ));
+            Ok(())
+        },
+    ));
+    let usage = |output_tokens| awaken_event::TokenUsage {
+        input_tokens: 10,
+        output_tokens,
+        ..Default::default()
+    };
+    let turns = vec![
+        ScriptTurn::text("")
+            .with_tool_call(
+                awaken_llm::ScriptToolCall::new("echo", json!({"text": "x"})).with_id("c1"),
+            )
+            .with_usage(usage(3)),
+        ScriptTurn::text("done").with_usage(usage(5)),
+    ];
+    let rt = runtime(store, turns);
+    rt.run_to_completion(
+        RunActivation::new(ThreadId::new("t").expect("id"), "agent").with_user_message("go"),
+    )
+    .await
+    .expect("run");
+    expect_test::expect![[r#"
+        steps=0 out=0 run[] thread[]
+        steps=0 out=3 run[awaken.stop.run_stats] thread[]
+        steps=0 out=3 run[] thread[]
+        steps=1 out=3 run[awaken.stop.run_stats] thread[]
+        steps=2 out=8 run[awaken.stop.run_stats] thread[]
+        steps=2 out=8 run[] thread[]"#]]
+    .assert_eq(&log.lock().expect("log").join("\n"));
+}
