@@ -227,6 +227,17 @@ async fn remaining_and_unhandled_actions_are_dead_lettered_with_the_reason() {
     assert_eq!(letters, 2);
 }
 
+/// The queue update that schedules `SetB(value)` for `StepEnd`.
+fn enqueue_step_end(value: i64) -> QueueUpdate {
+    QueueUpdate::Enqueue {
+        actions: vec![(
+            "step_end".into(),
+            SetB::KEY.into(),
+            serde_json::json!(value),
+        )],
+    }
+}
+
 /// Runs `StepEnd` (its queued actions), then says whether the phase is idle again.
 async fn step_end_then_idle(engine: &PhaseEngine) -> bool {
     engine
@@ -261,22 +272,13 @@ async fn a_phase_is_idle_only_while_nothing_is_queued_for_it_however_the_queue_w
     // a command) is seen at once, though the queue was last seen empty.
     engine
         .store()
-        .update::<ActionQueueKey>(
-            None,
-            QueueUpdate::Enqueue {
-                actions: vec![("step_end".into(), SetB::KEY.into(), serde_json::json!(3))],
-            },
-        )
+        .update::<ActionQueueKey>(None, enqueue_step_end(3))
         .expect("enqueue in place");
     assert!(!engine.is_idle(Phase::StepEnd));
     assert!(step_end_then_idle(&engine).await);
     engine
         .store()
-        .commit(
-            StateCommand::new().with_update::<ActionQueueKey>(QueueUpdate::Enqueue {
-                actions: vec![("step_end".into(), SetB::KEY.into(), serde_json::json!(4))],
-            }),
-        )
+        .commit(StateCommand::new().with_update::<ActionQueueKey>(enqueue_step_end(4)))
         .expect("enqueue by command");
     assert!(!engine.is_idle(Phase::StepEnd));
     assert_eq!(
@@ -304,11 +306,7 @@ async fn the_engines_own_typed_updates_keep_an_empty_queue_known_and_a_queued_ac
     // An action queued between two of them (by a command past the engine) is seen after both.
     engine
         .store()
-        .commit(
-            StateCommand::new().with_update::<ActionQueueKey>(QueueUpdate::Enqueue {
-                actions: vec![("step_end".into(), SetB::KEY.into(), serde_json::json!(5))],
-            }),
-        )
+        .commit(StateCommand::new().with_update::<ActionQueueKey>(enqueue_step_end(5)))
         .expect("enqueue by command");
     engine.update::<Counter>(None, 1).expect("update");
     assert!(!engine.is_idle(Phase::StepEnd));
@@ -317,12 +315,7 @@ async fn the_engines_own_typed_updates_keep_an_empty_queue_known_and_a_queued_ac
     assert!(step_end_then_idle(&engine).await);
     // The queue itself, written through the engine's update: seen at once.
     engine
-        .update::<ActionQueueKey>(
-            None,
-            QueueUpdate::Enqueue {
-                actions: vec![("step_end".into(), SetB::KEY.into(), serde_json::json!(6))],
-            },
-        )
+        .update::<ActionQueueKey>(None, enqueue_step_end(6))
         .expect("enqueue through the engine");
     assert!(!engine.is_idle(Phase::StepEnd));
     assert!(step_end_then_idle(&engine).await);
