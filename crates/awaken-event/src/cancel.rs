@@ -128,6 +128,14 @@ impl CancellationToken {
         }
     }
 
+    /// [`cancelled_owned`](Self::cancelled_owned), taking this handle instead of another one.
+    pub fn into_cancelled(self) -> CancelledOwned {
+        CancelledOwned {
+            token: self,
+            registered: None,
+        }
+    }
+
     /// How many tasks' wakers the token holds for futures still waiting on it (a diagnostic:
     /// it falls back to zero once every waiting future is dropped).
     pub fn waiting_tasks(&self) -> usize {
@@ -172,6 +180,18 @@ impl Drop for Cancelled<'_> {
 pub struct CancelledOwned {
     token: CancellationToken,
     registered: Option<Waker>,
+}
+
+impl CancelledOwned {
+    /// The token it waits for.
+    pub fn token(&self) -> &CancellationToken {
+        &self.token
+    }
+
+    /// Stops waiting for now: the task's waker is let go (a later poll registers it again).
+    pub fn release(&mut self) {
+        self.token.inner.deregister(&mut self.registered);
+    }
 }
 
 impl Future for CancelledOwned {

@@ -26,17 +26,19 @@ pub fn with_cancellation(stream: LlmEventStream, token: CancellationToken) -> Ll
 /// allocation less per inference).
 pub struct CancellableStream {
     inner: Option<LlmEventStream>,
-    token: CancellationToken,
-    /// Waits for the token while the inner stream is pending (made at its first wait; dropped,
-    /// with the waker it registered, when the stream ends).
-    waiting: Option<CancelledOwned>,
+    /// The token, and the wait for it while the inner stream is pending (its waker registered
+    /// at the first wait, let go when the stream ends unless the wait was lent).
+    waiting: CancelledOwned,
+    /// Lent by the caller ([`with_waiter`](Self::with_waiter)): its registration outlives
+    /// the stream, handed back by [`into_waiter`](Self::into_waiter).
+    lent: bool,
 }
 
 impl std::fmt::Debug for CancellableStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CancellableStream")
             .field("ended", &self.inner.is_none())
-            .field("token", &self.token)
+            .field("token", self.waiting.token())
             .finish()
     }
 }
@@ -47,17 +49,34 @@ impl CancellableStream {
     pub fn new(stream: LlmEventStream, token: CancellationToken) -> Self {
         Self {
             inner: Some(stream),
-            token,
-            waiting: None,
+            waiting: token.into_cancelled(),
+            lent: false,
         }
     }
-}
 
-impl CancellableStream {
-    /// Drops the inner stream and stops waiting for the token.
+    /// As [`new`](Self::new), waiting for `waiting`'s token through `waiting` itself, whose
+    /// waker stays registered when the stream ends: a caller that makes one stream after
+    /// another on one task (a run's inferences) registers once, not once per stream. Take it
+    /// back with [`into_waiter`](Self::into_waiter).
+    pub fn with_waiter(stream: LlmEventStream, waiting: CancelledOwned) -> Self {
+        Self {
+            inner: Some(stream),
+            waiting,
+            lent: true,
+        }
+    }
+
+    /// The wait the stream was made with (the inner stream dropped, if it had not ended).
+    pub fn into_waiter(self) -> CancelledOwned {
+        self.waiting
+    }
+
+    /// Drops the inner stream and stops waiting for the token (a lent wait stays registered).
     fn end(&mut self) {
         self.inner = None;
-        self.waiting = None;
+        if !self.lent {
+            self.waiting.release();
+        }
     }
 }
 
@@ -69,7 +88,7 @@ impl Stream for CancellableStream {
         let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(None);
         };
-        if this.token.is_cancelled() {
+        if this.waiting.token().is_cancelled() {
             this.end();
             return Poll::Ready(Some(Err(InferenceExecutionError::Cancelled)));
         }
@@ -80,9 +99,7 @@ impl Stream for CancellableStream {
             return Poll::Ready(item);
         }
         // Pending: be woken by the token too.
-        let token = &this.token;
-        let waiting = this.waiting.get_or_insert_with(|| token.cancelled_owned());
-        if Pin::new(waiting).poll(cx).is_ready() {
+        if Pin::new(&mut this.waiting).poll(cx).is_ready() {
             this.end();
             return Poll::Ready(Some(Err(InferenceExecutionError::Cancelled)));
         }

@@ -146,6 +146,9 @@ struct Run<'a> {
     stop_at: Option<usize>,
     directives_at: Option<usize>,
     intercept_at: Option<usize>,
+    /// The wait for the run's cancellation its inferences' streams share (made at the first
+    /// inference; dropped, with the waker it registered, when the run ends).
+    inference_waiter: Option<awaken_event::CancelledOwned>,
     /// The state revision of the last checkpoint's look at the state, with the step count and
     /// usage it read then.
     last_look: Option<(u64, u32, awaken_event::TokenUsage)>,
@@ -773,6 +776,7 @@ async fn load_activation<'a>(
         stop_at: None,
         directives_at: None,
         intercept_at: None,
+        inference_waiter: None,
         last_look: None,
         open_calls: Vec::new(),
     };
@@ -1360,10 +1364,14 @@ impl Run<'_> {
     ) -> Result<awaken_event::InferenceResponse, Failure> {
         let model = request.effective_model_shared();
         let started = tokio::time::Instant::now();
-        let mut stream = CancellableStream::new(
-            self.resolved.executor.execute_stream(request),
-            self.cancel.clone(),
-        );
+        // The run's one wait for its cancellation, lent to each inference's stream: its waker
+        // is registered with the token once per run, not once per inference.
+        let waiter = self
+            .inference_waiter
+            .take()
+            .unwrap_or_else(|| self.cancel.clone().into_cancelled());
+        let mut stream =
+            CancellableStream::with_waiter(self.resolved.executor.execute_stream(request), waiter);
         let mut collector = ResponseCollector::new();
         // The calls the model began, by stream index (a few: searched, not hashed).
         let mut calls: Vec<(u32, ToolCallId)> = Vec::new();
@@ -1420,6 +1428,7 @@ impl Run<'_> {
                 break;
             }
         }
+        self.inference_waiter = Some(stream.into_waiter());
         let result = match failure {
             Some(f) => Err(f),
             None => collector.finish().map_err(Failure::from),

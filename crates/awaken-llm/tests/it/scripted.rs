@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use awaken_event::TokenUsage;
 use awaken_llm::{
-    InferenceExecutionError, LlmExecutor, LlmStreamEvent, Script, ScriptError, ScriptToolCall,
-    ScriptTurn, ScriptedError, ScriptedErrorKind, ScriptedExecutor,
+    CancellableStream, InferenceExecutionError, LlmExecutor, LlmStreamEvent, Script, ScriptError,
+    ScriptToolCall, ScriptTurn, ScriptedError, ScriptedErrorKind, ScriptedExecutor,
 };
 use expect_test::expect;
 use futures_util::{FutureExt, StreamExt};
@@ -331,6 +331,60 @@ async fn a_stream_that_waited_and_ended_leaves_no_waker_on_its_token() {
     assert!(stream.next().now_or_never().is_none(), "waiting");
     assert_eq!(token.waiting_tasks(), 1);
     drop(stream);
+    assert_eq!(token.waiting_tasks(), 0);
+}
+
+#[tokio::test]
+async fn a_lent_wait_stays_registered_across_streams_and_still_ends_one_when_cancelled() {
+    let exec = std::sync::Arc::new(
+        ScriptedExecutor::from_turns([
+            ScriptTurn::text("one"),
+            ScriptTurn {
+                wait_for_cancel: true,
+                ..ScriptTurn::default()
+            },
+        ])
+        .expect("valid"),
+    );
+    let token = awaken_event::CancellationToken::new();
+    // Pending once (it yields to the scheduler) before its events.
+    let yielding = {
+        let exec = exec.clone();
+        Box::pin(
+            futures_util::stream::once(tokio::task::yield_now())
+                .flat_map(move |()| exec.execute_stream(request("x"))),
+        )
+    };
+    // The first stream waits once (registering the task), ends, and hands the wait back still
+    // registered: one waker on the token, not one per stream.
+    let mut first = CancellableStream::with_waiter(yielding, token.clone().into_cancelled());
+    assert!(first.next().now_or_never().is_none(), "waiting");
+    while let Some(item) = first.next().await {
+        item.expect("an event");
+    }
+    let waiter = first.into_waiter();
+    assert_eq!(
+        token.waiting_tasks(),
+        1,
+        "the lent wait is still registered"
+    );
+    // The second stream reuses it; a cancel from another task still ends it.
+    let mut second = CancellableStream::with_waiter(exec.execute_stream(request("x")), waiter);
+    assert!(second.next().now_or_never().is_none(), "waiting");
+    assert_eq!(token.waiting_tasks(), 1, "still the one waker");
+    let canceller = tokio::spawn({
+        let token = token.clone();
+        async move { token.cancel() }
+    });
+    let item = second.next().await;
+    assert!(
+        matches!(item, Some(Err(InferenceExecutionError::Cancelled))),
+        "{item:?}"
+    );
+    assert!(second.next().await.is_none());
+    assert!(canceller.await.is_ok());
+    // Dropping the wait leaves nothing on the token.
+    drop(second.into_waiter());
     assert_eq!(token.waiting_tasks(), 0);
 }
 
