@@ -126,18 +126,27 @@ impl ResponseCollector {
 
     /// The collected response. Fails with [`InferenceExecutionError::StreamInterrupted`] when
     /// no `Stop` event arrived.
-    pub fn finish(self) -> Result<InferenceResponse, InferenceExecutionError> {
-        let Some(stop_reason) = self.stop else {
+    pub fn finish(mut self) -> Result<InferenceResponse, InferenceExecutionError> {
+        self.take()
+    }
+
+    /// As [`finish`](Self::finish), leaving the collector empty for the next stream, with the
+    /// room its list of calls had (a caller collecting one stream after another allocates
+    /// that list once).
+    pub fn take(&mut self) -> Result<InferenceResponse, InferenceExecutionError> {
+        let Some(stop_reason) = self.stop.take() else {
+            self.clear();
             return Err(InferenceExecutionError::interrupted(
                 "the stream ended without a stop event",
             ));
         };
         // Each list is collected straight into its shared slice (one allocation, no vector
         // copied into it).
-        let reasoning = (!self.reasoning.is_empty()).then_some(ContentBlock::Reasoning {
-            text: self.reasoning,
+        let reasoning = (!self.reasoning.is_empty()).then(|| ContentBlock::Reasoning {
+            text: std::mem::take(&mut self.reasoning),
         });
-        let text = (!self.text.is_empty()).then(|| ContentBlock::text(self.text));
+        let text =
+            (!self.text.is_empty()).then(|| ContentBlock::text(std::mem::take(&mut self.text)));
         let content: Arc<[ContentBlock]> = match (reasoning, text) {
             (None, None) => awaken_event::no_content(),
             (Some(block), None) | (None, Some(block)) => Arc::new([block]),
@@ -147,7 +156,7 @@ impl ResponseCollector {
             awaken_event::no_tool_calls()
         } else {
             self.calls
-                .into_iter()
+                .drain(..)
                 .map(|c| ToolCall::from_raw_arguments(c.id, c.name, &c.arguments))
                 .collect()
         };
@@ -158,9 +167,18 @@ impl ResponseCollector {
                 tool_calls,
                 tool_call_id: None,
             },
-            usage: self.usage,
+            usage: std::mem::take(&mut self.usage),
             stop_reason,
         })
+    }
+
+    /// Forgets everything collected (keeping the room of its list of calls).
+    pub fn clear(&mut self) {
+        self.text.clear();
+        self.reasoning.clear();
+        self.calls.clear();
+        self.usage = TokenUsage::default();
+        self.stop = None;
     }
 }
 

@@ -146,6 +146,10 @@ struct Run<'a> {
     stop_at: Option<usize>,
     directives_at: Option<usize>,
     intercept_at: Option<usize>,
+    /// What collects an inference's stream, and the calls its model began (by stream index):
+    /// lent to each inference, so their lists are allocated once per run.
+    collector: ResponseCollector,
+    stream_calls: Vec<(u32, ToolCallId)>,
     /// The wait for the run's cancellation its inferences' streams share (made at the first
     /// inference; dropped, with the waker it registered, when the run ends).
     inference_waiter: Option<awaken_event::CancelledOwned>,
@@ -776,6 +780,8 @@ async fn load_activation<'a>(
         stop_at: None,
         directives_at: None,
         intercept_at: None,
+        collector: ResponseCollector::new(),
+        stream_calls: Vec::new(),
         inference_waiter: None,
         last_look: None,
         open_calls: Vec::new(),
@@ -1372,9 +1378,9 @@ impl Run<'_> {
             .unwrap_or_else(|| self.cancel.clone().into_cancelled());
         let mut stream =
             CancellableStream::with_waiter(self.resolved.executor.execute_stream(request), waiter);
-        let mut collector = ResponseCollector::new();
-        // The calls the model began, by stream index (a few: searched, not hashed).
-        let mut calls: Vec<(u32, ToolCallId)> = Vec::new();
+        // The run's collector and list of begun calls (`stream_calls`: by stream index, a few,
+        // searched, not hashed) are used in place, empty here: their lists keep their room from
+        // one inference to the next, and the inference's future holds no second copy.
         let mut failure = None;
         while let Some(item) = stream.next().await {
             let event = match item {
@@ -1397,9 +1403,9 @@ impl Run<'_> {
                     ))
                 }
                 LlmStreamEvent::ToolCallStart { index, id, name } => {
-                    match calls.iter_mut().find(|(i, _)| *i == index) {
+                    match self.stream_calls.iter_mut().find(|(i, _)| *i == index) {
                         Some((_, known)) => *known = id.clone(),
-                        None => calls.push((index, id.clone())),
+                        None => self.stream_calls.push((index, id.clone())),
                     }
                     self.opened(&id);
                     self.note(AgentEvent::ToolCallStart {
@@ -1409,7 +1415,7 @@ impl Run<'_> {
                     LlmStreamEvent::ToolCallStart { index, id, name }
                 }
                 LlmStreamEvent::ToolCallArgsDelta { index, delta } => {
-                    let delta = match calls.iter().find(|(i, _)| *i == index) {
+                    let delta = match self.stream_calls.iter().find(|(i, _)| *i == index) {
                         Some((_, id)) => relay(
                             self.sink,
                             AgentEvent::ToolCallArgsDelta {
@@ -1423,7 +1429,7 @@ impl Run<'_> {
                 }
                 other => other,
             };
-            if let Err(e) = collector.push(event) {
+            if let Err(e) = self.collector.push(event) {
                 failure = Some(Failure::from(e));
                 break;
             }
@@ -1431,12 +1437,14 @@ impl Run<'_> {
         self.inference_waiter = Some(stream.into_waiter());
         let result = match failure {
             Some(f) => Err(f),
-            None => collector.finish().map_err(Failure::from),
+            None => self.collector.take().map_err(Failure::from),
         };
+        self.collector.clear();
+        let mut calls = std::mem::take(&mut self.stream_calls);
         if result.is_err() {
             // Calls the model began but never finished get their closing event.
             calls.sort_by_key(|(i, _)| *i);
-            for (_, call_id) in calls {
+            for (_, call_id) in calls.drain(..) {
                 self.closed(&call_id);
                 self.note(AgentEvent::ToolCallDone {
                     call_id,
@@ -1445,6 +1453,8 @@ impl Run<'_> {
                 });
             }
         }
+        calls.clear();
+        self.stream_calls = calls;
         let response = result?;
         self.note(AgentEvent::InferenceComplete {
             model,

@@ -568,6 +568,79 @@ fn collector_rejects_broken_grammar() {
 }
 
 #[test]
+fn one_collector_collects_stream_after_stream() {
+    let call = |index: u32, id: &str, args: &str| {
+        [
+            LlmStreamEvent::ToolCallStart {
+                index,
+                id: awaken_event::ToolCallId::new(id).expect("id"),
+                name: "echo".into(),
+            },
+            LlmStreamEvent::ToolCallArgsDelta {
+                index,
+                delta: args.into(),
+            },
+        ]
+    };
+    let mut c = ResponseCollector::new();
+    for e in call(0, "a", r#"{"text":"1"}"#)
+        .into_iter()
+        .chain(call(1, "b", r#"{"text":"2"}"#))
+        .chain([
+            LlmStreamEvent::TextDelta("first".into()),
+            LlmStreamEvent::Usage(awaken_event::TokenUsage {
+                input_tokens: 1,
+                output_tokens: 2,
+                ..Default::default()
+            }),
+            LlmStreamEvent::Stop(awaken_event::StopReason::ToolCalls),
+        ])
+    {
+        c.push(e).expect("pushed");
+    }
+    let first = c.take().expect("first");
+    assert_eq!(first.message.text(), "first");
+    assert_eq!(first.message.tool_calls.len(), 2);
+    assert_eq!(first.usage.output_tokens, 2);
+    // The second stream starts from nothing: no text, call or usage of the first; its call
+    // index 0 is new again.
+    for e in call(0, "c", r#"{"text":"3"}"#)
+        .into_iter()
+        .chain([LlmStreamEvent::Stop(awaken_event::StopReason::ToolCalls)])
+    {
+        c.push(e).expect("pushed");
+    }
+    let second = c.take().expect("second");
+    assert_eq!(second.message.text(), "");
+    assert_eq!(
+        second
+            .message
+            .tool_calls
+            .iter()
+            .map(|t| (t.id.as_str(), t.arguments["text"].as_str()))
+            .collect::<Vec<_>>(),
+        [("c", Some("3"))]
+    );
+    assert_eq!(second.usage, awaken_event::TokenUsage::default());
+    // A stream that breaks the grammar or ends without a stop leaves nothing behind either.
+    c.push(LlmStreamEvent::TextDelta("lost".into()))
+        .expect("pushed");
+    assert!(matches!(
+        c.take(),
+        Err(InferenceExecutionError::StreamInterrupted { .. })
+    ));
+    c.push(LlmStreamEvent::Stop(awaken_event::StopReason::EndTurn))
+        .expect("pushed");
+    assert!(c.push(LlmStreamEvent::TextDelta("late".into())).is_err());
+    c.clear();
+    c.push(LlmStreamEvent::TextDelta("third".into()))
+        .expect("pushed");
+    c.push(LlmStreamEvent::Stop(awaken_event::StopReason::EndTurn))
+        .expect("pushed");
+    assert_eq!(c.take().expect("third").message.text(), "third");
+}
+
+#[test]
 fn an_event_that_never_ends_is_rejected_not_buffered_forever() {
     let mut decoder = ChatStreamDecoder::new();
     let mut out = Vec::new();
