@@ -408,4 +408,9 @@ impl BatchSource for TypedBatch {
             .next()
             .map(|c| (c.id().clone(), c.state())))
     }
+
+    /// A `ToolBatch` is a batch by construction (its every change checked).
+    fn check(&self) -> Result<(), awaken_store::CommitViolation> {
+        Ok(())
+    }
 }

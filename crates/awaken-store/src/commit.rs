@@ -183,6 +183,12 @@ pub trait BatchSource: Send + Sync + fmt::Debug + 'static {
     /// The first call that is not closed, with its state; a [`CommitViolation`] when the value
     /// is not a tool batch.
     fn open_call(&self) -> Result<Option<(ToolCallId, ToolCallState)>, CommitViolation>;
+    /// Whether the value is a tool batch: a [`CommitViolation`] if not. By default, whether
+    /// [`open_call`](Self::open_call) can read it; a source that is a batch by construction
+    /// (a writer's typed batch) answers without reading it.
+    fn check(&self) -> Result<(), CommitViolation> {
+        self.open_call().map(drop)
+    }
 }
 
 impl BatchSource for serde_json::Value {
@@ -536,10 +542,11 @@ struct CallIdView {
 
 /// Checks that `batch` reads as a `ToolBatch` and, for a `Done` run, that every call is closed.
 pub(crate) fn check_batch(batch: &BatchData, status: RunStatus) -> Result<(), CommitViolation> {
-    let open = batch.open_call()?;
-    if status == RunStatus::Done
-        && let Some((call_id, state)) = open
-    {
+    // Only a finished run needs to know which call is open (none may be).
+    if status != RunStatus::Done {
+        return batch.0.check();
+    }
+    if let Some((call_id, state)) = batch.open_call()? {
         return Err(CommitViolation::CallInFlight { call_id, state });
     }
     Ok(())
