@@ -764,8 +764,13 @@ pub(crate) fn put_value<K: StateKey>(slot: &mut Arc<AnyValue>, value: K::Value) 
             stored.value = value;
             stored.update = None;
         }
-        None => *slot = Arc::new(Stored::value(value, KeyMeta::of::<K>())),
+        None => *slot = new_value::<K>(value),
     }
+}
+
+/// `value` (of `K`) as a new stored value, for a slot whose value something else shares.
+pub(crate) fn new_value<K: StateKey>(value: K::Value) -> Arc<AnyValue> {
+    Arc::new(Stored::value(value, KeyMeta::of::<K>()))
 }
 
 pub(crate) fn downcast<'a, V: 'static>(

@@ -591,9 +591,11 @@ fn apply_in_place<K: StateKey>(
         Some(stored) => {
             crate::key::apply_to::<K>(stored, update)?;
         }
+        // Shared (a snapshot or an export holds it): a new value, the shared one left as it is
+        // (known to be shared: not asked again).
         None => {
             let value = crate::key::updated::<K>(&*slot.value, update)?;
-            crate::key::put_value::<K>(&mut slot.value, value);
+            slot.value = crate::key::new_value::<K>(value);
         }
     }
     slot.changed_at = revision;
