@@ -1379,8 +1379,12 @@ impl Run<'_> {
         let mut stream =
             CancellableStream::with_waiter(self.resolved.executor.execute_stream(request), waiter);
         // The run's collector and list of begun calls (`stream_calls`: by stream index, a few,
-        // searched, not hashed) are used in place, empty here: their lists keep their room from
-        // one inference to the next, and the inference's future holds no second copy.
+        // searched, not hashed) are used in place: their lists keep their room from one
+        // inference to the next, and the inference's future holds no second copy. Every way
+        // out of this function empties them; emptied here too, so an inference abandoned
+        // mid-stream could never leave its text or calls to the next.
+        self.collector.clear();
+        self.stream_calls.clear();
         let mut failure = None;
         while let Some(item) = stream.next().await {
             let event = match item {
