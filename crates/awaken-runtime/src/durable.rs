@@ -39,10 +39,6 @@ pub(crate) struct Durable {
     persisted_messages: u64,
     /// Messages of the run not yet committed.
     new_messages: Vec<Message>,
-    /// The empty slice of a commit without messages: the run's own (an `Arc::default()` slice
-    /// is one static shared by the whole process, whose count every worker thread would
-    /// change).
-    no_messages: Arc<[Message]>,
     /// Lifecycle events not yet committed, in order.
     events: Vec<AgentEvent>,
     /// Which of `events` are about facts of the next commit, emitted after it (indices).
@@ -93,7 +89,6 @@ impl Durable {
             record,
             persisted_messages,
             new_messages: Vec::new(),
-            no_messages: Vec::new().into_iter().collect(),
             events: Vec::new(),
             after_commit: Vec::new(),
             state_revision,
@@ -206,7 +201,8 @@ impl Durable {
             expected_message_count: self.persisted_messages,
             messages: match &messages {
                 Some(m) => m.clone(),
-                None => self.no_messages.clone(),
+                // The thread's own empty slice, not the process-wide `Arc::default()`.
+                None => awaken_event::no_messages(),
             },
             run_state,
             thread_state,

@@ -34,7 +34,7 @@ use tracing::Instrument;
 use crate::builtins::{
     RunStats, RunStatsKey, StatsUpdate, StepDirectives, StepDirectivesKey, StopRequestKey,
 };
-use crate::durable::{Durable, batch_set};
+use crate::durable::{CheckpointError, Durable, batch_set};
 use crate::intercept::CallInterceptKey;
 use crate::progress::ProgressQueue;
 use crate::repair::repair_history;
@@ -843,22 +843,7 @@ where
         }
         // The activation exists once this first commit is in: its record and the new
         // messages.
-        let (usage, export) = run
-            .engine
-            .store()
-            .read(|s| (run.stats_in(s, |s| s.usage), run.durable.export(s)));
-        if let Err(e) = run
-            .durable
-            .commit(
-                run.engine.store(),
-                export,
-                BatchWrite::Keep,
-                run.step,
-                usage,
-                run.sink,
-            )
-            .await
-        {
+        if let Err(e) = run.commit_changes(BatchWrite::Keep).await {
             let e = RunError::Checkpoint {
                 thread_id: run.identity.thread_id.clone(),
                 message: e.to_string(),
@@ -945,6 +930,14 @@ impl Run<'_> {
 
     /// Commits what happened since the last commit, then emits the events about it.
     async fn checkpoint(&mut self, batch: BatchWrite) -> Result<(), Failure> {
+        self.commit_changes(batch)
+            .await
+            .map_err(|e| Failure::Error(e.to_string()))
+    }
+
+    /// [`checkpoint`](Self::checkpoint) with the store's own error (the activation's first
+    /// commit reports it as the run's).
+    async fn commit_changes(&mut self, batch: BatchWrite) -> Result<(), CheckpointError> {
         // One look at the state for the record's counts and the commit's changed keys (no
         // snapshot is taken); none when the state has not moved since the last commit's look
         // (a state's revision advances with every change), which the last commit exported.
@@ -965,7 +958,6 @@ impl Run<'_> {
         self.durable
             .commit(self.engine.store(), export, batch, steps, usage, self.sink)
             .await
-            .map_err(|e| Failure::Error(e.to_string()))
     }
 
     fn batch_write(&self) -> BatchWrite {
