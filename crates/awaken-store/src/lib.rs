@@ -18,6 +18,7 @@
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod codec;
 mod commit;
+mod compact;
 mod error;
 mod failpoint;
 mod memory;

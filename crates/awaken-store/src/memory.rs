@@ -13,6 +13,7 @@ use awaken_state::{PersistedState, StateValue};
 use crate::commit::{
     BatchData, BatchWrite, LeaseToken, RunRecord, RunStatus, ThreadCommit, Timestamp,
 };
+use crate::compact;
 use crate::error::StoreError;
 use crate::failpoint::{FailPoint, Failpoints};
 use crate::store::{
@@ -91,13 +92,22 @@ struct ThreadData {
 /// the other worker threads contend for).
 const LOG_CHUNKS_RESERVED: usize = 16;
 
-/// A thread's messages: one chunk per commit that brought any, holding the commit's own slice
-/// (shared with the runtime that wrote it: a message is neither copied nor moved again by a
-/// doubling buffer).
+/// A thread's messages: the compact form of those of its finished runs (see
+/// [`ThreadData::compact`]), then one chunk per commit that brought any since, holding the
+/// commit's own slice (shared with the runtime that wrote it: a message is neither copied nor
+/// moved again by a doubling buffer).
 #[derive(Debug, Default)]
 struct MessageLog {
+    compact: Compact,
     chunks: Vec<Arc<[Message]>>,
     len: usize,
+}
+
+/// Items in [`crate::compact`]'s form: how many, and their bytes.
+#[derive(Debug, Default)]
+struct Compact {
+    count: usize,
+    bytes: Box<[u8]>,
 }
 
 impl MessageLog {
@@ -124,19 +134,48 @@ impl MessageLog {
     }
 
     /// Every message, in order (a copy).
-    fn to_vec(&self) -> Vec<Message> {
+    fn to_vec(&self) -> Result<Vec<Message>, StoreError> {
         let mut out = Vec::with_capacity(self.len);
+        let mut reader = compact::Reader::new(&self.compact.bytes);
+        for _ in 0..self.compact.count {
+            out.push(reader.message().map_err(|e| corrupt("message", e))?);
+        }
         for chunk in &self.chunks {
             out.extend_from_slice(chunk);
         }
-        out
+        Ok(out)
+    }
+
+    /// Moves every chunk into the compact form; hands back the chunks, to be dropped after
+    /// the locks are released. Unchanged if a message cannot be written (see
+    /// [`crate::compact`]: only a kind without its own form is written as JSON).
+    fn compact(&mut self, buffer: &mut Vec<u8>) -> Vec<Arc<[Message]>> {
+        if self.chunks.is_empty() {
+            return Vec::new();
+        }
+        buffer.clear();
+        buffer.extend_from_slice(&self.compact.bytes);
+        for message in self.chunks.iter().flat_map(|c| c.iter()) {
+            if compact::put_message(buffer, message).is_err() {
+                return Vec::new();
+            }
+        }
+        self.compact = Compact {
+            count: self.len,
+            bytes: buffer.as_slice().into(),
+        };
+        std::mem::take(&mut self.chunks)
     }
 }
 
-/// A thread's event log: one chunk per commit, holding the commit's own slice (shared with the
-/// runtime, so an event is neither copied nor padded out by a doubling vector).
+/// A thread's event log: the compact form of those of its finished runs, then one chunk per
+/// commit since, holding the commit's own slice (shared with the runtime, so an event is
+/// neither copied nor padded out by a doubling vector).
 #[derive(Debug, Default)]
 struct EventLog {
+    /// Runs' event slices in [`crate::compact`]'s form (a run id, a count, the events; again),
+    /// numbered from 1.
+    compact: Compact,
     chunks: Vec<EventChunk>,
 }
 
@@ -159,7 +198,9 @@ impl EventChunk {
 impl EventLog {
     /// The sequence number of the last event (0: none).
     fn last_seq(&self) -> u64 {
-        self.chunks.last().map_or(0, EventChunk::last_seq)
+        self.chunks
+            .last()
+            .map_or(self.compact.count as u64, EventChunk::last_seq)
     }
 
     fn append(&mut self, run_id: &RunId, events: Arc<[AgentEvent]>) {
@@ -183,10 +224,29 @@ impl EventLog {
     }
 
     /// The events with a sequence number above `since`, in order.
-    fn since(&self, since: u64) -> Vec<StoredEvent> {
+    fn since(&self, since: u64) -> Result<Vec<StoredEvent>, StoreError> {
+        let mut out = Vec::new();
+        if since < self.compact.count as u64 {
+            let mut reader = compact::Reader::new(&self.compact.bytes);
+            let mut seq = 0;
+            while !reader.is_empty() {
+                let run_id = reader.run_id().map_err(|e| corrupt("event", e))?;
+                let n = reader.len().map_err(|e| corrupt("event", e))?;
+                for _ in 0..n {
+                    let event = reader.event().map_err(|e| corrupt("event", e))?;
+                    seq += 1;
+                    if seq > since {
+                        out.push(StoredEvent {
+                            seq,
+                            run_id: run_id.clone(),
+                            event,
+                        });
+                    }
+                }
+            }
+        }
         // The first chunk with an event past `since`.
         let start = self.chunks.partition_point(|c| c.last_seq() <= since);
-        let mut out = Vec::new();
         for chunk in &self.chunks[start..] {
             for (i, event) in chunk.events.iter().enumerate() {
                 let seq = chunk.first_seq + i as u64;
@@ -199,7 +259,74 @@ impl EventLog {
                 }
             }
         }
-        out
+        Ok(out)
+    }
+
+    /// As [`MessageLog::compact`]: a chunk's run id is written once for the chunks of one run
+    /// that follow each other.
+    fn compact(&mut self, buffer: &mut Vec<u8>) -> Vec<EventChunk> {
+        if self.chunks.is_empty() {
+            return Vec::new();
+        }
+        buffer.clear();
+        buffer.extend_from_slice(&self.compact.bytes);
+        let mut rest = &self.chunks[..];
+        while let Some(first) = rest.first() {
+            let same_run = rest
+                .iter()
+                .position(|c| c.run_id != first.run_id)
+                .unwrap_or(rest.len());
+            let (run, after) = rest.split_at(same_run);
+            let count = run.iter().map(|c| c.events.len()).sum();
+            let events = run.iter().flat_map(|c| c.events.iter());
+            if compact::put_event_run(buffer, &first.run_id, count, events).is_err() {
+                return Vec::new();
+            }
+            rest = after;
+        }
+        self.compact = Compact {
+            count: usize::try_from(self.last_seq()).unwrap_or(usize::MAX),
+            bytes: buffer.as_slice().into(),
+        };
+        std::mem::take(&mut self.chunks)
+    }
+}
+
+fn corrupt(what: &'static str, e: compact::Malformed) -> StoreError {
+    StoreError::Corrupt {
+        what,
+        detail: format!("the memory store's compact form: {}", e.0),
+    }
+}
+
+thread_local! {
+    /// The buffer a thread's compact form is written into on this OS thread before its
+    /// exact-size copy is kept (no doubling allocations per finished run).
+    static COMPACT_BUFFER: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// The most bytes an OS thread's compaction buffer keeps between runs.
+const COMPACT_BUFFER_KEPT: usize = 64 * 1024;
+
+/// What a compaction took out of a thread, dropped after the locks are released.
+type Compacted = (Vec<Arc<[Message]>>, Vec<EventChunk>);
+
+impl ThreadData {
+    /// Writes the thread's messages and events in the compact form, when a run on it is done:
+    /// what a finished thread keeps is about a tenth of the runtime's shared form (see
+    /// [`crate::compact`]), and the shared form is freed for the next run's allocations instead
+    /// of the process faulting in new pages for every finished thread. A later run's commits
+    /// are kept shared again until it is done; reads decode the compact part.
+    fn compact(&mut self) -> Compacted {
+        let mut buffer = COMPACT_BUFFER.take();
+        let taken = (
+            self.messages.compact(&mut buffer),
+            self.events.compact(&mut buffer),
+        );
+        buffer.clear();
+        buffer.shrink_to(COMPACT_BUFFER_KEPT);
+        COMPACT_BUFFER.with(|b| b.set(buffer));
+        taken
     }
 }
 
@@ -743,6 +870,7 @@ impl MemoryStore {
         // What the commit replaced in its run's row: put back on failure, freed after the locks
         // are released on success.
         let mut run_undo = None;
+        let finishing = commit.run.status == RunStatus::Done;
         let (result, ids) = Inner::apply(
             thread,
             run,
@@ -752,20 +880,30 @@ impl MemoryStore {
             &mut run_undo,
             profiles.as_deref_mut(),
         );
+        let mut compacted = None;
         match (&result, run_threads.as_mut()) {
             (Err(_), _) => {
                 inner.rollback(&ids, &mut undo, run_undo.take(), profiles.as_deref_mut());
             }
-            (Ok(_), Some(index)) => {
-                index.insert(ids.run_id, ids.thread_id);
+            (Ok(_), index) => {
+                if finishing {
+                    compacted = inner
+                        .threads
+                        .get_mut(&ids.thread_id)
+                        .map(ThreadData::compact);
+                }
+                if let Some(index) = index {
+                    index.insert(ids.run_id, ids.thread_id);
+                }
             }
-            (Ok(_), None) => {}
         }
-        // The replaced rows and values are freed after the locks are released.
+        // The replaced rows and values, and a compacted thread's shared form, are freed after
+        // the locks are released.
         drop(profiles);
         drop(run_threads);
         drop(inner);
         drop(run_undo);
+        drop(compacted);
         undo.clear();
         // A commit of very many keys does not pin its log's room on this thread for good.
         undo.shrink_to(UNDO_LOG_KEPT);
@@ -807,7 +945,7 @@ impl ThreadStore for MemoryStore {
             .and_then(|r| inner.runs.get(r));
         Ok(Some(Checkpoint {
             thread_id: thread_id.clone(),
-            messages: data.messages.to_vec(),
+            messages: data.messages.to_vec()?,
             thread_state: persisted("thread state", thread.state_revision, Some(&data.state))?,
             run: run.map(|r| r.record.clone()),
             run_state: match run {
@@ -873,7 +1011,7 @@ impl ThreadStore for MemoryStore {
         Ok(inner
             .threads
             .get(thread_id)
-            .map_or_else(Vec::new, |t| t.events.since(since)))
+            .map_or_else(|| Ok(Vec::new()), |t| t.events.since(since))?)
     }
 
     async fn delete_thread(&self, thread_id: &ThreadId) -> Result<bool, StoreError> {

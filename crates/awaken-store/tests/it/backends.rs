@@ -156,6 +156,7 @@ every_backend!(
     commit_now_writes_or_hands_back,
     failpoint_inside_an_immediate_write,
     commit_cost_shape_at_length,
+    finished_threads_read_back_whole,
 );
 
 /// The memory store writes at once: `commit_now` never hands a commit back.

@@ -1095,3 +1095,289 @@ async fn each_fault_writes_nothing(h: &Harness, immediate: bool) {
 pub async fn failpoint_inside_an_immediate_write(h: &Harness) {
     each_fault_writes_nothing(h, true).await;
 }
+
+/// Messages of every kind a store keeps: every content block, calls with nested, numeric,
+/// unicode and unparsable arguments, results as text and as JSON.
+fn every_kind_of_message() -> Vec<Message> {
+    use awaken_event::{ContentBlock, Role, ToolCall, ToolCallId, ToolResult};
+    use std::sync::Arc;
+    let call_id = |s: &str| ToolCallId::new(s).expect("call id");
+    let arguments = json!({
+        "text": "héllo \"quoted\" \n ✓",
+        "n": -42, "big": u64::MAX, "min": i64::MIN, "f": 0.1, "e": -2.5e-300,
+        "flags": [true, false, null], "nested": {"a": {"b": [1, {"c": []}]}, "empty": {}},
+    });
+    vec![
+        Message::system("be brief"),
+        Message {
+            role: Role::User,
+            content: Arc::new([
+                ContentBlock::text("look"),
+                ContentBlock::Image {
+                    url: "data:image/png;base64,AAAA".into(),
+                    media_type: Some("image/png".into()),
+                },
+                ContentBlock::Image {
+                    url: "https://example.invalid/a.jpg".into(),
+                    media_type: None,
+                },
+            ]),
+            tool_calls: awaken_event::no_tool_calls(),
+            tool_call_id: None,
+        },
+        Message {
+            role: Role::Assistant,
+            content: Arc::new([
+                ContentBlock::Reasoning {
+                    text: "thinking".into(),
+                },
+                ContentBlock::text(""),
+            ]),
+            tool_calls: Arc::new([
+                ToolCall::new(call_id("c1"), "search", arguments.clone()),
+                ToolCall::from_raw_arguments(call_id("c2"), "search", "{not json"),
+                ToolCall::new(call_id("c3"), "noop", json!({})),
+            ]),
+            tool_call_id: None,
+        },
+        Message::tool(call_id("c1"), &ToolResult::success(arguments)),
+        Message::tool(call_id("c2"), &ToolResult::error("bad arguments")),
+        Message::tool(call_id("c3"), &ToolResult::success(json!("plain text"))),
+        Message::assistant_with_calls("", vec![]),
+        Message::assistant("done"),
+    ]
+}
+
+/// Lifecycle events of every kind, for `run_id` on `thread`.
+fn every_kind_of_event(thread: &str, run_id: &str) -> Vec<AgentEvent> {
+    use awaken_event::{
+        PendingCall, ResumeDecision, SuspendTicket, ToolCallId, ToolCallState, ToolResult,
+        WarningKind,
+    };
+    use std::sync::Arc;
+    let call_id = |s: &str| ToolCallId::new(s).expect("call id");
+    let usage = TokenUsage {
+        input_tokens: 7,
+        output_tokens: 3,
+        cached_input_tokens: 2,
+        reasoning_tokens: 1,
+    };
+    vec![
+        AgentEvent::RunStart {
+            thread_id: tid(thread),
+            run_id: rid(run_id),
+            agent_id: "agent".into(),
+            parent_run_id: Some(rid("parent")),
+            resumed: true,
+        },
+        AgentEvent::StepStart { step: 1 },
+        AgentEvent::ToolCallStart {
+            call_id: call_id("c1"),
+            name: "search".into(),
+        },
+        AgentEvent::InferenceComplete {
+            model: "m".into(),
+            usage,
+            duration_ms: u64::MAX,
+        },
+        AgentEvent::ToolCallReady {
+            call_id: call_id("c1"),
+            name: "search".into(),
+            arguments: Arc::new(json!({"q": "x", "k": [1.5, -1]})),
+        },
+        AgentEvent::ToolCallDone {
+            call_id: call_id("c1"),
+            result: Arc::new(ToolResult::error("boom")),
+            state: ToolCallState::Failed,
+        },
+        AgentEvent::ToolCallSuspended {
+            call_id: call_id("c2"),
+            ticket: Box::new(SuspendTicket {
+                suspension_id: "s1".into(),
+                call: PendingCall {
+                    call_id: call_id("c2"),
+                    tool_name: "pay".into(),
+                    arguments: json!({"amount": 3}),
+                    argument_digest: "sha256:00".into(),
+                },
+                message: "pay?".into(),
+                response_schema: Some(json!({"type": "string"})),
+                resume_mode: Default::default(),
+            }),
+        },
+        AgentEvent::ToolCallResumed {
+            call_id: call_id("c2"),
+            decision: ResumeDecision::Deny,
+        },
+        AgentEvent::ActionDeadLettered {
+            action: "a".into(),
+            phase: "p".into(),
+            reason: "r".into(),
+        },
+        AgentEvent::Warning {
+            kind: WarningKind::GateConflict,
+            detail: "d".into(),
+        },
+        AgentEvent::Error {
+            message: "e".into(),
+        },
+        AgentEvent::StepEnd { step: u32::MAX },
+        AgentEvent::RunFinish {
+            thread_id: tid(thread),
+            run_id: rid(run_id),
+            termination: Box::new(TerminationReason::Stopped {
+                code: "max_rounds".into(),
+                detail: "5".into(),
+            }),
+            response: Some("done".into()),
+            usage: Box::new(usage),
+        },
+        AgentEvent::RunFinish {
+            thread_id: tid(thread),
+            run_id: rid(run_id),
+            termination: Box::new(TerminationReason::NaturalEnd),
+            response: None,
+            usage: Box::new(TokenUsage::default()),
+        },
+    ]
+}
+
+/// A commit of `run_id` on `thread` carrying `messages` and `events`, finishing the run when
+/// `done`.
+fn carrying(
+    thread: &str,
+    run_id: &str,
+    expected: u64,
+    now: i64,
+    messages: &[Message],
+    events: &[AgentEvent],
+    done: bool,
+) -> ThreadCommit {
+    let mut record = run(run_id, 1_000);
+    record.updated_at = at(now);
+    if done {
+        record.status = RunStatus::Done;
+        record.termination = Some(TerminationReason::NaturalEnd);
+    }
+    ThreadCommit::new(tid(thread), record, expected)
+        .with_messages(messages.iter().cloned())
+        .with_events(events.iter().cloned())
+}
+
+/// What the store gives back of `thread`: its messages, and its events after each sequence
+/// number (all of them and every tail).
+async fn read_back(
+    s: &dyn ThreadStore,
+    thread: &str,
+) -> (Vec<Message>, Vec<Vec<(u64, String, AgentEvent)>>) {
+    let messages = s
+        .load_checkpoint(&tid(thread))
+        .await
+        .expect("load")
+        .map(|cp| cp.messages)
+        .unwrap_or_default();
+    let all = s.load_events(&tid(thread), 0).await.expect("events");
+    let mut tails = Vec::new();
+    for since in 0..=all.len() as u64 + 1 {
+        let tail = s.load_events(&tid(thread), since).await.expect("events");
+        tails.push(
+            tail.into_iter()
+                .map(|e| (e.seq, e.run_id.to_string(), e.event))
+                .collect(),
+        );
+    }
+    (messages, tails)
+}
+
+/// A thread reads back whole, message for message and event for event, before and after its
+/// runs finish (the memory store keeps a finished thread in another form), with a later run's
+/// commits on top, and a failed commit on top of a finished run changes nothing.
+pub async fn finished_threads_read_back_whole(h: &Harness) {
+    let s = &*h.store;
+    let messages = every_kind_of_message();
+    let (first, second) = messages.split_at(3);
+    let events = every_kind_of_event("t1", "r1");
+    let (early, late) = events.split_at(5);
+
+    // Run r1: two commits, the second finishing it.
+    s.commit(carrying("t1", "r1", 0, 1_001, first, early, false))
+        .await
+        .expect("commit");
+    let running = read_back(s, "t1").await;
+    assert_eq!(running.0, first);
+    s.commit(carrying("t1", "r1", 3, 1_002, second, late, true))
+        .await
+        .expect("commit");
+    let finished = read_back(s, "t1").await;
+    assert_eq!(finished.0, messages);
+    let expected: Vec<(u64, String, AgentEvent)> = events
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (i as u64 + 1, "r1".to_owned(), e.clone()))
+        .collect();
+    assert_eq!(finished.1[0], expected);
+    for (since, tail) in finished.1.iter().enumerate() {
+        assert_eq!(
+            tail[..],
+            expected[since.min(expected.len())..],
+            "since {since}"
+        );
+    }
+    // What was read while the run went on reads the same after it finished.
+    assert_eq!(running.1[0], expected[..early.len()]);
+
+    // Run r2 on the same thread: its commits read after r1's, in order, with their run id.
+    let more = [Message::user("again"), Message::assistant("again")];
+    let r2_events = every_kind_of_event("t1", "r2");
+    s.commit(carrying(
+        "t1",
+        "r2",
+        8,
+        1_003,
+        &more[..1],
+        &r2_events[..2],
+        false,
+    ))
+    .await
+    .expect("commit");
+    let before_fault = read_back(s, "t1").await;
+    assert_eq!(before_fault.0.len(), 9);
+    assert_eq!(before_fault.0[8], more[0]);
+    assert_eq!(
+        before_fault.1[0]
+            .last()
+            .map(|(seq, run, _)| (*seq, run.as_str())),
+        Some((events.len() as u64 + 2, "r2"))
+    );
+    // A commit that fails at any point changes nothing of what reads back.
+    let last = || carrying("t1", "r2", 9, 1_004, &more[1..], &r2_events[2..], true);
+    for point in FailPoint::all() {
+        (h.arm)(point);
+        let err = s.commit(last()).await.expect_err("injected");
+        assert!(matches!(err, StoreError::Injected { .. }), "{err:?}");
+        assert_eq!(
+            read_back(s, "t1").await,
+            before_fault,
+            "failpoint {point:?}"
+        );
+    }
+    s.commit(last()).await.expect("commit");
+    let (all_messages, tails) = read_back(s, "t1").await;
+    let mut expected_messages = messages.clone();
+    expected_messages.extend(more.iter().cloned());
+    assert_eq!(all_messages, expected_messages);
+    let mut expected_events = expected;
+    expected_events.extend(
+        r2_events
+            .iter()
+            .enumerate()
+            .map(|(i, e)| ((events.len() + i) as u64 + 1, "r2".to_owned(), e.clone())),
+    );
+    for (since, tail) in tails.iter().enumerate() {
+        assert_eq!(
+            tail[..],
+            expected_events[since.min(expected_events.len())..],
+            "since {since}"
+        );
+    }
+}
