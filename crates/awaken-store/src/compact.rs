@@ -5,14 +5,16 @@
 //! shared with the runtime (nothing is copied on the hot path). A finished thread kept that way
 //! costs about 12 KB for a five-step run (a tool call's one-key JSON arguments alone are a
 //! 632-byte tree node, twice per call, and every event is 80 bytes), and every byte of it is a
-//! new page of heap the process faults in. Written here, the same thread is about 1 KB, and the
-//! shared form is freed for the next run to reuse.
+//! new page of heap the process faults in. Written here, its messages and events are about
+//! 600 bytes, and the shared form is freed for the next runs to reuse.
 //!
 //! The format is the store's private business (never written to disk, never read by another
 //! version): a varint (LEB128) for every count and length, one tag byte for each enum, strings
-//! as their length and UTF-8 bytes, JSON values as a tagged tree. A message content block or an
-//! event of a kind written rarely (or added to the `#[non_exhaustive]` enums later) is kept as
-//! its serde JSON text, so every value round-trips.
+//! as their length and UTF-8 bytes, JSON values as a tagged tree (a number keeps its kind). A
+//! message content block or an event of a kind written rarely (or added to the
+//! `#[non_exhaustive]` enums later) is kept as its serde JSON text: it reads back as the
+//! durable stores read it back (which, for one, takes a `Some(null)` optional field for
+//! `None`).
 
 use std::sync::Arc;
 
@@ -127,6 +129,22 @@ fn put_usage(out: &mut Vec<u8>, u: &TokenUsage) {
     put_u64(out, u.output_tokens);
     put_u64(out, u.cached_input_tokens);
     put_u64(out, u.reasoning_tokens);
+}
+
+/// (Exhaustive, as [`role_code`]: a new state is a compile error here, not an unreadable
+/// thread.)
+fn state_code(state: ToolCallState) -> u8 {
+    match state {
+        ToolCallState::Requested => 0,
+        ToolCallState::Executing => 1,
+        ToolCallState::Suspended => 2,
+        ToolCallState::Succeeded => 3,
+        ToolCallState::Failed => 4,
+        ToolCallState::Blocked => 5,
+        ToolCallState::ShortCircuited => 6,
+        ToolCallState::Cancelled => 7,
+        ToolCallState::OutcomeUnknown => 8,
+    }
 }
 
 fn role_code(role: Role) -> u8 {
@@ -267,8 +285,7 @@ pub(crate) fn put_event(out: &mut Vec<u8>, event: &AgentEvent) -> Result<(), ser
                 ToolResultStatus::Pending => 2,
             });
             put_value(out, &result.content);
-            let index = ToolCallState::ALL.iter().position(|s| s == state);
-            out.push(index.map_or(u8::MAX, |i| i as u8));
+            out.push(state_code(*state));
         }
         AgentEvent::InferenceComplete {
             model,
@@ -543,9 +560,18 @@ impl<'a> Reader<'a> {
                     tag => return Err(Malformed::new(format!("result status tag {tag}"))),
                 };
                 let content = Arc::new(self.value()?);
-                let state = *ToolCallState::ALL
-                    .get(usize::from(self.u8()?))
-                    .ok_or_else(|| Malformed::new("a tool call state"))?;
+                let state = match self.u8()? {
+                    0 => ToolCallState::Requested,
+                    1 => ToolCallState::Executing,
+                    2 => ToolCallState::Suspended,
+                    3 => ToolCallState::Succeeded,
+                    4 => ToolCallState::Failed,
+                    5 => ToolCallState::Blocked,
+                    6 => ToolCallState::ShortCircuited,
+                    7 => ToolCallState::Cancelled,
+                    8 => ToolCallState::OutcomeUnknown,
+                    tag => return Err(Malformed::new(format!("tool call state tag {tag}"))),
+                };
                 AgentEvent::ToolCallDone {
                     call_id,
                     result: Arc::new(ToolResult { status, content }),

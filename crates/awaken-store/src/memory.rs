@@ -1,5 +1,6 @@
 //! [`MemoryStore`]: everything in process memory, for tests and as the library default.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::collections::hash_map::Entry;
 use std::hash::BuildHasher;
@@ -92,22 +93,57 @@ struct ThreadData {
 /// the other worker threads contend for).
 const LOG_CHUNKS_RESERVED: usize = 16;
 
-/// A thread's messages: the compact form of those of its finished runs (see
+/// A thread's messages: the compact segments written when runs on it were done (see
 /// [`ThreadData::compact`]), then one chunk per commit that brought any since, holding the
 /// commit's own slice (shared with the runtime that wrote it: a message is neither copied nor
 /// moved again by a doubling buffer).
 #[derive(Debug, Default)]
 struct MessageLog {
-    compact: Compact,
+    /// One segment per compaction, oldest first (a segment is never copied again: the cost of
+    /// a run's end does not grow with the thread).
+    compact: Vec<Compact>,
     chunks: Vec<Arc<[Message]>>,
     len: usize,
 }
 
-/// Items in [`crate::compact`]'s form: how many, and their bytes.
-#[derive(Debug, Default)]
+/// Items in [`crate::compact`]'s form: how many, and their bytes (shared, so that a read takes
+/// them under the shard's lock and decodes them after releasing it).
+#[derive(Debug, Clone)]
 struct Compact {
     count: usize,
-    bytes: Box<[u8]>,
+    bytes: Arc<[u8]>,
+}
+
+/// Pushes `segment`, making room for exactly one more (a vector's first push would make room
+/// for four).
+fn push_segment<T>(segments: &mut Vec<T>, segment: T) {
+    segments.reserve_exact(1);
+    segments.push(segment);
+}
+
+/// A thread's messages as a read takes them under the lock: shared parts, decoded after the
+/// lock is released.
+struct MessageParts {
+    compact: Vec<Compact>,
+    chunks: Vec<Arc<[Message]>>,
+    len: usize,
+}
+
+impl MessageParts {
+    /// Every message, in order.
+    fn decode(self) -> Result<Vec<Message>, StoreError> {
+        let mut out = Vec::with_capacity(self.len);
+        for segment in &self.compact {
+            let mut reader = compact::Reader::new(&segment.bytes);
+            for _ in 0..segment.count {
+                out.push(reader.message().map_err(|e| corrupt("message", e))?);
+            }
+        }
+        for chunk in &self.chunks {
+            out.extend_from_slice(chunk);
+        }
+        Ok(out)
+    }
 }
 
 impl MessageLog {
@@ -133,53 +169,66 @@ impl MessageLog {
         }
     }
 
-    /// Every message, in order (a copy).
-    fn to_vec(&self) -> Result<Vec<Message>, StoreError> {
-        let mut out = Vec::with_capacity(self.len);
-        let mut reader = compact::Reader::new(&self.compact.bytes);
-        for _ in 0..self.compact.count {
-            out.push(reader.message().map_err(|e| corrupt("message", e))?);
+    /// Every part, shared (see [`MessageParts`]).
+    fn parts(&self) -> MessageParts {
+        MessageParts {
+            compact: self.compact.clone(),
+            chunks: self.chunks.clone(),
+            len: self.len,
         }
-        for chunk in &self.chunks {
-            out.extend_from_slice(chunk);
-        }
-        Ok(out)
     }
 
-    /// Moves every chunk into the compact form; hands back the chunks, to be dropped after
-    /// the locks are released. Unchanged if a message cannot be written (see
-    /// [`crate::compact`]: only a kind without its own form is written as JSON).
+    /// Writes the chunks as one more compact segment; hands back the chunks, to be dropped
+    /// after the locks are released. Unchanged if a message cannot be written (see
+    /// [`crate::compact`]: only a kind without its own form is written, as JSON, fallibly).
     fn compact(&mut self, buffer: &mut Vec<u8>) -> Vec<Arc<[Message]>> {
         if self.chunks.is_empty() {
             return Vec::new();
         }
         buffer.clear();
-        buffer.extend_from_slice(&self.compact.bytes);
+        let mut count = 0;
         for message in self.chunks.iter().flat_map(|c| c.iter()) {
             if compact::put_message(buffer, message).is_err() {
                 return Vec::new();
             }
+            count += 1;
         }
-        self.compact = Compact {
-            count: self.len,
-            bytes: buffer.as_slice().into(),
-        };
+        push_segment(
+            &mut self.compact,
+            Compact {
+                count,
+                bytes: Arc::from(buffer.as_slice()),
+            },
+        );
         std::mem::take(&mut self.chunks)
     }
 }
 
-/// A thread's event log: the compact form of those of its finished runs, then one chunk per
-/// commit since, holding the commit's own slice (shared with the runtime, so an event is
-/// neither copied nor padded out by a doubling vector).
+/// A thread's event log: the compact segments written when runs on it were done, then one
+/// chunk per commit since, holding the commit's own slice (shared with the runtime, so an event
+/// is neither copied nor padded out by a doubling vector).
 #[derive(Debug, Default)]
 struct EventLog {
-    /// Runs' event slices in [`crate::compact`]'s form (a run id, a count, the events; again),
-    /// numbered from 1.
-    compact: Compact,
+    /// One segment per compaction, oldest first.
+    compact: Vec<EventSegment>,
     chunks: Vec<EventChunk>,
 }
 
-#[derive(Debug)]
+/// Events in [`crate::compact`]'s form: blocks of one run's events (its id, a count, the
+/// events), numbered on from `first_seq`.
+#[derive(Debug, Clone)]
+struct EventSegment {
+    first_seq: u64,
+    events: Compact,
+}
+
+impl EventSegment {
+    fn last_seq(&self) -> u64 {
+        self.first_seq + self.events.count as u64 - 1
+    }
+}
+
+#[derive(Debug, Clone)]
 struct EventChunk {
     /// The sequence number of the chunk's first event.
     first_seq: u64,
@@ -195,12 +244,61 @@ impl EventChunk {
     }
 }
 
+/// The parts of an event log that hold events past a sequence number, as a read takes them
+/// under the lock (shared), decoded after the lock is released.
+struct EventParts {
+    since: u64,
+    compact: Vec<EventSegment>,
+    chunks: Vec<EventChunk>,
+}
+
+impl EventParts {
+    /// The events with a sequence number above `since`, in order.
+    fn decode(self) -> Result<Vec<StoredEvent>, StoreError> {
+        let since = self.since;
+        let mut out = Vec::new();
+        for segment in &self.compact {
+            let mut reader = compact::Reader::new(&segment.events.bytes);
+            let mut seq = segment.first_seq;
+            while !reader.is_empty() {
+                let run_id = reader.run_id().map_err(|e| corrupt("event", e))?;
+                let n = reader.len().map_err(|e| corrupt("event", e))?;
+                for _ in 0..n {
+                    let event = reader.event().map_err(|e| corrupt("event", e))?;
+                    if seq > since {
+                        out.push(StoredEvent {
+                            seq,
+                            run_id: run_id.clone(),
+                            event,
+                        });
+                    }
+                    seq += 1;
+                }
+            }
+        }
+        for chunk in &self.chunks {
+            for (i, event) in chunk.events.iter().enumerate() {
+                let seq = chunk.first_seq + i as u64;
+                if seq > since {
+                    out.push(StoredEvent {
+                        seq,
+                        run_id: chunk.run_id.clone(),
+                        event: event.clone(),
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
 impl EventLog {
     /// The sequence number of the last event (0: none).
     fn last_seq(&self) -> u64 {
-        self.chunks
-            .last()
-            .map_or(self.compact.count as u64, EventChunk::last_seq)
+        match self.chunks.last() {
+            Some(chunk) => chunk.last_seq(),
+            None => self.compact.last().map_or(0, EventSegment::last_seq),
+        }
     }
 
     fn append(&mut self, run_id: &RunId, events: Arc<[AgentEvent]>) {
@@ -223,53 +321,25 @@ impl EventLog {
         self.chunks.truncate(chunks);
     }
 
-    /// The events with a sequence number above `since`, in order.
-    fn since(&self, since: u64) -> Result<Vec<StoredEvent>, StoreError> {
-        let mut out = Vec::new();
-        if since < self.compact.count as u64 {
-            let mut reader = compact::Reader::new(&self.compact.bytes);
-            let mut seq = 0;
-            while !reader.is_empty() {
-                let run_id = reader.run_id().map_err(|e| corrupt("event", e))?;
-                let n = reader.len().map_err(|e| corrupt("event", e))?;
-                for _ in 0..n {
-                    let event = reader.event().map_err(|e| corrupt("event", e))?;
-                    seq += 1;
-                    if seq > since {
-                        out.push(StoredEvent {
-                            seq,
-                            run_id: run_id.clone(),
-                            event,
-                        });
-                    }
-                }
-            }
+    /// The parts holding events past `since` (the first segment and chunk with one, and all
+    /// after them), shared (see [`EventParts`]).
+    fn since(&self, since: u64) -> EventParts {
+        let segments = self.compact.partition_point(|s| s.last_seq() <= since);
+        let chunks = self.chunks.partition_point(|c| c.last_seq() <= since);
+        EventParts {
+            since,
+            compact: self.compact[segments..].to_vec(),
+            chunks: self.chunks[chunks..].to_vec(),
         }
-        // The first chunk with an event past `since`.
-        let start = self.chunks.partition_point(|c| c.last_seq() <= since);
-        for chunk in &self.chunks[start..] {
-            for (i, event) in chunk.events.iter().enumerate() {
-                let seq = chunk.first_seq + i as u64;
-                if seq > since {
-                    out.push(StoredEvent {
-                        seq,
-                        run_id: chunk.run_id.clone(),
-                        event: event.clone(),
-                    });
-                }
-            }
-        }
-        Ok(out)
     }
 
-    /// As [`MessageLog::compact`]: a chunk's run id is written once for the chunks of one run
-    /// that follow each other.
+    /// As [`MessageLog::compact`]: a run's id is written once for the chunks of that run that
+    /// follow each other.
     fn compact(&mut self, buffer: &mut Vec<u8>) -> Vec<EventChunk> {
-        if self.chunks.is_empty() {
+        let Some(first_seq) = self.chunks.first().map(|c| c.first_seq) else {
             return Vec::new();
-        }
+        };
         buffer.clear();
-        buffer.extend_from_slice(&self.compact.bytes);
         let mut rest = &self.chunks[..];
         while let Some(first) = rest.first() {
             let same_run = rest
@@ -284,10 +354,17 @@ impl EventLog {
             }
             rest = after;
         }
-        self.compact = Compact {
-            count: usize::try_from(self.last_seq()).unwrap_or(usize::MAX),
-            bytes: buffer.as_slice().into(),
-        };
+        let count = usize::try_from(self.last_seq() - first_seq + 1).unwrap_or(usize::MAX);
+        push_segment(
+            &mut self.compact,
+            EventSegment {
+                first_seq,
+                events: Compact {
+                    count,
+                    bytes: Arc::from(buffer.as_slice()),
+                },
+            },
+        );
         std::mem::take(&mut self.chunks)
     }
 }
@@ -302,7 +379,7 @@ fn corrupt(what: &'static str, e: compact::Malformed) -> StoreError {
 thread_local! {
     /// The buffer a thread's compact form is written into on this OS thread before its
     /// exact-size copy is kept (no doubling allocations per finished run).
-    static COMPACT_BUFFER: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+    static COMPACT_BUFFER: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
 }
 
 /// The most bytes an OS thread's compaction buffer keeps between runs.
@@ -312,20 +389,22 @@ const COMPACT_BUFFER_KEPT: usize = 64 * 1024;
 type Compacted = (Vec<Arc<[Message]>>, Vec<EventChunk>);
 
 impl ThreadData {
-    /// Writes the thread's messages and events in the compact form, when a run on it is done:
-    /// what a finished thread keeps is about a tenth of the runtime's shared form (see
-    /// [`crate::compact`]), and the shared form is freed for the next run's allocations instead
-    /// of the process faulting in new pages for every finished thread. A later run's commits
-    /// are kept shared again until it is done; reads decode the compact part.
+    /// Writes the messages and events the thread holds in chunks as one more compact segment
+    /// each, when a run on it is done (every chunk, another run's too if one is going on): a
+    /// finished thread's messages and events take about a twentieth of the runtime's shared
+    /// form (see [`crate::compact`]), and the shared form is freed for the next runs'
+    /// allocations instead of the process faulting in new pages for every finished thread.
+    /// Later commits are kept shared again until a run is done; reads decode the segments.
     fn compact(&mut self) -> Compacted {
-        let mut buffer = COMPACT_BUFFER.take();
+        // (`try_with`: an OS thread being torn down gets a fresh buffer, never a panic.)
+        let mut buffer = COMPACT_BUFFER.try_with(Cell::take).unwrap_or_default();
         let taken = (
             self.messages.compact(&mut buffer),
             self.events.compact(&mut buffer),
         );
         buffer.clear();
         buffer.shrink_to(COMPACT_BUFFER_KEPT);
-        COMPACT_BUFFER.with(|b| b.set(buffer));
+        let _ = COMPACT_BUFFER.try_with(|b| b.set(buffer));
         taken
     }
 }
@@ -880,27 +959,25 @@ impl MemoryStore {
             &mut run_undo,
             profiles.as_deref_mut(),
         );
-        let mut compacted = None;
+        // A finished run's thread is compacted once the commit is in, under the shard's lock
+        // only.
+        let compact_thread = (finishing && result.is_ok()).then(|| ids.thread_id.clone());
         match (&result, run_threads.as_mut()) {
             (Err(_), _) => {
                 inner.rollback(&ids, &mut undo, run_undo.take(), profiles.as_deref_mut());
             }
-            (Ok(_), index) => {
-                if finishing {
-                    compacted = inner
-                        .threads
-                        .get_mut(&ids.thread_id)
-                        .map(ThreadData::compact);
-                }
-                if let Some(index) = index {
-                    index.insert(ids.run_id, ids.thread_id);
-                }
+            (Ok(_), Some(index)) => {
+                index.insert(ids.run_id, ids.thread_id);
             }
+            (Ok(_), None) => {}
         }
-        // The replaced rows and values, and a compacted thread's shared form, are freed after
-        // the locks are released.
         drop(profiles);
         drop(run_threads);
+        let compacted = compact_thread
+            .and_then(|t| inner.threads.get_mut(&t))
+            .map(ThreadData::compact);
+        // The replaced rows and values, and a compacted thread's shared form, are freed after
+        // the locks are released.
         drop(inner);
         drop(run_undo);
         drop(compacted);
@@ -943,9 +1020,10 @@ impl ThreadStore for MemoryStore {
             .latest_run_id
             .as_ref()
             .and_then(|r| inner.runs.get(r));
-        Ok(Some(Checkpoint {
+        let messages = data.messages.parts();
+        let mut checkpoint = Checkpoint {
             thread_id: thread_id.clone(),
-            messages: data.messages.to_vec()?,
+            messages: Vec::new(),
             thread_state: persisted("thread state", thread.state_revision, Some(&data.state))?,
             run: run.map(|r| r.record.clone()),
             run_state: match run {
@@ -964,7 +1042,11 @@ impl ThreadStore for MemoryStore {
                     source,
                 })?,
             last_event_seq: data.events.last_seq(),
-        }))
+        };
+        // Decoded after the shard's lock is released.
+        drop(inner);
+        checkpoint.messages = messages.decode()?;
+        Ok(Some(checkpoint))
     }
 
     async fn load_profile(&self, profile_id: &ProfileId) -> Result<ProfileState, StoreError> {
@@ -1007,11 +1089,13 @@ impl ThreadStore for MemoryStore {
         thread_id: &ThreadId,
         since: u64,
     ) -> Result<Vec<StoredEvent>, StoreError> {
-        let inner = self.shard(thread_id);
-        Ok(inner
+        let parts = self
+            .shard(thread_id)
             .threads
             .get(thread_id)
-            .map_or_else(|| Ok(Vec::new()), |t| t.events.since(since))?)
+            .map(|t| t.events.since(since));
+        // Decoded after the shard's lock is released.
+        parts.map_or_else(|| Ok(Vec::new()), EventParts::decode)
     }
 
     async fn delete_thread(&self, thread_id: &ThreadId) -> Result<bool, StoreError> {

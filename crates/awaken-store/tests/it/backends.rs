@@ -157,6 +157,7 @@ every_backend!(
     failpoint_inside_an_immediate_write,
     commit_cost_shape_at_length,
     finished_threads_read_back_whole,
+    interleaved_runs_read_back_in_order,
 );
 
 /// The memory store writes at once: `commit_now` never hands a commit back.

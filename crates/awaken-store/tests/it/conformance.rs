@@ -1381,3 +1381,65 @@ pub async fn finished_threads_read_back_whole(h: &Harness) {
         );
     }
 }
+
+/// Two runs writing to one thread in turn (a run and, say, a delegate's commits on the same
+/// thread): their events keep their order, numbers and run ids through one run's end and the
+/// other's.
+pub async fn interleaved_runs_read_back_in_order(h: &Harness) {
+    let s = &*h.store;
+    let events = every_kind_of_event("t1", "a");
+    let mut expected: Vec<(u64, String, AgentEvent)> = Vec::new();
+    let mut messages = Vec::new();
+    // a, b, a, b, then a finishes, then b writes and finishes.
+    let plan = [
+        ("a", false),
+        ("b", false),
+        ("a", false),
+        ("b", false),
+        ("a", true),
+    ];
+    for (i, (run_id, done)) in plan.into_iter().enumerate() {
+        let batch = &events[i * 2..i * 2 + 2];
+        let message = Message::user(format!("{run_id} {i}"));
+        s.commit(carrying(
+            "t1",
+            run_id,
+            i as u64,
+            1_001 + i as i64,
+            std::slice::from_ref(&message),
+            batch,
+            done,
+        ))
+        .await
+        .expect("commit");
+        messages.push(message);
+        for e in batch {
+            expected.push((expected.len() as u64 + 1, run_id.to_owned(), e.clone()));
+        }
+        let (read, tails) = read_back(s, "t1").await;
+        assert_eq!(read, messages, "after commit {i}");
+        for (since, tail) in tails.iter().enumerate() {
+            assert_eq!(
+                tail[..],
+                expected[since.min(expected.len())..],
+                "after commit {i}, since {since}"
+            );
+        }
+    }
+    let last = &events[10..12];
+    s.commit(carrying("t1", "b", 5, 1_010, &[], last, true))
+        .await
+        .expect("commit");
+    for e in last {
+        expected.push((expected.len() as u64 + 1, "b".to_owned(), e.clone()));
+    }
+    let (read, tails) = read_back(s, "t1").await;
+    assert_eq!(read, messages);
+    for (since, tail) in tails.iter().enumerate() {
+        assert_eq!(
+            tail[..],
+            expected[since.min(expected.len())..],
+            "since {since}"
+        );
+    }
+}
