@@ -16,7 +16,16 @@ use awaken_store::{SqliteConfig, SqliteStore};
 use crate::conformance::Harness;
 
 pub async fn memory(_test: &str) -> Option<Harness> {
-    let store = Arc::new(MemoryStore::new());
+    memory_store(MemoryStore::new())
+}
+
+/// The memory store keeping finished threads shared (no compaction at a run's end).
+pub async fn memory_shared(_test: &str) -> Option<Harness> {
+    memory_store(MemoryStore::without_compaction())
+}
+
+fn memory_store(store: MemoryStore) -> Option<Harness> {
+    let store = Arc::new(store);
     let armed = Arc::clone(&store);
     Some(Harness {
         store: Box::new(store),
@@ -130,6 +139,7 @@ macro_rules! conformance_suite {
 macro_rules! every_backend {
     ($($name:ident),* $(,)?) => {
         conformance_suite!(memory; $($name),*);
+        conformance_suite!(memory_shared; $($name),*);
         #[cfg(feature = "sqlite")]
         conformance_suite!(sqlite; $($name),*);
         #[cfg(feature = "postgres")]
@@ -167,4 +177,53 @@ fn the_memory_store_commits_without_a_future() {
     let store = MemoryStore::new();
     let written = store.commit_now(crate::conformance::step("t1", "r1", 0, 1, 1_000));
     assert!(matches!(written, Ok(Ok(_))), "{written:?}");
+}
+
+/// A run's end compacts its thread: the memory store lets go of the message and event slices
+/// its commits carried (their memory is freed once the runtime drops them too), unless it was
+/// made without compaction; reads give back the same either way.
+#[tokio::test]
+async fn a_run_end_lets_go_of_the_shared_slices() {
+    use crate::conformance::{at, run, tid};
+    use awaken_event::{AgentEvent, Message, TerminationReason};
+    use awaken_store::{RunStatus, ThreadCommit, ThreadStore as _};
+    for (store, compacts) in [
+        (MemoryStore::new(), true),
+        (MemoryStore::without_compaction(), false),
+    ] {
+        let messages: Arc<[Message]> = Arc::from(vec![Message::user("hi")]);
+        let events: Arc<[AgentEvent]> = Arc::from(vec![AgentEvent::StepStart { step: 1 }]);
+        let mut first = ThreadCommit::new(tid("t1"), run("r1", 1_000), 0);
+        first.messages = Arc::clone(&messages);
+        first.events = Arc::clone(&events);
+        store.commit(first).await.expect("commit");
+        assert_eq!(
+            Arc::strong_count(&messages),
+            2,
+            "kept while the run goes on"
+        );
+        assert_eq!(Arc::strong_count(&events), 2);
+
+        let mut record = run("r1", 1_000);
+        record.updated_at = at(1_001);
+        record.status = RunStatus::Done;
+        record.termination = Some(TerminationReason::NaturalEnd);
+        store
+            .commit(ThreadCommit::new(tid("t1"), record, 1))
+            .await
+            .expect("commit");
+        let held = if compacts { 1 } else { 2 };
+        assert_eq!(Arc::strong_count(&messages), held, "compacts: {compacts}");
+        assert_eq!(Arc::strong_count(&events), held, "compacts: {compacts}");
+
+        let checkpoint = store
+            .load_checkpoint(&tid("t1"))
+            .await
+            .expect("load")
+            .expect("thread");
+        assert_eq!(checkpoint.messages[..], messages[..]);
+        let stored = store.load_events(&tid("t1"), 0).await.expect("events");
+        assert_eq!(stored.len(), 1);
+        assert_eq!(stored[0].event, events[0]);
+    }
 }
