@@ -394,7 +394,7 @@ type Compacted = (Vec<Arc<[Message]>>, Vec<EventChunk>);
 impl ThreadData {
     /// Writes the messages and events the thread holds in chunks as one more compact segment
     /// each, when a run on it is done (every chunk, another run's too if one is going on): a
-    /// finished thread's messages and events take about a twentieth of the runtime's shared
+    /// finished thread's messages and events take less than a tenth of the runtime's shared
     /// form (see [`crate::compact`]), and the shared form is freed for the next runs'
     /// allocations instead of the process faulting in new pages for every finished thread.
     /// Later commits are kept shared again until a run is done; reads decode the segments.
