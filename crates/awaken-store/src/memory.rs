@@ -431,7 +431,46 @@ struct RunRow {
     lease_epoch: u64,
     lease_expires_at: Option<Timestamp>,
     /// The run's state, as the commits carried it.
-    state: StateMap,
+    state: RunState,
+}
+
+/// A run's stored state: a hash map while the run goes on (a commit writes each changed key
+/// with one lookup), and a slice of exactly its entries once a commit has finished the run
+/// (a hash map of one key is a table of four, about 300 bytes kept for every finished run).
+#[derive(Debug, Default)]
+struct RunState {
+    /// Empty (and unallocated) while `done` holds the entries.
+    live: StateMap,
+    done: Box<[(StateKeyName, StateValue)]>,
+}
+
+impl RunState {
+    /// The entries as a map, to write to (a finished run's slice is made a map again: a
+    /// commit to a finished run is rare).
+    fn live(&mut self) -> &mut StateMap {
+        if !self.done.is_empty() {
+            self.live = std::mem::take(&mut self.done)
+                .into_vec()
+                .into_iter()
+                .collect();
+        }
+        &mut self.live
+    }
+
+    /// Moves the entries into an exact slice (the run is done).
+    fn freeze(&mut self) {
+        if !self.live.is_empty() {
+            let mut done = std::mem::take(&mut self.done).into_vec();
+            done.extend(std::mem::take(&mut self.live));
+            self.done = done.into_boxed_slice();
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&StateKeyName, &StateValue)> {
+        self.live
+            .iter()
+            .chain(self.done.iter().map(|(k, v)| (k, v)))
+    }
 }
 
 /// What a commit changed in an existing run's row, to put back if it fails: the row is updated
@@ -685,7 +724,7 @@ impl Inner {
                         lease_owner: None,
                         lease_epoch: 0,
                         lease_expires_at: None,
-                        state: StateMap::default(),
+                        state: RunState::default(),
                     }))
                 }
             };
@@ -697,7 +736,7 @@ impl Inner {
             }
 
             for (k, v) in run_delta.values {
-                let old = row.state.insert(k.clone(), v);
+                let old = row.state.live().insert(k.clone(), v);
                 undo.push(Undo::RunKey(k, old));
             }
             let thread_revision =
@@ -833,7 +872,7 @@ impl Inner {
                 }
                 Undo::RunKey(k, old) => {
                     if let Some(row) = self.runs.get_mut(rid) {
-                        restore(&mut row.state, &k, old);
+                        restore(row.state.live(), &k, old);
                     }
                 }
                 Undo::ThreadKey(k, old) => {
@@ -892,12 +931,12 @@ fn restore<K: Clone, V>(map: &mut impl MapLike<K, V>, key: &K, old: Option<V>) {
     }
 }
 
-fn persisted(
+fn persisted<'a>(
     what: &'static str,
     revision: u64,
-    map: Option<&StateMap>,
+    values: impl IntoIterator<Item = (&'a StateKeyName, &'a StateValue)>,
 ) -> Result<PersistedState, StoreError> {
-    PersistedState::from_values(revision, map.into_iter().flatten())
+    PersistedState::from_values(revision, values)
         .map_err(|source| StoreError::StateValue { what, source })
 }
 
@@ -976,8 +1015,12 @@ impl MemoryStore {
         );
         // A finished run's thread is compacted once the commit is in, under the shard's lock
         // only.
-        let compact_thread =
-            (self.compact && finishing && result.is_ok()).then(|| ids.thread_id.clone());
+        let compact = (self.compact && finishing && result.is_ok()).then(|| ids.thread_id.clone());
+        if compact.is_some()
+            && let Some(row) = inner.runs.get_mut(&ids.run_id)
+        {
+            row.state.freeze();
+        }
         match (&result, run_threads.as_mut()) {
             (Err(_), _) => {
                 inner.rollback(&ids, &mut undo, run_undo.take(), profiles.as_deref_mut());
@@ -989,7 +1032,7 @@ impl MemoryStore {
         }
         drop(profiles);
         drop(run_threads);
-        let compacted = compact_thread
+        let compacted = compact
             .and_then(|t| inner.threads.get_mut(&t))
             .map(ThreadData::compact);
         // The replaced rows and values, and a compacted thread's shared form, are freed after
@@ -1040,10 +1083,10 @@ impl ThreadStore for MemoryStore {
         let mut checkpoint = Checkpoint {
             thread_id: thread_id.clone(),
             messages: Vec::new(),
-            thread_state: persisted("thread state", thread.state_revision, Some(&data.state))?,
+            thread_state: persisted("thread state", thread.state_revision, &data.state)?,
             run: run.map(|r| r.record.clone()),
             run_state: match run {
-                Some(r) => persisted("run state", r.state_revision, Some(&r.state))?,
+                Some(r) => persisted("run state", r.state_revision, r.state.iter())?,
                 None => PersistedState::default(),
             },
             profile: run

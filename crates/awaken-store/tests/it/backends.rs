@@ -168,6 +168,7 @@ every_backend!(
     commit_cost_shape_at_length,
     finished_threads_read_back_whole,
     interleaved_runs_read_back_in_order,
+    a_finished_runs_state_reads_back_and_takes_writes,
 );
 
 /// The memory store writes at once: `commit_now` never hands a commit back.

@@ -1443,3 +1443,48 @@ pub async fn interleaved_runs_read_back_in_order(h: &Harness) {
         );
     }
 }
+
+/// A run's state reads back the same once a commit has finished the run (the memory store
+/// keeps a finished run's state in another form), and a later commit to the finished run still
+/// changes only the keys it carries, or nothing when it fails.
+pub async fn a_finished_runs_state_reads_back_and_takes_writes(h: &Harness) {
+    let s = &*h.store;
+    let run_state = |cp: Option<awaken_store::Checkpoint>| {
+        let cp = cp.expect("thread");
+        (cp.run_state.revision, cp.run_state.values)
+    };
+    let mut first = carrying("t1", "r1", 0, 1_001, &[Message::user("hi")], &[], false);
+    first.run_state = state(2, &[("a", json!(1)), ("b", json!({"x": [1, 2]}))]).into();
+    s.commit(first).await.expect("commit");
+    let running = run_state(s.load_checkpoint(&tid("t1")).await.expect("load"));
+    let mut done = carrying("t1", "r1", 1, 1_002, &[], &[], true);
+    done.run_state = state(3, &[("c", json!("three"))]).into();
+    s.commit(done).await.expect("commit");
+    let finished = run_state(s.load_checkpoint(&tid("t1")).await.expect("load"));
+    let mut expected = running.1.clone();
+    expected.insert("c".to_owned(), json!("three"));
+    assert_eq!(finished, (3, expected.clone()));
+
+    // Another commit to the finished run: failing at any point, then written.
+    let again = || {
+        let mut c = carrying("t1", "r1", 1, 1_003, &[], &[], true);
+        c.run_state = state(4, &[("a", json!(10)), ("d", json!(null))]).into();
+        c
+    };
+    for point in FailPoint::all() {
+        (h.arm)(point);
+        s.commit(again()).await.expect_err("injected");
+        assert_eq!(
+            run_state(s.load_checkpoint(&tid("t1")).await.expect("load")),
+            finished,
+            "failpoint {point:?}"
+        );
+    }
+    s.commit(again()).await.expect("commit");
+    expected.insert("a".to_owned(), json!(10));
+    expected.insert("d".to_owned(), json!(null));
+    assert_eq!(
+        run_state(s.load_checkpoint(&tid("t1")).await.expect("load")),
+        (4, expected)
+    );
+}
