@@ -1,5 +1,5 @@
 //! The compact form the memory store keeps a thread's messages and events in once a run on it is
-//! done: a byte string per thread, read back into equal `Message`s and `AgentEvent`s.
+//! done: a byte segment per log each time, read back into equal `Message`s and `AgentEvent`s.
 //!
 //! While a run goes on, the memory store keeps each commit's own message and event slices,
 //! shared with the runtime (nothing is copied on the hot path). A finished thread kept that way
