@@ -16,10 +16,11 @@
 //! durable stores read it back (which, for one, takes a `Some(null)` optional field for
 //! `None`).
 
+use std::str::FromStr;
 use std::sync::Arc;
 
 use awaken_event::{
-    AgentEvent, ContentBlock, Message, Role, RunId, TerminationReason, ThreadId, TokenUsage,
+    AgentEvent, ContentBlock, IdError, Message, Role, RunId, TerminationReason, TokenUsage,
     ToolCall, ToolCallId, ToolCallState, ToolResult, ToolResultStatus, no_content, no_tool_calls,
 };
 use serde_json::{Map, Number, Value};
@@ -442,16 +443,20 @@ impl<'a> Reader<'a> {
         })
     }
 
-    fn call_id(&mut self) -> Read<ToolCallId> {
-        ToolCallId::new(self.str()?).map_err(|e| Malformed::new(e.to_string()))
+    /// An id of any kind (parsed as its type parses it).
+    pub(crate) fn id<T: FromStr<Err = IdError>>(&mut self) -> Read<T> {
+        self.str()?
+            .parse()
+            .map_err(|e: IdError| Malformed::new(e.to_string()))
     }
 
-    pub(crate) fn run_id(&mut self) -> Read<RunId> {
-        RunId::new(self.str()?).map_err(|e| Malformed::new(e.to_string()))
-    }
-
-    fn thread_id(&mut self) -> Read<ThreadId> {
-        ThreadId::new(self.str()?).map_err(|e| Malformed::new(e.to_string()))
+    fn opt_id<T: FromStr<Err = IdError>>(&mut self) -> Read<Option<T>> {
+        self.opt_str()?
+            .map(|id| {
+                id.parse()
+                    .map_err(|e: IdError| Malformed::new(e.to_string()))
+            })
+            .transpose()
     }
 
     /// The next message.
@@ -496,7 +501,7 @@ impl<'a> Reader<'a> {
             let mut tool_calls = Vec::with_capacity(calls);
             for _ in 0..calls {
                 tool_calls.push(ToolCall {
-                    id: self.call_id()?,
+                    id: self.id()?,
                     name: self.str()?.to_owned(),
                     arguments: Arc::new(self.value()?),
                     invalid_arguments: self.opt_str()?.map(str::to_owned),
@@ -504,10 +509,7 @@ impl<'a> Reader<'a> {
             }
             tool_calls.into()
         };
-        let tool_call_id = match self.opt_str()? {
-            Some(id) => Some(ToolCallId::new(id).map_err(|e| Malformed::new(e.to_string()))?),
-            None => None,
-        };
+        let tool_call_id = self.opt_id()?;
         Ok(Message {
             role,
             content,
@@ -520,18 +522,15 @@ impl<'a> Reader<'a> {
     pub(crate) fn event(&mut self) -> Read<AgentEvent> {
         Ok(match self.u8()? {
             RUN_START => AgentEvent::RunStart {
-                thread_id: self.thread_id()?,
-                run_id: self.run_id()?,
+                thread_id: self.id()?,
+                run_id: self.id()?,
                 agent_id: Arc::from(self.str()?),
-                parent_run_id: match self.opt_str()? {
-                    Some(id) => Some(RunId::new(id).map_err(|e| Malformed::new(e.to_string()))?),
-                    None => None,
-                },
+                parent_run_id: self.opt_id()?,
                 resumed: self.u8()? != 0,
             },
             RUN_FINISH => AgentEvent::RunFinish {
-                thread_id: self.thread_id()?,
-                run_id: self.run_id()?,
+                thread_id: self.id()?,
+                run_id: self.id()?,
                 termination: Box::new(match self.u8()? {
                     0 => TerminationReason::NaturalEnd,
                     1 => self.json()?,
@@ -543,16 +542,16 @@ impl<'a> Reader<'a> {
             STEP_START => AgentEvent::StepStart { step: self.u32()? },
             STEP_END => AgentEvent::StepEnd { step: self.u32()? },
             TOOL_CALL_START => AgentEvent::ToolCallStart {
-                call_id: self.call_id()?,
+                call_id: self.id()?,
                 name: Arc::from(self.str()?),
             },
             TOOL_CALL_READY => AgentEvent::ToolCallReady {
-                call_id: self.call_id()?,
+                call_id: self.id()?,
                 name: Arc::from(self.str()?),
                 arguments: Arc::new(self.value()?),
             },
             TOOL_CALL_DONE => {
-                let call_id = self.call_id()?;
+                let call_id = self.id()?;
                 let status = match self.u8()? {
                     0 => ToolResultStatus::Success,
                     1 => ToolResultStatus::Error,

@@ -264,7 +264,7 @@ impl EventParts {
             let mut reader = compact::Reader::new(&segment.events.bytes);
             let mut seq = segment.first_seq;
             while !reader.is_empty() {
-                let run_id = reader.run_id().map_err(|e| corrupt("event", e))?;
+                let run_id: RunId = reader.id().map_err(|e| corrupt("event", e))?;
                 let n = reader.len().map_err(|e| corrupt("event", e))?;
                 for _ in 0..n {
                     let event = reader.event().map_err(|e| corrupt("event", e))?;
@@ -343,6 +343,7 @@ impl EventLog {
             return Vec::new();
         };
         buffer.clear();
+        let mut total = 0;
         let mut rest = &self.chunks[..];
         while let Some(first) = rest.first() {
             let same_run = rest
@@ -355,15 +356,15 @@ impl EventLog {
             if compact::put_event_run(buffer, &first.run_id, count, events).is_err() {
                 return Vec::new();
             }
+            total += count;
             rest = after;
         }
-        let count = usize::try_from(self.last_seq() - first_seq + 1).unwrap_or(usize::MAX);
         push_segment(
             &mut self.compact,
             EventSegment {
                 first_seq,
                 events: Compact {
-                    count,
+                    count: total,
                     bytes: Arc::from(buffer.as_slice()),
                 },
             },
@@ -457,12 +458,11 @@ impl RunState {
         &mut self.live
     }
 
-    /// Moves the entries into an exact slice (the run is done).
+    /// Moves the entries into an exact slice (the run is done). Entries are in `live` after
+    /// any write (`live()` moves a slice back first), so a non-empty map holds them all.
     fn freeze(&mut self) {
         if !self.live.is_empty() {
-            let mut done = std::mem::take(&mut self.done).into_vec();
-            done.extend(std::mem::take(&mut self.live));
-            self.done = done.into_boxed_slice();
+            self.done = std::mem::take(&mut self.live).into_iter().collect();
         }
     }
 

@@ -1289,6 +1289,21 @@ async fn read_back(
     (messages, tails)
 }
 
+/// Each tail read (the events after 0, 1, 2, ...) is the matching suffix of `expected`.
+fn assert_tails(
+    tails: &[Vec<(u64, String, AgentEvent)>],
+    expected: &[(u64, String, AgentEvent)],
+    context: &str,
+) {
+    for (since, tail) in tails.iter().enumerate() {
+        assert_eq!(
+            tail[..],
+            expected[since.min(expected.len())..],
+            "{context}since {since}"
+        );
+    }
+}
+
 /// A thread reads back whole, message for message and event for event, before and after its
 /// runs finish (the memory store keeps a finished thread in another form), with a later run's
 /// commits on top, and a failed commit on top of a finished run changes nothing.
@@ -1316,13 +1331,7 @@ pub async fn finished_threads_read_back_whole(h: &Harness) {
         .map(|(i, e)| (i as u64 + 1, "r1".to_owned(), e.clone()))
         .collect();
     assert_eq!(finished.1[0], expected);
-    for (since, tail) in finished.1.iter().enumerate() {
-        assert_eq!(
-            tail[..],
-            expected[since.min(expected.len())..],
-            "since {since}"
-        );
-    }
+    assert_tails(&finished.1, &expected, "");
     // What was read while the run went on reads the same after it finished.
     assert_eq!(running.1[0], expected[..early.len()]);
 
@@ -1373,13 +1382,7 @@ pub async fn finished_threads_read_back_whole(h: &Harness) {
             .enumerate()
             .map(|(i, e)| ((events.len() + i) as u64 + 1, "r2".to_owned(), e.clone())),
     );
-    for (since, tail) in tails.iter().enumerate() {
-        assert_eq!(
-            tail[..],
-            expected_events[since.min(expected_events.len())..],
-            "since {since}"
-        );
-    }
+    assert_tails(&tails, &expected_events, "");
 }
 
 /// Two runs writing to one thread in turn (a run and, say, a delegate's commits on the same
@@ -1418,13 +1421,7 @@ pub async fn interleaved_runs_read_back_in_order(h: &Harness) {
         }
         let (read, tails) = read_back(s, "t1").await;
         assert_eq!(read, messages, "after commit {i}");
-        for (since, tail) in tails.iter().enumerate() {
-            assert_eq!(
-                tail[..],
-                expected[since.min(expected.len())..],
-                "after commit {i}, since {since}"
-            );
-        }
+        assert_tails(&tails, &expected, &format!("after commit {i}, "));
     }
     let last = &events[10..12];
     s.commit(carrying("t1", "b", 5, 1_010, &[], last, true))
@@ -1435,13 +1432,7 @@ pub async fn interleaved_runs_read_back_in_order(h: &Harness) {
     }
     let (read, tails) = read_back(s, "t1").await;
     assert_eq!(read, messages);
-    for (since, tail) in tails.iter().enumerate() {
-        assert_eq!(
-            tail[..],
-            expected[since.min(expected.len())..],
-            "since {since}"
-        );
-    }
+    assert_tails(&tails, &expected, "");
 }
 
 /// A run's state reads back the same once a commit has finished the run (the memory store
