@@ -43,7 +43,9 @@ pub trait StateKey: 'static + Send + Sync {
     /// (`"plugin_id.what"`) and never change it once values are persisted.
     const KEY: &'static str;
     /// The value; `Default` is the value before any update (and after a reset). Keep `Default`
-    /// cheap: every typed update also makes one, as room for the value it will produce.
+    /// cheap: every typed update also makes one, as room for the value it will produce. The
+    /// value before any update is made once per OS thread and shared by the stores built there,
+    /// so `Default` must give the same value every time (no clock, no random id).
     type Value: Clone + Default + Serialize + DeserializeOwned + Send + Sync + 'static;
     /// What a command carries to change the value.
     type Update: Clone + Serialize + DeserializeOwned + Send + Sync + 'static;
@@ -483,7 +485,7 @@ impl KeyEntry {
             key_type: TypeId::of::<K>(),
             type_name: std::any::type_name::<K>(),
             options,
-            default: Arc::new(Stored::value(K::Value::default(), meta)),
+            default: default_of::<K>(meta),
             codec: &MetaOf::<K>::CODEC,
         }
     }
@@ -495,6 +497,32 @@ impl KeyEntry {
             options: self.options,
         }
     }
+}
+
+thread_local! {
+    /// Each key's default value, made once per OS thread and shared by every registry built on
+    /// it: a registry is built for every run (its agent is resolved afresh), and a value is
+    /// never changed where it is shared (an update of a shared value makes a new one).
+    static DEFAULTS: std::cell::RefCell<HashMap<TypeId, Arc<AnyValue>, BuildTypeHasher>> =
+        std::cell::RefCell::new(HashMap::with_hasher(BuildTypeHasher));
+}
+
+/// `K`'s default value: this OS thread's shared one (a new one while the thread is being torn
+/// down).
+fn default_of<K: StateKey>(meta: &'static KeyMeta<K::Value, K::Update>) -> Arc<AnyValue> {
+    let make = || -> Arc<AnyValue> { Arc::new(Stored::value(K::Value::default(), meta)) };
+    DEFAULTS
+        .try_with(|defaults| {
+            // (`try_borrow_mut`: a `Default` that registers keys itself gets its own value.)
+            match defaults.try_borrow_mut() {
+                Ok(mut defaults) => defaults
+                    .entry(TypeId::of::<K>())
+                    .or_insert_with(make)
+                    .clone(),
+                Err(_) => make(),
+            }
+        })
+        .unwrap_or_else(|_| make())
 }
 
 /// The JSON side of a key: parse updates, read and write values.

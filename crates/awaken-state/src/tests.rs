@@ -390,6 +390,43 @@ fn an_in_place_update_changes_the_stored_value_unless_a_snapshot_holds_it() {
     assert_eq!(changed, [at.unwrap()]);
 }
 
+/// A key's value before any update is made once per OS thread and shared by every store built
+/// there (a registry is built per run); an update, in place or not, never changes it.
+#[test]
+fn stores_share_each_default_and_never_change_it() {
+    let mut registry = registry();
+    registry.register_key::<Tally>(KeyOptions::new()).unwrap();
+    let (a, b) = (StateStore::new(registry.clone()), StateStore::new(registry));
+    let fresh = StateStore::new({
+        let mut r = KeyRegistry::new();
+        r.register_key::<Tally>(KeyOptions::new()).unwrap();
+        r
+    });
+    let ptr = |s: &StateStore| s.read(|s| s.get::<Tally>().unwrap() as *const Vec<u32>);
+    assert_eq!(ptr(&a), ptr(&b));
+    assert_eq!(
+        ptr(&a),
+        ptr(&fresh),
+        "a registry built afresh shares it too"
+    );
+    let at = a.registry().position_of::<Tally>();
+    a.update::<Tally>(at, 1).unwrap();
+    a.update::<Tally>(at, 2).unwrap();
+    assert_eq!(a.snapshot().get::<Tally>().unwrap(), &[1, 2]);
+    assert!(b.snapshot().get::<Tally>().unwrap().is_empty());
+    assert!(fresh.snapshot().get::<Tally>().unwrap().is_empty());
+    // Another OS thread makes its own.
+    let other = std::thread::spawn(|| {
+        let mut r = KeyRegistry::new();
+        r.register_key::<Tally>(KeyOptions::new()).unwrap();
+        let s = StateStore::new(r);
+        s.read(|s| s.get::<Tally>().unwrap() as *const Vec<u32> as usize)
+    })
+    .join()
+    .unwrap();
+    assert_ne!(other, ptr(&b) as usize);
+}
+
 #[test]
 fn the_lock_free_revision_follows_every_kind_of_write() {
     let store = store();

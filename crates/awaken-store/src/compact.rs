@@ -48,30 +48,299 @@ fn put_u64(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
-fn put_len(out: &mut Vec<u8>, n: usize) {
-    put_u64(out, n as u64);
+/// How many bytes `put_u64` takes for `v`.
+fn u64_len(v: u64) -> usize {
+    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
 }
 
-fn put_str(out: &mut Vec<u8>, s: &str) {
-    put_len(out, s.len());
-    out.extend_from_slice(s.as_bytes());
+/// How many strings a writer remembers for back-references (a hash of the string picks the
+/// slot; a collision only loses a back-reference).
+const SEEN_SLOTS: usize = 256;
+
+/// Writes one segment. A string is written once as its bytes (a literal: its length shifted
+/// left by one, then the bytes); a later equal string, when that is shorter, as the literal's
+/// position in the segment (shifted left by one, plus one). A finished run repeats most of its
+/// strings: its run and thread ids, the model's name, every tool's name, a call's id (in the
+/// message, its start, readiness and end), JSON keys, arguments also kept in the call's events.
+pub(crate) struct Writer<'o> {
+    out: &'o mut Vec<u8>,
+    /// Where the segment starts in `out` (positions are relative to it).
+    base: usize,
+    /// A remembered literal per slot: its position plus one (0: none) and its length.
+    seen: [(u32, u32); SEEN_SLOTS],
 }
 
-fn put_opt_str(out: &mut Vec<u8>, s: Option<&str>) {
-    match s {
-        None => out.push(0),
-        Some(s) => {
-            out.push(1);
-            put_str(out, s);
+impl<'o> Writer<'o> {
+    /// A writer of a segment that starts at the end of `out`.
+    pub(crate) fn new(out: &'o mut Vec<u8>) -> Self {
+        let base = out.len();
+        Self {
+            out,
+            base,
+            seen: [(0, 0); SEEN_SLOTS],
         }
     }
-}
 
-/// `value` as serde JSON text (what a kind without its own form is kept as).
-fn put_json<T: serde::Serialize>(out: &mut Vec<u8>, value: &T) -> Result<(), serde_json::Error> {
-    let text = serde_json::to_string(value)?;
-    put_str(out, &text);
-    Ok(())
+    /// How many bytes the segment has so far.
+    pub(crate) fn position(&self) -> usize {
+        self.out.len() - self.base
+    }
+
+    fn u8(&mut self, b: u8) {
+        self.out.push(b);
+    }
+
+    fn u64(&mut self, v: u64) {
+        put_u64(self.out, v);
+    }
+
+    fn len(&mut self, n: usize) {
+        self.u64(n as u64);
+    }
+
+    fn str(&mut self, s: &str) {
+        let at = self.position();
+        let literal = u64_len((s.len() as u64) << 1) + s.len();
+        // A string of under two bytes is never shorter as a back-reference.
+        if s.len() >= 2 {
+            use std::hash::BuildHasher;
+            let hash = foldhash::fast::FixedState::default().hash_one(s);
+            let slot = &mut self.seen[(hash as usize) % SEEN_SLOTS];
+            let (seen_at, seen_len) = *slot;
+            if seen_at != 0 && seen_len as usize == s.len() {
+                let seen_at = seen_at as usize - 1;
+                let start = self.base + seen_at + u64_len((s.len() as u64) << 1);
+                let reference = ((seen_at as u64) << 1) | 1;
+                if self.out[start..start + s.len()] == *s.as_bytes() && u64_len(reference) < literal
+                {
+                    self.u64(reference);
+                    return;
+                }
+            }
+            // Remembered only when a position and length fit the slot (always, short of a
+            // segment of 4 GiB).
+            if let (Ok(p), Ok(l)) = (u32::try_from(at + 1), u32::try_from(s.len())) {
+                *slot = (p, l);
+            }
+        }
+        self.u64((s.len() as u64) << 1);
+        self.out.extend_from_slice(s.as_bytes());
+    }
+
+    fn opt_str(&mut self, s: Option<&str>) {
+        match s {
+            None => self.u8(0),
+            Some(s) => {
+                self.u8(1);
+                self.str(s);
+            }
+        }
+    }
+
+    /// `value` as serde JSON text (what a kind without its own form is kept as).
+    fn json<T: serde::Serialize>(&mut self, value: &T) -> Result<(), serde_json::Error> {
+        let text = serde_json::to_string(value)?;
+        self.str(&text);
+        Ok(())
+    }
+
+    fn value(&mut self, value: &Value) {
+        match value {
+            Value::Null => self.u8(NULL),
+            Value::Bool(false) => self.u8(FALSE),
+            Value::Bool(true) => self.u8(TRUE),
+            Value::Number(n) => {
+                if let Some(u) = n.as_u64() {
+                    self.u8(UNSIGNED);
+                    self.u64(u);
+                } else if let Some(i) = n.as_i64() {
+                    // Negative (a non-negative integer is a `u64` above): its magnitude less
+                    // one.
+                    self.u8(NEGATIVE);
+                    self.u64(!(i as u64));
+                } else {
+                    // A float (never NaN or infinite in a `Value`).
+                    self.u8(FLOAT);
+                    self.out
+                        .extend_from_slice(&n.as_f64().unwrap_or_default().to_le_bytes());
+                }
+            }
+            Value::String(s) => {
+                self.u8(STRING);
+                self.str(s);
+            }
+            Value::Array(items) => {
+                self.u8(ARRAY);
+                self.len(items.len());
+                for item in items {
+                    self.value(item);
+                }
+            }
+            Value::Object(map) => {
+                self.u8(OBJECT);
+                self.len(map.len());
+                for (k, v) in map {
+                    self.str(k);
+                    self.value(v);
+                }
+            }
+        }
+    }
+
+    fn usage(&mut self, u: &TokenUsage) {
+        self.u64(u.input_tokens);
+        self.u64(u.output_tokens);
+        self.u64(u.cached_input_tokens);
+        self.u64(u.reasoning_tokens);
+    }
+
+    /// Appends `message`.
+    pub(crate) fn message(&mut self, m: &Message) -> Result<(), serde_json::Error> {
+        self.u8(role_code(m.role));
+        self.len(m.content.len());
+        for block in m.content.iter() {
+            match block {
+                ContentBlock::Text { text } => {
+                    self.u8(BLOCK_TEXT);
+                    self.str(text);
+                }
+                ContentBlock::Reasoning { text } => {
+                    self.u8(BLOCK_REASONING);
+                    self.str(text);
+                }
+                ContentBlock::Image { url, media_type } => {
+                    self.u8(BLOCK_IMAGE);
+                    self.str(url);
+                    self.opt_str(media_type.as_deref());
+                }
+                ContentBlock::Json { value } => {
+                    self.u8(BLOCK_JSON);
+                    self.value(value);
+                }
+                other => {
+                    self.u8(AS_JSON);
+                    self.json(other)?;
+                }
+            }
+        }
+        self.len(m.tool_calls.len());
+        for call in m.tool_calls.iter() {
+            self.str(call.id.as_str());
+            self.str(&call.name);
+            self.value(&call.arguments);
+            self.opt_str(call.invalid_arguments.as_deref());
+        }
+        self.opt_str(m.tool_call_id.as_ref().map(ToolCallId::as_str));
+        Ok(())
+    }
+
+    /// Appends `event`. The kinds every run stores have their own form; the rest are JSON.
+    pub(crate) fn event(&mut self, event: &AgentEvent) -> Result<(), serde_json::Error> {
+        match event {
+            AgentEvent::RunStart {
+                thread_id,
+                run_id,
+                agent_id,
+                parent_run_id,
+                resumed,
+            } => {
+                self.u8(RUN_START);
+                self.str(thread_id.as_str());
+                self.str(run_id.as_str());
+                self.str(agent_id);
+                self.opt_str(parent_run_id.as_ref().map(RunId::as_str));
+                self.u8(u8::from(*resumed));
+            }
+            AgentEvent::RunFinish {
+                thread_id,
+                run_id,
+                termination,
+                response,
+                usage,
+            } => {
+                self.u8(RUN_FINISH);
+                self.str(thread_id.as_str());
+                self.str(run_id.as_str());
+                match &**termination {
+                    TerminationReason::NaturalEnd => self.u8(0),
+                    other => {
+                        self.u8(1);
+                        self.json(other)?;
+                    }
+                }
+                self.opt_str(response.as_deref());
+                self.usage(usage);
+            }
+            AgentEvent::StepStart { step } => {
+                self.u8(STEP_START);
+                self.u64(u64::from(*step));
+            }
+            AgentEvent::StepEnd { step } => {
+                self.u8(STEP_END);
+                self.u64(u64::from(*step));
+            }
+            AgentEvent::ToolCallStart { call_id, name } => {
+                self.u8(TOOL_CALL_START);
+                self.str(call_id.as_str());
+                self.str(name);
+            }
+            AgentEvent::ToolCallReady {
+                call_id,
+                name,
+                arguments,
+            } => {
+                self.u8(TOOL_CALL_READY);
+                self.str(call_id.as_str());
+                self.str(name);
+                self.value(arguments);
+            }
+            AgentEvent::ToolCallDone {
+                call_id,
+                result,
+                state,
+            } => {
+                self.u8(TOOL_CALL_DONE);
+                self.str(call_id.as_str());
+                self.u8(match result.status {
+                    ToolResultStatus::Success => 0,
+                    ToolResultStatus::Error => 1,
+                    ToolResultStatus::Pending => 2,
+                });
+                self.value(&result.content);
+                self.u8(state_code(*state));
+            }
+            AgentEvent::InferenceComplete {
+                model,
+                usage,
+                duration_ms,
+            } => {
+                self.u8(INFERENCE_COMPLETE);
+                self.str(model);
+                self.usage(usage);
+                self.u64(*duration_ms);
+            }
+            other => {
+                self.u8(AS_JSON);
+                self.json(other)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends one run's `count` events: the run's id, how many, and the events.
+    pub(crate) fn event_run<'e>(
+        &mut self,
+        run_id: &RunId,
+        count: usize,
+        events: impl IntoIterator<Item = &'e AgentEvent>,
+    ) -> Result<(), serde_json::Error> {
+        self.str(run_id.as_str());
+        self.len(count);
+        for event in events {
+            self.event(event)?;
+        }
+        Ok(())
+    }
 }
 
 const NULL: u8 = 0;
@@ -83,54 +352,6 @@ const FLOAT: u8 = 5;
 const STRING: u8 = 6;
 const ARRAY: u8 = 7;
 const OBJECT: u8 = 8;
-
-fn put_value(out: &mut Vec<u8>, value: &Value) {
-    match value {
-        Value::Null => out.push(NULL),
-        Value::Bool(false) => out.push(FALSE),
-        Value::Bool(true) => out.push(TRUE),
-        Value::Number(n) => {
-            if let Some(u) = n.as_u64() {
-                out.push(UNSIGNED);
-                put_u64(out, u);
-            } else if let Some(i) = n.as_i64() {
-                // Negative (a non-negative integer is a `u64` above): its magnitude less one.
-                out.push(NEGATIVE);
-                put_u64(out, !(i as u64));
-            } else {
-                // A float (never NaN or infinite in a `Value`).
-                out.push(FLOAT);
-                out.extend_from_slice(&n.as_f64().unwrap_or_default().to_le_bytes());
-            }
-        }
-        Value::String(s) => {
-            out.push(STRING);
-            put_str(out, s);
-        }
-        Value::Array(items) => {
-            out.push(ARRAY);
-            put_len(out, items.len());
-            for item in items {
-                put_value(out, item);
-            }
-        }
-        Value::Object(map) => {
-            out.push(OBJECT);
-            put_len(out, map.len());
-            for (k, v) in map {
-                put_str(out, k);
-                put_value(out, v);
-            }
-        }
-    }
-}
-
-fn put_usage(out: &mut Vec<u8>, u: &TokenUsage) {
-    put_u64(out, u.input_tokens);
-    put_u64(out, u.output_tokens);
-    put_u64(out, u.cached_input_tokens);
-    put_u64(out, u.reasoning_tokens);
-}
 
 /// (Exhaustive, as [`role_code`]: a new state is a compile error here, not an unreadable
 /// thread.)
@@ -164,46 +385,6 @@ const BLOCK_JSON: u8 = 3;
 /// Any other kind of content block or event: its serde JSON text.
 const AS_JSON: u8 = 255;
 
-/// Appends `message`.
-pub(crate) fn put_message(out: &mut Vec<u8>, m: &Message) -> Result<(), serde_json::Error> {
-    out.push(role_code(m.role));
-    put_len(out, m.content.len());
-    for block in m.content.iter() {
-        match block {
-            ContentBlock::Text { text } => {
-                out.push(BLOCK_TEXT);
-                put_str(out, text);
-            }
-            ContentBlock::Reasoning { text } => {
-                out.push(BLOCK_REASONING);
-                put_str(out, text);
-            }
-            ContentBlock::Image { url, media_type } => {
-                out.push(BLOCK_IMAGE);
-                put_str(out, url);
-                put_opt_str(out, media_type.as_deref());
-            }
-            ContentBlock::Json { value } => {
-                out.push(BLOCK_JSON);
-                put_value(out, value);
-            }
-            other => {
-                out.push(AS_JSON);
-                put_json(out, other)?;
-            }
-        }
-    }
-    put_len(out, m.tool_calls.len());
-    for call in m.tool_calls.iter() {
-        put_str(out, call.id.as_str());
-        put_str(out, &call.name);
-        put_value(out, &call.arguments);
-        put_opt_str(out, call.invalid_arguments.as_deref());
-    }
-    put_opt_str(out, m.tool_call_id.as_ref().map(ToolCallId::as_str));
-    Ok(())
-}
-
 const RUN_START: u8 = 0;
 const RUN_FINISH: u8 = 1;
 const STEP_START: u8 = 2;
@@ -213,137 +394,50 @@ const TOOL_CALL_READY: u8 = 5;
 const TOOL_CALL_DONE: u8 = 6;
 const INFERENCE_COMPLETE: u8 = 7;
 
-/// Appends `event`. The kinds every run stores have their own form; the rest are JSON.
-pub(crate) fn put_event(out: &mut Vec<u8>, event: &AgentEvent) -> Result<(), serde_json::Error> {
-    match event {
-        AgentEvent::RunStart {
-            thread_id,
-            run_id,
-            agent_id,
-            parent_run_id,
-            resumed,
-        } => {
-            out.push(RUN_START);
-            put_str(out, thread_id.as_str());
-            put_str(out, run_id.as_str());
-            put_str(out, agent_id);
-            put_opt_str(out, parent_run_id.as_ref().map(RunId::as_str));
-            out.push(u8::from(*resumed));
-        }
-        AgentEvent::RunFinish {
-            thread_id,
-            run_id,
-            termination,
-            response,
-            usage,
-        } => {
-            out.push(RUN_FINISH);
-            put_str(out, thread_id.as_str());
-            put_str(out, run_id.as_str());
-            match &**termination {
-                TerminationReason::NaturalEnd => out.push(0),
-                other => {
-                    out.push(1);
-                    put_json(out, other)?;
-                }
-            }
-            put_opt_str(out, response.as_deref());
-            put_usage(out, usage);
-        }
-        AgentEvent::StepStart { step } => {
-            out.push(STEP_START);
-            put_u64(out, u64::from(*step));
-        }
-        AgentEvent::StepEnd { step } => {
-            out.push(STEP_END);
-            put_u64(out, u64::from(*step));
-        }
-        AgentEvent::ToolCallStart { call_id, name } => {
-            out.push(TOOL_CALL_START);
-            put_str(out, call_id.as_str());
-            put_str(out, name);
-        }
-        AgentEvent::ToolCallReady {
-            call_id,
-            name,
-            arguments,
-        } => {
-            out.push(TOOL_CALL_READY);
-            put_str(out, call_id.as_str());
-            put_str(out, name);
-            put_value(out, arguments);
-        }
-        AgentEvent::ToolCallDone {
-            call_id,
-            result,
-            state,
-        } => {
-            out.push(TOOL_CALL_DONE);
-            put_str(out, call_id.as_str());
-            out.push(match result.status {
-                ToolResultStatus::Success => 0,
-                ToolResultStatus::Error => 1,
-                ToolResultStatus::Pending => 2,
-            });
-            put_value(out, &result.content);
-            out.push(state_code(*state));
-        }
-        AgentEvent::InferenceComplete {
-            model,
-            usage,
-            duration_ms,
-        } => {
-            out.push(INFERENCE_COMPLETE);
-            put_str(out, model);
-            put_usage(out, usage);
-            put_u64(out, *duration_ms);
-        }
-        other => {
-            out.push(AS_JSON);
-            put_json(out, other)?;
-        }
-    }
-    Ok(())
-}
-
-/// Appends one run's `count` events: the run's id, how many, and the events.
-pub(crate) fn put_event_run<'e>(
-    out: &mut Vec<u8>,
-    run_id: &RunId,
-    count: usize,
-    events: impl IntoIterator<Item = &'e AgentEvent>,
-) -> Result<(), serde_json::Error> {
-    put_str(out, run_id.as_str());
-    put_len(out, count);
-    for event in events {
-        put_event(out, event)?;
-    }
-    Ok(())
-}
-
 // ---------------------------------------------------------------------------------------------
 // Reading.
 
-/// A cursor over bytes written above.
+/// A cursor over a segment written above.
 pub(crate) struct Reader<'a> {
-    bytes: &'a [u8],
+    /// The whole segment (back-references point into it).
+    segment: &'a [u8],
+    /// The next byte to read.
+    pos: usize,
+    /// Where this reader stops (the end of the segment or of its part being read).
+    end: usize,
 }
 
 impl<'a> Reader<'a> {
-    pub(crate) fn new(bytes: &'a [u8]) -> Self {
-        Self { bytes }
+    /// A reader of the whole of `segment`.
+    #[cfg(test)]
+    pub(crate) fn new(segment: &'a [u8]) -> Self {
+        Self::part(segment, 0..segment.len())
+    }
+
+    /// A reader of `part` of `segment` (clamped to it).
+    pub(crate) fn part(segment: &'a [u8], part: std::ops::Range<usize>) -> Self {
+        let end = part.end.min(segment.len());
+        Self {
+            segment,
+            pos: part.start.min(end),
+            end,
+        }
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.bytes.is_empty()
+        self.pos >= self.end
+    }
+
+    fn left(&self) -> usize {
+        self.end - self.pos
     }
 
     fn u8(&mut self) -> Read<u8> {
-        let (&b, rest) = self
-            .bytes
-            .split_first()
-            .ok_or_else(|| Malformed::new("ends early"))?;
-        self.bytes = rest;
+        if self.is_empty() {
+            return Err(Malformed::new("ends early"));
+        }
+        let b = self.segment[self.pos];
+        self.pos += 1;
         Ok(b)
     }
 
@@ -363,27 +457,50 @@ impl<'a> Reader<'a> {
         u32::try_from(self.u64()?).map_err(|_| Malformed::new("a step number above u32"))
     }
 
-    pub(crate) fn len(&mut self) -> Read<usize> {
-        let n = self.u64()?;
-        // A count can never exceed the bytes left (every item takes at least one).
+    /// A count or length: never more than the bytes left (every item takes at least one).
+    fn bounded(&self, n: u64) -> Read<usize> {
         usize::try_from(n)
             .ok()
-            .filter(|&n| n <= self.bytes.len())
+            .filter(|&n| n <= self.left())
             .ok_or_else(|| Malformed::new(format!("a count of {n} with fewer bytes left")))
     }
 
+    pub(crate) fn len(&mut self) -> Read<usize> {
+        let n = self.u64()?;
+        self.bounded(n)
+    }
+
     fn bytes(&mut self, n: usize) -> Read<&'a [u8]> {
-        if n > self.bytes.len() {
+        if n > self.left() {
             return Err(Malformed::new("ends early"));
         }
-        let (head, rest) = self.bytes.split_at(n);
-        self.bytes = rest;
+        let head = &self.segment[self.pos..self.pos + n];
+        self.pos += n;
         Ok(head)
     }
 
+    /// A string: a literal, or a back-reference to an earlier literal of the segment.
     fn str(&mut self) -> Read<&'a str> {
-        let n = self.len()?;
-        std::str::from_utf8(self.bytes(n)?).map_err(|e| Malformed::new(e.to_string()))
+        let at = self.pos;
+        let head = self.u64()?;
+        let bytes = if head & 1 == 0 {
+            let n = self.bounded(head >> 1)?;
+            self.bytes(n)?
+        } else {
+            // The literal must start before the reference (never at or after it: no loop).
+            let target = usize::try_from(head >> 1)
+                .ok()
+                .filter(|&t| t < at)
+                .ok_or_else(|| Malformed::new("a string reference that is not backwards"))?;
+            let mut literal = Reader::part(self.segment, target..at);
+            let literal_head = literal.u64()?;
+            if literal_head & 1 != 0 {
+                return Err(Malformed::new("a string reference to a reference"));
+            }
+            let n = literal.bounded(literal_head >> 1)?;
+            literal.bytes(n)?
+        };
+        std::str::from_utf8(bytes).map_err(|e| Malformed::new(e.to_string()))
     }
 
     fn opt_str(&mut self) -> Read<Option<&'a str>> {
@@ -596,7 +713,7 @@ mod tests {
 
     fn value_back(v: &Value) -> Value {
         let mut out = Vec::new();
-        put_value(&mut out, v);
+        Writer::new(&mut out).value(v);
         let mut r = Reader::new(&out);
         let back = r.value().expect("reads back");
         assert!(r.is_empty(), "every byte read");
@@ -660,28 +777,25 @@ mod tests {
 
     fn sample() -> (Vec<u8>, Vec<u8>) {
         let mut message = Vec::new();
-        put_message(
-            &mut message,
-            &Message::assistant_with_calls(
-                "text",
+        Writer::new(&mut message)
+            .message(&Message::assistant_with_calls(
+                "lookup",
                 vec![ToolCall::new(
                     ToolCallId::new("c1").expect("id"),
-                    "t",
+                    // A back-reference to the text.
+                    "lookup",
                     json!({"a": [1, -2, 0.5, "x", null, true]}),
                 )],
-            ),
-        )
-        .expect("writes");
+            ))
+            .expect("writes");
         let mut event = Vec::new();
-        put_event(
-            &mut event,
-            &AgentEvent::ToolCallDone {
+        Writer::new(&mut event)
+            .event(&AgentEvent::ToolCallDone {
                 call_id: ToolCallId::new("c1").expect("id"),
                 result: Arc::new(ToolResult::success(json!({"k": "v"}))),
                 state: ToolCallState::Succeeded,
-            },
-        )
-        .expect("writes");
+            })
+            .expect("writes");
         (message, event)
     }
 
@@ -710,5 +824,91 @@ mod tests {
         assert!(Reader::new(&huge).len().is_err());
         // A number with more than ten 7-bit groups.
         assert!(Reader::new(&[0xff; 11]).u64().is_err());
+    }
+
+    /// A segment of several messages and events: every string repeated in it is written
+    /// once, and everything reads back equal.
+    #[test]
+    fn repeated_strings_are_written_once() {
+        let call = |i: usize| {
+            ToolCall::new(
+                ToolCallId::new(format!("call-{i}")).expect("id"),
+                "a_tool_name",
+                json!({"argument_key": "an argument value"}),
+            )
+        };
+        let messages: Vec<Message> = (0..4)
+            .map(|i| Message::assistant_with_calls("", vec![call(i)]))
+            .collect();
+        let events: Vec<AgentEvent> = (0..4)
+            .map(|i| AgentEvent::ToolCallReady {
+                call_id: call(i).id,
+                name: Arc::from("a_tool_name"),
+                arguments: call(i).arguments,
+            })
+            .collect();
+        let run_id = RunId::new("run-with-a-long-id-0123456789").expect("id");
+        let mut out = Vec::new();
+        let mut writer = Writer::new(&mut out);
+        for m in &messages {
+            writer.message(m).expect("writes");
+        }
+        let events_at = writer.position();
+        writer
+            .event_run(&run_id, events.len(), &events)
+            .expect("writes");
+
+        let mut reader = Reader::part(&out, 0..events_at);
+        for m in &messages {
+            assert_eq!(&reader.message().expect("reads"), m);
+        }
+        assert!(reader.is_empty());
+        let mut reader = Reader::part(&out, events_at..out.len());
+        assert_eq!(reader.id::<RunId>().expect("run id"), run_id);
+        assert_eq!(reader.len().expect("count"), events.len());
+        for e in &events {
+            assert_eq!(&reader.event().expect("reads"), e);
+        }
+        assert!(reader.is_empty());
+
+        // Each repeated string's bytes are there once.
+        let count = |needle: &str| {
+            out.windows(needle.len())
+                .filter(|w| *w == needle.as_bytes())
+                .count()
+        };
+        assert_eq!(count("a_tool_name"), 1);
+        assert_eq!(count("argument_key"), 1);
+        assert_eq!(count("an argument value"), 1);
+        // A call id is repeated in its event: written with the message only.
+        assert_eq!(count("call-1"), 1);
+    }
+
+    /// A back-reference that points forward, at itself, or at another reference is an error.
+    #[test]
+    fn bad_string_references_are_errors() {
+        // A literal "ab" at 0, then a reference to it at 3 (reads "ab").
+        let mut out = Vec::new();
+        let mut writer = Writer::new(&mut out);
+        writer.str("ab");
+        writer.str("ab");
+        assert_eq!(out, [4, b'a', b'b', 1]);
+        let mut reader = Reader::new(&out);
+        assert_eq!(reader.str().expect("literal"), "ab");
+        assert_eq!(reader.str().expect("reference"), "ab");
+        // Forward (to 5), at itself (3), and to the reference at 3 (from 4).
+        for bad in [
+            &[4, b'a', b'b', (5 << 1) | 1][..],
+            &[4, b'a', b'b', (3 << 1) | 1],
+            &[4, b'a', b'b', 1, (3 << 1) | 1],
+        ] {
+            let mut reader = Reader::new(bad);
+            reader.str().expect("literal");
+            let mut last = reader.str();
+            if bad.len() == 5 {
+                last = reader.str();
+            }
+            assert!(last.is_err(), "{bad:?}");
+        }
     }
 }

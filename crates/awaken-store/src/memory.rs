@@ -75,7 +75,9 @@ impl Default for MemoryStore {
 /// One shard: the threads whose id hashes to it, and their runs.
 #[derive(Debug, Default)]
 struct Inner {
-    threads: HashMap<ThreadId, ThreadData>,
+    /// Boxed: a table's slot is a pointer, not a thread's 170 bytes (a table has room for up
+    /// to twice as many threads as it holds).
+    threads: HashMap<ThreadId, Box<ThreadData>>,
     runs: HashMap<RunId, Box<RunRow>>,
 }
 
@@ -85,7 +87,13 @@ struct ThreadData {
     /// `None` only while the thread's first commit is being applied (a thread exists once a
     /// commit to it succeeded).
     row: Option<ThreadRow>,
+    /// The messages and events of the runs done on it, in [`crate::compact`]'s form: a
+    /// segment each time a run was done (see [`ThreadData::compact`]), oldest first. A segment
+    /// is never written again: the cost of a run's end does not grow with the thread.
+    segments: Vec<Segment>,
+    /// The messages since, as the commits carried them.
     messages: MessageLog,
+    /// The events since, as the commits carried them.
     events: EventLog,
     /// Values as the commits carried them (typed until a load asks for JSON).
     state: StateMap,
@@ -96,38 +104,41 @@ struct ThreadData {
 /// the other worker threads contend for).
 const LOG_CHUNKS_RESERVED: usize = 16;
 
-/// A thread's messages: the compact segments written when runs on it were done (see
-/// [`ThreadData::compact`]), then one chunk per commit that brought any since, holding the
-/// commit's own slice (shared with the runtime that wrote it: a message is neither copied nor
-/// moved again by a doubling buffer).
+/// A thread's messages since its last compact segment: one chunk per commit that brought any,
+/// holding the commit's own slice (shared with the runtime that wrote it: a message is neither
+/// copied nor moved again by a doubling buffer).
 #[derive(Debug, Default)]
 struct MessageLog {
-    /// One segment per compaction, oldest first (a segment is never copied again: the cost of
-    /// a run's end does not grow with the thread).
-    compact: Vec<Compact>,
     chunks: Vec<Arc<[Message]>>,
+    /// How many messages the thread has, its segments' too.
     len: usize,
 }
 
-/// Items in [`crate::compact`]'s form: how many, and their bytes (shared, so that a read takes
-/// them under the shard's lock and decodes them after releasing it).
+/// One compaction's messages, then its events, in [`crate::compact`]'s form: one allocation,
+/// shared so that a read takes it under the shard's lock and decodes it after releasing it
+/// (a string of the events may refer back to the messages').
 #[derive(Debug, Clone)]
-struct Compact {
-    count: usize,
+struct Segment {
     bytes: Arc<[u8]>,
+    messages: usize,
+    /// Where the events start in `bytes`.
+    events_at: usize,
+    events: usize,
+    /// The sequence number of its first event (of the next event, when it has none).
+    first_seq: u64,
 }
 
-/// Pushes `segment`, making room for exactly one more (a vector's first push would make room
-/// for four).
-fn push_segment<T>(segments: &mut Vec<T>, segment: T) {
-    segments.reserve_exact(1);
-    segments.push(segment);
+impl Segment {
+    /// The sequence number of its last event (of the event before it, when it has none).
+    fn last_seq(&self) -> u64 {
+        self.first_seq + self.events as u64 - 1
+    }
 }
 
 /// A thread's messages as a read takes them under the lock: shared parts, decoded after the
 /// lock is released.
 struct MessageParts {
-    compact: Vec<Compact>,
+    segments: Vec<Segment>,
     chunks: Vec<Arc<[Message]>>,
     len: usize,
 }
@@ -136,9 +147,9 @@ impl MessageParts {
     /// Every message, in order.
     fn decode(self) -> Result<Vec<Message>, StoreError> {
         let mut out = Vec::with_capacity(self.len);
-        for segment in &self.compact {
-            let mut reader = compact::Reader::new(&segment.bytes);
-            for _ in 0..segment.count {
+        for segment in &self.segments {
+            let mut reader = compact::Reader::part(&segment.bytes, 0..segment.events_at);
+            for _ in 0..segment.messages {
                 out.push(reader.message().map_err(|e| corrupt("message", e))?);
             }
         }
@@ -172,63 +183,23 @@ impl MessageLog {
         }
     }
 
-    /// Every part, shared (see [`MessageParts`]).
-    fn parts(&self) -> MessageParts {
-        MessageParts {
-            compact: self.compact.clone(),
-            chunks: self.chunks.clone(),
-            len: self.len,
-        }
-    }
-
-    /// Writes the chunks as one more compact segment; hands back the chunks, to be dropped
-    /// after the locks are released. Unchanged if a message cannot be written (see
-    /// [`crate::compact`]: only a kind without its own form is written, as JSON, fallibly).
-    fn compact(&mut self, buffer: &mut Vec<u8>) -> Vec<Arc<[Message]>> {
-        if self.chunks.is_empty() {
-            return Vec::new();
-        }
-        buffer.clear();
+    /// Writes the chunks' messages to `writer`; how many.
+    fn write(&self, writer: &mut compact::Writer<'_>) -> Result<usize, serde_json::Error> {
         let mut count = 0;
         for message in self.chunks.iter().flat_map(|c| c.iter()) {
-            if compact::put_message(buffer, message).is_err() {
-                return Vec::new();
-            }
+            writer.message(message)?;
             count += 1;
         }
-        push_segment(
-            &mut self.compact,
-            Compact {
-                count,
-                bytes: Arc::from(buffer.as_slice()),
-            },
-        );
-        std::mem::take(&mut self.chunks)
+        Ok(count)
     }
 }
 
-/// A thread's event log: the compact segments written when runs on it were done, then one
-/// chunk per commit since, holding the commit's own slice (shared with the runtime, so an event
-/// is neither copied nor padded out by a doubling vector).
+/// A thread's events since its last compact segment: one chunk per commit that brought any,
+/// holding the commit's own slice (shared with the runtime, so an event is neither copied nor
+/// padded out by a doubling vector).
 #[derive(Debug, Default)]
 struct EventLog {
-    /// One segment per compaction, oldest first.
-    compact: Vec<EventSegment>,
     chunks: Vec<EventChunk>,
-}
-
-/// Events in [`crate::compact`]'s form: blocks of one run's events (its id, a count, the
-/// events), numbered on from `first_seq`.
-#[derive(Debug, Clone)]
-struct EventSegment {
-    first_seq: u64,
-    events: Compact,
-}
-
-impl EventSegment {
-    fn last_seq(&self) -> u64 {
-        self.first_seq + self.events.count as u64 - 1
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -251,7 +222,7 @@ impl EventChunk {
 /// under the lock (shared), decoded after the lock is released.
 struct EventParts {
     since: u64,
-    compact: Vec<EventSegment>,
+    segments: Vec<Segment>,
     chunks: Vec<EventChunk>,
 }
 
@@ -260,8 +231,9 @@ impl EventParts {
     fn decode(self) -> Result<Vec<StoredEvent>, StoreError> {
         let since = self.since;
         let mut out = Vec::new();
-        for segment in &self.compact {
-            let mut reader = compact::Reader::new(&segment.events.bytes);
+        for segment in &self.segments {
+            let mut reader =
+                compact::Reader::part(&segment.bytes, segment.events_at..segment.bytes.len());
             let mut seq = segment.first_seq;
             while !reader.is_empty() {
                 let run_id: RunId = reader.id().map_err(|e| corrupt("event", e))?;
@@ -296,19 +268,10 @@ impl EventParts {
 }
 
 impl EventLog {
-    /// The sequence number of the last event (0: none).
-    fn last_seq(&self) -> u64 {
-        match self.chunks.last() {
-            Some(chunk) => chunk.last_seq(),
-            None => self.compact.last().map_or(0, EventSegment::last_seq),
-        }
-    }
-
-    fn append(&mut self, run_id: &RunId, events: Arc<[AgentEvent]>) {
+    fn append(&mut self, first_seq: u64, run_id: &RunId, events: Arc<[AgentEvent]>) {
         if events.is_empty() {
             return;
         }
-        let first_seq = self.last_seq() + 1;
         if self.chunks.capacity() == 0 {
             self.chunks.reserve_exact(LOG_CHUNKS_RESERVED);
         }
@@ -324,25 +287,9 @@ impl EventLog {
         self.chunks.truncate(chunks);
     }
 
-    /// The parts holding events past `since` (the first segment and chunk with one, and all
-    /// after them), shared (see [`EventParts`]).
-    fn since(&self, since: u64) -> EventParts {
-        let segments = self.compact.partition_point(|s| s.last_seq() <= since);
-        let chunks = self.chunks.partition_point(|c| c.last_seq() <= since);
-        EventParts {
-            since,
-            compact: self.compact[segments..].to_vec(),
-            chunks: self.chunks[chunks..].to_vec(),
-        }
-    }
-
-    /// As [`MessageLog::compact`]: a run's id is written once for the chunks of that run that
-    /// follow each other.
-    fn compact(&mut self, buffer: &mut Vec<u8>) -> Vec<EventChunk> {
-        let Some(first_seq) = self.chunks.first().map(|c| c.first_seq) else {
-            return Vec::new();
-        };
-        buffer.clear();
+    /// Writes the chunks' events to `writer`, a run's id once for the chunks of that run that
+    /// follow each other; how many.
+    fn write(&self, writer: &mut compact::Writer<'_>) -> Result<usize, serde_json::Error> {
         let mut total = 0;
         let mut rest = &self.chunks[..];
         while let Some(first) = rest.first() {
@@ -352,24 +299,15 @@ impl EventLog {
                 .unwrap_or(rest.len());
             let (run, after) = rest.split_at(same_run);
             let count = run.iter().map(|c| c.events.len()).sum();
-            let events = run.iter().flat_map(|c| c.events.iter());
-            if compact::put_event_run(buffer, &first.run_id, count, events).is_err() {
-                return Vec::new();
-            }
+            writer.event_run(
+                &first.run_id,
+                count,
+                run.iter().flat_map(|c| c.events.iter()),
+            )?;
             total += count;
             rest = after;
         }
-        push_segment(
-            &mut self.compact,
-            EventSegment {
-                first_seq,
-                events: Compact {
-                    count: total,
-                    bytes: Arc::from(buffer.as_slice()),
-                },
-            },
-        );
-        std::mem::take(&mut self.chunks)
+        Ok(total)
     }
 }
 
@@ -393,19 +331,88 @@ const COMPACT_BUFFER_KEPT: usize = 64 * 1024;
 type Compacted = (Vec<Arc<[Message]>>, Vec<EventChunk>);
 
 impl ThreadData {
-    /// Writes the messages and events the thread holds in chunks as one more compact segment
-    /// each, when a run on it is done (every chunk, another run's too if one is going on): a
+    /// The sequence number of the thread's last event (0: none).
+    fn last_event_seq(&self) -> u64 {
+        match self.events.chunks.last() {
+            Some(chunk) => chunk.last_seq(),
+            None => self.segments.last().map_or(0, Segment::last_seq),
+        }
+    }
+
+    fn append_events(&mut self, run_id: &RunId, events: Arc<[AgentEvent]>) {
+        let first_seq = self.last_event_seq() + 1;
+        self.events.append(first_seq, run_id, events);
+    }
+
+    /// Every message, shared (see [`MessageParts`]).
+    fn message_parts(&self) -> MessageParts {
+        MessageParts {
+            segments: self.segments.clone(),
+            chunks: self.messages.chunks.clone(),
+            len: self.messages.len,
+        }
+    }
+
+    /// The parts holding events past `since` (the first segment and chunk with one, and all
+    /// after them), shared (see [`EventParts`]).
+    fn events_since(&self, since: u64) -> EventParts {
+        let segments = self.segments.partition_point(|s| s.last_seq() <= since);
+        let chunks = self
+            .events
+            .chunks
+            .partition_point(|c| c.last_seq() <= since);
+        EventParts {
+            since,
+            segments: self.segments[segments..].to_vec(),
+            chunks: self.events.chunks[chunks..].to_vec(),
+        }
+    }
+
+    /// Writes the messages and events the thread holds in chunks as one more compact segment,
+    /// when a run on it is done (every chunk, another run's too if one is going on): a
     /// finished thread's messages and events take less than a tenth of the runtime's shared
     /// form (see [`crate::compact`]), and the shared form is freed for the next runs'
     /// allocations instead of the process faulting in new pages for every finished thread.
     /// Later commits are kept shared again until a run is done; reads decode the segments.
+    /// Hands back the chunks, to be dropped after the locks are released. Unchanged if a
+    /// message or event cannot be written (only a kind without its own form is written, as
+    /// JSON, fallibly).
     fn compact(&mut self) -> Compacted {
+        if self.messages.chunks.is_empty() && self.events.chunks.is_empty() {
+            return Compacted::default();
+        }
+        let first_seq = self
+            .events
+            .chunks
+            .first()
+            .map_or_else(|| self.last_event_seq() + 1, |c| c.first_seq);
         // (`try_with`: an OS thread being torn down gets a fresh buffer, never a panic.)
         let mut buffer = COMPACT_BUFFER.try_with(Cell::take).unwrap_or_default();
-        let taken = (
-            self.messages.compact(&mut buffer),
-            self.events.compact(&mut buffer),
-        );
+        buffer.clear();
+        let mut writer = compact::Writer::new(&mut buffer);
+        let written = self.messages.write(&mut writer).and_then(|messages| {
+            let events_at = writer.position();
+            let events = self.events.write(&mut writer)?;
+            Ok((messages, events_at, events))
+        });
+        let taken = match written {
+            Ok((messages, events_at, events)) => {
+                // Room for exactly one more (a vector's first push would make room for four).
+                self.segments.reserve_exact(1);
+                self.segments.push(Segment {
+                    bytes: Arc::from(buffer.as_slice()),
+                    messages,
+                    events_at,
+                    events,
+                    first_seq,
+                });
+                (
+                    std::mem::take(&mut self.messages.chunks),
+                    std::mem::take(&mut self.events.chunks),
+                )
+            }
+            Err(_) => Compacted::default(),
+        };
         buffer.clear();
         buffer.shrink_to(COMPACT_BUFFER_KEPT);
         let _ = COMPACT_BUFFER.try_with(|b| b.set(buffer));
@@ -428,11 +435,20 @@ struct RunRow {
     state_revision: u64,
     /// As the commit carried it (shared, and typed when the writer kept it typed).
     batch: Option<BatchData>,
-    lease_owner: Option<String>,
+    /// The lease held on it, if any (boxed: most runs kept are done and hold none).
+    lease: Option<Box<Lease>>,
+    /// How many times it was claimed (kept when a lease ends: a token of an earlier claim
+    /// never matches again).
     lease_epoch: u64,
-    lease_expires_at: Option<Timestamp>,
     /// The run's state, as the commits carried it.
     state: RunState,
+}
+
+/// A lease held on a run.
+#[derive(Debug, Clone, PartialEq)]
+struct Lease {
+    owner: String,
+    expires_at: Timestamp,
 }
 
 /// A run's stored state: a hash map while the run goes on (a commit writes each changed key
@@ -482,7 +498,7 @@ struct RunUndo {
     /// The batch before, if the commit set or cleared it.
     batch: Option<Option<BatchData>>,
     /// The lease before, if the commit (finishing the run) cleared it.
-    lease: Option<(Option<String>, Option<Timestamp>)>,
+    lease: Option<Option<Box<Lease>>>,
 }
 
 /// What a rollback needs to know about the commit it undoes.
@@ -581,7 +597,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// What a commit finds of its thread and run in their shard (each looked up once).
-type ThreadEntry<'a> = Entry<'a, ThreadId, ThreadData>;
+type ThreadEntry<'a> = Entry<'a, ThreadId, Box<ThreadData>>;
 type RunEntry<'a> = Entry<'a, RunId, Box<RunRow>>;
 
 impl Inner {
@@ -609,10 +625,7 @@ impl Inner {
             });
         }
         if let Some(lease) = &c.lease {
-            let held = run.is_some_and(|r| {
-                r.lease_owner.as_deref() == Some(lease.worker_id.as_str())
-                    && r.lease_epoch == lease.epoch
-            });
+            let held = run.is_some_and(|r| holds(r, lease));
             if !held {
                 return Err(StoreError::LeaseLost {
                     run_id: c.run.run_id.clone(),
@@ -699,8 +712,7 @@ impl Inner {
                         BatchWrite::Set(b) => Some(row.batch.replace(b)),
                         BatchWrite::Clear => Some(row.batch.take()),
                     };
-                    let lease = (status == RunStatus::Done)
-                        .then(|| (row.lease_owner.take(), row.lease_expires_at.take()));
+                    let lease = (status == RunStatus::Done).then(|| row.lease.take());
                     *run_undo = Some(RunUndo {
                         record: old_record,
                         state_revision: row.state_revision,
@@ -721,9 +733,8 @@ impl Inner {
                         record,
                         state_revision: 0,
                         batch,
-                        lease_owner: None,
+                        lease: None,
                         lease_epoch: 0,
-                        lease_expires_at: None,
                         state: RunState::default(),
                     }))
                 }
@@ -773,8 +784,8 @@ impl Inner {
             }
 
             undo.push(Undo::Events(thread.events.chunks.len()));
-            thread.events.append(rid, new_events);
-            let seq = thread.events.last_seq();
+            thread.append_events(rid, new_events);
+            let seq = thread.last_event_seq();
             if let Err(e) = fp.check(FailPoint::AfterEvents) {
                 break 'apply Err(e);
             }
@@ -850,9 +861,8 @@ impl Inner {
                         if let Some(batch) = old.batch {
                             row.batch = batch;
                         }
-                        if let Some((owner, expires_at)) = old.lease {
-                            row.lease_owner = owner;
-                            row.lease_expires_at = expires_at;
+                        if let Some(lease) = old.lease {
+                            row.lease = lease;
                         }
                     }
                 }
@@ -982,7 +992,7 @@ impl MemoryStore {
             .then(|| lock(&self.profiles));
         Inner::check(
             match &thread {
-                Entry::Occupied(t) => Some(t.get()),
+                Entry::Occupied(t) => Some(&**t.get()),
                 Entry::Vacant(_) => None,
             },
             match &run {
@@ -1034,7 +1044,7 @@ impl MemoryStore {
         drop(run_threads);
         let compacted = compact
             .and_then(|t| inner.threads.get_mut(&t))
-            .map(ThreadData::compact);
+            .map(|t| t.compact());
         // The replaced rows and values, and a compacted thread's shared form, are freed after
         // the locks are released.
         drop(inner);
@@ -1079,7 +1089,7 @@ impl ThreadStore for MemoryStore {
             .latest_run_id
             .as_ref()
             .and_then(|r| inner.runs.get(r));
-        let messages = data.messages.parts();
+        let messages = data.message_parts();
         let mut checkpoint = Checkpoint {
             thread_id: thread_id.clone(),
             messages: Vec::new(),
@@ -1100,7 +1110,7 @@ impl ThreadStore for MemoryStore {
                     what: "tool batch",
                     source,
                 })?,
-            last_event_seq: data.events.last_seq(),
+            last_event_seq: data.last_event_seq(),
         };
         // Decoded after the shard's lock is released.
         drop(inner);
@@ -1152,7 +1162,7 @@ impl ThreadStore for MemoryStore {
             .shard(thread_id)
             .threads
             .get(thread_id)
-            .map(|t| t.events.since(since));
+            .map(|t| t.events_since(since));
         // Decoded after the shard's lock is released.
         parts.map_or_else(|| Ok(Vec::new()), EventParts::decode)
     }
@@ -1231,7 +1241,9 @@ impl ThreadStore for MemoryStore {
         match inner.as_mut().and_then(|i| i.runs.get_mut(&lease.run_id)) {
             Some(r) if holds(r, lease) => {
                 let expires_at = now.saturating_add(lease_duration);
-                r.lease_expires_at = Some(expires_at);
+                if let Some(held) = &mut r.lease {
+                    held.expires_at = expires_at;
+                }
                 Ok(expires_at)
             }
             _ => Err(StoreError::LeaseLost {
@@ -1244,8 +1256,7 @@ impl ThreadStore for MemoryStore {
         let mut inner = self.run_shard(&lease.run_id);
         match inner.as_mut().and_then(|i| i.runs.get_mut(&lease.run_id)) {
             Some(r) if holds(r, lease) => {
-                r.lease_owner = None;
-                r.lease_expires_at = None;
+                r.lease = None;
                 Ok(true)
             }
             _ => Ok(false),
@@ -1255,15 +1266,16 @@ impl ThreadStore for MemoryStore {
 
 /// An unfinished run whose lease is free or expired at `now`.
 fn claimable(r: &RunRow, now: Timestamp) -> bool {
-    r.record.status != RunStatus::Done
-        && (r.lease_owner.is_none() || r.lease_expires_at.is_none_or(|t| t <= now))
+    r.record.status != RunStatus::Done && r.lease.as_ref().is_none_or(|l| l.expires_at <= now)
 }
 
 /// Gives `r`'s lease to `worker_id` until `expires_at` (a new epoch).
 fn claim(r: &mut RunRow, worker_id: &str, expires_at: Timestamp) -> ClaimedRun {
-    r.lease_owner = Some(worker_id.to_owned());
+    r.lease = Some(Box::new(Lease {
+        owner: worker_id.to_owned(),
+        expires_at,
+    }));
     r.lease_epoch += 1;
-    r.lease_expires_at = Some(expires_at);
     ClaimedRun {
         thread_id: r.thread_id.clone(),
         run: r.record.clone(),
@@ -1277,7 +1289,7 @@ fn claim(r: &mut RunRow, worker_id: &str, expires_at: Timestamp) -> ClaimedRun {
 }
 
 fn holds(r: &RunRow, lease: &LeaseToken) -> bool {
-    r.lease_owner.as_deref() == Some(lease.worker_id.as_str()) && r.lease_epoch == lease.epoch
+    r.lease.as_ref().is_some_and(|l| l.owner == lease.worker_id) && r.lease_epoch == lease.epoch
 }
 
 pub(crate) fn check_worker(worker_id: &str) -> Result<(), StoreError> {
