@@ -45,7 +45,8 @@ pub trait StateKey: 'static + Send + Sync {
     /// The value; `Default` is the value before any update (and after a reset). Keep `Default`
     /// cheap: every typed update also makes one, as room for the value it will produce. The
     /// value before any update is made once per OS thread and shared by the stores built there,
-    /// so `Default` must give the same value every time (no clock, no random id).
+    /// so `Default` must give the same value every time (no clock, no random id), and a value
+    /// must not share inner state that changes (an `Arc<Mutex<_>>`, an atomic) between copies.
     type Value: Clone + Default + Serialize + DeserializeOwned + Send + Sync + 'static;
     /// What a command carries to change the value.
     type Update: Clone + Serialize + DeserializeOwned + Send + Sync + 'static;

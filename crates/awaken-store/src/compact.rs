@@ -1,5 +1,6 @@
 //! The compact form the memory store keeps a thread's messages and events in once a run on it is
-//! done: a byte segment per log each time, read back into equal `Message`s and `AgentEvent`s.
+//! done: one byte segment each time (the messages, then the events), read back into equal
+//! `Message`s and `AgentEvent`s; and a finished run's state (each key's name and JSON text).
 //!
 //! While a run goes on, the memory store keeps each commit's own message and event slices,
 //! shared with the runtime (nothing is copied on the hot path). A finished thread kept that way
@@ -9,8 +10,12 @@
 //! 600 bytes, and the shared form is freed for the next runs to reuse.
 //!
 //! The format is the store's private business (never written to disk, never read by another
-//! version): a varint (LEB128) for every count and length, one tag byte for each enum, strings
-//! as their length and UTF-8 bytes, JSON values as a tagged tree (a number keeps its kind). A
+//! version): a varint (LEB128) for every count and length, one tag byte for each enum, JSON
+//! values as a tagged tree (a number keeps its kind), a string as a literal (its length shifted
+//! left by one, then its UTF-8 bytes) or, when it repeats an earlier literal of the segment and
+//! that is shorter, a back-reference (the literal's position shifted left by one, plus one). A
+//! reader takes a reference only to a literal's header before it (never forward, never to
+//! another reference): a damaged reference reads as some other string or fails, never loops. A
 //! message content block or an event of a kind written rarely (or added to the
 //! `#[non_exhaustive]` enums later) is kept as its serde JSON text: it reads back as the
 //! durable stores read it back (which, for one, takes a `Some(null)` optional field for
@@ -51,6 +56,54 @@ fn put_u64(out: &mut Vec<u8>, mut v: u64) {
 /// How many bytes `put_u64` takes for `v`.
 fn u64_len(v: u64) -> usize {
     (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
+}
+
+/// How deep a JSON value may nest in a segment (arrays and objects in one another): a writer
+/// refuses a deeper one (the thread is then kept uncompacted), a reader takes no deeper one
+/// (no stack overflow on damaged bytes). `serde_json` parses no deeper than 128.
+const MAX_DEPTH: usize = 512;
+
+/// Room made at most for the items a count announces, before they are read (a damaged count
+/// asks for no more).
+const MAX_RESERVED: usize = 64;
+
+/// Whether `seen` is `s`. A short string (most are) is compared in the loop here: a call to
+/// `memcmp` costs more than its compare.
+fn same(seen: &[u8], s: &[u8]) -> bool {
+    if s.len() <= 16 {
+        seen.len() == s.len() && seen.iter().zip(s).all(|(a, b)| a == b)
+    } else {
+        seen == s
+    }
+}
+
+/// The slot a string of at least two bytes is remembered in: a hash of its length and of its
+/// first and last bytes (up to eight of each). Cheaper than a hash of every byte, and as good
+/// here: a collision only loses a back-reference.
+fn slot_of(b: &[u8]) -> usize {
+    let n = b.len();
+    let word = |i: usize| -> u64 {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&b[i..i + 8]);
+        u64::from_le_bytes(w)
+    };
+    let half = |i: usize| -> u64 {
+        let mut w = [0u8; 4];
+        w.copy_from_slice(&b[i..i + 4]);
+        u64::from(u32::from_le_bytes(w))
+    };
+    let (x, y) = if n >= 8 {
+        (word(0), word(n - 8))
+    } else if n >= 4 {
+        (half(0), half(n - 4))
+    } else {
+        (
+            u64::from(b[0]) << 8 | u64::from(b[n - 1]),
+            u64::from(b[n / 2]),
+        )
+    };
+    let h = (x ^ y.rotate_left(29) ^ n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (h >> 56) as usize % SEEN_SLOTS
 }
 
 /// How many strings a writer remembers for back-references (a hash of the string picks the
@@ -99,19 +152,19 @@ impl<'o> Writer<'o> {
     }
 
     fn str(&mut self, s: &str) {
-        let at = self.position();
-        let literal = u64_len((s.len() as u64) << 1) + s.len();
+        let bytes = s.as_bytes();
         // A string of under two bytes is never shorter as a back-reference.
-        if s.len() >= 2 {
-            use std::hash::BuildHasher;
-            let hash = foldhash::fast::FixedState::default().hash_one(s);
-            let slot = &mut self.seen[(hash as usize) % SEEN_SLOTS];
+        if bytes.len() >= 2 {
+            let at = self.position();
+            let slot = &mut self.seen[slot_of(bytes)];
             let (seen_at, seen_len) = *slot;
-            if seen_at != 0 && seen_len as usize == s.len() {
+            if seen_len as usize == bytes.len() && seen_at != 0 {
                 let seen_at = seen_at as usize - 1;
-                let start = self.base + seen_at + u64_len((s.len() as u64) << 1);
+                let header = u64_len((bytes.len() as u64) << 1);
                 let reference = ((seen_at as u64) << 1) | 1;
-                if self.out[start..start + s.len()] == *s.as_bytes() && u64_len(reference) < literal
+                let start = self.base + seen_at + header;
+                if u64_len(reference) < header + bytes.len()
+                    && same(&self.out[start..start + bytes.len()], bytes)
                 {
                     self.u64(reference);
                     return;
@@ -119,12 +172,12 @@ impl<'o> Writer<'o> {
             }
             // Remembered only when a position and length fit the slot (always, short of a
             // segment of 4 GiB).
-            if let (Ok(p), Ok(l)) = (u32::try_from(at + 1), u32::try_from(s.len())) {
+            if let (Ok(p), Ok(l)) = (u32::try_from(at + 1), u32::try_from(bytes.len())) {
                 *slot = (p, l);
             }
         }
-        self.u64((s.len() as u64) << 1);
-        self.out.extend_from_slice(s.as_bytes());
+        self.u64((bytes.len() as u64) << 1);
+        self.out.extend_from_slice(bytes);
     }
 
     fn opt_str(&mut self, s: Option<&str>) {
@@ -144,7 +197,16 @@ impl<'o> Writer<'o> {
         Ok(())
     }
 
-    fn value(&mut self, value: &Value) {
+    fn value(&mut self, value: &Value) -> Result<(), serde_json::Error> {
+        self.value_at(value, 0)
+    }
+
+    fn value_at(&mut self, value: &Value, depth: usize) -> Result<(), serde_json::Error> {
+        if depth >= MAX_DEPTH {
+            return Err(serde::ser::Error::custom(format!(
+                "a JSON value nested over {MAX_DEPTH} deep"
+            )));
+        }
         match value {
             Value::Null => self.u8(NULL),
             Value::Bool(false) => self.u8(FALSE),
@@ -173,7 +235,7 @@ impl<'o> Writer<'o> {
                 self.u8(ARRAY);
                 self.len(items.len());
                 for item in items {
-                    self.value(item);
+                    self.value_at(item, depth + 1)?;
                 }
             }
             Value::Object(map) => {
@@ -181,10 +243,11 @@ impl<'o> Writer<'o> {
                 self.len(map.len());
                 for (k, v) in map {
                     self.str(k);
-                    self.value(v);
+                    self.value_at(v, depth + 1)?;
                 }
             }
         }
+        Ok(())
     }
 
     fn usage(&mut self, u: &TokenUsage) {
@@ -215,7 +278,7 @@ impl<'o> Writer<'o> {
                 }
                 ContentBlock::Json { value } => {
                     self.u8(BLOCK_JSON);
-                    self.value(value);
+                    self.value(value)?;
                 }
                 other => {
                     self.u8(AS_JSON);
@@ -227,7 +290,7 @@ impl<'o> Writer<'o> {
         for call in m.tool_calls.iter() {
             self.str(call.id.as_str());
             self.str(&call.name);
-            self.value(&call.arguments);
+            self.value(&call.arguments)?;
             self.opt_str(call.invalid_arguments.as_deref());
         }
         self.opt_str(m.tool_call_id.as_ref().map(ToolCallId::as_str));
@@ -292,7 +355,7 @@ impl<'o> Writer<'o> {
                 self.u8(TOOL_CALL_READY);
                 self.str(call_id.as_str());
                 self.str(name);
-                self.value(arguments);
+                self.value(arguments)?;
             }
             AgentEvent::ToolCallDone {
                 call_id,
@@ -306,7 +369,7 @@ impl<'o> Writer<'o> {
                     ToolResultStatus::Error => 1,
                     ToolResultStatus::Pending => 2,
                 });
-                self.value(&result.content);
+                self.value(&result.content)?;
                 self.u8(state_code(*state));
             }
             AgentEvent::InferenceComplete {
@@ -325,6 +388,12 @@ impl<'o> Writer<'o> {
             }
         }
         Ok(())
+    }
+
+    /// Appends one entry of a run's state: its key's name and its value's JSON text.
+    pub(crate) fn state_entry(&mut self, key: &str, json: &str) {
+        self.str(key);
+        self.str(json);
     }
 
     /// Appends one run's `count` events: the run's id, how many, and the events.
@@ -445,6 +514,9 @@ impl<'a> Reader<'a> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
             let b = self.u8()?;
+            if shift == 63 && b > 1 {
+                return Err(Malformed::new("a number longer than 64 bits"));
+            }
             v |= u64::from(b & 0x7f) << shift;
             if b & 0x80 == 0 {
                 return Ok(v);
@@ -516,6 +588,15 @@ impl<'a> Reader<'a> {
     }
 
     fn value(&mut self) -> Read<Value> {
+        self.value_at(0)
+    }
+
+    fn value_at(&mut self, depth: usize) -> Read<Value> {
+        if depth >= MAX_DEPTH {
+            return Err(Malformed::new(format!(
+                "a JSON value nested over {MAX_DEPTH} deep"
+            )));
+        }
         Ok(match self.u8()? {
             NULL => Value::Null,
             FALSE => Value::Bool(false),
@@ -532,9 +613,9 @@ impl<'a> Reader<'a> {
             STRING => Value::String(self.str()?.to_owned()),
             ARRAY => {
                 let n = self.len()?;
-                let mut items = Vec::with_capacity(n);
+                let mut items = Vec::with_capacity(n.min(MAX_RESERVED));
                 for _ in 0..n {
-                    items.push(self.value()?);
+                    items.push(self.value_at(depth + 1)?);
                 }
                 Value::Array(items)
             }
@@ -543,7 +624,7 @@ impl<'a> Reader<'a> {
                 let mut map = Map::new();
                 for _ in 0..n {
                     let k = self.str()?.to_owned();
-                    map.insert(k, self.value()?);
+                    map.insert(k, self.value_at(depth + 1)?);
                 }
                 Value::Object(map)
             }
@@ -576,6 +657,11 @@ impl<'a> Reader<'a> {
             .transpose()
     }
 
+    /// The next entry of a run's state: its key's name and its value's JSON text.
+    pub(crate) fn state_entry(&mut self) -> Read<(&'a str, &'a str)> {
+        Ok((self.str()?, self.str()?))
+    }
+
     /// The next message.
     pub(crate) fn message(&mut self) -> Read<Message> {
         let role = match self.u8()? {
@@ -589,7 +675,7 @@ impl<'a> Reader<'a> {
         let content: Arc<[ContentBlock]> = if blocks == 0 {
             no_content()
         } else {
-            let mut content = Vec::with_capacity(blocks);
+            let mut content = Vec::with_capacity(blocks.min(MAX_RESERVED));
             for _ in 0..blocks {
                 content.push(match self.u8()? {
                     BLOCK_TEXT => ContentBlock::Text {
@@ -615,7 +701,7 @@ impl<'a> Reader<'a> {
         let tool_calls: Arc<[ToolCall]> = if calls == 0 {
             no_tool_calls()
         } else {
-            let mut tool_calls = Vec::with_capacity(calls);
+            let mut tool_calls = Vec::with_capacity(calls.min(MAX_RESERVED));
             for _ in 0..calls {
                 tool_calls.push(ToolCall {
                     id: self.id()?,
@@ -713,7 +799,7 @@ mod tests {
 
     fn value_back(v: &Value) -> Value {
         let mut out = Vec::new();
-        Writer::new(&mut out).value(v);
+        Writer::new(&mut out).value(v).expect("writes");
         let mut r = Reader::new(&out);
         let back = r.value().expect("reads back");
         assert!(r.is_empty(), "every byte read");
@@ -822,8 +908,16 @@ mod tests {
         let mut huge = Vec::new();
         put_u64(&mut huge, u64::MAX);
         assert!(Reader::new(&huge).len().is_err());
-        // A number with more than ten 7-bit groups.
+        // A number with more than ten 7-bit groups, or over 64 bits in its tenth.
         assert!(Reader::new(&[0xff; 11]).u64().is_err());
+        let mut max = [0xff; 10];
+        max[9] = 1;
+        assert_eq!(Reader::new(&max).u64().expect("u64::MAX"), u64::MAX);
+        max[9] = 2;
+        assert!(Reader::new(&max).u64().is_err());
+        // Arrays nested deeper than a writer writes: an error, not a stack overflow.
+        let deep: Vec<u8> = std::iter::repeat_n([ARRAY, 1], 100_000).flatten().collect();
+        assert!(Reader::new(&deep).value().is_err());
     }
 
     /// A segment of several messages and events: every string repeated in it is written
@@ -910,5 +1004,16 @@ mod tests {
             }
             assert!(last.is_err(), "{bad:?}");
         }
+    }
+
+    /// A value nested as deep as a reader takes is written and read back; one deeper is
+    /// refused by the writer (the thread then stays as it is), never written unreadable.
+    #[test]
+    fn nesting_is_bounded_on_both_sides() {
+        let nested = |depth: usize| (0..depth).fold(json!(1), |v, _| json!([v]));
+        let ok = nested(MAX_DEPTH - 1);
+        assert_eq!(value_back(&ok), ok);
+        let mut out = Vec::new();
+        assert!(Writer::new(&mut out).value(&nested(MAX_DEPTH)).is_err());
     }
 }

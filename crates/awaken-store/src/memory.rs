@@ -88,8 +88,9 @@ struct ThreadData {
     /// commit to it succeeded).
     row: Option<ThreadRow>,
     /// The messages and events of the runs done on it, in [`crate::compact`]'s form: a
-    /// segment each time a run was done (see [`ThreadData::compact`]), oldest first. A segment
-    /// is never written again: the cost of a run's end does not grow with the thread.
+    /// segment each time a run was done and the thread held messages or events written since
+    /// (see [`ThreadData::compact`]), oldest first. A segment is never written again: the cost
+    /// of a run's end does not grow with the thread.
     segments: Vec<Segment>,
     /// The messages since, as the commits carried them.
     messages: MessageLog,
@@ -327,6 +328,19 @@ thread_local! {
 /// The most bytes an OS thread's compaction buffer keeps between runs.
 const COMPACT_BUFFER_KEPT: usize = 64 * 1024;
 
+/// Calls `write` with this OS thread's compaction buffer, emptied (its exact-size copy is what
+/// is kept).
+fn with_compact_buffer<T>(write: impl FnOnce(&mut Vec<u8>) -> T) -> T {
+    // (`try_with`: an OS thread being torn down gets a fresh buffer, never a panic.)
+    let mut buffer = COMPACT_BUFFER.try_with(Cell::take).unwrap_or_default();
+    buffer.clear();
+    let written = write(&mut buffer);
+    buffer.clear();
+    buffer.shrink_to(COMPACT_BUFFER_KEPT);
+    let _ = COMPACT_BUFFER.try_with(|b| b.set(buffer));
+    written
+}
+
 /// What a compaction took out of a thread, dropped after the locks are released.
 type Compacted = (Vec<Arc<[Message]>>, Vec<EventChunk>);
 
@@ -386,37 +400,29 @@ impl ThreadData {
             .chunks
             .first()
             .map_or_else(|| self.last_event_seq() + 1, |c| c.first_seq);
-        // (`try_with`: an OS thread being torn down gets a fresh buffer, never a panic.)
-        let mut buffer = COMPACT_BUFFER.try_with(Cell::take).unwrap_or_default();
-        buffer.clear();
-        let mut writer = compact::Writer::new(&mut buffer);
-        let written = self.messages.write(&mut writer).and_then(|messages| {
+        let written = with_compact_buffer(|buffer| {
+            let mut writer = compact::Writer::new(buffer);
+            let messages = self.messages.write(&mut writer).ok()?;
             let events_at = writer.position();
-            let events = self.events.write(&mut writer)?;
-            Ok((messages, events_at, events))
+            let events = self.events.write(&mut writer).ok()?;
+            Some(Segment {
+                bytes: Arc::from(buffer.as_slice()),
+                messages,
+                events_at,
+                events,
+                first_seq,
+            })
         });
-        let taken = match written {
-            Ok((messages, events_at, events)) => {
-                // Room for exactly one more (a vector's first push would make room for four).
-                self.segments.reserve_exact(1);
-                self.segments.push(Segment {
-                    bytes: Arc::from(buffer.as_slice()),
-                    messages,
-                    events_at,
-                    events,
-                    first_seq,
-                });
-                (
-                    std::mem::take(&mut self.messages.chunks),
-                    std::mem::take(&mut self.events.chunks),
-                )
-            }
-            Err(_) => Compacted::default(),
+        let Some(segment) = written else {
+            return Compacted::default();
         };
-        buffer.clear();
-        buffer.shrink_to(COMPACT_BUFFER_KEPT);
-        let _ = COMPACT_BUFFER.try_with(|b| b.set(buffer));
-        taken
+        // Room for exactly one more (a vector's first push would make room for four).
+        self.segments.reserve_exact(1);
+        self.segments.push(segment);
+        (
+            std::mem::take(&mut self.messages.chunks),
+            std::mem::take(&mut self.events.chunks),
+        )
     }
 }
 
@@ -452,40 +458,70 @@ struct Lease {
 }
 
 /// A run's stored state: a hash map while the run goes on (a commit writes each changed key
-/// with one lookup), and a slice of exactly its entries once a commit has finished the run
-/// (a hash map of one key is a table of four, about 300 bytes kept for every finished run).
+/// with one lookup), and its entries as JSON text in [`crate::compact`]'s form once a commit
+/// has finished the run (a hash map of one key is a table of four, about 300 bytes, and a
+/// typed value is as large as its type: about 250 bytes kept for every finished run were 130).
 #[derive(Debug, Default)]
 struct RunState {
     /// Empty (and unallocated) while `done` holds the entries.
     live: StateMap,
-    done: Box<[(StateKeyName, StateValue)]>,
+    /// Each entry's key name and JSON text (empty while `live` holds them).
+    done: Box<[u8]>,
 }
 
 impl RunState {
-    /// The entries as a map, to write to (a finished run's slice is made a map again: a
-    /// commit to a finished run is rare).
-    fn live(&mut self) -> &mut StateMap {
+    /// The entries as a map, to write to (a finished run's entries are read back as JSON
+    /// values: a commit to a finished run is rare).
+    fn live(&mut self) -> Result<&mut StateMap, StoreError> {
         if !self.done.is_empty() {
-            self.live = std::mem::take(&mut self.done)
-                .into_vec()
-                .into_iter()
-                .collect();
+            self.live = self.decode()?.into_iter().collect();
+            self.done = Box::default();
         }
-        &mut self.live
+        Ok(&mut self.live)
     }
 
-    /// Moves the entries into an exact slice (the run is done). Entries are in `live` after
-    /// any write (`live()` moves a slice back first), so a non-empty map holds them all.
+    /// Writes the entries as JSON text (the run is done), if every value has one. Entries are
+    /// in `live` after any write (`live()` moves them back first), so a non-empty map holds
+    /// them all.
     fn freeze(&mut self) {
-        if !self.live.is_empty() {
-            self.done = std::mem::take(&mut self.live).into_iter().collect();
+        if self.live.is_empty() {
+            return;
+        }
+        let frozen = with_compact_buffer(|buffer| {
+            let mut writer = compact::Writer::new(buffer);
+            for (k, v) in &self.live {
+                writer.state_entry(k, &v.to_text().ok()?);
+            }
+            Some(Box::from(buffer.as_slice()))
+        });
+        if let Some(done) = frozen {
+            self.done = done;
+            self.live = StateMap::default();
         }
     }
 
-    fn iter(&self) -> impl Iterator<Item = (&StateKeyName, &StateValue)> {
-        self.live
-            .iter()
-            .chain(self.done.iter().map(|(k, v)| (k, v)))
+    /// A finished run's entries, read back.
+    fn decode(&self) -> Result<Vec<(StateKeyName, StateValue)>, StoreError> {
+        let mut reader = compact::Reader::part(&self.done, 0..self.done.len());
+        let mut entries = Vec::new();
+        while !reader.is_empty() {
+            let (k, text) = reader.state_entry().map_err(|e| corrupt("run state", e))?;
+            let value = serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
+                what: "run state",
+                detail: format!("the memory store's compact form: {e}"),
+            })?;
+            entries.push((StateKeyName::Owned(k.to_owned()), StateValue::json(value)));
+        }
+        Ok(entries)
+    }
+
+    /// The entries as a load returns them.
+    fn persisted(&self, revision: u64) -> Result<PersistedState, StoreError> {
+        if self.done.is_empty() {
+            return persisted("run state", revision, self.live.iter());
+        }
+        let entries = self.decode()?;
+        persisted("run state", revision, entries.iter().map(|(k, v)| (k, v)))
     }
 }
 
@@ -746,8 +782,12 @@ impl Inner {
                 break 'apply Err(e);
             }
 
+            let state = match row.state.live() {
+                Ok(state) => state,
+                Err(e) => break 'apply Err(e),
+            };
             for (k, v) in run_delta.values {
-                let old = row.state.live().insert(k.clone(), v);
+                let old = state.insert(k.clone(), v);
                 undo.push(Undo::RunKey(k, old));
             }
             let thread_revision =
@@ -881,8 +921,9 @@ impl Inner {
                     }
                 }
                 Undo::RunKey(k, old) => {
-                    if let Some(row) = self.runs.get_mut(rid) {
-                        restore(row.state.live(), &k, old);
+                    // (The commit's write made the state a map: `live()` finds it one.)
+                    if let Some(state) = self.runs.get_mut(rid).and_then(|r| r.state.live().ok()) {
+                        restore(state, &k, old);
                     }
                 }
                 Undo::ThreadKey(k, old) => {
@@ -1096,7 +1137,7 @@ impl ThreadStore for MemoryStore {
             thread_state: persisted("thread state", thread.state_revision, &data.state)?,
             run: run.map(|r| r.record.clone()),
             run_state: match run {
-                Some(r) => persisted("run state", r.state_revision, r.state.iter())?,
+                Some(r) => r.state.persisted(r.state_revision)?,
                 None => PersistedState::default(),
             },
             profile: run

@@ -1445,7 +1445,15 @@ pub async fn a_finished_runs_state_reads_back_and_takes_writes(h: &Harness) {
         (cp.run_state.revision, cp.run_state.values)
     };
     let mut first = carrying("t1", "r1", 0, 1_001, &[Message::user("hi")], &[], false);
-    first.run_state = state(2, &[("a", json!(1)), ("b", json!({"x": [1, 2]}))]).into();
+    first.run_state = state(
+        2,
+        &[
+            ("a", json!(1)),
+            ("b", json!({"x": [1, 2]})),
+            ("e", json!({"f": -0.25, "g": 1e300, "s": "\"q\"\n\u{1}"})),
+        ],
+    )
+    .into();
     s.commit(first).await.expect("commit");
     let running = run_state(s.load_checkpoint(&tid("t1")).await.expect("load"));
     let mut done = carrying("t1", "r1", 1, 1_002, &[], &[], true);
