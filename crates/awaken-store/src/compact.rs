@@ -7,7 +7,7 @@
 //! costs about 12 KB for a five-step run (a tool call's one-key JSON arguments alone are a
 //! 632-byte tree node, twice per call, and every event is 80 bytes), and every byte of it is a
 //! new page of heap the process faults in. Written here, its messages and events are about
-//! 600 bytes, and the shared form is freed for the next runs to reuse.
+//! 370 bytes, and the shared form is freed for the next runs to reuse.
 //!
 //! The format is the store's private business (never written to disk, never read by another
 //! version): a varint (LEB128) for every count and length, one tag byte for each enum, JSON
