@@ -389,8 +389,8 @@ impl ThreadData {
     /// allocations instead of the process faulting in new pages for every finished thread.
     /// Later commits are kept shared again until a run is done; reads decode the segments.
     /// Hands back the chunks, to be dropped after the locks are released. Unchanged if a
-    /// message or event cannot be written (only a kind without its own form is written, as
-    /// JSON, fallibly).
+    /// message or event cannot be written (a kind without its own form whose JSON fails or
+    /// nests too deep, a JSON value nested too deep: see [`crate::compact`]).
     fn compact(&mut self) -> Compacted {
         if self.messages.chunks.is_empty() && self.events.chunks.is_empty() {
             return Compacted::default();
@@ -460,7 +460,7 @@ struct Lease {
 /// A run's stored state: a hash map while the run goes on (a commit writes each changed key
 /// with one lookup), and its entries as JSON text in [`crate::compact`]'s form once a commit
 /// has finished the run (a hash map of one key is a table of four, about 300 bytes, and a
-/// typed value is as large as its type: about 250 bytes kept for every finished run were 130).
+/// typed value is as large as its type: 216 bytes kept for every finished loop-5 run were 137).
 #[derive(Debug, Default)]
 struct RunState {
     /// Empty (and unallocated) while `done` holds the entries.
@@ -474,15 +474,19 @@ impl RunState {
     /// values: a commit to a finished run is rare).
     fn live(&mut self) -> Result<&mut StateMap, StoreError> {
         if !self.done.is_empty() {
-            self.live = self.decode()?.into_iter().collect();
+            self.live = self
+                .decode()?
+                .into_iter()
+                .map(|(k, v)| (StateKeyName::Owned(k), StateValue::json(v)))
+                .collect();
             self.done = Box::default();
         }
         Ok(&mut self.live)
     }
 
-    /// Writes the entries as JSON text (the run is done), if every value has one. Entries are
-    /// in `live` after any write (`live()` moves them back first), so a non-empty map holds
-    /// them all.
+    /// Writes the entries as JSON text (the run is done), if every value has one that reads
+    /// back (not nested deeper than `serde_json` parses). Entries are in `live` after any write
+    /// (`live()` moves them back first), so a non-empty map holds them all.
     fn freeze(&mut self) {
         if self.live.is_empty() {
             return;
@@ -490,7 +494,8 @@ impl RunState {
         let frozen = with_compact_buffer(|buffer| {
             let mut writer = compact::Writer::new(buffer);
             for (k, v) in &self.live {
-                writer.state_entry(k, &v.to_text().ok()?);
+                let text = v.to_text().ok()?;
+                writer.state_entry(k, &text).ok()?;
             }
             Some(Box::from(buffer.as_slice()))
         });
@@ -500,17 +505,15 @@ impl RunState {
         }
     }
 
-    /// A finished run's entries, read back.
-    fn decode(&self) -> Result<Vec<(StateKeyName, StateValue)>, StoreError> {
-        let mut reader = compact::Reader::part(&self.done, 0..self.done.len());
+    /// A finished run's entries, read back: each key's name and JSON value.
+    fn decode(&self) -> Result<Vec<(String, serde_json::Value)>, StoreError> {
+        let mut reader = compact::Reader::new(&self.done);
         let mut entries = Vec::new();
         while !reader.is_empty() {
             let (k, text) = reader.state_entry().map_err(|e| corrupt("run state", e))?;
-            let value = serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
-                what: "run state",
-                detail: format!("the memory store's compact form: {e}"),
-            })?;
-            entries.push((StateKeyName::Owned(k.to_owned()), StateValue::json(value)));
+            let value = serde_json::from_str(text)
+                .map_err(|e| corrupt("run state", compact::Malformed(e.to_string())))?;
+            entries.push((k.to_owned(), value));
         }
         Ok(entries)
     }
@@ -520,8 +523,10 @@ impl RunState {
         if self.done.is_empty() {
             return persisted("run state", revision, self.live.iter());
         }
-        let entries = self.decode()?;
-        persisted("run state", revision, entries.iter().map(|(k, v)| (k, v)))
+        Ok(PersistedState {
+            revision,
+            values: self.decode()?.into_iter().collect(),
+        })
     }
 }
 
@@ -782,13 +787,15 @@ impl Inner {
                 break 'apply Err(e);
             }
 
-            let state = match row.state.live() {
-                Ok(state) => state,
-                Err(e) => break 'apply Err(e),
-            };
-            for (k, v) in run_delta.values {
-                let old = state.insert(k.clone(), v);
-                undo.push(Undo::RunKey(k, old));
+            if !run_delta.values.is_empty() {
+                let state = match row.state.live() {
+                    Ok(state) => state,
+                    Err(e) => break 'apply Err(e),
+                };
+                for (k, v) in run_delta.values {
+                    let old = state.insert(k.clone(), v);
+                    undo.push(Undo::RunKey(k, old));
+                }
             }
             let thread_revision =
                 (!thread_delta.values.is_empty()).then_some(thread_delta.revision);
@@ -921,9 +928,9 @@ impl Inner {
                     }
                 }
                 Undo::RunKey(k, old) => {
-                    // (The commit's write made the state a map: `live()` finds it one.)
-                    if let Some(state) = self.runs.get_mut(rid).and_then(|r| r.state.live().ok()) {
-                        restore(state, &k, old);
+                    // (The commit's write made the state a map.)
+                    if let Some(row) = self.runs.get_mut(rid) {
+                        restore(&mut row.state.live, &k, old);
                     }
                 }
                 Undo::ThreadKey(k, old) => {
@@ -1066,12 +1073,8 @@ impl MemoryStore {
         );
         // A finished run's thread is compacted once the commit is in, under the shard's lock
         // only.
-        let compact = (self.compact && finishing && result.is_ok()).then(|| ids.thread_id.clone());
-        if compact.is_some()
-            && let Some(row) = inner.runs.get_mut(&ids.run_id)
-        {
-            row.state.freeze();
-        }
+        let compact = (self.compact && finishing && result.is_ok())
+            .then(|| (ids.thread_id.clone(), ids.run_id.clone()));
         match (&result, run_threads.as_mut()) {
             (Err(_), _) => {
                 inner.rollback(&ids, &mut undo, run_undo.take(), profiles.as_deref_mut());
@@ -1083,9 +1086,13 @@ impl MemoryStore {
         }
         drop(profiles);
         drop(run_threads);
-        let compacted = compact
-            .and_then(|t| inner.threads.get_mut(&t))
-            .map(|t| t.compact());
+        // (The state's values serialize here, after the index and profile locks are released.)
+        let compacted = compact.and_then(|(thread_id, run_id)| {
+            if let Some(row) = inner.runs.get_mut(&run_id) {
+                row.state.freeze();
+            }
+            inner.threads.get_mut(&thread_id).map(|t| t.compact())
+        });
         // The replaced rows and values, and a compacted thread's shared form, are freed after
         // the locks are released.
         drop(inner);

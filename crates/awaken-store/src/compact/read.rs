@@ -1,0 +1,327 @@
+//! Reading a segment back.
+
+use super::*;
+
+/// A cursor over a segment written above.
+pub(crate) struct Reader<'a> {
+    /// The whole segment (back-references point into it).
+    segment: &'a [u8],
+    /// The next byte to read.
+    pos: usize,
+    /// Where this reader stops (the end of the segment or of its part being read).
+    end: usize,
+}
+
+impl<'a> Reader<'a> {
+    /// A reader of the whole of `segment`.
+    pub(crate) fn new(segment: &'a [u8]) -> Self {
+        Self::part(segment, 0..segment.len())
+    }
+
+    /// A reader of `part` of `segment` (clamped to it).
+    pub(crate) fn part(segment: &'a [u8], part: std::ops::Range<usize>) -> Self {
+        let end = part.end.min(segment.len());
+        Self {
+            segment,
+            pos: part.start.min(end),
+            end,
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.pos >= self.end
+    }
+
+    fn left(&self) -> usize {
+        self.end - self.pos
+    }
+
+    fn u8(&mut self) -> Read<u8> {
+        if self.is_empty() {
+            return Err(Malformed::new("ends early"));
+        }
+        let b = self.segment[self.pos];
+        self.pos += 1;
+        Ok(b)
+    }
+
+    pub(super) fn u64(&mut self) -> Read<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.u8()?;
+            if shift == 63 && b > 1 {
+                return Err(Malformed::new("a number longer than 64 bits"));
+            }
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(Malformed::new("a number longer than 64 bits"))
+    }
+
+    fn u32(&mut self) -> Read<u32> {
+        u32::try_from(self.u64()?).map_err(|_| Malformed::new("a step number above u32"))
+    }
+
+    /// A count or length: never more than the bytes left (every item takes at least one).
+    fn bounded(&self, n: u64) -> Read<usize> {
+        usize::try_from(n)
+            .ok()
+            .filter(|&n| n <= self.left())
+            .ok_or_else(|| Malformed::new(format!("a count of {n} with fewer bytes left")))
+    }
+
+    pub(crate) fn len(&mut self) -> Read<usize> {
+        let n = self.u64()?;
+        self.bounded(n)
+    }
+
+    fn bytes(&mut self, n: usize) -> Read<&'a [u8]> {
+        if n > self.left() {
+            return Err(Malformed::new("ends early"));
+        }
+        let head = &self.segment[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(head)
+    }
+
+    /// A string: a literal, or a back-reference to an earlier literal of the segment.
+    pub(super) fn str(&mut self) -> Read<&'a str> {
+        let at = self.pos;
+        let head = self.u64()?;
+        let bytes = if head & 1 == 0 {
+            let n = self.bounded(head >> 1)?;
+            self.bytes(n)?
+        } else {
+            // The literal must start before the reference (never at or after it: no loop).
+            let target = usize::try_from(head >> 1)
+                .ok()
+                .filter(|&t| t < at)
+                .ok_or_else(|| Malformed::new("a string reference that is not backwards"))?;
+            let mut literal = Reader::part(self.segment, target..at);
+            let literal_head = literal.u64()?;
+            if literal_head & 1 != 0 {
+                return Err(Malformed::new("a string reference to a reference"));
+            }
+            let n = literal.bounded(literal_head >> 1)?;
+            literal.bytes(n)?
+        };
+        std::str::from_utf8(bytes).map_err(|e| Malformed::new(e.to_string()))
+    }
+
+    fn opt_str(&mut self) -> Read<Option<&'a str>> {
+        match self.u8()? {
+            0 => Ok(None),
+            1 => self.str().map(Some),
+            tag => Err(Malformed::new(format!("option tag {tag}"))),
+        }
+    }
+
+    fn json<T: serde::de::DeserializeOwned>(&mut self) -> Read<T> {
+        serde_json::from_str(self.str()?).map_err(|e| Malformed::new(e.to_string()))
+    }
+
+    pub(super) fn value(&mut self) -> Read<Value> {
+        self.value_at(0)
+    }
+
+    fn value_at(&mut self, depth: usize) -> Read<Value> {
+        if depth >= MAX_DEPTH {
+            return Err(Malformed::new(format!(
+                "a JSON value nested over {MAX_DEPTH} deep"
+            )));
+        }
+        Ok(match self.u8()? {
+            NULL => Value::Null,
+            FALSE => Value::Bool(false),
+            TRUE => Value::Bool(true),
+            UNSIGNED => Value::Number(Number::from(self.u64()?)),
+            NEGATIVE => Value::Number(Number::from(!self.u64()? as i64)),
+            FLOAT => {
+                let raw = self.bytes(8)?;
+                let mut b = [0u8; 8];
+                b.copy_from_slice(raw);
+                let f = f64::from_le_bytes(b);
+                Value::Number(Number::from_f64(f).ok_or_else(|| Malformed::new("a NaN"))?)
+            }
+            STRING => Value::String(self.str()?.to_owned()),
+            ARRAY => {
+                let n = self.len()?;
+                let mut items = Vec::with_capacity(n.min(MAX_RESERVED));
+                for _ in 0..n {
+                    items.push(self.value_at(depth + 1)?);
+                }
+                Value::Array(items)
+            }
+            OBJECT => {
+                let n = self.len()?;
+                let mut map = Map::new();
+                for _ in 0..n {
+                    let k = self.str()?.to_owned();
+                    map.insert(k, self.value_at(depth + 1)?);
+                }
+                Value::Object(map)
+            }
+            tag => return Err(Malformed::new(format!("value tag {tag}"))),
+        })
+    }
+
+    fn usage(&mut self) -> Read<TokenUsage> {
+        Ok(TokenUsage {
+            input_tokens: self.u64()?,
+            output_tokens: self.u64()?,
+            cached_input_tokens: self.u64()?,
+            reasoning_tokens: self.u64()?,
+        })
+    }
+
+    /// An id of any kind (parsed as its type parses it).
+    pub(crate) fn id<T: FromStr<Err = IdError>>(&mut self) -> Read<T> {
+        self.str()?
+            .parse()
+            .map_err(|e: IdError| Malformed::new(e.to_string()))
+    }
+
+    fn opt_id<T: FromStr<Err = IdError>>(&mut self) -> Read<Option<T>> {
+        self.opt_str()?
+            .map(|id| {
+                id.parse()
+                    .map_err(|e: IdError| Malformed::new(e.to_string()))
+            })
+            .transpose()
+    }
+
+    /// The next entry of a run's state: its key's name and its value's JSON text.
+    pub(crate) fn state_entry(&mut self) -> Read<(&'a str, &'a str)> {
+        Ok((self.str()?, self.str()?))
+    }
+
+    /// The next message.
+    pub(crate) fn message(&mut self) -> Read<Message> {
+        let role = match self.u8()? {
+            0 => Role::System,
+            1 => Role::User,
+            2 => Role::Assistant,
+            3 => Role::Tool,
+            tag => return Err(Malformed::new(format!("role tag {tag}"))),
+        };
+        let blocks = self.len()?;
+        let content: Arc<[ContentBlock]> = if blocks == 0 {
+            no_content()
+        } else {
+            let mut content = Vec::with_capacity(blocks.min(MAX_RESERVED));
+            for _ in 0..blocks {
+                content.push(match self.u8()? {
+                    BLOCK_TEXT => ContentBlock::Text {
+                        text: self.str()?.to_owned(),
+                    },
+                    BLOCK_REASONING => ContentBlock::Reasoning {
+                        text: self.str()?.to_owned(),
+                    },
+                    BLOCK_IMAGE => ContentBlock::Image {
+                        url: self.str()?.to_owned(),
+                        media_type: self.opt_str()?.map(str::to_owned),
+                    },
+                    BLOCK_JSON => ContentBlock::Json {
+                        value: Arc::new(self.value()?),
+                    },
+                    AS_JSON => self.json()?,
+                    tag => return Err(Malformed::new(format!("content block tag {tag}"))),
+                });
+            }
+            content.into()
+        };
+        let calls = self.len()?;
+        let tool_calls: Arc<[ToolCall]> = if calls == 0 {
+            no_tool_calls()
+        } else {
+            let mut tool_calls = Vec::with_capacity(calls.min(MAX_RESERVED));
+            for _ in 0..calls {
+                tool_calls.push(ToolCall {
+                    id: self.id()?,
+                    name: self.str()?.to_owned(),
+                    arguments: Arc::new(self.value()?),
+                    invalid_arguments: self.opt_str()?.map(str::to_owned),
+                });
+            }
+            tool_calls.into()
+        };
+        let tool_call_id = self.opt_id()?;
+        Ok(Message {
+            role,
+            content,
+            tool_calls,
+            tool_call_id,
+        })
+    }
+
+    /// The next event.
+    pub(crate) fn event(&mut self) -> Read<AgentEvent> {
+        Ok(match self.u8()? {
+            RUN_START => AgentEvent::RunStart {
+                thread_id: self.id()?,
+                run_id: self.id()?,
+                agent_id: Arc::from(self.str()?),
+                parent_run_id: self.opt_id()?,
+                resumed: self.u8()? != 0,
+            },
+            RUN_FINISH => AgentEvent::RunFinish {
+                thread_id: self.id()?,
+                run_id: self.id()?,
+                termination: Box::new(match self.u8()? {
+                    0 => TerminationReason::NaturalEnd,
+                    1 => self.json()?,
+                    tag => return Err(Malformed::new(format!("termination tag {tag}"))),
+                }),
+                response: self.opt_str()?.map(str::to_owned),
+                usage: Box::new(self.usage()?),
+            },
+            STEP_START => AgentEvent::StepStart { step: self.u32()? },
+            STEP_END => AgentEvent::StepEnd { step: self.u32()? },
+            TOOL_CALL_START => AgentEvent::ToolCallStart {
+                call_id: self.id()?,
+                name: Arc::from(self.str()?),
+            },
+            TOOL_CALL_READY => AgentEvent::ToolCallReady {
+                call_id: self.id()?,
+                name: Arc::from(self.str()?),
+                arguments: Arc::new(self.value()?),
+            },
+            TOOL_CALL_DONE => {
+                let call_id = self.id()?;
+                let status = match self.u8()? {
+                    0 => ToolResultStatus::Success,
+                    1 => ToolResultStatus::Error,
+                    2 => ToolResultStatus::Pending,
+                    tag => return Err(Malformed::new(format!("result status tag {tag}"))),
+                };
+                let content = Arc::new(self.value()?);
+                let state = match self.u8()? {
+                    0 => ToolCallState::Requested,
+                    1 => ToolCallState::Executing,
+                    2 => ToolCallState::Suspended,
+                    3 => ToolCallState::Succeeded,
+                    4 => ToolCallState::Failed,
+                    5 => ToolCallState::Blocked,
+                    6 => ToolCallState::ShortCircuited,
+                    7 => ToolCallState::Cancelled,
+                    8 => ToolCallState::OutcomeUnknown,
+                    tag => return Err(Malformed::new(format!("tool call state tag {tag}"))),
+                };
+                AgentEvent::ToolCallDone {
+                    call_id,
+                    result: Arc::new(ToolResult { status, content }),
+                    state,
+                }
+            }
+            INFERENCE_COMPLETE => AgentEvent::InferenceComplete {
+                model: Arc::from(self.str()?),
+                usage: self.usage()?,
+                duration_ms: self.u64()?,
+            },
+            AS_JSON => self.json()?,
+            tag => return Err(Malformed::new(format!("event tag {tag}"))),
+        })
+    }
+}

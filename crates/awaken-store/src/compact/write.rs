@@ -1,0 +1,401 @@
+//! Writing a segment.
+
+use super::*;
+
+pub(super) fn put_u64(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// How many bytes `put_u64` takes for `v`.
+fn u64_len(v: u64) -> usize {
+    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
+}
+
+/// Whether JSON `text` nests arrays and objects no deeper than `limit` (brackets inside
+/// strings do not count).
+pub(super) fn nests_within(text: &str, limit: usize) -> bool {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &b in text.as_bytes() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > limit {
+                    return false;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    true
+}
+
+/// Whether `seen` is `s`. A short string (most are) is compared in the loop here: a call to
+/// `memcmp` costs more than its compare.
+fn same(seen: &[u8], s: &[u8]) -> bool {
+    if s.len() <= 16 {
+        seen.len() == s.len() && seen.iter().zip(s).all(|(a, b)| a == b)
+    } else {
+        seen == s
+    }
+}
+
+/// The slot a string of at least two bytes is remembered in: a hash of its length and of its
+/// first and last bytes (up to eight of each). Cheaper than a hash of every byte, and as good
+/// here: a collision only loses a back-reference.
+fn slot_of(b: &[u8]) -> usize {
+    let n = b.len();
+    let word = |i: usize| -> u64 {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&b[i..i + 8]);
+        u64::from_le_bytes(w)
+    };
+    let half = |i: usize| -> u64 {
+        let mut w = [0u8; 4];
+        w.copy_from_slice(&b[i..i + 4]);
+        u64::from(u32::from_le_bytes(w))
+    };
+    let (x, y) = if n >= 8 {
+        (word(0), word(n - 8))
+    } else if n >= 4 {
+        (half(0), half(n - 4))
+    } else {
+        (
+            u64::from(b[0]) << 8 | u64::from(b[n - 1]),
+            u64::from(b[n / 2]),
+        )
+    };
+    let h = (x ^ y.rotate_left(29) ^ n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (h >> 56) as usize % SEEN_SLOTS
+}
+
+/// How many strings a writer remembers for back-references (a hash of the string picks the
+/// slot; a collision only loses a back-reference).
+const SEEN_SLOTS: usize = 256;
+
+/// Writes one segment. A string is written once as its bytes (a literal: its length shifted
+/// left by one, then the bytes); a later equal string, when that is shorter, as the literal's
+/// position in the segment (shifted left by one, plus one). A finished run repeats most of its
+/// strings: its run and thread ids, the model's name, every tool's name, a call's id (in the
+/// message, its start, readiness and end), JSON keys, arguments also kept in the call's events.
+pub(crate) struct Writer<'o> {
+    out: &'o mut Vec<u8>,
+    /// Where the segment starts in `out` (positions are relative to it).
+    base: usize,
+    /// A remembered literal per slot: its position plus one (0: none) and its length.
+    seen: [(u32, u32); SEEN_SLOTS],
+}
+
+impl<'o> Writer<'o> {
+    /// A writer of a segment that starts at the end of `out`.
+    pub(crate) fn new(out: &'o mut Vec<u8>) -> Self {
+        let base = out.len();
+        Self {
+            out,
+            base,
+            seen: [(0, 0); SEEN_SLOTS],
+        }
+    }
+
+    /// How many bytes the segment has so far.
+    pub(crate) fn position(&self) -> usize {
+        self.out.len() - self.base
+    }
+
+    fn u8(&mut self, b: u8) {
+        self.out.push(b);
+    }
+
+    fn u64(&mut self, v: u64) {
+        put_u64(self.out, v);
+    }
+
+    fn len(&mut self, n: usize) {
+        self.u64(n as u64);
+    }
+
+    pub(super) fn str(&mut self, s: &str) {
+        let bytes = s.as_bytes();
+        // A string of under two bytes is never shorter as a back-reference.
+        if bytes.len() >= 2 {
+            let at = self.position();
+            let slot = &mut self.seen[slot_of(bytes)];
+            let (seen_at, seen_len) = *slot;
+            if seen_len as usize == bytes.len() && seen_at != 0 {
+                let seen_at = seen_at as usize - 1;
+                let header = u64_len((bytes.len() as u64) << 1);
+                let reference = ((seen_at as u64) << 1) | 1;
+                let start = self.base + seen_at + header;
+                if u64_len(reference) < header + bytes.len()
+                    && same(&self.out[start..start + bytes.len()], bytes)
+                {
+                    self.u64(reference);
+                    return;
+                }
+            }
+            // Remembered only when a position and length fit the slot (always, short of a
+            // segment of 4 GiB).
+            if let (Ok(p), Ok(l)) = (u32::try_from(at + 1), u32::try_from(bytes.len())) {
+                *slot = (p, l);
+            }
+        }
+        self.u64((bytes.len() as u64) << 1);
+        self.out.extend_from_slice(bytes);
+    }
+
+    fn opt_str(&mut self, s: Option<&str>) {
+        match s {
+            None => self.u8(0),
+            Some(s) => {
+                self.u8(1);
+                self.str(s);
+            }
+        }
+    }
+
+    /// `value` as serde JSON text (what a kind without its own form is kept as).
+    fn json<T: serde::Serialize>(&mut self, value: &T) -> Result<(), serde_json::Error> {
+        let text = serde_json::to_string(value)?;
+        self.json_text(&text)
+    }
+
+    /// JSON text, refused when it nests deeper than `serde_json` reads back.
+    fn json_text(&mut self, text: &str) -> Result<(), serde_json::Error> {
+        if !nests_within(text, MAX_TEXT_DEPTH) {
+            return Err(serde::ser::Error::custom(format!(
+                "JSON text nested over {MAX_TEXT_DEPTH} deep"
+            )));
+        }
+        self.str(text);
+        Ok(())
+    }
+
+    pub(super) fn value(&mut self, value: &Value) -> Result<(), serde_json::Error> {
+        self.value_at(value, 0)
+    }
+
+    fn value_at(&mut self, value: &Value, depth: usize) -> Result<(), serde_json::Error> {
+        if depth >= MAX_DEPTH {
+            return Err(serde::ser::Error::custom(format!(
+                "a JSON value nested over {MAX_DEPTH} deep"
+            )));
+        }
+        match value {
+            Value::Null => self.u8(NULL),
+            Value::Bool(false) => self.u8(FALSE),
+            Value::Bool(true) => self.u8(TRUE),
+            Value::Number(n) => {
+                if let Some(u) = n.as_u64() {
+                    self.u8(UNSIGNED);
+                    self.u64(u);
+                } else if let Some(i) = n.as_i64() {
+                    // Negative (a non-negative integer is a `u64` above): its magnitude less
+                    // one.
+                    self.u8(NEGATIVE);
+                    self.u64(!(i as u64));
+                } else {
+                    // A float (never NaN or infinite in a `Value`).
+                    self.u8(FLOAT);
+                    self.out
+                        .extend_from_slice(&n.as_f64().unwrap_or_default().to_le_bytes());
+                }
+            }
+            Value::String(s) => {
+                self.u8(STRING);
+                self.str(s);
+            }
+            Value::Array(items) => {
+                self.u8(ARRAY);
+                self.len(items.len());
+                for item in items {
+                    self.value_at(item, depth + 1)?;
+                }
+            }
+            Value::Object(map) => {
+                self.u8(OBJECT);
+                self.len(map.len());
+                for (k, v) in map {
+                    self.str(k);
+                    self.value_at(v, depth + 1)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn usage(&mut self, u: &TokenUsage) {
+        self.u64(u.input_tokens);
+        self.u64(u.output_tokens);
+        self.u64(u.cached_input_tokens);
+        self.u64(u.reasoning_tokens);
+    }
+
+    /// Appends `message`.
+    pub(crate) fn message(&mut self, m: &Message) -> Result<(), serde_json::Error> {
+        self.u8(role_code(m.role));
+        self.len(m.content.len());
+        for block in m.content.iter() {
+            match block {
+                ContentBlock::Text { text } => {
+                    self.u8(BLOCK_TEXT);
+                    self.str(text);
+                }
+                ContentBlock::Reasoning { text } => {
+                    self.u8(BLOCK_REASONING);
+                    self.str(text);
+                }
+                ContentBlock::Image { url, media_type } => {
+                    self.u8(BLOCK_IMAGE);
+                    self.str(url);
+                    self.opt_str(media_type.as_deref());
+                }
+                ContentBlock::Json { value } => {
+                    self.u8(BLOCK_JSON);
+                    self.value(value)?;
+                }
+                other => {
+                    self.u8(AS_JSON);
+                    self.json(other)?;
+                }
+            }
+        }
+        self.len(m.tool_calls.len());
+        for call in m.tool_calls.iter() {
+            self.str(call.id.as_str());
+            self.str(&call.name);
+            self.value(&call.arguments)?;
+            self.opt_str(call.invalid_arguments.as_deref());
+        }
+        self.opt_str(m.tool_call_id.as_ref().map(ToolCallId::as_str));
+        Ok(())
+    }
+
+    /// Appends `event`. The kinds every run stores have their own form; the rest are JSON.
+    pub(crate) fn event(&mut self, event: &AgentEvent) -> Result<(), serde_json::Error> {
+        match event {
+            AgentEvent::RunStart {
+                thread_id,
+                run_id,
+                agent_id,
+                parent_run_id,
+                resumed,
+            } => {
+                self.u8(RUN_START);
+                self.str(thread_id.as_str());
+                self.str(run_id.as_str());
+                self.str(agent_id);
+                self.opt_str(parent_run_id.as_ref().map(RunId::as_str));
+                self.u8(u8::from(*resumed));
+            }
+            AgentEvent::RunFinish {
+                thread_id,
+                run_id,
+                termination,
+                response,
+                usage,
+            } => {
+                self.u8(RUN_FINISH);
+                self.str(thread_id.as_str());
+                self.str(run_id.as_str());
+                match &**termination {
+                    TerminationReason::NaturalEnd => self.u8(0),
+                    other => {
+                        self.u8(1);
+                        self.json(other)?;
+                    }
+                }
+                self.opt_str(response.as_deref());
+                self.usage(usage);
+            }
+            AgentEvent::StepStart { step } => {
+                self.u8(STEP_START);
+                self.u64(u64::from(*step));
+            }
+            AgentEvent::StepEnd { step } => {
+                self.u8(STEP_END);
+                self.u64(u64::from(*step));
+            }
+            AgentEvent::ToolCallStart { call_id, name } => {
+                self.u8(TOOL_CALL_START);
+                self.str(call_id.as_str());
+                self.str(name);
+            }
+            AgentEvent::ToolCallReady {
+                call_id,
+                name,
+                arguments,
+            } => {
+                self.u8(TOOL_CALL_READY);
+                self.str(call_id.as_str());
+                self.str(name);
+                self.value(arguments)?;
+            }
+            AgentEvent::ToolCallDone {
+                call_id,
+                result,
+                state,
+            } => {
+                self.u8(TOOL_CALL_DONE);
+                self.str(call_id.as_str());
+                self.u8(match result.status {
+                    ToolResultStatus::Success => 0,
+                    ToolResultStatus::Error => 1,
+                    ToolResultStatus::Pending => 2,
+                });
+                self.value(&result.content)?;
+                self.u8(state_code(*state));
+            }
+            AgentEvent::InferenceComplete {
+                model,
+                usage,
+                duration_ms,
+            } => {
+                self.u8(INFERENCE_COMPLETE);
+                self.str(model);
+                self.usage(usage);
+                self.u64(*duration_ms);
+            }
+            other => {
+                self.u8(AS_JSON);
+                self.json(other)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends one entry of a run's state: its key's name and its value's JSON text (refused
+    /// when it nests deeper than it reads back).
+    pub(crate) fn state_entry(&mut self, key: &str, json: &str) -> Result<(), serde_json::Error> {
+        self.str(key);
+        self.json_text(json)
+    }
+
+    /// Appends one run's `count` events: the run's id, how many, and the events.
+    pub(crate) fn event_run<'e>(
+        &mut self,
+        run_id: &RunId,
+        count: usize,
+        events: impl IntoIterator<Item = &'e AgentEvent>,
+    ) -> Result<(), serde_json::Error> {
+        self.str(run_id.as_str());
+        self.len(count);
+        for event in events {
+            self.event(event)?;
+        }
+        Ok(())
+    }
+}
