@@ -480,13 +480,12 @@ pub(crate) struct KeyEntry {
 
 impl KeyEntry {
     fn of<K: StateKey>(options: KeyOptions) -> Self {
-        let meta = KeyMeta::of::<K>();
         KeyEntry {
             name: K::KEY,
             key_type: TypeId::of::<K>(),
             type_name: std::any::type_name::<K>(),
             options,
-            default: default_of::<K>(meta),
+            default: default_of::<K>(),
             codec: &MetaOf::<K>::CODEC,
         }
     }
@@ -510,8 +509,8 @@ thread_local! {
 
 /// `K`'s default value: this OS thread's shared one (a new one while the thread is being torn
 /// down).
-fn default_of<K: StateKey>(meta: &'static KeyMeta<K::Value, K::Update>) -> Arc<AnyValue> {
-    let make = || -> Arc<AnyValue> { Arc::new(Stored::value(K::Value::default(), meta)) };
+fn default_of<K: StateKey>() -> Arc<AnyValue> {
+    let make = || new_value::<K>(K::Value::default());
     DEFAULTS
         .try_with(|defaults| {
             // (`try_borrow_mut`: a `Default` that registers keys itself gets its own value.)

@@ -40,6 +40,12 @@ impl Malformed {
     }
 }
 
+impl std::fmt::Display for Malformed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the memory store's compact form: {}", self.0)
+    }
+}
+
 type Read<T> = Result<T, Malformed>;
 
 /// How deep a JSON value may nest in a segment (arrays and objects in one another): a writer
@@ -64,8 +70,33 @@ const STRING: u8 = 6;
 const ARRAY: u8 = 7;
 const OBJECT: u8 = 8;
 
-/// (Exhaustive, as [`role_code`]: a new state is a compile error here, not an unreadable
-/// thread.)
+// An enum's tag is its variant's place in its table; the writer's `*_code` match is exhaustive
+// (a new variant is a compile error here, not an unreadable thread), the reader looks the tag
+// up in the table, and a test checks that each table reads back what its `*_code` writes.
+
+const ROLES: [Role; 4] = [Role::System, Role::User, Role::Assistant, Role::Tool];
+
+fn role_code(role: Role) -> u8 {
+    match role {
+        Role::System => 0,
+        Role::User => 1,
+        Role::Assistant => 2,
+        Role::Tool => 3,
+    }
+}
+
+const STATES: [ToolCallState; 9] = [
+    ToolCallState::Requested,
+    ToolCallState::Executing,
+    ToolCallState::Suspended,
+    ToolCallState::Succeeded,
+    ToolCallState::Failed,
+    ToolCallState::Blocked,
+    ToolCallState::ShortCircuited,
+    ToolCallState::Cancelled,
+    ToolCallState::OutcomeUnknown,
+];
+
 fn state_code(state: ToolCallState) -> u8 {
     match state {
         ToolCallState::Requested => 0,
@@ -80,13 +111,26 @@ fn state_code(state: ToolCallState) -> u8 {
     }
 }
 
-fn role_code(role: Role) -> u8 {
-    match role {
-        Role::System => 0,
-        Role::User => 1,
-        Role::Assistant => 2,
-        Role::Tool => 3,
+const STATUSES: [ToolResultStatus; 3] = [
+    ToolResultStatus::Success,
+    ToolResultStatus::Error,
+    ToolResultStatus::Pending,
+];
+
+fn status_code(status: ToolResultStatus) -> u8 {
+    match status {
+        ToolResultStatus::Success => 0,
+        ToolResultStatus::Error => 1,
+        ToolResultStatus::Pending => 2,
     }
+}
+
+/// The variant `tag` stands for in `table` (`what` names the kind in the error).
+fn variant<T: Copy>(table: &[T], tag: u8, what: &str) -> Read<T> {
+    table
+        .get(usize::from(tag))
+        .copied()
+        .ok_or_else(|| Malformed::new(format!("{what} tag {tag}")))
 }
 
 const BLOCK_TEXT: u8 = 0;

@@ -133,7 +133,6 @@ impl StoreError {
         }
     }
 
-    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     pub(crate) fn corrupt(what: &'static str, detail: impl ToString) -> Self {
         StoreError::Corrupt {
             what,

@@ -151,7 +151,11 @@ impl MessageParts {
         for segment in &self.segments {
             let mut reader = compact::Reader::part(&segment.bytes, 0..segment.events_at);
             for _ in 0..segment.messages {
-                out.push(reader.message().map_err(|e| corrupt("message", e))?);
+                out.push(
+                    reader
+                        .message()
+                        .map_err(|e| StoreError::corrupt("message", e))?,
+                );
             }
         }
         for chunk in &self.chunks {
@@ -237,10 +241,12 @@ impl EventParts {
                 compact::Reader::part(&segment.bytes, segment.events_at..segment.bytes.len());
             let mut seq = segment.first_seq;
             while !reader.is_empty() {
-                let run_id: RunId = reader.id().map_err(|e| corrupt("event", e))?;
-                let n = reader.len().map_err(|e| corrupt("event", e))?;
+                let run_id: RunId = reader.id().map_err(|e| StoreError::corrupt("event", e))?;
+                let n = reader.len().map_err(|e| StoreError::corrupt("event", e))?;
                 for _ in 0..n {
-                    let event = reader.event().map_err(|e| corrupt("event", e))?;
+                    let event = reader
+                        .event()
+                        .map_err(|e| StoreError::corrupt("event", e))?;
                     if seq > since {
                         out.push(StoredEvent {
                             seq,
@@ -309,13 +315,6 @@ impl EventLog {
             rest = after;
         }
         Ok(total)
-    }
-}
-
-fn corrupt(what: &'static str, e: compact::Malformed) -> StoreError {
-    StoreError::Corrupt {
-        what,
-        detail: format!("the memory store's compact form: {}", e.0),
     }
 }
 
@@ -510,9 +509,11 @@ impl RunState {
         let mut reader = compact::Reader::new(&self.done);
         let mut entries = Vec::new();
         while !reader.is_empty() {
-            let (k, text) = reader.state_entry().map_err(|e| corrupt("run state", e))?;
+            let (k, text) = reader
+                .state_entry()
+                .map_err(|e| StoreError::corrupt("run state", e))?;
             let value = serde_json::from_str(text)
-                .map_err(|e| corrupt("run state", compact::Malformed(e.to_string())))?;
+                .map_err(|e| StoreError::corrupt("run state", compact::Malformed(e.to_string())))?;
             entries.push((k.to_owned(), value));
         }
         Ok(entries)

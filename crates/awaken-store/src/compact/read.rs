@@ -146,14 +146,7 @@ impl<'a> Reader<'a> {
                 Value::Number(Number::from_f64(f).ok_or_else(|| Malformed::new("a NaN"))?)
             }
             STRING => Value::String(self.str()?.to_owned()),
-            ARRAY => {
-                let n = self.len()?;
-                let mut items = Vec::with_capacity(n.min(MAX_RESERVED));
-                for _ in 0..n {
-                    items.push(self.value_at(depth + 1)?);
-                }
-                Value::Array(items)
-            }
+            ARRAY => Value::Array(self.items(|r| r.value_at(depth + 1))?),
             OBJECT => {
                 let n = self.len()?;
                 let mut map = Map::new();
@@ -197,61 +190,60 @@ impl<'a> Reader<'a> {
         Ok((self.str()?, self.str()?))
     }
 
+    /// A count, then that many items read by `item`.
+    fn items<T>(&mut self, mut item: impl FnMut(&mut Self) -> Read<T>) -> Read<Vec<T>> {
+        let n = self.len()?;
+        let mut items = Vec::with_capacity(n.min(MAX_RESERVED));
+        for _ in 0..n {
+            items.push(item(self)?);
+        }
+        Ok(items)
+    }
+
     /// The next message.
     pub(crate) fn message(&mut self) -> Read<Message> {
-        let role = match self.u8()? {
-            0 => Role::System,
-            1 => Role::User,
-            2 => Role::Assistant,
-            3 => Role::Tool,
-            tag => return Err(Malformed::new(format!("role tag {tag}"))),
-        };
-        let blocks = self.len()?;
-        let content: Arc<[ContentBlock]> = if blocks == 0 {
-            no_content()
-        } else {
-            let mut content = Vec::with_capacity(blocks.min(MAX_RESERVED));
-            for _ in 0..blocks {
-                content.push(match self.u8()? {
-                    BLOCK_TEXT => ContentBlock::Text {
-                        text: self.str()?.to_owned(),
-                    },
-                    BLOCK_REASONING => ContentBlock::Reasoning {
-                        text: self.str()?.to_owned(),
-                    },
-                    BLOCK_IMAGE => ContentBlock::Image {
-                        url: self.str()?.to_owned(),
-                        media_type: self.opt_str()?.map(str::to_owned),
-                    },
-                    BLOCK_JSON => ContentBlock::Json {
-                        value: Arc::new(self.value()?),
-                    },
-                    AS_JSON => self.json()?,
-                    tag => return Err(Malformed::new(format!("content block tag {tag}"))),
-                });
-            }
-            content.into()
-        };
-        let calls = self.len()?;
-        let tool_calls: Arc<[ToolCall]> = if calls == 0 {
-            no_tool_calls()
-        } else {
-            let mut tool_calls = Vec::with_capacity(calls.min(MAX_RESERVED));
-            for _ in 0..calls {
-                tool_calls.push(ToolCall {
-                    id: self.id()?,
-                    name: self.str()?.to_owned(),
-                    arguments: Arc::new(self.value()?),
-                    invalid_arguments: self.opt_str()?.map(str::to_owned),
-                });
-            }
-            tool_calls.into()
-        };
+        let role = variant(&ROLES, self.u8()?, "role")?;
+        let content = self.items(|r| {
+            Ok(match r.u8()? {
+                BLOCK_TEXT => ContentBlock::Text {
+                    text: r.str()?.to_owned(),
+                },
+                BLOCK_REASONING => ContentBlock::Reasoning {
+                    text: r.str()?.to_owned(),
+                },
+                BLOCK_IMAGE => ContentBlock::Image {
+                    url: r.str()?.to_owned(),
+                    media_type: r.opt_str()?.map(str::to_owned),
+                },
+                BLOCK_JSON => ContentBlock::Json {
+                    value: Arc::new(r.value()?),
+                },
+                AS_JSON => r.json()?,
+                tag => return Err(Malformed::new(format!("content block tag {tag}"))),
+            })
+        })?;
+        let tool_calls = self.items(|r| {
+            Ok(ToolCall {
+                id: r.id()?,
+                name: r.str()?.to_owned(),
+                arguments: Arc::new(r.value()?),
+                invalid_arguments: r.opt_str()?.map(str::to_owned),
+            })
+        })?;
         let tool_call_id = self.opt_id()?;
         Ok(Message {
             role,
-            content,
-            tool_calls,
+            // The thread's own empty lists for none (see `no_content`).
+            content: if content.is_empty() {
+                no_content()
+            } else {
+                content.into()
+            },
+            tool_calls: if tool_calls.is_empty() {
+                no_tool_calls()
+            } else {
+                tool_calls.into()
+            },
             tool_call_id,
         })
     }
@@ -290,25 +282,9 @@ impl<'a> Reader<'a> {
             },
             TOOL_CALL_DONE => {
                 let call_id = self.id()?;
-                let status = match self.u8()? {
-                    0 => ToolResultStatus::Success,
-                    1 => ToolResultStatus::Error,
-                    2 => ToolResultStatus::Pending,
-                    tag => return Err(Malformed::new(format!("result status tag {tag}"))),
-                };
+                let status = variant(&STATUSES, self.u8()?, "result status")?;
                 let content = Arc::new(self.value()?);
-                let state = match self.u8()? {
-                    0 => ToolCallState::Requested,
-                    1 => ToolCallState::Executing,
-                    2 => ToolCallState::Suspended,
-                    3 => ToolCallState::Succeeded,
-                    4 => ToolCallState::Failed,
-                    5 => ToolCallState::Blocked,
-                    6 => ToolCallState::ShortCircuited,
-                    7 => ToolCallState::Cancelled,
-                    8 => ToolCallState::OutcomeUnknown,
-                    tag => return Err(Malformed::new(format!("tool call state tag {tag}"))),
-                };
+                let state = variant(&STATES, self.u8()?, "tool call state")?;
                 AgentEvent::ToolCallDone {
                     call_id,
                     result: Arc::new(ToolResult { status, content }),

@@ -251,3 +251,17 @@ fn json_text_depth_counts_only_real_brackets() {
     );
     assert!(writer.state_entry("k", &nested(MAX_TEXT_DEPTH)).is_ok());
 }
+
+/// Each tag table reads back the variant its code writes.
+#[test]
+fn tag_tables_match_their_codes() {
+    for (i, r) in ROLES.iter().enumerate() {
+        assert_eq!(usize::from(role_code(*r)), i, "{r:?}");
+    }
+    for (i, s) in STATES.iter().enumerate() {
+        assert_eq!(usize::from(state_code(*s)), i, "{s:?}");
+    }
+    for (i, s) in STATUSES.iter().enumerate() {
+        assert_eq!(usize::from(status_code(*s)), i, "{s:?}");
+    }
+}

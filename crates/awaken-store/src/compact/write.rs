@@ -351,11 +351,7 @@ impl<'o> Writer<'o> {
             } => {
                 self.u8(TOOL_CALL_DONE);
                 self.str(call_id.as_str());
-                self.u8(match result.status {
-                    ToolResultStatus::Success => 0,
-                    ToolResultStatus::Error => 1,
-                    ToolResultStatus::Pending => 2,
-                });
+                self.u8(status_code(result.status));
                 self.value(&result.content)?;
                 self.u8(state_code(*state));
             }
