@@ -72,7 +72,8 @@ const OBJECT: u8 = 8;
 
 // An enum's tag is its variant's place in its table; the writer's `*_code` match is exhaustive
 // (a new variant is a compile error here, not an unreadable thread), the reader looks the tag
-// up in the table, and a test checks that each table reads back what its `*_code` writes.
+// up in the table (a tool call state's is `ToolCallState::ALL`), and a test checks that each
+// table reads back what its `*_code` writes.
 
 const ROLES: [Role; 4] = [Role::System, Role::User, Role::Assistant, Role::Tool];
 
@@ -84,18 +85,6 @@ fn role_code(role: Role) -> u8 {
         Role::Tool => 3,
     }
 }
-
-const STATES: [ToolCallState; 9] = [
-    ToolCallState::Requested,
-    ToolCallState::Executing,
-    ToolCallState::Suspended,
-    ToolCallState::Succeeded,
-    ToolCallState::Failed,
-    ToolCallState::Blocked,
-    ToolCallState::ShortCircuited,
-    ToolCallState::Cancelled,
-    ToolCallState::OutcomeUnknown,
-];
 
 fn state_code(state: ToolCallState) -> u8 {
     match state {

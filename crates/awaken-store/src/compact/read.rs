@@ -284,7 +284,7 @@ impl<'a> Reader<'a> {
                 let call_id = self.id()?;
                 let status = variant(&STATUSES, self.u8()?, "result status")?;
                 let content = Arc::new(self.value()?);
-                let state = variant(&STATES, self.u8()?, "tool call state")?;
+                let state = variant(&ToolCallState::ALL, self.u8()?, "tool call state")?;
                 AgentEvent::ToolCallDone {
                     call_id,
                     result: Arc::new(ToolResult { status, content }),

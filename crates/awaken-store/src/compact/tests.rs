@@ -258,7 +258,7 @@ fn tag_tables_match_their_codes() {
     for (i, r) in ROLES.iter().enumerate() {
         assert_eq!(usize::from(role_code(*r)), i, "{r:?}");
     }
-    for (i, s) in STATES.iter().enumerate() {
+    for (i, s) in ToolCallState::ALL.iter().enumerate() {
         assert_eq!(usize::from(state_code(*s)), i, "{s:?}");
     }
     for (i, s) in STATUSES.iter().enumerate() {
