@@ -25,10 +25,13 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use awaken_event::{
-    AgentEvent, ContentBlock, IdError, Message, Role, RunId, TerminationReason, TokenUsage,
-    ToolCall, ToolCallId, ToolCallState, ToolResult, ToolResultStatus, no_content, no_tool_calls,
+    AgentEvent, ContentBlock, IdError, Message, ProfileId, Role, RunId, TerminationReason,
+    ThreadId, TokenUsage, ToolCall, ToolCallId, ToolCallState, ToolResult, ToolResultStatus,
+    no_content, no_tool_calls,
 };
 use serde_json::{Map, Number, Value};
+
+use crate::commit::{RunRecord, RunStatus, Timestamp};
 
 /// What could not be read back (the bytes were not written by this module).
 #[derive(Debug)]

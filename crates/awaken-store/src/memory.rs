@@ -78,7 +78,7 @@ struct Inner {
     /// Boxed: a table's slot is a pointer, not a thread's 170 bytes (a table has room for up
     /// to twice as many threads as it holds).
     threads: HashMap<ThreadId, Box<ThreadData>>,
-    runs: HashMap<RunId, Box<RunRow>>,
+    runs: HashMap<RunId, RunSlot>,
 }
 
 /// Everything of one thread, found with one lookup per commit.
@@ -433,6 +433,18 @@ struct ThreadRow {
     updated_at: Timestamp,
 }
 
+/// A run's row: as the commits carried it while the run can change, and in
+/// [`crate::compact`]'s form once a commit has finished it (boxed, with its state's entries,
+/// a row and a state map took about 450 bytes of every finished loop-5 run; written out,
+/// about 200). A later write to a finished run reads it back first; a read decodes it.
+#[derive(Debug)]
+enum RunSlot {
+    Live(Box<RunRow>),
+    /// A finished run holding no lease and no batch: [`compact::Writer::run_row`], then each
+    /// of its state's entries ([`compact::Writer::state_entry`]).
+    Done(Box<[u8]>),
+}
+
 #[derive(Debug)]
 struct RunRow {
     thread_id: ThreadId,
@@ -446,7 +458,7 @@ struct RunRow {
     /// never matches again).
     lease_epoch: u64,
     /// The run's state, as the commits carried it.
-    state: RunState,
+    state: StateMap,
 }
 
 /// A lease held on a run.
@@ -456,78 +468,140 @@ struct Lease {
     expires_at: Timestamp,
 }
 
-/// A run's stored state: a hash map while the run goes on (a commit writes each changed key
-/// with one lookup), and its entries as JSON text in [`crate::compact`]'s form once a commit
-/// has finished the run (a hash map of one key is a table of four, about 300 bytes, and a
-/// typed value is as large as its type: 216 bytes kept for every finished loop-5 run were 137).
-#[derive(Debug, Default)]
-struct RunState {
-    /// Empty (and unallocated) while `done` holds the entries.
-    live: StateMap,
-    /// Each entry's key name and JSON text (empty while `live` holds them).
-    done: Box<[u8]>,
+/// A run's record, state and batch as a load returns them.
+struct LoadedRun {
+    record: RunRecord,
+    state: PersistedState,
+    batch: Option<serde_json::Value>,
 }
 
-impl RunState {
-    /// The entries as a map, to write to (a finished run's entries are read back as JSON
-    /// values: a commit to a finished run is rare).
-    fn live(&mut self) -> Result<&mut StateMap, StoreError> {
-        if !self.done.is_empty() {
-            self.live = self
-                .decode()?
-                .into_iter()
-                .map(|(k, v)| (StateKeyName::Owned(k), StateValue::json(v)))
-                .collect();
-            self.done = Box::default();
+/// A finished run's row read back from `bytes` (see [`RunSlot::Done`]); its state's values
+/// are JSON values.
+fn read_row(bytes: &[u8], run_id: &RunId) -> Result<RunRow, StoreError> {
+    let corrupt = |e| StoreError::corrupt("run", e);
+    let mut reader = compact::Reader::new(bytes);
+    let (thread_id, record, state_revision, lease_epoch) =
+        reader.run_row(run_id).map_err(corrupt)?;
+    let mut state = StateMap::default();
+    while !reader.is_empty() {
+        let (k, text) = reader.state_entry().map_err(corrupt)?;
+        let value =
+            serde_json::from_str(text).map_err(|e| corrupt(compact::Malformed(e.to_string())))?;
+        state.insert(StateKeyName::Owned(k.to_owned()), StateValue::json(value));
+    }
+    Ok(RunRow {
+        thread_id,
+        record,
+        state_revision,
+        batch: None,
+        lease: None,
+        lease_epoch,
+        state,
+    })
+}
+
+impl RunSlot {
+    /// The row, to write to: a finished run's is read back first (a commit to a finished run
+    /// is rare).
+    fn live(&mut self, run_id: &RunId) -> Result<&mut RunRow, StoreError> {
+        if let RunSlot::Done(bytes) = self {
+            *self = RunSlot::Live(Box::new(read_row(bytes, run_id)?));
         }
-        Ok(&mut self.live)
+        match self {
+            RunSlot::Live(row) => Ok(row),
+            RunSlot::Done(_) => Err(StoreError::corrupt(
+                "run",
+                compact::Malformed("a finished run's row was not read back".to_owned()),
+            )),
+        }
     }
 
-    /// Writes the entries as JSON text (the run is done), if every value has one that reads
-    /// back (not nested deeper than `serde_json` parses). Entries are in `live` after any write
-    /// (`live()` moves them back first), so a non-empty map holds them all.
-    fn freeze(&mut self) {
-        if self.live.is_empty() {
-            return;
+    /// The row if it can change (a finished run's holds no lease and is never claimable).
+    fn if_live(&mut self) -> Option<&mut RunRow> {
+        match self {
+            RunSlot::Live(row) => Some(row),
+            RunSlot::Done(_) => None,
         }
-        let frozen = with_compact_buffer(|buffer| {
+    }
+
+    /// Whether the run is on `thread_id`.
+    fn is_on(&self, thread_id: &ThreadId) -> Result<bool, StoreError> {
+        match self {
+            RunSlot::Live(row) => Ok(row.thread_id == *thread_id),
+            RunSlot::Done(bytes) => compact::Reader::new(bytes)
+                .str()
+                .map(|t| t == thread_id.as_str())
+                .map_err(|e| StoreError::corrupt("run", e)),
+        }
+    }
+
+    /// The run's record.
+    fn record(&self, run_id: &RunId) -> Result<RunRecord, StoreError> {
+        match self {
+            RunSlot::Live(row) => Ok(row.record.clone()),
+            RunSlot::Done(bytes) => compact::Reader::new(bytes)
+                .run_row(run_id)
+                .map(|(_, record, _, _)| record)
+                .map_err(|e| StoreError::corrupt("run", e)),
+        }
+    }
+
+    /// The run's record, state and batch as a load returns them.
+    fn load(&self, run_id: &RunId) -> Result<LoadedRun, StoreError> {
+        let done;
+        let row = match self {
+            RunSlot::Live(row) => &**row,
+            RunSlot::Done(bytes) => {
+                done = read_row(bytes, run_id)?;
+                &done
+            }
+        };
+        Ok(LoadedRun {
+            record: row.record.clone(),
+            state: persisted("run state", row.state_revision, &row.state)?,
+            batch: row
+                .batch
+                .as_ref()
+                .map(BatchData::to_json)
+                .transpose()
+                .map_err(|source| StoreError::Serialize {
+                    what: "tool batch",
+                    source,
+                })?,
+        })
+    }
+
+    /// Writes a finished run's row in compact form, if it holds no lease and no batch and
+    /// each of its state's values has JSON text that reads back (not nested deeper than
+    /// `serde_json` parses). Hands back the row it replaced, to be dropped after the locks are
+    /// released.
+    fn freeze(&mut self) -> Option<Box<RunRow>> {
+        let RunSlot::Live(row) = self else {
+            return None;
+        };
+        if row.record.status != RunStatus::Done || row.lease.is_some() || row.batch.is_some() {
+            return None;
+        }
+        let bytes = with_compact_buffer(|buffer| {
             let mut writer = compact::Writer::new(buffer);
-            for (k, v) in &self.live {
+            writer
+                .run_row(
+                    &row.thread_id,
+                    &row.record,
+                    row.state_revision,
+                    row.lease_epoch,
+                )
+                .ok()?;
+            for (k, v) in &row.state {
                 let text = v.to_text().ok()?;
                 writer.state_entry(k, &text).ok()?;
             }
             Some(Box::from(buffer.as_slice()))
-        });
-        if let Some(done) = frozen {
-            self.done = done;
-            self.live = StateMap::default();
+        })?;
+        match std::mem::replace(self, RunSlot::Done(bytes)) {
+            RunSlot::Live(row) => Some(row),
+            RunSlot::Done(_) => None,
         }
-    }
-
-    /// A finished run's entries, read back: each key's name and JSON value.
-    fn decode(&self) -> Result<Vec<(String, serde_json::Value)>, StoreError> {
-        let mut reader = compact::Reader::new(&self.done);
-        let mut entries = Vec::new();
-        while !reader.is_empty() {
-            let (k, text) = reader
-                .state_entry()
-                .map_err(|e| StoreError::corrupt("run state", e))?;
-            let value = serde_json::from_str(text)
-                .map_err(|e| StoreError::corrupt("run state", compact::Malformed(e.to_string())))?;
-            entries.push((k.to_owned(), value));
-        }
-        Ok(entries)
-    }
-
-    /// The entries as a load returns them.
-    fn persisted(&self, revision: u64) -> Result<PersistedState, StoreError> {
-        if self.done.is_empty() {
-            return persisted("run state", revision, self.live.iter());
-        }
-        Ok(PersistedState {
-            revision,
-            values: self.decode()?.into_iter().collect(),
-        })
     }
 }
 
@@ -640,7 +714,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// What a commit finds of its thread and run in their shard (each looked up once).
 type ThreadEntry<'a> = Entry<'a, ThreadId, Box<ThreadData>>;
-type RunEntry<'a> = Entry<'a, RunId, Box<RunRow>>;
+type RunEntry<'a> = Entry<'a, RunId, RunSlot>;
 
 impl Inner {
     /// Checks a commit against its thread and run as stored (`None`: not stored yet).
@@ -740,7 +814,10 @@ impl Inner {
             // The row is updated in place; what it held before is the undo.
             let row = match run {
                 Entry::Occupied(slot) => {
-                    let row = &mut **slot.into_mut();
+                    let row = match slot.into_mut().live(rid) {
+                        Ok(row) => row,
+                        Err(e) => break 'apply Err(e),
+                    };
                     let created_at = row.record.created_at;
                     let old_record = std::mem::replace(
                         &mut row.record,
@@ -770,15 +847,19 @@ impl Inner {
                         BatchWrite::Keep | BatchWrite::Clear => None,
                     };
                     undo.push(Undo::RunCreated);
-                    &mut **slot.insert(Box::new(RunRow {
+                    let slot = slot.insert(RunSlot::Live(Box::new(RunRow {
                         thread_id: tid.clone(),
                         record,
                         state_revision: 0,
                         batch,
                         lease: None,
                         lease_epoch: 0,
-                        state: RunState::default(),
-                    }))
+                        state: StateMap::default(),
+                    })));
+                    match slot.live(rid) {
+                        Ok(row) => row,
+                        Err(e) => break 'apply Err(e),
+                    }
                 }
             };
             if !run_delta.values.is_empty() {
@@ -789,12 +870,8 @@ impl Inner {
             }
 
             if !run_delta.values.is_empty() {
-                let state = match row.state.live() {
-                    Ok(state) => state,
-                    Err(e) => break 'apply Err(e),
-                };
                 for (k, v) in run_delta.values {
-                    let old = state.insert(k.clone(), v);
+                    let old = row.state.insert(k.clone(), v);
                     undo.push(Undo::RunKey(k, old));
                 }
             }
@@ -902,7 +979,7 @@ impl Inner {
                 }
                 Undo::RunUpdated => {
                     if let Some(old) = run_undo.take()
-                        && let Some(row) = self.runs.get_mut(rid)
+                        && let Some(row) = self.runs.get_mut(rid).and_then(RunSlot::if_live)
                     {
                         row.record = old.record;
                         row.state_revision = old.state_revision;
@@ -929,9 +1006,8 @@ impl Inner {
                     }
                 }
                 Undo::RunKey(k, old) => {
-                    // (The commit's write made the state a map.)
-                    if let Some(row) = self.runs.get_mut(rid) {
-                        restore(&mut row.state.live, &k, old);
+                    if let Some(row) = self.runs.get_mut(rid).and_then(RunSlot::if_live) {
+                        restore(&mut row.state, &k, old);
                     }
                 }
                 Undo::ThreadKey(k, old) => {
@@ -1019,7 +1095,7 @@ impl MemoryStore {
         // The thread and the run, each found once: checked, then written through the same
         // entries (a vacant one left unused inserts nothing).
         let thread = threads.entry(commit.thread_id.clone());
-        let run = runs.entry(commit.run.run_id.clone());
+        let mut run = runs.entry(commit.run.run_id.clone());
         let mut run_threads = None;
         if matches!(run, Entry::Vacant(_)) {
             let index = self.run_index(&commit.run.run_id);
@@ -1044,8 +1120,9 @@ impl MemoryStore {
                 Entry::Occupied(t) => Some(&**t.get()),
                 Entry::Vacant(_) => None,
             },
-            match &run {
-                Entry::Occupied(r) => Some(&**r.get()),
+            match &mut run {
+                // (A finished run's row is read back here, before anything changes.)
+                Entry::Occupied(r) => Some(&*r.get_mut().live(&commit.run.run_id)?),
                 Entry::Vacant(_) => None,
             },
             &commit,
@@ -1088,11 +1165,9 @@ impl MemoryStore {
         drop(profiles);
         drop(run_threads);
         // (The state's values serialize here, after the index and profile locks are released.)
-        let compacted = compact.and_then(|(thread_id, run_id)| {
-            if let Some(row) = inner.runs.get_mut(&run_id) {
-                row.state.freeze();
-            }
-            inner.threads.get_mut(&thread_id).map(|t| t.compact())
+        let compacted = compact.map(|(thread_id, run_id)| {
+            let row = inner.runs.get_mut(&run_id).and_then(RunSlot::freeze);
+            (row, inner.threads.get_mut(&thread_id).map(|t| t.compact()))
         });
         // The replaced rows and values, and a compacted thread's shared form, are freed after
         // the locks are released.
@@ -1135,31 +1210,31 @@ impl ThreadStore for MemoryStore {
         else {
             return Ok(None);
         };
-        let run = thread
+        let run = match thread
             .latest_run_id
             .as_ref()
-            .and_then(|r| inner.runs.get(r));
+            .and_then(|r| Some((r, inner.runs.get(r)?)))
+        {
+            Some((run_id, slot)) => Some(slot.load(run_id)?),
+            None => None,
+        };
         let messages = data.message_parts();
+        let profile = run
+            .as_ref()
+            .and_then(|r| r.record.profile_id.as_ref())
+            .map(|p| profile_state(&lock(&self.profiles), p));
+        let (run, run_state, batch) = match run {
+            Some(r) => (Some(r.record), r.state, r.batch),
+            None => (None, PersistedState::default(), None),
+        };
         let mut checkpoint = Checkpoint {
             thread_id: thread_id.clone(),
             messages: Vec::new(),
             thread_state: persisted("thread state", thread.state_revision, &data.state)?,
-            run: run.map(|r| r.record.clone()),
-            run_state: match run {
-                Some(r) => r.state.persisted(r.state_revision)?,
-                None => PersistedState::default(),
-            },
-            profile: run
-                .and_then(|r| r.record.profile_id.as_ref())
-                .map(|p| profile_state(&lock(&self.profiles), p)),
-            batch: run
-                .and_then(|r| r.batch.as_ref())
-                .map(BatchData::to_json)
-                .transpose()
-                .map_err(|source| StoreError::Serialize {
-                    what: "tool batch",
-                    source,
-                })?,
+            run,
+            run_state,
+            profile,
+            batch,
             last_event_seq: data.last_event_seq(),
         };
         // Decoded after the shard's lock is released.
@@ -1193,12 +1268,12 @@ impl ThreadStore for MemoryStore {
 
     async fn list_runs(&self, thread_id: &ThreadId) -> Result<Vec<RunRecord>, StoreError> {
         let inner = self.shard(thread_id);
-        let mut runs: Vec<RunRecord> = inner
-            .runs
-            .values()
-            .filter(|r| &r.thread_id == thread_id)
-            .map(|r| r.record.clone())
-            .collect();
+        let mut runs: Vec<RunRecord> = Vec::new();
+        for (run_id, slot) in &inner.runs {
+            if slot.is_on(thread_id)? {
+                runs.push(slot.record(run_id)?);
+            }
+        }
         runs.sort_by(|a, b| (a.created_at, &a.run_id).cmp(&(b.created_at, &b.run_id)));
         Ok(runs)
     }
@@ -1219,16 +1294,18 @@ impl ThreadStore for MemoryStore {
 
     async fn delete_thread(&self, thread_id: &ThreadId) -> Result<bool, StoreError> {
         let mut inner = self.shard(thread_id);
+        // (Its runs are found first: a row that does not read back fails the delete before
+        // anything is removed.)
+        let mut runs: Vec<RunId> = Vec::new();
+        for (run_id, slot) in &inner.runs {
+            if slot.is_on(thread_id)? {
+                runs.push(run_id.clone());
+            }
+        }
         let existed = inner
             .threads
             .remove(thread_id)
             .is_some_and(|t| t.row.is_some());
-        let runs: Vec<RunId> = inner
-            .runs
-            .iter()
-            .filter(|(_, r)| &r.thread_id == thread_id)
-            .map(|(id, _)| id.clone())
-            .collect();
         for run in runs {
             inner.runs.remove(&run);
             self.run_index(&run).remove(&run);
@@ -1249,7 +1326,7 @@ impl ThreadStore for MemoryStore {
         let mut free: Vec<&mut RunRow> = shards
             .iter_mut()
             .flat_map(|inner| inner.runs.values_mut())
-            .map(|r| &mut **r)
+            .filter_map(RunSlot::if_live)
             .filter(|r| claimable(r, now))
             .collect();
         free.sort_by(|a, b| {
@@ -1277,6 +1354,7 @@ impl ThreadStore for MemoryStore {
         Ok(inner
             .runs
             .get_mut(run_id)
+            .and_then(RunSlot::if_live)
             .filter(|r| claimable(r, now))
             .map(|r| claim(r, worker_id, now.saturating_add(lease_duration))))
     }
@@ -1288,7 +1366,11 @@ impl ThreadStore for MemoryStore {
         now: Timestamp,
     ) -> Result<Timestamp, StoreError> {
         let mut inner = self.run_shard(&lease.run_id);
-        match inner.as_mut().and_then(|i| i.runs.get_mut(&lease.run_id)) {
+        match inner
+            .as_mut()
+            .and_then(|i| i.runs.get_mut(&lease.run_id))
+            .and_then(RunSlot::if_live)
+        {
             Some(r) if holds(r, lease) => {
                 let expires_at = now.saturating_add(lease_duration);
                 if let Some(held) = &mut r.lease {
@@ -1304,7 +1386,11 @@ impl ThreadStore for MemoryStore {
 
     async fn release(&self, lease: &LeaseToken) -> Result<bool, StoreError> {
         let mut inner = self.run_shard(&lease.run_id);
-        match inner.as_mut().and_then(|i| i.runs.get_mut(&lease.run_id)) {
+        match inner
+            .as_mut()
+            .and_then(|i| i.runs.get_mut(&lease.run_id))
+            .and_then(RunSlot::if_live)
+        {
             Some(r) if holds(r, lease) => {
                 r.lease = None;
                 Ok(true)
@@ -1400,5 +1486,40 @@ mod tests {
             Err(StoreError::VersionConflict { .. })
         ));
         assert_eq!(holds(&store, "t2", "r4"), (true, false, false));
+    }
+
+    /// A finished run's row is kept written out; damaged, every read of it is a typed error
+    /// (never a panic), and a commit to it is refused with nothing changed.
+    #[test]
+    fn a_finished_runs_row_is_written_out_and_damage_is_an_error() {
+        let store = MemoryStore::new();
+        store.write(commit("t1", "r1", 0)).expect("written");
+        let mut done = commit("t1", "r1", 0);
+        done.run.status = RunStatus::Done;
+        done.run.termination = Some(awaken_event::TerminationReason::NaturalEnd);
+        store.write(done.clone()).expect("written");
+        let run = RunId::new("r1").expect("id");
+        let thread = ThreadId::new("t1").expect("id");
+        {
+            let mut shard = store.shard(&thread);
+            let Some(RunSlot::Done(bytes)) = shard.runs.get_mut(&run) else {
+                panic!("the finished run's row is not written out");
+            };
+            *bytes = bytes[..bytes.len() / 2].into();
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let corrupt = |e: &StoreError| matches!(e, StoreError::Corrupt { what: "run", .. });
+        let loaded = rt.block_on(store.load_checkpoint(&thread));
+        assert!(loaded.as_ref().is_err_and(corrupt), "{loaded:?}");
+        let listed = rt.block_on(store.list_runs(&thread));
+        assert!(listed.as_ref().is_err_and(corrupt), "{listed:?}");
+        let written = store.write(done);
+        assert!(written.as_ref().is_err_and(corrupt), "{written:?}");
+        assert!(matches!(
+            store.shard(&thread).runs.get(&run),
+            Some(RunSlot::Done(_))
+        ));
     }
 }

@@ -60,6 +60,11 @@ impl<'a> Reader<'a> {
         Err(Malformed::new("a number longer than 64 bits"))
     }
 
+    fn i64(&mut self) -> Read<i64> {
+        let v = self.u64()?;
+        Ok(((v >> 1) as i64) ^ -((v & 1) as i64))
+    }
+
     fn u32(&mut self) -> Read<u32> {
         u32::try_from(self.u64()?).map_err(|_| Malformed::new("a step number above u32"))
     }
@@ -87,7 +92,7 @@ impl<'a> Reader<'a> {
     }
 
     /// A string: a literal, or a back-reference to an earlier literal of the segment.
-    pub(super) fn str(&mut self) -> Read<&'a str> {
+    pub(crate) fn str(&mut self) -> Read<&'a str> {
         let at = self.pos;
         let head = self.u64()?;
         let bytes = if head & 1 == 0 {
@@ -183,6 +188,35 @@ impl<'a> Reader<'a> {
                     .map_err(|e: IdError| Malformed::new(e.to_string()))
             })
             .transpose()
+    }
+
+    /// A finished run's row as [`Writer::run_row`] wrote it, the row of `run_id`: its thread,
+    /// its record (`Done`), its state's revision and its lease epoch.
+    pub(crate) fn run_row(&mut self, run_id: &RunId) -> Read<(ThreadId, RunRecord, u64, u64)> {
+        let thread_id = self.id()?;
+        let parent_run_id = self.opt_id()?;
+        let agent_id = Arc::from(self.str()?);
+        let profile_id = self.opt_id()?;
+        let termination = match self.u8()? {
+            0 => None,
+            1 => Some(TerminationReason::NaturalEnd),
+            2 => Some(self.json()?),
+            tag => return Err(Malformed::new(format!("termination tag {tag}"))),
+        };
+        let record = RunRecord {
+            run_id: run_id.clone(),
+            parent_run_id,
+            agent_id,
+            profile_id,
+            status: RunStatus::Done,
+            termination,
+            steps: self.u32()?,
+            usage: self.usage()?,
+            spec_digest: Arc::from(self.str()?),
+            created_at: Timestamp::from_unix_millis(self.i64()?),
+            updated_at: Timestamp::from_unix_millis(self.i64()?),
+        };
+        Ok((thread_id, record, self.u64()?, self.u64()?))
     }
 
     /// The next entry of a run's state: its key's name and its value's JSON text.

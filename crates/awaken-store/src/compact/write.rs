@@ -129,6 +129,11 @@ impl<'o> Writer<'o> {
         put_u64(self.out, v);
     }
 
+    /// A signed number, zigzag-encoded (small magnitudes take few bytes).
+    fn i64(&mut self, v: i64) {
+        self.u64(((v << 1) ^ (v >> 63)) as u64);
+    }
+
     fn len(&mut self, n: usize) {
         self.u64(n as u64);
     }
@@ -375,6 +380,38 @@ impl<'o> Writer<'o> {
                 self.json(other)?;
             }
         }
+        Ok(())
+    }
+
+    /// Appends a finished run's row: its thread, its record but for the id (the row's key) and
+    /// the status (`Done`), its state's revision and its lease epoch. Its state's entries
+    /// follow ([`Writer::state_entry`]).
+    pub(crate) fn run_row(
+        &mut self,
+        thread_id: &ThreadId,
+        r: &RunRecord,
+        state_revision: u64,
+        lease_epoch: u64,
+    ) -> Result<(), serde_json::Error> {
+        self.str(thread_id.as_str());
+        self.opt_str(r.parent_run_id.as_ref().map(RunId::as_str));
+        self.str(&r.agent_id);
+        self.opt_str(r.profile_id.as_ref().map(ProfileId::as_str));
+        match &r.termination {
+            None => self.u8(0),
+            Some(TerminationReason::NaturalEnd) => self.u8(1),
+            Some(other) => {
+                self.u8(2);
+                self.json(other)?;
+            }
+        }
+        self.u64(u64::from(r.steps));
+        self.usage(&r.usage);
+        self.str(&r.spec_digest);
+        self.i64(r.created_at.as_unix_millis());
+        self.i64(r.updated_at.as_unix_millis());
+        self.u64(state_revision);
+        self.u64(lease_epoch);
         Ok(())
     }
 

@@ -169,6 +169,7 @@ every_backend!(
     finished_threads_read_back_whole,
     interleaved_runs_read_back_in_order,
     a_finished_runs_state_reads_back_and_takes_writes,
+    a_finished_runs_record_reads_back_whole,
 );
 
 /// The memory store writes at once: `commit_now` never hands a commit back.

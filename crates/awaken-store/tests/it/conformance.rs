@@ -1487,3 +1487,82 @@ pub async fn a_finished_runs_state_reads_back_and_takes_writes(h: &Harness) {
         (4, expected)
     );
 }
+
+/// A finished run's record reads back field for field (the memory store keeps a finished run's
+/// row in another form), from a checkpoint and from the list of a thread's runs; a finished
+/// run cannot be claimed, and a later commit to it is taken (keeping its creation time).
+pub async fn a_finished_runs_record_reads_back_whole(h: &Harness) {
+    let s = &*h.store;
+    let reasons = [
+        TerminationReason::NaturalEnd,
+        TerminationReason::stopped("max_rounds", "ran \"out\"\n of rounds"),
+        TerminationReason::Cancelled,
+        TerminationReason::error("it broke"),
+    ];
+    let mut finished = Vec::new();
+    for (i, reason) in reasons.into_iter().enumerate() {
+        let n = i64::try_from(i).expect("small");
+        let mut record = run(&format!("r{i}"), -5_000 + n);
+        record.parent_run_id = (i % 2 == 1).then(|| rid("parent"));
+        record.profile_id = (i == 2).then(|| pid("p1"));
+        s.commit(ThreadCommit::new(tid("t1"), record.clone(), 0))
+            .await
+            .expect("commit");
+        record.status = RunStatus::Done;
+        record.termination = Some(reason);
+        record.steps = 7 + u32::try_from(i).expect("small");
+        record.usage = TokenUsage {
+            input_tokens: 1 << 40,
+            output_tokens: 3,
+            cached_input_tokens: 0,
+            reasoning_tokens: 5 + i as u64,
+        };
+        record.updated_at = at(i64::MAX / 2 + n);
+        s.commit(
+            ThreadCommit::new(tid("t1"), record.clone(), 0)
+                .with_run_state(state(1, &[("k", json!(i))])),
+        )
+        .await
+        .expect("commit");
+        let cp = s.load_checkpoint(&tid("t1")).await.expect("load");
+        let cp = cp.expect("thread");
+        assert_eq!(cp.run.as_ref(), Some(&record), "run {i}");
+        assert_eq!(cp.run_state, state(1, &[("k", json!(i))]), "run {i}");
+        assert_eq!(cp.batch, None);
+        finished.push(record);
+    }
+    // A finished run on another thread is not listed with these.
+    let mut other = run("x", 0);
+    s.commit(ThreadCommit::new(tid("t2"), other.clone(), 0))
+        .await
+        .expect("commit");
+    other.status = RunStatus::Done;
+    other.termination = Some(TerminationReason::NaturalEnd);
+    s.commit(ThreadCommit::new(tid("t2"), other.clone(), 0))
+        .await
+        .expect("commit");
+    assert_eq!(s.list_runs(&tid("t1")).await.expect("list"), finished);
+    assert_eq!(s.list_runs(&tid("t2")).await.expect("list"), [other]);
+
+    let claimed = s
+        .claim_run(&rid("r1"), "w1", Duration::from_secs(30), at(0))
+        .await
+        .expect("claim");
+    assert!(claimed.is_none(), "{claimed:?}");
+
+    // A later commit to a finished run: the store keeps its first creation time.
+    let mut again = finished[3].clone();
+    again.created_at = at(1);
+    again.steps = 99;
+    again.updated_at = at(2);
+    s.commit(ThreadCommit::new(tid("t1"), again.clone(), 0))
+        .await
+        .expect("commit");
+    again.created_at = finished[3].created_at;
+    finished[3] = again;
+    assert_eq!(s.list_runs(&tid("t1")).await.expect("list"), finished);
+
+    assert!(s.delete_thread(&tid("t2")).await.expect("delete"));
+    assert!(s.list_runs(&tid("t2")).await.expect("list").is_empty());
+    assert_eq!(s.list_runs(&tid("t1")).await.expect("list"), finished);
+}
