@@ -141,6 +141,12 @@ const TOOL_CALL_READY: u8 = 5;
 const TOOL_CALL_DONE: u8 = 6;
 const INFERENCE_COMPLETE: u8 = 7;
 
+/// A spec digest kept as text.
+const DIGEST_TEXT: u8 = 0;
+/// A `sha256:` spec digest kept as its 32 bytes.
+const DIGEST_SHA256: u8 = 1;
+const SHA256_PREFIX: &str = "sha256:";
+
 mod read;
 mod write;
 

@@ -212,11 +212,29 @@ impl<'a> Reader<'a> {
             termination,
             steps: self.u32()?,
             usage: self.usage()?,
-            spec_digest: Arc::from(self.str()?),
+            spec_digest: self.digest()?,
             created_at: Timestamp::from_unix_millis(self.i64()?),
             updated_at: Timestamp::from_unix_millis(self.i64()?),
         };
         Ok((thread_id, record, self.u64()?, self.u64()?))
+    }
+
+    /// A spec digest as [`Writer::digest`] wrote it.
+    fn digest(&mut self) -> Read<Arc<str>> {
+        match self.u8()? {
+            DIGEST_TEXT => Ok(Arc::from(self.str()?)),
+            DIGEST_SHA256 => {
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                let mut text = String::with_capacity(SHA256_PREFIX.len() + 64);
+                text.push_str(SHA256_PREFIX);
+                for b in self.bytes(32)? {
+                    text.push(char::from(HEX[usize::from(b >> 4)]));
+                    text.push(char::from(HEX[usize::from(b & 0xf)]));
+                }
+                Ok(Arc::from(text))
+            }
+            tag => Err(Malformed::new(format!("digest tag {tag}"))),
+        }
     }
 
     /// The next entry of a run's state: its key's name and its value's JSON text.

@@ -265,3 +265,68 @@ fn tag_tables_match_their_codes() {
         assert_eq!(usize::from(status_code(*s)), i, "{s:?}");
     }
 }
+
+/// A finished run's row reads back field for field: extreme numbers and times, every shape of
+/// termination, and digests in the resolver's `sha256:` form (kept as 32 bytes) or any other
+/// text (kept as written).
+#[test]
+fn run_rows_read_back_whole() {
+    let sha = format!("sha256:{}", "0123456789abcdef".repeat(4));
+    let digests = [
+        sha.clone(),
+        sha.to_uppercase(),
+        format!("sha256:{}", "0123456789abcdef".repeat(4).replace('f', "g")),
+        sha[..sha.len() - 1].to_owned(),
+        format!("{sha}0"),
+        "sha256:".to_owned(),
+        String::new(),
+        "md5:xyz".to_owned(),
+    ];
+    let terminations = [
+        None,
+        Some(TerminationReason::NaturalEnd),
+        Some(TerminationReason::stopped("code", "a \"detail\"\n")),
+        Some(TerminationReason::error("")),
+    ];
+    let run_id = RunId::new("r1").expect("id");
+    let thread_id = ThreadId::new("t1").expect("id");
+    for (i, digest) in digests.iter().enumerate() {
+        let mut record = RunRecord::new(
+            run_id.clone(),
+            "agent",
+            Timestamp::from_unix_millis(i64::MIN),
+        );
+        record.status = RunStatus::Done;
+        record.parent_run_id = (i % 2 == 0).then(|| RunId::new("parent").expect("id"));
+        record.profile_id = (i % 3 == 0).then(|| ProfileId::new("p").expect("id"));
+        record.termination = terminations[i % terminations.len()].clone();
+        record.steps = u32::MAX;
+        record.usage = TokenUsage {
+            input_tokens: u64::MAX,
+            output_tokens: 0,
+            cached_input_tokens: 1,
+            reasoning_tokens: 1 << 63,
+        };
+        record.spec_digest = digest.as_str().into();
+        record.updated_at = Timestamp::from_unix_millis(i64::MAX - i as i64);
+        let mut out = Vec::new();
+        Writer::new(&mut out)
+            .run_row(&thread_id, &record, u64::MAX, 7)
+            .expect("writes");
+        let mut reader = Reader::new(&out);
+        let back = reader.run_row(&run_id).expect("reads back");
+        assert!(reader.is_empty(), "every byte read");
+        assert_eq!(back, (thread_id.clone(), record, u64::MAX, 7), "{digest:?}");
+    }
+    // The sha256 digest takes a tag and 32 bytes, not a tag, a two-byte length and 71 bytes.
+    let length = |digest: &str| {
+        let mut record = RunRecord::new(run_id.clone(), "agent", Timestamp::EPOCH);
+        record.spec_digest = digest.into();
+        let mut out = Vec::new();
+        Writer::new(&mut out)
+            .run_row(&thread_id, &record, 0, 0)
+            .expect("writes");
+        out.len()
+    };
+    assert_eq!(length(&sha) + 41, length(&digests[1]));
+}

@@ -10,6 +10,24 @@ pub(super) fn put_u64(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
+/// The 32 bytes a `sha256:<64 lowercase hex digits>` digest spells, if it is one.
+fn sha256_bytes(digest: &str) -> Option<[u8; 32]> {
+    let hex = digest.strip_prefix(SHA256_PREFIX)?.as_bytes();
+    if hex.len() != 64 {
+        return None;
+    }
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    let mut bytes = [0u8; 32];
+    for (b, pair) in bytes.iter_mut().zip(hex.chunks_exact(2)) {
+        *b = (digit(pair[0])? << 4) | digit(pair[1])?;
+    }
+    Some(bytes)
+}
+
 /// How many bytes `put_u64` takes for `v`.
 fn u64_len(v: u64) -> usize {
     (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
@@ -407,12 +425,27 @@ impl<'o> Writer<'o> {
         }
         self.u64(u64::from(r.steps));
         self.usage(&r.usage);
-        self.str(&r.spec_digest);
+        self.digest(&r.spec_digest);
         self.i64(r.created_at.as_unix_millis());
         self.i64(r.updated_at.as_unix_millis());
         self.u64(state_revision);
         self.u64(lease_epoch);
         Ok(())
+    }
+
+    /// A spec digest: the resolver's `sha256:` and 64 lowercase hex digits as the 32 bytes
+    /// they spell, any other text as a string.
+    fn digest(&mut self, digest: &str) {
+        match sha256_bytes(digest) {
+            Some(bytes) => {
+                self.u8(DIGEST_SHA256);
+                self.out.extend_from_slice(&bytes);
+            }
+            None => {
+                self.u8(DIGEST_TEXT);
+                self.str(digest);
+            }
+        }
     }
 
     /// Appends one entry of a run's state: its key's name and its value's JSON text (refused
