@@ -92,12 +92,21 @@ struct ThreadData {
     /// (see [`ThreadData::compact`]), oldest first. A segment is never written again: the cost
     /// of a run's end does not grow with the thread.
     segments: Vec<Segment>,
-    /// The messages since, as the commits carried them.
+    /// How many messages the thread has, its segments' too.
+    message_count: usize,
+    /// The messages and events since, as the commits carried them (boxed, and `None` when
+    /// there are none: a finished thread keeps a pointer, not two empty vectors).
+    recent: Option<Box<Recent>>,
+    /// Values as the commits carried them (typed until a load asks for JSON); boxed, made at
+    /// the first write (most threads have no thread-scoped state).
+    state: Option<Box<StateMap>>,
+}
+
+/// A thread's messages and events since its last compact segment.
+#[derive(Debug, Default)]
+struct Recent {
     messages: MessageLog,
-    /// The events since, as the commits carried them.
     events: EventLog,
-    /// Values as the commits carried them (typed until a load asks for JSON).
-    state: StateMap,
 }
 
 /// How many chunks a thread's message or event log makes room for at its first append: a short
@@ -111,8 +120,6 @@ const LOG_CHUNKS_RESERVED: usize = 16;
 #[derive(Debug, Default)]
 struct MessageLog {
     chunks: Vec<Arc<[Message]>>,
-    /// How many messages the thread has, its segments' too.
-    len: usize,
 }
 
 /// One compaction's messages, then its events, in [`crate::compact`]'s form: one allocation,
@@ -121,10 +128,10 @@ struct MessageLog {
 #[derive(Debug, Clone)]
 struct Segment {
     bytes: Arc<[u8]>,
-    messages: usize,
+    messages: u32,
     /// Where the events start in `bytes`.
-    events_at: usize,
-    events: usize,
+    events_at: u32,
+    events: u32,
     /// The sequence number of its first event (of the next event, when it has none).
     first_seq: u64,
 }
@@ -132,7 +139,12 @@ struct Segment {
 impl Segment {
     /// The sequence number of its last event (of the event before it, when it has none).
     fn last_seq(&self) -> u64 {
-        self.first_seq + self.events as u64 - 1
+        self.first_seq + u64::from(self.events) - 1
+    }
+
+    /// Where its events start.
+    fn events_at(&self) -> usize {
+        self.events_at as usize
     }
 }
 
@@ -149,7 +161,7 @@ impl MessageParts {
     fn decode(self) -> Result<Vec<Message>, StoreError> {
         let mut out = Vec::with_capacity(self.len);
         for segment in &self.segments {
-            let mut reader = compact::Reader::part(&segment.bytes, 0..segment.events_at);
+            let mut reader = compact::Reader::part(&segment.bytes, 0..segment.events_at());
             for _ in 0..segment.messages {
                 out.push(
                     reader
@@ -166,26 +178,20 @@ impl MessageParts {
 }
 
 impl MessageLog {
-    fn len(&self) -> usize {
-        self.len
-    }
-
     fn append(&mut self, messages: Arc<[Message]>) {
-        if messages.is_empty() {
-            return;
-        }
         if self.chunks.capacity() == 0 {
             self.chunks.reserve_exact(LOG_CHUNKS_RESERVED);
         }
-        self.len += messages.len();
         self.chunks.push(messages);
     }
 
-    /// Drops the chunks after the first `chunks` (a rolled-back commit's).
-    fn truncate(&mut self, chunks: usize) {
-        for dropped in self.chunks.drain(chunks.min(self.chunks.len())..) {
-            self.len -= dropped.len();
-        }
+    /// Drops the chunks after the first `chunks` (a rolled-back commit's); how many messages
+    /// they held.
+    fn truncate(&mut self, chunks: usize) -> usize {
+        self.chunks
+            .drain(chunks.min(self.chunks.len())..)
+            .map(|dropped| dropped.len())
+            .sum()
     }
 
     /// Writes the chunks' messages to `writer`; how many.
@@ -238,7 +244,7 @@ impl EventParts {
         let mut out = Vec::new();
         for segment in &self.segments {
             let mut reader =
-                compact::Reader::part(&segment.bytes, segment.events_at..segment.bytes.len());
+                compact::Reader::part(&segment.bytes, segment.events_at()..segment.bytes.len());
             let mut seq = segment.first_seq;
             while !reader.is_empty() {
                 let run_id: RunId = reader.id().map_err(|e| StoreError::corrupt("event", e))?;
@@ -276,9 +282,6 @@ impl EventParts {
 
 impl EventLog {
     fn append(&mut self, first_seq: u64, run_id: &RunId, events: Arc<[AgentEvent]>) {
-        if events.is_empty() {
-            return;
-        }
         if self.chunks.capacity() == 0 {
             self.chunks.reserve_exact(LOG_CHUNKS_RESERVED);
         }
@@ -341,28 +344,65 @@ fn with_compact_buffer<T>(write: impl FnOnce(&mut Vec<u8>) -> T) -> T {
 }
 
 /// What a compaction took out of a thread, dropped after the locks are released.
-type Compacted = (Vec<Arc<[Message]>>, Vec<EventChunk>);
+type Compacted = Option<Box<Recent>>;
 
 impl ThreadData {
+    /// The message chunks since the last segment.
+    fn message_chunks(&self) -> &[Arc<[Message]>] {
+        self.recent.as_ref().map_or(&[], |r| &r.messages.chunks)
+    }
+
+    /// The event chunks since the last segment.
+    fn event_chunks(&self) -> &[EventChunk] {
+        self.recent.as_ref().map_or(&[], |r| &r.events.chunks)
+    }
+
     /// The sequence number of the thread's last event (0: none).
     fn last_event_seq(&self) -> u64 {
-        match self.events.chunks.last() {
+        match self.event_chunks().last() {
             Some(chunk) => chunk.last_seq(),
             None => self.segments.last().map_or(0, Segment::last_seq),
         }
     }
 
+    fn append_messages(&mut self, messages: Arc<[Message]>) {
+        if messages.is_empty() {
+            return;
+        }
+        self.message_count += messages.len();
+        let recent = self.recent.get_or_insert_default();
+        recent.messages.append(messages);
+    }
+
     fn append_events(&mut self, run_id: &RunId, events: Arc<[AgentEvent]>) {
+        if events.is_empty() {
+            return;
+        }
         let first_seq = self.last_event_seq() + 1;
-        self.events.append(first_seq, run_id, events);
+        let recent = self.recent.get_or_insert_default();
+        recent.events.append(first_seq, run_id, events);
+    }
+
+    /// Drops the message chunks after the first `chunks` (a rolled-back commit's).
+    fn truncate_messages(&mut self, chunks: usize) {
+        if let Some(recent) = &mut self.recent {
+            self.message_count -= recent.messages.truncate(chunks);
+        }
+    }
+
+    /// Drops the event chunks after the first `chunks` (a rolled-back commit's).
+    fn truncate_events(&mut self, chunks: usize) {
+        if let Some(recent) = &mut self.recent {
+            recent.events.truncate(chunks);
+        }
     }
 
     /// Every message, shared (see [`MessageParts`]).
     fn message_parts(&self) -> MessageParts {
         MessageParts {
             segments: self.segments.clone(),
-            chunks: self.messages.chunks.clone(),
-            len: self.messages.len,
+            chunks: self.message_chunks().to_vec(),
+            len: self.message_count,
         }
     }
 
@@ -370,14 +410,12 @@ impl ThreadData {
     /// after them), shared (see [`EventParts`]).
     fn events_since(&self, since: u64) -> EventParts {
         let segments = self.segments.partition_point(|s| s.last_seq() <= since);
-        let chunks = self
-            .events
-            .chunks
-            .partition_point(|c| c.last_seq() <= since);
+        let chunks = self.event_chunks();
+        let first_chunk = chunks.partition_point(|c| c.last_seq() <= since);
         EventParts {
             since,
             segments: self.segments[segments..].to_vec(),
-            chunks: self.events.chunks[chunks..].to_vec(),
+            chunks: chunks[first_chunk..].to_vec(),
         }
     }
 
@@ -391,44 +429,40 @@ impl ThreadData {
     /// message or event cannot be written (a kind without its own form whose JSON fails or
     /// nests too deep, a JSON value nested too deep: see [`crate::compact`]).
     fn compact(&mut self) -> Compacted {
-        if self.messages.chunks.is_empty() && self.events.chunks.is_empty() {
-            return Compacted::default();
+        let recent = self.recent.as_ref()?;
+        if recent.messages.chunks.is_empty() && recent.events.chunks.is_empty() {
+            return self.recent.take();
         }
-        let first_seq = self
+        let first_seq = recent
             .events
             .chunks
             .first()
             .map_or_else(|| self.last_event_seq() + 1, |c| c.first_seq);
-        let written = with_compact_buffer(|buffer| {
+        // (Counts and the events' offset past `u32` leave the thread as it is.)
+        let segment = with_compact_buffer(|buffer| {
             let mut writer = compact::Writer::new(buffer);
-            let messages = self.messages.write(&mut writer).ok()?;
+            let messages = recent.messages.write(&mut writer).ok()?;
             let events_at = writer.position();
-            let events = self.events.write(&mut writer).ok()?;
+            let events = recent.events.write(&mut writer).ok()?;
             Some(Segment {
                 bytes: Arc::from(buffer.as_slice()),
-                messages,
-                events_at,
-                events,
+                messages: u32::try_from(messages).ok()?,
+                events_at: u32::try_from(events_at).ok()?,
+                events: u32::try_from(events).ok()?,
                 first_seq,
             })
-        });
-        let Some(segment) = written else {
-            return Compacted::default();
-        };
+        })?;
         // Room for exactly one more (a vector's first push would make room for four).
         self.segments.reserve_exact(1);
         self.segments.push(segment);
-        (
-            std::mem::take(&mut self.messages.chunks),
-            std::mem::take(&mut self.events.chunks),
-        )
+        self.recent.take()
     }
 }
 
 #[derive(Debug, Clone)]
 struct ThreadRow {
     state_revision: u64,
-    latest_run_id: Option<RunId>,
+    latest_run_id: RunId,
     created_at: Timestamp,
     updated_at: Timestamp,
 }
@@ -724,7 +758,7 @@ impl Inner {
         c: &ThreadCommit,
         profiles: Option<&Profiles>,
     ) -> Result<(), StoreError> {
-        let actual = thread.map_or(0, |t| t.messages.len() as u64);
+        let actual = thread.map_or(0, |t| t.message_count as u64);
         if actual != c.expected_message_count {
             return Err(StoreError::VersionConflict {
                 expected: c.expected_message_count,
@@ -804,9 +838,9 @@ impl Inner {
             let profile_id = &ids.profile_id;
 
             let thread = thread.or_default();
-            undo.push(Undo::Messages(thread.messages.chunks.len()));
-            thread.messages.append(new_messages);
-            let message_count = thread.messages.len() as u64;
+            undo.push(Undo::Messages(thread.message_chunks().len()));
+            thread.append_messages(new_messages);
+            let message_count = thread.message_count as u64;
             if let Err(e) = fp.check(FailPoint::AfterMessages) {
                 break 'apply Err(e);
             }
@@ -878,7 +912,7 @@ impl Inner {
             let thread_revision =
                 (!thread_delta.values.is_empty()).then_some(thread_delta.revision);
             for (k, v) in thread_delta.values {
-                let old = thread.state.insert(k.clone(), v);
+                let old = thread.state.get_or_insert_default().insert(k.clone(), v);
                 undo.push(Undo::ThreadKey(k, old));
             }
             let mut profile_versions = BTreeMap::new();
@@ -908,7 +942,7 @@ impl Inner {
                 break 'apply Err(e);
             }
 
-            undo.push(Undo::Events(thread.events.chunks.len()));
+            undo.push(Undo::Events(thread.event_chunks().len()));
             thread.append_events(rid, new_events);
             let seq = thread.last_event_seq();
             if let Err(e) = fp.check(FailPoint::AfterEvents) {
@@ -920,7 +954,7 @@ impl Inner {
             match &mut thread.row {
                 // The same run's next commit: the row changes in place (its run id is kept, not
                 // replaced by an equal copy).
-                Some(row) if row.latest_run_id.as_ref() == Some(rid) => {
+                Some(row) if row.latest_run_id == *rid => {
                     undo.push(Undo::ThreadTimes {
                         state_revision: row.state_revision,
                         updated_at: row.updated_at,
@@ -935,7 +969,7 @@ impl Inner {
                         .map_or((now, 0), |old| (old.created_at, old.state_revision));
                     let next = ThreadRow {
                         state_revision: thread_revision.unwrap_or(state_revision),
-                        latest_run_id: Some(rid.clone()),
+                        latest_run_id: rid.clone(),
                         created_at,
                         updated_at: now,
                     };
@@ -966,12 +1000,12 @@ impl Inner {
             match op {
                 Undo::Messages(chunks) => {
                     if let Some(t) = self.threads.get_mut(tid) {
-                        t.messages.truncate(chunks);
+                        t.truncate_messages(chunks);
                     }
                 }
                 Undo::Events(chunks) => {
                     if let Some(t) = self.threads.get_mut(tid) {
-                        t.events.truncate(chunks);
+                        t.truncate_events(chunks);
                     }
                 }
                 Undo::RunCreated => {
@@ -1011,8 +1045,8 @@ impl Inner {
                     }
                 }
                 Undo::ThreadKey(k, old) => {
-                    if let Some(t) = self.threads.get_mut(tid) {
-                        restore(&mut t.state, &k, old);
+                    if let Some(state) = self.threads.get_mut(tid).and_then(|t| t.state.as_mut()) {
+                        restore(&mut **state, &k, old);
                     }
                 }
                 Undo::ProfileKey(k, old) => {
@@ -1167,7 +1201,10 @@ impl MemoryStore {
         // (The state's values serialize here, after the index and profile locks are released.)
         let compacted = compact.map(|(thread_id, run_id)| {
             let row = inner.runs.get_mut(&run_id).and_then(RunSlot::freeze);
-            (row, inner.threads.get_mut(&thread_id).map(|t| t.compact()))
+            (
+                row,
+                inner.threads.get_mut(&thread_id).and_then(|t| t.compact()),
+            )
         });
         // The replaced rows and values, and a compacted thread's shared form, are freed after
         // the locks are released.
@@ -1210,12 +1247,9 @@ impl ThreadStore for MemoryStore {
         else {
             return Ok(None);
         };
-        let run = match thread
-            .latest_run_id
-            .as_ref()
-            .and_then(|r| Some((r, inner.runs.get(r)?)))
-        {
-            Some((run_id, slot)) => Some(slot.load(run_id)?),
+        let run_id = &thread.latest_run_id;
+        let run = match inner.runs.get(run_id) {
+            Some(slot) => Some(slot.load(run_id)?),
             None => None,
         };
         let messages = data.message_parts();
@@ -1230,7 +1264,11 @@ impl ThreadStore for MemoryStore {
         let mut checkpoint = Checkpoint {
             thread_id: thread_id.clone(),
             messages: Vec::new(),
-            thread_state: persisted("thread state", thread.state_revision, &data.state)?,
+            thread_state: persisted(
+                "thread state",
+                thread.state_revision,
+                data.state.iter().flat_map(|state| state.iter()),
+            )?,
             run,
             run_state,
             profile,
@@ -1255,8 +1293,8 @@ impl ThreadStore for MemoryStore {
                 let t = data.row.as_ref()?;
                 Some(ThreadSummary {
                     thread_id: id.clone(),
-                    message_count: data.messages.len() as u64,
-                    latest_run_id: t.latest_run_id.clone(),
+                    message_count: data.message_count as u64,
+                    latest_run_id: Some(t.latest_run_id.clone()),
                     created_at: t.created_at,
                     updated_at: t.updated_at,
                 })
