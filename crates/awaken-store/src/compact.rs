@@ -131,6 +131,8 @@ const BLOCK_IMAGE: u8 = 2;
 const BLOCK_JSON: u8 = 3;
 /// Any other kind of content block or event: its serde JSON text.
 const AS_JSON: u8 = 255;
+/// Not an event: the events after it are of the run whose id follows.
+const RUN_MARKER: u8 = 254;
 
 const RUN_START: u8 = 0;
 const RUN_FINISH: u8 = 1;
@@ -151,7 +153,7 @@ mod read;
 mod write;
 
 pub(crate) use read::Reader;
-pub(crate) use write::Writer;
+pub(crate) use write::{Seen, Writer};
 
 #[cfg(test)]
 mod tests;

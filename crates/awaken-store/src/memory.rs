@@ -106,7 +106,102 @@ struct ThreadData {
 #[derive(Debug, Default)]
 struct Recent {
     messages: MessageLog,
+    /// The events, written as the commits bring them (with compaction on).
+    open: OpenEvents,
+    /// The events kept as the commits carried them: all of them without compaction; with it,
+    /// from the first that could not be written on (they follow `open`'s).
     events: EventLog,
+}
+
+/// A thread's events since its last segment, written in [`crate::compact`]'s form as each
+/// commit brings them (the commit's slice of 80-byte events is freed once the runtime has
+/// emitted them, instead of being kept until the run is done): the events part of the
+/// thread's next segment, whose messages are written after them when a run is done.
+#[derive(Debug, Default)]
+struct OpenEvents {
+    bytes: Vec<u8>,
+    /// The strings written so far, for the next commits' back-references.
+    seen: compact::Seen,
+    count: u32,
+    /// The sequence number of its first event.
+    first_seq: u64,
+    /// Where the last run marker is, and its run (the run of the events since).
+    run_at: Option<u32>,
+    run: Option<RunId>,
+}
+
+/// How many bytes a thread's written events make room for at first (a five-step run's are
+/// about 300: they grow once).
+const OPEN_EVENTS_RESERVED: usize = 256;
+
+/// Where a thread's events stood before a commit (put back if it fails).
+#[derive(Debug, Clone, Copy)]
+struct EventsMark {
+    chunks: usize,
+    open_len: usize,
+    open_count: u32,
+    run_at: Option<u32>,
+}
+
+impl OpenEvents {
+    /// Writes `events` (numbered from `first_seq`) of `run_id`; `false` (nothing written) if
+    /// one of them cannot be (see [`crate::compact`]).
+    fn append(&mut self, first_seq: u64, run_id: &RunId, events: &[AgentEvent]) -> bool {
+        let (len, count) = (self.bytes.len(), self.count);
+        let Some(count) = u32::try_from(events.len())
+            .ok()
+            .and_then(|n| count.checked_add(n))
+        else {
+            return false;
+        };
+        let marker = (self.run.as_ref() != Some(run_id)).then_some(len);
+        let Ok(marker_at) = marker.map(u32::try_from).transpose() else {
+            return false;
+        };
+        if self.bytes.capacity() == 0 {
+            self.bytes.reserve_exact(OPEN_EVENTS_RESERVED);
+        }
+        let mut writer = compact::Writer::resume(&mut self.bytes, &mut self.seen);
+        if marker.is_some() {
+            writer.run_marker(run_id);
+        }
+        if events.iter().all(|e| writer.event(e).is_ok()) {
+            if self.count == 0 {
+                self.first_seq = first_seq;
+            }
+            self.count = count;
+            if marker_at.is_some() {
+                self.run_at = marker_at;
+                self.run = Some(run_id.clone());
+            }
+            true
+        } else {
+            self.truncate(len);
+            false
+        }
+    }
+
+    /// Cuts the written events back to `len` bytes.
+    fn truncate(&mut self, len: usize) {
+        self.bytes.truncate(len);
+        self.seen.forget_from(len);
+    }
+
+    /// Puts the events back where `mark` found them.
+    fn reset(&mut self, mark: EventsMark) {
+        self.truncate(mark.open_len);
+        self.count = mark.open_count;
+        if self.run_at != mark.run_at {
+            // The run of the marker before (read back: a rollback of a run's first commit on a
+            // thread is rare).
+            self.run_at = mark.run_at;
+            self.run = mark.run_at.and_then(|at| {
+                compact::Reader::part(&self.bytes, at as usize + 1..self.bytes.len())
+                    .id()
+                    .ok()
+            });
+        }
+    }
 }
 
 /// How many chunks a thread's message or event log makes room for at its first append: a short
@@ -128,9 +223,10 @@ struct MessageLog {
 #[derive(Debug, Clone)]
 struct Segment {
     bytes: Arc<[u8]>,
+    /// Where the messages start in `bytes` (the events come first: they were written as the
+    /// commits brought them, the messages when the run was done).
+    messages_at: u32,
     messages: u32,
-    /// Where the events start in `bytes`.
-    events_at: u32,
     events: u32,
     /// The sequence number of its first event (of the next event, when it has none).
     first_seq: u64,
@@ -142,9 +238,9 @@ impl Segment {
         self.first_seq + u64::from(self.events) - 1
     }
 
-    /// Where its events start.
-    fn events_at(&self) -> usize {
-        self.events_at as usize
+    /// Where its messages start.
+    fn messages_at(&self) -> usize {
+        self.messages_at as usize
     }
 }
 
@@ -161,7 +257,8 @@ impl MessageParts {
     fn decode(self) -> Result<Vec<Message>, StoreError> {
         let mut out = Vec::with_capacity(self.len);
         for segment in &self.segments {
-            let mut reader = compact::Reader::part(&segment.bytes, 0..segment.events_at());
+            let mut reader =
+                compact::Reader::part(&segment.bytes, segment.messages_at()..segment.bytes.len());
             for _ in 0..segment.messages {
                 out.push(
                     reader
@@ -195,7 +292,10 @@ impl MessageLog {
     }
 
     /// Writes the chunks' messages to `writer`; how many.
-    fn write(&self, writer: &mut compact::Writer<'_>) -> Result<usize, serde_json::Error> {
+    fn write(
+        &self,
+        writer: &mut compact::Writer<'_, &mut compact::Seen>,
+    ) -> Result<usize, serde_json::Error> {
         let mut count = 0;
         for message in self.chunks.iter().flat_map(|c| c.iter()) {
             writer.message(message)?;
@@ -243,25 +343,17 @@ impl EventParts {
         let since = self.since;
         let mut out = Vec::new();
         for segment in &self.segments {
-            let mut reader =
-                compact::Reader::part(&segment.bytes, segment.events_at()..segment.bytes.len());
+            let mut reader = compact::Reader::part(&segment.bytes, 0..segment.messages_at());
             let mut seq = segment.first_seq;
+            let mut run = None;
             while !reader.is_empty() {
-                let run_id: RunId = reader.id().map_err(|e| StoreError::corrupt("event", e))?;
-                let n = reader.len().map_err(|e| StoreError::corrupt("event", e))?;
-                for _ in 0..n {
-                    let event = reader
-                        .event()
-                        .map_err(|e| StoreError::corrupt("event", e))?;
-                    if seq > since {
-                        out.push(StoredEvent {
-                            seq,
-                            run_id: run_id.clone(),
-                            event,
-                        });
-                    }
-                    seq += 1;
+                let (run_id, event) = reader
+                    .run_event(&mut run)
+                    .map_err(|e| StoreError::corrupt("event", e))?;
+                if seq > since {
+                    out.push(StoredEvent { seq, run_id, event });
                 }
+                seq += 1;
             }
         }
         for chunk in &self.chunks {
@@ -295,29 +387,6 @@ impl EventLog {
     /// Drops the chunks after the first `chunks` (a rolled-back commit's).
     fn truncate(&mut self, chunks: usize) {
         self.chunks.truncate(chunks);
-    }
-
-    /// Writes the chunks' events to `writer`, a run's id once for the chunks of that run that
-    /// follow each other; how many.
-    fn write(&self, writer: &mut compact::Writer<'_>) -> Result<usize, serde_json::Error> {
-        let mut total = 0;
-        let mut rest = &self.chunks[..];
-        while let Some(first) = rest.first() {
-            let same_run = rest
-                .iter()
-                .position(|c| c.run_id != first.run_id)
-                .unwrap_or(rest.len());
-            let (run, after) = rest.split_at(same_run);
-            let count = run.iter().map(|c| c.events.len()).sum();
-            writer.event_run(
-                &first.run_id,
-                count,
-                run.iter().flat_map(|c| c.events.iter()),
-            )?;
-            total += count;
-            rest = after;
-        }
-        Ok(total)
     }
 }
 
@@ -359,9 +428,12 @@ impl ThreadData {
 
     /// The sequence number of the thread's last event (0: none).
     fn last_event_seq(&self) -> u64 {
-        match self.event_chunks().last() {
-            Some(chunk) => chunk.last_seq(),
-            None => self.segments.last().map_or(0, Segment::last_seq),
+        if let Some(chunk) = self.event_chunks().last() {
+            return chunk.last_seq();
+        }
+        match &self.recent {
+            Some(r) if r.open.count > 0 => r.open.first_seq + u64::from(r.open.count) - 1,
+            _ => self.segments.last().map_or(0, Segment::last_seq),
         }
     }
 
@@ -374,13 +446,39 @@ impl ThreadData {
         recent.messages.append(messages);
     }
 
-    fn append_events(&mut self, run_id: &RunId, events: Arc<[AgentEvent]>) {
+    /// Appends a commit's events: written at once when `write` (compaction is on) and no
+    /// earlier event had to be kept as it came; kept as they came otherwise.
+    fn append_events(&mut self, run_id: &RunId, events: Arc<[AgentEvent]>, write: bool) {
         if events.is_empty() {
             return;
         }
         let first_seq = self.last_event_seq() + 1;
         let recent = self.recent.get_or_insert_default();
+        if write
+            && recent.events.chunks.is_empty()
+            && recent.open.append(first_seq, run_id, &events)
+        {
+            return;
+        }
         recent.events.append(first_seq, run_id, events);
+    }
+
+    /// Where the thread's events stand (see [`ThreadData::truncate_events`]).
+    fn events_mark(&self) -> EventsMark {
+        match &self.recent {
+            Some(r) => EventsMark {
+                chunks: r.events.chunks.len(),
+                open_len: r.open.bytes.len(),
+                open_count: r.open.count,
+                run_at: r.open.run_at,
+            },
+            None => EventsMark {
+                chunks: 0,
+                open_len: 0,
+                open_count: 0,
+                run_at: None,
+            },
+        }
     }
 
     /// Drops the message chunks after the first `chunks` (a rolled-back commit's).
@@ -390,10 +488,11 @@ impl ThreadData {
         }
     }
 
-    /// Drops the event chunks after the first `chunks` (a rolled-back commit's).
-    fn truncate_events(&mut self, chunks: usize) {
+    /// Puts the thread's events back where `mark` found them (a rolled-back commit's).
+    fn truncate_events(&mut self, mark: EventsMark) {
         if let Some(recent) = &mut self.recent {
-            recent.events.truncate(chunks);
+            recent.events.truncate(mark.chunks);
+            recent.open.reset(mark);
         }
     }
 
@@ -410,52 +509,86 @@ impl ThreadData {
     /// after them), shared (see [`EventParts`]).
     fn events_since(&self, since: u64) -> EventParts {
         let segments = self.segments.partition_point(|s| s.last_seq() <= since);
+        let mut parts = self.segments[segments..].to_vec();
+        // The events written since the last segment, copied as a segment without messages.
+        if let Some(open) = self.recent.as_ref().map(|r| &r.open)
+            && open.count > 0
+            && open.first_seq + u64::from(open.count) - 1 > since
+            && let Ok(messages_at) = u32::try_from(open.bytes.len())
+        {
+            parts.push(Segment {
+                bytes: Arc::from(open.bytes.as_slice()),
+                messages_at,
+                messages: 0,
+                events: open.count,
+                first_seq: open.first_seq,
+            });
+        }
         let chunks = self.event_chunks();
         let first_chunk = chunks.partition_point(|c| c.last_seq() <= since);
         EventParts {
             since,
-            segments: self.segments[segments..].to_vec(),
+            segments: parts,
             chunks: chunks[first_chunk..].to_vec(),
         }
     }
 
-    /// Writes the messages and events the thread holds in chunks as one more compact segment,
-    /// when a run on it is done (every chunk, another run's too if one is going on): a
-    /// finished thread's messages and events take less than a tenth of the runtime's shared
-    /// form (see [`crate::compact`]), and the shared form is freed for the next runs'
-    /// allocations instead of the process faulting in new pages for every finished thread.
-    /// Later commits are kept shared again until a run is done; reads decode the segments.
-    /// Hands back the chunks, to be dropped after the locks are released. Unchanged if a
-    /// message or event cannot be written (a kind without its own form whose JSON fails or
-    /// nests too deep, a JSON value nested too deep: see [`crate::compact`]).
+    /// Makes the events written since the last segment, and the messages after them, one more
+    /// segment, when a run on it is done (every message since, another run's too if one is
+    /// going on): a finished thread's messages and events take less than a tenth of the
+    /// runtime's shared form (see [`crate::compact`]), and the shared form is freed for the
+    /// next runs' allocations instead of the process faulting in new pages for every finished
+    /// thread. Later commits' messages are kept shared again until a run is done; reads decode
+    /// the segments. Hands back what the segment replaced, to be dropped after the locks are
+    /// released. Messages that cannot be written (a kind without its own form whose JSON fails
+    /// or nests too deep, a JSON value nested too deep: see [`crate::compact`]) stay shared, as
+    /// do events that could not be written when they came.
     fn compact(&mut self) -> Compacted {
-        let recent = self.recent.as_ref()?;
-        if recent.messages.chunks.is_empty() && recent.events.chunks.is_empty() {
-            return self.recent.take();
+        // (A segment without events numbers from the one before it: its events, none, end
+        // where that one's do.)
+        let next_seq = self.segments.last().map_or(0, Segment::last_seq) + 1;
+        let recent = self.recent.as_mut()?;
+        let open = &mut recent.open;
+        let messages_at = open.bytes.len();
+        let written = {
+            let mut writer = compact::Writer::resume(&mut open.bytes, &mut open.seen);
+            recent.messages.write(&mut writer).ok()
+        };
+        let (messages, kept_messages) = match written.map(u32::try_from) {
+            Some(Ok(n)) => (n, false),
+            _ => {
+                open.truncate(messages_at);
+                (0, true)
+            }
+        };
+        let messages_at = u32::try_from(messages_at).ok()?;
+        if open.count > 0 || messages > 0 {
+            self.segments.reserve_exact(1);
+            self.segments.push(Segment {
+                bytes: Arc::from(open.bytes.as_slice()),
+                messages_at,
+                messages,
+                events: open.count,
+                first_seq: if open.count > 0 {
+                    open.first_seq
+                } else {
+                    next_seq
+                },
+            });
         }
-        let first_seq = recent
-            .events
-            .chunks
-            .first()
-            .map_or_else(|| self.last_event_seq() + 1, |c| c.first_seq);
-        // (Counts and the events' offset past `u32` leave the thread as it is.)
-        let segment = with_compact_buffer(|buffer| {
-            let mut writer = compact::Writer::new(buffer);
-            let messages = recent.messages.write(&mut writer).ok()?;
-            let events_at = writer.position();
-            let events = recent.events.write(&mut writer).ok()?;
-            Some(Segment {
-                bytes: Arc::from(buffer.as_slice()),
-                messages: u32::try_from(messages).ok()?,
-                events_at: u32::try_from(events_at).ok()?,
-                events: u32::try_from(events).ok()?,
-                first_seq,
-            })
-        })?;
-        // Room for exactly one more (a vector's first push would make room for four).
-        self.segments.reserve_exact(1);
-        self.segments.push(segment);
-        self.recent.take()
+        let mut done = self.recent.take()?;
+        if kept_messages || !done.events.chunks.is_empty() {
+            self.recent = Some(Box::new(Recent {
+                messages: if kept_messages {
+                    std::mem::take(&mut done.messages)
+                } else {
+                    MessageLog::default()
+                },
+                open: OpenEvents::default(),
+                events: std::mem::take(&mut done.events),
+            }));
+        }
+        Some(done)
     }
 }
 
@@ -665,7 +798,7 @@ enum Undo {
     /// The number of message chunks before the commit.
     Messages(usize),
     /// The number of event chunks before the commit.
-    Events(usize),
+    Events(EventsMark),
     /// The commit created the run's row.
     RunCreated,
     /// The commit changed the run's row in place; what it held before is the commit's
@@ -809,6 +942,7 @@ impl Inner {
         run: RunEntry<'_>,
         c: ThreadCommit,
         fp: &Failpoints,
+        write_events: bool,
         undo: &mut Vec<Undo>,
         run_undo: &mut Option<RunUndo>,
         profiles: Option<&mut Profiles>,
@@ -942,8 +1076,8 @@ impl Inner {
                 break 'apply Err(e);
             }
 
-            undo.push(Undo::Events(thread.event_chunks().len()));
-            thread.append_events(rid, new_events);
+            undo.push(Undo::Events(thread.events_mark()));
+            thread.append_events(rid, new_events, write_events);
             let seq = thread.last_event_seq();
             if let Err(e) = fp.check(FailPoint::AfterEvents) {
                 break 'apply Err(e);
@@ -1003,9 +1137,9 @@ impl Inner {
                         t.truncate_messages(chunks);
                     }
                 }
-                Undo::Events(chunks) => {
+                Undo::Events(mark) => {
                     if let Some(t) = self.threads.get_mut(tid) {
-                        t.truncate_events(chunks);
+                        t.truncate_events(mark);
                     }
                 }
                 Undo::RunCreated => {
@@ -1179,6 +1313,7 @@ impl MemoryStore {
             run,
             commit,
             &self.failpoints,
+            self.compact,
             &mut undo,
             &mut run_undo,
             profiles.as_deref_mut(),
@@ -1524,6 +1659,105 @@ mod tests {
             Err(StoreError::VersionConflict { .. })
         ));
         assert_eq!(holds(&store, "t2", "r4"), (true, false, false));
+    }
+
+    /// Events and messages that cannot be written in the compact form (JSON nested deeper
+    /// than it takes) are kept as they came, with every event after such an event: reads give
+    /// back what a store without compaction gives, in order, from every sequence number.
+    #[test]
+    fn what_cannot_be_written_is_kept_as_it_came() {
+        use awaken_event::{AgentEvent, Message, TerminationReason, ToolCall, ToolCallId};
+        let mut deep = serde_json::json!(1);
+        for _ in 0..600 {
+            deep = serde_json::Value::Array(vec![deep]);
+        }
+        let call = ToolCall::new(ToolCallId::new("c1").expect("id"), "t", deep.clone());
+        let ready = AgentEvent::ToolCallReady {
+            call_id: call.id.clone(),
+            name: Arc::from("t"),
+            arguments: Arc::new(deep),
+        };
+        let step = |step| AgentEvent::StepStart { step };
+        // (run, expected messages, messages, events, finishes)
+        let commits: Vec<(&str, u64, Vec<Message>, Vec<AgentEvent>, bool)> = vec![
+            ("r1", 0, vec![Message::user("hi")], vec![step(1)], false),
+            ("r1", 1, vec![], vec![ready], false),
+            ("r1", 1, vec![], vec![step(2)], false),
+            ("r1", 1, vec![Message::assistant("ok")], vec![step(3)], true),
+            (
+                "r2",
+                2,
+                vec![Message::assistant_with_calls("", vec![call])],
+                vec![step(1)],
+                true,
+            ),
+            ("r3", 3, vec![Message::user("again")], vec![step(1)], true),
+        ];
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let thread = ThreadId::new("t1").expect("id");
+        let (compacting, shared) = (MemoryStore::new(), MemoryStore::without_compaction());
+        for (i, (run, expected, messages, events, done)) in commits.into_iter().enumerate() {
+            let mut c = commit("t1", run, expected);
+            c.messages = messages.into();
+            c.events = events.into();
+            if done {
+                c.run.status = RunStatus::Done;
+                c.run.termination = Some(TerminationReason::NaturalEnd);
+            }
+            compacting.write(c.clone()).expect("written");
+            shared.write(c).expect("written");
+            let read = |store: &MemoryStore| {
+                let messages = rt
+                    .block_on(store.load_checkpoint(&thread))
+                    .expect("load")
+                    .expect("thread")
+                    .messages;
+                let events: Vec<_> = (0..8)
+                    .map(|since| {
+                        rt.block_on(store.load_events(&thread, since))
+                            .expect("events")
+                    })
+                    .collect();
+                (messages, events)
+            };
+            assert_eq!(read(&compacting), read(&shared), "after commit {i}");
+        }
+        // The first segment has the one event written before the deep one; the rest came as
+        // they were, and the deep message stays shared.
+        let shard = compacting.shard(&thread);
+        let t = &shard.threads[&thread];
+        assert_eq!(t.segments[0].events, 1);
+        assert!(t.segments.iter().skip(1).all(|s| s.events == 0));
+        assert_eq!(t.event_chunks().len(), 5);
+        assert_eq!(t.message_chunks().len(), 2);
+    }
+
+    /// A failed commit of another run's events takes back the run marker it wrote: the
+    /// other run's next events are still told apart.
+    #[test]
+    fn a_failed_commit_takes_back_its_run_marker() {
+        use awaken_event::AgentEvent;
+        let store = MemoryStore::new();
+        let with_step = |run: &str, step| {
+            let mut c = commit("t1", run, 0);
+            c.events = vec![AgentEvent::StepStart { step }].into();
+            c
+        };
+        store.write(with_step("r1", 1)).expect("written");
+        store.arm_failpoint(FailPoint::AfterEvents);
+        store.write(with_step("r2", 7)).expect_err("injected");
+        store.write(with_step("r2", 8)).expect("written");
+        store.write(with_step("r1", 2)).expect("written");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let events = rt
+            .block_on(store.load_events(&ThreadId::new("t1").expect("id"), 0))
+            .expect("events");
+        let read: Vec<(u64, &str)> = events.iter().map(|e| (e.seq, e.run_id.as_str())).collect();
+        assert_eq!(read, [(1, "r1"), (2, "r2"), (3, "r1")]);
     }
 
     /// A finished run's row is kept written out; damaged, every read of it is a typed error

@@ -301,6 +301,19 @@ impl<'a> Reader<'a> {
     }
 
     /// The next event.
+    /// The next event of an events part and its run: the run markers before it (see
+    /// [`Writer::run_marker`]) set `run`.
+    pub(crate) fn run_event(&mut self, run: &mut Option<RunId>) -> Read<(RunId, AgentEvent)> {
+        while self.segment.get(self.pos) == Some(&RUN_MARKER) && !self.is_empty() {
+            self.pos += 1;
+            *run = Some(self.id()?);
+        }
+        let run_id = run
+            .clone()
+            .ok_or_else(|| Malformed::new("an event before any run marker"))?;
+        Ok((run_id, self.event()?))
+    }
+
     pub(crate) fn event(&mut self) -> Read<AgentEvent> {
         Ok(match self.u8()? {
             RUN_START => AgentEvent::RunStart {

@@ -150,26 +150,35 @@ fn repeated_strings_are_written_once() {
         })
         .collect();
     let run_id = RunId::new("run-with-a-long-id-0123456789").expect("id");
+    // The events first, two commits' worth (a writer resumed with what the first remembered),
+    // then the messages, as the memory store writes a segment.
     let mut out = Vec::new();
-    let mut writer = Writer::new(&mut out);
+    let mut seen = Seen::default();
+    for half in events.chunks(2) {
+        let mut writer = Writer::resume(&mut out, &mut seen);
+        writer.run_marker(&run_id);
+        for e in half {
+            writer.event(e).expect("writes");
+        }
+    }
+    let messages_at = out.len();
+    let mut writer = Writer::resume(&mut out, &mut seen);
     for m in &messages {
         writer.message(m).expect("writes");
     }
-    let events_at = writer.position();
-    writer
-        .event_run(&run_id, events.len(), &events)
-        .expect("writes");
 
-    let mut reader = Reader::part(&out, 0..events_at);
-    for m in &messages {
-        assert_eq!(&reader.message().expect("reads"), m);
+    let mut reader = Reader::part(&out, 0..messages_at);
+    let mut run = None;
+    for e in &events {
+        assert_eq!(
+            reader.run_event(&mut run).expect("reads"),
+            (run_id.clone(), e.clone())
+        );
     }
     assert!(reader.is_empty());
-    let mut reader = Reader::part(&out, events_at..out.len());
-    assert_eq!(reader.id::<RunId>().expect("run id"), run_id);
-    assert_eq!(reader.len().expect("count"), events.len());
-    for e in &events {
-        assert_eq!(&reader.event().expect("reads"), e);
+    let mut reader = Reader::part(&out, messages_at..out.len());
+    for m in &messages {
+        assert_eq!(&reader.message().expect("reads"), m);
     }
     assert!(reader.is_empty());
 
@@ -182,8 +191,10 @@ fn repeated_strings_are_written_once() {
     assert_eq!(count("a_tool_name"), 1);
     assert_eq!(count("argument_key"), 1);
     assert_eq!(count("an argument value"), 1);
-    // A call id is repeated in its event: written with the message only.
+    // A call id is repeated in its message: written with the event only.
     assert_eq!(count("call-1"), 1);
+    // And the run's id once, its second marker a reference.
+    assert_eq!(count(run_id.as_str()), 1);
 }
 
 /// A back-reference that points forward, at itself, or at another reference is an error.

@@ -1,5 +1,7 @@
 //! Writing a segment.
 
+use std::borrow::BorrowMut;
+
 use super::*;
 
 pub(super) fn put_u64(out: &mut Vec<u8>, mut v: u64) {
@@ -77,10 +79,10 @@ fn same(seen: &[u8], s: &[u8]) -> bool {
     }
 }
 
-/// The slot a string of at least two bytes is remembered in: a hash of its length and of its
-/// first and last bytes (up to eight of each). Cheaper than a hash of every byte, and as good
-/// here: a collision only loses a back-reference.
-fn slot_of(b: &[u8]) -> usize {
+/// The set of slots a string of at least two bytes is remembered in: a hash of its length and
+/// of its first and last bytes (up to eight of each). Cheaper than a hash of every byte, and as
+/// good here: a collision only loses a back-reference.
+fn set_of(b: &[u8]) -> usize {
     let n = b.len();
     let word = |i: usize| -> u64 {
         let mut w = [0u8; 8];
@@ -103,24 +105,62 @@ fn slot_of(b: &[u8]) -> usize {
         )
     };
     let h = (x ^ y.rotate_left(29) ^ n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    (h >> 56) as usize % SEEN_SLOTS
+    (h >> 56) as usize % SEEN_SETS
 }
 
-/// How many strings a writer remembers for back-references (a hash of the string picks the
-/// slot; a collision only loses a back-reference).
-const SEEN_SLOTS: usize = 256;
+/// How many sets of [`SEEN_WAYS`] slots a writer remembers strings in for back-references (a
+/// hash of the string picks the set; the most recent literals of a set are kept). A thread
+/// being written keeps its table (see [`Writer::resume`]): a small one.
+const SEEN_SETS: usize = 32;
+const SEEN_WAYS: usize = 2;
+const SEEN_SLOTS: usize = SEEN_SETS * SEEN_WAYS;
+
+/// The literals a segment's writer remembers for back-references: per slot, a literal's
+/// position in the segment plus one, shifted past [`SEEN_LEN_BITS`] bits, and its length in
+/// those (0: none). A literal past a mebibyte, or over 4 KiB, is not remembered.
+#[derive(Debug, Clone)]
+pub(crate) struct Seen([u32; SEEN_SLOTS]);
+
+const SEEN_LEN_BITS: u32 = 12;
+
+impl Default for Seen {
+    fn default() -> Self {
+        Self([0; SEEN_SLOTS])
+    }
+}
+
+impl Seen {
+    /// Forgets the literals at or past `len` (the segment was cut back to `len` bytes).
+    pub(crate) fn forget_from(&mut self, len: usize) {
+        for slot in &mut self.0 {
+            if (*slot >> SEEN_LEN_BITS) as usize > len {
+                *slot = 0;
+            }
+        }
+    }
+}
+
+/// A slot remembering a literal of `len` bytes at `at` (`None`: too far or too long).
+fn seen_slot(at: usize, len: usize) -> Option<u32> {
+    let at = u32::try_from(at + 1)
+        .ok()
+        .filter(|a| a >> (32 - SEEN_LEN_BITS) == 0)?;
+    let len = u32::try_from(len)
+        .ok()
+        .filter(|l| l >> SEEN_LEN_BITS == 0)?;
+    Some(at << SEEN_LEN_BITS | len)
+}
 
 /// Writes one segment. A string is written once as its bytes (a literal: its length shifted
 /// left by one, then the bytes); a later equal string, when that is shorter, as the literal's
 /// position in the segment (shifted left by one, plus one). A finished run repeats most of its
 /// strings: its run and thread ids, the model's name, every tool's name, a call's id (in the
 /// message, its start, readiness and end), JSON keys, arguments also kept in the call's events.
-pub(crate) struct Writer<'o> {
+pub(crate) struct Writer<'o, S: BorrowMut<Seen> = Seen> {
     out: &'o mut Vec<u8>,
     /// Where the segment starts in `out` (positions are relative to it).
     base: usize,
-    /// A remembered literal per slot: its position plus one (0: none) and its length.
-    seen: [(u32, u32); SEEN_SLOTS],
+    seen: S,
 }
 
 impl<'o> Writer<'o> {
@@ -130,10 +170,20 @@ impl<'o> Writer<'o> {
         Self {
             out,
             base,
-            seen: [(0, 0); SEEN_SLOTS],
+            seen: Seen::default(),
         }
     }
+}
 
+impl<'o> Writer<'o, &'o mut Seen> {
+    /// A writer that goes on with the segment `out` holds (the whole of it), whose earlier
+    /// writers remembered `seen`.
+    pub(crate) fn resume(out: &'o mut Vec<u8>, seen: &'o mut Seen) -> Self {
+        Self { out, base: 0, seen }
+    }
+}
+
+impl<S: BorrowMut<Seen>> Writer<'_, S> {
     /// How many bytes the segment has so far.
     pub(crate) fn position(&self) -> usize {
         self.out.len() - self.base
@@ -161,24 +211,32 @@ impl<'o> Writer<'o> {
         // A string of under two bytes is never shorter as a back-reference.
         if bytes.len() >= 2 {
             let at = self.position();
-            let slot = &mut self.seen[slot_of(bytes)];
-            let (seen_at, seen_len) = *slot;
-            if seen_len as usize == bytes.len() && seen_at != 0 {
-                let seen_at = seen_at as usize - 1;
+            let set = set_of(bytes) * SEEN_WAYS;
+            let len_mask = (1 << SEEN_LEN_BITS) - 1;
+            for way in 0..SEEN_WAYS {
+                let slot = self.seen.borrow().0[set + way];
+                if slot & len_mask != bytes.len() as u32 || slot == 0 {
+                    continue;
+                }
+                let seen_at = (slot >> SEEN_LEN_BITS) as usize - 1;
                 let header = u64_len((bytes.len() as u64) << 1);
                 let reference = ((seen_at as u64) << 1) | 1;
                 let start = self.base + seen_at + header;
                 if u64_len(reference) < header + bytes.len()
-                    && same(&self.out[start..start + bytes.len()], bytes)
+                    && self
+                        .out
+                        .get(start..start + bytes.len())
+                        .is_some_and(|seen| same(seen, bytes))
                 {
                     self.u64(reference);
                     return;
                 }
             }
-            // Remembered only when a position and length fit the slot (always, short of a
-            // segment of 4 GiB).
-            if let (Ok(p), Ok(l)) = (u32::try_from(at + 1), u32::try_from(bytes.len())) {
-                *slot = (p, l);
+            // Remembered first in its set (the set's oldest is forgotten).
+            if let Some(slot) = seen_slot(at, bytes.len()) {
+                let slots = &mut self.seen.borrow_mut().0[set..set + SEEN_WAYS];
+                slots.copy_within(..SEEN_WAYS - 1, 1);
+                slots[0] = slot;
             }
         }
         self.u64((bytes.len() as u64) << 1);
@@ -455,18 +513,9 @@ impl<'o> Writer<'o> {
         self.json_text(json)
     }
 
-    /// Appends one run's `count` events: the run's id, how many, and the events.
-    pub(crate) fn event_run<'e>(
-        &mut self,
-        run_id: &RunId,
-        count: usize,
-        events: impl IntoIterator<Item = &'e AgentEvent>,
-    ) -> Result<(), serde_json::Error> {
+    /// Appends a run marker: the events after it, up to the next marker, are `run_id`'s.
+    pub(crate) fn run_marker(&mut self, run_id: &RunId) {
+        self.u8(RUN_MARKER);
         self.str(run_id.as_str());
-        self.len(count);
-        for event in events {
-            self.event(event)?;
-        }
-        Ok(())
     }
 }

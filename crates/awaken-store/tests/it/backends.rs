@@ -204,7 +204,8 @@ async fn a_run_end_lets_go_of_the_shared_slices() {
             2,
             "kept while the run goes on"
         );
-        assert_eq!(Arc::strong_count(&events), 2);
+        // With compaction, a commit's events are written at once.
+        assert_eq!(Arc::strong_count(&events), if compacts { 1 } else { 2 });
 
         let mut record = run("r1", 1_000);
         record.updated_at = at(1_001);
