@@ -304,6 +304,9 @@ impl ExecutionEnv {
             }
             env_plugins.push(plugin.clone());
         }
+        // The estimate's spare room is given back (shrinking is done in place): every run
+        // holds its registry for its whole life.
+        keys.shrink_to_fit();
         Ok(ExecutionEnv {
             plugins: env_plugins,
             active: env_active,

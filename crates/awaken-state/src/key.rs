@@ -251,6 +251,14 @@ impl KeyRegistry {
         self.entries.capacity()
     }
 
+    /// Gives back the room made for keys that were not registered (a registry built with
+    /// room for an estimate keeps only what it holds).
+    pub fn shrink_to_fit(&mut self) {
+        self.entries.shrink_to_fit();
+        self.by_name.shrink_to_fit();
+        self.by_type.shrink_to_fit();
+    }
+
     /// Number of registered keys.
     pub fn len(&self) -> usize {
         self.entries.len()

@@ -184,6 +184,23 @@ fn second_registration_of_a_name_fails_on_every_path() {
     );
 }
 
+/// A registry built with room to spare gives it back and still finds every key, by name and
+/// by type (a store built on it reads and writes them).
+#[test]
+fn a_shrunk_registry_keeps_its_keys() {
+    let mut r = KeyRegistry::with_capacity(10);
+    r.extend(&registry()).unwrap();
+    r.shrink_to_fit();
+    assert_eq!(r.capacity(), r.len());
+    assert_eq!(r.len(), 4);
+    assert!(r.options("test.mode").is_some());
+    let store = StateStore::new(r);
+    store
+        .commit(StateCommand::new().with_update::<Counter>(2))
+        .unwrap();
+    assert_eq!(store.read(|s| *s.get::<Counter>().unwrap()), 2);
+}
+
 #[test]
 fn registry_reports_options() {
     let r = registry();

@@ -91,7 +91,7 @@ struct ThreadData {
     /// segment each time a run was done and the thread held messages or events written since
     /// (see [`ThreadData::compact`]), oldest first. A segment is never written again: the cost
     /// of a run's end does not grow with the thread.
-    segments: Vec<Segment>,
+    segments: Segments,
     /// How many messages the thread has, its segments' too.
     message_count: usize,
     /// The messages and events since, as the commits carried them (boxed, and `None` when
@@ -230,6 +230,44 @@ struct Segment {
     events: u32,
     /// The sequence number of its first event (of the next event, when it has none).
     first_seq: u64,
+}
+
+/// A thread's segments, oldest first: the first is held in place (most threads have one, and
+/// a vector of one is an allocation more per thread).
+#[derive(Debug, Default)]
+enum Segments {
+    #[default]
+    None,
+    One(Segment),
+    Many(Vec<Segment>),
+}
+
+impl Segments {
+    fn push(&mut self, segment: Segment) {
+        *self = match std::mem::take(self) {
+            Segments::None => Segments::One(segment),
+            Segments::One(first) => Segments::Many(vec![first, segment]),
+            Segments::Many(mut all) => {
+                // Room for exactly one more (a vector's growth would make room for twice as
+                // many).
+                all.reserve_exact(1);
+                all.push(segment);
+                Segments::Many(all)
+            }
+        };
+    }
+}
+
+impl std::ops::Deref for Segments {
+    type Target = [Segment];
+
+    fn deref(&self) -> &[Segment] {
+        match self {
+            Segments::None => &[],
+            Segments::One(segment) => std::slice::from_ref(segment),
+            Segments::Many(all) => all,
+        }
+    }
 }
 
 impl Segment {
@@ -499,7 +537,7 @@ impl ThreadData {
     /// Every message, shared (see [`MessageParts`]).
     fn message_parts(&self) -> MessageParts {
         MessageParts {
-            segments: self.segments.clone(),
+            segments: self.segments.to_vec(),
             chunks: self.message_chunks().to_vec(),
             len: self.message_count,
         }
@@ -563,7 +601,6 @@ impl ThreadData {
         };
         let messages_at = u32::try_from(messages_at).ok()?;
         if open.count > 0 || messages > 0 {
-            self.segments.reserve_exact(1);
             self.segments.push(Segment {
                 bytes: Arc::from(open.bytes.as_slice()),
                 messages_at,

@@ -203,6 +203,8 @@ impl<'a> Reader<'a> {
             2 => Some(self.json()?),
             tag => return Err(Malformed::new(format!("termination tag {tag}"))),
         };
+        let (steps, usage, spec_digest) = (self.u32()?, self.usage()?, self.digest()?);
+        let created = self.i64()?;
         let record = RunRecord {
             run_id: run_id.clone(),
             parent_run_id,
@@ -210,11 +212,11 @@ impl<'a> Reader<'a> {
             profile_id,
             status: RunStatus::Done,
             termination,
-            steps: self.u32()?,
-            usage: self.usage()?,
-            spec_digest: self.digest()?,
-            created_at: Timestamp::from_unix_millis(self.i64()?),
-            updated_at: Timestamp::from_unix_millis(self.i64()?),
+            steps,
+            usage,
+            spec_digest,
+            created_at: Timestamp::from_unix_millis(created),
+            updated_at: Timestamp::from_unix_millis(created.wrapping_add(self.i64()?)),
         };
         Ok((thread_id, record, self.u64()?, self.u64()?))
     }

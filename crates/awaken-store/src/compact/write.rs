@@ -484,8 +484,10 @@ impl<S: BorrowMut<Seen>> Writer<'_, S> {
         self.u64(u64::from(r.steps));
         self.usage(&r.usage);
         self.digest(&r.spec_digest);
-        self.i64(r.created_at.as_unix_millis());
-        self.i64(r.updated_at.as_unix_millis());
+        // The update's time as the milliseconds since the creation (a run lasts seconds).
+        let created = r.created_at.as_unix_millis();
+        self.i64(created);
+        self.i64(r.updated_at.as_unix_millis().wrapping_sub(created));
         self.u64(state_revision);
         self.u64(lease_epoch);
         Ok(())
