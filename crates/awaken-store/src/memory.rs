@@ -94,8 +94,8 @@ struct ThreadData {
     segments: Segments,
     /// How many messages the thread has, its segments' too.
     message_count: usize,
-    /// The messages and events since, as the commits carried them (boxed, and `None` when
-    /// there are none: a finished thread keeps a pointer, not two empty vectors).
+    /// The messages and events since (boxed, and `None` when there are none: a finished
+    /// thread keeps a pointer, not the buffers and table a run writes them with).
     recent: Option<Box<Recent>>,
     /// Values as the commits carried them (typed until a load asks for JSON); boxed, made at
     /// the first write (most threads have no thread-scoped state).
@@ -105,24 +105,28 @@ struct ThreadData {
 /// A thread's messages and events since its last compact segment.
 #[derive(Debug, Default)]
 struct Recent {
+    /// The messages and events, written as the commits bring them (with compaction on).
+    open: Open,
+    /// The messages kept as the commits carried them: all of them without compaction; with
+    /// it, from the first that could not be written on (they follow `open`'s).
     messages: MessageLog,
-    /// The events, written as the commits bring them (with compaction on).
-    open: OpenEvents,
-    /// The events kept as the commits carried them: all of them without compaction; with it,
-    /// from the first that could not be written on (they follow `open`'s).
+    /// The same of the events.
     events: EventLog,
 }
 
-/// A thread's events since its last segment, written in [`crate::compact`]'s form as each
-/// commit brings them (the commit's slice of 80-byte events is freed once the runtime has
-/// emitted them, instead of being kept until the run is done): the events part of the
-/// thread's next segment, whose messages are written after them when a run is done.
+/// A thread's messages and events since its last segment, written in [`crate::compact`]'s
+/// form as each commit brings them (a commit's slices of messages and 80-byte events are freed
+/// once the runtime is done with them, instead of being kept until the run is done): the two
+/// parts of the thread's next segment, its events then its messages, which a run's end puts
+/// together. A commit's events are written before its messages, which may refer to them.
 #[derive(Debug, Default)]
-struct OpenEvents {
-    bytes: Vec<u8>,
+struct Open {
+    events: Vec<u8>,
+    messages: Vec<u8>,
     /// The strings written so far, for the next commits' back-references.
     seen: compact::Seen,
-    count: u32,
+    event_count: u32,
+    message_count: u32,
     /// The sequence number of its first event.
     first_seq: u64,
     /// Where the last run marker is, and its run (the run of the events since).
@@ -130,27 +134,40 @@ struct OpenEvents {
     run: Option<RunId>,
 }
 
-/// How many bytes a thread's written events make room for at first (a five-step run's are
-/// about 300: they grow once).
+/// How many bytes a thread's written events, and its written messages, make room for at first
+/// (a five-step run's events take about 300, its messages about 100: the events grow once).
 const OPEN_EVENTS_RESERVED: usize = 256;
+const OPEN_MESSAGES_RESERVED: usize = 128;
 
-/// Where a thread's events stood before a commit (put back if it fails).
+/// Where a thread's messages and events stood before a commit (put back if it fails).
 #[derive(Debug, Clone, Copy)]
-struct EventsMark {
-    chunks: usize,
-    open_len: usize,
-    open_count: u32,
+struct LogMark {
+    message_count: usize,
+    message_chunks: usize,
+    event_chunks: usize,
+    open_events: usize,
+    open_event_count: u32,
+    open_messages: usize,
+    open_message_count: u32,
     run_at: Option<u32>,
 }
 
-impl OpenEvents {
+/// The parts of the compact form.
+const EVENTS_PART: u8 = 0;
+const MESSAGES_PART: u8 = 1;
+
+impl Open {
+    fn is_empty(&self) -> bool {
+        self.event_count == 0 && self.message_count == 0
+    }
+
     /// Writes `events` (numbered from `first_seq`) of `run_id`; `false` (nothing written) if
     /// one of them cannot be (see [`crate::compact`]).
-    fn append(&mut self, first_seq: u64, run_id: &RunId, events: &[AgentEvent]) -> bool {
-        let (len, count) = (self.bytes.len(), self.count);
+    fn append_events(&mut self, first_seq: u64, run_id: &RunId, events: &[AgentEvent]) -> bool {
+        let len = self.events.len();
         let Some(count) = u32::try_from(events.len())
             .ok()
-            .and_then(|n| count.checked_add(n))
+            .and_then(|n| self.event_count.checked_add(n))
         else {
             return false;
         };
@@ -158,49 +175,94 @@ impl OpenEvents {
         let Ok(marker_at) = marker.map(u32::try_from).transpose() else {
             return false;
         };
-        if self.bytes.capacity() == 0 {
-            self.bytes.reserve_exact(OPEN_EVENTS_RESERVED);
+        if self.events.capacity() == 0 {
+            self.events.reserve_exact(OPEN_EVENTS_RESERVED);
         }
-        let mut writer = compact::Writer::resume(&mut self.bytes, &mut self.seen);
+        let mut writer = compact::Writer::resume(&mut self.events, &mut self.seen);
         if marker.is_some() {
             writer.run_marker(run_id);
         }
-        if events.iter().all(|e| writer.event(e).is_ok()) {
-            if self.count == 0 {
-                self.first_seq = first_seq;
-            }
-            self.count = count;
-            if marker_at.is_some() {
-                self.run_at = marker_at;
-                self.run = Some(run_id.clone());
-            }
-            true
-        } else {
-            self.truncate(len);
-            false
+        if !events.iter().all(|e| writer.event(e).is_ok()) {
+            self.events.truncate(len);
+            self.seen.forget_from(EVENTS_PART, len);
+            return false;
         }
+        if self.event_count == 0 {
+            self.first_seq = first_seq;
+        }
+        self.event_count = count;
+        if marker_at.is_some() {
+            self.run_at = marker_at;
+            self.run = Some(run_id.clone());
+        }
+        true
     }
 
-    /// Cuts the written events back to `len` bytes.
-    fn truncate(&mut self, len: usize) {
-        self.bytes.truncate(len);
-        self.seen.forget_from(len);
+    /// Writes `messages`; `false` (nothing written) if one of them cannot be.
+    fn append_messages(&mut self, messages: &[Message]) -> bool {
+        let len = self.messages.len();
+        let Some(count) = u32::try_from(messages.len())
+            .ok()
+            .and_then(|n| self.message_count.checked_add(n))
+        else {
+            return false;
+        };
+        if self.messages.capacity() == 0 {
+            self.messages.reserve_exact(OPEN_MESSAGES_RESERVED);
+        }
+        let mut writer =
+            compact::Writer::resume_messages(&mut self.messages, &self.events, &mut self.seen);
+        if !messages.iter().all(|m| writer.message(m).is_ok()) {
+            self.messages.truncate(len);
+            self.seen.forget_from(MESSAGES_PART, len);
+            return false;
+        }
+        self.message_count = count;
+        true
     }
 
-    /// Puts the events back where `mark` found them.
-    fn reset(&mut self, mark: EventsMark) {
-        self.truncate(mark.open_len);
-        self.count = mark.open_count;
+    /// Puts the written messages and events back where `mark` found them.
+    fn reset(&mut self, mark: &LogMark) {
+        self.events.truncate(mark.open_events);
+        self.seen.forget_from(EVENTS_PART, mark.open_events);
+        self.event_count = mark.open_event_count;
+        self.messages.truncate(mark.open_messages);
+        self.seen.forget_from(MESSAGES_PART, mark.open_messages);
+        self.message_count = mark.open_message_count;
         if self.run_at != mark.run_at {
             // The run of the marker before (read back: a rollback of a run's first commit on a
             // thread is rare).
             self.run_at = mark.run_at;
             self.run = mark.run_at.and_then(|at| {
-                compact::Reader::part(&self.bytes, at as usize + 1..self.bytes.len())
+                compact::Reader::part(&self.events, at as usize + 1..self.events.len())
                     .id()
                     .ok()
             });
         }
+    }
+
+    /// The written events, and the messages when `with_messages`, as a segment (one
+    /// allocation, copied); `next_seq` numbers a segment without events.
+    fn segment(&self, with_messages: bool, next_seq: u64) -> Option<Segment> {
+        let messages: &[u8] = if with_messages { &self.messages } else { &[] };
+        // Put together in this OS thread's buffer, then copied once (a byte iterator's
+        // `collect` copies a byte at a time).
+        let bytes = with_compact_buffer(|buffer| {
+            buffer.extend_from_slice(&self.events);
+            buffer.extend_from_slice(messages);
+            Arc::from(buffer.as_slice())
+        });
+        Some(Segment {
+            bytes,
+            messages_at: u32::try_from(self.events.len()).ok()?,
+            messages: if with_messages { self.message_count } else { 0 },
+            events: self.event_count,
+            first_seq: if self.event_count > 0 {
+                self.first_seq
+            } else {
+                next_seq
+            },
+        })
     }
 }
 
@@ -295,8 +357,7 @@ impl MessageParts {
     fn decode(self) -> Result<Vec<Message>, StoreError> {
         let mut out = Vec::with_capacity(self.len);
         for segment in &self.segments {
-            let mut reader =
-                compact::Reader::part(&segment.bytes, segment.messages_at()..segment.bytes.len());
+            let mut reader = compact::Reader::messages(&segment.bytes, segment.messages_at());
             for _ in 0..segment.messages {
                 out.push(
                     reader
@@ -318,28 +379,6 @@ impl MessageLog {
             self.chunks.reserve_exact(LOG_CHUNKS_RESERVED);
         }
         self.chunks.push(messages);
-    }
-
-    /// Drops the chunks after the first `chunks` (a rolled-back commit's); how many messages
-    /// they held.
-    fn truncate(&mut self, chunks: usize) -> usize {
-        self.chunks
-            .drain(chunks.min(self.chunks.len())..)
-            .map(|dropped| dropped.len())
-            .sum()
-    }
-
-    /// Writes the chunks' messages to `writer`; how many.
-    fn write(
-        &self,
-        writer: &mut compact::Writer<'_, &mut compact::Seen>,
-    ) -> Result<usize, serde_json::Error> {
-        let mut count = 0;
-        for message in self.chunks.iter().flat_map(|c| c.iter()) {
-            writer.message(message)?;
-            count += 1;
-        }
-        Ok(count)
     }
 }
 
@@ -421,11 +460,6 @@ impl EventLog {
             events,
         });
     }
-
-    /// Drops the chunks after the first `chunks` (a rolled-back commit's).
-    fn truncate(&mut self, chunks: usize) {
-        self.chunks.truncate(chunks);
-    }
 }
 
 thread_local! {
@@ -454,12 +488,12 @@ fn with_compact_buffer<T>(write: impl FnOnce(&mut Vec<u8>) -> T) -> T {
 type Compacted = Option<Box<Recent>>;
 
 impl ThreadData {
-    /// The message chunks since the last segment.
+    /// The message chunks kept as the commits carried them.
     fn message_chunks(&self) -> &[Arc<[Message]>] {
         self.recent.as_ref().map_or(&[], |r| &r.messages.chunks)
     }
 
-    /// The event chunks since the last segment.
+    /// The event chunks kept as the commits carried them.
     fn event_chunks(&self) -> &[EventChunk] {
         self.recent.as_ref().map_or(&[], |r| &r.events.chunks)
     }
@@ -470,158 +504,139 @@ impl ThreadData {
             return chunk.last_seq();
         }
         match &self.recent {
-            Some(r) if r.open.count > 0 => r.open.first_seq + u64::from(r.open.count) - 1,
+            Some(r) if r.open.event_count > 0 => {
+                r.open.first_seq + u64::from(r.open.event_count) - 1
+            }
             _ => self.segments.last().map_or(0, Segment::last_seq),
         }
     }
 
-    fn append_messages(&mut self, messages: Arc<[Message]>) {
-        if messages.is_empty() {
-            return;
-        }
-        self.message_count += messages.len();
-        let recent = self.recent.get_or_insert_default();
-        recent.messages.append(messages);
+    /// The number the next segment without events starts from.
+    fn next_segment_seq(&self) -> u64 {
+        self.segments.last().map_or(0, Segment::last_seq) + 1
     }
 
-    /// Appends a commit's events: written at once when `write` (compaction is on) and no
-    /// earlier event had to be kept as it came; kept as they came otherwise.
-    fn append_events(&mut self, run_id: &RunId, events: Arc<[AgentEvent]>, write: bool) {
-        if events.is_empty() {
-            return;
+    /// Appends a commit's events, then its messages: written at once when `write` (compaction
+    /// is on) and nothing of their kind before had to be kept as it came; kept as they came
+    /// otherwise. (The thread's message count is the caller's.)
+    fn append(
+        &mut self,
+        run_id: &RunId,
+        messages: Arc<[Message]>,
+        events: Arc<[AgentEvent]>,
+        write: bool,
+    ) {
+        if !events.is_empty() {
+            let first_seq = self.last_event_seq() + 1;
+            let recent = self.recent.get_or_insert_default();
+            if !(write
+                && recent.events.chunks.is_empty()
+                && recent.open.append_events(first_seq, run_id, &events))
+            {
+                recent.events.append(first_seq, run_id, events);
+            }
         }
-        let first_seq = self.last_event_seq() + 1;
-        let recent = self.recent.get_or_insert_default();
-        if write
-            && recent.events.chunks.is_empty()
-            && recent.open.append(first_seq, run_id, &events)
-        {
-            return;
-        }
-        recent.events.append(first_seq, run_id, events);
-    }
-
-    /// Where the thread's events stand (see [`ThreadData::truncate_events`]).
-    fn events_mark(&self) -> EventsMark {
-        match &self.recent {
-            Some(r) => EventsMark {
-                chunks: r.events.chunks.len(),
-                open_len: r.open.bytes.len(),
-                open_count: r.open.count,
-                run_at: r.open.run_at,
-            },
-            None => EventsMark {
-                chunks: 0,
-                open_len: 0,
-                open_count: 0,
-                run_at: None,
-            },
+        if !messages.is_empty() {
+            let recent = self.recent.get_or_insert_default();
+            if !(write
+                && recent.messages.chunks.is_empty()
+                && recent.open.append_messages(&messages))
+            {
+                recent.messages.append(messages);
+            }
         }
     }
 
-    /// Drops the message chunks after the first `chunks` (a rolled-back commit's).
-    fn truncate_messages(&mut self, chunks: usize) {
+    /// Where the thread's messages and events stand (see [`ThreadData::reset_log`]).
+    fn log_mark(&self) -> LogMark {
+        let (open, message_chunks, event_chunks) = match &self.recent {
+            Some(r) => (
+                Some(&r.open),
+                r.messages.chunks.len(),
+                r.events.chunks.len(),
+            ),
+            None => (None, 0, 0),
+        };
+        LogMark {
+            message_count: self.message_count,
+            message_chunks,
+            event_chunks,
+            open_events: open.map_or(0, |o| o.events.len()),
+            open_event_count: open.map_or(0, |o| o.event_count),
+            open_messages: open.map_or(0, |o| o.messages.len()),
+            open_message_count: open.map_or(0, |o| o.message_count),
+            run_at: open.and_then(|o| o.run_at),
+        }
+    }
+
+    /// Puts the thread's messages and events back where `mark` found them (a rolled-back
+    /// commit's).
+    fn reset_log(&mut self, mark: &LogMark) {
+        self.message_count = mark.message_count;
         if let Some(recent) = &mut self.recent {
-            self.message_count -= recent.messages.truncate(chunks);
-        }
-    }
-
-    /// Puts the thread's events back where `mark` found them (a rolled-back commit's).
-    fn truncate_events(&mut self, mark: EventsMark) {
-        if let Some(recent) = &mut self.recent {
-            recent.events.truncate(mark.chunks);
+            recent.messages.chunks.truncate(mark.message_chunks);
+            recent.events.chunks.truncate(mark.event_chunks);
             recent.open.reset(mark);
         }
     }
 
-    /// Every message, shared (see [`MessageParts`]).
+    /// Every message, shared (see [`MessageParts`]); the ones written since the last segment
+    /// copied.
     fn message_parts(&self) -> MessageParts {
+        let mut segments = self.segments.to_vec();
+        if let Some(open) = self.recent.as_ref().map(|r| &r.open)
+            && open.message_count > 0
+            && let Some(segment) = open.segment(true, self.next_segment_seq())
+        {
+            segments.push(segment);
+        }
         MessageParts {
-            segments: self.segments.to_vec(),
+            segments,
             chunks: self.message_chunks().to_vec(),
             len: self.message_count,
         }
     }
 
     /// The parts holding events past `since` (the first segment and chunk with one, and all
-    /// after them), shared (see [`EventParts`]).
+    /// after them), shared (see [`EventParts`]); the ones written since the last segment
+    /// copied.
     fn events_since(&self, since: u64) -> EventParts {
-        let segments = self.segments.partition_point(|s| s.last_seq() <= since);
-        let mut parts = self.segments[segments..].to_vec();
-        // The events written since the last segment, copied as a segment without messages.
+        let first = self.segments.partition_point(|s| s.last_seq() <= since);
+        let mut segments = self.segments[first..].to_vec();
         if let Some(open) = self.recent.as_ref().map(|r| &r.open)
-            && open.count > 0
-            && open.first_seq + u64::from(open.count) - 1 > since
-            && let Ok(messages_at) = u32::try_from(open.bytes.len())
+            && open.event_count > 0
+            && open.first_seq + u64::from(open.event_count) - 1 > since
+            && let Some(segment) = open.segment(false, self.next_segment_seq())
         {
-            parts.push(Segment {
-                bytes: Arc::from(open.bytes.as_slice()),
-                messages_at,
-                messages: 0,
-                events: open.count,
-                first_seq: open.first_seq,
-            });
+            segments.push(segment);
         }
         let chunks = self.event_chunks();
         let first_chunk = chunks.partition_point(|c| c.last_seq() <= since);
         EventParts {
             since,
-            segments: parts,
+            segments,
             chunks: chunks[first_chunk..].to_vec(),
         }
     }
 
-    /// Makes the events written since the last segment, and the messages after them, one more
-    /// segment, when a run on it is done (every message since, another run's too if one is
-    /// going on): a finished thread's messages and events take less than a tenth of the
-    /// runtime's shared form (see [`crate::compact`]), and the shared form is freed for the
-    /// next runs' allocations instead of the process faulting in new pages for every finished
-    /// thread. Later commits' messages are kept shared again until a run is done; reads decode
-    /// the segments. Hands back what the segment replaced, to be dropped after the locks are
-    /// released. Messages that cannot be written (a kind without its own form whose JSON fails
-    /// or nests too deep, a JSON value nested too deep: see [`crate::compact`]) stay shared, as
-    /// do events that could not be written when they came.
+    /// Makes the events and messages written since the last segment one more segment, when a
+    /// run on it is done (another run's too if one is going on): a finished thread's messages
+    /// and events take less than a tenth of the runtime's shared form (see
+    /// [`crate::compact`]). A segment is never written again, and reads decode the segments.
+    /// Hands back what the thread no longer needs (the buffers and their table), to be
+    /// dropped after the locks are released. What was kept as it came stays so.
     fn compact(&mut self) -> Compacted {
-        // (A segment without events numbers from the one before it: its events, none, end
-        // where that one's do.)
-        let next_seq = self.segments.last().map_or(0, Segment::last_seq) + 1;
-        let recent = self.recent.as_mut()?;
-        let open = &mut recent.open;
-        let messages_at = open.bytes.len();
-        let written = {
-            let mut writer = compact::Writer::resume(&mut open.bytes, &mut open.seen);
-            recent.messages.write(&mut writer).ok()
-        };
-        let (messages, kept_messages) = match written.map(u32::try_from) {
-            Some(Ok(n)) => (n, false),
-            _ => {
-                open.truncate(messages_at);
-                (0, true)
-            }
-        };
-        let messages_at = u32::try_from(messages_at).ok()?;
-        if open.count > 0 || messages > 0 {
-            self.segments.push(Segment {
-                bytes: Arc::from(open.bytes.as_slice()),
-                messages_at,
-                messages,
-                events: open.count,
-                first_seq: if open.count > 0 {
-                    open.first_seq
-                } else {
-                    next_seq
-                },
-            });
+        let next_seq = self.next_segment_seq();
+        let open = &self.recent.as_ref()?.open;
+        if !open.is_empty() {
+            let segment = open.segment(true, next_seq)?;
+            self.segments.push(segment);
         }
         let mut done = self.recent.take()?;
-        if kept_messages || !done.events.chunks.is_empty() {
+        if !done.messages.chunks.is_empty() || !done.events.chunks.is_empty() {
             self.recent = Some(Box::new(Recent {
-                messages: if kept_messages {
-                    std::mem::take(&mut done.messages)
-                } else {
-                    MessageLog::default()
-                },
-                open: OpenEvents::default(),
+                open: Open::default(),
+                messages: std::mem::take(&mut done.messages),
                 events: std::mem::take(&mut done.events),
             }));
         }
@@ -832,10 +847,8 @@ struct CommitIds {
 /// reused from commit to commit (no allocation per commit); an entry is small (a run's old
 /// record, a few hundred bytes, is kept beside the log, not in every entry).
 enum Undo {
-    /// The number of message chunks before the commit.
-    Messages(usize),
-    /// The number of event chunks before the commit.
-    Events(EventsMark),
+    /// Where the thread's messages and events stood before the commit.
+    Log(LogMark),
     /// The commit created the run's row.
     RunCreated,
     /// The commit changed the run's row in place; what it held before is the commit's
@@ -979,7 +992,7 @@ impl Inner {
         run: RunEntry<'_>,
         c: ThreadCommit,
         fp: &Failpoints,
-        write_events: bool,
+        write_log: bool,
         undo: &mut Vec<Undo>,
         run_undo: &mut Option<RunUndo>,
         profiles: Option<&mut Profiles>,
@@ -1009,8 +1022,9 @@ impl Inner {
             let profile_id = &ids.profile_id;
 
             let thread = thread.or_default();
-            undo.push(Undo::Messages(thread.message_chunks().len()));
-            thread.append_messages(new_messages);
+            undo.push(Undo::Log(thread.log_mark()));
+            // (Written with the events, after them: see `ThreadData::append`.)
+            thread.message_count += new_messages.len();
             let message_count = thread.message_count as u64;
             if let Err(e) = fp.check(FailPoint::AfterMessages) {
                 break 'apply Err(e);
@@ -1113,8 +1127,7 @@ impl Inner {
                 break 'apply Err(e);
             }
 
-            undo.push(Undo::Events(thread.events_mark()));
-            thread.append_events(rid, new_events, write_events);
+            thread.append(rid, new_messages, new_events, write_log);
             let seq = thread.last_event_seq();
             if let Err(e) = fp.check(FailPoint::AfterEvents) {
                 break 'apply Err(e);
@@ -1169,14 +1182,9 @@ impl Inner {
         let rid = &ids.run_id;
         for op in undo.drain(..).rev() {
             match op {
-                Undo::Messages(chunks) => {
+                Undo::Log(mark) => {
                     if let Some(t) = self.threads.get_mut(tid) {
-                        t.truncate_messages(chunks);
-                    }
-                }
-                Undo::Events(mark) => {
-                    if let Some(t) = self.threads.get_mut(tid) {
-                        t.truncate_events(mark);
+                        t.reset_log(&mark);
                     }
                 }
                 Undo::RunCreated => {

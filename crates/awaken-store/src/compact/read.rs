@@ -10,6 +10,9 @@ pub(crate) struct Reader<'a> {
     pos: usize,
     /// Where this reader stops (the end of the segment or of its part being read).
     end: usize,
+    /// Where the messages part starts, when this reader reads it (its references name a
+    /// part: see [`Writer`]).
+    messages_at: Option<usize>,
 }
 
 impl<'a> Reader<'a> {
@@ -25,7 +28,16 @@ impl<'a> Reader<'a> {
             segment,
             pos: part.start.min(end),
             end,
+            messages_at: None,
         }
+    }
+
+    /// A reader of the messages part of `segment`, which starts at `messages_at` (the events
+    /// part before it).
+    pub(crate) fn messages(segment: &'a [u8], messages_at: usize) -> Self {
+        let mut reader = Self::part(segment, messages_at..segment.len());
+        reader.messages_at = Some(reader.pos);
+        reader
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -100,8 +112,18 @@ impl<'a> Reader<'a> {
             self.bytes(n)?
         } else {
             // The literal must start before the reference (never at or after it: no loop).
-            let target = usize::try_from(head >> 1)
-                .ok()
+            let target = match self.messages_at {
+                None => usize::try_from(head >> 1).ok(),
+                // In the messages part: the literal's part, then its place in it.
+                Some(messages_at) => usize::try_from(head >> 2).ok().and_then(|t| {
+                    if head >> 1 & 1 == 1 {
+                        t.checked_add(messages_at)
+                    } else {
+                        Some(t)
+                    }
+                }),
+            };
+            let target = target
                 .filter(|&t| t < at)
                 .ok_or_else(|| Malformed::new("a string reference that is not backwards"))?;
             let mut literal = Reader::part(self.segment, target..at);

@@ -161,11 +161,14 @@ fn repeated_strings_are_written_once() {
             writer.event(e).expect("writes");
         }
     }
-    let messages_at = out.len();
-    let mut writer = Writer::resume(&mut out, &mut seen);
+    // The messages in their own part, one commit at a time too, then put after the events.
+    let mut message_part = Vec::new();
     for m in &messages {
+        let mut writer = Writer::resume_messages(&mut message_part, &out, &mut seen);
         writer.message(m).expect("writes");
     }
+    let messages_at = out.len();
+    out.extend_from_slice(&message_part);
 
     let mut reader = Reader::part(&out, 0..messages_at);
     let mut run = None;
@@ -176,7 +179,7 @@ fn repeated_strings_are_written_once() {
         );
     }
     assert!(reader.is_empty());
-    let mut reader = Reader::part(&out, messages_at..out.len());
+    let mut reader = Reader::messages(&out, messages_at);
     for m in &messages {
         assert_eq!(&reader.message().expect("reads"), m);
     }
@@ -222,6 +225,43 @@ fn bad_string_references_are_errors() {
             last = reader.str();
         }
         assert!(last.is_err(), "{bad:?}");
+    }
+}
+
+/// In the messages part, a reference names the part of its literal: an event's literal (any,
+/// the events come first) or an earlier message's; one to the messages' own place or past it
+/// is an error.
+#[test]
+fn message_part_references_name_their_part() {
+    let mut seen = Seen::default();
+    let mut events = Vec::new();
+    Writer::resume(&mut events, &mut seen).str("ab");
+    let mut messages = Vec::new();
+    let mut writer = Writer::resume_messages(&mut messages, &events, &mut seen);
+    writer.str("ab");
+    writer.str("cd");
+    writer.str("cd");
+    // "ab" in the events at 0 (part 0), "cd" a literal at 1 of the messages, then it again
+    // (part 1, at 1).
+    assert_eq!(messages, [0b0001, 4, b'c', b'd', (1 << 2) | 0b11]);
+    let mut segment = events.clone();
+    segment.extend_from_slice(&messages);
+    let mut reader = Reader::messages(&segment, events.len());
+    assert_eq!(reader.str().expect("event literal"), "ab");
+    assert_eq!(reader.str().expect("literal"), "cd");
+    assert_eq!(reader.str().expect("message literal"), "cd");
+    // The events never refer to the messages: written there, "cd" is a literal.
+    let mut more = events.clone();
+    Writer::resume(&mut more, &mut seen).str("cd");
+    assert_eq!(more[events.len()..], [4, b'c', b'd']);
+    // A message reference to its own place, or to a message part place past it.
+    for bad in [0b11u8, (1 << 2) | 0b11] {
+        let mut segment = events.clone();
+        segment.extend_from_slice(&[bad]);
+        assert!(
+            Reader::messages(&segment, events.len()).str().is_err(),
+            "{bad}"
+        );
     }
 }
 

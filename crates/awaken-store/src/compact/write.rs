@@ -116,12 +116,14 @@ const SEEN_WAYS: usize = 2;
 const SEEN_SLOTS: usize = SEEN_SETS * SEEN_WAYS;
 
 /// The literals a segment's writer remembers for back-references: per slot, a literal's
-/// position in the segment plus one, shifted past [`SEEN_LEN_BITS`] bits, and its length in
-/// those (0: none). A literal past a mebibyte, or over 4 KiB, is not remembered.
+/// position in its part plus one (the high bits), the part (events or the only one: 0,
+/// messages: 1) and its length (the low [`SEEN_LEN_BITS`] bits); 0: none. A literal past half
+/// a mebibyte into its part, or over 4 KiB, is not remembered.
 #[derive(Debug, Clone)]
 pub(crate) struct Seen([u32; SEEN_SLOTS]);
 
 const SEEN_LEN_BITS: u32 = 12;
+const SEEN_POS_SHIFT: u32 = SEEN_LEN_BITS + 1;
 
 impl Default for Seen {
     fn default() -> Self {
@@ -130,25 +132,37 @@ impl Default for Seen {
 }
 
 impl Seen {
-    /// Forgets the literals at or past `len` (the segment was cut back to `len` bytes).
-    pub(crate) fn forget_from(&mut self, len: usize) {
+    /// Forgets the literals of `part` at or past `len` (the part was cut back to `len`
+    /// bytes).
+    pub(crate) fn forget_from(&mut self, part: u8, len: usize) {
         for slot in &mut self.0 {
-            if (*slot >> SEEN_LEN_BITS) as usize > len {
+            let (at, slot_part, _) = seen_parts(*slot);
+            if *slot != 0 && slot_part == part && at >= len {
                 *slot = 0;
             }
         }
     }
 }
 
-/// A slot remembering a literal of `len` bytes at `at` (`None`: too far or too long).
-fn seen_slot(at: usize, len: usize) -> Option<u32> {
+/// A slot remembering a literal of `len` bytes at `at` of `part` (`None`: too far or too
+/// long).
+fn seen_slot(at: usize, part: u8, len: usize) -> Option<u32> {
     let at = u32::try_from(at + 1)
         .ok()
-        .filter(|a| a >> (32 - SEEN_LEN_BITS) == 0)?;
+        .filter(|a| a >> (32 - SEEN_POS_SHIFT) == 0)?;
     let len = u32::try_from(len)
         .ok()
         .filter(|l| l >> SEEN_LEN_BITS == 0)?;
-    Some(at << SEEN_LEN_BITS | len)
+    Some(at << SEEN_POS_SHIFT | u32::from(part) << SEEN_LEN_BITS | len)
+}
+
+/// A non-empty slot's literal: its position, its part and its length.
+fn seen_parts(slot: u32) -> (usize, u8, usize) {
+    (
+        (slot >> SEEN_POS_SHIFT).wrapping_sub(1) as usize,
+        (slot >> SEEN_LEN_BITS & 1) as u8,
+        (slot & ((1 << SEEN_LEN_BITS) - 1)) as usize,
+    )
 }
 
 /// Writes one segment. A string is written once as its bytes (a literal: its length shifted
@@ -156,10 +170,20 @@ fn seen_slot(at: usize, len: usize) -> Option<u32> {
 /// position in the segment (shifted left by one, plus one). A finished run repeats most of its
 /// strings: its run and thread ids, the model's name, every tool's name, a call's id (in the
 /// message, its start, readiness and end), JSON keys, arguments also kept in the call's events.
+///
+/// A thread's segment has two parts, written side by side as the commits come: its events,
+/// then its messages. A reference in the messages part names the part of its literal (its
+/// position shifted left by two, the part, then one): it may be an earlier literal of the
+/// messages or any of the events (which come first in the segment). The events never refer to
+/// the messages.
 pub(crate) struct Writer<'o, S: BorrowMut<Seen> = Seen> {
     out: &'o mut Vec<u8>,
-    /// Where the segment starts in `out` (positions are relative to it).
+    /// Where the part starts in `out` (positions are relative to it).
     base: usize,
+    /// The part written: 0 (events, or a segment of one part), 1 (messages).
+    part: u8,
+    /// The events, when the messages are written.
+    events: &'o [u8],
     seen: S,
 }
 
@@ -170,16 +194,40 @@ impl<'o> Writer<'o> {
         Self {
             out,
             base,
+            part: 0,
+            events: &[],
             seen: Seen::default(),
         }
     }
 }
 
 impl<'o> Writer<'o, &'o mut Seen> {
-    /// A writer that goes on with the segment `out` holds (the whole of it), whose earlier
-    /// writers remembered `seen`.
+    /// A writer that goes on with the events part `out` holds (the whole of it), whose
+    /// earlier writers remembered `seen`.
     pub(crate) fn resume(out: &'o mut Vec<u8>, seen: &'o mut Seen) -> Self {
-        Self { out, base: 0, seen }
+        Self {
+            out,
+            base: 0,
+            part: 0,
+            events: &[],
+            seen,
+        }
+    }
+
+    /// A writer that goes on with the messages part `out` holds, beside the events part
+    /// `events`, whose earlier writers remembered `seen`.
+    pub(crate) fn resume_messages(
+        out: &'o mut Vec<u8>,
+        events: &'o [u8],
+        seen: &'o mut Seen,
+    ) -> Self {
+        Self {
+            out,
+            base: 0,
+            part: 1,
+            events,
+            seen,
+        }
     }
 }
 
@@ -212,20 +260,26 @@ impl<S: BorrowMut<Seen>> Writer<'_, S> {
         if bytes.len() >= 2 {
             let at = self.position();
             let set = set_of(bytes) * SEEN_WAYS;
-            let len_mask = (1 << SEEN_LEN_BITS) - 1;
             for way in 0..SEEN_WAYS {
                 let slot = self.seen.borrow().0[set + way];
-                if slot & len_mask != bytes.len() as u32 || slot == 0 {
+                let (seen_at, part, len) = seen_parts(slot);
+                if slot == 0 || len != bytes.len() {
                     continue;
                 }
-                let seen_at = (slot >> SEEN_LEN_BITS) as usize - 1;
-                let header = u64_len((bytes.len() as u64) << 1);
-                let reference = ((seen_at as u64) << 1) | 1;
-                let start = self.base + seen_at + header;
-                if u64_len(reference) < header + bytes.len()
-                    && self
-                        .out
-                        .get(start..start + bytes.len())
+                // The events never refer to the messages.
+                let (seen_in, reference) = match (self.part, part) {
+                    (0, 0) => (&self.out[self.base..], (seen_at as u64) << 1 | 1),
+                    (1, p) => (
+                        if p == 1 { &self.out[..] } else { self.events },
+                        (seen_at as u64) << 2 | u64::from(p) << 1 | 1,
+                    ),
+                    _ => continue,
+                };
+                let header = u64_len((len as u64) << 1);
+                let start = seen_at + header;
+                if u64_len(reference) < header + len
+                    && seen_in
+                        .get(start..start + len)
                         .is_some_and(|seen| same(seen, bytes))
                 {
                     self.u64(reference);
@@ -233,7 +287,7 @@ impl<S: BorrowMut<Seen>> Writer<'_, S> {
                 }
             }
             // Remembered first in its set (the set's oldest is forgotten).
-            if let Some(slot) = seen_slot(at, bytes.len()) {
+            if let Some(slot) = seen_slot(at, self.part, bytes.len()) {
                 let slots = &mut self.seen.borrow_mut().0[set..set + SEEN_WAYS];
                 slots.copy_within(..SEEN_WAYS - 1, 1);
                 slots[0] = slot;

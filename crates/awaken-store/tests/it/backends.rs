@@ -181,11 +181,12 @@ fn the_memory_store_commits_without_a_future() {
     assert!(matches!(written, Ok(Ok(_))), "{written:?}");
 }
 
-/// A run's end compacts its thread: the memory store lets go of the message and event slices
-/// its commits carried (their memory is freed once the runtime drops them too), unless it was
-/// made without compaction; reads give back the same either way.
+/// The memory store writes a commit's messages and events in its compact form and lets go of
+/// the slices the commit carried (their memory is freed once the runtime drops them too),
+/// unless it was made without compaction: then it keeps them, also after the run's end; reads
+/// give back the same either way.
 #[tokio::test]
-async fn a_run_end_lets_go_of_the_shared_slices() {
+async fn commits_let_go_of_the_shared_slices() {
     use crate::conformance::{at, run, tid};
     use awaken_event::{AgentEvent, Message, TerminationReason};
     use awaken_store::{RunStatus, ThreadCommit, ThreadStore as _};
@@ -199,13 +200,11 @@ async fn a_run_end_lets_go_of_the_shared_slices() {
         first.messages = Arc::clone(&messages);
         first.events = Arc::clone(&events);
         store.commit(first).await.expect("commit");
-        assert_eq!(
-            Arc::strong_count(&messages),
-            2,
-            "kept while the run goes on"
-        );
-        // With compaction, a commit's events are written at once.
-        assert_eq!(Arc::strong_count(&events), if compacts { 1 } else { 2 });
+        // With compaction, a commit's messages and events are written at once; without, kept
+        // while the run goes on.
+        let held = if compacts { 1 } else { 2 };
+        assert_eq!(Arc::strong_count(&messages), held, "compacts: {compacts}");
+        assert_eq!(Arc::strong_count(&events), held, "compacts: {compacts}");
 
         let mut record = run("r1", 1_000);
         record.updated_at = at(1_001);
