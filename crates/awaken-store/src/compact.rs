@@ -148,6 +148,8 @@ const DIGEST_TEXT: u8 = 0;
 /// A `sha256:` spec digest kept as its 32 bytes.
 const DIGEST_SHA256: u8 = 1;
 const SHA256_PREFIX: &str = "sha256:";
+/// A spec digest kept by the memory store: its place in the store's table.
+const DIGEST_KEPT: u8 = 2;
 
 mod read;
 mod write;

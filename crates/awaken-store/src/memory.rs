@@ -38,6 +38,8 @@ pub struct MemoryStore {
     /// threads.
     run_threads: Box<[Mutex<HashMap<RunId, ThreadId>>]>,
     profiles: Mutex<Profiles>,
+    /// The finished runs' spec digests (taken after a shard's lock, last of all).
+    digests: Digests,
     failpoints: Failpoints,
     /// Whether a run's end compacts its thread ([`MemoryStore::without_compaction`]).
     compact: bool,
@@ -66,6 +68,7 @@ impl Default for MemoryStore {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             run_threads: (0..SHARDS).map(|_| Mutex::default()).collect(),
             profiles: Mutex::default(),
+            digests: Digests::default(),
             failpoints: Failpoints::default(),
             compact: true,
         }
@@ -687,6 +690,37 @@ struct Lease {
     expires_at: Timestamp,
 }
 
+/// The spec digests of the finished runs' rows, each kept once (a row holds its digest's
+/// place here: every run of an agent has the same 71-character digest).
+#[derive(Debug, Default)]
+struct Digests(Mutex<Vec<Arc<str>>>);
+
+/// The most digests a store keeps; a row whose digest finds no room keeps its text.
+const DIGESTS_KEPT: usize = 1024;
+
+impl Digests {
+    /// The place of `digest`, given one if it has none and there is room.
+    fn index_of(&self, digest: &Arc<str>) -> Option<u32> {
+        let mut all = lock(&self.0);
+        if let Some(i) = all
+            .iter()
+            .position(|d| Arc::ptr_eq(d, digest) || **d == **digest)
+        {
+            return u32::try_from(i).ok();
+        }
+        if all.len() >= DIGESTS_KEPT {
+            return None;
+        }
+        all.push(Arc::clone(digest));
+        u32::try_from(all.len() - 1).ok()
+    }
+
+    /// The digest at place `i`.
+    fn get(&self, i: u32) -> Option<Arc<str>> {
+        lock(&self.0).get(i as usize).cloned()
+    }
+}
+
 /// A run's record, state and batch as a load returns them.
 struct LoadedRun {
     record: RunRecord,
@@ -696,11 +730,12 @@ struct LoadedRun {
 
 /// A finished run's row read back from `bytes` (see [`RunSlot::Done`]); its state's values
 /// are JSON values.
-fn read_row(bytes: &[u8], run_id: &RunId) -> Result<RunRow, StoreError> {
+fn read_row(bytes: &[u8], run_id: &RunId, digests: &Digests) -> Result<RunRow, StoreError> {
     let corrupt = |e| StoreError::corrupt("run", e);
     let mut reader = compact::Reader::new(bytes);
-    let (thread_id, record, state_revision, lease_epoch) =
-        reader.run_row(run_id).map_err(corrupt)?;
+    let (thread_id, record, state_revision, lease_epoch) = reader
+        .run_row(run_id, |i| digests.get(i))
+        .map_err(corrupt)?;
     let mut state = StateMap::default();
     while !reader.is_empty() {
         let (k, text) = reader.state_entry().map_err(corrupt)?;
@@ -722,10 +757,15 @@ fn read_row(bytes: &[u8], run_id: &RunId) -> Result<RunRow, StoreError> {
 impl RunSlot {
     /// The row, to write to: a finished run's is read back first (a commit to a finished run
     /// is rare).
-    fn live(&mut self, run_id: &RunId) -> Result<&mut RunRow, StoreError> {
+    fn live(&mut self, run_id: &RunId, digests: &Digests) -> Result<&mut RunRow, StoreError> {
         if let RunSlot::Done(bytes) = self {
-            *self = RunSlot::Live(Box::new(read_row(bytes, run_id)?));
+            *self = RunSlot::Live(Box::new(read_row(bytes, run_id, digests)?));
         }
+        self.live_row()
+    }
+
+    /// The row of a run whose finished row was read back already ([`RunSlot::live`]).
+    fn live_row(&mut self) -> Result<&mut RunRow, StoreError> {
         match self {
             RunSlot::Live(row) => Ok(row),
             RunSlot::Done(_) => Err(StoreError::corrupt(
@@ -755,23 +795,23 @@ impl RunSlot {
     }
 
     /// The run's record.
-    fn record(&self, run_id: &RunId) -> Result<RunRecord, StoreError> {
+    fn record(&self, run_id: &RunId, digests: &Digests) -> Result<RunRecord, StoreError> {
         match self {
             RunSlot::Live(row) => Ok(row.record.clone()),
             RunSlot::Done(bytes) => compact::Reader::new(bytes)
-                .run_row(run_id)
+                .run_row(run_id, |i| digests.get(i))
                 .map(|(_, record, _, _)| record)
                 .map_err(|e| StoreError::corrupt("run", e)),
         }
     }
 
     /// The run's record, state and batch as a load returns them.
-    fn load(&self, run_id: &RunId) -> Result<LoadedRun, StoreError> {
+    fn load(&self, run_id: &RunId, digests: &Digests) -> Result<LoadedRun, StoreError> {
         let done;
         let row = match self {
             RunSlot::Live(row) => &**row,
             RunSlot::Done(bytes) => {
-                done = read_row(bytes, run_id)?;
+                done = read_row(bytes, run_id, digests)?;
                 &done
             }
         };
@@ -794,19 +834,21 @@ impl RunSlot {
     /// each of its state's values has JSON text that reads back (not nested deeper than
     /// `serde_json` parses). Hands back the row it replaced, to be dropped after the locks are
     /// released.
-    fn freeze(&mut self) -> Option<Box<RunRow>> {
+    fn freeze(&mut self, digests: &Digests) -> Option<Box<RunRow>> {
         let RunSlot::Live(row) = self else {
             return None;
         };
         if row.record.status != RunStatus::Done || row.lease.is_some() || row.batch.is_some() {
             return None;
         }
+        let digest = digests.index_of(&row.record.spec_digest);
         let bytes = with_compact_buffer(|buffer| {
             let mut writer = compact::Writer::new(buffer);
             writer
                 .run_row(
                     &row.thread_id,
                     &row.record,
+                    digest,
                     row.state_revision,
                     row.lease_epoch,
                 )
@@ -1033,7 +1075,7 @@ impl Inner {
             // The row is updated in place; what it held before is the undo.
             let row = match run {
                 Entry::Occupied(slot) => {
-                    let row = match slot.into_mut().live(rid) {
+                    let row = match slot.into_mut().live_row() {
                         Ok(row) => row,
                         Err(e) => break 'apply Err(e),
                     };
@@ -1075,7 +1117,7 @@ impl Inner {
                         lease_epoch: 0,
                         state: StateMap::default(),
                     })));
-                    match slot.live(rid) {
+                    match slot.live_row() {
                         Ok(row) => row,
                         Err(e) => break 'apply Err(e),
                     }
@@ -1335,7 +1377,7 @@ impl MemoryStore {
             },
             match &mut run {
                 // (A finished run's row is read back here, before anything changes.)
-                Entry::Occupied(r) => Some(&*r.get_mut().live(&commit.run.run_id)?),
+                Entry::Occupied(r) => Some(&*r.get_mut().live(&commit.run.run_id, &self.digests)?),
                 Entry::Vacant(_) => None,
             },
             &commit,
@@ -1380,7 +1422,10 @@ impl MemoryStore {
         drop(run_threads);
         // (The state's values serialize here, after the index and profile locks are released.)
         let compacted = compact.map(|(thread_id, run_id)| {
-            let row = inner.runs.get_mut(&run_id).and_then(RunSlot::freeze);
+            let row = inner
+                .runs
+                .get_mut(&run_id)
+                .and_then(|r| r.freeze(&self.digests));
             (
                 row,
                 inner.threads.get_mut(&thread_id).and_then(|t| t.compact()),
@@ -1429,7 +1474,7 @@ impl ThreadStore for MemoryStore {
         };
         let run_id = &thread.latest_run_id;
         let run = match inner.runs.get(run_id) {
-            Some(slot) => Some(slot.load(run_id)?),
+            Some(slot) => Some(slot.load(run_id, &self.digests)?),
             None => None,
         };
         let messages = data.message_parts();
@@ -1489,7 +1534,7 @@ impl ThreadStore for MemoryStore {
         let mut runs: Vec<RunRecord> = Vec::new();
         for (run_id, slot) in &inner.runs {
             if slot.is_on(thread_id)? {
-                runs.push(slot.record(run_id)?);
+                runs.push(slot.record(run_id, &self.digests)?);
             }
         }
         runs.sort_by(|a, b| (a.created_at, &a.run_id).cmp(&(b.created_at, &b.run_id)));

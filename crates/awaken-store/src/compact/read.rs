@@ -214,7 +214,11 @@ impl<'a> Reader<'a> {
 
     /// A finished run's row as [`Writer::run_row`] wrote it, the row of `run_id`: its thread,
     /// its record (`Done`), its state's revision and its lease epoch.
-    pub(crate) fn run_row(&mut self, run_id: &RunId) -> Read<(ThreadId, RunRecord, u64, u64)> {
+    pub(crate) fn run_row(
+        &mut self,
+        run_id: &RunId,
+        digest_at: impl Fn(u32) -> Option<Arc<str>>,
+    ) -> Read<(ThreadId, RunRecord, u64, u64)> {
         let thread_id = self.id()?;
         let parent_run_id = self.opt_id()?;
         let agent_id = Arc::from(self.str()?);
@@ -225,7 +229,7 @@ impl<'a> Reader<'a> {
             2 => Some(self.json()?),
             tag => return Err(Malformed::new(format!("termination tag {tag}"))),
         };
-        let (steps, usage, spec_digest) = (self.u32()?, self.usage()?, self.digest()?);
+        let (steps, usage, spec_digest) = (self.u32()?, self.usage()?, self.digest(digest_at)?);
         let created = self.i64()?;
         let record = RunRecord {
             run_id: run_id.clone(),
@@ -244,8 +248,12 @@ impl<'a> Reader<'a> {
     }
 
     /// A spec digest as [`Writer::digest`] wrote it.
-    fn digest(&mut self) -> Read<Arc<str>> {
+    fn digest(&mut self, digest_at: impl Fn(u32) -> Option<Arc<str>>) -> Read<Arc<str>> {
         match self.u8()? {
+            DIGEST_KEPT => {
+                let at = self.u32()?;
+                digest_at(at).ok_or_else(|| Malformed::new(format!("no spec digest at {at}")))
+            }
             DIGEST_TEXT => Ok(Arc::from(self.str()?)),
             DIGEST_SHA256 => {
                 const HEX: &[u8; 16] = b"0123456789abcdef";

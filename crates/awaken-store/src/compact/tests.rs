@@ -362,12 +362,27 @@ fn run_rows_read_back_whole() {
         record.updated_at = Timestamp::from_unix_millis(i64::MAX - i as i64);
         let mut out = Vec::new();
         Writer::new(&mut out)
-            .run_row(&thread_id, &record, u64::MAX, 7)
+            .run_row(&thread_id, &record, None, u64::MAX, 7)
             .expect("writes");
         let mut reader = Reader::new(&out);
-        let back = reader.run_row(&run_id).expect("reads back");
+        let back = reader.run_row(&run_id, |_| None).expect("reads back");
         assert!(reader.is_empty(), "every byte read");
-        assert_eq!(back, (thread_id.clone(), record, u64::MAX, 7), "{digest:?}");
+        assert_eq!(
+            back,
+            (thread_id.clone(), record.clone(), u64::MAX, 7),
+            "{digest:?}"
+        );
+        // A digest the store keeps: its place, read back through the store's table.
+        let mut out = Vec::new();
+        Writer::new(&mut out)
+            .run_row(&thread_id, &record, Some(3), 1, 2)
+            .expect("writes");
+        let kept = |at| (at == 3).then(|| record.spec_digest.clone());
+        let back = Reader::new(&out)
+            .run_row(&run_id, kept)
+            .expect("reads back");
+        assert_eq!(back, (thread_id.clone(), record, 1, 2), "{digest:?}");
+        assert!(Reader::new(&out).run_row(&run_id, |_| None).is_err());
     }
     // The sha256 digest takes a tag and 32 bytes, not a tag, a two-byte length and 71 bytes.
     let length = |digest: &str| {
@@ -375,7 +390,7 @@ fn run_rows_read_back_whole() {
         record.spec_digest = digest.into();
         let mut out = Vec::new();
         Writer::new(&mut out)
-            .run_row(&thread_id, &record, 0, 0)
+            .run_row(&thread_id, &record, None, 0, 0)
             .expect("writes");
         out.len()
     };

@@ -515,11 +515,13 @@ impl<S: BorrowMut<Seen>> Writer<'_, S> {
 
     /// Appends a finished run's row: its thread, its record but for the id (the row's key) and
     /// the status (`Done`), its state's revision and its lease epoch. Its state's entries
-    /// follow ([`Writer::state_entry`]).
+    /// follow ([`Writer::state_entry`]). Its spec digest is `digest_at`, a place in a table the
+    /// store keeps, when that is given.
     pub(crate) fn run_row(
         &mut self,
         thread_id: &ThreadId,
         r: &RunRecord,
+        digest_at: Option<u32>,
         state_revision: u64,
         lease_epoch: u64,
     ) -> Result<(), serde_json::Error> {
@@ -537,7 +539,13 @@ impl<S: BorrowMut<Seen>> Writer<'_, S> {
         }
         self.u64(u64::from(r.steps));
         self.usage(&r.usage);
-        self.digest(&r.spec_digest);
+        match digest_at {
+            Some(at) => {
+                self.u8(DIGEST_KEPT);
+                self.u64(u64::from(at));
+            }
+            None => self.digest(&r.spec_digest),
+        }
         // The update's time as the milliseconds since the creation (a run lasts seconds).
         let created = r.created_at.as_unix_millis();
         self.i64(created);
