@@ -69,15 +69,17 @@ impl IdSource for SystemIds {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
-        // `run-{nanos:x}-{n:x}`, written on the stack: `format!` grew a string through three
-        // allocations, then the id copied it.
-        let mut id = [0u8; 4 + 32 + 1 + 16];
+        // `run-{nanos in base 32}-{n:x}`, written on the stack: `format!` grew a string
+        // through three allocations, then the id copied it. (Base 32, not 16: the nanoseconds
+        // take 13 digits, not 16, and a run's id of 24 bytes or fewer takes a 48-byte block
+        // where 25 took 64: every finished run kept in memory keeps its id.)
+        let mut id = [0u8; 4 + 26 + 1 + 32];
         id[..4].copy_from_slice(b"run-");
         let mut len = 4;
-        len += push_hex(&mut id[len..], nanos);
+        len += push_digits(&mut id[len..], nanos, BASE32);
         id[len] = b'-';
         len += 1;
-        len += push_hex(&mut id[len..], u128::from(n));
+        len += push_digits(&mut id[len..], u128::from(n), HEX);
         let id = std::str::from_utf8(&id[..len])
             .unwrap_or_else(|e| unreachable!("hex digits are ASCII: {e}"));
         RunId::new(id).unwrap_or_else(|e| unreachable!("generated ids are valid: {e}"))
@@ -89,15 +91,23 @@ impl IdSource for SystemIds {
     }
 }
 
-/// Writes `n` in lowercase hex (as `{n:x}`) at the start of `out`; returns the digits' count.
-/// `out` has room for 32.
-fn push_hex(out: &mut [u8], n: u128) -> usize {
-    let digits = (128 - n.leading_zeros()).div_ceil(4).max(1) as usize;
-    for (i, d) in out[..digits].iter_mut().enumerate() {
-        let nibble = (n >> (4 * (digits - 1 - i))) & 0xf;
-        *d = b"0123456789abcdef"[nibble as usize];
+/// Lowercase hex digits.
+const HEX: &[u8] = b"0123456789abcdef";
+/// Crockford's base-32 digits, lowercase (no `i`, `l`, `o`, `u`): ids stay ordered by time.
+const BASE32: &[u8] = b"0123456789abcdefghjkmnpqrstvwxyz";
+
+/// Writes `n` in `digits` (16 or 32 of them: a digit is 4 or 5 bits) at the start of `out`,
+/// the most significant first (`HEX` as `{n:x}` formats it); returns the digits' count. `out`
+/// has room for 32.
+fn push_digits(out: &mut [u8], n: u128, digits: &[u8]) -> usize {
+    let bits = digits.len().trailing_zeros();
+    let count = (128 - n.leading_zeros()).div_ceil(bits).max(1) as usize;
+    let mask = (1u128 << bits) - 1;
+    for (i, d) in out[..count].iter_mut().enumerate() {
+        let digit = (n >> (bits as usize * (count - 1 - i))) & mask;
+        *d = digits[digit as usize];
     }
-    digits
+    count
 }
 
 /// A request to run an agent on a thread.
@@ -844,7 +854,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hex_digits_are_written_as_formatted() {
+    fn digits_are_written_as_formatted() {
         for n in [
             0u128,
             1,
@@ -855,11 +865,18 @@ mod tests {
             u128::MAX,
         ] {
             let mut out = [0u8; 32];
-            let len = push_hex(&mut out, n);
+            let len = push_digits(&mut out, n, HEX);
             assert_eq!(
                 std::str::from_utf8(&out[..len]),
                 Ok(format!("{n:x}").as_str())
             );
+            // Base 32: read back digit by digit.
+            let len = push_digits(&mut out, n, BASE32);
+            let back = out[..len].iter().fold(0u128, |v, d| {
+                let digit = BASE32.iter().position(|b| b == d).expect("a base-32 digit");
+                v.wrapping_shl(5) | digit as u128
+            });
+            assert_eq!(back, n, "{n}");
         }
     }
 
@@ -871,12 +888,18 @@ mod tests {
         for id in [a.as_str(), b.as_str()] {
             let mut parts = id.splitn(3, '-');
             assert_eq!(parts.next(), Some("run"));
-            for part in parts {
-                assert!(
-                    !part.is_empty() && part.bytes().all(|c| c.is_ascii_hexdigit()),
-                    "{id}"
-                );
-            }
+            let time = parts.next().unwrap_or_default();
+            assert!(
+                time.len() == 13 && time.bytes().all(|c| BASE32.contains(&c)),
+                "{id}"
+            );
+            let n = parts.next().unwrap_or_default();
+            assert!(
+                !n.is_empty() && n.bytes().all(|c| c.is_ascii_hexdigit()),
+                "{id}"
+            );
+            // Short enough to take a 48-byte block as a shared string.
+            assert!(id.len() <= 24, "{id}");
         }
         assert!(b.as_str().ends_with("-1"), "{b}");
     }
