@@ -188,11 +188,27 @@ impl<'a> Reader<'a> {
     }
 
     fn usage(&mut self) -> Read<TokenUsage> {
+        let present = self.u8()?;
+        if present > 0b1111 {
+            return Err(Malformed::new(format!("token counts tag {present}")));
+        }
+        let mut counts = [0u64; 4];
+        for (i, n) in counts.iter_mut().enumerate() {
+            if present & 1 << i != 0 {
+                *n = self.u64()?;
+            }
+        }
+        let [
+            input_tokens,
+            output_tokens,
+            cached_input_tokens,
+            reasoning_tokens,
+        ] = counts;
         Ok(TokenUsage {
-            input_tokens: self.u64()?,
-            output_tokens: self.u64()?,
-            cached_input_tokens: self.u64()?,
-            reasoning_tokens: self.u64()?,
+            input_tokens,
+            output_tokens,
+            cached_input_tokens,
+            reasoning_tokens,
         })
     }
 

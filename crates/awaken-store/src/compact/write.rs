@@ -377,11 +377,23 @@ impl<S: BorrowMut<Seen>> Writer<'_, S> {
         Ok(())
     }
 
+    /// Token counts: a byte of which are not zero, then those (cached and reasoning tokens
+    /// are often none).
     fn usage(&mut self, u: &TokenUsage) {
-        self.u64(u.input_tokens);
-        self.u64(u.output_tokens);
-        self.u64(u.cached_input_tokens);
-        self.u64(u.reasoning_tokens);
+        let counts = [
+            u.input_tokens,
+            u.output_tokens,
+            u.cached_input_tokens,
+            u.reasoning_tokens,
+        ];
+        let present = counts
+            .iter()
+            .enumerate()
+            .fold(0u8, |bits, (i, &n)| bits | u8::from(n != 0) << i);
+        self.u8(present);
+        for n in counts.into_iter().filter(|&n| n != 0) {
+            self.u64(n);
+        }
     }
 
     /// Appends `message`.
