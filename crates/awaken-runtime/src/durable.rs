@@ -45,16 +45,35 @@ pub(crate) struct Durable {
     after_commit: Vec<usize>,
     /// The state revision the last commit exported up to.
     state_revision: u64,
-    /// The run's lease, carried by every commit, when a recovery claimed the run.
-    pub(crate) lease: Option<LeaseToken>,
-    /// The version at which each key of the run's profile was read (0: absent), when the run
-    /// has a profile; a written key's version moves with each commit that writes it.
-    pub(crate) profile_versions: Option<BTreeMap<String, u64>>,
+    /// The run's lease, carried by every commit, when a recovery claimed the run (boxed: most
+    /// runs hold none, and every run's future holds this).
+    pub(crate) lease: Option<Box<LeaseToken>>,
+    /// What guards and redoes the run's profile writes, when the run has a profile (boxed:
+    /// most runs have none, and every run's future holds this).
+    pub(crate) profile: Option<Box<ProfileJournal>>,
+}
+
+/// What a run with a profile keeps about its profile's keys.
+#[derive(Default)]
+pub(crate) struct ProfileJournal {
+    /// The version at which each key of the run's profile was read (0: absent); a written
+    /// key's version moves with each commit that writes it.
+    pub(crate) versions: BTreeMap<String, u64>,
     /// Profile writes of the run not yet durable (journaled updates, in order), kept across
     /// retries of one commit.
-    pending_profile_writes: Vec<(String, serde_json::Value)>,
+    pending: Vec<(String, serde_json::Value)>,
     /// How many times a profile conflict was retried (all commits of the run).
-    pub(crate) profile_retries: u32,
+    retries: u32,
+}
+
+impl ProfileJournal {
+    /// A journal of a profile whose keys were read at `versions`.
+    pub(crate) fn new(versions: BTreeMap<String, u64>) -> Self {
+        Self {
+            versions,
+            ..Self::default()
+        }
+    }
 }
 
 /// The changed state a commit writes, and the revision it was exported at.
@@ -93,9 +112,7 @@ impl Durable {
             after_commit: Vec::new(),
             state_revision,
             lease: None,
-            profile_versions: None,
-            pending_profile_writes: Vec::new(),
-            profile_retries: 0,
+            profile: None,
         }
     }
 
@@ -210,12 +227,12 @@ impl Durable {
             profile_versions: BTreeMap::new(),
             batch,
             events: events.clone(),
-            lease: self.lease.clone(),
+            lease: self.lease.as_deref().cloned(),
         };
         // Profile keys written since the last commit, each guarded by the version it was
         // read at: a concurrent writer's change is a `ProfileConflict`, never a lost update;
         // the run's writes are then redone on the fresh values and the commit retried.
-        let mut profile = match &self.profile_versions {
+        let mut profile = match self.profile.as_deref().map(|p| &p.versions) {
             Some(versions) => {
                 let guards: BTreeMap<String, u64> = profile_delta
                     .values
@@ -273,14 +290,14 @@ impl Durable {
             crate::failpoint::hit("after_compaction_commit", None);
         }
         self.persisted_messages = receipt.message_count;
-        if let (Some(versions), Some((_, guards))) = (&mut self.profile_versions, &profile) {
+        if let (Some(journal), Some((_, guards))) = (self.profile.as_deref_mut(), &profile) {
             for (key, read) in guards {
-                versions.insert(key.clone(), read + 1);
+                journal.versions.insert(key.clone(), read + 1);
             }
         }
         // The journaled profile writes are durable now.
-        self.pending_profile_writes.clear();
-        if self.profile_versions.is_some() {
+        if let Some(journal) = &mut self.profile {
+            journal.pending.clear();
             state.take_journal();
         }
         // After a retry the redone values were restored into the run's state after the
@@ -313,9 +330,14 @@ impl Durable {
             match (*self.store).commit(attempt).await {
                 Ok(receipt) => return Ok((receipt, retried)),
                 Err(StoreError::ProfileConflict { key })
-                    if self.profile_retries < MAX_PROFILE_RETRIES =>
+                    if self
+                        .profile
+                        .as_ref()
+                        .is_some_and(|p| p.retries < MAX_PROFILE_RETRIES) =>
                 {
-                    self.profile_retries += 1;
+                    if let Some(journal) = &mut self.profile {
+                        journal.retries += 1;
+                    }
                     tracing::info!(key = %key, "profile key changed under the run: redoing its writes on the fresh value");
                     *written = self.redo_profile_writes(state).await?;
                     retried = true;
@@ -335,13 +357,14 @@ impl Durable {
         let Some(profile_id) = self.record.profile_id.clone() else {
             return Ok((StateDelta::default(), BTreeMap::new()));
         };
-        self.pending_profile_writes.extend(state.take_journal());
+        let journal = self.profile.get_or_insert_default();
+        journal.pending.extend(state.take_journal());
         let fresh = self.store.load_profile(&profile_id).await?;
         let scratch = StateStore::new(state.registry().clone());
         scratch.restore(&fresh.to_persisted(), UnknownKeyPolicy::Skip)?;
         let base = scratch.revision();
         let mut redo = StateCommand::new();
-        for (key, update) in &self.pending_profile_writes {
+        for (key, update) in &journal.pending {
             redo.update_json(key.clone(), update.clone());
         }
         scratch.commit(redo)?;
@@ -358,7 +381,7 @@ impl Durable {
             .keys()
             .map(|k| (k.clone(), versions.get(k).copied().unwrap_or(0)))
             .collect();
-        self.profile_versions = Some(versions);
+        journal.versions = versions;
         // The run goes on from the redone values.
         state.restore(&delta, UnknownKeyPolicy::Skip)?;
         // (A restore is not journaled: the pending writes stay the record until durable.)

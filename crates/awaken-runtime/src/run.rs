@@ -106,7 +106,8 @@ struct Run<'a> {
     /// Shared with phase contexts and requests; appended in place once they are gone, so a
     /// step's cost does not grow with the thread.
     history: History,
-    run_override: Option<InferenceOverride>,
+    /// Boxed: most runs have none, and every run's future holds this.
+    run_override: Option<Box<InferenceOverride>>,
     gates: Vec<(String, Arc<dyn ToolGateHook>)>,
     /// The agent's sections, shared by every phase context of the run.
     sections: Arc<awaken_spec::Sections>,
@@ -119,7 +120,8 @@ struct Run<'a> {
     /// The current step's tool batch.
     batch: Option<ToolBatch>,
     /// How this activation continues an earlier one, if it does.
-    resume: Option<Continue>,
+    /// (Boxed: most activations start afresh.)
+    resume: Option<Box<Continue>>,
     /// Compaction fallbacks already reported (a new one becomes a warning event).
     seen_fallbacks: u64,
     /// The descriptors of the agent's tools, shared by every request of the run.
@@ -136,16 +138,16 @@ struct Run<'a> {
     /// made once per run.
     tool_scope: ToolCallScope,
     /// Where the run's registry holds its statistics (read several times a step).
-    stats_at: Option<usize>,
+    stats_at: KeyAt,
     /// Where the run's registry holds the compaction state (`None`: the agent has no context
     /// policy, so nothing to read).
-    compaction_at: Option<usize>,
+    compaction_at: KeyAt,
     /// Where the run's registry holds the keys read every step or call: a plugin's stop
     /// request, the step's directives, an action's decision on a call (each found without a
     /// search by type).
-    stop_at: Option<usize>,
-    directives_at: Option<usize>,
-    intercept_at: Option<usize>,
+    stop_at: KeyAt,
+    directives_at: KeyAt,
+    intercept_at: KeyAt,
     /// What collects an inference's stream, and the calls its model began (by stream index):
     /// lent to each inference, so their lists are allocated once per run.
     collector: ResponseCollector,
@@ -159,6 +161,26 @@ struct Run<'a> {
     /// The calls opened by an event (`ToolCallStart`, `ToolCallResumed`) and not yet closed by
     /// one (`ToolCallDone`, `ToolCallSuspended`): a step that fails closes them before it ends.
     open_calls: Vec<ToolCallId>,
+}
+
+/// A key's place in the run's registry, if it is registered: four bytes, not an
+/// `Option<usize>`'s sixteen (every run's future holds five). A read without a place looks
+/// the key up by its type.
+#[derive(Debug, Clone, Copy)]
+struct KeyAt(u32);
+
+impl KeyAt {
+    const NONE: KeyAt = KeyAt(u32::MAX);
+
+    fn of(at: Option<usize>) -> Self {
+        at.and_then(|at| u32::try_from(at).ok())
+            .filter(|&at| at != u32::MAX)
+            .map_or(Self::NONE, KeyAt)
+    }
+
+    fn get(self) -> Option<usize> {
+        (self.0 != u32::MAX).then_some(self.0 as usize)
+    }
 }
 
 /// How an activation continues an earlier one.
@@ -699,8 +721,8 @@ async fn load_activation<'a>(
         persisted,
         store.revision(),
     );
-    durable.lease = lease;
-    durable.profile_versions = profile_versions;
+    durable.lease = lease.map(Box::new);
+    durable.profile = profile_versions.map(|v| Box::new(crate::durable::ProfileJournal::new(v)));
     let engine = PhaseEngine::new(store, resolved.env.phase_env().clone());
     if resumed.is_some() {
         // Actions queued before the wait whose handler the re-resolved agent no longer has.
@@ -760,7 +782,7 @@ async fn load_activation<'a>(
         identity,
         cancel,
         history: history.into(),
-        run_override: inference,
+        run_override: inference.map(Box::new),
         gates,
         sections: Arc::new(resolved_sections),
         lifecycle: rt.lifecycle.clone(),
@@ -769,18 +791,18 @@ async fn load_activation<'a>(
         response: None,
         durable,
         batch,
-        resume: resume_decisions,
+        resume: resume_decisions.map(Box::new),
         seen_fallbacks: 0,
         tools,
         request_strings,
         folded_result: None,
         progress,
         tool_scope,
-        stats_at: None,
-        compaction_at: None,
-        stop_at: None,
-        directives_at: None,
-        intercept_at: None,
+        stats_at: KeyAt::NONE,
+        compaction_at: KeyAt::NONE,
+        stop_at: KeyAt::NONE,
+        directives_at: KeyAt::NONE,
+        intercept_at: KeyAt::NONE,
         collector: ResponseCollector::new(),
         stream_calls: Vec::new(),
         inference_waiter: None,
@@ -788,11 +810,11 @@ async fn load_activation<'a>(
         open_calls: Vec::new(),
     };
     let registry = run.engine.store().registry();
-    run.stats_at = registry.position_of::<RunStatsKey>();
-    run.compaction_at = registry.position_of::<awaken_context::CompactionKey>();
-    run.stop_at = registry.position_of::<StopRequestKey>();
-    run.directives_at = registry.position_of::<StepDirectivesKey>();
-    run.intercept_at = registry.position_of::<CallInterceptKey>();
+    run.stats_at = KeyAt::of(registry.position_of::<RunStatsKey>());
+    run.compaction_at = KeyAt::of(registry.position_of::<awaken_context::CompactionKey>());
+    run.stop_at = KeyAt::of(registry.position_of::<StopRequestKey>());
+    run.directives_at = KeyAt::of(registry.position_of::<StepDirectivesKey>());
+    run.intercept_at = KeyAt::of(registry.position_of::<CallInterceptKey>());
     (run.seen_fallbacks, run.step) = run.engine.store().read(|s| {
         (
             run.compaction_fallbacks_in(s).0,
@@ -1052,7 +1074,7 @@ impl Run<'_> {
     /// carries no actions or effects).
     fn count(&self, update: StatsUpdate) -> Result<(), Failure> {
         self.engine
-            .update::<RunStatsKey>(self.stats_at, update)
+            .update::<RunStatsKey>(self.stats_at.get(), update)
             .map_err(|e| Failure::from(PhaseError::from(e)))?;
         Ok(())
     }
@@ -1081,7 +1103,7 @@ impl Run<'_> {
 
     /// `f` of the statistics as `snapshot` holds them.
     fn stats_in<T>(&self, snapshot: &Snapshot, f: impl FnOnce(&RunStats) -> T) -> T {
-        match snapshot.get_at::<RunStatsKey>(self.stats_at) {
+        match snapshot.get_at::<RunStatsKey>(self.stats_at.get()) {
             Ok(stats) => f(stats),
             Err(_) => f(&RunStats::default()),
         }
@@ -1096,7 +1118,7 @@ impl Run<'_> {
                 self.submit(cmd).await?;
             }
         }
-        match self.resume.take() {
+        match self.resume.take().map(|r| *r) {
             // A new run: its `RunStart` phase. A resumed one started long ago.
             None => self.phase(Phase::RunStart).await?,
             Some(Continue::Recover) => {
@@ -1302,7 +1324,7 @@ impl Run<'_> {
     }
 
     fn directives_in(&self, snapshot: &Snapshot) -> StepDirectives {
-        match snapshot.get_at::<StepDirectivesKey>(self.directives_at) {
+        match snapshot.get_at::<StepDirectivesKey>(self.directives_at.get()) {
             Ok(d) if d.step == self.step => d.clone(),
             _ => StepDirectives::default(),
         }
@@ -1340,7 +1362,7 @@ impl Run<'_> {
             messages.into()
         };
         let mut overrides = spec.inference.clone();
-        if let Some(run) = &self.run_override {
+        if let Some(run) = self.run_override.as_deref() {
             overrides = overrides.merge(run);
         }
         overrides = overrides.merge(&directives.inference);
@@ -1464,7 +1486,7 @@ impl Run<'_> {
     /// How many times compaction fell back to truncation on this thread, and the last error.
     fn compaction_fallbacks_in<'s>(&self, snapshot: &'s Snapshot) -> (u64, Option<&'s str>) {
         // An agent without a context policy has no compaction key.
-        match self.compaction_at.and_then(|at| {
+        match self.compaction_at.get().and_then(|at| {
             snapshot
                 .get_at::<awaken_context::CompactionKey>(Some(at))
                 .ok()
@@ -1606,7 +1628,7 @@ impl Run<'_> {
         stats: &RunStats,
         step_tools: &[Arc<str>],
     ) -> Option<TerminationReason> {
-        if let Ok(Some(request)) = snapshot.get_at::<StopRequestKey>(self.stop_at) {
+        if let Ok(Some(request)) = snapshot.get_at::<StopRequestKey>(self.stop_at.get()) {
             return Some(TerminationReason::stopped(
                 request.code.clone(),
                 request.detail.clone(),
@@ -2085,13 +2107,12 @@ impl Run<'_> {
             self.phase_with(before).await?;
         }
         // An action of `BeforeToolExecute` may still decide on the call.
-        let decided =
-            self.engine
-                .store()
-                .read(|s| match s.get_at::<CallInterceptKey>(self.intercept_at) {
-                    Ok(Some(d)) if d.call_id == call.id => Some(d.payload.clone()),
-                    _ => None,
-                });
+        let decided = self.engine.store().read(|s| {
+            match s.get_at::<CallInterceptKey>(self.intercept_at.get()) {
+                Ok(Some(d)) if d.call_id == call.id => Some(d.payload.clone()),
+                _ => None,
+            }
+        });
         if let Some(payload) = decided {
             return Ok(Prepared::Done(intercepted(payload)));
         }
@@ -2536,7 +2557,7 @@ async fn hold_lease(
             run_id: run.identity.run_id.clone(),
         });
     };
-    run.durable.lease = Some(claimed.lease.clone());
+    run.durable.lease = Some(Box::new(claimed.lease.clone()));
     Ok(Some(rt.spawn_heartbeat(
         claimed.lease,
         worker.lease_duration,
@@ -2552,7 +2573,7 @@ async fn release_lease(
 ) {
     if let Some(h) = heartbeat {
         h.abort();
-        if let Some(lease) = &run.durable.lease {
+        if let Some(lease) = run.durable.lease.as_deref() {
             rt.release(lease).await;
         }
     }
