@@ -299,6 +299,8 @@ impl Start {
 }
 
 /// The waiting run a resume continues.
+/// (Boxed where it is made: most activations start afresh, and the preparation's future
+/// holds it across its awaits.)
 struct Resumed {
     record: RunRecord,
     batch: Option<ToolBatch>,
@@ -500,14 +502,14 @@ async fn load_activation<'a>(
                 Vec::new(),
                 cancel,
                 None,
-                Some(Resumed {
+                Some(Box::new(Resumed {
                     record,
                     batch,
                     run_state,
                     recorded: Vec::new(),
                     new: Vec::new(),
                     recovering: true,
-                }),
+                })),
             )
         }
         Start::Fresh(act) => {
@@ -544,7 +546,8 @@ async fn load_activation<'a>(
                 act.profile_id,
                 act.messages,
                 act.cancel,
-                act.inference,
+                // (Boxed from here on: most activations have none.)
+                act.inference.map(Box::new),
                 None,
             )
         }
@@ -568,14 +571,14 @@ async fn load_activation<'a>(
                 Vec::new(),
                 resume.cancel,
                 None,
-                Some(Resumed {
+                Some(Box::new(Resumed {
                     record,
                     batch: Some(batch),
                     run_state,
                     recorded,
                     new: resume.decisions,
                     recovering: false,
-                }),
+                })),
             )
         }
     };
@@ -588,7 +591,7 @@ async fn load_activation<'a>(
                 thread_id,
                 run_id: run_id.clone(),
                 messages,
-                overrides: inference,
+                overrides: inference.map(|i| *i),
                 cancel,
             };
             let outcome = b
@@ -760,7 +763,7 @@ async fn load_activation<'a>(
         Arc::<str>::from(identity.thread_id.as_str()),
     );
     let is_resume = resumed.is_some();
-    let (batch, resume_decisions) = match resumed {
+    let (batch, resume_decisions) = match resumed.map(|r| *r) {
         Some(r) if r.recovering => (r.batch, Some(Continue::Recover)),
         Some(r) => (r.batch, Some(Continue::Decide(r.recorded, r.new))),
         None => (None, None),
@@ -782,7 +785,7 @@ async fn load_activation<'a>(
         identity,
         cancel,
         history: history.into(),
-        run_override: inference.map(Box::new),
+        run_override: inference,
         gates,
         sections: Arc::new(resolved_sections),
         lifecycle: rt.lifecycle.clone(),
@@ -1275,7 +1278,7 @@ impl Run<'_> {
                     ToolResult::success(d.payload.unwrap_or(serde_json::Value::Null)),
                     ToolCallState::ShortCircuited,
                 )),
-                d => self.execute_call(&call, d).await,
+                d => self.execute_call(&call, d.map(Box::new)).await,
             };
             let outcome = match outcome {
                 Ok(o) => o,
@@ -1597,7 +1600,9 @@ impl Run<'_> {
             )));
         }
         let suspended = if self.resolved.spec.parallel_tools && calls.len() > 1 {
-            self.run_calls_concurrently(&calls).await?
+            // Boxed: its future is the larger, and most steps run their calls one by one (every
+            // run's future would hold room for it).
+            Box::pin(self.run_calls_concurrently(&calls)).await?
         } else {
             self.run_calls_sequentially(&calls).await?
         };
@@ -2012,10 +2017,11 @@ impl Run<'_> {
 
     /// One call from its gates to its `AfterToolExecute`; `resume` is a human's decision on
     /// it (gates, hooks and the tool see it).
+    /// (`resume` is boxed: the future of every call holds it, and most calls have none.)
     async fn execute_call(
         &mut self,
         call: &ToolCall,
-        resume: Option<ToolCallResume>,
+        resume: Option<Box<ToolCallResume>>,
     ) -> Result<CallOutcome, Failure> {
         let at = match self.prepare_call(call, resume.clone()).await? {
             Prepared::Done(outcome) => return Ok(outcome),
@@ -2027,7 +2033,7 @@ impl Run<'_> {
             .run(
                 &self.resolved.tools[at],
                 call,
-                resume.as_ref(),
+                resume.as_deref(),
                 &self.engine,
                 true,
             )
@@ -2040,7 +2046,7 @@ impl Run<'_> {
     async fn prepare_call(
         &mut self,
         call: &ToolCall,
-        resume: Option<ToolCallResume>,
+        resume: Option<Box<ToolCallResume>>,
     ) -> Result<Prepared, Failure> {
         let Some(at) = self.tool_at(&call.name) else {
             return Ok(Prepared::Done(CallOutcome::Closed(
@@ -2075,7 +2081,7 @@ impl Run<'_> {
             Arc::new(ToolPhaseInfo {
                 call: call.clone(),
                 result: None,
-                resume,
+                resume: resume.map(|r| *r),
             })
         });
         let resolution = if self.gates.is_empty() {
@@ -2155,7 +2161,7 @@ impl Run<'_> {
         &mut self,
         call: &ToolCall,
         ran: Ran,
-        resume: Option<ToolCallResume>,
+        resume: Option<Box<ToolCallResume>>,
     ) -> Result<CallOutcome, Failure> {
         let (result, state) = match ran {
             Ran::Finished(result, state) => (result, state),
@@ -2170,7 +2176,7 @@ impl Run<'_> {
             let after = ToolPhaseInfo {
                 call: call.clone(),
                 result: Some(result.clone()),
-                resume,
+                resume: resume.map(|r| *r),
             };
             self.phase_with(self.ctx(Phase::AfterToolExecute).with_tool(after))
                 .await?;
