@@ -5,6 +5,11 @@ use std::borrow::BorrowMut;
 use super::*;
 
 pub(super) fn put_u64(out: &mut Vec<u8>, mut v: u64) {
+    // (Most numbers written are counts, tags' payloads and short strings' lengths.)
+    if v < 0x80 {
+        out.push(v as u8);
+        return;
+    }
     while v >= 0x80 {
         out.push((v as u8) | 0x80);
         v >>= 7;
@@ -260,6 +265,7 @@ impl<S: BorrowMut<Seen>> Writer<'_, S> {
         if bytes.len() >= 2 {
             let at = self.position();
             let set = set_of(bytes) * SEEN_WAYS;
+            let header = u64_len((bytes.len() as u64) << 1);
             for way in 0..SEEN_WAYS {
                 let slot = self.seen.borrow().0[set + way];
                 let (seen_at, part, len) = seen_parts(slot);
@@ -275,7 +281,6 @@ impl<S: BorrowMut<Seen>> Writer<'_, S> {
                     ),
                     _ => continue,
                 };
-                let header = u64_len((len as u64) << 1);
                 let start = seen_at + header;
                 if u64_len(reference) < header + len
                     && seen_in
