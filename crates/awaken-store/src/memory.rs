@@ -1033,8 +1033,7 @@ impl Inner {
         thread: ThreadEntry<'_>,
         run: RunEntry<'_>,
         c: ThreadCommit,
-        fp: &Failpoints,
-        write_log: bool,
+        store: &MemoryStore,
         undo: &mut Vec<Undo>,
         run_undo: &mut Option<RunUndo>,
         profiles: Option<&mut Profiles>,
@@ -1068,7 +1067,7 @@ impl Inner {
             // (Written with the events, after them: see `ThreadData::append`.)
             thread.message_count += new_messages.len();
             let message_count = thread.message_count as u64;
-            if let Err(e) = fp.check(FailPoint::AfterMessages) {
+            if let Err(e) = store.failpoints.check(FailPoint::AfterMessages) {
                 break 'apply Err(e);
             }
 
@@ -1126,7 +1125,7 @@ impl Inner {
             if !run_delta.values.is_empty() {
                 row.state_revision = run_delta.revision;
             }
-            if let Err(e) = fp.check(FailPoint::AfterRun) {
+            if let Err(e) = store.failpoints.check(FailPoint::AfterRun) {
                 break 'apply Err(e);
             }
 
@@ -1165,13 +1164,14 @@ impl Inner {
                     undo.push(Undo::ProfileKey(k, old));
                 }
             }
-            if let Err(e) = fp.check(FailPoint::AfterState) {
+            if let Err(e) = store.failpoints.check(FailPoint::AfterState) {
                 break 'apply Err(e);
             }
 
-            thread.append(rid, new_messages, new_events, write_log);
+            // (Written in the compact form as they come when the store compacts.)
+            thread.append(rid, new_messages, new_events, store.compact);
             let seq = thread.last_event_seq();
-            if let Err(e) = fp.check(FailPoint::AfterEvents) {
+            if let Err(e) = store.failpoints.check(FailPoint::AfterEvents) {
                 break 'apply Err(e);
             }
 
@@ -1399,8 +1399,7 @@ impl MemoryStore {
             thread,
             run,
             commit,
-            &self.failpoints,
-            self.compact,
+            self,
             &mut undo,
             &mut run_undo,
             profiles.as_deref_mut(),
