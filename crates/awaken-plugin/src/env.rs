@@ -304,7 +304,7 @@ impl ExecutionEnv {
             }
             env_plugins.push(plugin.clone());
         }
-        // The estimate's spare room is given back (shrinking is done in place): every run
+        // The estimate's spare room is given back (glibc shrinks a block in place): every run
         // holds its registry for its whole life.
         keys.shrink_to_fit();
         Ok(ExecutionEnv {

@@ -69,19 +69,20 @@ impl IdSource for SystemIds {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
-        // `run-{nanos in base 32}-{n:x}`, written on the stack: `format!` grew a string
-        // through three allocations, then the id copied it. (Base 32, not 16: the nanoseconds
-        // take 13 digits, not 16, and a run's id of 24 bytes or fewer takes a 48-byte block
-        // where 25 took 64: every finished run kept in memory keeps its id.)
+        // `run-{nanos}-{n}` in base 32, written on the stack: `format!` grew a string through
+        // three allocations, then the id copied it. (Base 32, not 16: the nanoseconds take 13
+        // digits, not 16, and the first 2^30 runs of a process 6 at most, so a run's id of 24
+        // bytes or fewer takes a 48-byte block where 25 took 64: every finished run kept in
+        // memory keeps its id.)
         let mut id = [0u8; 4 + 26 + 1 + 32];
         id[..4].copy_from_slice(b"run-");
         let mut len = 4;
         len += push_digits(&mut id[len..], nanos, BASE32);
         id[len] = b'-';
         len += 1;
-        len += push_digits(&mut id[len..], u128::from(n), HEX);
+        len += push_digits(&mut id[len..], u128::from(n), BASE32);
         let id = std::str::from_utf8(&id[..len])
-            .unwrap_or_else(|e| unreachable!("hex digits are ASCII: {e}"));
+            .unwrap_or_else(|e| unreachable!("the digits are ASCII: {e}"));
         RunId::new(id).unwrap_or_else(|e| unreachable!("generated ids are valid: {e}"))
     }
     fn now_ms(&self) -> u64 {
@@ -895,7 +896,7 @@ mod tests {
             );
             let n = parts.next().unwrap_or_default();
             assert!(
-                !n.is_empty() && n.bytes().all(|c| c.is_ascii_hexdigit()),
+                !n.is_empty() && n.bytes().all(|c| BASE32.contains(&c)),
                 "{id}"
             );
             // Short enough to take a 48-byte block as a shared string.

@@ -1,19 +1,21 @@
-//! The compact form the memory store keeps a thread's messages and events in once a run on it is
-//! done: one byte segment each time (the messages, then the events), read back into equal
-//! `Message`s and `AgentEvent`s; and a finished run's state (each key's name and JSON text).
+//! The compact form the memory store keeps a thread's messages and events in: written as the
+//! commits bring them into the thread's open segment (its events part, then its messages part,
+//! side by side), which becomes one byte segment when a run on the thread is done; read back
+//! into equal `Message`s and `AgentEvent`s. Also a finished run's row (its record and each of
+//! its state's keys with the value's JSON text).
 //!
-//! While a run goes on, the memory store keeps each commit's own message and event slices,
-//! shared with the runtime (nothing is copied on the hot path). A finished thread kept that way
-//! costs about 12 KB for a five-step run (a tool call's one-key JSON arguments alone are a
-//! 632-byte tree node, twice per call, and every event is 80 bytes), and every byte of it is a
-//! new page of heap the process faults in. Written here, its messages and events are about
-//! 370 bytes, and the shared form is freed for the next runs to reuse.
+//! Kept as the commits carried them (the runtime's shared slices), a finished five-step
+//! thread costs about 12 KB (a tool call's one-key JSON arguments alone are a 632-byte tree
+//! node, twice per call, and every event is 80 bytes), and every byte of it is a new page of
+//! heap the process faults in. Written here, its messages and events are about 390 bytes, and
+//! the shared slices are freed for the next runs to reuse as soon as a commit is in.
 //!
 //! The format is the store's private business (never written to disk, never read by another
 //! version): a varint (LEB128) for every count and length, one tag byte for each enum, JSON
 //! values as a tagged tree (a number keeps its kind), a string as a literal (its length shifted
 //! left by one, then its UTF-8 bytes) or, when it repeats an earlier literal of the segment and
-//! that is shorter, a back-reference (the literal's position shifted left by one, plus one). A
+//! that is shorter, a back-reference (the literal's position shifted left by one, plus one; in
+//! a messages part, shifted left by two, then the literal's part, then one). A
 //! reader takes a reference only to a literal's header before it (never forward, never to
 //! another reference): a damaged reference reads as some other string or fails, never loops. A
 //! message content block or an event of a kind written rarely (or added to the

@@ -282,9 +282,10 @@ struct MessageLog {
     chunks: Vec<Arc<[Message]>>,
 }
 
-/// One compaction's messages, then its events, in [`crate::compact`]'s form: one allocation,
-/// shared so that a read takes it under the shard's lock and decodes it after releasing it
-/// (a string of the events may refer back to the messages').
+/// The events, then the messages, of the commits since the last segment, in
+/// [`crate::compact`]'s form: one allocation, shared so that a read takes it under the shard's
+/// lock and decodes it after releasing it (a string of the messages may refer back to the
+/// events').
 #[derive(Debug, Clone)]
 struct Segment {
     bytes: Arc<[u8]>,
@@ -662,8 +663,8 @@ struct ThreadRow {
 #[derive(Debug)]
 enum RunSlot {
     Live(Box<RunRow>),
-    /// A finished run holding no lease and no batch: [`compact::Writer::run_row`], then each
-    /// of its state's entries ([`compact::Writer::state_entry`]).
+    /// A finished run holding no lease and no batch: [`compact::Writer::run_row`], then how
+    /// many entries its state has, then each ([`compact::Writer::state_entry`]).
     Done(Box<[u8]>),
 }
 
@@ -693,7 +694,15 @@ struct Lease {
 /// The spec digests of the finished runs' rows, each kept once (a row holds its digest's
 /// place here: every run of an agent has the same 71-character digest).
 #[derive(Debug, Default)]
-struct Digests(Mutex<Vec<Arc<str>>>);
+struct Digests(Mutex<DigestTable>);
+
+#[derive(Debug, Default)]
+struct DigestTable {
+    /// Each digest's place.
+    places: HashMap<Arc<str>, u32>,
+    /// The digests by place.
+    all: Vec<Arc<str>>,
+}
 
 /// The most digests a store keeps; a row whose digest finds no room keeps its text.
 const DIGESTS_KEPT: usize = 1024;
@@ -701,23 +710,21 @@ const DIGESTS_KEPT: usize = 1024;
 impl Digests {
     /// The place of `digest`, given one if it has none and there is room.
     fn index_of(&self, digest: &Arc<str>) -> Option<u32> {
-        let mut all = lock(&self.0);
-        if let Some(i) = all
-            .iter()
-            .position(|d| Arc::ptr_eq(d, digest) || **d == **digest)
-        {
-            return u32::try_from(i).ok();
+        let mut table = lock(&self.0);
+        if let Some(&i) = table.places.get(&**digest) {
+            return Some(i);
         }
-        if all.len() >= DIGESTS_KEPT {
-            return None;
-        }
-        all.push(Arc::clone(digest));
-        u32::try_from(all.len() - 1).ok()
+        let i = u32::try_from(table.all.len())
+            .ok()
+            .filter(|&i| (i as usize) < DIGESTS_KEPT)?;
+        table.all.push(Arc::clone(digest));
+        table.places.insert(Arc::clone(digest), i);
+        Some(i)
     }
 
     /// The digest at place `i`.
     fn get(&self, i: u32) -> Option<Arc<str>> {
-        lock(&self.0).get(i as usize).cloned()
+        lock(&self.0).all.get(i as usize).cloned()
     }
 }
 
@@ -736,12 +743,18 @@ fn read_row(bytes: &[u8], run_id: &RunId, digests: &Digests) -> Result<RunRow, S
     let (thread_id, record, state_revision, lease_epoch) = reader
         .run_row(run_id, |i| digests.get(i))
         .map_err(corrupt)?;
+    let entries = reader.len().map_err(corrupt)?;
     let mut state = StateMap::default();
-    while !reader.is_empty() {
+    for _ in 0..entries {
         let (k, text) = reader.state_entry().map_err(corrupt)?;
         let value =
             serde_json::from_str(text).map_err(|e| corrupt(compact::Malformed(e.to_string())))?;
         state.insert(StateKeyName::Owned(k.to_owned()), StateValue::json(value));
+    }
+    if !reader.is_empty() {
+        return Err(corrupt(compact::Malformed(
+            "bytes after a finished run's state".to_owned(),
+        )));
     }
     Ok(RunRow {
         thread_id,
@@ -853,6 +866,7 @@ impl RunSlot {
                     row.lease_epoch,
                 )
                 .ok()?;
+            writer.count(row.state.len());
             for (k, v) in &row.state {
                 let text = v.to_text().ok()?;
                 writer.state_entry(k, &text).ok()?;
@@ -1370,7 +1384,8 @@ impl MemoryStore {
             .profile_id
             .is_some()
             .then(|| lock(&self.profiles));
-        Inner::check(
+        let was_done = matches!(&run, Entry::Occupied(r) if matches!(r.get(), RunSlot::Done(_)));
+        let checked = Inner::check(
             match &thread {
                 Entry::Occupied(t) => Some(&**t.get()),
                 Entry::Vacant(_) => None,
@@ -1382,7 +1397,14 @@ impl MemoryStore {
             },
             &commit,
             profiles.as_deref(),
-        )?;
+        );
+        if let Err(e) = checked {
+            // A refused commit leaves a finished run's row written out, as it found it.
+            if was_done && let Entry::Occupied(r) = &mut run {
+                r.get_mut().freeze(&self.digests);
+            }
+            return Err(e);
+        }
         // Room for every change the commit can make, in this thread's reused log (after the
         // first commits, no allocation at all).
         let mut undo = UNDO_LOG.take();
@@ -1849,6 +1871,33 @@ mod tests {
         assert_eq!(read, [(1, "r1"), (2, "r2"), (3, "r1")]);
     }
 
+    /// A finished run's spec digest is a place in the store's table, each digest once; past
+    /// the table's room a row keeps its digest, and every row reads back its own.
+    #[test]
+    fn finished_runs_share_their_digests() {
+        let store = MemoryStore::new();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let digest = |i: usize| -> Arc<str> { format!("sha256:{i:064x}").into() };
+        for i in 0..=DIGESTS_KEPT {
+            for run in [format!("a{i}"), format!("b{i}")] {
+                let mut c = commit(&format!("t{i}"), &run, 0);
+                c.run.spec_digest = digest(i);
+                c.run.status = RunStatus::Done;
+                c.run.termination = Some(awaken_event::TerminationReason::NaturalEnd);
+                store.write(c).expect("written");
+            }
+        }
+        assert_eq!(lock(&store.digests.0).all.len(), DIGESTS_KEPT);
+        for i in [0, DIGESTS_KEPT - 1, DIGESTS_KEPT] {
+            let thread = ThreadId::new(format!("t{i}")).expect("id");
+            let runs = rt.block_on(store.list_runs(&thread)).expect("runs");
+            assert_eq!(runs.len(), 2);
+            assert!(runs.iter().all(|r| r.spec_digest == digest(i)), "{i}");
+        }
+    }
+
     /// A finished run's row is kept written out; damaged, every read of it is a typed error
     /// (never a panic), and a commit to it is refused with nothing changed.
     #[test]
@@ -1861,17 +1910,32 @@ mod tests {
         store.write(done.clone()).expect("written");
         let run = RunId::new("r1").expect("id");
         let thread = ThreadId::new("t1").expect("id");
-        {
-            let mut shard = store.shard(&thread);
-            let Some(RunSlot::Done(bytes)) = shard.runs.get_mut(&run) else {
-                panic!("the finished run's row is not written out");
-            };
-            *bytes = bytes[..bytes.len() / 2].into();
-        }
+        let is_done = || matches!(store.shard(&thread).runs.get(&run), Some(RunSlot::Done(_)));
+        assert!(is_done(), "the finished run's row is not written out");
+        // A refused commit leaves it written out.
+        let mut refused = done.clone();
+        refused.expected_message_count = 5;
+        assert!(matches!(
+            store.write(refused),
+            Err(StoreError::VersionConflict { .. })
+        ));
+        assert!(is_done(), "a refused commit left the row read back");
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .expect("runtime");
         let corrupt = |e: &StoreError| matches!(e, StoreError::Corrupt { what: "run", .. });
+        let damage = |cut: &dyn Fn(&mut Box<[u8]>)| {
+            let mut shard = store.shard(&thread);
+            if let Some(RunSlot::Done(bytes)) = shard.runs.get_mut(&run) {
+                cut(bytes);
+            }
+        };
+        // A byte after its state's last entry.
+        damage(&|bytes| *bytes = [&bytes[..], &[0]].concat().into());
+        let loaded = rt.block_on(store.load_checkpoint(&thread));
+        assert!(loaded.as_ref().is_err_and(corrupt), "{loaded:?}");
+        // Cut in the middle.
+        damage(&|bytes| *bytes = bytes[..bytes.len() / 2].into());
         let loaded = rt.block_on(store.load_checkpoint(&thread));
         assert!(loaded.as_ref().is_err_and(corrupt), "{loaded:?}");
         let listed = rt.block_on(store.list_runs(&thread));

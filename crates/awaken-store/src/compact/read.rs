@@ -78,7 +78,7 @@ impl<'a> Reader<'a> {
     }
 
     fn u32(&mut self) -> Read<u32> {
-        u32::try_from(self.u64()?).map_err(|_| Malformed::new("a step number above u32"))
+        u32::try_from(self.u64()?).map_err(|_| Malformed::new("a number above u32"))
     }
 
     /// A count or length: never more than the bytes left (every item takes at least one).
