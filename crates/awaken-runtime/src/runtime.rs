@@ -92,14 +92,12 @@ impl IdSource for SystemIds {
     }
 }
 
-/// Lowercase hex digits.
-const HEX: &[u8] = b"0123456789abcdef";
 /// Crockford's base-32 digits, lowercase (no `i`, `l`, `o`, `u`): ids stay ordered by time.
 const BASE32: &[u8] = b"0123456789abcdefghjkmnpqrstvwxyz";
 
 /// Writes `n` in `digits` (16 or 32 of them: a digit is 4 or 5 bits) at the start of `out`,
-/// the most significant first (`HEX` as `{n:x}` formats it); returns the digits' count. `out`
-/// has room for 32.
+/// the most significant first (in lowercase hex digits, as `{n:x}` formats it); returns the
+/// digits' count. `out` has room for 32.
 fn push_digits(out: &mut [u8], n: u128, digits: &[u8]) -> usize {
     let bits = digits.len().trailing_zeros();
     let count = (128 - n.leading_zeros()).div_ceil(bits).max(1) as usize;
@@ -853,6 +851,8 @@ impl AgentRuntime {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const HEX: &[u8] = b"0123456789abcdef";
 
     #[test]
     fn digits_are_written_as_formatted() {
