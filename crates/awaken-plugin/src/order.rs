@@ -11,6 +11,19 @@ use crate::plugin::Plugin;
 /// Orders `plugins` (already filtered to enabled ones). Errors: a duplicate id, a dependency
 /// not in the list, a cycle (naming its members).
 pub fn execution_order(plugins: &[Arc<dyn Plugin>]) -> Result<Vec<Arc<dyn Plugin>>, EnvError> {
+    if plugins.len() <= FEW_PLUGINS && plugins.iter().all(|p| p.manifest().depends_on.is_empty()) {
+        // A few plugins without dependencies (every run resolves its agent's, the built-ins
+        // among them): the duplicate check compares ids pairwise, no index is built.
+        for (i, p) in plugins.iter().enumerate() {
+            let id = &p.manifest().id;
+            if plugins[..i].iter().any(|q| q.manifest().id == *id) {
+                return Err(EnvError::DuplicatePlugin {
+                    plugin_id: id.clone(),
+                });
+            }
+        }
+        return Ok(by_priority(plugins));
+    }
     let mut index: HashMap<&str, usize, foldhash::fast::RandomState> =
         HashMap::with_capacity_and_hasher(plugins.len(), Default::default());
     for (i, p) in plugins.iter().enumerate() {
@@ -32,11 +45,7 @@ pub fn execution_order(plugins: &[Arc<dyn Plugin>]) -> Result<Vec<Arc<dyn Plugin
     }
     let n = plugins.len();
     if plugins.iter().all(|p| p.manifest().depends_on.is_empty()) {
-        // No dependencies (the usual case): Kahn's order below is then the list sorted by
-        // priority, highest first, ties in list order — a stable sort gives it directly.
-        let mut order: Vec<Arc<dyn Plugin>> = plugins.to_vec();
-        order.sort_by_key(|p| std::cmp::Reverse(p.manifest().priority));
-        return Ok(order);
+        return Ok(by_priority(plugins));
     }
     // Kahn's algorithm: a plugin is ready once every dependency is placed; the ready one with
     // the highest priority goes next, ties in list order (a heap keyed on both).
@@ -68,6 +77,17 @@ pub fn execution_order(plugins: &[Arc<dyn Plugin>]) -> Result<Vec<Arc<dyn Plugin
         });
     }
     Ok(order)
+}
+
+/// Up to this many plugins without dependencies are checked for duplicates pairwise.
+const FEW_PLUGINS: usize = 8;
+
+/// Plugins without dependencies in their order: Kahn's order is then the list sorted by
+/// priority, highest first, ties in list order — a stable sort gives it directly.
+fn by_priority(plugins: &[Arc<dyn Plugin>]) -> Vec<Arc<dyn Plugin>> {
+    let mut order: Vec<Arc<dyn Plugin>> = plugins.to_vec();
+    order.sort_by_key(|p| std::cmp::Reverse(p.manifest().priority));
+    order
 }
 
 /// Walks dependencies from the first unplaced plugin until a plugin repeats; returns that cycle.
