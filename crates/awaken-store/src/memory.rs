@@ -159,19 +159,38 @@ struct LogMark {
 const EVENTS_PART: u8 = 0;
 const MESSAGES_PART: u8 = 1;
 
+/// `count` with `n` more, if that fits a `u32`.
+fn grown(count: u32, n: usize) -> Option<u32> {
+    u32::try_from(n).ok().and_then(|n| count.checked_add(n))
+}
+
 impl Open {
     fn is_empty(&self) -> bool {
         self.event_count == 0 && self.message_count == 0
+    }
+
+    /// The sequence number of its last event (it has one).
+    fn last_seq(&self) -> u64 {
+        self.first_seq + u64::from(self.event_count) - 1
+    }
+
+    /// Cuts `part` (events or messages) back to `len` bytes, and forgets the strings written
+    /// past the cut.
+    fn cut(&mut self, part: u8, len: usize) {
+        let bytes = if part == EVENTS_PART {
+            &mut self.events
+        } else {
+            &mut self.messages
+        };
+        bytes.truncate(len);
+        self.seen.forget_from(part, len);
     }
 
     /// Writes `events` (numbered from `first_seq`) of `run_id`; `false` (nothing written) if
     /// one of them cannot be (see [`crate::compact`]).
     fn append_events(&mut self, first_seq: u64, run_id: &RunId, events: &[AgentEvent]) -> bool {
         let len = self.events.len();
-        let Some(count) = u32::try_from(events.len())
-            .ok()
-            .and_then(|n| self.event_count.checked_add(n))
-        else {
+        let Some(count) = grown(self.event_count, events.len()) else {
             return false;
         };
         let marker = (self.run.as_ref() != Some(run_id)).then_some(len);
@@ -186,8 +205,7 @@ impl Open {
             writer.run_marker(run_id);
         }
         if !events.iter().all(|e| writer.event(e).is_ok()) {
-            self.events.truncate(len);
-            self.seen.forget_from(EVENTS_PART, len);
+            self.cut(EVENTS_PART, len);
             return false;
         }
         if self.event_count == 0 {
@@ -204,10 +222,7 @@ impl Open {
     /// Writes `messages`; `false` (nothing written) if one of them cannot be.
     fn append_messages(&mut self, messages: &[Message]) -> bool {
         let len = self.messages.len();
-        let Some(count) = u32::try_from(messages.len())
-            .ok()
-            .and_then(|n| self.message_count.checked_add(n))
-        else {
+        let Some(count) = grown(self.message_count, messages.len()) else {
             return false;
         };
         if self.messages.capacity() == 0 {
@@ -216,8 +231,7 @@ impl Open {
         let mut writer =
             compact::Writer::resume_messages(&mut self.messages, &self.events, &mut self.seen);
         if !messages.iter().all(|m| writer.message(m).is_ok()) {
-            self.messages.truncate(len);
-            self.seen.forget_from(MESSAGES_PART, len);
+            self.cut(MESSAGES_PART, len);
             return false;
         }
         self.message_count = count;
@@ -226,11 +240,9 @@ impl Open {
 
     /// Puts the written messages and events back where `mark` found them.
     fn reset(&mut self, mark: &LogMark) {
-        self.events.truncate(mark.open_events);
-        self.seen.forget_from(EVENTS_PART, mark.open_events);
+        self.cut(EVENTS_PART, mark.open_events);
         self.event_count = mark.open_event_count;
-        self.messages.truncate(mark.open_messages);
-        self.seen.forget_from(MESSAGES_PART, mark.open_messages);
+        self.cut(MESSAGES_PART, mark.open_messages);
         self.message_count = mark.open_message_count;
         if self.run_at != mark.run_at {
             // The run of the marker before (read back: a rollback of a run's first commit on a
@@ -247,6 +259,7 @@ impl Open {
     /// The written events, and the messages when `with_messages`, as a segment (one
     /// allocation, copied); `next_seq` numbers a segment without events.
     fn segment(&self, with_messages: bool, next_seq: u64) -> Option<Segment> {
+        let messages_at = u32::try_from(self.events.len()).ok()?;
         let messages: &[u8] = if with_messages { &self.messages } else { &[] };
         // Put together in this OS thread's buffer, then copied once (a byte iterator's
         // `collect` copies a byte at a time).
@@ -257,7 +270,7 @@ impl Open {
         });
         Some(Segment {
             bytes,
-            messages_at: u32::try_from(self.events.len()).ok()?,
+            messages_at,
             messages: if with_messages { self.message_count } else { 0 },
             events: self.event_count,
             first_seq: if self.event_count > 0 {
@@ -508,9 +521,7 @@ impl ThreadData {
             return chunk.last_seq();
         }
         match &self.recent {
-            Some(r) if r.open.event_count > 0 => {
-                r.open.first_seq + u64::from(r.open.event_count) - 1
-            }
+            Some(r) if r.open.event_count > 0 => r.open.last_seq(),
             _ => self.segments.last().map_or(0, Segment::last_seq),
         }
     }
@@ -609,7 +620,7 @@ impl ThreadData {
         let mut segments = self.segments[first..].to_vec();
         if let Some(open) = self.recent.as_ref().map(|r| &r.open)
             && open.event_count > 0
-            && open.first_seq + u64::from(open.event_count) - 1 > since
+            && open.last_seq() > since
             && let Some(segment) = open.segment(false, self.next_segment_seq())
         {
             segments.push(segment);
@@ -866,7 +877,7 @@ impl RunSlot {
                     row.lease_epoch,
                 )
                 .ok()?;
-            writer.count(row.state.len());
+            writer.len(row.state.len());
             for (k, v) in &row.state {
                 let text = v.to_text().ok()?;
                 writer.state_entry(k, &text).ok()?;

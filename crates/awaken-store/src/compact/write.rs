@@ -255,12 +255,8 @@ impl<S: BorrowMut<Seen>> Writer<'_, S> {
         self.u64(((v << 1) ^ (v >> 63)) as u64);
     }
 
-    /// A count of what follows (a finished run's state entries).
-    pub(crate) fn count(&mut self, n: usize) {
-        self.len(n);
-    }
-
-    fn len(&mut self, n: usize) {
+    /// A count or length of what follows.
+    pub(crate) fn len(&mut self, n: usize) {
         self.u64(n as u64);
     }
 
