@@ -200,33 +200,21 @@ impl Durable {
         self.record.steps = steps;
         self.record.usage = usage;
         self.record.updated_at = self.ids.timestamp();
-        // Moved into one shared slice: the store keeps it, and the events about the commit's
-        // facts are emitted from it afterwards (no event is cloned; the vector keeps its room).
-        // Until the commit is done they are only in this slice: a commit is never abandoned
-        // mid-await while the run goes on (a run stops at its cancellation token, not by
-        // dropping a commit), and a failed one puts them back.
-        let events: Arc<[AgentEvent]> = self.events.drain(..).collect();
-        // The messages too: the store keeps the slice, and a failed commit puts them back. Like
-        // the events, until the commit is done they are only in these slices (a commit is never
-        // abandoned mid-await while the run goes on: see above).
-        let messages: Option<Arc<[Message]>> =
-            (!self.new_messages.is_empty()).then(|| self.new_messages.drain(..).collect());
-        // Built whole (each `with_*` call would move the whole commit once more).
+        // The messages and events are moved into the commit, and back out of it once it is
+        // done: a store writing at once only reads them (see `ThreadStore::commit_now`), so a
+        // failed commit leaves them to commit again, and a written one, its events to emit
+        // and its vectors' room to reuse. Nothing is copied or allocated for them.
         let commit = ThreadCommit {
             thread_id: self.thread_id.clone(),
             run: self.record.clone(),
             expected_message_count: self.persisted_messages,
-            messages: match &messages {
-                Some(m) => m.clone(),
-                // The thread's own empty slice, not the process-wide `Arc::default()`.
-                None => awaken_event::no_messages(),
-            },
+            messages: std::mem::take(&mut self.new_messages),
             run_state,
             thread_state,
             profile_state: StateDelta::default(),
             profile_versions: BTreeMap::new(),
             batch,
-            events: events.clone(),
+            events: std::mem::take(&mut self.events),
             lease: self.lease.as_deref().cloned(),
         };
         // Profile keys written since the last commit, each guarded by the version it was
@@ -251,38 +239,40 @@ impl Durable {
         let mut retried = false;
         // `(*self.store)`: the store's own method, not the `Arc` forwarding impl (which would box
         // a second future around it on every commit).
-        let receipt = match &mut profile {
-            // A store that writes at once (the memory store) needs no future. The commit it
-            // hands back is moved into the store's future before anything is awaited, so no
-            // copy of it is kept in this future while the store works.
+        // Each way gives the messages and events back with the outcome. The ways that wait keep
+        // the commit in a boxed future: the run's future need not hold room for it.
+        let (receipt, mut messages, mut events) = match &mut profile {
+            // A store that writes at once (the memory store) needs no future.
+            // (The commit back is moved into the boxed future before anything is awaited: a
+            // match's scrutinee would be kept across an await in one of its arms.)
             None => {
-                let slow = match (*self.store).commit_now(commit) {
-                    Ok(written) => Ok(written),
-                    Err(commit) => Err((*self.store).commit(commit)),
+                let later = match written_now(&*self.store, commit) {
+                    Ok(done) => Ok(done),
+                    Err(commit) => Err(Box::pin(written_later(&*self.store, commit))),
                 };
-                match slow {
-                    Ok(written) => written.map_err(CheckpointError::from),
-                    Err(future) => future.await.map_err(CheckpointError::from),
+                match later {
+                    Ok(done) => done,
+                    Err(future) => future.await,
                 }
             }
-            // Boxed: only a run writing profile keys keeps its commit across awaits (for a
-            // retry), and every other commit's future need not hold room for it.
-            Some(written) => Box::pin(self.commit_guarded(commit, written, state))
-                .await
-                .map(|(receipt, redone)| {
+            // Only a run writing profile keys keeps its commit across awaits for a retry.
+            Some(written) => {
+                let (receipt, messages, events) =
+                    Box::pin(self.commit_guarded(commit, written, state)).await;
+                let receipt = receipt.map(|(receipt, redone)| {
                     retried = redone;
                     receipt
-                }),
+                });
+                (receipt, messages, events)
+            }
         };
         let receipt = match receipt {
             Ok(receipt) => receipt,
             Err(e) => {
                 // Not written: the messages and events wait for the next commit (or, for the
                 // events, are flushed unstored).
-                if let Some(messages) = &messages {
-                    self.new_messages.splice(0..0, messages.iter().cloned());
-                }
-                self.events.extend(events.iter().cloned());
+                self.new_messages = messages;
+                self.events = events;
                 return Err(e);
             }
         };
@@ -310,15 +300,36 @@ impl Durable {
         for i in self.after_commit.drain(..) {
             sink.emit(&events[i]);
         }
+        // Their room is kept for the next commit.
+        messages.clear();
+        events.clear();
+        self.new_messages = messages;
+        self.events = events;
         Ok(())
     }
 
     /// Commits `commit` with the profile keys `written` (and their guards), retried after a
     /// profile conflict with the run's writes redone on the fresh values (up to
-    /// `MAX_PROFILE_RETRIES` times). Returns the receipt and whether the writes were redone.
+    /// `MAX_PROFILE_RETRIES` times). Returns the receipt and whether the writes were redone,
+    /// with the commit's messages and events.
     async fn commit_guarded(
         &mut self,
         commit: ThreadCommit,
+        written: &mut (StateDelta, BTreeMap<String, u64>),
+        state: &StateStore,
+    ) -> (
+        Result<(awaken_store::CommitReceipt, bool), CheckpointError>,
+        Vec<Message>,
+        Vec<AgentEvent>,
+    ) {
+        let result = self.commit_retried(&commit, written, state).await;
+        (result, commit.messages, commit.events)
+    }
+
+    /// [`commit_guarded`](Self::commit_guarded)'s retries.
+    async fn commit_retried(
+        &mut self,
+        commit: &ThreadCommit,
         written: &mut (StateDelta, BTreeMap<String, u64>),
         state: &StateStore,
     ) -> Result<(awaken_store::CommitReceipt, bool), CheckpointError> {
@@ -396,6 +407,68 @@ impl Durable {
             RunStatus::Done
         };
         self.record.termination = Some(termination.clone());
+    }
+}
+
+/// The outcome of `commit` written at once, with its messages and events; the commit back when
+/// the store takes no shortcut now (see `ThreadStore::commit_now`). Not in the async caller: a
+/// borrowed local there would be kept in its future across every later await.
+#[allow(clippy::result_large_err)] // moved back once, for a store that writes later anyway
+fn written_now(
+    store: &dyn ThreadStore,
+    mut commit: ThreadCommit,
+) -> Result<
+    (
+        Result<awaken_store::CommitReceipt, CheckpointError>,
+        Vec<Message>,
+        Vec<AgentEvent>,
+    ),
+    ThreadCommit,
+> {
+    match store.commit_now(&mut commit) {
+        Some(written) => Ok((
+            written.map_err(CheckpointError::from),
+            commit.messages,
+            commit.events,
+        )),
+        None => Err(commit),
+    }
+}
+
+/// `commit` written through the store's future, with its messages and events (the store's
+/// future takes a commit of its own: they are copied into it).
+async fn written_later(
+    store: &dyn ThreadStore,
+    mut commit: ThreadCommit,
+) -> (
+    Result<awaken_store::CommitReceipt, CheckpointError>,
+    Vec<Message>,
+    Vec<AgentEvent>,
+) {
+    let written = store.commit(handed_over(&mut commit)).await;
+    (
+        written.map_err(CheckpointError::from),
+        commit.messages,
+        commit.events,
+    )
+}
+
+/// A commit of its own for a store's future, which takes it: `commit`'s state and batch moved
+/// into it, the rest copied (the messages and events stay in `commit`, to commit again after a
+/// failure, or to emit).
+fn handed_over(commit: &mut ThreadCommit) -> ThreadCommit {
+    ThreadCommit {
+        thread_id: commit.thread_id.clone(),
+        run: commit.run.clone(),
+        expected_message_count: commit.expected_message_count,
+        messages: commit.messages.clone(),
+        run_state: std::mem::take(&mut commit.run_state),
+        thread_state: std::mem::take(&mut commit.thread_state),
+        profile_state: std::mem::take(&mut commit.profile_state),
+        profile_versions: std::mem::take(&mut commit.profile_versions),
+        batch: std::mem::replace(&mut commit.batch, BatchWrite::Keep),
+        events: commit.events.clone(),
+        lease: commit.lease.clone(),
     }
 }
 

@@ -273,10 +273,11 @@ pub struct ThreadCommit {
     /// The number of messages the thread holds before this commit (the message guard): the
     /// commit fails with `VersionConflict` if the store holds another number.
     pub expected_message_count: u64,
-    /// Messages appended after the first `expected_message_count`. Shared, like the events: a
-    /// runtime keeps the same slice until the commit is written (to commit them again if it
-    /// failed), and a store that keeps messages in memory keeps this slice.
-    pub messages: Arc<[Message]>,
+    /// Messages appended after the first `expected_message_count`. A store reads them (and
+    /// copies what it keeps): a runtime committing through
+    /// [`ThreadStore::commit_now`](crate::ThreadStore::commit_now) gets its vector back, to
+    /// commit the messages again if the commit failed, or to reuse its room.
+    pub messages: Vec<Message>,
     /// Changed `Run`-scoped keys (`Snapshot::export_changed_in(KeyScope::Run, since)`).
     pub run_state: StateDelta,
     /// Changed `Thread`-scoped keys.
@@ -288,9 +289,10 @@ pub struct ThreadCommit {
     pub profile_versions: BTreeMap<String, u64>,
     /// What happens to the run's active tool batch.
     pub batch: BatchWrite,
-    /// Lifecycle events to store with the commit (no token deltas), in emission order. Shared:
-    /// a runtime keeps the same slice to emit the events once the commit is written.
-    pub events: Arc<[AgentEvent]>,
+    /// Lifecycle events to store with the commit (no token deltas), in emission order. Read
+    /// like the messages: a runtime committing through `commit_now` keeps them, to emit them
+    /// once the commit is written.
+    pub events: Vec<AgentEvent>,
     /// The writer's lease, when leases are in use: the commit fails with `LeaseLost` unless it
     /// is still the run's current lease. `None`: no lease check.
     pub lease: Option<LeaseToken>,
@@ -376,20 +378,20 @@ impl ThreadCommit {
             thread_id,
             run,
             expected_message_count,
-            messages: Arc::default(),
+            messages: Vec::new(),
             run_state: StateDelta::default(),
             thread_state: StateDelta::default(),
             profile_state: StateDelta::default(),
             profile_versions: BTreeMap::new(),
             batch: BatchWrite::Keep,
-            events: Arc::default(),
+            events: Vec::new(),
             lease: None,
         }
     }
 
     /// Appends these messages.
     pub fn with_messages(mut self, messages: impl IntoIterator<Item = Message>) -> Self {
-        self.messages = self.messages.iter().cloned().chain(messages).collect();
+        self.messages.extend(messages);
         self
     }
 
@@ -430,7 +432,7 @@ impl ThreadCommit {
 
     /// Stores these lifecycle events.
     pub fn with_events(mut self, events: impl IntoIterator<Item = AgentEvent>) -> Self {
-        self.events = self.events.iter().cloned().chain(events).collect();
+        self.events.extend(events);
         self
     }
 

@@ -534,30 +534,24 @@ impl ThreadData {
     /// Appends a commit's events, then its messages: written at once when `write` (compaction
     /// is on) and nothing of their kind before had to be kept as it came; kept as they came
     /// otherwise. (The thread's message count is the caller's.)
-    fn append(
-        &mut self,
-        run_id: &RunId,
-        messages: Arc<[Message]>,
-        events: Arc<[AgentEvent]>,
-        write: bool,
-    ) {
+    fn append(&mut self, run_id: &RunId, messages: &[Message], events: &[AgentEvent], write: bool) {
         if !events.is_empty() {
             let first_seq = self.last_event_seq() + 1;
             let recent = self.recent.get_or_insert_default();
             if !(write
                 && recent.events.chunks.is_empty()
-                && recent.open.append_events(first_seq, run_id, &events))
+                && recent.open.append_events(first_seq, run_id, events))
             {
-                recent.events.append(first_seq, run_id, events);
+                recent.events.append(first_seq, run_id, events.into());
             }
         }
         if !messages.is_empty() {
             let recent = self.recent.get_or_insert_default();
             if !(write
                 && recent.messages.chunks.is_empty()
-                && recent.open.append_messages(&messages))
+                && recent.open.append_messages(messages))
             {
-                recent.messages.append(messages);
+                recent.messages.append(messages.into());
             }
         }
     }
@@ -904,10 +898,20 @@ struct RunUndo {
 }
 
 /// What a rollback needs to know about the commit it undoes.
-struct CommitIds {
-    thread_id: ThreadId,
-    run_id: RunId,
-    profile_id: Option<ProfileId>,
+struct CommitIds<'c> {
+    thread_id: &'c ThreadId,
+    run_id: &'c RunId,
+    profile_id: Option<&'c ProfileId>,
+}
+
+impl<'c> CommitIds<'c> {
+    fn of(c: &'c ThreadCommit) -> Self {
+        Self {
+            thread_id: &c.thread_id,
+            run_id: &c.run.run_id,
+            profile_id: c.run.profile_id.as_ref(),
+        }
+    }
 }
 
 /// One change to undo if a later write of the same commit fails. The log is a worker thread's,
@@ -1057,196 +1061,172 @@ impl Inner {
     fn apply(
         thread: ThreadEntry<'_>,
         run: RunEntry<'_>,
-        c: ThreadCommit,
+        c: &mut ThreadCommit,
         store: &MemoryStore,
         undo: &mut Vec<Undo>,
         run_undo: &mut Option<RunUndo>,
         profiles: Option<&mut Profiles>,
-    ) -> (Result<CommitReceipt, StoreError>, CommitIds) {
+    ) -> Result<CommitReceipt, StoreError> {
+        // What the store keeps of the commit is taken (the state's values and the batch) or
+        // copied (the record); its messages and events are read.
+        let run_delta = std::mem::take(&mut c.run_state);
+        let thread_delta = std::mem::take(&mut c.thread_state);
+        let profile_delta = std::mem::take(&mut c.profile_state);
+        let batch_write = std::mem::replace(&mut c.batch, BatchWrite::Keep);
         let ThreadCommit {
-            thread_id,
+            thread_id: tid,
             run: record,
             messages: new_messages,
-            run_state: run_delta,
-            thread_state: thread_delta,
-            profile_state: profile_delta,
-            batch: batch_write,
             events: new_events,
             ..
-        } = c;
-        let ids = CommitIds {
-            thread_id,
-            run_id: record.run_id.clone(),
-            profile_id: record.profile_id.clone(),
-        };
-        // One block (not a second function taking the commit's parts): a failure breaks out
-        // of it with its error, and the ids are handed back either way.
-        let result = 'apply: {
-            let (tid, rid) = (&ids.thread_id, &ids.run_id);
-            let now = record.updated_at;
-            let status = record.status;
-            let profile_id = &ids.profile_id;
+        } = &*c;
+        let rid = &record.run_id;
+        let now = record.updated_at;
+        let status = record.status;
+        let profile_id = &record.profile_id;
 
-            let thread = thread.or_default();
-            undo.push(Undo::Log(thread.log_mark()));
-            // (Written with the events, after them: see `ThreadData::append`.)
-            thread.message_count += new_messages.len();
-            let message_count = thread.message_count as u64;
-            if let Err(e) = store.failpoints.check(FailPoint::AfterMessages) {
-                break 'apply Err(e);
-            }
+        let thread = thread.or_default();
+        undo.push(Undo::Log(thread.log_mark()));
+        // (Written with the events, after them: see `ThreadData::append`.)
+        thread.message_count += new_messages.len();
+        let message_count = thread.message_count as u64;
+        store.failpoints.check(FailPoint::AfterMessages)?;
 
-            // The row is updated in place; what it held before is the undo.
-            let row = match run {
-                Entry::Occupied(slot) => {
-                    let row = match slot.into_mut().live_row() {
-                        Ok(row) => row,
-                        Err(e) => break 'apply Err(e),
-                    };
-                    let created_at = row.record.created_at;
-                    let old_record = std::mem::replace(
-                        &mut row.record,
-                        RunRecord {
-                            created_at,
-                            ..record
-                        },
-                    );
-                    let batch = match batch_write {
-                        BatchWrite::Keep => None,
-                        BatchWrite::Set(b) => Some(row.batch.replace(b)),
-                        BatchWrite::Clear => Some(row.batch.take()),
-                    };
-                    let lease = (status == RunStatus::Done).then(|| row.lease.take());
-                    *run_undo = Some(RunUndo {
-                        record: old_record,
-                        state_revision: row.state_revision,
-                        batch,
-                        lease,
-                    });
-                    undo.push(Undo::RunUpdated);
-                    row
-                }
-                Entry::Vacant(slot) => {
-                    let batch = match batch_write {
-                        BatchWrite::Set(b) => Some(b),
-                        BatchWrite::Keep | BatchWrite::Clear => None,
-                    };
-                    undo.push(Undo::RunCreated);
-                    let slot = slot.insert(RunSlot::Live(Box::new(RunRow {
-                        thread_id: tid.clone(),
-                        record,
-                        state_revision: 0,
-                        batch,
-                        lease: None,
-                        lease_epoch: 0,
-                        state: StateMap::default(),
-                    })));
-                    match slot.live_row() {
-                        Ok(row) => row,
-                        Err(e) => break 'apply Err(e),
-                    }
-                }
-            };
-            if !run_delta.values.is_empty() {
-                row.state_revision = run_delta.revision;
-            }
-            if let Err(e) = store.failpoints.check(FailPoint::AfterRun) {
-                break 'apply Err(e);
-            }
-
-            if !run_delta.values.is_empty() {
-                for (k, v) in run_delta.values {
-                    let old = row.state.insert(k.clone(), v);
-                    undo.push(Undo::RunKey(k, old));
-                }
-            }
-            let thread_revision =
-                (!thread_delta.values.is_empty()).then_some(thread_delta.revision);
-            for (k, v) in thread_delta.values {
-                let old = thread.state.get_or_insert_default().insert(k.clone(), v);
-                undo.push(Undo::ThreadKey(k, old));
-            }
-            let mut profile_versions = BTreeMap::new();
-            if let Some(pid) = profile_id
-                && let Some(profiles) = profiles
-                && !profile_delta.values.is_empty()
-            {
-                let profile = profiles.entry(pid.clone()).or_default();
-                for (k, value) in profile_delta.values {
-                    let value = match value.into_json() {
-                        Ok(value) => value,
-                        Err(source) => {
-                            break 'apply Err(StoreError::StateValue {
-                                what: "profile state",
-                                source,
-                            });
-                        }
-                    };
-                    let k = k.into_owned();
-                    let version = profile.get(&k).map_or(0, |e| e.version) + 1;
-                    profile_versions.insert(k.clone(), version);
-                    let old = profile.insert(k.clone(), ProfileEntry { value, version });
-                    undo.push(Undo::ProfileKey(k, old));
-                }
-            }
-            if let Err(e) = store.failpoints.check(FailPoint::AfterState) {
-                break 'apply Err(e);
-            }
-
-            // (Written in the compact form as they come when the store compacts.)
-            thread.append(rid, new_messages, new_events, store.compact);
-            let seq = thread.last_event_seq();
-            if let Err(e) = store.failpoints.check(FailPoint::AfterEvents) {
-                break 'apply Err(e);
-            }
-
-            // The thread row is written last, after every failpoint: no rollback undoes it today
-            // (its undo entries keep a rollback correct if a failure point is ever added after it).
-            match &mut thread.row {
-                // The same run's next commit: the row changes in place (its run id is kept, not
-                // replaced by an equal copy).
-                Some(row) if row.latest_run_id == *rid => {
-                    undo.push(Undo::ThreadTimes {
-                        state_revision: row.state_revision,
-                        updated_at: row.updated_at,
-                    });
-                    row.state_revision = thread_revision.unwrap_or(row.state_revision);
-                    row.updated_at = now;
-                }
-                row => {
-                    // A new thread is created now, at state revision 0.
-                    let (created_at, state_revision) = row
-                        .as_ref()
-                        .map_or((now, 0), |old| (old.created_at, old.state_revision));
-                    let next = ThreadRow {
-                        state_revision: thread_revision.unwrap_or(state_revision),
-                        latest_run_id: rid.clone(),
+        // The row is updated in place; what it held before is the undo.
+        let row = match run {
+            Entry::Occupied(slot) => {
+                let row = slot.into_mut().live_row()?;
+                let created_at = row.record.created_at;
+                let old_record = std::mem::replace(
+                    &mut row.record,
+                    RunRecord {
                         created_at,
-                        updated_at: now,
-                    };
-                    undo.push(Undo::Thread(row.replace(next)));
-                }
+                        ..record.clone()
+                    },
+                );
+                let batch = match batch_write {
+                    BatchWrite::Keep => None,
+                    BatchWrite::Set(b) => Some(row.batch.replace(b)),
+                    BatchWrite::Clear => Some(row.batch.take()),
+                };
+                let lease = (status == RunStatus::Done).then(|| row.lease.take());
+                *run_undo = Some(RunUndo {
+                    record: old_record,
+                    state_revision: row.state_revision,
+                    batch,
+                    lease,
+                });
+                undo.push(Undo::RunUpdated);
+                row
             }
-
-            Ok(CommitReceipt {
-                message_count,
-                last_event_seq: seq,
-                profile_versions,
-            })
+            Entry::Vacant(slot) => {
+                let batch = match batch_write {
+                    BatchWrite::Set(b) => Some(b),
+                    BatchWrite::Keep | BatchWrite::Clear => None,
+                };
+                undo.push(Undo::RunCreated);
+                let slot = slot.insert(RunSlot::Live(Box::new(RunRow {
+                    thread_id: tid.clone(),
+                    record: record.clone(),
+                    state_revision: 0,
+                    batch,
+                    lease: None,
+                    lease_epoch: 0,
+                    state: StateMap::default(),
+                })));
+                slot.live_row()?
+            }
         };
-        (result, ids)
+        if !run_delta.values.is_empty() {
+            row.state_revision = run_delta.revision;
+        }
+        store.failpoints.check(FailPoint::AfterRun)?;
+
+        if !run_delta.values.is_empty() {
+            for (k, v) in run_delta.values {
+                let old = row.state.insert(k.clone(), v);
+                undo.push(Undo::RunKey(k, old));
+            }
+        }
+        let thread_revision = (!thread_delta.values.is_empty()).then_some(thread_delta.revision);
+        for (k, v) in thread_delta.values {
+            let old = thread.state.get_or_insert_default().insert(k.clone(), v);
+            undo.push(Undo::ThreadKey(k, old));
+        }
+        let mut profile_versions = BTreeMap::new();
+        if let Some(pid) = profile_id
+            && let Some(profiles) = profiles
+            && !profile_delta.values.is_empty()
+        {
+            let profile = profiles.entry(pid.clone()).or_default();
+            for (k, value) in profile_delta.values {
+                let value = match value.into_json() {
+                    Ok(value) => value,
+                    Err(source) => {
+                        return Err(StoreError::StateValue {
+                            what: "profile state",
+                            source,
+                        });
+                    }
+                };
+                let k = k.into_owned();
+                let version = profile.get(&k).map_or(0, |e| e.version) + 1;
+                profile_versions.insert(k.clone(), version);
+                let old = profile.insert(k.clone(), ProfileEntry { value, version });
+                undo.push(Undo::ProfileKey(k, old));
+            }
+        }
+        store.failpoints.check(FailPoint::AfterState)?;
+
+        // (Written in the compact form as they come when the store compacts.)
+        thread.append(rid, new_messages, new_events, store.compact);
+        let seq = thread.last_event_seq();
+        store.failpoints.check(FailPoint::AfterEvents)?;
+
+        // The thread row is written last, after every failpoint: no rollback undoes it today
+        // (its undo entries keep a rollback correct if a failure point is ever added after it).
+        match &mut thread.row {
+            // The same run's next commit: the row changes in place (its run id is kept, not
+            // replaced by an equal copy).
+            Some(row) if row.latest_run_id == *rid => {
+                undo.push(Undo::ThreadTimes {
+                    state_revision: row.state_revision,
+                    updated_at: row.updated_at,
+                });
+                row.state_revision = thread_revision.unwrap_or(row.state_revision);
+                row.updated_at = now;
+            }
+            row => {
+                // A new thread is created now, at state revision 0.
+                let (created_at, state_revision) = row
+                    .as_ref()
+                    .map_or((now, 0), |old| (old.created_at, old.state_revision));
+                let next = ThreadRow {
+                    state_revision: thread_revision.unwrap_or(state_revision),
+                    latest_run_id: rid.clone(),
+                    created_at,
+                    updated_at: now,
+                };
+                undo.push(Undo::Thread(row.replace(next)));
+            }
+        }
+
+        Ok(CommitReceipt {
+            message_count,
+            last_event_seq: seq,
+            profile_versions,
+        })
     }
 
     /// Undoes a failed commit's changes, emptying `undo` (its capacity is kept).
     fn rollback(
         &mut self,
-        ids: &CommitIds,
+        ids: &CommitIds<'_>,
         undo: &mut Vec<Undo>,
         mut run_undo: Option<RunUndo>,
         mut profiles: Option<&mut Profiles>,
     ) {
-        let tid = &ids.thread_id;
-        let rid = &ids.run_id;
+        let (tid, rid) = (ids.thread_id, ids.run_id);
         for op in undo.drain(..).rev() {
             match op {
                 Undo::Log(mark) => {
@@ -1298,7 +1278,6 @@ impl Inner {
                 Undo::ProfileKey(k, old) => {
                     if let Some(m) = ids
                         .profile_id
-                        .as_ref()
                         .zip(profiles.as_deref_mut())
                         .and_then(|(p, profiles)| profiles.get_mut(p))
                     {
@@ -1363,8 +1342,9 @@ fn profile_state(profiles: &Profiles, profile_id: &ProfileId) -> ProfileState {
 }
 
 impl MemoryStore {
-    /// A commit, written at once (nothing in it waits).
-    fn write(&self, commit: ThreadCommit) -> Result<CommitReceipt, StoreError> {
+    /// A commit, written at once (nothing in it waits). Its state's values and its batch are
+    /// taken; the rest is read (see [`ThreadStore::commit_now`]).
+    fn write(&self, commit: &mut ThreadCommit) -> Result<CommitReceipt, StoreError> {
         commit
             .validate()
             .map_err(|v| StoreError::invalid(&commit.thread_id, v))?;
@@ -1406,7 +1386,7 @@ impl MemoryStore {
                 Entry::Occupied(r) => Some(&*r.get_mut().live(&commit.run.run_id, &self.digests)?),
                 Entry::Vacant(_) => None,
             },
-            &commit,
+            commit,
             profiles.as_deref(),
         );
         if let Err(e) = checked {
@@ -1428,7 +1408,7 @@ impl MemoryStore {
         // are released on success.
         let mut run_undo = None;
         let finishing = commit.run.status == RunStatus::Done;
-        let (result, ids) = Inner::apply(
+        let result = Inner::apply(
             thread,
             run,
             commit,
@@ -1437,30 +1417,33 @@ impl MemoryStore {
             &mut run_undo,
             profiles.as_deref_mut(),
         );
+        let ids = CommitIds::of(commit);
         // A finished run's thread is compacted once the commit is in, under the shard's lock
         // only.
-        let compact = (self.compact && finishing && result.is_ok())
-            .then(|| (ids.thread_id.clone(), ids.run_id.clone()));
+        let compact = self.compact && finishing && result.is_ok();
         match (&result, run_threads.as_mut()) {
             (Err(_), _) => {
                 inner.rollback(&ids, &mut undo, run_undo.take(), profiles.as_deref_mut());
             }
             (Ok(_), Some(index)) => {
-                index.insert(ids.run_id, ids.thread_id);
+                index.insert(ids.run_id.clone(), ids.thread_id.clone());
             }
             (Ok(_), None) => {}
         }
         drop(profiles);
         drop(run_threads);
         // (The state's values serialize here, after the index and profile locks are released.)
-        let compacted = compact.map(|(thread_id, run_id)| {
+        let compacted = compact.then(|| {
             let row = inner
                 .runs
-                .get_mut(&run_id)
+                .get_mut(ids.run_id)
                 .and_then(|r| r.freeze(&self.digests));
             (
                 row,
-                inner.threads.get_mut(&thread_id).and_then(|t| t.compact()),
+                inner
+                    .threads
+                    .get_mut(ids.thread_id)
+                    .and_then(|t| t.compact()),
             )
         });
         // The replaced rows and values, and a compacted thread's shared form, are freed after
@@ -1481,15 +1464,12 @@ impl MemoryStore {
 
 #[async_trait]
 impl ThreadStore for MemoryStore {
-    async fn commit(&self, commit: ThreadCommit) -> Result<CommitReceipt, StoreError> {
-        self.write(commit)
+    async fn commit(&self, mut commit: ThreadCommit) -> Result<CommitReceipt, StoreError> {
+        self.write(&mut commit)
     }
 
-    fn commit_now(
-        &self,
-        commit: ThreadCommit,
-    ) -> Result<Result<CommitReceipt, StoreError>, ThreadCommit> {
-        Ok(self.write(commit))
+    fn commit_now(&self, commit: &mut ThreadCommit) -> Option<Result<CommitReceipt, StoreError>> {
+        Some(self.write(commit))
     }
 
     async fn load_checkpoint(
@@ -1763,21 +1743,21 @@ mod tests {
         let store = MemoryStore::new();
         // A message guard the new thread does not meet.
         assert!(matches!(
-            store.write(commit("t1", "r1", 3)),
+            store.write(&mut commit("t1", "r1", 3)),
             Err(StoreError::VersionConflict { .. })
         ));
         assert_eq!(holds(&store, "t1", "r1"), (false, false, false));
         // A run already on another thread.
-        store.write(commit("t2", "r2", 0)).expect("written");
+        store.write(&mut commit("t2", "r2", 0)).expect("written");
         assert_eq!(holds(&store, "t2", "r2"), (true, true, true));
         assert!(matches!(
-            store.write(commit("t3", "r2", 0)),
+            store.write(&mut commit("t3", "r2", 0)),
             Err(StoreError::RunOnOtherThread { .. })
         ));
         assert!(!holds(&store, "t3", "r2").0);
         // A new run on a stored thread, refused by its guard.
         assert!(matches!(
-            store.write(commit("t2", "r4", 5)),
+            store.write(&mut commit("t2", "r4", 5)),
             Err(StoreError::VersionConflict { .. })
         ));
         assert_eq!(holds(&store, "t2", "r4"), (true, false, false));
@@ -1822,14 +1802,14 @@ mod tests {
         let (compacting, shared) = (MemoryStore::new(), MemoryStore::without_compaction());
         for (i, (run, expected, messages, events, done)) in commits.into_iter().enumerate() {
             let mut c = commit("t1", run, expected);
-            c.messages = messages.into();
-            c.events = events.into();
+            c.messages = messages;
+            c.events = events;
             if done {
                 c.run.status = RunStatus::Done;
                 c.run.termination = Some(TerminationReason::NaturalEnd);
             }
-            compacting.write(c.clone()).expect("written");
-            shared.write(c).expect("written");
+            compacting.write(&mut c.clone()).expect("written");
+            shared.write(&mut c).expect("written");
             let read = |store: &MemoryStore| {
                 let messages = rt
                     .block_on(store.load_checkpoint(&thread))
@@ -1864,14 +1844,14 @@ mod tests {
         let store = MemoryStore::new();
         let with_step = |run: &str, step| {
             let mut c = commit("t1", run, 0);
-            c.events = vec![AgentEvent::StepStart { step }].into();
+            c.events = vec![AgentEvent::StepStart { step }];
             c
         };
-        store.write(with_step("r1", 1)).expect("written");
+        store.write(&mut with_step("r1", 1)).expect("written");
         store.arm_failpoint(FailPoint::AfterEvents);
-        store.write(with_step("r2", 7)).expect_err("injected");
-        store.write(with_step("r2", 8)).expect("written");
-        store.write(with_step("r1", 2)).expect("written");
+        store.write(&mut with_step("r2", 7)).expect_err("injected");
+        store.write(&mut with_step("r2", 8)).expect("written");
+        store.write(&mut with_step("r1", 2)).expect("written");
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .expect("runtime");
@@ -1897,7 +1877,7 @@ mod tests {
                 c.run.spec_digest = digest(i);
                 c.run.status = RunStatus::Done;
                 c.run.termination = Some(awaken_event::TerminationReason::NaturalEnd);
-                store.write(c).expect("written");
+                store.write(&mut c).expect("written");
             }
         }
         assert_eq!(lock(&store.digests.0).all.len(), DIGESTS_KEPT);
@@ -1914,11 +1894,11 @@ mod tests {
     #[test]
     fn a_finished_runs_row_is_written_out_and_damage_is_an_error() {
         let store = MemoryStore::new();
-        store.write(commit("t1", "r1", 0)).expect("written");
+        store.write(&mut commit("t1", "r1", 0)).expect("written");
         let mut done = commit("t1", "r1", 0);
         done.run.status = RunStatus::Done;
         done.run.termination = Some(awaken_event::TerminationReason::NaturalEnd);
-        store.write(done.clone()).expect("written");
+        store.write(&mut done.clone()).expect("written");
         let run = RunId::new("r1").expect("id");
         let thread = ThreadId::new("t1").expect("id");
         let is_done = || matches!(store.shard(&thread).runs.get(&run), Some(RunSlot::Done(_)));
@@ -1927,7 +1907,7 @@ mod tests {
         let mut refused = done.clone();
         refused.expected_message_count = 5;
         assert!(matches!(
-            store.write(refused),
+            store.write(&mut refused),
             Err(StoreError::VersionConflict { .. })
         ));
         assert!(is_done(), "a refused commit left the row read back");
@@ -1951,7 +1931,7 @@ mod tests {
         assert!(loaded.as_ref().is_err_and(corrupt), "{loaded:?}");
         let listed = rt.block_on(store.list_runs(&thread));
         assert!(listed.as_ref().is_err_and(corrupt), "{listed:?}");
-        let written = store.write(done);
+        let written = store.write(&mut done);
         assert!(written.as_ref().is_err_and(corrupt), "{written:?}");
         assert!(matches!(
             store.shard(&thread).runs.get(&run),

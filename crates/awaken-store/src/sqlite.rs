@@ -699,34 +699,31 @@ impl ThreadStore for SqliteStore {
     }
 
     /// Commits on the caller's thread when commits may run inline, the connection is free and
-    /// no other process holds the write lock (nothing is waited for here); the commit back for
-    /// the blocking pool otherwise.
-    fn commit_now(
-        &self,
-        commit: ThreadCommit,
-    ) -> Result<Result<CommitReceipt, StoreError>, ThreadCommit> {
+    /// no other process holds the write lock (nothing is waited for here); `None` (nothing
+    /// written) for the blocking pool otherwise. The commit is only read.
+    fn commit_now(&self, commit: &mut ThreadCommit) -> Option<Result<CommitReceipt, StoreError>> {
         if !self.inline {
-            return Err(commit);
+            return None;
         }
         let mut conn = match self.conn.try_lock() {
             Ok(conn) => conn,
             // A panic inside a transaction rolls it back when the transaction drops, so a
             // poisoned connection is still consistent.
             Err(TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(TryLockError::WouldBlock) => return Err(commit),
+            Err(TryLockError::WouldBlock) => return None,
         };
         if let Err(v) = commit.validate() {
-            return Ok(Err(StoreError::invalid(&commit.thread_id, v)));
+            return Some(Err(StoreError::invalid(&commit.thread_id, v)));
         }
         // Another process's write lock is not waited for here: with no busy timeout, `BEGIN
         // IMMEDIATE` fails at once, nothing is written, and the pool does the waiting.
         if conn.busy_timeout(Duration::ZERO).is_err() {
-            return Err(commit);
+            return None;
         }
         // A panic is a typed error here as it is from the blocking pool (the transaction,
         // dropped while unwinding, rolls back).
         let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            commit_tx(&mut conn, &commit, &self.failpoints)
+            commit_tx(&mut conn, commit, &self.failpoints)
         }))
         .unwrap_or_else(|panic| {
             Err(StoreError::Task {
@@ -743,12 +740,12 @@ impl ThreadStore for SqliteStore {
         if let Err(StoreError::Sqlite { source }) = &written
             && source.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy)
         {
-            return Err(commit);
+            return None;
         }
         if written.is_ok() {
             self.count_write();
         }
-        Ok(written)
+        Some(written)
     }
 
     async fn load_checkpoint(
@@ -1024,12 +1021,16 @@ mod tests {
     async fn a_commit_runs_inline_only_when_allowed_and_the_connection_is_free() {
         let dir = tempfile::tempdir().expect("dir");
         let store = open(&dir, SqliteConfig::file).await;
-        let receipt = store.commit_now(step(0)).expect("inline").expect("written");
+        let receipt = store
+            .commit_now(&mut step(0))
+            .expect("inline")
+            .expect("written");
         assert_eq!(receipt.message_count, 1);
-        // Busy (another commit or read holds the connection): handed back unchanged, not
-        // waited for on the caller's thread.
+        // Busy (another commit or read holds the connection): left unchanged, not waited for
+        // on the caller's thread.
         let held = store.conn.lock().expect("lock");
-        let back = store.commit_now(step(1)).expect_err("handed back");
+        let mut back = step(1);
+        assert!(store.commit_now(&mut back).is_none(), "not written at once");
         assert_eq!(back, step(1));
         drop(held);
         store.commit(back).await.expect("written on the pool");
@@ -1040,7 +1041,9 @@ mod tests {
         ] {
             let dir = tempfile::tempdir().expect("dir");
             let store = open(&dir, config).await;
-            assert_eq!(store.commit_now(step(0)).expect_err("handed back"), step(0));
+            let mut back = step(0);
+            assert!(store.commit_now(&mut back).is_none(), "not written at once");
+            assert_eq!(back, step(0));
         }
     }
 
@@ -1048,7 +1051,10 @@ mod tests {
     async fn an_inline_commit_never_waits_for_another_processs_write_lock() {
         let dir = tempfile::tempdir().expect("dir");
         let store = open(&dir, SqliteConfig::file).await;
-        store.commit_now(step(0)).expect("inline").expect("written");
+        store
+            .commit_now(&mut step(0))
+            .expect("inline")
+            .expect("written");
         // Another connection (as another process would) holds the write lock, and lets it go
         // a moment later: a commit that waited for it (the store's busy timeout is 5 s) would
         // then be written inline; one that does not wait is handed back at once.
@@ -1058,9 +1064,11 @@ mod tests {
             std::thread::sleep(Duration::from_millis(300));
             other.execute_batch("COMMIT").expect("released");
         });
-        let back = store
-            .commit_now(step(1))
-            .expect_err("handed back, not waited for");
+        let mut back = step(1);
+        assert!(
+            store.commit_now(&mut back).is_none(),
+            "not written, not waited for"
+        );
         assert_eq!(back, step(1));
         releaser.join().expect("releaser");
         // The pool path writes it (waiting for the lock, were it still held).
@@ -1074,7 +1082,10 @@ mod tests {
         let store = open(&dir, SqliteConfig::file).await;
         let checkpoints = store.checkpoints.clone().expect("own checkpoints");
         for n in 0..u64::from(WRITES_PER_CHECKPOINT - 1) {
-            store.commit_now(step(n)).expect("inline").expect("written");
+            store
+                .commit_now(&mut step(n))
+                .expect("inline")
+                .expect("written");
         }
         assert_eq!(
             checkpoints.writes.load(Ordering::Relaxed),
@@ -1104,7 +1115,10 @@ mod tests {
             .await
             .expect("open");
         assert!(store.checkpoints.is_none());
-        store.commit_now(step(0)).expect("inline").expect("written");
+        store
+            .commit_now(&mut step(0))
+            .expect("inline")
+            .expect("written");
     }
 
     /// A batch whose serialization panics (a bug in a `BatchSource`).
@@ -1127,10 +1141,13 @@ mod tests {
     async fn a_panic_inside_an_inline_commit_is_a_typed_error_and_writes_nothing() {
         let dir = tempfile::tempdir().expect("dir");
         let store = open(&dir, SqliteConfig::file).await;
-        store.commit_now(step(0)).expect("inline").expect("written");
-        let broken = step(1).with_batch(BatchData::typed(Arc::new(Panics)));
+        store
+            .commit_now(&mut step(0))
+            .expect("inline")
+            .expect("written");
+        let mut broken = step(1).with_batch(BatchData::typed(Arc::new(Panics)));
         let err = store
-            .commit_now(broken)
+            .commit_now(&mut broken)
             .expect("inline")
             .expect_err("panicked");
         assert!(
@@ -1149,7 +1166,10 @@ mod tests {
             "the panicked commit wrote nothing"
         );
         // The connection still works, inline.
-        let receipt = store.commit_now(step(1)).expect("inline").expect("written");
+        let receipt = store
+            .commit_now(&mut step(1))
+            .expect("inline")
+            .expect("written");
         assert_eq!(receipt.message_count, 2);
     }
 
@@ -1181,7 +1201,10 @@ mod tests {
         let mut frames_after_first_commits = 0;
         for n in 0..u64::from(commits) {
             if inline {
-                store.commit_now(step(n)).expect("inline").expect("written");
+                store
+                    .commit_now(&mut step(n))
+                    .expect("inline")
+                    .expect("written");
             } else {
                 store.commit(step(n)).await.expect("written");
             }

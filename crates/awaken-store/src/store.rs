@@ -146,19 +146,22 @@ pub trait ThreadStore: Send + Sync {
     /// not the run's lease any more), or a backend error. A `Done` run's lease is released.
     async fn commit(&self, commit: ThreadCommit) -> Result<CommitReceipt, StoreError>;
 
-    /// [`commit`](Self::commit) without a future, for a store that can write at once (the
-    /// memory store always; SQLite when its connection and the database's write lock are free,
-    /// see `SqliteConfig::inline_commits`): `Ok` with what `commit` would return, or
-    /// `Err(commit)` handed back, unchanged and unwritten, for `commit`. The default takes no
-    /// shortcut. A caller that commits often saves the boxed future of a dynamically
-    /// dispatched `commit` (an allocation per commit), and with SQLite a thread hop.
-    // The commit comes back by value: boxing it would be the allocation this saves.
-    #[allow(clippy::result_large_err)]
-    fn commit_now(
-        &self,
-        commit: ThreadCommit,
-    ) -> Result<Result<CommitReceipt, StoreError>, ThreadCommit> {
-        Err(commit)
+    /// [`commit`](Self::commit) without a future and without taking the commit, for a store
+    /// that can write at once (the memory store always; SQLite when its connection and the
+    /// database's write lock are free, see `SqliteConfig::inline_commits`): `Some` with what
+    /// `commit` would return, or `None` when the store takes no shortcut now (nothing was
+    /// written; call `commit`). The default takes none.
+    ///
+    /// The store reads the commit and copies what it keeps, except the state deltas' values
+    /// and the batch, which it may take (leaving them empty, and `BatchWrite::Keep`) whatever
+    /// the outcome. The rest — the thread id, the record, the message count, the messages, the
+    /// events, the profile versions and the lease — is left as it was: a runtime that commits
+    /// often reuses the commit's vectors (their room, or the messages and events themselves to
+    /// commit them again after a failure), and saves the boxed future of a dynamically
+    /// dispatched `commit` (with SQLite, a thread hop too).
+    fn commit_now(&self, commit: &mut ThreadCommit) -> Option<Result<CommitReceipt, StoreError>> {
+        let _ = commit;
+        None
     }
 
     /// Reads the thread back in one consistent read; `None` if it was never committed (or was
@@ -231,10 +234,7 @@ impl<T: ThreadStore + ?Sized> ThreadStore for std::sync::Arc<T> {
         (**self).commit(commit).await
     }
 
-    fn commit_now(
-        &self,
-        commit: ThreadCommit,
-    ) -> Result<Result<CommitReceipt, StoreError>, ThreadCommit> {
+    fn commit_now(&self, commit: &mut ThreadCommit) -> Option<Result<CommitReceipt, StoreError>> {
         (**self).commit_now(commit)
     }
 

@@ -388,21 +388,18 @@ impl awaken_store::ThreadStore for Intercepted {
     }
     fn commit_now(
         &self,
-        commit: awaken_store::ThreadCommit,
-    ) -> Result<
-        Result<awaken_store::CommitReceipt, awaken_store::StoreError>,
-        awaken_store::ThreadCommit,
-    > {
+        commit: &mut awaken_store::ThreadCommit,
+    ) -> Option<Result<awaken_store::CommitReceipt, awaken_store::StoreError>> {
         if !self.immediate {
-            return Err(commit);
+            return None;
         }
-        if let Err(e) = (self.on_commit)(&commit) {
-            return Ok(Err(e));
+        if let Err(e) = (self.on_commit)(commit) {
+            return Some(Err(e));
         }
         match self.inner.commit_now(commit) {
-            Ok(written) => Ok(written),
-            // `on_commit` saw it already: handing it back would show it twice.
-            Err(_) => panic!("`immediate` needs a store that writes every commit at once"),
+            Some(written) => Some(written),
+            // `on_commit` saw it already: writing it through `commit` would show it twice.
+            None => panic!("`immediate` needs a store that writes every commit at once"),
         }
     }
     async fn load_checkpoint(

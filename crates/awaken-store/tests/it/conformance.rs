@@ -1024,37 +1024,60 @@ pub async fn failed_last_commit_keeps_lease_and_batch(h: &Harness) {
     );
 }
 
-/// `commit_now` either writes as `commit` would, or hands the very commit back for `commit`.
+/// What `commit_now` must leave of a commit whatever it does: everything but the state's
+/// values and the batch (which it may take).
+fn read_parts(c: &ThreadCommit) -> impl PartialEq + std::fmt::Debug {
+    (
+        c.thread_id.clone(),
+        c.run.clone(),
+        c.expected_message_count,
+        c.messages.clone(),
+        c.events.clone(),
+        c.profile_versions.clone(),
+        c.lease.clone(),
+    )
+}
+
+/// `commit_now` either writes as `commit` would, or writes nothing and leaves the commit as it
+/// was for `commit`; either way it leaves the commit's record, messages and events as they were
+/// (a runtime commits them again after a failure, or emits the events after the commit).
 pub async fn commit_now_writes_or_hands_back(h: &Harness) {
     let s = &*h.store;
     let commit = step("t1", "r1", 0, 1, 1_000);
-    let receipt = match s.commit_now(commit.clone()) {
-        Ok(written) => written.expect("written at once"),
-        Err(back) => {
-            assert_eq!(back, commit, "handed back unchanged");
-            s.commit(back).await.expect("commit")
+    let mut now = commit.clone();
+    let receipt = match s.commit_now(&mut now) {
+        Some(written) => {
+            assert_eq!(read_parts(&now), read_parts(&commit), "read, not taken");
+            written.expect("written at once")
+        }
+        None => {
+            assert_eq!(now, commit, "left unchanged");
+            s.commit(now).await.expect("commit")
         }
     };
     assert_eq!((receipt.message_count, receipt.last_event_seq), (2, 3));
-    // A failing commit fails the same way on either path, writing nothing.
+    // A failing commit fails the same way on either path, writing nothing, and leaves the
+    // messages and events to commit again.
     let before = dump_all(s).await;
     let stale = step("t1", "r1", 0, 2, 2_000);
-    let err = match s.commit_now(stale) {
-        Ok(written) => written.expect_err("stale guard"),
-        Err(back) => s.commit(back).await.expect_err("stale guard"),
+    let mut now = stale.clone();
+    let err = match s.commit_now(&mut now) {
+        Some(written) => written.expect_err("stale guard"),
+        None => s.commit(now.clone()).await.expect_err("stale guard"),
     };
+    assert_eq!(read_parts(&now), read_parts(&stale));
     assert!(matches!(err, StoreError::VersionConflict { .. }), "{err:?}");
     assert_eq!(dump_all(s).await, before);
 }
 
-/// `commit_now`, or `commit` when the store hands the commit back.
+/// `commit_now`, or `commit` when the store writes nothing at once.
 async fn commit_either(
     s: &dyn ThreadStore,
-    commit: ThreadCommit,
+    mut commit: ThreadCommit,
 ) -> Result<awaken_store::CommitReceipt, StoreError> {
-    match s.commit_now(commit) {
-        Ok(written) => written,
-        Err(back) => s.commit(back).await,
+    match s.commit_now(&mut commit) {
+        Some(written) => written,
+        None => s.commit(commit).await,
     }
 }
 
