@@ -200,23 +200,6 @@ impl Durable {
         self.record.steps = steps;
         self.record.usage = usage;
         self.record.updated_at = self.ids.timestamp();
-        // The messages and events are moved into the commit, and back out of it once it is
-        // done: a store writing at once only reads them (see `ThreadStore::commit_now`), so a
-        // failed commit leaves them to commit again, and a written one, its events to emit
-        // and its vectors' room to reuse. Nothing is copied or allocated for them.
-        let commit = ThreadCommit {
-            thread_id: self.thread_id.clone(),
-            run: self.record.clone(),
-            expected_message_count: self.persisted_messages,
-            messages: std::mem::take(&mut self.new_messages),
-            run_state,
-            thread_state,
-            profile_state: StateDelta::default(),
-            profile_versions: BTreeMap::new(),
-            batch,
-            events: std::mem::take(&mut self.events),
-            lease: self.lease.as_deref().cloned(),
-        };
         // Profile keys written since the last commit, each guarded by the version it was
         // read at: a concurrent writer's change is a `ProfileConflict`, never a lost update;
         // the run's writes are then redone on the fresh values and the commit retried.
@@ -246,7 +229,7 @@ impl Durable {
             // (The commit back is moved into the boxed future before anything is awaited: a
             // match's scrutinee would be kept across an await in one of its arms.)
             None => {
-                let later = match written_now(&*self.store, commit) {
+                let later = match self.written_now(run_state, thread_state, batch) {
                     Ok(done) => Ok(done),
                     Err(commit) => Err(Box::pin(written_later(&*self.store, commit))),
                 };
@@ -257,6 +240,7 @@ impl Durable {
             }
             // Only a run writing profile keys keeps its commit across awaits for a retry.
             Some(written) => {
+                let commit = self.next_commit(run_state, thread_state, batch);
                 let (receipt, messages, events) =
                     Box::pin(self.commit_guarded(commit, written, state)).await;
                 let receipt = receipt.map(|(receipt, redone)| {
@@ -306,6 +290,61 @@ impl Durable {
         self.new_messages = messages;
         self.events = events;
         Ok(())
+    }
+
+    /// The next commit: the run's record, the messages and events since the last commit
+    /// (moved out of the run, and back into it once the commit is done: a store writing at
+    /// once only reads them, see `ThreadStore::commit_now`, so a failed commit leaves them to
+    /// commit again, and a written one, its events to emit and its vectors' room to reuse),
+    /// the state and the batch.
+    fn next_commit(
+        &mut self,
+        run_state: StateDelta,
+        thread_state: StateDelta,
+        batch: BatchWrite,
+    ) -> ThreadCommit {
+        ThreadCommit {
+            thread_id: self.thread_id.clone(),
+            run: self.record.clone(),
+            expected_message_count: self.persisted_messages,
+            messages: std::mem::take(&mut self.new_messages),
+            run_state,
+            thread_state,
+            profile_state: StateDelta::default(),
+            profile_versions: BTreeMap::new(),
+            batch,
+            events: std::mem::take(&mut self.events),
+            lease: self.lease.as_deref().cloned(),
+        }
+    }
+
+    /// The next commit written at once: its outcome, with its messages and events; the commit
+    /// back when the store takes no shortcut now (see `ThreadStore::commit_now`). Not in the
+    /// async caller: a borrowed local there would be kept in its future across every later
+    /// await (and the commit is made here, not moved in).
+    #[allow(clippy::result_large_err)] // moved back once, for a store that writes later anyway
+    fn written_now(
+        &mut self,
+        run_state: StateDelta,
+        thread_state: StateDelta,
+        batch: BatchWrite,
+    ) -> Result<
+        (
+            Result<awaken_store::CommitReceipt, CheckpointError>,
+            Vec<Message>,
+            Vec<AgentEvent>,
+        ),
+        ThreadCommit,
+    > {
+        let mut commit = self.next_commit(run_state, thread_state, batch);
+        match (*self.store).commit_now(&mut commit) {
+            Some(written) => Ok((
+                written.map_err(CheckpointError::from),
+                commit.messages,
+                commit.events,
+            )),
+            None => Err(commit),
+        }
     }
 
     /// Commits `commit` with the profile keys `written` (and their guards), retried after a
@@ -407,31 +446,6 @@ impl Durable {
             RunStatus::Done
         };
         self.record.termination = Some(termination.clone());
-    }
-}
-
-/// The outcome of `commit` written at once, with its messages and events; the commit back when
-/// the store takes no shortcut now (see `ThreadStore::commit_now`). Not in the async caller: a
-/// borrowed local there would be kept in its future across every later await.
-#[allow(clippy::result_large_err)] // moved back once, for a store that writes later anyway
-fn written_now(
-    store: &dyn ThreadStore,
-    mut commit: ThreadCommit,
-) -> Result<
-    (
-        Result<awaken_store::CommitReceipt, CheckpointError>,
-        Vec<Message>,
-        Vec<AgentEvent>,
-    ),
-    ThreadCommit,
-> {
-    match store.commit_now(&mut commit) {
-        Some(written) => Ok((
-            written.map_err(CheckpointError::from),
-            commit.messages,
-            commit.events,
-        )),
-        None => Err(commit),
     }
 }
 

@@ -889,12 +889,91 @@ impl RunSlot {
 /// in place (no new row per commit).
 #[derive(Debug)]
 struct RunUndo {
-    record: RunRecord,
+    record: RecordUndo,
     state_revision: u64,
     /// The batch before, if the commit set or cleared it.
     batch: Option<Option<BatchData>>,
     /// The lease before, if the commit (finishing the run) cleared it.
     lease: Option<Option<Box<Lease>>>,
+}
+
+/// What a commit replaced of a run's record, to put back if it fails.
+#[derive(Debug)]
+enum RecordUndo {
+    /// What a run's commits move on (the record's shared strings and ids were the commit's
+    /// own, and were kept).
+    Progress {
+        status: RunStatus,
+        termination: Option<awaken_event::TerminationReason>,
+        steps: u32,
+        usage: awaken_event::TokenUsage,
+        updated_at: Timestamp,
+    },
+    /// The whole record (the commit brought other ones).
+    Whole(RunRecord),
+}
+
+impl RecordUndo {
+    fn put_back(self, record: &mut RunRecord) {
+        match self {
+            Self::Whole(old) => *record = old,
+            Self::Progress {
+                status,
+                termination,
+                steps,
+                usage,
+                updated_at,
+            } => {
+                record.status = status;
+                record.termination = termination;
+                record.steps = steps;
+                record.usage = usage;
+                record.updated_at = updated_at;
+            }
+        }
+    }
+}
+
+/// Writes `new` over a run's `stored` record (its creation time kept), and returns what it
+/// replaced. A commit of the same run carries the same shared strings (the runtime's copies of
+/// one record): then only what moves on is written, and no reference count changes.
+fn write_record(stored: &mut RunRecord, new: &RunRecord) -> RecordUndo {
+    // Every field, named: a new one is a compile error here until it is written.
+    let RunRecord {
+        run_id,
+        parent_run_id,
+        agent_id,
+        profile_id,
+        status,
+        termination,
+        steps,
+        usage,
+        spec_digest,
+        created_at: _,
+        updated_at,
+    } = new;
+    let same = Arc::ptr_eq(&stored.agent_id, agent_id)
+        && Arc::ptr_eq(&stored.spec_digest, spec_digest)
+        && stored.run_id == *run_id
+        && stored.parent_run_id == *parent_run_id
+        && stored.profile_id == *profile_id;
+    if !same {
+        let created_at = stored.created_at;
+        return RecordUndo::Whole(std::mem::replace(
+            stored,
+            RunRecord {
+                created_at,
+                ..new.clone()
+            },
+        ));
+    }
+    RecordUndo::Progress {
+        status: std::mem::replace(&mut stored.status, *status),
+        termination: std::mem::replace(&mut stored.termination, termination.clone()),
+        steps: std::mem::replace(&mut stored.steps, *steps),
+        usage: std::mem::replace(&mut stored.usage, *usage),
+        updated_at: std::mem::replace(&mut stored.updated_at, *updated_at),
+    }
 }
 
 /// What a rollback needs to know about the commit it undoes.
@@ -1096,14 +1175,7 @@ impl Inner {
         let row = match run {
             Entry::Occupied(slot) => {
                 let row = slot.into_mut().live_row()?;
-                let created_at = row.record.created_at;
-                let old_record = std::mem::replace(
-                    &mut row.record,
-                    RunRecord {
-                        created_at,
-                        ..record.clone()
-                    },
-                );
+                let old_record = write_record(&mut row.record, record);
                 let batch = match batch_write {
                     BatchWrite::Keep => None,
                     BatchWrite::Set(b) => Some(row.batch.replace(b)),
@@ -1241,7 +1313,7 @@ impl Inner {
                     if let Some(old) = run_undo.take()
                         && let Some(row) = self.runs.get_mut(rid).and_then(RunSlot::if_live)
                     {
-                        row.record = old.record;
+                        old.record.put_back(&mut row.record);
                         row.state_revision = old.state_revision;
                         if let Some(batch) = old.batch {
                             row.batch = batch;
@@ -1860,6 +1932,64 @@ mod tests {
             .expect("events");
         let read: Vec<(u64, &str)> = events.iter().map(|e| (e.seq, e.run_id.as_str())).collect();
         assert_eq!(read, [(1, "r1"), (2, "r2"), (3, "r1")]);
+    }
+
+    /// A run's later commits carrying its record's own shared strings write only what moves on
+    /// (the stored strings are kept, no count moves); one that fails puts the record back as
+    /// it was, and a commit with other strings replaces the record whole.
+    #[test]
+    fn a_runs_record_is_written_in_place_and_put_back_on_failure() {
+        use awaken_event::TerminationReason;
+        let store = MemoryStore::new();
+        let mut c = commit("t1", "r1", 0);
+        c.run.spec_digest = Arc::from("digest-1");
+        store.write(&mut c).expect("written");
+        let stored = |store: &MemoryStore| {
+            let shard = store.shard(&ThreadId::new("t1").expect("id"));
+            let slot = shard.runs.get(&RunId::new("r1").expect("id"));
+            match slot {
+                Some(RunSlot::Live(row)) => row.record.clone(),
+                _ => panic!("a live row"),
+            }
+        };
+        let first = stored(&store);
+        // The same record, moved on: written in place.
+        c.run.steps = 2;
+        c.run.updated_at = Timestamp::from_unix_millis(20);
+        store.write(&mut c).expect("written");
+        let second = stored(&store);
+        assert_eq!((second.steps, second.updated_at), (2, c.run.updated_at));
+        assert!(Arc::ptr_eq(&second.agent_id, &first.agent_id));
+        assert!(Arc::ptr_eq(&second.spec_digest, &c.run.spec_digest));
+        // A failure after the row was written puts back every field it moved.
+        for point in [FailPoint::AfterRun, FailPoint::AfterEvents] {
+            let mut failing = c.clone();
+            failing.run.steps = 3;
+            failing.run.usage.input_tokens = 9;
+            failing.run.updated_at = Timestamp::from_unix_millis(30);
+            failing.run.status = RunStatus::Done;
+            failing.run.termination = Some(TerminationReason::NaturalEnd);
+            store.arm_failpoint(point);
+            store.write(&mut failing).expect_err("injected");
+            assert_eq!(stored(&store), second, "{point:?}");
+        }
+        // Other strings (an equal digest, not the same one): the record is replaced whole, and
+        // put back whole on failure.
+        let mut other = c.clone();
+        other.run.spec_digest = Arc::from("digest-1");
+        other.run.agent_id = Arc::from("agent-2");
+        other.run.steps = 4;
+        store.arm_failpoint(FailPoint::AfterRun);
+        store.write(&mut other).expect_err("injected");
+        assert_eq!(stored(&store), second);
+        assert!(Arc::ptr_eq(&stored(&store).agent_id, &first.agent_id));
+        store.write(&mut other).expect("written");
+        let third = stored(&store);
+        assert_eq!((&*third.agent_id, third.steps), ("agent-2", 4));
+        assert_eq!(
+            third.created_at, first.created_at,
+            "the creation time is kept"
+        );
     }
 
     /// A finished run's spec digest is a place in the store's table, each digest once; past
