@@ -33,21 +33,19 @@ pub(crate) enum CheckpointError {
 pub(crate) struct Durable {
     store: Arc<dyn ThreadStore>,
     ids: Arc<dyn IdSource>,
-    thread_id: ThreadId,
-    pub(crate) record: RunRecord,
-    /// Messages already in the store.
-    persisted_messages: u64,
-    /// Messages of the run not yet committed.
-    new_messages: Vec<Message>,
-    /// Lifecycle events not yet committed, in order.
-    events: Vec<AgentEvent>,
-    /// Which of `events` are about facts of the next commit, emitted after it (indices).
+    /// The run's next commit, kept from one commit to the next (boxed: every run's future
+    /// holds this): the thread, the run's record, the messages already in the store (its
+    /// guard), the run's messages and lifecycle events not yet committed (in order), and the
+    /// run's lease when a recovery claimed the run. A store writing at once only reads these
+    /// (see `ThreadStore::commit_now`): a failed commit leaves the messages and events to
+    /// commit again, a written one its events to emit, and no commit copies the record.
+    /// Between commits its state and batch are empty.
+    pending: Box<ThreadCommit>,
+    /// Which of the pending events are about facts of the next commit, emitted after it
+    /// (indices).
     after_commit: Vec<usize>,
     /// The state revision the last commit exported up to.
     state_revision: u64,
-    /// The run's lease, carried by every commit, when a recovery claimed the run (boxed: most
-    /// runs hold none, and every run's future holds this).
-    pub(crate) lease: Option<Box<LeaseToken>>,
     /// What guards and redoes the run's profile writes, when the run has a profile (boxed:
     /// most runs have none, and every run's future holds this).
     pub(crate) profile: Option<Box<ProfileJournal>>,
@@ -104,43 +102,48 @@ impl Durable {
         Self {
             store,
             ids,
-            thread_id,
-            record,
-            persisted_messages,
-            new_messages: Vec::new(),
-            events: Vec::new(),
+            pending: Box::new(ThreadCommit::new(thread_id, record, persisted_messages)),
             after_commit: Vec::new(),
             state_revision,
-            lease: None,
             profile: None,
         }
     }
 
+    /// The lease the run's commits carry, when a recovery claimed the run.
+    pub(crate) fn lease(&self) -> Option<&LeaseToken> {
+        self.pending.lease.as_ref()
+    }
+
+    /// Carries `lease` in the run's commits from now on.
+    pub(crate) fn set_lease(&mut self, lease: Option<LeaseToken>) {
+        self.pending.lease = lease;
+    }
+
     /// A message of the run, written with the next commit.
     pub(crate) fn push_message(&mut self, message: Message) {
-        self.new_messages.push(message);
+        self.pending.messages.push(message);
     }
 
     /// An event emitted now (stored with the next commit if it is a lifecycle event).
     pub(crate) fn note(&mut self, event: AgentEvent, sink: &dyn EventSink) {
         sink.emit(&event);
         if event.is_lifecycle() {
-            self.events.push(event);
+            self.pending.events.push(event);
         }
     }
 
     /// An event about a fact of the next commit: stored with it and emitted after it.
     pub(crate) fn fact(&mut self, event: AgentEvent) {
-        self.after_commit.push(self.events.len());
-        self.events.push(event);
+        self.after_commit.push(self.pending.events.len());
+        self.pending.events.push(event);
     }
 
     /// Emits the held-back events without a commit (when the run can no longer commit).
     pub(crate) fn flush_uncommitted(&mut self, sink: &dyn EventSink) {
         for i in self.after_commit.drain(..) {
-            sink.emit(&self.events[i]);
+            sink.emit(&self.pending.events[i]);
         }
-        self.events.clear();
+        self.pending.events.clear();
     }
 
     /// What the next commit writes of the run's state: the keys `snapshot` (the state now)
@@ -197,9 +200,10 @@ impl Durable {
         let compaction = thread_state
             .values
             .contains_key(<awaken_context::CompactionKey as awaken_state::StateKey>::KEY);
-        self.record.steps = steps;
-        self.record.usage = usage;
-        self.record.updated_at = self.ids.timestamp();
+        let record = &mut self.pending.run;
+        record.steps = steps;
+        record.usage = usage;
+        record.updated_at = self.ids.timestamp();
         // Profile keys written since the last commit, each guarded by the version it was
         // read at: a concurrent writer's change is a `ProfileConflict`, never a lost update;
         // the run's writes are then redone on the fresh values and the commit retried.
@@ -222,48 +226,45 @@ impl Durable {
         let mut retried = false;
         // `(*self.store)`: the store's own method, not the `Arc` forwarding impl (which would box
         // a second future around it on every commit).
-        // Each way gives the messages and events back with the outcome. The ways that wait keep
-        // the commit in a boxed future: the run's future need not hold room for it.
-        let (receipt, mut messages, mut events) = match &mut profile {
+        let pending = &mut *self.pending;
+        pending.run_state = run_state;
+        pending.thread_state = thread_state;
+        pending.batch = batch;
+        let receipt = match &mut profile {
             // A store that writes at once (the memory store) needs no future.
-            // (The commit back is moved into the boxed future before anything is awaited: a
-            // match's scrutinee would be kept across an await in one of its arms.)
-            None => {
-                let later = match self.written_now(run_state, thread_state, batch) {
-                    Ok(done) => Ok(done),
-                    Err(commit) => Err(Box::pin(written_later(&*self.store, commit))),
-                };
-                match later {
-                    Ok(done) => done,
-                    Err(future) => future.await,
-                }
-            }
+            None => match (*self.store).commit_now(pending) {
+                Some(written) => written.map_err(CheckpointError::from),
+                // A store's future takes a commit of its own (in the store's boxed future: the
+                // run's future need not hold room for it).
+                None => (*self.store)
+                    .commit(handed_over(pending))
+                    .await
+                    .map_err(CheckpointError::from),
+            },
             // Only a run writing profile keys keeps its commit across awaits for a retry.
             Some(written) => {
-                let commit = self.next_commit(run_state, thread_state, batch);
-                let (receipt, messages, events) =
-                    Box::pin(self.commit_guarded(commit, written, state)).await;
-                let receipt = receipt.map(|(receipt, redone)| {
-                    retried = redone;
-                    receipt
-                });
-                (receipt, messages, events)
+                let commit = handed_over(pending);
+                Box::pin(self.commit_guarded(commit, written, state))
+                    .await
+                    .map(|(receipt, redone)| {
+                        retried = redone;
+                        receipt
+                    })
             }
         };
-        let receipt = match receipt {
-            Ok(receipt) => receipt,
-            Err(e) => {
-                // Not written: the messages and events wait for the next commit (or, for the
-                // events, are flushed unstored).
-                self.new_messages = messages;
-                self.events = events;
-                return Err(e);
-            }
-        };
+        // What a store only read of the state and the batch is let go (each commit brings its
+        // own).
+        let pending = &mut *self.pending;
+        pending.run_state = StateDelta::default();
+        pending.thread_state = StateDelta::default();
+        pending.batch = BatchWrite::Keep;
+        // Not written: the messages and events wait for the next commit (or, for the events,
+        // are flushed unstored).
+        let receipt = receipt?;
         if compaction {
             crate::failpoint::hit("after_compaction_commit", None);
         }
-        self.persisted_messages = receipt.message_count;
+        self.pending.expected_message_count = receipt.message_count;
         if let (Some(journal), Some((_, guards))) = (self.profile.as_deref_mut(), &profile) {
             for (key, read) in guards {
                 journal.versions.insert(key.clone(), read + 1);
@@ -282,93 +283,20 @@ impl Durable {
             exported_revision
         };
         for i in self.after_commit.drain(..) {
-            sink.emit(&events[i]);
+            sink.emit(&self.pending.events[i]);
         }
         // Their room is kept for the next commit.
-        messages.clear();
-        events.clear();
-        self.new_messages = messages;
-        self.events = events;
+        self.pending.messages.clear();
+        self.pending.events.clear();
         Ok(())
-    }
-
-    /// The next commit: the run's record, the messages and events since the last commit
-    /// (moved out of the run, and back into it once the commit is done: a store writing at
-    /// once only reads them, see `ThreadStore::commit_now`, so a failed commit leaves them to
-    /// commit again, and a written one, its events to emit and its vectors' room to reuse),
-    /// the state and the batch.
-    fn next_commit(
-        &mut self,
-        run_state: StateDelta,
-        thread_state: StateDelta,
-        batch: BatchWrite,
-    ) -> ThreadCommit {
-        ThreadCommit {
-            thread_id: self.thread_id.clone(),
-            run: self.record.clone(),
-            expected_message_count: self.persisted_messages,
-            messages: std::mem::take(&mut self.new_messages),
-            run_state,
-            thread_state,
-            profile_state: StateDelta::default(),
-            profile_versions: BTreeMap::new(),
-            batch,
-            events: std::mem::take(&mut self.events),
-            lease: self.lease.as_deref().cloned(),
-        }
-    }
-
-    /// The next commit written at once: its outcome, with its messages and events; the commit
-    /// back when the store takes no shortcut now (see `ThreadStore::commit_now`). Not in the
-    /// async caller: a borrowed local there would be kept in its future across every later
-    /// await (and the commit is made here, not moved in).
-    #[allow(clippy::result_large_err)] // moved back once, for a store that writes later anyway
-    fn written_now(
-        &mut self,
-        run_state: StateDelta,
-        thread_state: StateDelta,
-        batch: BatchWrite,
-    ) -> Result<
-        (
-            Result<awaken_store::CommitReceipt, CheckpointError>,
-            Vec<Message>,
-            Vec<AgentEvent>,
-        ),
-        ThreadCommit,
-    > {
-        let mut commit = self.next_commit(run_state, thread_state, batch);
-        match (*self.store).commit_now(&mut commit) {
-            Some(written) => Ok((
-                written.map_err(CheckpointError::from),
-                commit.messages,
-                commit.events,
-            )),
-            None => Err(commit),
-        }
     }
 
     /// Commits `commit` with the profile keys `written` (and their guards), retried after a
     /// profile conflict with the run's writes redone on the fresh values (up to
-    /// `MAX_PROFILE_RETRIES` times). Returns the receipt and whether the writes were redone,
-    /// with the commit's messages and events.
+    /// `MAX_PROFILE_RETRIES` times). Returns the receipt and whether the writes were redone.
     async fn commit_guarded(
         &mut self,
         commit: ThreadCommit,
-        written: &mut (StateDelta, BTreeMap<String, u64>),
-        state: &StateStore,
-    ) -> (
-        Result<(awaken_store::CommitReceipt, bool), CheckpointError>,
-        Vec<Message>,
-        Vec<AgentEvent>,
-    ) {
-        let result = self.commit_retried(&commit, written, state).await;
-        (result, commit.messages, commit.events)
-    }
-
-    /// [`commit_guarded`](Self::commit_guarded)'s retries.
-    async fn commit_retried(
-        &mut self,
-        commit: &ThreadCommit,
         written: &mut (StateDelta, BTreeMap<String, u64>),
         state: &StateStore,
     ) -> Result<(awaken_store::CommitReceipt, bool), CheckpointError> {
@@ -404,7 +332,7 @@ impl Durable {
         &mut self,
         state: &StateStore,
     ) -> Result<(StateDelta, BTreeMap<String, u64>), CheckpointError> {
-        let Some(profile_id) = self.record.profile_id.clone() else {
+        let Some(profile_id) = self.pending.run.profile_id.clone() else {
             return Ok((StateDelta::default(), BTreeMap::new()));
         };
         let journal = self.profile.get_or_insert_default();
@@ -440,31 +368,14 @@ impl Durable {
 
     /// Marks the run finished (or waiting) for the final commit.
     pub(crate) fn finish(&mut self, termination: &TerminationReason) {
-        self.record.status = if *termination == TerminationReason::Suspended {
+        let record = &mut self.pending.run;
+        record.status = if *termination == TerminationReason::Suspended {
             RunStatus::Waiting
         } else {
             RunStatus::Done
         };
-        self.record.termination = Some(termination.clone());
+        record.termination = Some(termination.clone());
     }
-}
-
-/// `commit` written through the store's future, with its messages and events (the store's
-/// future takes a commit of its own: they are copied into it).
-async fn written_later(
-    store: &dyn ThreadStore,
-    mut commit: ThreadCommit,
-) -> (
-    Result<awaken_store::CommitReceipt, CheckpointError>,
-    Vec<Message>,
-    Vec<AgentEvent>,
-) {
-    let written = store.commit(handed_over(&mut commit)).await;
-    (
-        written.map_err(CheckpointError::from),
-        commit.messages,
-        commit.events,
-    )
 }
 
 /// A commit of its own for a store's future, which takes it: `commit`'s state and batch moved

@@ -724,7 +724,7 @@ async fn load_activation<'a>(
         persisted,
         store.revision(),
     );
-    durable.lease = lease.map(Box::new);
+    durable.set_lease(lease);
     durable.profile = profile_versions.map(|v| Box::new(crate::durable::ProfileJournal::new(v)));
     let engine = PhaseEngine::new(store, resolved.env.phase_env().clone());
     if resumed.is_some() {
@@ -862,7 +862,7 @@ where
         // recovery's lease comes with its claim): taken before a resume writes anything (so
         // two processes never continue one waiting run), and right after a new run's first
         // commit creates it.
-        let claimed_already = run.durable.lease.is_some();
+        let claimed_already = run.durable.lease().is_some();
         let mut heartbeat = None;
         if built.is_resume && !claimed_already {
             heartbeat = hold_lease(rt, run).await?;
@@ -2563,7 +2563,7 @@ async fn hold_lease(
             run_id: run.identity.run_id.clone(),
         });
     };
-    run.durable.lease = Some(Box::new(claimed.lease.clone()));
+    run.durable.set_lease(Some(claimed.lease.clone()));
     Ok(Some(rt.spawn_heartbeat(
         claimed.lease,
         worker.lease_duration,
@@ -2579,7 +2579,7 @@ async fn release_lease(
 ) {
     if let Some(h) = heartbeat {
         h.abort();
-        if let Some(lease) = run.durable.lease.as_deref() {
+        if let Some(lease) = run.durable.lease() {
             rt.release(lease).await;
         }
     }
