@@ -25,7 +25,7 @@ pub use grammar::{
 pub use history::History;
 pub use ids::{IdError, MAX_ID_LEN, ProfileId, RunId, ThreadId, ToolCallId};
 pub use inference::{InferenceResponse, StopReason, TokenUsage};
-pub use message::{ContentBlock, Message, Role, ToolCall, no_content, no_messages, no_tool_calls};
+pub use message::{ContentBlock, Message, Role, ToolCall, no_content, no_tool_calls};
 pub use termination::TerminationReason;
 pub use tool::{
     EffectClass, PendingCall, ResumeDecision, ResumeMode, SuspendTicket, ToolCallResume,

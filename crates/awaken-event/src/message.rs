@@ -111,7 +111,6 @@ impl ToolCall {
 thread_local! {
     static NO_CONTENT: Arc<[ContentBlock]> = Vec::new().into_iter().collect();
     static NO_TOOL_CALLS: Arc<[ToolCall]> = Vec::new().into_iter().collect();
-    static NO_MESSAGES: Arc<[Message]> = Vec::new().into_iter().collect();
 }
 
 /// An empty content list: this thread's own. `Arc::default()` of a slice is one static the
@@ -124,11 +123,6 @@ pub fn no_content() -> Arc<[ContentBlock]> {
 /// An empty tool call list: this thread's own (see [`no_content`]).
 pub fn no_tool_calls() -> Arc<[ToolCall]> {
     NO_TOOL_CALLS.try_with(Arc::clone).unwrap_or_default()
-}
-
-/// An empty message list (a commit that brings none): this thread's own (see [`no_content`]).
-pub fn no_messages() -> Arc<[Message]> {
-    NO_MESSAGES.try_with(Arc::clone).unwrap_or_default()
 }
 
 /// One message of a conversation. Cheap to clone: content and calls are shared (a history is

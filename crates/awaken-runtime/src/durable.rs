@@ -38,7 +38,8 @@ pub(crate) struct Durable {
     /// guard), the run's messages and lifecycle events not yet committed (in order), and the
     /// run's lease when a recovery claimed the run. A store writing at once only reads these
     /// (see `ThreadStore::commit_now`): a failed commit leaves the messages and events to
-    /// commit again, a written one its events to emit, and no commit copies the record.
+    /// commit again, a written one its events to emit, and the record is not copied (a store
+    /// that writes later gets a copy of it all, see `handed_over`).
     /// Between commits its state and batch are empty.
     pending: Box<ThreadCommit>,
     /// Which of the pending events are about facts of the next commit, emitted after it
@@ -378,8 +379,8 @@ impl Durable {
     }
 }
 
-/// A commit of its own for a store's future, which takes it: `commit`'s state and batch moved
-/// into it, the rest copied (the messages and events stay in `commit`, to commit again after a
+/// A commit of its own for a store's future, which takes it: `commit`'s state deltas (the
+/// profile's too), profile versions and batch moved into it, the rest copied (the messages and events stay in `commit`, to commit again after a
 /// failure, or to emit).
 fn handed_over(commit: &mut ThreadCommit) -> ThreadCommit {
     ThreadCommit {

@@ -273,10 +273,10 @@ pub struct ThreadCommit {
     /// The number of messages the thread holds before this commit (the message guard): the
     /// commit fails with `VersionConflict` if the store holds another number.
     pub expected_message_count: u64,
-    /// Messages appended after the first `expected_message_count`. A store reads them (and
-    /// copies what it keeps): a runtime committing through
-    /// [`ThreadStore::commit_now`](crate::ThreadStore::commit_now) gets its vector back, to
-    /// commit the messages again if the commit failed, or to reuse its room.
+    /// Messages appended after the first `expected_message_count`. A store writing through
+    /// [`ThreadStore::commit_now`](crate::ThreadStore::commit_now) reads them (and copies what
+    /// it keeps): the runtime keeps its vector, to commit the messages again if the commit
+    /// failed, or to reuse its room.
     pub messages: Vec<Message>,
     /// Changed `Run`-scoped keys (`Snapshot::export_changed_in(KeyScope::Run, since)`).
     pub run_state: StateDelta,

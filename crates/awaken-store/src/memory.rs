@@ -118,8 +118,8 @@ struct Recent {
 }
 
 /// A thread's messages and events since its last segment, written in [`crate::compact`]'s
-/// form as each commit brings them (a commit's slices of messages and 80-byte events are freed
-/// once the runtime is done with them, instead of being kept until the run is done): the two
+/// form as each commit brings them (nothing of a commit's messages and 80-byte events is kept
+/// until the run is done): the two
 /// parts of the thread's next segment, its events then its messages, which a run's end puts
 /// together. A commit's events are written before its messages, which may refer to them.
 #[derive(Debug, Default)]
@@ -287,9 +287,10 @@ impl Open {
 /// the other worker threads contend for).
 const LOG_CHUNKS_RESERVED: usize = 16;
 
-/// A thread's messages since its last compact segment: one chunk per commit that brought any,
-/// holding the commit's own slice (shared with the runtime that wrote it: a message is neither
-/// copied nor moved again by a doubling buffer).
+/// A thread's messages kept as they came (when they cannot be written in the compact form, or
+/// the store does not compact): one chunk per commit that brought any, a copy of the commit's
+/// messages (shared with the reads that take it under the lock; never moved again by a
+/// doubling buffer).
 #[derive(Debug, Default)]
 struct MessageLog {
     chunks: Vec<Arc<[Message]>>,
@@ -399,9 +400,8 @@ impl MessageLog {
     }
 }
 
-/// A thread's events since its last compact segment: one chunk per commit that brought any,
-/// holding the commit's own slice (shared with the runtime, so an event is neither copied nor
-/// padded out by a doubling vector).
+/// A thread's events kept as they came (as its messages are): one chunk per commit that brought
+/// any, a copy of the commit's events (never padded out by a doubling vector).
 #[derive(Debug, Default)]
 struct EventLog {
     chunks: Vec<EventChunk>,
@@ -412,7 +412,7 @@ struct EventChunk {
     /// The sequence number of the chunk's first event.
     first_seq: u64,
     run_id: RunId,
-    /// The commit's own slice (shared with the runtime that emits them after the commit).
+    /// A copy of the commit's events.
     events: Arc<[AgentEvent]>,
 }
 
@@ -1031,11 +1031,9 @@ impl MemoryStore {
         Self::default()
     }
 
-    /// A store that keeps a finished thread's messages and events as the runtime's shared
-    /// slices instead of compacting them when a run is done: about six times the memory per
-    /// finished thread, and with many runs in flight on two workers about a tenth more
-    /// throughput (no encoding, and nothing freed for the allocator to sort again). Reads
-    /// give back the same either way.
+    /// A store that keeps a copy of every commit's messages and events as they came instead
+    /// of its compact form: about six times the memory per finished thread, for no encoding.
+    /// Reads give back the same either way.
     pub fn without_compaction() -> Self {
         Self {
             compact: false,
@@ -1134,9 +1132,9 @@ impl Inner {
         Ok(())
     }
 
-    /// Applies a checked commit to its thread's and run's entries, moving its data in (no
-    /// copies of messages, values or events). Hands back the commit's ids (for a rollback, or
-    /// the run index), taken from the commit rather than copied before it.
+    /// Applies a checked commit to its thread's and run's entries: the state's values and the
+    /// batch are taken from it, the record written in place when it can be, the messages and
+    /// events read (written in the compact form, or copied when they cannot be).
     fn apply(
         thread: ThreadEntry<'_>,
         run: RunEntry<'_>,
@@ -1990,6 +1988,37 @@ mod tests {
             third.created_at, first.created_at,
             "the creation time is kept"
         );
+    }
+
+    /// The record's own shared strings: only what moves on is written (the undo keeps those
+    /// fields); an equal string in another allocation: the record is replaced whole.
+    #[test]
+    fn a_record_with_the_stored_strings_is_written_in_place() {
+        use awaken_event::TerminationReason;
+        let mut stored = commit("t1", "r1", 0).run;
+        let mut next = stored.clone();
+        next.steps = 5;
+        next.status = RunStatus::Done;
+        next.termination = Some(TerminationReason::NaturalEnd);
+        next.updated_at = Timestamp::from_unix_millis(50);
+        next.created_at = Timestamp::from_unix_millis(1);
+        let undo = write_record(&mut stored, &next);
+        assert!(
+            matches!(undo, RecordUndo::Progress { steps: 0, .. }),
+            "{undo:?}"
+        );
+        assert_eq!(
+            stored,
+            RunRecord {
+                created_at: Timestamp::from_unix_millis(10),
+                ..next.clone()
+            }
+        );
+        let mut other = next.clone();
+        other.agent_id = Arc::from(&*next.agent_id);
+        let undo = write_record(&mut stored, &other);
+        assert!(matches!(undo, RecordUndo::Whole(_)), "{undo:?}");
+        assert!(Arc::ptr_eq(&stored.agent_id, &other.agent_id));
     }
 
     /// A finished run's spec digest is a place in the store's table, each digest once; past

@@ -1057,7 +1057,7 @@ mod tests {
             .expect("written");
         // Another connection (as another process would) holds the write lock, and lets it go
         // a moment later: a commit that waited for it (the store's busy timeout is 5 s) would
-        // then be written inline; one that does not wait is handed back at once.
+        // then be written inline; one that does not wait writes nothing at once.
         let other = Connection::open(dir.path().join("awaken.db")).expect("open");
         other.execute_batch("BEGIN IMMEDIATE").expect("write lock");
         let releaser = std::thread::spawn(move || {

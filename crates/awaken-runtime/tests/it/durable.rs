@@ -210,3 +210,63 @@ async fn each_commit_carries_the_counts_and_the_keys_changed_since_the_last() {
         steps=2 out=8 run[] thread[]"#]]
     .assert_eq(&log.lock().expect("log").join("\n"));
 }
+
+/// A commit the store refuses (here the second step's, on the immediate path) leaves its
+/// messages and events with the run: the run fails, and its last commit carries them once,
+/// before its own; the store then holds each message and event once, and the sink saw each
+/// event once.
+#[tokio::test]
+async fn a_refused_commits_messages_and_events_are_written_once_by_the_next() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let written = log.clone();
+    let commits = std::sync::atomic::AtomicUsize::new(0);
+    let store = Arc::new(
+        Intercepted::new(Arc::new(MemoryStore::new()), move |commit| {
+            let n = commits.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let events: Vec<&str> = commit.events.iter().map(|e| e.type_name()).collect();
+            written.lock().expect("log").push(format!(
+                "{}{} msgs+{} events={}",
+                if n == 4 { "refused: " } else { "" },
+                commit.run.status,
+                commit.messages.len(),
+                events.join(",")
+            ));
+            if n == 4 {
+                return Err(awaken_store::StoreError::Task {
+                    detail: "refused once".into(),
+                });
+            }
+            Ok(())
+        })
+        .immediate(),
+    );
+    let rt = runtime(store.clone(), turns());
+    let thread = ThreadId::new("t").expect("id");
+    let sink = VecSink::new();
+    let _ = rt
+        .run(
+            RunActivation::new(thread.clone(), "agent").with_user_message("go"),
+            &sink,
+        )
+        .await;
+    expect_test::expect![[r#"
+        running msgs+1 events=run_start
+        running msgs+1 events=step_start,tool_call_start,inference_complete
+        running msgs+0 events=tool_call_ready
+        running msgs+1 events=tool_call_done,step_end
+        refused: running msgs+1 events=step_start,inference_complete,step_end
+        done msgs+1 events=step_start,inference_complete,step_end,error,run_finish"#]]
+    .assert_eq(&log.lock().expect("log").join("\n"));
+    let history = store
+        .load_checkpoint(&thread)
+        .await
+        .expect("load")
+        .expect("thread")
+        .messages;
+    let stored = store.load_events(&thread, 0).await.expect("events");
+    let kinds: Vec<&str> = stored.iter().map(|e| e.event.type_name()).collect();
+    expect_test::expect!["4 messages; run_start,step_start,tool_call_start,inference_complete,tool_call_ready,tool_call_done,step_end,step_start,inference_complete,step_end,error,run_finish"].assert_eq(&format!("{} messages; {}", history.len(), kinds.join(",")));
+    // Each event the sink saw, once.
+    let seen: Vec<&str> = sink.events().iter().map(|e| e.type_name()).collect();
+    expect_test::expect!["run_start,step_start,tool_call_start,tool_call_args_delta,inference_complete,tool_call_ready,tool_call_done,step_end,step_start,text_delta,inference_complete,error,step_end,run_finish"].assert_eq(&seen.join(","));
+}

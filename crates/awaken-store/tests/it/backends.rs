@@ -163,7 +163,7 @@ every_backend!(
     concurrent_claims_never_share,
     failpoint_inside_the_write,
     failed_last_commit_keeps_lease_and_batch,
-    commit_now_writes_or_hands_back,
+    commit_now_writes_or_leaves_the_commit,
     failpoint_inside_an_immediate_write,
     commit_cost_shape_at_length,
     finished_threads_read_back_whole,
@@ -172,7 +172,7 @@ every_backend!(
     a_finished_runs_record_reads_back_whole,
 );
 
-/// The memory store writes at once: `commit_now` never hands a commit back.
+/// The memory store writes at once: `commit_now` always writes (or refuses) the commit.
 #[test]
 fn the_memory_store_commits_without_a_future() {
     use awaken_store::ThreadStore as _;

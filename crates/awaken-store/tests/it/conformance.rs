@@ -1024,8 +1024,8 @@ pub async fn failed_last_commit_keeps_lease_and_batch(h: &Harness) {
     );
 }
 
-/// What `commit_now` must leave of a commit whatever it does: everything but the state's
-/// values and the batch (which it may take).
+/// What `commit_now` must leave of a commit whatever it does: everything but the state deltas
+/// and the batch (which it may take).
 fn read_parts(c: &ThreadCommit) -> impl PartialEq + std::fmt::Debug {
     (
         c.thread_id.clone(),
@@ -1041,7 +1041,7 @@ fn read_parts(c: &ThreadCommit) -> impl PartialEq + std::fmt::Debug {
 /// `commit_now` either writes as `commit` would, or writes nothing and leaves the commit as it
 /// was for `commit`; either way it leaves the commit's record, messages and events as they were
 /// (a runtime commits them again after a failure, or emits the events after the commit).
-pub async fn commit_now_writes_or_hands_back(h: &Harness) {
+pub async fn commit_now_writes_or_leaves_the_commit(h: &Harness) {
     let s = &*h.store;
     let commit = step("t1", "r1", 0, 1, 1_000);
     let mut now = commit.clone();
@@ -1101,7 +1101,18 @@ async fn each_fault_writes_nothing(h: &Harness, immediate: bool) {
         let before = dump_all(s).await;
         (h.arm)(point);
         let commit = step("t1", "r1", expected, 2 + i as u32, 2_000 + i as i64);
-        let err = write(commit.clone()).await.expect_err("injected");
+        let err = if immediate {
+            // A fault after the store took the state and batch leaves the rest of the commit.
+            let mut now = commit.clone();
+            let err = match s.commit_now(&mut now) {
+                Some(written) => written.expect_err("injected"),
+                None => s.commit(now.clone()).await.expect_err("injected"),
+            };
+            assert_eq!(read_parts(&now), read_parts(&commit), "failpoint {point:?}");
+            err
+        } else {
+            s.commit(commit.clone()).await.expect_err("injected")
+        };
         assert!(
             matches!(err, StoreError::Injected { point: p } if p == point),
             "{err:?}"
