@@ -64,9 +64,13 @@ impl Tool for Book {
             .map_err(|e| ToolError::Execution {
                 message: e.to_string(),
             })?;
-        writeln!(f, "{} {}", ctx.thread_id(), ctx.call_id()).map_err(|e| ToolError::Execution {
-            message: e.to_string(),
-        })?;
+        // One write of the whole line: two workers append at once, and `writeln!` on a file
+        // writes each piece on its own (their lines interleaved).
+        let line = format!("{} {}\n", ctx.thread_id(), ctx.call_id());
+        f.write_all(line.as_bytes())
+            .map_err(|e| ToolError::Execution {
+                message: e.to_string(),
+            })?;
         Ok(ToolOutput::success(json!("booked")))
     }
 }

@@ -294,7 +294,9 @@ pub fn append_line(path: &Path, line: &str) {
         .append(true)
         .open(path)
         .expect("open");
-    writeln!(f, "{line}").expect("write");
+    // One write of the whole line (`writeln!` writes each piece on its own, and processes may
+    // append at once).
+    f.write_all(format!("{line}\n").as_bytes()).expect("write");
     f.sync_all().expect("sync");
 }
 
