@@ -9,8 +9,7 @@ use awaken_event::{
     ToolCallState,
 };
 use awaken_state::{
-    DeltaValues, KeyScope, Snapshot, StateCommand, StateDelta, StateError, StateStore,
-    UnknownKeyPolicy,
+    KeyScope, Snapshot, StateCommand, StateDelta, StateError, StateStore, UnknownKeyPolicy,
 };
 use awaken_store::{
     BatchData, BatchSource, BatchWrite, LeaseToken, RunRecord, RunStatus, StoreError, ThreadCommit,
@@ -75,19 +74,6 @@ impl ProfileJournal {
     }
 }
 
-/// The changed state a commit writes, and the revision it was exported at.
-pub(crate) struct StateExport {
-    revision: u64,
-    deltas: [StateDelta; 3],
-}
-
-impl StateExport {
-    /// The revision the state was exported at.
-    pub(crate) fn revision(&self) -> u64 {
-        self.revision
-    }
-}
-
 /// How many profile conflicts one run retries before its commit fails.
 const MAX_PROFILE_RETRIES: u32 = 16;
 
@@ -147,33 +133,27 @@ impl Durable {
         self.pending.events.clear();
     }
 
-    /// What the next commit writes of the run's state: the keys `snapshot` (the state now)
-    /// changed since the last commit. Taken by the caller in the same look at the state as the
-    /// record's counts (no snapshot is kept while the commit is written).
-    pub(crate) fn export(&self, snapshot: &Snapshot) -> StateExport {
+    /// Puts into the next commit what it writes of the run's state: the keys `snapshot` (the
+    /// state now) changed since the last commit, in the commit's kept lists (no list made per
+    /// commit). Returns the revision exported. Taken by the caller in the same look at the
+    /// state as the record's counts (no snapshot is kept while the commit is written). A state
+    /// still at the last commit's revision changed no key (every change advances it): nothing
+    /// is looked up, and the lists stay empty, as every commit leaves them.
+    pub(crate) fn export(&mut self, snapshot: &Snapshot) -> u64 {
         if snapshot.revision() == self.state_revision {
-            return Self::unchanged(self.state_revision);
+            return self.state_revision;
         }
-        StateExport {
-            revision: snapshot.revision(),
-            deltas: snapshot.export_changed_in_each(
-                [KeyScope::Run, KeyScope::Thread, KeyScope::Profile],
-                self.state_revision,
-            ),
-        }
-    }
-
-    /// The export of a state still at `revision`, the revision the last commit exported up to:
-    /// no key changed (every change of the state advances its revision), so nothing is looked
-    /// up and no list is made.
-    pub(crate) fn unchanged(revision: u64) -> StateExport {
-        StateExport {
-            revision,
-            deltas: std::array::from_fn(|_| StateDelta {
-                revision,
-                values: DeltaValues::new(),
-            }),
-        }
+        let pending = &mut *self.pending;
+        snapshot.export_changed_in_each_into(
+            [KeyScope::Run, KeyScope::Thread, KeyScope::Profile],
+            self.state_revision,
+            [
+                &mut pending.run_state,
+                &mut pending.thread_state,
+                &mut pending.profile_state,
+            ],
+        );
+        snapshot.revision()
     }
 
     /// The state revision the last commit exported up to.
@@ -182,23 +162,21 @@ impl Durable {
     }
 
     /// Commits what the run did since the last commit — messages, changed run and thread
-    /// state (`export`, made by [`export`](Self::export) from `state`'s current snapshot), the
-    /// batch, lifecycle events — then emits those events to `sink`.
+    /// state (put into the commit by [`export`](Self::export) from `state`'s snapshot at
+    /// `exported_revision`), the batch, lifecycle events — then emits those events to `sink`.
     pub(crate) async fn commit(
         &mut self,
         state: &StateStore,
-        export: StateExport,
+        exported_revision: u64,
         batch: BatchWrite,
         steps: u32,
         usage: TokenUsage,
         sink: &dyn EventSink,
     ) -> Result<(), CheckpointError> {
-        let StateExport {
-            revision: exported_revision,
-            deltas: [run_state, thread_state, profile_delta],
-        } = export;
         // Crash tests: this commit carries a compaction's summary (or its failure).
-        let compaction = thread_state
+        let compaction = self
+            .pending
+            .thread_state
             .values
             .contains_key(<awaken_context::CompactionKey as awaken_state::StateKey>::KEY);
         let record = &mut self.pending.run;
@@ -208,6 +186,8 @@ impl Durable {
         // Profile keys written since the last commit, each guarded by the version it was
         // read at: a concurrent writer's change is a `ProfileConflict`, never a lost update;
         // the run's writes are then redone on the fresh values and the commit retried.
+        // (A run without a profile commits none of its profile keys.)
+        let profile_delta = std::mem::take(&mut self.pending.profile_state);
         let mut profile = match self.profile.as_deref().map(|p| &p.versions) {
             Some(versions) => {
                 let guards: BTreeMap<String, u64> = profile_delta
@@ -228,8 +208,6 @@ impl Durable {
         // `(*self.store)`: the store's own method, not the `Arc` forwarding impl (which would box
         // a second future around it on every commit).
         let pending = &mut *self.pending;
-        pending.run_state = run_state;
-        pending.thread_state = thread_state;
         pending.batch = batch;
         let receipt = match &mut profile {
             // A store that writes at once (the memory store) needs no future.
@@ -254,10 +232,10 @@ impl Durable {
             }
         };
         // What a store only read of the state and the batch is let go (each commit brings its
-        // own).
+        // own); the lists keep their room for the next export.
         let pending = &mut *self.pending;
-        pending.run_state = StateDelta::default();
-        pending.thread_state = StateDelta::default();
+        pending.run_state.values.clear();
+        pending.thread_state.values.clear();
         pending.batch = BatchWrite::Keep;
         // Not written: the messages and events wait for the next commit (or, for the events,
         // are flushed unstored).

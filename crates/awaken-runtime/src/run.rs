@@ -969,20 +969,28 @@ impl Run<'_> {
         // (a state's revision advances with every change), which the last commit exported.
         let store = self.engine.store();
         let revision = store.revision();
-        let (steps, usage, export) = match self.last_look {
+        let (stats_at, durable) = (self.stats_at.get(), &mut self.durable);
+        let (steps, usage, exported) = match self.last_look {
             Some((at, steps, usage))
-                if at == revision && self.durable.committed_revision() == revision =>
+                if at == revision && durable.committed_revision() == revision =>
             {
-                (steps, usage, Durable::unchanged(revision))
+                (steps, usage, revision)
             }
             _ => store.read(|s| {
-                let (steps, usage) = self.stats_in(s, |s| (s.steps, s.usage));
-                (steps, usage, self.durable.export(s))
+                let (steps, usage) = stats_at_in(s, stats_at, |s| (s.steps, s.usage));
+                (steps, usage, durable.export(s))
             }),
         };
-        self.last_look = Some((export.revision(), steps, usage));
+        self.last_look = Some((exported, steps, usage));
         self.durable
-            .commit(self.engine.store(), export, batch, steps, usage, self.sink)
+            .commit(
+                self.engine.store(),
+                exported,
+                batch,
+                steps,
+                usage,
+                self.sink,
+            )
             .await
     }
 
@@ -1106,10 +1114,7 @@ impl Run<'_> {
 
     /// `f` of the statistics as `snapshot` holds them.
     fn stats_in<T>(&self, snapshot: &Snapshot, f: impl FnOnce(&RunStats) -> T) -> T {
-        match snapshot.get_at::<RunStatsKey>(self.stats_at.get()) {
-            Ok(stats) => f(stats),
-            Err(_) => f(&RunStats::default()),
-        }
+        stats_at_in(snapshot, self.stats_at.get(), f)
     }
 
     async fn drive(&mut self) -> Result<TerminationReason, Failure> {
@@ -2268,6 +2273,15 @@ impl Run<'_> {
             self.durable.flush_uncommitted(self.sink);
         }
         termination
+    }
+}
+
+/// `f` of the run statistics in `snapshot`, read in place at registry position `at` (the
+/// defaults when absent).
+fn stats_at_in<T>(snapshot: &Snapshot, at: Option<usize>, f: impl FnOnce(&RunStats) -> T) -> T {
+    match snapshot.get_at::<RunStatsKey>(at) {
+        Ok(stats) => f(stats),
+        Err(_) => f(&RunStats::default()),
     }
 }
 

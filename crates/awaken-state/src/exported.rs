@@ -157,6 +157,22 @@ impl DeltaValues {
         }
     }
 
+    /// Room for `n` more values (exactly: an export knows how many it adds).
+    pub(crate) fn reserve_exact(&mut self, n: usize) {
+        self.0.reserve_exact(n);
+    }
+
+    /// Removes every value, keeping the room.
+    pub fn clear(&mut self) {
+        self.0.clear();
+    }
+
+    /// Takes every value, in order, keeping the room (a store writing a commit's delta leaves
+    /// it for the runtime's next export).
+    pub fn drain(&mut self) -> impl ExactSizeIterator<Item = (Cow<'static, str>, StateValue)> + '_ {
+        self.0.drain(..)
+    }
+
     /// Adds a key known to be absent (an export visits each key once).
     pub(crate) fn push_new(&mut self, key: &'static str, value: StateValue) {
         debug_assert!(!self.contains_key(key), "{key} exported twice");

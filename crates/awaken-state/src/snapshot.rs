@@ -8,7 +8,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::error::StateError;
-use crate::exported::{DeltaValues, StateDelta, StateValue};
+use crate::exported::{StateDelta, StateValue};
 use crate::key::{AnyValue, KeyEntry, KeyRegistry, KeyScope, StateKey, Stored, downcast};
 use crate::table::Table;
 
@@ -158,9 +158,23 @@ impl Snapshot {
         scopes: [KeyScope; N],
         since_revision: u64,
     ) -> [StateDelta; N] {
+        let mut out: [StateDelta; N] = std::array::from_fn(|_| StateDelta::default());
+        self.export_changed_in_each_into(scopes, since_revision, out.each_mut());
+        out
+    }
+
+    /// [`export_changed_in_each`](Self::export_changed_in_each) into deltas kept from an
+    /// earlier export (emptied first; their room is reused, no list allocated once it is
+    /// large enough).
+    pub fn export_changed_in_each_into<const N: usize>(
+        &self,
+        scopes: [KeyScope; N],
+        since_revision: u64,
+        mut out: [&mut StateDelta; N],
+    ) {
         // One walk of the changed parts of the table counts each scope's keys and keeps what it
-        // found on the stack, so each list is allocated once at its size (growing one entry at
-        // a time reallocated it up to five times per commit with many changed keys). A commit
+        // found on the stack, so each list grows once, to its size, if at all (growing one
+        // entry at a time reallocated it up to five times per commit with many changed keys). A commit
         // changes a few keys; when more changed than the stack holds, a second walk fills the
         // lists.
         const KEPT: usize = 4;
@@ -176,10 +190,11 @@ impl Snapshot {
                 counts[i] += 1;
             }
         });
-        let mut out: [StateDelta; N] = std::array::from_fn(|i| StateDelta {
-            revision: self.revision(),
-            values: DeltaValues::with_capacity(counts[i]),
-        });
+        for (delta, count) in out.iter_mut().zip(counts) {
+            delta.revision = self.revision();
+            delta.values.clear();
+            delta.values.reserve_exact(count);
+        }
         if found <= KEPT {
             for (i, entry, value) in kept.into_iter().flatten() {
                 out[i].values.push_new(entry.name, exported(entry, value));
@@ -191,7 +206,6 @@ impl Snapshot {
                 }
             });
         }
-        out
     }
 
     /// Every key (ephemeral ones included) as `name = json` lines in registration order; for

@@ -1144,19 +1144,22 @@ impl Inner {
         run_undo: &mut Option<RunUndo>,
         profiles: Option<&mut Profiles>,
     ) -> Result<CommitReceipt, StoreError> {
-        // What the store keeps of the commit is taken (the state's values and the batch) or
-        // copied (the record); its messages and events are read.
-        let run_delta = std::mem::take(&mut c.run_state);
-        let thread_delta = std::mem::take(&mut c.thread_state);
-        let profile_delta = std::mem::take(&mut c.profile_state);
-        let batch_write = std::mem::replace(&mut c.batch, BatchWrite::Keep);
+        // What the store keeps of the commit is taken (the state's values, drained so their
+        // lists keep their room for the runtime's next export, and the batch) or copied (the
+        // record); its messages and events are read.
         let ThreadCommit {
             thread_id: tid,
             run: record,
             messages: new_messages,
             events: new_events,
+            run_state: run_delta,
+            thread_state: thread_delta,
+            profile_state: profile_delta,
+            batch,
             ..
-        } = &*c;
+        } = c;
+        let (tid, record) = (&*tid, &*record);
+        let batch_write = std::mem::replace(batch, BatchWrite::Keep);
         let rid = &record.run_id;
         let now = record.updated_at;
         let status = record.status;
@@ -1212,14 +1215,12 @@ impl Inner {
         }
         store.failpoints.check(FailPoint::AfterRun)?;
 
-        if !run_delta.values.is_empty() {
-            for (k, v) in run_delta.values {
-                let old = row.state.insert(k.clone(), v);
-                undo.push(Undo::RunKey(k, old));
-            }
+        for (k, v) in run_delta.values.drain() {
+            let old = row.state.insert(k.clone(), v);
+            undo.push(Undo::RunKey(k, old));
         }
         let thread_revision = (!thread_delta.values.is_empty()).then_some(thread_delta.revision);
-        for (k, v) in thread_delta.values {
+        for (k, v) in thread_delta.values.drain() {
             let old = thread.state.get_or_insert_default().insert(k.clone(), v);
             undo.push(Undo::ThreadKey(k, old));
         }
@@ -1229,7 +1230,7 @@ impl Inner {
             && !profile_delta.values.is_empty()
         {
             let profile = profiles.entry(pid.clone()).or_default();
-            for (k, value) in profile_delta.values {
+            for (k, value) in profile_delta.values.drain() {
                 let value = match value.into_json() {
                     Ok(value) => value,
                     Err(source) => {

@@ -152,10 +152,10 @@ pub trait ThreadStore: Send + Sync {
     /// `commit` would return, or `None` when the store takes no shortcut now (nothing was
     /// written; call `commit`). The default takes none.
     ///
-    /// The store reads the commit and copies what it keeps, except the three state deltas and
-    /// the batch, which it may take (leaving `StateDelta::default()` and `BatchWrite::Keep`)
-    /// whatever the outcome: a caller committing the same commit again after `Some(Err)` puts
-    /// them back first. The rest — the thread id, the record, the message count, the messages,
+    /// The store reads the commit and copies what it keeps, except the three state deltas'
+    /// values and the batch, which it may take (leaving the deltas empty, their lists' room
+    /// kept, and `BatchWrite::Keep`) whatever the outcome: a caller committing the same commit
+    /// again after `Some(Err)` puts them back first. The rest — the thread id, the record, the message count, the messages,
     /// the events, the profile versions and the lease — is left as it was: a runtime that
     /// commits often reuses the commit's vectors (their room, or the messages and events
     /// themselves to commit them again after a failure), and saves the boxed future of a

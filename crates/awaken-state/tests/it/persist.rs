@@ -97,7 +97,8 @@ proptest! {
 
 proptest! {
     /// The one-pass, lazily serialized export of several scopes gives, per scope, the same keys
-    /// and values as `export_changed_in`, whether read as JSON, taken as JSON or as text.
+    /// and values as `export_changed_in`, whether read as JSON, taken as JSON or as text, and
+    /// the same into the lists of an earlier export.
     #[test]
     fn export_changed_in_each_matches_export_changed_in(commits in commits(), cut in any::<prop::sample::Index>()) {
         let store = keys::store();
@@ -109,6 +110,11 @@ proptest! {
         let since = revisions[cut.index(revisions.len())];
         let now = store.snapshot();
         let deltas = now.export_changed_in_each(KeyScope::PERSISTED, since);
+        // Into lists kept from an earlier export (here all the keys): the same, nothing of the
+        // earlier export left.
+        let mut kept = now.export_changed_in_each(KeyScope::PERSISTED, 0);
+        now.export_changed_in_each_into(KeyScope::PERSISTED, since, kept.each_mut());
+        prop_assert_eq!(&kept, &deltas);
         for (scope, delta) in KeyScope::PERSISTED.into_iter().zip(deltas) {
             let expected = now.export_changed_in(scope, since).unwrap();
             prop_assert_eq!(delta.revision, expected.revision);
