@@ -46,6 +46,9 @@ pub(crate) struct Durable {
     after_commit: Vec<usize>,
     /// The state revision the last commit exported up to.
     state_revision: u64,
+    /// Whether a commit that set or cleared the run's batch failed, and no later commit has
+    /// written the batch: the store still holds an older one.
+    batch_unwritten: bool,
     /// What guards and redoes the run's profile writes, when the run has a profile (boxed:
     /// most runs have none, and every run's future holds this).
     pub(crate) profile: Option<Box<ProfileJournal>>,
@@ -92,6 +95,7 @@ impl Durable {
             pending: Box::new(ThreadCommit::new(thread_id, record, persisted_messages)),
             after_commit: Vec::new(),
             state_revision,
+            batch_unwritten: false,
             profile: None,
         }
     }
@@ -161,6 +165,12 @@ impl Durable {
         self.state_revision
     }
 
+    /// Whether the store holds an older batch than the run's (a commit that changed it failed):
+    /// the next commit writes the run's batch, even one that changes nothing else of it.
+    pub(crate) fn batch_unwritten(&self) -> bool {
+        self.batch_unwritten
+    }
+
     /// Commits what the run did since the last commit — messages, changed run and thread
     /// state (put into the commit by [`export`](Self::export) from `state`'s snapshot at
     /// `exported_revision`), the batch, lifecycle events — then emits those events to `sink`.
@@ -207,6 +217,7 @@ impl Durable {
         let mut retried = false;
         // `(*self.store)`: the store's own method, not the `Arc` forwarding impl (which would box
         // a second future around it on every commit).
+        let writes_batch = !matches!(batch, BatchWrite::Keep);
         let pending = &mut *self.pending;
         pending.batch = batch;
         let receipt = match &mut profile {
@@ -237,6 +248,9 @@ impl Durable {
         pending.run_state.values.clear();
         pending.thread_state.values.clear();
         pending.batch = BatchWrite::Keep;
+        if writes_batch {
+            self.batch_unwritten = receipt.is_err();
+        }
         // Not written: the messages and events wait for the next commit (or, for the events,
         // are flushed unstored).
         let receipt = receipt?;

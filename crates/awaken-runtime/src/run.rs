@@ -964,6 +964,15 @@ impl Run<'_> {
     /// [`checkpoint`](Self::checkpoint) with the store's own error (the activation's first
     /// commit reports it as the run's).
     async fn commit_changes(&mut self, batch: BatchWrite) -> Result<(), CheckpointError> {
+        // A batch change whose commit failed is written by the next commit, which would keep
+        // the store's older batch otherwise (a run's end would then find a call still open
+        // there): the run's batch now, or none.
+        let batch = match batch {
+            BatchWrite::Keep if self.durable.batch_unwritten() => {
+                self.batch.as_ref().map_or(BatchWrite::Clear, batch_set)
+            }
+            batch => batch,
+        };
         // One look at the state for the record's counts and the commit's changed keys (no
         // snapshot is taken); none when the state has not moved since the last commit's look
         // (a state's revision advances with every change), which the last commit exported.

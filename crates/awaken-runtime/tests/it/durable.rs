@@ -211,12 +211,10 @@ async fn each_commit_carries_the_counts_and_the_keys_changed_since_the_last() {
     .assert_eq(&log.lock().expect("log").join("\n"));
 }
 
-/// A commit the store refuses (here the second step's, on the immediate path) leaves its
-/// messages and events with the run: the run fails, and its last commit carries them once,
-/// before its own; the store then holds each message and event once, and the sink saw each
-/// event once.
-#[tokio::test]
-async fn a_refused_commits_messages_and_events_are_written_once_by_the_next() {
+/// Runs the two-step agent against a memory store that refuses its `refused`-th commit (from
+/// 0) once, on the immediate path; returns what each commit carried, what the store holds of
+/// the thread, and the events the sink saw.
+async fn refused_once(refused: usize) -> (String, String, String) {
     let log = Arc::new(Mutex::new(Vec::new()));
     let written = log.clone();
     let commits = std::sync::atomic::AtomicUsize::new(0);
@@ -225,13 +223,14 @@ async fn a_refused_commits_messages_and_events_are_written_once_by_the_next() {
             let n = commits.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let events: Vec<&str> = commit.events.iter().map(|e| e.type_name()).collect();
             written.lock().expect("log").push(format!(
-                "{}{} msgs+{} events={}",
-                if n == 4 { "refused: " } else { "" },
+                "{}{} msgs+{} batch={} events={}",
+                if n == refused { "refused: " } else { "" },
                 commit.run.status,
                 commit.messages.len(),
+                batch(&commit.batch),
                 events.join(",")
             ));
-            if n == 4 {
+            if n == refused {
                 return Err(awaken_store::StoreError::Task {
                     detail: "refused once".into(),
                 });
@@ -249,24 +248,60 @@ async fn a_refused_commits_messages_and_events_are_written_once_by_the_next() {
             &sink,
         )
         .await;
-    expect_test::expect![[r#"
-        running msgs+1 events=run_start
-        running msgs+1 events=step_start,tool_call_start,inference_complete
-        running msgs+0 events=tool_call_ready
-        running msgs+1 events=tool_call_done,step_end
-        refused: running msgs+1 events=step_start,inference_complete,step_end
-        done msgs+1 events=step_start,inference_complete,step_end,error,run_finish"#]]
-    .assert_eq(&log.lock().expect("log").join("\n"));
-    let history = store
+    let checkpoint = store
         .load_checkpoint(&thread)
         .await
         .expect("load")
-        .expect("thread")
-        .messages;
+        .expect("thread");
     let stored = store.load_events(&thread, 0).await.expect("events");
     let kinds: Vec<&str> = stored.iter().map(|e| e.event.type_name()).collect();
-    expect_test::expect!["4 messages; run_start,step_start,tool_call_start,inference_complete,tool_call_ready,tool_call_done,step_end,step_start,inference_complete,step_end,error,run_finish"].assert_eq(&format!("{} messages; {}", history.len(), kinds.join(",")));
-    // Each event the sink saw, once.
+    let held = format!(
+        "{} messages, run {:?}, batch held: {}\n{}",
+        checkpoint.messages.len(),
+        checkpoint.run.map(|r| r.status),
+        checkpoint.batch.is_some(),
+        kinds.join(",")
+    );
     let seen: Vec<&str> = sink.events().iter().map(|e| e.type_name()).collect();
-    expect_test::expect!["run_start,step_start,tool_call_start,tool_call_args_delta,inference_complete,tool_call_ready,tool_call_done,step_end,step_start,text_delta,inference_complete,error,step_end,run_finish"].assert_eq(&seen.join(","));
+    let carried = log.lock().expect("log").join("\n");
+    (carried, held, seen.join(","))
+}
+
+/// A commit the store refuses (here the second step's) leaves its messages and events with
+/// the run: the run fails, and its last commit carries them once, before its own; the store
+/// then holds each message and event once, and the sink saw each event once.
+#[tokio::test]
+async fn a_refused_commits_messages_and_events_are_written_once_by_the_next() {
+    let (carried, held, seen) = refused_once(4).await;
+    expect_test::expect![[r#"
+        running msgs+1 batch=keep events=run_start
+        running msgs+1 batch=[c1:requested] events=step_start,tool_call_start,inference_complete
+        running msgs+0 batch=[c1:executing] events=tool_call_ready
+        running msgs+1 batch=clear events=tool_call_done,step_end
+        refused: running msgs+1 batch=keep events=step_start,inference_complete,step_end
+        done msgs+1 batch=keep events=step_start,inference_complete,step_end,error,run_finish"#]]
+    .assert_eq(&carried);
+    expect_test::expect![[r#"
+        4 messages, run Some(Done), batch held: false
+        run_start,step_start,tool_call_start,inference_complete,tool_call_ready,tool_call_done,step_end,step_start,inference_complete,step_end,error,run_finish"#]].assert_eq(&held);
+    expect_test::expect!["run_start,step_start,tool_call_start,tool_call_args_delta,inference_complete,tool_call_ready,tool_call_done,step_end,step_start,text_delta,inference_complete,error,step_end,run_finish"].assert_eq(&seen);
+}
+
+/// A refused commit that cleared the batch (the tool's result): the run's last commit clears
+/// it (the store still held the call `Executing`, which a finished run may not keep), so the
+/// run ends stored, with the result.
+#[tokio::test]
+async fn a_refused_batch_change_is_written_by_the_next_commit() {
+    let (carried, held, seen) = refused_once(3).await;
+    expect_test::expect![[r#"
+        running msgs+1 batch=keep events=run_start
+        running msgs+1 batch=[c1:requested] events=step_start,tool_call_start,inference_complete
+        running msgs+0 batch=[c1:executing] events=tool_call_ready
+        refused: running msgs+1 batch=clear events=tool_call_done,step_end
+        done msgs+1 batch=clear events=tool_call_done,step_end,error,run_finish"#]]
+    .assert_eq(&carried);
+    expect_test::expect![[r#"
+        3 messages, run Some(Done), batch held: false
+        run_start,step_start,tool_call_start,inference_complete,tool_call_ready,tool_call_done,step_end,error,run_finish"#]].assert_eq(&held);
+    expect_test::expect!["run_start,step_start,tool_call_start,tool_call_args_delta,inference_complete,tool_call_ready,error,tool_call_done,step_end,run_finish"].assert_eq(&seen);
 }
