@@ -214,7 +214,7 @@ async fn each_commit_carries_the_counts_and_the_keys_changed_since_the_last() {
 /// Runs the two-step agent against a memory store that refuses its `refused`-th commit (from
 /// 0) once, on the immediate path; returns what each commit carried, what the store holds of
 /// the thread, and the events the sink saw.
-async fn refused_once(refused: usize) -> (String, String, String) {
+async fn refused_once(refused: usize) -> String {
     let log = Arc::new(Mutex::new(Vec::new()));
     let written = log.clone();
     let commits = std::sync::atomic::AtomicUsize::new(0);
@@ -264,7 +264,7 @@ async fn refused_once(refused: usize) -> (String, String, String) {
     );
     let seen: Vec<&str> = sink.events().iter().map(|e| e.type_name()).collect();
     let carried = log.lock().expect("log").join("\n");
-    (carried, held, seen.join(","))
+    format!("{carried}\nstored: {held}\nseen: {}", seen.join(","))
 }
 
 /// A commit the store refuses (here the second step's) leaves its messages and events with
@@ -272,19 +272,16 @@ async fn refused_once(refused: usize) -> (String, String, String) {
 /// then holds each message and event once, and the sink saw each event once.
 #[tokio::test]
 async fn a_refused_commits_messages_and_events_are_written_once_by_the_next() {
-    let (carried, held, seen) = refused_once(4).await;
     expect_test::expect![[r#"
         running msgs+1 batch=keep events=run_start
         running msgs+1 batch=[c1:requested] events=step_start,tool_call_start,inference_complete
         running msgs+0 batch=[c1:executing] events=tool_call_ready
         running msgs+1 batch=clear events=tool_call_done,step_end
         refused: running msgs+1 batch=keep events=step_start,inference_complete,step_end
-        done msgs+1 batch=keep events=step_start,inference_complete,step_end,error,run_finish"#]]
-    .assert_eq(&carried);
-    expect_test::expect![[r#"
-        4 messages, run Some(Done), batch held: false
-        run_start,step_start,tool_call_start,inference_complete,tool_call_ready,tool_call_done,step_end,step_start,inference_complete,step_end,error,run_finish"#]].assert_eq(&held);
-    expect_test::expect!["run_start,step_start,tool_call_start,tool_call_args_delta,inference_complete,tool_call_ready,tool_call_done,step_end,step_start,text_delta,inference_complete,error,step_end,run_finish"].assert_eq(&seen);
+        done msgs+1 batch=keep events=step_start,inference_complete,step_end,error,run_finish
+        stored: 4 messages, run Some(Done), batch held: false
+        run_start,step_start,tool_call_start,inference_complete,tool_call_ready,tool_call_done,step_end,step_start,inference_complete,step_end,error,run_finish
+        seen: run_start,step_start,tool_call_start,tool_call_args_delta,inference_complete,tool_call_ready,tool_call_done,step_end,step_start,text_delta,inference_complete,error,step_end,run_finish"#]].assert_eq(&refused_once(4).await);
 }
 
 /// A refused commit that cleared the batch (the tool's result): the run's last commit clears
@@ -292,16 +289,13 @@ async fn a_refused_commits_messages_and_events_are_written_once_by_the_next() {
 /// run ends stored, with the result.
 #[tokio::test]
 async fn a_refused_batch_change_is_written_by_the_next_commit() {
-    let (carried, held, seen) = refused_once(3).await;
     expect_test::expect![[r#"
         running msgs+1 batch=keep events=run_start
         running msgs+1 batch=[c1:requested] events=step_start,tool_call_start,inference_complete
         running msgs+0 batch=[c1:executing] events=tool_call_ready
         refused: running msgs+1 batch=clear events=tool_call_done,step_end
-        done msgs+1 batch=clear events=tool_call_done,step_end,error,run_finish"#]]
-    .assert_eq(&carried);
-    expect_test::expect![[r#"
-        3 messages, run Some(Done), batch held: false
-        run_start,step_start,tool_call_start,inference_complete,tool_call_ready,tool_call_done,step_end,error,run_finish"#]].assert_eq(&held);
-    expect_test::expect!["run_start,step_start,tool_call_start,tool_call_args_delta,inference_complete,tool_call_ready,error,tool_call_done,step_end,run_finish"].assert_eq(&seen);
+        done msgs+1 batch=clear events=tool_call_done,step_end,error,run_finish
+        stored: 3 messages, run Some(Done), batch held: false
+        run_start,step_start,tool_call_start,inference_complete,tool_call_ready,tool_call_done,step_end,error,run_finish
+        seen: run_start,step_start,tool_call_start,tool_call_args_delta,inference_complete,tool_call_ready,error,tool_call_done,step_end,run_finish"#]].assert_eq(&refused_once(3).await);
 }
