@@ -138,8 +138,9 @@ impl Durable {
     }
 
     /// Puts into the next commit what it writes of the run's state: the keys `snapshot` (the
-    /// state now) changed since the last commit, in the commit's kept lists (no list made per
-    /// commit). Returns the revision exported. Taken by the caller in the same look at the
+    /// state now) changed since the last commit, in the commit's kept lists (a store writing
+    /// at once leaves them their room; the profile's list, and the others after a store that
+    /// writes later, are made again). Returns the revision exported. Taken by the caller in the same look at the
     /// state as the record's counts (no snapshot is kept while the commit is written). A state
     /// still at the last commit's revision changed no key (every change advances it): nothing
     /// is looked up, and the lists stay empty, as every commit leaves them.
@@ -166,7 +167,8 @@ impl Durable {
     }
 
     /// Whether the store holds an older batch than the run's (a commit that changed it failed):
-    /// the next commit writes the run's batch, even one that changes nothing else of it.
+    /// the caller's next commit must then write the run's batch (or clear it), even one that
+    /// changes nothing else of it.
     pub(crate) fn batch_unwritten(&self) -> bool {
         self.batch_unwritten
     }
@@ -215,9 +217,9 @@ impl Durable {
             None => None,
         };
         let mut retried = false;
+        let writes_batch = !matches!(batch, BatchWrite::Keep);
         // `(*self.store)`: the store's own method, not the `Arc` forwarding impl (which would box
         // a second future around it on every commit).
-        let writes_batch = !matches!(batch, BatchWrite::Keep);
         let pending = &mut *self.pending;
         pending.batch = batch;
         let receipt = match &mut profile {
@@ -371,9 +373,9 @@ impl Durable {
     }
 }
 
-/// A commit of its own for a store's future, which takes it: `commit`'s state deltas (the
-/// profile's too), profile versions and batch moved into it, the rest copied (the messages and events stay in `commit`, to commit again after a
-/// failure, or to emit).
+/// A commit of its own for a store's future, which takes it: `commit`'s state deltas, profile
+/// versions and batch moved into it, the rest copied (the messages and events stay in
+/// `commit`, to commit again after a failure, or to emit).
 fn handed_over(commit: &mut ThreadCommit) -> ThreadCommit {
     ThreadCommit {
         thread_id: commit.thread_id.clone(),

@@ -174,9 +174,9 @@ impl Snapshot {
     ) {
         // One walk of the changed parts of the table counts each scope's keys and keeps what it
         // found on the stack, so each list grows once, to its size, if at all (growing one
-        // entry at a time reallocated it up to five times per commit with many changed keys). A commit
-        // changes a few keys; when more changed than the stack holds, a second walk fills the
-        // lists.
+        // entry at a time reallocated it up to five times per commit with many changed keys).
+        // A commit changes a few keys; when more changed than the stack holds, a second walk
+        // fills the lists.
         const KEPT: usize = 4;
         let mut kept: [Option<(usize, &KeyEntry, &Arc<AnyValue>)>; KEPT] = [None; KEPT];
         let mut found = 0;

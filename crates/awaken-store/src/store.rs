@@ -155,11 +155,11 @@ pub trait ThreadStore: Send + Sync {
     /// The store reads the commit and copies what it keeps, except the three state deltas'
     /// values and the batch, which it may take (leaving the deltas empty, their lists' room
     /// kept, and `BatchWrite::Keep`) whatever the outcome: a caller committing the same commit
-    /// again after `Some(Err)` puts them back first. The rest — the thread id, the record, the message count, the messages,
-    /// the events, the profile versions and the lease — is left as it was: a runtime that
-    /// commits often reuses the commit's vectors (their room, or the messages and events
-    /// themselves to commit them again after a failure), and saves the boxed future of a
-    /// dynamically dispatched `commit` (with SQLite, a thread hop too).
+    /// again after `Some(Err)` puts them back first. The rest — the thread id, the record, the
+    /// message count, the messages, the events, the profile versions and the lease — is left
+    /// as it was: a runtime that commits often reuses the commit's vectors (their room, or the
+    /// messages and events themselves to commit them again after a failure), and saves the
+    /// boxed future of a dynamically dispatched `commit` (with SQLite, a thread hop too).
     fn commit_now(&self, commit: &mut ThreadCommit) -> Option<Result<CommitReceipt, StoreError>> {
         let _ = commit;
         None

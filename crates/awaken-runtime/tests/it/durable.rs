@@ -162,16 +162,12 @@ async fn a_second_run_continues_the_stored_thread_on_sqlite() {
 /// `Executing`, the run's end) carries no key and the counts of the one before.
 #[tokio::test]
 async fn each_commit_carries_the_counts_and_the_keys_changed_since_the_last() {
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let written = log.clone();
-    let store = Arc::new(Intercepted::new(
-        Arc::new(MemoryStore::new()),
-        move |commit| {
-            let keys = |d: &awaken_state::StateDelta| {
-                let mut k: Vec<String> = d.values.iter().map(|(k, _)| k.to_string()).collect();
-                k.sort();
-                k.join(",")
-            };
+    // Both ways a commit is written carry the same: at once (the run's kept commit, its state
+    // lists reused) and through the store's future (a copy of it).
+    for immediate in [true, false] {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let written = log.clone();
+        let store = Intercepted::new(Arc::new(MemoryStore::new()), move |commit| {
             written.lock().expect("log").push(format!(
                 "steps={} out={} run[{}] thread[{}]",
                 commit.run.steps,
@@ -180,35 +176,43 @@ async fn each_commit_carries_the_counts_and_the_keys_changed_since_the_last() {
                 keys(&commit.thread_state),
             ));
             Ok(())
-        },
-    ));
-    let usage = |output_tokens| awaken_event::TokenUsage {
-        input_tokens: 10,
-        output_tokens,
-        ..Default::default()
-    };
-    let turns = vec![
-        ScriptTurn::text("")
-            .with_tool_call(
-                awaken_llm::ScriptToolCall::new("echo", json!({"text": "x"})).with_id("c1"),
-            )
-            .with_usage(usage(3)),
-        ScriptTurn::text("done").with_usage(usage(5)),
-    ];
-    let rt = runtime(store, turns);
-    rt.run_to_completion(
-        RunActivation::new(ThreadId::new("t").expect("id"), "agent").with_user_message("go"),
-    )
-    .await
-    .expect("run");
-    expect_test::expect![[r#"
-        steps=0 out=0 run[] thread[]
-        steps=0 out=3 run[awaken.stop.run_stats] thread[]
-        steps=0 out=3 run[] thread[]
-        steps=1 out=3 run[awaken.stop.run_stats] thread[]
-        steps=2 out=8 run[awaken.stop.run_stats] thread[]
-        steps=2 out=8 run[] thread[]"#]]
-    .assert_eq(&log.lock().expect("log").join("\n"));
+        });
+        let store = Arc::new(if immediate { store.immediate() } else { store });
+        let usage = |output_tokens| awaken_event::TokenUsage {
+            input_tokens: 10,
+            output_tokens,
+            ..Default::default()
+        };
+        let turns = vec![
+            ScriptTurn::text("")
+                .with_tool_call(
+                    awaken_llm::ScriptToolCall::new("echo", json!({"text": "x"})).with_id("c1"),
+                )
+                .with_usage(usage(3)),
+            ScriptTurn::text("done").with_usage(usage(5)),
+        ];
+        let rt = runtime(store, turns);
+        rt.run_to_completion(
+            RunActivation::new(ThreadId::new("t").expect("id"), "agent").with_user_message("go"),
+        )
+        .await
+        .expect("run");
+        expect_test::expect![[r#"
+            steps=0 out=0 run[] thread[]
+            steps=0 out=3 run[awaken.stop.run_stats] thread[]
+            steps=0 out=3 run[] thread[]
+            steps=1 out=3 run[awaken.stop.run_stats] thread[]
+            steps=2 out=8 run[awaken.stop.run_stats] thread[]
+            steps=2 out=8 run[] thread[]"#]]
+        .assert_eq(&log.lock().expect("log").join("\n"));
+    }
+}
+
+/// A delta's key names, sorted.
+fn keys(delta: &awaken_state::StateDelta) -> String {
+    let mut k: Vec<String> = delta.values.iter().map(|(k, _)| k.to_string()).collect();
+    k.sort();
+    k.join(",")
 }
 
 /// Runs the two-step agent against a memory store that refuses its `refused`-th commit (from
@@ -223,10 +227,11 @@ async fn refused_once(refused: usize) -> String {
             let n = commits.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let events: Vec<&str> = commit.events.iter().map(|e| e.type_name()).collect();
             written.lock().expect("log").push(format!(
-                "{}{} msgs+{} batch={} events={}",
+                "{}{} msgs+{} run[{}] batch={} events={}",
                 if n == refused { "refused: " } else { "" },
                 commit.run.status,
                 commit.messages.len(),
+                keys(&commit.run_state),
                 batch(&commit.batch),
                 events.join(",")
             ));
@@ -273,12 +278,12 @@ async fn refused_once(refused: usize) -> String {
 #[tokio::test]
 async fn a_refused_commits_messages_and_events_are_written_once_by_the_next() {
     expect_test::expect![[r#"
-        running msgs+1 batch=keep events=run_start
-        running msgs+1 batch=[c1:requested] events=step_start,tool_call_start,inference_complete
-        running msgs+0 batch=[c1:executing] events=tool_call_ready
-        running msgs+1 batch=clear events=tool_call_done,step_end
-        refused: running msgs+1 batch=keep events=step_start,inference_complete,step_end
-        done msgs+1 batch=keep events=step_start,inference_complete,step_end,error,run_finish
+        running msgs+1 run[] batch=keep events=run_start
+        running msgs+1 run[awaken.stop.run_stats] batch=[c1:requested] events=step_start,tool_call_start,inference_complete
+        running msgs+0 run[] batch=[c1:executing] events=tool_call_ready
+        running msgs+1 run[awaken.stop.run_stats] batch=clear events=tool_call_done,step_end
+        refused: running msgs+1 run[awaken.stop.run_stats] batch=keep events=step_start,inference_complete,step_end
+        done msgs+1 run[awaken.stop.run_stats] batch=keep events=step_start,inference_complete,step_end,error,run_finish
         stored: 4 messages, run Some(Done), batch held: false
         run_start,step_start,tool_call_start,inference_complete,tool_call_ready,tool_call_done,step_end,step_start,inference_complete,step_end,error,run_finish
         seen: run_start,step_start,tool_call_start,tool_call_args_delta,inference_complete,tool_call_ready,tool_call_done,step_end,step_start,text_delta,inference_complete,error,step_end,run_finish"#]].assert_eq(&refused_once(4).await);
@@ -290,11 +295,11 @@ async fn a_refused_commits_messages_and_events_are_written_once_by_the_next() {
 #[tokio::test]
 async fn a_refused_batch_change_is_written_by_the_next_commit() {
     expect_test::expect![[r#"
-        running msgs+1 batch=keep events=run_start
-        running msgs+1 batch=[c1:requested] events=step_start,tool_call_start,inference_complete
-        running msgs+0 batch=[c1:executing] events=tool_call_ready
-        refused: running msgs+1 batch=clear events=tool_call_done,step_end
-        done msgs+1 batch=clear events=tool_call_done,step_end,error,run_finish
+        running msgs+1 run[] batch=keep events=run_start
+        running msgs+1 run[awaken.stop.run_stats] batch=[c1:requested] events=step_start,tool_call_start,inference_complete
+        running msgs+0 run[] batch=[c1:executing] events=tool_call_ready
+        refused: running msgs+1 run[awaken.stop.run_stats] batch=clear events=tool_call_done,step_end
+        done msgs+1 run[awaken.stop.run_stats] batch=clear events=tool_call_done,step_end,error,run_finish
         stored: 3 messages, run Some(Done), batch held: false
         run_start,step_start,tool_call_start,inference_complete,tool_call_ready,tool_call_done,step_end,error,run_finish
         seen: run_start,step_start,tool_call_start,tool_call_args_delta,inference_complete,tool_call_ready,error,tool_call_done,step_end,run_finish"#]].assert_eq(&refused_once(3).await);
