@@ -126,11 +126,6 @@ impl DeltaValues {
         Self::default()
     }
 
-    /// No values, with room for `n`.
-    pub fn with_capacity(n: usize) -> Self {
-        Self(Vec::with_capacity(n))
-    }
-
     /// How many keys.
     pub fn len(&self) -> usize {
         self.0.len()
