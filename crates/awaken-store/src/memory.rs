@@ -2,7 +2,6 @@
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
-use std::collections::hash_map::Entry;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -10,6 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use awaken_event::{AgentEvent, Message, ProfileId, RunId, ThreadId};
 use awaken_state::{PersistedState, StateValue};
+use hashbrown::hash_map::RawEntryMut as Entry;
 
 use crate::commit::{
     BatchData, BatchWrite, LeaseToken, RunRecord, RunStatus, ThreadCommit, Timestamp,
@@ -59,8 +59,10 @@ type Profiles = HashMap<ProfileId, BTreeMap<String, ProfileEntry>>;
 type StateMap = HashMap<StateKeyName, StateValue>;
 
 /// The store's hash maps: a fast hash with a per-process random seed (ids are short strings
-/// hashed several times per commit; SipHash was a tenth of a commit's cost).
-type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+/// hashed several times per commit; SipHash was a tenth of a commit's cost). `hashbrown`'s for
+/// its raw entries: a commit finds its thread and run by reference, where `entry` takes an
+/// owned key (a clone and a drop of each shared id, four atomic operations per commit).
+type HashMap<K, V> = hashbrown::HashMap<K, V, foldhash::fast::RandomState>;
 
 impl Default for MemoryStore {
     fn default() -> Self {
@@ -1078,8 +1080,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// What a commit finds of its thread and run in their shard (each looked up once).
-type ThreadEntry<'a> = Entry<'a, ThreadId, Box<ThreadData>>;
-type RunEntry<'a> = Entry<'a, RunId, RunSlot>;
+type ThreadEntry<'a> = Entry<'a, ThreadId, Box<ThreadData>, foldhash::fast::RandomState>;
+type RunEntry<'a> = Entry<'a, RunId, RunSlot, foldhash::fast::RandomState>;
 
 impl Inner {
     /// Checks a commit against its thread and run as stored (`None`: not stored yet).
@@ -1165,7 +1167,10 @@ impl Inner {
         let status = record.status;
         let profile_id = &record.profile_id;
 
-        let thread = thread.or_default();
+        let thread = match thread {
+            Entry::Occupied(t) => t.into_mut(),
+            Entry::Vacant(t) => t.insert(tid.clone(), Box::default()).1,
+        };
         undo.push(Undo::Log(thread.log_mark()));
         // (Written with the events, after them: see `ThreadData::append`.)
         thread.message_count += new_messages.len();
@@ -1198,15 +1203,18 @@ impl Inner {
                     BatchWrite::Keep | BatchWrite::Clear => None,
                 };
                 undo.push(Undo::RunCreated);
-                let slot = slot.insert(RunSlot::Live(Box::new(RunRow {
-                    thread_id: tid.clone(),
-                    record: record.clone(),
-                    state_revision: 0,
-                    batch,
-                    lease: None,
-                    lease_epoch: 0,
-                    state: StateMap::default(),
-                })));
+                let (_, slot) = slot.insert(
+                    rid.clone(),
+                    RunSlot::Live(Box::new(RunRow {
+                        thread_id: tid.clone(),
+                        record: record.clone(),
+                        state_revision: 0,
+                        batch,
+                        lease: None,
+                        lease_epoch: 0,
+                        state: StateMap::default(),
+                    })),
+                );
                 slot.live_row()?
             }
         };
@@ -1378,9 +1386,7 @@ impl<K: Ord, V> MapLike<K, V> for BTreeMap<K, V> {
     }
 }
 
-impl<K: std::hash::Hash + Eq, V, S: BuildHasher> MapLike<K, V>
-    for std::collections::HashMap<K, V, S>
-{
+impl<K: std::hash::Hash + Eq, V, S: BuildHasher> MapLike<K, V> for hashbrown::HashMap<K, V, S> {
     fn put(&mut self, k: K, v: V) {
         self.insert(k, v);
     }
@@ -1425,8 +1431,8 @@ impl MemoryStore {
         let Inner { threads, runs } = &mut *inner;
         // The thread and the run, each found once: checked, then written through the same
         // entries (a vacant one left unused inserts nothing).
-        let thread = threads.entry(commit.thread_id.clone());
-        let mut run = runs.entry(commit.run.run_id.clone());
+        let thread = threads.raw_entry_mut().from_key(&commit.thread_id);
+        let mut run = runs.raw_entry_mut().from_key(&commit.run.run_id);
         let mut run_threads = None;
         if matches!(run, Entry::Vacant(_)) {
             let index = self.run_index(&commit.run.run_id);
