@@ -177,19 +177,28 @@ impl Plugin for LoopActionsPlugin {
 }
 
 /// What the run has done so far, for stop conditions; carried over a resume.
+///
+/// Stored with every commit of the run and kept with the finished run, so its JSON leaves out
+/// what is zero or empty (a missing field reads back as zero or empty): a run without tool
+/// failures, reported usage or tools in its step stores two counts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunStats {
     /// Inferences made.
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub inferences: u32,
     /// Steps completed.
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub steps: u32,
     /// Tool calls that failed in a row (reset by a success).
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub consecutive_errors: u32,
     /// Token usage.
+    #[serde(default, skip_serializing_if = "is_no_usage")]
     pub usage: TokenUsage,
     /// Tools whose calls completed, in the latest step. Shared lists of shared strings: the
     /// statistics are copied on every update while a snapshot holds them, and a copy of a
     /// shared list allocates nothing (an added tool makes a new list).
+    #[serde(default = "no_tools", skip_serializing_if = "slice_is_empty")]
     pub tools_in_step: Arc<[Arc<str>]>,
     /// Tools whose calls completed in the last step that ended (what the step count took from
     /// `tools_in_step`): a run recovered between steps still applies `StopOnTool` to them.
@@ -199,6 +208,14 @@ pub struct RunStats {
 
 fn slice_is_empty<T>(list: &Arc<[T]>) -> bool {
     list.is_empty()
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+fn is_no_usage(usage: &TokenUsage) -> bool {
+    *usage == TokenUsage::default()
 }
 
 thread_local! {
@@ -436,5 +453,64 @@ impl BuiltinPlugins for RuntimeBuiltins {
             plugins.extend(context);
         }
         Ok(plugins)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tools(names: &[&str]) -> Arc<[Arc<str>]> {
+        names.iter().map(|n| Arc::from(*n)).collect()
+    }
+
+    #[test]
+    fn run_stats_store_only_what_is_not_zero_or_empty() {
+        let fresh = RunStats::default();
+        assert_eq!(serde_json::to_string(&fresh).expect("json"), "{}");
+        let quiet = RunStats {
+            inferences: 5,
+            steps: 5,
+            ..RunStats::default()
+        };
+        assert_eq!(
+            serde_json::to_string(&quiet).expect("json"),
+            r#"{"inferences":5,"steps":5}"#
+        );
+        for stats in [fresh, quiet] {
+            let text = serde_json::to_string(&stats).expect("json");
+            assert_eq!(
+                serde_json::from_str::<RunStats>(&text).expect("read"),
+                stats
+            );
+        }
+    }
+
+    #[test]
+    fn run_stats_round_trip_whole_and_read_the_earlier_form() {
+        let busy = RunStats {
+            inferences: 3,
+            steps: 2,
+            consecutive_errors: 1,
+            usage: TokenUsage {
+                input_tokens: 10,
+                output_tokens: 4,
+                ..TokenUsage::default()
+            },
+            tools_in_step: tools(&["echo"]),
+            last_step_tools: tools(&["echo", "search"]),
+        };
+        let text = serde_json::to_string(&busy).expect("json");
+        assert_eq!(serde_json::from_str::<RunStats>(&text).expect("read"), busy);
+        // Stored before zero fields were left out: every field written.
+        let earlier = r#"{"inferences":5,"steps":5,"consecutive_errors":0,"usage":{"input_tokens":0,"output_tokens":0},"tools_in_step":[]}"#;
+        assert_eq!(
+            serde_json::from_str::<RunStats>(earlier).expect("read"),
+            RunStats {
+                inferences: 5,
+                steps: 5,
+                ..RunStats::default()
+            }
+        );
     }
 }
