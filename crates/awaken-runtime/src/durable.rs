@@ -140,10 +140,11 @@ impl Durable {
     /// Puts into the next commit what it writes of the run's state: the keys `snapshot` (the
     /// state now) changed since the last commit, in the commit's kept lists (a store writing
     /// at once leaves them their room; the profile's list, and the others after a store that
-    /// writes later, are made again). Returns the revision exported. Taken by the caller in the same look at the
-    /// state as the record's counts (no snapshot is kept while the commit is written). A state
-    /// still at the last commit's revision changed no key (every change advances it): nothing
-    /// is looked up, and the lists stay empty, as every commit leaves them.
+    /// writes later, are made again). Returns the revision exported. Taken by the caller in
+    /// the same look at the state as the record's counts (no snapshot is kept while the
+    /// commit is written). A state still at the last commit's revision changed no key (every
+    /// change advances it): nothing is looked up, and the lists stay empty, as every commit
+    /// leaves them.
     pub(crate) fn export(&mut self, snapshot: &Snapshot) -> u64 {
         if snapshot.revision() == self.state_revision {
             return self.state_revision;
@@ -218,10 +219,10 @@ impl Durable {
         };
         let mut retried = false;
         let writes_batch = !matches!(batch, BatchWrite::Keep);
-        // `(*self.store)`: the store's own method, not the `Arc` forwarding impl (which would box
-        // a second future around it on every commit).
         let pending = &mut *self.pending;
         pending.batch = batch;
+        // `(*self.store)`: the store's own method, not the `Arc` forwarding impl (which would box
+        // a second future around it on every commit).
         let receipt = match &mut profile {
             // A store that writes at once (the memory store) needs no future.
             None => match (*self.store).commit_now(pending) {

@@ -62,7 +62,8 @@ type StateMap = HashMap<StateKeyName, StateValue>;
 /// hashed several times per commit; SipHash was a tenth of a commit's cost). `hashbrown`'s for
 /// its raw entries: a commit finds its thread and run by reference, where `entry` takes an
 /// owned key (a clone and a drop of each shared id, four atomic operations per commit).
-type HashMap<K, V> = hashbrown::HashMap<K, V, foldhash::fast::RandomState>;
+type HashMap<K, V> = hashbrown::HashMap<K, V, MapHasher>;
+type MapHasher = foldhash::fast::RandomState;
 
 impl Default for MemoryStore {
     fn default() -> Self {
@@ -1080,8 +1081,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// What a commit finds of its thread and run in their shard (each looked up once).
-type ThreadEntry<'a> = Entry<'a, ThreadId, Box<ThreadData>, foldhash::fast::RandomState>;
-type RunEntry<'a> = Entry<'a, RunId, RunSlot, foldhash::fast::RandomState>;
+type ThreadEntry<'a> = Entry<'a, ThreadId, Box<ThreadData>, MapHasher>;
+type RunEntry<'a> = Entry<'a, RunId, RunSlot, MapHasher>;
 
 impl Inner {
     /// Checks a commit against its thread and run as stored (`None`: not stored yet).
