@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use awaken_event::{StopReason, TokenUsage, ToolCallId};
+use awaken_event::{ContentBlock, Message, Role, StopReason, TokenUsage, ToolCallId};
 use awaken_spec::SpecError;
 use futures_util::StreamExt;
 use futures_util::stream;
@@ -39,6 +39,14 @@ use crate::request::InferenceRequest;
 ///
 /// [[turns]]
 /// wait_for_cancel = true
+///
+/// [[turns]]
+/// tool_calls = [{ name = "append_file", arguments = { line = "buy milk" } }]
+///
+/// [[turns]]
+/// text = "Added it."
+/// [turns.if_refused]       # played instead when the call above failed or was denied
+/// text = "I did not add it."
 /// ```
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -50,7 +58,9 @@ pub struct Script {
 
 /// One scripted model turn. It plays, in order: `reasoning`, the text (`text` or `deltas`),
 /// the tool calls, and then one ending: `error` if set, else waiting for cancellation if
-/// `wait_for_cancel`, else `usage` (if set) and the stop.
+/// `wait_for_cancel`, else `usage` (if set) and the stop. When `if_refused` is set and the
+/// request answers a failed or refused tool call, that turn plays instead
+/// ([`ScriptTurn::for_request`]).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScriptTurn {
@@ -80,6 +90,18 @@ pub struct ScriptTurn {
     /// [`InferenceExecutionError::Cancelled`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub wait_for_cancel: bool,
+    /// The turn played instead of this one when the request answers a tool call that failed
+    /// or was refused (denied by a human, blocked by a gate, ...). TOML: a `[turns.if_refused]`
+    /// table under the turn, or `if_refused = { text = "..." }`. It cannot have an
+    /// `if_refused` of its own.
+    ///
+    /// The signal: the request's messages end with tool results (the tool messages after the
+    /// last other message) and at least one of them is an error. A tool message does not carry
+    /// its result's status, so an error is recognised by the form `Message::tool` gives an
+    /// error result: a single text block starting with `error: `, or a single JSON block
+    /// `{"error": ...}`. A successful result of exactly that form counts as an error too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub if_refused: Option<Box<ScriptTurn>>,
 }
 
 impl ScriptTurn {
@@ -152,6 +174,22 @@ impl ScriptTurn {
     pub fn with_error(mut self, error: ScriptedError) -> Self {
         self.error = Some(error);
         self
+    }
+
+    /// Sets the turn played instead when the request answers a failed or refused tool call.
+    pub fn with_if_refused(mut self, turn: ScriptTurn) -> Self {
+        self.if_refused = Some(Box::new(turn));
+        self
+    }
+
+    /// The turn to play for `request`: [`ScriptTurn::if_refused`] when it is set and the
+    /// request ends with tool results of which one is an error (see that field), else this
+    /// turn. [`ScriptedExecutor`] applies it to every turn it plays.
+    pub fn for_request(&self, request: &InferenceRequest) -> &ScriptTurn {
+        match &self.if_refused {
+            Some(alternative) if answers_a_refused_call(&request.messages) => alternative,
+            _ => self,
+        }
     }
 }
 
@@ -393,36 +431,70 @@ impl Script {
         })
     }
 
-    /// Checks every turn: `text` and `deltas` exclusive, `error` and `wait_for_cancel`
-    /// exclusive, tool calls with a non-empty name, a valid id and at most one of
-    /// `arguments` / `raw_arguments`.
+    /// Checks every turn (and its `if_refused` turn, which cannot have one of its own):
+    /// `text` and `deltas` exclusive, `error` and `wait_for_cancel` exclusive, tool calls with
+    /// a non-empty name, a valid id and at most one of `arguments` / `raw_arguments`.
     pub fn validate(&self) -> Result<(), ScriptError> {
         for (i, turn) in self.turns.iter().enumerate() {
-            let n = i + 1;
-            let bad = |reason: String| ScriptError::Invalid { turn: n, reason };
-            if turn.text.is_some() && !turn.deltas.is_empty() {
-                return Err(bad("set either `text` or `deltas`, not both".into()));
-            }
-            if turn.error.is_some() && turn.wait_for_cancel {
-                return Err(bad(
-                    "set either `error` or `wait_for_cancel`, not both".into()
-                ));
-            }
-            for (j, call) in turn.tool_calls.iter().enumerate() {
-                if call.name.trim().is_empty() {
-                    return Err(bad(format!("tool_calls[{j}].name must not be empty")));
+            let bad = |reason: String| ScriptError::Invalid {
+                turn: i + 1,
+                reason,
+            };
+            check_turn(turn).map_err(bad)?;
+            if let Some(alternative) = &turn.if_refused {
+                if alternative.if_refused.is_some() {
+                    return Err(bad(
+                        "`if_refused` cannot have an `if_refused` of its own".into()
+                    ));
                 }
-                if call.arguments.is_some() && call.raw_arguments.is_some() {
-                    return Err(bad(format!(
-                        "tool_calls[{j}]: set either `arguments` or `raw_arguments`, not both"
-                    )));
-                }
-                if let Some(id) = &call.id {
-                    ToolCallId::new(id).map_err(|e| bad(format!("tool_calls[{j}].id: {e}")))?;
-                }
+                check_turn(alternative).map_err(|reason| bad(format!("if_refused: {reason}")))?;
             }
         }
         Ok(())
+    }
+}
+
+/// What is wrong with one turn, its `if_refused` aside.
+fn check_turn(turn: &ScriptTurn) -> Result<(), String> {
+    if turn.text.is_some() && !turn.deltas.is_empty() {
+        return Err("set either `text` or `deltas`, not both".into());
+    }
+    if turn.error.is_some() && turn.wait_for_cancel {
+        return Err("set either `error` or `wait_for_cancel`, not both".into());
+    }
+    for (j, call) in turn.tool_calls.iter().enumerate() {
+        if call.name.trim().is_empty() {
+            return Err(format!("tool_calls[{j}].name must not be empty"));
+        }
+        if call.arguments.is_some() && call.raw_arguments.is_some() {
+            return Err(format!(
+                "tool_calls[{j}]: set either `arguments` or `raw_arguments`, not both"
+            ));
+        }
+        if let Some(id) = &call.id {
+            ToolCallId::new(id).map_err(|e| format!("tool_calls[{j}].id: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether `messages` end with tool results of which at least one is an error.
+fn answers_a_refused_call(messages: &[Message]) -> bool {
+    messages
+        .iter()
+        .rev()
+        .take_while(|m| m.role == Role::Tool)
+        .any(is_error_result)
+}
+
+/// Whether a tool message has the form `Message::tool` gives an error result.
+fn is_error_result(message: &Message) -> bool {
+    match &message.content[..] {
+        [ContentBlock::Text { text }] => text.starts_with("error: "),
+        [ContentBlock::Json { value }] => value
+            .as_object()
+            .is_some_and(|o| o.len() == 1 && o.contains_key("error")),
+        _ => false,
     }
 }
 
@@ -495,8 +567,9 @@ struct ScriptState {
 
 /// Replays a [`Script`], one turn per call, deterministically.
 ///
-/// A call takes the next turn when its stream is first polled, and records its request
-/// ([`ScriptedExecutor::requests`]). A call after the last turn fails with
+/// A call takes the next turn when its stream is first polled (its `if_refused` turn instead
+/// when the request answers a failed or refused tool call, see [`ScriptTurn::for_request`]),
+/// and records its request ([`ScriptedExecutor::requests`]). A call after the last turn fails with
 /// [`InferenceExecutionError::ScriptExhausted`] (and is recorded too).
 ///
 /// Cancellation of a `wait_for_cancel` turn: dropping its stream ends it (counted by
@@ -597,16 +670,16 @@ impl LlmExecutor for ScriptedExecutor {
         let start = async move {
             let played = {
                 let mut state = this.lock();
-                state.requests.push(request);
                 let n = state.next;
-                match state.turns.get(n) {
-                    Some(turn) => {
-                        let played = play(turn, n + 1);
-                        state.next += 1;
-                        Some(played)
-                    }
-                    None => None,
+                let played = state
+                    .turns
+                    .get(n)
+                    .map(|turn| play(turn.for_request(&request), n + 1));
+                if played.is_some() {
+                    state.next += 1;
                 }
+                state.requests.push(request);
+                played
             };
             let Some((events, ending)) = played else {
                 let turns = this.lock().turns.len();

@@ -1,11 +1,13 @@
-//! The scripted executor: order, exhaustion, errors, deltas, waiting until cancelled, files.
+//! The scripted executor: order, exhaustion, errors, deltas, waiting until cancelled, files,
+//! the turn played after a refused tool call.
 
 use std::time::Duration;
 
-use awaken_event::TokenUsage;
+use awaken_event::{Message, TokenUsage, ToolCall, ToolCallId, ToolResult, ToolResultStatus};
 use awaken_llm::{
-    CancellableStream, InferenceExecutionError, LlmExecutor, LlmStreamEvent, Script, ScriptError,
-    ScriptToolCall, ScriptTurn, ScriptedError, ScriptedErrorKind, ScriptedExecutor,
+    CancellableStream, InferenceExecutionError, InferenceRequest, LlmExecutor, LlmStreamEvent,
+    Script, ScriptError, ScriptToolCall, ScriptTurn, ScriptedError, ScriptedErrorKind,
+    ScriptedExecutor,
 };
 use expect_test::expect;
 use futures_util::{FutureExt, StreamExt};
@@ -401,4 +403,185 @@ async fn an_already_cancelled_token_sends_no_request() {
     assert_eq!(out, "error Cancelled Cancelled: inference cancelled\n");
     assert!(exec.requests().is_empty());
     assert_eq!(exec.remaining(), 1);
+}
+
+/// A script whose second turn answers a refused call differently.
+fn approval_script() -> Script {
+    Script::new([
+        ScriptTurn::default().with_tool_call(
+            ScriptToolCall::new("append_file", serde_json::json!({"line": "buy milk"}))
+                .with_id("call_1"),
+        ),
+        ScriptTurn::text("Added.").with_if_refused(ScriptTurn::text("Not added.")),
+    ])
+}
+
+/// The history after the model called `call_1` and the calls were answered with `results`.
+fn answered(results: &[(&str, ToolResult)]) -> InferenceRequest {
+    let calls = results
+        .iter()
+        .map(|(id, _)| {
+            ToolCall::new(
+                ToolCallId::new(*id).expect("valid id"),
+                "append_file",
+                serde_json::json!({}),
+            )
+        })
+        .collect();
+    let mut messages = vec![
+        Message::user("Remind me to buy milk"),
+        Message::assistant_with_calls("", calls),
+    ];
+    for (id, result) in results {
+        messages.push(Message::tool(
+            ToolCallId::new(*id).expect("valid id"),
+            result,
+        ));
+    }
+    InferenceRequest::new("test-model", messages)
+}
+
+#[tokio::test]
+async fn if_refused_plays_when_the_request_answers_a_failed_or_refused_call() {
+    let error = |content: serde_json::Value| ToolResult {
+        status: ToolResultStatus::Error,
+        content: content.into(),
+    };
+    let cases: Vec<(&str, InferenceRequest)> = vec![
+        (
+            "approved",
+            answered(&[("call_1", ToolResult::success(serde_json::json!("ok")))]),
+        ),
+        (
+            "denied",
+            answered(&[("call_1", ToolResult::error("denied by the user: not now"))]),
+        ),
+        (
+            "failed with JSON",
+            answered(&[("call_1", error(serde_json::json!({"code": 7})))]),
+        ),
+        (
+            "one of two failed",
+            answered(&[
+                ("call_1", ToolResult::error("`append_file` was denied")),
+                (
+                    "call_2",
+                    ToolResult::success(serde_json::json!({"ok": true})),
+                ),
+            ]),
+        ),
+        (
+            "a user message after the refusal",
+            InferenceRequest::new(
+                "test-model",
+                [
+                    &answered(&[("call_1", ToolResult::error("denied by the user"))]).messages[..],
+                    &[Message::user("never mind")],
+                ]
+                .concat(),
+            ),
+        ),
+    ];
+    let mut out = String::new();
+    for (name, second) in cases {
+        let exec = ScriptedExecutor::new(approval_script()).expect("valid");
+        let first = render_stream(exec.execute_stream(request("Remind me to buy milk"))).await;
+        assert!(
+            first.contains("call_start #0 call_1 append_file"),
+            "{first}"
+        );
+        out.push_str(&format!(
+            "{name}: {}",
+            render_stream(exec.execute_stream(second)).await
+        ));
+    }
+    expect![[r#"
+        approved: text "Added."
+        stop EndTurn
+        denied: text "Not added."
+        stop EndTurn
+        failed with JSON: text "Not added."
+        stop EndTurn
+        one of two failed: text "Not added."
+        stop EndTurn
+        a user message after the refusal: text "Added."
+        stop EndTurn
+    "#]]
+    .assert_eq(&out);
+}
+
+#[test]
+fn for_request_picks_the_turn_for_another_executor_too() {
+    let script = approval_script();
+    let turn = &script.turns[1];
+    let denied = answered(&[("call_1", ToolResult::error("denied by the user"))]);
+    let approved = answered(&[("call_1", ToolResult::success(serde_json::json!("ok")))]);
+    assert_eq!(
+        turn.for_request(&denied).text.as_deref(),
+        Some("Not added.")
+    );
+    assert_eq!(turn.for_request(&approved).text.as_deref(), Some("Added."));
+    // A turn without an alternative plays itself either way.
+    assert_eq!(
+        script.turns[0].for_request(&denied).tool_calls.len(),
+        1,
+        "no if_refused: the turn itself"
+    );
+}
+
+const REFUSAL_TOML: &str = r#"
+[[turns]]
+tool_calls = [{ id = "call_1", name = "append_file", arguments = { line = "buy milk" } }]
+
+[[turns]]
+text = "Added."
+[turns.if_refused]
+text = "Not added."
+
+[[turns]]
+text = "Done."
+if_refused = { deltas = ["Sorry", "."], stop = "end_turn" }
+"#;
+
+#[test]
+fn if_refused_parses_as_a_nested_or_inline_table() {
+    let script = Script::from_toml_str(REFUSAL_TOML).expect("valid script");
+    let mut expected = approval_script();
+    expected.turns[0].tool_calls[0].arguments = Some(serde_json::json!({"line": "buy milk"}));
+    expected
+        .turns
+        .push(ScriptTurn::text("Done.").with_if_refused(
+            ScriptTurn::deltas(["Sorry", "."]).with_stop(awaken_event::StopReason::EndTurn),
+        ));
+    assert_eq!(script, expected);
+    expect![[r#"{"turns":[{"tool_calls":[{"id":"call_1","name":"append_file","arguments":{"line":"buy milk"}}]},{"text":"Added.","if_refused":{"text":"Not added."}},{"text":"Done.","if_refused":{"deltas":["Sorry","."],"stop":"end_turn"}}]}"#]]
+    .assert_eq(&serde_json::to_string(&script).expect("serializable"));
+}
+
+#[test]
+fn an_if_refused_inside_an_if_refused_is_rejected() {
+    let nested = Script::from_toml_str(
+        "[[turns]]\ntext = \"a\"\n\n[[turns]]\ntext = \"b\"\n[turns.if_refused]\ntext = \"c\"\n[turns.if_refused.if_refused]\ntext = \"d\"\n",
+    );
+    let invalid_inside = Script::from_json_str(
+        r#"{"turns":[{"text":"a","if_refused":{"text":"b","deltas":["c"]}}]}"#,
+    );
+    let built = ScriptedExecutor::from_turns([ScriptTurn::text("a")
+        .with_if_refused(ScriptTurn::text("b").with_if_refused(ScriptTurn::text("c")))]);
+    let mut out = String::new();
+    for result in [nested.map(drop), invalid_inside.map(drop), built.map(drop)] {
+        out.push_str(&result.err().map(|e| e.to_string()).unwrap_or_default());
+        out.push('\n');
+    }
+    expect![[r#"
+        script turn 2: `if_refused` cannot have an `if_refused` of its own
+        script turn 1: if_refused: set either `text` or `deltas`, not both
+        script turn 1: `if_refused` cannot have an `if_refused` of its own
+    "#]]
+    .assert_eq(&out);
+    let unknown = Script::from_toml_str("[[turns]]\n[turns.if_refused]\ntxet = \"a\"\n");
+    assert!(
+        matches!(unknown, Err(ScriptError::Parse { .. })),
+        "{unknown:?}"
+    );
 }
