@@ -43,12 +43,14 @@ pub enum InferenceExecutionError {
         /// The provider's message.
         message: String,
     },
-    /// No response (or no next chunk of a stream) arrived in time.
+    /// No response (or no next chunk of a stream) arrived in time. A connection that could not
+    /// be made in time is a [`InferenceExecutionError::Connection`] of kind
+    /// [`ConnectionFailure::TimedOut`] instead.
     #[error("inference timed out after {after:?} waiting for {waiting_for}")]
     Timeout {
         /// The timeout that elapsed.
         after: Duration,
-        /// What was awaited: `"connection"`, `"response headers"`, `"response body"` or
+        /// What was awaited: `"response headers"`, `"response body"` or
         /// `"next stream chunk"`.
         waiting_for: &'static str,
     },
@@ -70,11 +72,22 @@ pub enum InferenceExecutionError {
         /// The provider's message.
         message: String,
     },
-    /// The request could not be sent (connection refused, DNS, TLS, reset before a response).
-    #[error("could not reach the provider at {url}: {source}")]
+    /// The request could not be sent (connection refused, DNS, TLS, timeout, reset before a
+    /// response). The message names the address and what failed there, e.g. `connection
+    /// refused by 127.0.0.1:9 (is the server running?)`.
+    #[error(
+        "could not reach the provider at {url}: {}",
+        describe_connection(*.kind, .host, *.port, .source.as_ref())
+    )]
     Connection {
-        /// The URL that was called.
+        /// The URL that was called (without user info or query).
         url: String,
+        /// The host called: a name, an IPv4 address or a bracketed IPv6 address.
+        host: String,
+        /// The port called.
+        port: u16,
+        /// What failed.
+        kind: ConnectionFailure,
         /// The transport error.
         #[source]
         source: BoxError,
@@ -97,12 +110,30 @@ pub enum InferenceExecutionError {
         /// The provider's message (never contains the key).
         message: String,
     },
-    /// The provider does not know the model (HTTP 404).
+    /// The provider does not know the model (HTTP 404 with a provider error that names a
+    /// model, such as OpenAI's `model_not_found`).
     #[error("model {model:?} not found: {message}")]
     ModelNotFound {
         /// The upstream model name that was asked for.
         model: String,
         /// The provider's message.
+        message: String,
+    },
+    /// The server has no endpoint at the URL called (HTTP 404 whose body is not a provider
+    /// error about a model: an HTML page, plain `Not Found`, `{"detail":"Not Found"}`, ...):
+    /// the base URL is wrong.
+    #[error(
+        "the server has no `POST {url}` (HTTP 404{}){}",
+        fmt_detail(.message),
+        fmt_suggestion(.suggested_base_url)
+    )]
+    EndpointNotFound {
+        /// The URL that was called (without user info or query).
+        url: String,
+        /// The base URL to try instead: the one called plus `/v1`, when its path has no version
+        /// segment (`v1`, `v1beta`, ...).
+        suggested_base_url: Option<String>,
+        /// The start of the server's answer (at most 200 bytes).
         message: String,
     },
     /// The prompt does not fit the model's context window.
@@ -164,6 +195,45 @@ fn fmt_status(status: &Option<u16>) -> String {
     }
 }
 
+fn fmt_detail(message: &str) -> String {
+    if message.is_empty() {
+        String::new()
+    } else {
+        format!(": {message}")
+    }
+}
+
+fn fmt_suggestion(base_url: &Option<String>) -> String {
+    match base_url {
+        Some(url) => format!("; the base URL may lack its version segment: try `{url}`"),
+        None => String::new(),
+    }
+}
+
+fn describe_connection(
+    kind: ConnectionFailure,
+    host: &str,
+    port: u16,
+    source: &(dyn std::error::Error + Send + Sync + 'static),
+) -> String {
+    let cause = chain(source)
+        .last()
+        .map(ToString::to_string)
+        .unwrap_or_default();
+    match kind {
+        ConnectionFailure::Refused => {
+            format!("connection refused by {host}:{port} (is the server running?)")
+        }
+        ConnectionFailure::Dns => format!("cannot resolve host {host:?} (DNS): {cause}"),
+        ConnectionFailure::Tls => format!("TLS handshake with {host}:{port} failed: {cause}"),
+        ConnectionFailure::TimedOut => format!("connecting to {host}:{port} timed out"),
+        ConnectionFailure::Reset => {
+            format!("the connection to {host}:{port} was closed before a response: {cause}")
+        }
+        ConnectionFailure::Other => format!("sending the request to {host}:{port} failed: {cause}"),
+    }
+}
+
 impl InferenceExecutionError {
     /// The class of this error.
     pub fn class(&self) -> ErrorClass {
@@ -177,6 +247,7 @@ impl InferenceExecutionError {
             Self::InvalidRequest { .. }
             | Self::Unauthorized { .. }
             | Self::ModelNotFound { .. }
+            | Self::EndpointNotFound { .. }
             | Self::ContextOverflow { .. }
             | Self::ContentFiltered { .. }
             | Self::MalformedResponse { .. }
@@ -226,6 +297,91 @@ impl InferenceExecutionError {
             source,
         }
     }
+}
+
+/// What failed when a request could not be sent: the `kind` of an
+/// [`InferenceExecutionError::Connection`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ConnectionFailure {
+    /// Nothing accepted the connection at the address (no server listens there).
+    Refused,
+    /// The host name could not be resolved.
+    Dns,
+    /// The TLS handshake failed (an untrusted or mismatched certificate, a server that does not
+    /// speak TLS, ...).
+    Tls,
+    /// The connection was not made within the connect timeout (the executor's or the system's).
+    TimedOut,
+    /// The connection was reset or closed before a response arrived.
+    Reset,
+    /// Anything else.
+    Other,
+}
+
+impl ConnectionFailure {
+    /// Classifies a transport error by walking its source chain (stepping into the error an
+    /// `io::Error` wraps): an `io::Error` of kind `ConnectionRefused` is `Refused`; hyper's
+    /// `dns error` or a failed address lookup is `Dns`; a timeout is `TimedOut`; a rustls error
+    /// (an `InvalidData` IO error, or a message about a certificate, an alert, a handshake or
+    /// TLS) is `Tls`; a reset, aborted, broken or closed connection is `Reset`; anything else is
+    /// `Other`. The first rule that matches any error of the chain wins.
+    pub fn classify(error: &(dyn std::error::Error + 'static)) -> Self {
+        use std::io::ErrorKind as K;
+        let links: Vec<(Option<K>, String)> = chain(error)
+            .map(|e| {
+                let kind = e.downcast_ref::<std::io::Error>().map(std::io::Error::kind);
+                (kind, e.to_string().to_ascii_lowercase())
+            })
+            .collect();
+        let any = |test: fn(Option<K>, &str) -> bool| links.iter().any(|(k, t)| test(*k, t));
+        if any(|kind, _| kind == Some(K::ConnectionRefused)) {
+            Self::Refused
+        } else if any(|_, text| mentions(text, &["dns error", "failed to lookup address"])) {
+            Self::Dns
+        } else if any(|kind, text| kind == Some(K::TimedOut) || text.contains("timed out")) {
+            Self::TimedOut
+        } else if any(|kind, text| kind == Some(K::InvalidData) || mentions(text, TLS_WORDS)) {
+            Self::Tls
+        } else if any(|kind, text| {
+            matches!(
+                kind,
+                Some(K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe | K::UnexpectedEof)
+            ) || mentions(text, &["connection closed", "connection reset"])
+        }) {
+            Self::Reset
+        } else {
+            Self::Other
+        }
+    }
+}
+
+fn mentions(text: &str, needles: &[&str]) -> bool {
+    needles.iter().any(|n| text.contains(n))
+}
+
+/// Words of rustls' (and tokio-rustls') error messages.
+const TLS_WORDS: &[&str] = &[
+    "tls",
+    "certificate",
+    "handshake",
+    "alert",
+    "peer is incompatible",
+    "peer misbehaved",
+    "corrupt message",
+];
+
+/// `error` and its sources, stepping into the error an `io::Error` wraps (its own `source`
+/// skips that error and gives the wrapped error's source).
+fn chain<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(error), |e| match e.downcast_ref::<std::io::Error>() {
+        Some(io) => io
+            .get_ref()
+            .map(|inner| inner as &(dyn std::error::Error + 'static)),
+        None => e.source(),
+    })
 }
 
 /// The longest prefix of `s` of at most `max` bytes that ends on a character boundary.

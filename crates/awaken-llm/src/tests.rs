@@ -2,7 +2,13 @@
 
 use std::time::Duration;
 
-use crate::error::{ErrorClass, InferenceExecutionError as E, truncate};
+use std::io;
+
+use expect_test::expect;
+
+use crate::error::{
+    BoxError, ConnectionFailure, ErrorClass, InferenceExecutionError as E, truncate,
+};
 
 #[test]
 fn truncate_never_splits_a_character() {
@@ -54,6 +60,9 @@ fn every_error_has_its_class() {
         (
             E::Connection {
                 url: "http://127.0.0.1/".into(),
+                host: "127.0.0.1".into(),
+                port: 80,
+                kind: ConnectionFailure::Refused,
                 source: "refused".into(),
             },
             ErrorClass::Retryable,
@@ -78,6 +87,15 @@ fn every_error_has_its_class() {
         (
             E::ModelNotFound {
                 model: "m".into(),
+                message: String::new(),
+            },
+            ErrorClass::Permanent,
+            None,
+        ),
+        (
+            E::EndpointNotFound {
+                url: "http://127.0.0.1/chat/completions".into(),
+                suggested_base_url: Some("http://127.0.0.1/v1".into()),
                 message: String::new(),
             },
             ErrorClass::Permanent,
@@ -123,4 +141,85 @@ fn every_error_has_its_class() {
         );
         assert_eq!(error.retry_after(), retry_after, "{error:?}");
     }
+}
+
+/// An error with a message and an optional source, standing in for a transport's layers.
+#[derive(Debug)]
+struct Layer(&'static str, Option<BoxError>);
+
+impl std::fmt::Display for Layer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl std::error::Error for Layer {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.1.as_deref().map(|e| e as _)
+    }
+}
+
+/// `inner` under the layers reqwest and hyper put around a connector's error.
+fn sent(inner: impl Into<BoxError>) -> BoxError {
+    let connect = Layer("client error (Connect)", Some(inner.into()));
+    Box::new(Layer("error sending request", Some(Box::new(connect))))
+}
+
+#[test]
+fn transport_errors_are_classified_by_their_source_chain() {
+    let cases: Vec<(&str, BoxError)> = vec![
+        (
+            "127.0.0.1",
+            sent(Layer(
+                "tcp connect error",
+                Some(Box::new(io::Error::from(io::ErrorKind::ConnectionRefused))),
+            )),
+        ),
+        (
+            "nosuch.invalid",
+            sent(Layer(
+                "dns error",
+                Some(Box::new(io::Error::other(
+                    "failed to lookup address information: Name or service not known",
+                ))),
+            )),
+        ),
+        (
+            "api.example.com",
+            // rustls' error, as tokio-rustls and hyper-rustls wrap it.
+            sent(io::Error::other(io::Error::new(
+                io::ErrorKind::InvalidData,
+                Layer("invalid peer certificate: UnknownIssuer", None),
+            ))),
+        ),
+        ("10.0.0.1", sent(Layer("operation timed out", None))),
+        (
+            "127.0.0.1",
+            sent(io::Error::other(io::Error::from(
+                io::ErrorKind::ConnectionReset,
+            ))),
+        ),
+        ("127.0.0.1", sent(Layer("something else", None))),
+    ];
+    let mut out = String::new();
+    for (host, source) in cases {
+        let kind = ConnectionFailure::classify(source.as_ref());
+        let error = E::Connection {
+            url: format!("https://{host}/v1/chat/completions"),
+            host: host.to_owned(),
+            port: 443,
+            kind,
+            source,
+        };
+        assert!(error.is_retryable(), "{error}");
+        out.push_str(&format!("{kind:?}: {error}\n"));
+    }
+    expect![[r#"
+        Refused: could not reach the provider at https://127.0.0.1/v1/chat/completions: connection refused by 127.0.0.1:443 (is the server running?)
+        Dns: could not reach the provider at https://nosuch.invalid/v1/chat/completions: cannot resolve host "nosuch.invalid" (DNS): failed to lookup address information: Name or service not known
+        Tls: could not reach the provider at https://api.example.com/v1/chat/completions: TLS handshake with api.example.com:443 failed: invalid peer certificate: UnknownIssuer
+        TimedOut: could not reach the provider at https://10.0.0.1/v1/chat/completions: connecting to 10.0.0.1:443 timed out
+        Reset: could not reach the provider at https://127.0.0.1/v1/chat/completions: the connection to 127.0.0.1:443 was closed before a response: connection reset
+        Other: could not reach the provider at https://127.0.0.1/v1/chat/completions: sending the request to 127.0.0.1:443 failed: something else
+    "#]].assert_eq(&out);
 }

@@ -13,7 +13,7 @@ use super::decoder::ChatStreamDecoder;
 use super::wire::{
     BodyOptions, MaxTokensField, error_from_status, parse_retry_after, request_body,
 };
-use crate::error::InferenceExecutionError;
+use crate::error::{ConnectionFailure, InferenceExecutionError};
 use crate::event::{LlmEventStream, LlmStreamEvent};
 use crate::executor::LlmExecutor;
 use crate::request::InferenceRequest;
@@ -190,6 +190,9 @@ struct Inner {
     url: reqwest::Url,
     /// `url` without user info and query, for logs and errors (a key may hide in either).
     shown_url: String,
+    /// `url`'s host (IPv6 in brackets) and port, for connection errors.
+    host: String,
+    port: u16,
     headers: HeaderMap,
 }
 
@@ -198,6 +201,8 @@ struct Inner {
 /// Each call is one `POST {base_url}/chat/completions`, streamed over SSE (default) or not.
 /// HTTP errors map to [`InferenceExecutionError`] classes as [`super::error_from_status`]
 /// describes; a `Retry-After` (or `retry-after-ms`) header becomes the error's `retry_after`.
+/// A request that cannot be sent is [`InferenceExecutionError::Connection`], naming the host
+/// and port and what failed there ([`ConnectionFailure`]: refused, DNS, TLS, timed out, ...).
 /// Dropping the stream aborts the request and closes its connection.
 #[derive(Debug, Clone)]
 pub struct OpenAiExecutor {
@@ -266,6 +271,10 @@ impl OpenAiExecutor {
                 field: "client",
                 reason: e.to_string(),
             })?;
+        let host = url.host_str().unwrap_or_default().to_owned();
+        let port = url
+            .port_or_known_default()
+            .unwrap_or(if url.scheme() == "https" { 443 } else { 80 });
         let mut shown = url.clone();
         let _ = shown.set_username("");
         let _ = shown.set_password(None);
@@ -276,6 +285,8 @@ impl OpenAiExecutor {
                 client,
                 url,
                 shown_url: shown.to_string(),
+                host,
+                port,
                 headers,
             }),
         })
@@ -390,15 +401,18 @@ impl Inner {
                     waiting_for: "response headers",
                 });
             }
-            Ok(Err(e)) if e.is_timeout() => {
-                return Err(InferenceExecutionError::Timeout {
-                    after: config.connect_timeout,
-                    waiting_for: "connection",
-                });
-            }
             Ok(Err(e)) => {
+                // The client has no overall timeout: a reqwest timeout is the connect timeout.
+                let kind = if e.is_timeout() {
+                    ConnectionFailure::TimedOut
+                } else {
+                    ConnectionFailure::classify(&e)
+                };
                 return Err(InferenceExecutionError::Connection {
                     url: self.shown_url.clone(),
+                    host: self.host.clone(),
+                    port: self.port,
+                    kind,
                     source: Box::new(e.without_url()),
                 });
             }
@@ -408,7 +422,7 @@ impl Inner {
         if !status.is_success() {
             let after = retry_after(response.headers());
             let body = error_body(&mut response, config.request_timeout).await;
-            let error = error_from_status(status.as_u16(), after, &body, &model);
+            let error = error_from_status(status.as_u16(), after, &body, &model, &self.shown_url);
             tracing::debug!(executor = %config.name, status = status.as_u16(), error = %error, "chat completion failed");
             return Err(error);
         }

@@ -464,14 +464,16 @@ fn is_content_filter(code: &str) -> bool {
     code == "content_filter" || code == "content_policy_violation"
 }
 
-/// The error an HTTP error status stands for, given the `Retry-After` delay, the response body
-/// and the model that was asked for:
+/// The error an HTTP error status stands for, given the `Retry-After` delay, the response body,
+/// the model that was asked for and the URL that was called (`url`, shown in errors: pass it
+/// without user info or query):
 ///
 /// | status | error |
 /// |---|---|
 /// | 429 | `RateLimited` (with `retry_after`) |
 /// | 401, 403 | `Unauthorized` |
-/// | 404 | `ModelNotFound` |
+/// | 404 with a JSON error whose code is `model_not_found` or whose message speaks of a model | `ModelNotFound` |
+/// | other 404 (an HTML page, plain `Not Found`, `{"detail":"Not Found"}`, ...) | `EndpointNotFound` (with a suggested base URL when `url`'s path has no version segment) |
 /// | 408 | `Timeout` |
 /// | 400, 413, 422 with a context-length code or message | `ContextOverflow` |
 /// | 400 with a content-filter code | `ContentFiltered` |
@@ -483,6 +485,7 @@ pub fn error_from_status(
     retry_after: Option<Duration>,
     body: &str,
     model: &str,
+    url: &str,
 ) -> InferenceExecutionError {
     let parsed: Option<ErrorEnvelope<'_>> = serde_json::from_str(body).ok();
     let (message, code) = match &parsed {
@@ -500,9 +503,16 @@ pub fn error_from_status(
             message,
         },
         401 | 403 => InferenceExecutionError::Unauthorized { status, message },
-        404 => InferenceExecutionError::ModelNotFound {
-            model: model.to_owned(),
-            message,
+        404 if is_json(body, &parsed) && names_a_model(&code, &message, model) => {
+            InferenceExecutionError::ModelNotFound {
+                model: model.to_owned(),
+                message,
+            }
+        }
+        404 => InferenceExecutionError::EndpointNotFound {
+            url: url.to_owned(),
+            suggested_base_url: versioned_base_url(url),
+            message: truncate(&message, 200).to_owned(),
         },
         408 => InferenceExecutionError::Timeout {
             after: Duration::ZERO,
@@ -526,6 +536,33 @@ pub fn error_from_status(
             message,
         },
     }
+}
+
+/// Whether a body is JSON (an error envelope, or any other JSON value).
+fn is_json(body: &str, envelope: &Option<ErrorEnvelope<'_>>) -> bool {
+    envelope.is_some() || serde_json::from_str::<serde::de::IgnoredAny>(body).is_ok()
+}
+
+/// Whether a 404's error is about the model: OpenAI's `model_not_found` code, or a message that
+/// names the model or speaks of one (Ollama's `model "x" not found`, vLLM's
+/// ``The model `x` does not exist``).
+fn names_a_model(code: &str, message: &str, model: &str) -> bool {
+    code == "model_not_found"
+        || (!model.is_empty() && message.contains(model))
+        || message.to_ascii_lowercase().contains("model")
+}
+
+/// For a `{base}/chat/completions` URL whose base path has no version segment (`v1`, `v1beta`,
+/// `v2`, ...), the base with `/v1` appended.
+fn versioned_base_url(url: &str) -> Option<String> {
+    let base = url.strip_suffix("/chat/completions")?;
+    let after_scheme = base.split_once("://").map_or(base, |(_, rest)| rest);
+    let path = after_scheme.split_once('/').map_or("", |(_, path)| path);
+    let is_version = |segment: &str| {
+        let mut chars = segment.chars();
+        chars.next() == Some('v') && chars.next().is_some_and(|c| c.is_ascii_digit())
+    };
+    (!path.split('/').any(is_version)).then(|| format!("{base}/v1"))
 }
 
 /// Parses a retry-after header value: whole or fractional seconds, or an HTTP date (IMF

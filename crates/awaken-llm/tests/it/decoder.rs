@@ -317,6 +317,8 @@ fn a_whole_completion_decodes_like_a_stream() {
 
 #[test]
 fn http_statuses_map_to_error_classes() {
+    // A base URL without its version segment, so the 404s that are not about a model say so.
+    const URL: &str = "http://localhost:8000/chat/completions";
     let after = Some(Duration::from_secs(3));
     let cases: &[(u16, &str)] = &[
         (
@@ -331,6 +333,16 @@ fn http_statuses_map_to_error_classes() {
         (
             404,
             r#"{"error":{"message":"The model `gpt-9` does not exist","code":"model_not_found"}}"#,
+        ),
+        (
+            404,
+            r#"{"error":{"message":"model \"gpt-9\" not found, try pulling it first"}}"#,
+        ),
+        (404, r#"{"detail":"Not Found"}"#),
+        (404, "<html><body><h1>404 Not Found</h1></body></html>"),
+        (
+            404,
+            r#"{"error":{"message":"Invalid URL (POST /chat/completions)","type":"invalid_request_error","code":null}}"#,
         ),
         (
             400,
@@ -356,7 +368,7 @@ fn http_statuses_map_to_error_classes() {
     ];
     let mut out = String::new();
     for (status, body) in cases {
-        let e = error_from_status(*status, after, body, "gpt-9");
+        let e = error_from_status(*status, after, body, "gpt-9", URL);
         out.push_str(&format!(
             "{status} retry_after={:?} {}\n",
             e.retry_after(),
@@ -368,6 +380,10 @@ fn http_statuses_map_to_error_classes() {
         401 retry_after=None error Permanent Unauthorized: unauthorized (HTTP 401): Incorrect API key provided
         403 retry_after=None error Permanent Unauthorized: unauthorized (HTTP 403): forbidden
         404 retry_after=None error Permanent ModelNotFound: model "gpt-9" not found: The model `gpt-9` does not exist
+        404 retry_after=None error Permanent ModelNotFound: model "gpt-9" not found: model "gpt-9" not found, try pulling it first
+        404 retry_after=None error Permanent EndpointNotFound: the server has no `POST http://localhost:8000/chat/completions` (HTTP 404: {"detail":"Not Found"}); the base URL may lack its version segment: try `http://localhost:8000/v1`
+        404 retry_after=None error Permanent EndpointNotFound: the server has no `POST http://localhost:8000/chat/completions` (HTTP 404: <html><body><h1>404 Not Found</h1></body></html>); the base URL may lack its version segment: try `http://localhost:8000/v1`
+        404 retry_after=None error Permanent EndpointNotFound: the server has no `POST http://localhost:8000/chat/completions` (HTTP 404: Invalid URL (POST /chat/completions)); the base URL may lack its version segment: try `http://localhost:8000/v1`
         400 retry_after=None error Permanent ContextOverflow: the request exceeds the model's context window: This model's maximum context length is 8192 tokens.
         400 retry_after=None error Permanent ContextOverflow: the request exceeds the model's context window: prompt is too long: 9000 tokens > 8192 maximum
         400 retry_after=None error Permanent ContentFiltered: the provider's content filter refused the request: flagged

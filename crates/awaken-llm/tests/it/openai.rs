@@ -6,11 +6,13 @@ use std::time::Duration;
 
 use awaken_llm::openai::{OpenAiConfig, OpenAiExecutor, RoutingKeyPlacement};
 use awaken_llm::{
-    InferenceExecutionError, LlmExecutor, LlmStreamEvent, RetryPolicy, RetryingExecutor,
+    ConnectionFailure, InferenceExecutionError, LlmExecutor, LlmStreamEvent, RetryPolicy,
+    RetryingExecutor,
 };
 use awaken_spec::{InferenceOverride, ReasoningEffort};
 use expect_test::expect;
 use futures_util::StreamExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::oneshot;
 
 use crate::decoder::{DONE, delta_chunk, parallel_tool_stream, text_stream, usage_chunk};
@@ -330,20 +332,23 @@ async fn statuses_over_http_map_to_their_errors() {
         ))],
         vec![Action::Raw(response(503, &[("retry-after", "2")], "busy"))],
         vec![Action::Raw(response(500, &[], "boom"))],
+        vec![Action::Raw(response(404, &[], "Not Found"))],
     ];
     let server = TestServer::start(plans).await;
     let exec = executor(&server, |c| c);
     let mut out = String::new();
-    for _ in 0..4 {
+    for _ in 0..5 {
         let e = bounded(exec.execute(request("x"))).await.err();
         out.push_str(&e.map(|e| render_error(&e)).unwrap_or_default());
         out.push('\n');
     }
+    let out = out.replace(&server.base_url, "BASE");
     expect![[r#"
         error Permanent ModelNotFound: model "test-model" not found: no such model
         error Permanent ContextOverflow: the request exceeds the model's context window: maximum context length is 4096 tokens
         error Retryable Overloaded: provider overloaded (HTTP 503) (retry after 2s): busy
         error Retryable ServerError: provider server error (HTTP 500): boom
+        error Permanent EndpointNotFound: the server has no `POST BASE/chat/completions` (HTTP 404: Not Found)
     "#]]
     .assert_eq(&out);
 }
@@ -389,20 +394,136 @@ async fn a_silent_server_times_out_retryably() {
     assert!(error.is_some_and(|e| e.is_retryable()));
 }
 
-#[tokio::test]
-async fn a_refused_connection_is_retryable() {
-    // Bind a port, then free it: nothing listens there any more.
+/// A listener on a free loopback port, and its address.
+async fn loopback_listener() -> (tokio::net::TcpListener, std::net::SocketAddr) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("address");
+    (listener, addr)
+}
+
+#[tokio::test]
+async fn a_refused_connection_names_the_address_and_is_retryable() {
+    // Bind a port, then free it: nothing listens there any more.
+    let (listener, addr) = loopback_listener().await;
     drop(listener);
     let exec = OpenAiExecutor::new(OpenAiConfig::new(format!("http://{addr}/v1"))).expect("config");
     let error = bounded(exec.execute(request("x"))).await.err();
+    let Some(error) = error else {
+        panic!("a call to a closed port succeeded");
+    };
+    let InferenceExecutionError::Connection {
+        kind, host, port, ..
+    } = &error
+    else {
+        panic!("expected a connection error, got {error:?}");
+    };
+    assert_eq!(*kind, ConnectionFailure::Refused);
+    assert_eq!((host.as_str(), *port), ("127.0.0.1", addr.port()));
+    assert!(error.is_retryable());
+    expect![[r#"error Retryable Connection: could not reach the provider at http://ADDR/v1/chat/completions: connection refused by ADDR (is the server running?)"#]]
+        .assert_eq(&render_error(&error).replace(&addr.to_string(), "ADDR"));
+}
+
+#[tokio::test]
+async fn a_server_that_does_not_speak_tls_is_a_tls_failure_at_its_address() {
+    let (listener, addr) = loopback_listener().await;
+    // Reads the client's hello, answers plain HTTP, and holds the connection until the client
+    // closes it (so the client reads the answer, not a reset).
+    let server = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.expect("accept");
+        let mut buf = [0u8; 4096];
+        let _ = socket.read(&mut buf).await;
+        let _ = socket
+            .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+            .await;
+        while matches!(socket.read(&mut buf).await, Ok(n) if n > 0) {}
+    });
+    let exec =
+        OpenAiExecutor::new(OpenAiConfig::new(format!("https://{addr}/v1"))).expect("config");
+    let error = bounded(exec.execute(request("x"))).await.err();
     assert!(
-        matches!(error, Some(InferenceExecutionError::Connection { .. })),
+        matches!(
+            &error,
+            Some(InferenceExecutionError::Connection {
+                kind: ConnectionFailure::Tls,
+                ..
+            })
+        ),
         "{error:?}"
     );
+    let text = error.map(|e| e.to_string()).unwrap_or_default();
+    assert!(
+        text.contains(&format!("TLS handshake with {addr} failed: ")),
+        "{text}"
+    );
+    assert!(bounded(server).await.is_ok());
+}
+
+#[tokio::test]
+async fn a_404_from_a_base_url_without_its_version_names_the_endpoint_and_the_fix() {
+    let mut server =
+        TestServer::start(vec![vec![Action::Raw(response(404, &[], "Not Found"))]]).await;
+    let addr = server
+        .base_url
+        .trim_start_matches("http://")
+        .trim_end_matches("/v1")
+        .to_owned();
+    // User info in the base URL must not show in the error.
+    let exec = OpenAiExecutor::new(
+        OpenAiConfig::new(format!("http://user:SECRET@{addr}"))
+            .with_api_key(KEY)
+            .with_request_timeout(Duration::from_secs(5)),
+    )
+    .expect("config");
+    let retrying = RetryingExecutor::with_policy(Arc::new(exec), fast_retry(3));
+    let error = bounded(retrying.execute(request("x"))).await.err();
+    let Some(error) = error else {
+        panic!("a 404 succeeded");
+    };
+    assert!(!error.is_retryable());
+    assert!(
+        matches!(
+            &error,
+            InferenceExecutionError::EndpointNotFound {
+                suggested_base_url: Some(url),
+                ..
+            } if *url == format!("http://{addr}/v1")
+        ),
+        "{error:?}"
+    );
+    expect![[r#"error Permanent EndpointNotFound: the server has no `POST http://ADDR/chat/completions` (HTTP 404: Not Found); the base URL may lack its version segment: try `http://ADDR/v1`"#]]
+        .assert_eq(&render_error(&error).replace(&addr, "ADDR"));
+    let received = server.received();
+    assert_eq!(received.len(), 1, "a wrong endpoint is not retried");
+    assert!(
+        received[0]
+            .head
+            .starts_with("POST /chat/completions HTTP/1.1"),
+        "{}",
+        received[0].head
+    );
+}
+
+#[tokio::test]
+async fn a_404_with_openais_model_not_found_is_still_model_not_found() {
+    let server = TestServer::start(vec![vec![Action::Raw(response(
+        404,
+        &[],
+        r#"{"error":{"message":"The model `test-model` does not exist or you do not have access to it.","type":"invalid_request_error","param":null,"code":"model_not_found"}}"#,
+    ))]])
+    .await;
+    let exec = executor(&server, |c| c);
+    let error = bounded(exec.execute(request("x"))).await.err();
+    assert!(
+        matches!(
+            &error,
+            Some(InferenceExecutionError::ModelNotFound { model, .. }) if model == "test-model"
+        ),
+        "{error:?}"
+    );
+    assert!(error.is_some_and(|e| !e.is_retryable()));
 }
 
 #[test]
