@@ -52,6 +52,11 @@ pub enum ContentBlock {
         #[serde(deserialize_with = "crate::shared::arc_value")]
         value: Arc<Value>,
     },
+    /// Marks an assistant message the model was cut off writing (its run was cancelled while
+    /// the answer streamed): the blocks before it are what the model wrote up to then. Last in
+    /// its message; carries nothing, and a provider sends nothing for it (the message goes to
+    /// a model as an ordinary assistant message).
+    Incomplete,
 }
 
 impl ContentBlock {
@@ -167,6 +172,17 @@ impl Message {
         Self::with_text(Role::Assistant, text)
     }
 
+    /// An assistant message holding the `text` a model had written when it was cut off, marked
+    /// [`ContentBlock::Incomplete`] (see [`Message::is_incomplete`]).
+    pub fn incomplete_assistant(text: impl Into<String>) -> Self {
+        Self {
+            role: Role::Assistant,
+            content: Arc::new([ContentBlock::text(text), ContentBlock::Incomplete]),
+            tool_calls: no_tool_calls(),
+            tool_call_id: None,
+        }
+    }
+
     /// An assistant message with optional text and tool calls.
     pub fn assistant_with_calls(text: impl Into<String>, tool_calls: Vec<ToolCall>) -> Self {
         let text = text.into();
@@ -205,6 +221,13 @@ impl Message {
         }
     }
 
+    /// Whether the model was cut off writing this message ([`ContentBlock::Incomplete`]).
+    pub fn is_incomplete(&self) -> bool {
+        self.content
+            .iter()
+            .any(|b| matches!(b, ContentBlock::Incomplete))
+    }
+
     /// The concatenated text blocks of this message (reasoning excluded).
     pub fn text(&self) -> String {
         let mut out = String::new();
@@ -224,7 +247,9 @@ impl Message {
             match block {
                 ContentBlock::Text { text } => out.push_str(text),
                 ContentBlock::Json { value } => out.push_str(&value.to_string()),
-                ContentBlock::Reasoning { .. } | ContentBlock::Image { .. } => {}
+                ContentBlock::Reasoning { .. }
+                | ContentBlock::Image { .. }
+                | ContentBlock::Incomplete => {}
             }
         }
         out

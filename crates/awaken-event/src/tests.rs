@@ -234,6 +234,34 @@ fn vocabulary_json_is_stable() {
 }
 
 #[test]
+fn an_incomplete_message_round_trips_and_the_plain_forms_stay() {
+    let cut = Message::incomplete_assistant("Once upon");
+    let json = serde_json::to_string(&cut).expect("ser");
+    expect_test::expect![[
+        r#"{"role":"assistant","content":[{"type":"text","text":"Once upon"},{"type":"incomplete"}]}"#
+    ]]
+    .assert_eq(&json);
+    let back: Message = serde_json::from_str(&json).expect("de");
+    assert_eq!(back, cut);
+    assert!(back.is_incomplete());
+    // Its text is what the model wrote; the mark adds none.
+    assert_eq!(back.text(), "Once upon");
+    assert_eq!(back.content_as_text(), "Once upon");
+
+    let plain = Message::assistant("Once upon");
+    assert!(!plain.is_incomplete());
+    expect_test::expect![[
+        r#"{"role":"assistant","content":[{"type":"text","text":"Once upon"}]}"#
+    ]]
+    .assert_eq(&serde_json::to_string(&plain).expect("ser"));
+    let back: Message = serde_json::from_str(
+        r#"{"role":"assistant","content":[{"type":"text","text":"Once upon"}]}"#,
+    )
+    .expect("de");
+    assert_eq!(back, plain);
+}
+
+#[test]
 fn ids_reject_bad_strings_and_round_trip() {
     assert!(matches!(ThreadId::new(""), Err(IdError::Empty { .. })));
     assert!(matches!(
@@ -281,4 +309,11 @@ fn events_stay_small() {
     // them all (a suspension ticket alone is about 180 bytes, a run's end 112).
     let size = std::mem::size_of::<AgentEvent>();
     assert!(size <= 80, "AgentEvent is {size} bytes");
+}
+
+#[test]
+fn messages_stay_small() {
+    // A history holds them side by side, and every request and phase context shares one.
+    let size = std::mem::size_of::<Message>();
+    assert!(size <= 56, "Message is {size} bytes");
 }

@@ -34,6 +34,7 @@ mod repair;
 mod resume;
 mod run;
 mod runtime;
+mod turns;
 
 pub use active::ShutdownMode;
 pub use builtins::{

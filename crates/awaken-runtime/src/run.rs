@@ -43,6 +43,7 @@ use crate::resume::{
     validate_decisions,
 };
 use crate::runtime::{AgentRuntime, RunActivation, RunError, RunOutcome};
+use crate::turns;
 
 /// Why a step could not go on.
 enum Failure {
@@ -161,6 +162,9 @@ struct Run<'a> {
     /// The calls opened by an event (`ToolCallStart`, `ToolCallResumed`) and not yet closed by
     /// one (`ToolCallDone`, `ToolCallSuspended`): a step that fails closes them before it ends.
     open_calls: Vec<ToolCallId>,
+    /// How many leading messages of the history are known to hold no user message right after
+    /// another (a request looks only past them; see [`Run::alternating`]).
+    alternating: u32,
 }
 
 /// A key's place in the run's registry, if it is registered: four bytes, not an
@@ -812,6 +816,7 @@ async fn load_activation<'a>(
         inference_waiter: None,
         last_look: None,
         open_calls: Vec::new(),
+        alternating: 0,
     };
     let registry = run.engine.store().registry();
     run.stats_at = KeyAt::of(registry.position_of::<RunStatsKey>());
@@ -1397,6 +1402,27 @@ impl Run<'_> {
         }
     }
 
+    /// `request` as the model is sent it: each run of adjacent user messages merged into one
+    /// (see [`crate::turns`]). Done after the transforms, which count and cut the thread's
+    /// messages as they are stored (a compaction summary covers a number of them). A request
+    /// holding the history itself is looked at only past the messages seen before; one whose
+    /// messages a directive or transform rebuilt (a copy already) is looked at whole.
+    fn alternating(&mut self, mut request: InferenceRequest) -> InferenceRequest {
+        let first = if History::ptr_eq(&request.messages, &self.history) {
+            let first = turns::first_adjacent_user(&self.history, self.alternating as usize);
+            // Below the true count when it does not fit: only more is looked at again.
+            self.alternating =
+                u32::try_from(first.unwrap_or(self.history.len())).unwrap_or(u32::MAX);
+            first
+        } else {
+            turns::first_adjacent_user(&request.messages, 0)
+        };
+        if let Some(first) = first {
+            request.messages = turns::merge_adjacent_users(&request.messages, first).into();
+        }
+        request
+    }
+
     async fn infer(
         &mut self,
         request: InferenceRequest,
@@ -1473,6 +1499,14 @@ impl Run<'_> {
         }
         self.inference_waiter = Some(stream.into_waiter());
         let result = match failure {
+            Some(Failure::Cancelled) => {
+                // What the model had written is kept (it has been shown): the run's last commit
+                // stores it, marked incomplete. Its reasoning and begun calls are not kept.
+                if let Some(text) = self.written_so_far() {
+                    self.push_message(Message::incomplete_assistant(text));
+                }
+                Err(Failure::Cancelled)
+            }
             Some(f) => Err(f),
             None => self.collector.take().map_err(Failure::from),
         };
@@ -1499,6 +1533,18 @@ impl Run<'_> {
             duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         });
         Ok(response)
+    }
+
+    /// The text the collector holds of an inference that did not finish, if any. The collector
+    /// gives up a response only after a stop, so one is added for it (its calls, unfinished,
+    /// are dropped with the rest).
+    fn written_so_far(&mut self) -> Option<String> {
+        // A stream that did stop refuses a second stop; its response is there all the same.
+        let _ = self
+            .collector
+            .push(LlmStreamEvent::Stop(awaken_event::StopReason::Other));
+        let text = self.collector.take().ok()?.message.text();
+        (!text.is_empty()).then_some(text)
     }
 
     /// How many times compaction fell back to truncation on this thread, and the last error.
@@ -1556,6 +1602,7 @@ impl Run<'_> {
             apply_transforms(self.resolved.env.transforms(), request, &tctx)
                 .map_err(|e| Failure::Error(e.to_string()))?
         };
+        let request = self.alternating(request);
         let awaken_event::InferenceResponse {
             message,
             usage,

@@ -7,6 +7,7 @@ mod crash;
 mod delegation;
 mod durable;
 mod hitl;
+mod interrupted;
 mod leases;
 mod lifecycle;
 mod permission;

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use awaken_event::{
-    AgentEvent, NullSink, StopReason, TerminationReason, ThreadId, ToolCallId, ToolDescriptor,
-    VecSink, check_activation,
+    AgentEvent, EventSink, NullSink, StopReason, TerminationReason, ThreadId, ToolCallId,
+    ToolDescriptor, VecSink, check_activation,
 };
 use awaken_llm::{LlmEventStream, LlmStreamEvent, ScriptTurn, ScriptedExecutor};
 use awaken_plugin::Plugin;
@@ -74,6 +74,8 @@ pub struct Scenario {
     pub tools: Vec<Arc<dyn Tool>>,
     pub plugins: Vec<Arc<dyn Plugin>>,
     pub activation: Option<Box<dyn FnOnce(RunActivation) -> RunActivation + Send>>,
+    /// Cancels the run when it emits an event this accepts.
+    pub cancel_when: Option<Box<dyn Fn(&AgentEvent) -> bool + Send + Sync>>,
 }
 
 pub struct Outcome {
@@ -91,6 +93,7 @@ impl Scenario {
             tools: vec![Arc::new(Echo), Arc::new(Broken)],
             plugins: Vec::new(),
             activation: None,
+            cancel_when: None,
         }
     }
 
@@ -110,6 +113,16 @@ impl Scenario {
         f: impl FnOnce(RunActivation) -> RunActivation + Send + 'static,
     ) -> Self {
         self.activation = Some(Box::new(f));
+        self
+    }
+
+    /// Cancels the run (its activation's token) as soon as it emits an event `when` accepts:
+    /// the run's own events are the signal, so the cancellation lands at a known point.
+    pub fn cancel_when(
+        mut self,
+        when: impl Fn(&AgentEvent) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.cancel_when = Some(Box::new(when));
         self
     }
 
@@ -133,8 +146,16 @@ impl Scenario {
             activation = f(activation);
         }
         let sink = VecSink::new();
+        let cancel = activation.cancel.clone();
+        let cancel_when = self.cancel_when;
+        let watched = |event: &AgentEvent| {
+            sink.emit(event);
+            if cancel_when.as_ref().is_some_and(|when| when(event)) {
+                cancel.cancel();
+            }
+        };
         let outcome = runtime
-            .run(activation, &sink)
+            .run(activation, &watched)
             .await
             .expect("the run starts");
         let events = sink.events();
