@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use awaken::llm::Script;
-use awaken::spec::{AgentSpec, ModelSpec, parse_toml};
+use awaken::spec::{AgentSpec, DurationSpec, ModelSpec, RETRY_SECTION, RetryConfig, parse_toml};
 use serde::Deserialize;
 
 /// Which provider runs the model.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum ProviderKind {
     /// The deterministic scripted provider (the offline default).
@@ -21,16 +21,58 @@ pub(crate) enum ProviderKind {
     Openai,
 }
 
-/// `[provider]`.
+impl ProviderKind {
+    /// The provider's name in a model entry (`[model] provider`).
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            ProviderKind::Scripted => "scripted",
+            ProviderKind::Openai => "openai",
+        }
+    }
+}
+
+/// Which request field carries the completion-token limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum TokensField {
+    /// `max_tokens` (OpenAI-compatible servers: vLLM, Ollama, llama.cpp, LM Studio).
+    MaxTokens,
+    /// `max_completion_tokens` (OpenAI's reasoning models).
+    MaxCompletionTokens,
+}
+
+/// `[provider]`: which provider runs the model and how it is reached.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ProviderSection {
-    #[serde(default)]
-    pub(crate) kind: ProviderKind,
-    /// Base URL of an OpenAI-compatible server (default: `AWAKEN_BASE_URL`, else OpenAI's).
+    /// The provider; when absent, `[model] provider`, else `scripted`.
+    pub(crate) kind: Option<ProviderKind>,
+    /// Base URL of an OpenAI-compatible server, up to its version segment (default:
+    /// `AWAKEN_BASE_URL`, else OpenAI's).
     pub(crate) base_url: Option<String>,
     /// The provider-side model name.
     pub(crate) model: Option<String>,
+    /// The environment variable holding the API key (default `OPENAI_API_KEY`). The key itself
+    /// is never written in the file.
+    pub(crate) api_key_env: Option<String>,
+    /// Extra HTTP headers sent with every request; `${VAR}` in a value reads the environment.
+    #[serde(default)]
+    pub(crate) headers: std::collections::BTreeMap<String, String>,
+    /// How long to wait for the connection (default 10 s).
+    pub(crate) connect_timeout: Option<DurationSpec>,
+    /// How long to wait for the response to begin (default 120 s).
+    pub(crate) first_byte_timeout: Option<DurationSpec>,
+    /// How long a streamed response may stay silent between two chunks (default 120 s).
+    pub(crate) idle_timeout: Option<DurationSpec>,
+    /// Which request field carries the token limit (default `max_tokens`).
+    pub(crate) max_tokens_field: Option<TokensField>,
+    /// Whether to stream the answer (default true).
+    pub(crate) stream: Option<bool>,
+    /// Whether to ask a streamed response for token usage (default true; turn off for servers
+    /// that reject `stream_options`).
+    pub(crate) include_usage: Option<bool>,
+    /// How failed calls are retried (default: up to 3 retries of transient errors).
+    pub(crate) retry: Option<RetryConfig>,
 }
 
 /// `[tools.read_file]`: the built-in file reader, confined to `root`.
@@ -110,6 +152,27 @@ impl AgentFile {
                 .validate()
                 .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         }
+        if let Some(retry) = &file.provider.retry {
+            retry
+                .validate()
+                .map_err(|e| anyhow::anyhow!("{}: [provider] {e}", path.display()))?;
+            if file.agent.sections.get(RETRY_SECTION).is_some() {
+                anyhow::bail!(
+                    "{}: retry is configured twice ([provider.retry] and [agent.sections.retry]); keep one",
+                    path.display()
+                );
+            }
+        }
+        if let Some(env) = &file.provider.api_key_env
+            && (env.is_empty() || env.contains(['=', '\0', '$']))
+        {
+            anyhow::bail!(
+                "{}: [provider] api_key_env: {env:?} is not an environment variable name",
+                path.display()
+            );
+        }
+        file.provider_kind()
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         if let Some(script) = &file.script {
             script
                 .validate()
@@ -141,5 +204,26 @@ impl AgentFile {
         }
         file.plugins.dirs.iter_mut().for_each(anchor);
         Ok(file)
+    }
+
+    /// The provider the file names: `[provider] kind`, else `[model] provider`, else the
+    /// scripted one. The environment never changes it.
+    pub(crate) fn provider_kind(&self) -> Result<ProviderKind> {
+        let from_model = match self.model.as_ref().map(|m| m.provider.as_str()) {
+            None => None,
+            Some("scripted") => Some(ProviderKind::Scripted),
+            Some("openai") => Some(ProviderKind::Openai),
+            Some(other) => anyhow::bail!(
+                "[model] provider = {other:?}: the command runs \"scripted\" or \"openai\""
+            ),
+        };
+        match (self.provider.kind, from_model) {
+            (Some(kind), Some(model)) if kind != model => anyhow::bail!(
+                "[provider] kind = {:?} but [model] provider = {:?}; name one provider",
+                kind.name(),
+                model.name()
+            ),
+            (kind, model) => Ok(kind.or(model).unwrap_or_default()),
+        }
     }
 }

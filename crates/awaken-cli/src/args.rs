@@ -1,30 +1,123 @@
 //! The command line: the command, its flags and the positional words. Each command accepts only
-//! its own flags; anything else is bad input (exit 2) with the usage.
+//! its own flags (plus the global `-v`, `-q` and `--log-format`); anything else is bad input
+//! (exit 2) with that command's usage.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Result, anyhow, bail};
+use awaken::spec::DurationSpec;
 use serde_json::Value;
 
-/// What the command prints for `--help` and after a usage error.
+/// What `awaken --help` prints.
 pub(crate) const USAGE: &str = "\
-usage:
-  awaken run --agent FILE [PROMPT] [--thread ID [--supersede]] [--json] [--store SPEC] [--script FILE] [--model NAME]
-  awaken resume THREAD --agent FILE (--approve CALL | --deny CALL [--answer JSON])... [--json] [--store SPEC]
-  awaken recover --agent FILE [--json] [--store SPEC] [--script FILE] [--model NAME]
-  awaken threads [--store SPEC]
-  awaken show THREAD [--store SPEC]
-  awaken validate --agent FILE
-  awaken plugins --dir DIR...
+usage: awaken COMMAND [OPTIONS]
 
-  PROMPT defaults to standard input. SPEC is sqlite:PATH (default sqlite:./.awaken/awaken.db), postgres:URL or memory.
-  With OPENAI_API_KEY or AWAKEN_BASE_URL set (or [provider] kind = \"openai\"), the agent talks to an
-  OpenAI-compatible endpoint; otherwise it replays the agent file's [script].
-  recover continues the runs a crashed or killed process left unfinished (not those waiting
-  for a decision), each with the agent file's agent.
-  A run waiting for a decision exits 3 and prints the `awaken resume` commands that answer it;
-  --answer gives the decision before it a JSON payload (the answer, or the reason of a denial).
-  Exit codes: 0 completed, 2 bad input, 3 waiting for a decision, 4 cancelled, 1 other errors.";
+commands:
+  run        run an agent once on a prompt (a new thread, or --thread to continue one)
+  chat       talk with an agent on one thread, interactively
+  resume     answer a run that waits for a decision (approve or deny its tool calls)
+  recover    continue the runs a killed process left unfinished
+  threads    list the stored threads; `threads rm`, `threads prune` delete them
+  show       print a thread's transcript
+  validate   check an agent file without running it (offline)
+  plugins    list and check declarative plugin manifests
+  init       write a starter agent file and a plugin directory
+
+global options:
+  -v, -vv            more log output (info, debug); RUST_LOG overrides
+  -q, --quiet        print only the answer on standard output; only errors on standard error
+  --log-format FMT   pretty (default) or json log lines on standard error
+  -h, --help         help (`awaken COMMAND --help` for a command's own)
+  -V, --version      the version
+
+SPEC (--store) is sqlite:PATH (default sqlite:./.awaken/awaken.db), postgres:URL or memory.
+Exit codes: 0 completed, 2 bad input, 3 waiting for a decision (or the thread is busy),
+4 cancelled, 1 other errors.";
+
+/// The usage of one command, for `awaken COMMAND --help` and its usage errors.
+pub(crate) fn command_usage(command: &str) -> Option<&'static str> {
+    Some(match command {
+        "run" => {
+            "\
+usage: awaken run --agent FILE [PROMPT] [--thread ID [--supersede]] [--json] [--store SPEC]
+                  [--script FILE] [--model NAME]
+
+Runs the agent of FILE on PROMPT (default: standard input) and streams its answer, tool calls
+and results. --thread continues a stored thread (default: a new one); --supersede starts the new
+run on a thread that waits for decisions, closing its waiting calls as cancelled. --json prints
+the run's events as JSON lines. --script replays another script with the scripted provider;
+--model names the provider-side model of a network provider. Ctrl-C cancels the run (exit 4)
+with the partial answer kept; a second Ctrl-C exits at once."
+        }
+        "chat" => {
+            "\
+usage: awaken chat --agent FILE [--thread ID] [--store SPEC] [--script FILE] [--model NAME]
+
+An interactive session on one thread: each line you type is a run, streamed as it happens;
+a tool call that needs approval is asked inline (y/n, with its arguments). Ctrl-C cancels the
+current run, not the session; Ctrl-D (end of input) leaves. The thread is kept in the store, so
+`awaken chat --thread ID` picks the conversation up later."
+        }
+        "resume" => {
+            "\
+usage: awaken resume THREAD --agent FILE (--approve CALL | --deny CALL [--answer JSON])...
+                     [--json] [--store SPEC] [--script FILE] [--model NAME]
+
+Answers the tool calls a waiting run asked about and continues the run. --answer gives the
+decision before it a JSON payload (the answer, or the reason of a denial, for the model);
+several --approve/--deny go in one command."
+        }
+        "recover" => {
+            "\
+usage: awaken recover --agent FILE [--json] [--store SPEC] [--script FILE] [--model NAME]
+
+Continues the runs that a crashed or killed process left unfinished (not those waiting for a
+decision), each with the agent file's agent."
+        }
+        "threads" => {
+            "\
+usage: awaken threads [--json] [--store SPEC]
+       awaken threads rm THREAD... [--store SPEC]
+       awaken threads prune --older-than AGE [--dry-run] [--store SPEC]
+
+Lists the stored threads (id, agent, status, last activity, messages), newest first; --json
+prints one JSON object per line. `rm` deletes threads with their runs and events; `prune`
+deletes those whose last activity is older than AGE (30d, 12h, 90m, ...)."
+        }
+        "show" => {
+            "\
+usage: awaken show THREAD [--json] [--store SPEC]
+
+Prints the thread's transcript: each message with its role, tool calls with their arguments and
+results, the runs with their times, and the calls waiting for a decision with the commands that
+answer them. --json prints the stored checkpoint, runs and events as JSON lines."
+        }
+        "validate" => {
+            "\
+usage: awaken validate --agent FILE [--script FILE] [--model NAME]
+
+Checks the agent file and resolves its agent, offline: no request is sent and no API key is
+needed (the key is checked when a run starts)."
+        }
+        "plugins" => {
+            "\
+usage: awaken plugins --dir DIR...
+
+Lists every declarative plugin manifest (*.toml) of the directories, checks each, then loads
+them together (repeated ids, dependencies, agent definitions)."
+        }
+        "init" => {
+            "\
+usage: awaken init [DIR]
+
+Writes a starter project into DIR (default: the current directory): agent.toml (offline,
+scripted), openai.toml (an OpenAI-compatible endpoint) and plugins/ with a commented
+declarative plugin. Existing files are never overwritten."
+        }
+        _ => return None,
+    })
+}
 
 /// One `--approve CALL` or `--deny CALL`, with its `--answer`.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,9 +130,20 @@ pub(crate) struct DecisionArg {
     pub(crate) answer: Option<Value>,
 }
 
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum LogFormat {
+    /// One readable line per event.
+    #[default]
+    Pretty,
+    /// One JSON object per line.
+    Json,
+}
+
 /// The parsed command line.
 #[derive(Debug, Default)]
 pub(crate) struct Args {
+    /// `run`, `chat`, ..., or `threads rm` / `threads prune`.
     pub(crate) command: String,
     pub(crate) positional: Vec<String>,
     pub(crate) agent: Option<PathBuf>,
@@ -51,6 +155,23 @@ pub(crate) struct Args {
     pub(crate) supersede: bool,
     pub(crate) decisions: Vec<DecisionArg>,
     pub(crate) dirs: Vec<PathBuf>,
+    pub(crate) older_than: Option<Duration>,
+    pub(crate) dry_run: bool,
+    /// `-v` counted.
+    pub(crate) verbose: u8,
+    pub(crate) quiet: bool,
+    pub(crate) log_format: LogFormat,
+}
+
+/// What the command line asks for.
+#[derive(Debug)]
+pub(crate) enum Parsed {
+    /// Run a command.
+    Command(Box<Args>),
+    /// Print this help text and exit 0.
+    Help(&'static str),
+    /// Print the version and exit 0.
+    Version,
 }
 
 /// The flags each command accepts, and how many positional words.
@@ -76,37 +197,76 @@ fn accepted(command: &str) -> Option<(&'static [&'static str], std::ops::RangeIn
     ];
     Some(match command {
         "run" => (RUN, 0..=usize::MAX),
+        "chat" => (
+            &["--agent", "--thread", "--store", "--script", "--model"],
+            0..=0,
+        ),
         "resume" => (RESUME, 1..=1),
         "recover" => (
             &["--agent", "--json", "--store", "--script", "--model"],
             0..=0,
         ),
-        "threads" => (&["--store"], 0..=0),
-        "show" => (&["--store"], 1..=1),
+        "threads" => (&["--store", "--json"], 0..=0),
+        "threads rm" => (&["--store"], 1..=usize::MAX),
+        "threads prune" => (&["--store", "--older-than", "--dry-run"], 0..=0),
+        "show" => (&["--store", "--json"], 1..=1),
         "validate" => (&["--agent", "--script", "--model"], 0..=0),
         "plugins" => (&["--dir"], 0..=0),
+        "init" => (&[], 0..=1),
         _ => return None,
     })
 }
 
+/// The usage shown after a usage error in `command`.
+fn usage_of(command: &str) -> &'static str {
+    command_usage(command.split(' ').next().unwrap_or(command)).unwrap_or(USAGE)
+}
+
 /// Parses the words after the program name.
-pub(crate) fn parse_args(raw: Vec<String>) -> Result<Args> {
-    let mut it = raw.into_iter();
-    let command = it.next().ok_or_else(|| anyhow!("{USAGE}"))?;
-    if matches!(command.as_str(), "-h" | "--help" | "help") {
-        bail!("{USAGE}");
+pub(crate) fn parse_args(raw: Vec<String>) -> Result<Parsed> {
+    let mut it = raw.into_iter().peekable();
+    let mut args = Args::default();
+    // Global options may come before the command.
+    let command = loop {
+        let Some(word) = it.next() else {
+            return Ok(Parsed::Help(USAGE));
+        };
+        match global(&word, &mut args, &mut it)? {
+            Some(Global::Help) => return Ok(Parsed::Help(USAGE)),
+            Some(Global::Version) => return Ok(Parsed::Version),
+            Some(Global::Taken) => {}
+            None => break word,
+        }
+    };
+    if command == "help" {
+        return Ok(Parsed::Help(match it.next() {
+            Some(c) => {
+                command_usage(&c).ok_or_else(|| anyhow!("unknown command `{c}`\n\n{USAGE}"))?
+            }
+            None => USAGE,
+        }));
+    }
+    let mut command = command;
+    if command == "threads"
+        && let Some(sub) = it.next_if(|w| w == "rm" || w == "prune")
+    {
+        command = format!("threads {sub}");
     }
     let Some((flags, positional)) = accepted(&command) else {
         bail!("unknown command `{command}`\n\n{USAGE}");
     };
-    let mut args = Args {
-        command,
-        ..Args::default()
-    };
+    let usage = usage_of(&command);
+    args.command = command;
     while let Some(a) = it.next() {
+        match global(&a, &mut args, &mut it)? {
+            Some(Global::Help) => return Ok(Parsed::Help(usage)),
+            Some(Global::Version) => return Ok(Parsed::Version),
+            Some(Global::Taken) => continue,
+            None => {}
+        }
         let mut value = |name: &str| {
             it.next()
-                .ok_or_else(|| anyhow!("{name} needs a value\n\n{USAGE}"))
+                .ok_or_else(|| anyhow!("{name} needs a value\n\n{usage}"))
         };
         let flag: &'static str = match a.as_str() {
             "--agent" => {
@@ -132,6 +292,18 @@ pub(crate) fn parse_args(raw: Vec<String>) -> Result<Args> {
             "--dir" => {
                 args.dirs.push(value("--dir")?.into());
                 "--dir"
+            }
+            "--older-than" => {
+                let text = value("--older-than")?;
+                let age = parse_age(&text).ok_or_else(|| {
+                    anyhow!("--older-than {text:?}: expected an age such as 30d, 12h, 90m or 45s")
+                })?;
+                args.older_than = Some(age);
+                "--older-than"
+            }
+            "--dry-run" => {
+                args.dry_run = true;
+                "--dry-run"
             }
             "--approve" | "--deny" => {
                 let approve = a == "--approve";
@@ -167,25 +339,27 @@ pub(crate) fn parse_args(raw: Vec<String>) -> Result<Args> {
                 args.supersede = true;
                 "--supersede"
             }
-            "-h" | "--help" => bail!("{USAGE}"),
-            flag if flag.starts_with("--") => bail!("unknown option {flag}\n\n{USAGE}"),
+            flag if flag.starts_with('-') && flag.len() > 1 => {
+                bail!("unknown option {flag}\n\n{usage}")
+            }
             _ => {
                 args.positional.push(a);
                 continue;
             }
         };
         if !flags.contains(&flag) {
-            bail!("`awaken {}` does not take {flag}\n\n{USAGE}", args.command);
+            bail!("`awaken {}` does not take {flag}\n\n{usage}", args.command);
         }
     }
     if !positional.contains(&args.positional.len()) {
-        let expected = match (args.command.as_str(), positional.start()) {
-            ("resume" | "show", _) => "one THREAD".to_owned(),
-            (_, 0) => "no positional arguments".to_owned(),
-            (_, n) => format!("{n}"),
+        let expected = match args.command.as_str() {
+            "resume" | "show" => "one THREAD".to_owned(),
+            "threads rm" => "one or more THREADs".to_owned(),
+            "init" => "at most one DIR".to_owned(),
+            _ => "no positional arguments".to_owned(),
         };
         bail!(
-            "`awaken {}` takes {expected}, got {:?}\n\n{USAGE}",
+            "`awaken {}` takes {expected}, got {:?}\n\n{usage}",
             args.command,
             args.positional
         );
@@ -193,5 +367,66 @@ pub(crate) fn parse_args(raw: Vec<String>) -> Result<Args> {
     if args.supersede && args.thread.is_none() {
         bail!("--supersede needs --thread ID (it answers a thread that waits for decisions)");
     }
-    Ok(args)
+    if args.command == "threads prune" && args.older_than.is_none() {
+        bail!("`awaken threads prune` needs --older-than AGE (e.g. 30d)\n\n{usage}");
+    }
+    if args.quiet && args.json {
+        bail!("--quiet and --json exclude each other (--json prints every event)");
+    }
+    Ok(Parsed::Command(Box::new(args)))
+}
+
+/// A global option taken from the words.
+enum Global {
+    Taken,
+    Help,
+    Version,
+}
+
+/// Takes `word` when it is a global option (`-v`, `-vv`, `-q`, `--log-format FMT`, help,
+/// version).
+fn global(
+    word: &str,
+    args: &mut Args,
+    rest: &mut impl Iterator<Item = String>,
+) -> Result<Option<Global>> {
+    Ok(Some(match word {
+        "-h" | "--help" => Global::Help,
+        "-V" | "--version" => Global::Version,
+        "-q" | "--quiet" => {
+            args.quiet = true;
+            Global::Taken
+        }
+        "--verbose" => {
+            args.verbose = args.verbose.saturating_add(1);
+            Global::Taken
+        }
+        "--log-format" => {
+            let value = rest
+                .next()
+                .ok_or_else(|| anyhow!("--log-format needs a value: pretty or json"))?;
+            args.log_format = match value.as_str() {
+                "pretty" => LogFormat::Pretty,
+                "json" => LogFormat::Json,
+                other => bail!("--log-format {other:?}: expected pretty or json"),
+            };
+            Global::Taken
+        }
+        w if w.len() > 1 && w.starts_with('-') && w[1..].bytes().all(|b| b == b'v') => {
+            let count = u8::try_from(w.len() - 1).unwrap_or(u8::MAX);
+            args.verbose = args.verbose.saturating_add(count);
+            Global::Taken
+        }
+        _ => return Ok(None),
+    }))
+}
+
+/// An age such as `30d`, `12h`, `90m`, `45s` (or anything [`DurationSpec`] reads).
+fn parse_age(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    if let Some(days) = text.strip_suffix('d') {
+        let days: u64 = days.parse().ok()?;
+        return days.checked_mul(86_400).map(Duration::from_secs);
+    }
+    DurationSpec::parse(text).ok().map(DurationSpec::get)
 }

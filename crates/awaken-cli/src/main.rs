@@ -1,19 +1,24 @@
-#![allow(clippy::print_stdout, clippy::print_stderr)] // printing is this binary's job
 //! The `awaken` command: runs agents defined in TOML files, streaming their events to the
-//! terminal, keeps threads in an embedded SQLite file (`./.awaken/awaken.db`), and resumes runs
-//! that wait for a human's decision (`awaken resume`), in any later invocation, and runs a
-//! crashed process left unfinished (`awaken recover`).
+//! terminal, keeps threads in an embedded SQLite file (`./.awaken/awaken.db`), talks with an
+//! agent interactively (`awaken chat`), resumes runs that wait for a human's decision
+//! (`awaken resume`) in any later invocation, and continues the runs a crashed process left
+//! unfinished (`awaken recover`).
 //!
-//! Exit codes: 0 completed, 2 bad input, 3 suspended waiting for a decision, 4 cancelled,
-//! 1 other errors.
+//! Exit codes: 0 completed, 2 bad input, 3 suspended waiting for a decision (or the thread is
+//! busy), 4 cancelled, 1 other errors. A closed standard output (`awaken show T | head`) ends
+//! the command quietly.
 
 mod agent_file;
 mod args;
+mod chat;
+mod init;
 mod inspect;
+mod log;
 mod output;
 mod run;
 mod script;
 mod setup;
+mod term;
 #[cfg(test)]
 mod tests;
 mod tools;
@@ -23,7 +28,8 @@ use std::process::ExitCode;
 use anyhow::anyhow;
 
 use crate::agent_file::AgentFile;
-use crate::args::{Args, USAGE, parse_args};
+use crate::args::{Args, Parsed, parse_args};
+use crate::term::{errln, outln};
 
 /// A failure with its exit code.
 pub(crate) struct Exit {
@@ -44,42 +50,65 @@ impl From<anyhow::Error> for Exit {
 
 /// The agent file `--agent` names.
 pub(crate) fn load_file(args: &Args) -> Result<AgentFile, Exit> {
-    let path = args
-        .agent
-        .as_ref()
-        .ok_or_else(|| bad_input(anyhow!("--agent FILE is required\n\n{USAGE}")))?;
+    let path = args.agent.as_ref().ok_or_else(|| {
+        bad_input(anyhow!(
+            "--agent FILE is required\n\n{}",
+            args::command_usage(&args.command).unwrap_or(args::USAGE)
+        ))
+    })?;
     AgentFile::load(path).map_err(bad_input)
 }
 
 fn main() -> ExitCode {
     let words: Vec<String> = std::env::args().skip(1).collect();
-    let help = words.first().is_some_and(|w| w == "help")
-        || words.iter().any(|w| w == "-h" || w == "--help");
-    if help {
-        println!("{USAGE}");
-        return ExitCode::SUCCESS;
-    }
+    let args = match parse_args(words) {
+        Ok(Parsed::Command(args)) => *args,
+        Ok(Parsed::Help(text)) => {
+            outln!("{text}");
+            return ExitCode::SUCCESS;
+        }
+        Ok(Parsed::Version) => {
+            outln!("awaken {}", env!("CARGO_PKG_VERSION"));
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            errln!("awaken: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    log::init(&args);
     let result = (|| -> Result<u8, Exit> {
-        let args = parse_args(words).map_err(bad_input)?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|e| anyhow!("{e}"))?;
+            .map_err(|e| anyhow!("cannot start the async runtime: {e}"))?;
         match args.command.as_str() {
             "run" => rt.block_on(run::run(args)),
+            "chat" => rt.block_on(chat::chat(args)),
             "resume" => rt.block_on(run::resume(args)),
             "recover" => rt.block_on(run::recover(args)),
             "threads" => rt.block_on(inspect::threads(args)),
+            "threads rm" => rt.block_on(inspect::threads_rm(args)),
+            "threads prune" => rt.block_on(inspect::threads_prune(args)),
             "show" => rt.block_on(inspect::show(args)),
             "validate" => rt.block_on(async { inspect::validate(args) }),
             "plugins" => inspect::plugins(args),
-            other => Err(bad_input(anyhow!("unknown command `{other}`\n\n{USAGE}"))),
+            "init" => init::init(args),
+            other => Err(bad_input(anyhow!(
+                "unknown command `{other}`\n\n{}",
+                args::USAGE
+            ))),
         }
     })();
+    term::clear_status();
+    if term::stdout_closed() {
+        // The reader went away (`| head`): nothing more to say, and nobody to say it to.
+        return ExitCode::SUCCESS;
+    }
     match result {
         Ok(code) => ExitCode::from(code),
         Err(Exit { code, error }) => {
-            eprintln!("awaken: {error:#}");
+            errln!("awaken: {error:#}");
             ExitCode::from(code)
         }
     }

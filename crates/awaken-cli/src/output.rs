@@ -3,29 +3,127 @@
 //! events only).
 
 use std::fmt::Write as _;
-use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use awaken::event::{AgentEvent, EventSink, ResumeDecision, SuspendTicket, ThreadId};
 
 use crate::args::Args;
+use crate::term::{clear_status, out, outln, show_status, stderr_is_terminal};
+
+/// How long the model may be silent before the waiting indicator shows.
+const SILENCE_SHOWN_AFTER: Duration = Duration::from_secs(1);
+
+/// When the model was last asked and has not answered yet.
+#[derive(Default)]
+struct Waiting {
+    since: Mutex<Option<Instant>>,
+}
+
+impl Waiting {
+    fn set(&self, since: Option<Instant>) {
+        if let Ok(mut slot) = self.since.lock() {
+            *slot = since;
+        }
+    }
+
+    fn since(&self) -> Option<Instant> {
+        self.since.lock().ok().and_then(|s| *s)
+    }
+}
+
+/// The waiting indicator's text after `silent` without an answer.
+pub(crate) fn waiting_text(silent: Duration) -> String {
+    format!("… waiting for the model ({}s)", silent.as_secs())
+}
 
 /// Prints events for a person: the run's start, text as it arrives, tool calls and results,
-/// suspensions and decisions.
-#[derive(Default)]
+/// suspensions and decisions. Quiet, it prints only the answer's text. On a terminal it shows
+/// a waiting indicator on standard error while the model has been silent for a second or more.
 pub(crate) struct Terminal {
     /// Whether the cursor is after streamed text on an unfinished line.
     mid_line: AtomicBool,
+    quiet: bool,
+    waiting: Arc<Waiting>,
+}
+
+impl Terminal {
+    /// A terminal printer; `quiet` prints the answer only. The indicator runs while the
+    /// printer lives (it needs a tokio runtime, and standard error to be a terminal).
+    pub(crate) fn new(quiet: bool) -> Self {
+        let waiting = Arc::new(Waiting::default());
+        if !quiet && stderr_is_terminal() {
+            let weak = Arc::downgrade(&waiting);
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_millis(250));
+                loop {
+                    tick.tick().await;
+                    let Some(waiting) = weak.upgrade() else {
+                        break;
+                    };
+                    if let Some(since) = waiting.since() {
+                        let silent = since.elapsed();
+                        if silent >= SILENCE_SHOWN_AFTER {
+                            show_status(&waiting_text(silent));
+                        }
+                    }
+                }
+            });
+        }
+        Self {
+            mid_line: AtomicBool::new(false),
+            quiet,
+            waiting,
+        }
+    }
+
+    /// Ends a line of streamed text, if one is open.
+    fn end_line(&self) {
+        if self.mid_line.swap(false, Ordering::Relaxed) {
+            outln!();
+        }
+    }
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        self.waiting.set(None);
+        clear_status();
+    }
 }
 
 impl EventSink for Terminal {
     fn emit(&self, event: &AgentEvent) {
-        let mut out = std::io::stdout().lock();
+        // The model is asked at the start of each step, and has answered at its first output.
+        match event {
+            AgentEvent::StepStart { .. } => self.waiting.set(Some(Instant::now())),
+            AgentEvent::TextDelta { .. }
+            | AgentEvent::ReasoningDelta { .. }
+            | AgentEvent::ToolCallStart { .. }
+            | AgentEvent::InferenceComplete { .. }
+            | AgentEvent::StepEnd { .. }
+            | AgentEvent::RunFinish { .. }
+            | AgentEvent::Error { .. } => {
+                self.waiting.set(None);
+                clear_status();
+            }
+            _ => {}
+        }
         if let AgentEvent::TextDelta { delta } = event {
-            let _ = write!(out, "{delta}");
+            out!("{delta}");
             self.mid_line
                 .store(!delta.ends_with('\n'), Ordering::Relaxed);
-            let _ = out.flush();
+            return;
+        }
+        if self.quiet {
+            // Each step's text ends its line (a step that calls tools says something first).
+            if matches!(
+                event,
+                AgentEvent::StepEnd { .. } | AgentEvent::RunFinish { .. }
+            ) {
+                self.end_line();
+            }
             return;
         }
         let shows_line = matches!(
@@ -38,53 +136,49 @@ impl EventSink for Terminal {
                 | AgentEvent::Warning { .. }
                 | AgentEvent::Error { .. }
                 | AgentEvent::StepEnd { .. }
+                | AgentEvent::RunFinish { .. }
         );
-        if shows_line && self.mid_line.swap(false, Ordering::Relaxed) {
-            let _ = writeln!(out);
+        if shows_line {
+            self.end_line();
         }
-        let _ = match event {
+        match event {
             AgentEvent::RunStart {
                 thread_id,
                 run_id,
                 agent_id,
                 resumed,
                 ..
-            } => writeln!(
-                out,
+            } => outln!(
                 "▶ {} run {run_id} of agent {agent_id} on thread {thread_id}",
                 if *resumed { "resuming" } else { "started" }
             ),
-            AgentEvent::StepEnd { .. } => Ok(()),
             AgentEvent::ToolCallReady {
                 name, arguments, ..
-            } => writeln!(out, "→ {name} {arguments}"),
+            } => outln!("→ {name} {arguments}"),
             AgentEvent::ToolCallDone { result, state, .. } => {
-                let content = result.content.to_string();
-                let shown: String = content.chars().take(200).collect();
-                writeln!(
-                    out,
-                    "← {state}: {shown}{}",
-                    if content.len() > shown.len() {
-                        "…"
-                    } else {
-                        ""
-                    }
-                )
+                outln!("← {state}: {}", clip(&result.content.to_string(), 200));
             }
-            AgentEvent::ToolCallSuspended { call_id, ticket } => writeln!(
-                out,
+            AgentEvent::ToolCallSuspended { call_id, ticket } => outln!(
                 "⏸ {} ({call_id}) waits for a decision: {}",
-                ticket.call.tool_name, ticket.message
+                ticket.call.tool_name,
+                ticket.message
             ),
             AgentEvent::ToolCallResumed { call_id, decision } => match decision {
-                ResumeDecision::Approve => writeln!(out, "✓ {call_id} approved"),
-                ResumeDecision::Deny => writeln!(out, "✗ {call_id} denied"),
+                ResumeDecision::Approve => outln!("✓ {call_id} approved"),
+                ResumeDecision::Deny => outln!("✗ {call_id} denied"),
             },
-            AgentEvent::Warning { detail, .. } => writeln!(out, "warning: {detail}"),
-            AgentEvent::Error { message } => writeln!(out, "error: {message}"),
-            _ => Ok(()),
-        };
-        let _ = out.flush();
+            AgentEvent::Warning { detail, .. } => outln!("warning: {detail}"),
+            AgentEvent::Error { message } => outln!("error: {message}"),
+            _ => {}
+        }
+    }
+}
+
+/// `text` cut to `max` characters, with `…` when cut.
+pub(crate) fn clip(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_owned(),
     }
 }
 
@@ -94,9 +188,35 @@ pub(crate) struct JsonLines;
 impl EventSink for JsonLines {
     fn emit(&self, event: &AgentEvent) {
         if let Ok(line) = serde_json::to_string(event) {
-            let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "{line}");
-            let _ = out.flush();
+            outln!("{line}");
+        }
+    }
+}
+
+/// The printer `args` asks for: JSON lines or the terminal's.
+pub(crate) enum Printer {
+    /// `--json`.
+    Json(JsonLines),
+    /// For a person.
+    Terminal(Terminal),
+}
+
+impl Printer {
+    /// The printer for `args`.
+    pub(crate) fn for_args(args: &Args) -> Self {
+        if args.json {
+            Printer::Json(JsonLines)
+        } else {
+            Printer::Terminal(Terminal::new(args.quiet))
+        }
+    }
+}
+
+impl EventSink for Printer {
+    fn emit(&self, event: &AgentEvent) {
+        match self {
+            Printer::Json(p) => p.emit(event),
+            Printer::Terminal(p) => p.emit(event),
         }
     }
 }

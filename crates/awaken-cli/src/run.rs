@@ -5,34 +5,23 @@ use std::io::{IsTerminal, Read};
 use std::time::Instant;
 
 use anyhow::anyhow;
-use awaken::event::{EventSink, SuspendTicket, TerminationReason, ThreadId, ToolCallResume};
+use awaken::event::{SuspendTicket, TerminationReason, ThreadId, ToolCallResume};
 use awaken::runtime::{
     AgentRuntime, RecoverConfig, Resume, RunActivation, RunError, RunHandle, RunOutcome,
 };
 use awaken_store::RunStatus;
 
+use crate::agent_file::AgentFile;
 use crate::args::Args;
-use crate::output::{JsonLines, Terminal, shell_word, waiting_instructions};
-use crate::setup::{open_store, runtime, stored_thread};
+use crate::output::{Printer, shell_word, waiting_instructions};
+use crate::setup::{Open, Purpose, is_memory_store, open_store, runtime, stored_thread};
+use crate::term::{self, err, errln};
 use crate::{Exit, bad_input, load_file};
 
 /// `awaken run --agent FILE [PROMPT] [--thread ID [--supersede]]`.
 pub(crate) async fn run(args: Args) -> Result<u8, Exit> {
-    let file = load_file(&args)?;
     let prompt = prompt(&args)?;
-    let store = open_store(args.store.as_deref()).await.map_err(bad_input)?;
-    // A new user message starts the script from its first turn.
-    let runtime = runtime(&file, &args, store).map_err(bad_input)?;
-    let thread = match &args.thread {
-        Some(t) => ThreadId::new(t).map_err(|e| bad_input(anyhow!("--thread: {e}")))?,
-        None => ThreadId::new(format!(
-            "thread-{:x}",
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis())
-        ))
-        .map_err(|e| anyhow!("{e}"))?,
-    };
+    let (file, runtime, thread) = start(&args).await?;
     let mut activation = RunActivation::new(thread.clone(), file.agent.id.clone())
         .with_user_message(prompt.trim_end());
     if args.supersede {
@@ -40,9 +29,8 @@ pub(crate) async fn run(args: Args) -> Result<u8, Exit> {
     }
     cancel_on_interrupt(activation.handle())?;
     let started = Instant::now();
-    let terminal = Terminal::default();
-    let sink: &dyn EventSink = if args.json { &JsonLines } else { &terminal };
-    match runtime.run(activation, sink).await {
+    let sink = Printer::for_args(&args);
+    match runtime.run(activation, &sink).await {
         Ok(outcome) => finish(&runtime, &args, &thread, &outcome, started).await,
         Err(RunError::ThreadWaiting { run_id, .. }) => {
             let tickets = undecided(&runtime, &thread).await?;
@@ -65,6 +53,21 @@ pub(crate) async fn run(args: Args) -> Result<u8, Exit> {
     }
 }
 
+/// What `run` and `chat` start from: the agent file, its runtime over the store (created when
+/// missing) and the thread (`--thread`, else a new one).
+pub(crate) async fn start(args: &Args) -> Result<(AgentFile, AgentRuntime, ThreadId), Exit> {
+    let file = load_file(args)?;
+    let store = open_store(args.store.as_deref(), Open::Create)
+        .await
+        .map_err(bad_input)?;
+    let runtime = runtime(&file, args, store, Purpose::Run).map_err(bad_input)?;
+    let thread = match &args.thread {
+        Some(t) => ThreadId::new(t).map_err(|e| bad_input(anyhow!("--thread: {e}")))?,
+        None => new_thread_id()?,
+    };
+    Ok((file, runtime, thread))
+}
+
 /// `awaken resume THREAD --agent FILE (--approve CALL | --deny CALL [--answer JSON])...`.
 pub(crate) async fn resume(args: Args) -> Result<u8, Exit> {
     let file = load_file(&args)?;
@@ -78,7 +81,7 @@ pub(crate) async fn resume(args: Args) -> Result<u8, Exit> {
             continue_command(&args, &thread, false)
         )));
     }
-    let runtime = runtime(&file, &args, store).map_err(bad_input)?;
+    let runtime = runtime(&file, &args, store, Purpose::Run).map_err(bad_input)?;
     let tickets = runtime
         .waiting_calls(&thread)
         .await
@@ -123,9 +126,8 @@ pub(crate) async fn resume(args: Args) -> Result<u8, Exit> {
     }
     cancel_on_interrupt(request.handle())?;
     let started = Instant::now();
-    let terminal = Terminal::default();
-    let sink: &dyn EventSink = if args.json { &JsonLines } else { &terminal };
-    match runtime.resume(request, sink).await {
+    let sink = Printer::for_args(&args);
+    match runtime.resume(request, &sink).await {
         Ok(outcome) => finish(&runtime, &args, &thread, &outcome, started).await,
         Err(e @ (RunError::Decision { .. } | RunError::NotWaiting { .. })) => {
             let open = undecided(&runtime, &thread).await.unwrap_or_default();
@@ -144,25 +146,26 @@ pub(crate) async fn resume(args: Args) -> Result<u8, Exit> {
 /// else 3 when one waits for a decision, 4 when one was cancelled, else 0.
 pub(crate) async fn recover(args: Args) -> Result<u8, Exit> {
     let file = load_file(&args)?;
-    let store = open_store(args.store.as_deref()).await.map_err(bad_input)?;
-    let runtime = runtime(&file, &args, store).map_err(bad_input)?;
+    let store = open_store(args.store.as_deref(), Open::Existing)
+        .await
+        .map_err(bad_input)?;
+    let runtime = runtime(&file, &args, store, Purpose::Run).map_err(bad_input)?;
     let config = RecoverConfig::new(format!("awaken-cli-{}", std::process::id()));
-    let terminal = Terminal::default();
-    let sink: &dyn EventSink = if args.json { &JsonLines } else { &terminal };
+    let sink = Printer::for_args(&args);
     let started = Instant::now();
     let recovered = runtime
-        .recover(&config, sink)
+        .recover(&config, &sink)
         .await
         .map_err(|e| anyhow!("{e}"))?;
     if recovered.is_empty() {
-        eprintln!("no unfinished runs to recover");
+        errln!("no unfinished runs to recover");
         return Ok(0);
     }
     let mut code = 0;
     for run in &recovered {
         let worst = match &run.outcome {
             Ok(outcome) => {
-                eprintln!(
+                errln!(
                     "— recovered run {} · {} · thread {} · {} step(s) · {} tokens · {} ms",
                     run.run_id,
                     outcome.termination,
@@ -175,7 +178,7 @@ pub(crate) async fn recover(args: Args) -> Result<u8, Exit> {
                     TerminationReason::Error { .. } => 1,
                     TerminationReason::Suspended => {
                         let tickets = undecided(&runtime, &run.thread_id).await?;
-                        eprint!("{}", waiting_instructions(&args, &run.thread_id, &tickets));
+                        err!("{}", waiting_instructions(&args, &run.thread_id, &tickets));
                         3
                     }
                     TerminationReason::Cancelled => 4,
@@ -183,9 +186,10 @@ pub(crate) async fn recover(args: Args) -> Result<u8, Exit> {
                 }
             }
             Err(e) => {
-                eprintln!(
+                errln!(
                     "— run {} on thread {} was not continued: {e}",
-                    run.run_id, run.thread_id
+                    run.run_id,
+                    run.thread_id
                 );
                 1
             }
@@ -199,52 +203,99 @@ pub(crate) async fn recover(args: Args) -> Result<u8, Exit> {
     Ok(code)
 }
 
-/// The prompt: the positional words, else standard input.
+/// The prompt: the positional words, else standard input. An empty prompt is refused.
 fn prompt(args: &Args) -> Result<String, Exit> {
-    if !args.positional.is_empty() {
-        return Ok(args.positional.join(" "));
+    let text = if args.positional.is_empty() {
+        if std::io::stdin().is_terminal() {
+            return Err(bad_input(anyhow!(
+                "give a prompt, or pipe one on standard input"
+            )));
+        }
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .map_err(|e| bad_input(anyhow!("cannot read the prompt from standard input: {e}")))?;
+        if text.trim().is_empty() {
+            return Err(bad_input(anyhow!(
+                "the prompt on standard input is empty; give a prompt as an argument or pipe one"
+            )));
+        }
+        text
+    } else {
+        args.positional.join(" ")
+    };
+    if text.trim().is_empty() {
+        return Err(bad_input(anyhow!("the prompt is empty")));
     }
-    if std::io::stdin().is_terminal() {
-        return Err(bad_input(anyhow!(
-            "give a prompt, or pipe one on standard input"
-        )));
-    }
-    let mut text = String::new();
-    std::io::stdin()
-        .read_to_string(&mut text)
-        .map_err(|e| bad_input(e.into()))?;
     Ok(text)
 }
 
-/// Cancels the run on the first interrupt (Ctrl-C, SIGINT) and exits on the second. The
-/// handler is installed before this returns, so an interrupt after it is never lost.
+/// Cancels the run on the first interrupt (Ctrl-C, SIGINT) and exits on the second, and when
+/// standard output is found closed. The handler is installed before this returns, so an
+/// interrupt after it is never lost.
 fn cancel_on_interrupt(handle: RunHandle) -> Result<(), Exit> {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut interrupts = signal(SignalKind::interrupt())
-            .map_err(|e| anyhow!("cannot install the Ctrl-C handler: {e}"))?;
-        tokio::spawn(async move {
-            if interrupts.recv().await.is_some() {
-                handle.cancel();
-                eprintln!("\ncancelling the run (Ctrl-C again exits at once)");
-                if interrupts.recv().await.is_some() {
-                    std::process::exit(130);
-                }
-            }
-        });
-    }
-    #[cfg(not(unix))]
+    let on_close = handle.clone();
+    term::on_stdout_closed(move || on_close.cancel());
+    let mut interrupts = interrupts()?;
     tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
+        if interrupts.recv().await.is_some() {
             handle.cancel();
-            eprintln!("\ncancelling the run (Ctrl-C again exits at once)");
-            if tokio::signal::ctrl_c().await.is_ok() {
+            errln!("\ncancelling the run (Ctrl-C again exits at once)");
+            if interrupts.recv().await.is_some() {
                 std::process::exit(130);
             }
         }
     });
     Ok(())
+}
+
+/// The stream of interrupts (Ctrl-C).
+pub(crate) struct Interrupts {
+    #[cfg(unix)]
+    signal: tokio::signal::unix::Signal,
+}
+
+impl Interrupts {
+    /// The next interrupt; `None` when no more can arrive.
+    pub(crate) async fn recv(&mut self) -> Option<()> {
+        #[cfg(unix)]
+        return self.signal.recv().await;
+        #[cfg(not(unix))]
+        return tokio::signal::ctrl_c().await.ok();
+    }
+}
+
+/// Starts listening for interrupts (from then on, Ctrl-C no longer ends the process).
+pub(crate) fn interrupts() -> Result<Interrupts, Exit> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let signal = signal(SignalKind::interrupt())
+            .map_err(|e| anyhow!("cannot install the Ctrl-C handler: {e}"))?;
+        Ok(Interrupts { signal })
+    }
+    #[cfg(not(unix))]
+    Ok(Interrupts {})
+}
+
+/// A new thread's id, from the clock.
+pub(crate) fn new_thread_id() -> Result<ThreadId, Exit> {
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    Ok(ThreadId::new(format!("thread-{millis:x}")).map_err(|e| anyhow!("{e}"))?)
+}
+
+/// The line that ends a run: how it ended, the thread, steps, tokens and time.
+pub(crate) fn summary_line(outcome: &RunOutcome, thread: &ThreadId, started: Instant) -> String {
+    format!(
+        "— {} · thread {} · {} step(s) · {} tokens · {} ms",
+        outcome.termination,
+        thread,
+        outcome.steps,
+        outcome.usage.total(),
+        started.elapsed().as_millis()
+    )
 }
 
 /// Prints the final line (and, for a waiting run, how to answer it) and picks the exit code.
@@ -255,30 +306,39 @@ async fn finish(
     outcome: &RunOutcome,
     started: Instant,
 ) -> Result<u8, Exit> {
-    if !args.json {
-        eprintln!(
-            "— {} · thread {} · {} step(s) · {} tokens · {} ms",
-            outcome.termination,
-            thread,
-            outcome.steps,
-            outcome.usage.total(),
-            started.elapsed().as_millis()
-        );
+    let kept = !is_memory_store(args.store.as_deref());
+    if !args.json && !args.quiet {
+        errln!("{}", summary_line(outcome, thread, started));
     }
-    Ok(match outcome.termination {
-        TerminationReason::Suspended => {
-            let tickets = undecided(runtime, thread).await?;
-            eprint!("{}", waiting_instructions(args, thread, &tickets));
+    Ok(match &outcome.termination {
+        TerminationReason::Suspended if !kept => {
+            errln!(
+                "the run waits for a decision, but --store memory keeps nothing past this \
+                 process, so it cannot be resumed; run with a stored thread (the default SQLite \
+                 store) to answer it with `awaken resume`"
+            );
             3
         }
+        TerminationReason::Suspended => {
+            let tickets = undecided(runtime, thread).await?;
+            err!("{}", waiting_instructions(args, thread, &tickets));
+            3
+        }
+        TerminationReason::Cancelled if !kept || args.quiet => 4,
         TerminationReason::Cancelled => {
-            eprintln!(
+            errln!(
                 "the run was cancelled; the thread keeps its checkpoint. Continue it with:\n  {} PROMPT",
                 continue_command(args, thread, false)
             );
             4
         }
-        TerminationReason::Error { .. } => 1,
+        TerminationReason::Error { message } => {
+            // The summary line says it already, unless quiet or JSON left it out.
+            if args.json || args.quiet {
+                errln!("awaken: the run ended in an error: {message}");
+            }
+            1
+        }
         _ => 0,
     })
 }

@@ -7,25 +7,37 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow, bail};
 use awaken::event::ThreadId;
-use awaken::llm::openai::{OpenAiConfig, OpenAiExecutor};
-use awaken::llm::{LlmExecutor, Script};
+use awaken::llm::openai::{MaxTokensField, OpenAiConfig, OpenAiExecutor};
+use awaken::llm::{LlmExecutor, RetryingExecutor, Script};
 use awaken::plugin::PluginRegistry;
 use awaken::runtime::AgentRuntime;
-use awaken::spec::ModelSpec;
+use awaken::spec::{ModelSpec, RETRY_SECTION, RetryConfig};
 use awaken_store::{
     Checkpoint, MemoryStore, PostgresConfig, PostgresStore, SqliteConfig, SqliteStore, ThreadStore,
 };
 
-use crate::agent_file::{AgentFile, ProviderKind};
+use crate::agent_file::{AgentFile, ProviderKind, TokensField};
 use crate::args::{Args, USAGE};
 use crate::script::ThreadScript;
 use crate::tools;
 use crate::{Exit, bad_input};
 
+/// The store used when `--store` is not given.
+pub(crate) const DEFAULT_STORE: &str = "sqlite:./.awaken/awaken.db";
+
+/// Whether opening a store may create it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Open {
+    /// Create a missing SQLite file and its directory (commands that run agents).
+    Create,
+    /// The store must exist already (commands that read or answer what is stored).
+    Existing,
+}
+
 /// Opens the store `spec` names: `sqlite:PATH` (default `sqlite:./.awaken/awaken.db`),
 /// `postgres:URL` (or a `postgres://` URL) or `memory`.
-pub(crate) async fn open_store(spec: Option<&str>) -> Result<Arc<dyn ThreadStore>> {
-    let spec = spec.unwrap_or("sqlite:./.awaken/awaken.db");
+pub(crate) async fn open_store(spec: Option<&str>, open: Open) -> Result<Arc<dyn ThreadStore>> {
+    let spec = spec.unwrap_or(DEFAULT_STORE);
     if spec == "memory" {
         return Ok(Arc::new(MemoryStore::new()));
     }
@@ -45,6 +57,12 @@ pub(crate) async fn open_store(spec: Option<&str>) -> Result<Arc<dyn ThreadStore
         bail!("unsupported store `{spec}`: use sqlite:PATH, postgres:URL or memory");
     };
     let path = Path::new(path);
+    if open == Open::Existing && !path.exists() {
+        bail!(
+            "no store at {}: nothing has run with this store yet (`awaken run` creates it)",
+            path.display()
+        );
+    }
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
@@ -52,6 +70,11 @@ pub(crate) async fn open_store(spec: Option<&str>) -> Result<Arc<dyn ThreadStore
         .await
         .with_context(|| format!("cannot open the SQLite store {}", path.display()))?;
     Ok(Arc::new(store))
+}
+
+/// Whether `spec` names the in-memory store, which keeps nothing past the process.
+pub(crate) fn is_memory_store(spec: Option<&str>) -> bool {
+    spec == Some("memory")
 }
 
 /// Whether `spec` names a store several processes share (PostgreSQL).
@@ -71,7 +94,9 @@ pub(crate) async fn stored_thread(
         .first()
         .ok_or_else(|| bad_input(anyhow!("awaken {} THREAD\n\n{USAGE}", args.command)))?;
     let thread = ThreadId::new(id).map_err(|e| bad_input(anyhow!("{e}")))?;
-    let store = open_store(args.store.as_deref()).await.map_err(bad_input)?;
+    let store = open_store(args.store.as_deref(), Open::Existing)
+        .await
+        .map_err(bad_input)?;
     let checkpoint = store
         .load_checkpoint(&thread)
         .await
@@ -80,79 +105,165 @@ pub(crate) async fn stored_thread(
     Ok((thread, store, checkpoint))
 }
 
-/// The executor and model the agent file (and the environment) ask for. The scripted provider
-/// reads where each thread's run stands from `store`.
+/// What a command does with the runtime it builds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Purpose {
+    /// Runs agents: the provider's credentials and header values must be at hand.
+    Run,
+    /// Only checks the file, offline: nothing is read from the environment.
+    Validate,
+}
+
+/// The retry policy of a network provider when the agent file says nothing: up to 3 retries of
+/// transient errors (rate limits, overload, 5xx, timeouts, refused connections), backoff from
+/// 0.5 s doubling to 30 s with jitter; a `Retry-After` longer than 30 s ends the call instead.
+fn default_retry() -> RetryConfig {
+    RetryConfig {
+        max_retries: 3,
+        ..RetryConfig::default()
+    }
+}
+
+/// `value` with each `${VAR}` replaced by the environment variable's value.
+fn expand_env(value: &str, what: &str) -> Result<String> {
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let Some(end) = after.find('}') else {
+            bail!("{what}: `${{` without its closing `}}`");
+        };
+        let name = &after[..end];
+        let found = std::env::var(name)
+            .map_err(|_| anyhow!("{what}: the environment variable {name} is not set"))?;
+        out.push_str(&found);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// The OpenAI-compatible executor the agent file's `[provider]` describes. The environment
+/// gives the key (`api_key_env`, default `OPENAI_API_KEY`) and, when the file has none, the
+/// base URL (`AWAKEN_BASE_URL`).
+fn openai_executor(file: &AgentFile, purpose: Purpose) -> Result<(Arc<dyn LlmExecutor>, String)> {
+    let section = &file.provider;
+    let shown = file.path.display();
+    let base = section
+        .base_url
+        .clone()
+        .or_else(|| {
+            std::env::var("AWAKEN_BASE_URL")
+                .ok()
+                .filter(|u| !u.is_empty())
+        })
+        .unwrap_or_else(|| "https://api.openai.com/v1".to_owned());
+    let mut config = OpenAiConfig::new(base.clone());
+    let key_env = section.api_key_env.as_deref().unwrap_or("OPENAI_API_KEY");
+    if purpose == Purpose::Run {
+        match std::env::var(key_env).ok().filter(|k| !k.is_empty()) {
+            Some(key) => config = config.with_api_key(key),
+            None if base.contains("api.openai.com") => bail!(
+                "{shown}: the provider at {base} needs an API key: set {key_env} \
+                 (or point [provider] base_url or AWAKEN_BASE_URL at a local server)"
+            ),
+            None => {}
+        }
+    }
+    for (name, value) in &section.headers {
+        let value = match purpose {
+            Purpose::Run => expand_env(value, &format!("{shown}: [provider] headers.{name}"))?,
+            Purpose::Validate => value.clone(),
+        };
+        config = config.with_header(name.clone(), value);
+    }
+    if let Some(t) = section.connect_timeout {
+        config = config.with_connect_timeout(t.get());
+    }
+    if let Some(t) = section.first_byte_timeout {
+        config = config.with_request_timeout(t.get());
+    }
+    if let Some(t) = section.idle_timeout {
+        config = config.with_stream_idle_timeout(t.get());
+    }
+    if let Some(field) = section.max_tokens_field {
+        config = config.with_max_tokens_field(match field {
+            TokensField::MaxTokens => MaxTokensField::MaxTokens,
+            TokensField::MaxCompletionTokens => MaxTokensField::MaxCompletionTokens,
+        });
+    }
+    if let Some(stream) = section.stream {
+        config = config.with_stream(stream);
+    }
+    if let Some(usage) = section.include_usage {
+        config = config.with_include_usage(usage);
+    }
+    let executor: Arc<dyn LlmExecutor> =
+        Arc::new(OpenAiExecutor::new(config).map_err(|e| anyhow!("{shown}: [provider]: {e}"))?);
+    // An `[agent.sections.retry]` is applied by the runtime itself; otherwise the provider's.
+    let executor = match (&section.retry, file.agent.sections.get(RETRY_SECTION)) {
+        (_, Some(_)) => executor,
+        (Some(retry), None) if retry.max_retries == 0 => executor,
+        (retry, None) => Arc::new(RetryingExecutor::new(
+            executor,
+            &retry.clone().unwrap_or_else(default_retry),
+        )),
+    };
+    Ok((executor, base))
+}
+
+/// The executor and model the agent file asks for: the provider it names, never another.
+/// The scripted provider reads where each thread's run stands from `store`.
 fn provider(
     file: &AgentFile,
     args: &Args,
     store: &Arc<dyn ThreadStore>,
+    purpose: Purpose,
 ) -> Result<(Arc<dyn LlmExecutor>, ModelSpec)> {
-    let env_key = std::env::var("OPENAI_API_KEY")
-        .ok()
-        .filter(|k| !k.is_empty());
-    let env_url = std::env::var("AWAKEN_BASE_URL")
-        .ok()
-        .filter(|u| !u.is_empty());
-    let openai =
-        file.provider.kind == ProviderKind::Openai || env_key.is_some() || env_url.is_some();
+    let kind = file.provider_kind()?;
     let model_id = file.agent.model.clone();
-    if openai {
-        let base = match file.provider.base_url.clone().or(env_url) {
-            Some(base) => base,
-            None if env_key.is_some() => "https://api.openai.com/v1".into(),
-            None => bail!(
-                "{}: the OpenAI-compatible provider needs OPENAI_API_KEY (for api.openai.com) \
-                 or a base URL (AWAKEN_BASE_URL, or [provider] base_url) for a local server",
-                file.path.display()
-            ),
-        };
-        let upstream = args
-            .model
-            .clone()
-            .or_else(|| file.provider.model.clone())
-            .unwrap_or_else(|| "gpt-4o-mini".into());
-        let mut config = OpenAiConfig::new(base);
-        if let Some(key) = env_key {
-            config = config.with_api_key(key);
+    let (executor, upstream): (Arc<dyn LlmExecutor>, String) = match kind {
+        ProviderKind::Openai => {
+            let upstream = args
+                .model
+                .clone()
+                .or_else(|| file.provider.model.clone())
+                .or_else(|| file.model.as_ref().map(|m| m.upstream_model.clone()))
+                .unwrap_or_else(|| "gpt-4o-mini".into());
+            let (executor, base) = openai_executor(file, purpose)?;
+            tracing::info!(provider = "openai", base_url = %base, model = %upstream, "provider");
+            (executor, upstream)
         }
-        let executor = OpenAiExecutor::new(config)
-            .map_err(|e| anyhow!("the OpenAI-compatible provider: {e}"))?;
-        let model = file
-            .model
-            .clone()
-            .unwrap_or_else(|| ModelSpec::new(model_id, "openai", upstream.clone()));
-        return Ok((
-            Arc::new(executor),
-            ModelSpec {
-                provider: "openai".into(),
-                upstream_model: upstream,
-                ..model
-            },
-        ));
-    }
-    let script = match &args.script {
-        Some(path) => Script::load(path).map_err(|e| anyhow!("{e}"))?,
-        None => file.script.clone().ok_or_else(|| {
-            anyhow!(
-                "{}: the scripted provider needs a [script] section in the agent file or --script FILE",
-                file.path.display()
-            )
-        })?,
+        ProviderKind::Scripted => {
+            let script = match &args.script {
+                Some(path) => Script::load(path).map_err(|e| anyhow!("{e}"))?,
+                None => file.script.clone().ok_or_else(|| {
+                    anyhow!(
+                        "{}: the scripted provider needs a [script] section in the agent file or --script FILE",
+                        file.path.display()
+                    )
+                })?,
+            };
+            let source = args.script.as_ref().map_or_else(
+                || format!("{}: [script]", file.path.display()),
+                |p| p.display().to_string(),
+            );
+            let executor = ThreadScript::new(script, Arc::clone(store))
+                .map_err(|e| anyhow!("{source}: {e}"))?;
+            tracing::info!(provider = "scripted", script = %source, "provider");
+            (Arc::new(executor), "scripted".to_owned())
+        }
     };
-    let source = args.script.as_ref().map_or_else(
-        || format!("{}: [script]", file.path.display()),
-        |p| p.display().to_string(),
-    );
-    let executor =
-        ThreadScript::new(script, Arc::clone(store)).map_err(|e| anyhow!("{source}: {e}"))?;
     let model = file
         .model
         .clone()
-        .unwrap_or_else(|| ModelSpec::new(model_id, "scripted", "scripted"));
+        .unwrap_or_else(|| ModelSpec::new(model_id, kind.name(), upstream.clone()));
     Ok((
-        Arc::new(executor),
+        executor,
         ModelSpec {
-            provider: "scripted".into(),
+            provider: kind.name().into(),
+            upstream_model: upstream,
             ..model
         },
     ))
@@ -166,8 +277,9 @@ pub(crate) fn runtime(
     file: &AgentFile,
     args: &Args,
     store: Arc<dyn ThreadStore>,
+    purpose: Purpose,
 ) -> Result<AgentRuntime> {
-    let (executor, model) = provider(file, args, &store)?;
+    let (executor, model) = provider(file, args, &store, purpose)?;
     let mut builder = AgentRuntime::builder();
     if is_shared_store(args.store.as_deref()) {
         // Several processes share a PostgreSQL store: every run this one drives holds a

@@ -1,18 +1,33 @@
 //! Unit tests of the command line and the built-in tools.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::Result;
-use awaken::event::{Message, RunId, ThreadId, ToolCallId};
+use awaken::event::{
+    Message, RunId, TerminationReason, ThreadId, ToolCall, ToolCallId, ToolResult,
+};
 use awaken::state::{KeyRegistry, StateStore};
 use awaken::tool::{Tool, ToolCallContext};
+use awaken_store::{RunRecord, RunStatus, ThreadSummary, Timestamp};
+use expect_test::expect;
 use serde_json::{Value, json};
 
-use crate::args::{Args, parse_args};
+use crate::agent_file::AgentFile;
+use crate::args::{Args, LogFormat, Parsed, parse_args};
+use crate::inspect::{ThreadRow, age, render_threads, render_transcript, utc};
+use crate::output::{clip, waiting_text};
 use crate::tools::{AppendFile, ReadFile};
 
-fn parse(words: &[&str]) -> Result<Args> {
+fn parsed(words: &[&str]) -> Result<Parsed> {
     parse_args(words.iter().map(|w| (*w).to_owned()).collect())
+}
+
+fn parse(words: &[&str]) -> Result<Args> {
+    match parsed(words)? {
+        Parsed::Command(args) => Ok(*args),
+        other => anyhow::bail!("not a command: {other:?}"),
+    }
 }
 
 #[test]
@@ -68,6 +83,241 @@ fn misplaced_or_foreign_flags_are_refused() {
     assert!(err(&["run", "--frob"]).contains("unknown option --frob"));
 }
 
+#[test]
+fn global_options_go_anywhere_and_each_command_has_its_help() {
+    let args = parse(&[
+        "-vv",
+        "run",
+        "--agent",
+        "a.toml",
+        "-q",
+        "hi",
+        "--log-format",
+        "json",
+    ])
+    .expect("parses");
+    assert_eq!(
+        (args.verbose, args.quiet, args.log_format, args.positional),
+        (2, true, LogFormat::Json, vec!["hi".to_owned()])
+    );
+    let help = |words: &[&str]| match parsed(words).expect("parses") {
+        Parsed::Help(text) => text.lines().next().unwrap_or_default().to_owned(),
+        other => panic!("not help: {other:?}"),
+    };
+    assert_eq!(help(&[]), "usage: awaken COMMAND [OPTIONS]");
+    assert_eq!(help(&["--help"]), "usage: awaken COMMAND [OPTIONS]");
+    assert!(help(&["run", "--help"]).starts_with("usage: awaken run --agent FILE"));
+    assert!(help(&["help", "chat"]).starts_with("usage: awaken chat --agent FILE"));
+    assert!(help(&["threads", "prune", "-h"]).starts_with("usage: awaken threads [--json]"));
+    assert!(matches!(parsed(&["-V"]), Ok(Parsed::Version)));
+    assert!(matches!(
+        parsed(&["show", "--version"]),
+        Ok(Parsed::Version)
+    ));
+    let err = |words: &[&str]| parsed(words).expect_err("refused").to_string();
+    assert!(err(&["help", "frob"]).contains("unknown command `frob`"));
+    assert!(err(&["run", "--log-format", "xml"]).contains("expected pretty or json"));
+    assert!(err(&["run", "-q", "--json"]).contains("exclude each other"));
+    // A usage error shows the command's own usage, not the overview.
+    assert!(err(&["show", "--frob"]).contains("usage: awaken show THREAD"));
+}
+
+#[test]
+fn threads_subcommands_take_their_own_words() {
+    let rm = parse(&["threads", "rm", "a", "b"]).expect("parses");
+    assert_eq!(
+        (rm.command.as_str(), rm.positional),
+        ("threads rm", vec!["a".to_owned(), "b".to_owned()])
+    );
+    let prune = parse(&["threads", "prune", "--older-than", "30d", "--dry-run"]).expect("parses");
+    assert_eq!(
+        (prune.command.as_str(), prune.older_than, prune.dry_run),
+        (
+            "threads prune",
+            Some(Duration::from_secs(30 * 86_400)),
+            true
+        )
+    );
+    let ages = ["12h", "90m", "45s", "250ms"].map(|a| {
+        parse(&["threads", "prune", "--older-than", a])
+            .expect("parses")
+            .older_than
+    });
+    assert_eq!(
+        ages,
+        [43_200_000, 5_400_000, 45_000, 250].map(|ms| Some(Duration::from_millis(ms)))
+    );
+    let err = |words: &[&str]| parse(words).expect_err("refused").to_string();
+    assert!(err(&["threads", "rm"]).contains("one or more THREADs"));
+    assert!(err(&["threads", "prune"]).contains("needs --older-than"));
+    assert!(err(&["threads", "prune", "--older-than", "soon"]).contains("expected an age"));
+    assert!(err(&["threads", "rm", "a", "--json"]).contains("does not take --json"));
+    assert!(err(&["init", "a", "b"]).contains("at most one DIR"));
+}
+
+#[test]
+fn times_and_ages_read_for_a_person() {
+    assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
+    assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00 UTC");
+    assert_eq!(utc(1_796_172_765_123), "2026-12-02 00:52:45 UTC");
+    assert_eq!(utc(-1), "1969-12-31 23:59:59 UTC");
+    let ages = [
+        0,
+        999,
+        1_000,
+        119_999,
+        120_000,
+        7_199_999,
+        7_200_000,
+        172_800_000,
+        -5,
+    ]
+    .map(age);
+    assert_eq!(
+        ages,
+        [
+            "0 ms", "999 ms", "1s", "119s", "2m", "119m", "2h", "2d", "0 ms"
+        ]
+    );
+    assert_eq!(
+        waiting_text(Duration::from_millis(3_400)),
+        "… waiting for the model (3s)"
+    );
+    assert_eq!(clip("héllo", 3), "hél…");
+    assert_eq!(clip("hé", 3), "hé");
+}
+
+fn record(run: &str, agent: &str, at: i64) -> RunRecord {
+    RunRecord::new(
+        RunId::new(run).expect("run"),
+        agent,
+        Timestamp::from_unix_millis(at),
+    )
+}
+
+#[test]
+fn the_threads_table_and_the_transcript_read_as_pinned() {
+    let mut done = record("r1", "scribe", 1_796_172_000_000);
+    done.status = RunStatus::Done;
+    done.termination = Some(TerminationReason::NaturalEnd);
+    done.steps = 2;
+    done.updated_at = Timestamp::from_unix_millis(1_796_172_001_500);
+    let mut waiting = record("r2", "assistant", 1_796_100_000_000);
+    waiting.status = RunStatus::Waiting;
+    let summary = |id: &str, messages: u64, at: i64, run: &RunRecord| ThreadSummary {
+        thread_id: ThreadId::new(id).expect("thread"),
+        message_count: messages,
+        latest_run_id: Some(run.run_id.clone()),
+        created_at: Timestamp::from_unix_millis(at),
+        updated_at: Timestamp::from_unix_millis(at),
+    };
+    let rows = [
+        ThreadRow {
+            summary: summary("todo", 4, 1_796_172_001_500, &done),
+            latest: Some(done.clone()),
+        },
+        ThreadRow {
+            summary: summary("a-much-longer-thread", 1, 1_796_100_000_000, &waiting),
+            latest: Some(waiting),
+        },
+    ];
+    expect![[r#"
+        THREAD                AGENT      STATUS       LAST ACTIVITY                      MESSAGES
+        todo                  scribe     natural_end  2026-12-02 00:40:01 UTC (2m ago)   4
+        a-much-longer-thread  assistant  waiting      2026-12-01 04:40:00 UTC (20h ago)  1
+    "#]]
+    .assert_eq(&render_threads(&rows, 1_796_172_121_500));
+    expect![[r#"
+        no threads in this store
+    "#]]
+    .assert_eq(&render_threads(&[], 0));
+
+    let call = ToolCall::new(
+        ToolCallId::new("call_1").expect("call"),
+        "append_file",
+        json!({"path": "todo.txt", "line": "buy milk"}),
+    );
+    let messages = [
+        Message::user("Remind me to buy milk"),
+        Message::assistant_with_calls("I'll add that.", vec![call]),
+        Message::tool(
+            ToolCallId::new("call_1").expect("call"),
+            &ToolResult::success(json!({"appended": true})),
+        ),
+        Message::assistant("Added it.\nAnything else?"),
+        Message::user("Tell me a long story"),
+        Message::incomplete_assistant("Once upon"),
+    ];
+    expect![[r#"
+        thread todo · 6 message(s) · 1 run(s)
+
+        runs
+          r1  scribe · natural_end · 2 step(s) · 0 tokens · started 2026-12-02 00:40:00 UTC · last 2026-12-02 00:40:01 UTC (1s)
+
+        transcript
+          user       Remind me to buy milk
+          assistant  I'll add that.
+                     → append_file {"line":"buy milk","path":"todo.txt"}  (call_1)
+          tool       call_1 ← {"appended":true}
+          assistant  Added it.
+                     Anything else?
+          user       Tell me a long story
+          assistant  Once upon (interrupted)
+    "#]]
+    .assert_eq(&render_transcript(
+        &ThreadId::new("todo").expect("thread"),
+        &messages,
+        &[done],
+    ));
+}
+
+#[test]
+fn the_agent_file_names_the_provider_and_the_environment_does_not() {
+    let dir = temp_dir("provider-kind");
+    let write = |name: &str, body: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, format!("[agent]\nid = \"a\"\nmodel = \"m\"\n{body}"))
+            .expect("write");
+        path
+    };
+    let kind = |name: &str, body: &str| {
+        AgentFile::load(&write(name, body))
+            .map(|f| f.provider_kind().expect("kind").name())
+            .map_err(|e| e.to_string())
+    };
+    assert_eq!(kind("bare.toml", ""), Ok("scripted"));
+    assert_eq!(
+        kind(
+            "model.toml",
+            "[model]\nid = \"m\"\nprovider = \"openai\"\nupstream_model = \"x\"\n"
+        ),
+        Ok("openai")
+    );
+    assert_eq!(
+        kind("section.toml", "[provider]\nkind = \"openai\"\n"),
+        Ok("openai")
+    );
+    let clash = kind(
+        "clash.toml",
+        "[provider]\nkind = \"openai\"\n[model]\nid = \"m\"\nprovider = \"scripted\"\nupstream_model = \"x\"\n",
+    )
+    .expect_err("refused");
+    assert!(clash.contains("name one provider"), "{clash}");
+    let twice = kind(
+        "twice.toml",
+        "[agent.sections.retry]\nmax_retries = 1\n[provider]\nkind = \"openai\"\n[provider.retry]\nmax_retries = 2\n",
+    )
+    .expect_err("refused");
+    assert!(twice.contains("retry is configured twice"), "{twice}");
+    let bad_retry = kind(
+        "bad-retry.toml",
+        "[provider]\nkind = \"openai\"\n[provider.retry]\nmultiplier = 0.5\n",
+    )
+    .expect_err("refused");
+    assert!(bad_retry.contains("retry.multiplier"), "{bad_retry}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 fn ctx(call: &str) -> ToolCallContext {
     ToolCallContext::new(
         ThreadId::new("t1").expect("thread"),
@@ -100,44 +350,105 @@ fn lines(path: &Path) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "current_thread")]
-async fn append_file_appends_once_per_call_and_tags_the_line() {
+async fn append_file_appends_once_per_call_and_leaves_only_the_line() {
     let dir = temp_dir("append");
     let tool = AppendFile {
         root: dir.join("notes"),
     };
-    let args = json!({"path": "todo.txt", "line": "buy milk"});
+    let todo = dir.join("notes/todo.txt");
+    let append = |line: &str| json!({"path": "todo.txt", "line": line});
     assert_eq!(
-        call(&tool, args.clone(), "c1").await,
+        call(&tool, append("buy milk"), "c1").await,
         r#"ok {"appended":true,"line":"buy milk","path":"todo.txt"}"#
     );
     // The same call again (a replay): nothing is written.
-    assert!(
-        call(&tool, args.clone(), "c1")
-            .await
-            .contains("\"appended\":false")
-    );
-    // Another call appends its own line, also after a line some other writer left open.
-    std::fs::write(
-        dir.join("notes/todo.txt"),
-        format!("{}\nwritten by hand", lines(&dir.join("notes/todo.txt"))[0]),
-    )
-    .expect("write");
-    assert!(
-        call(&tool, args.clone(), "c2")
-            .await
-            .contains("\"appended\":true")
-    );
-    assert!(call(&tool, args, "c1").await.contains("\"appended\":false"));
-    let tag = |c: &str| crate::tools::tag(ctx(c).idempotency_key().as_str());
     assert_eq!(
-        lines(&dir.join("notes/todo.txt")),
+        call(&tool, append("buy milk"), "c1").await,
+        r#"ok {"appended":false,"line":"buy milk","note":"this call already appended its line; nothing was written","path":"todo.txt"}"#
+    );
+    // Another call appends its own line, after a newline when another writer left a line open.
+    std::fs::write(&todo, "buy milk\nwritten by hand").expect("write");
+    let mut outcomes = vec![
+        call(&tool, append("buy milk"), "c2").await,
+        call(&tool, append("buy milk"), "c1").await,
+    ];
+    // The process stops after the journal's entry, before the append: the replay appends,
+    // once.
+    let key = |c: &str| ctx(c).idempotency_key().as_str().to_owned();
+    tool.stop_before_the_append("todo.txt", &key("c3"), "call mom")
+        .expect("journal entry");
+    outcomes.push(call(&tool, append("call mom"), "c3").await);
+    outcomes.push(call(&tool, append("call mom"), "c3").await);
+    // The process stops after the append, before the journal says it is done: the replay finds
+    // the line and writes nothing.
+    tool.stop_before_the_append("todo.txt", &key("c4"), "pay rent")
+        .expect("journal entry");
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&todo)
+        .expect("open");
+    std::io::Write::write_all(&mut file, b"pay rent\n").expect("append");
+    outcomes.push(call(&tool, append("pay rent"), "c4").await);
+    // While c5 is stopped after its journal entry, c6 appends the same line: that line is c6's,
+    // so c5's replay still appends its own.
+    tool.stop_before_the_append("todo.txt", &key("c5"), "water plants")
+        .expect("journal entry");
+    outcomes.push(call(&tool, append("water plants"), "c6").await);
+    outcomes.push(call(&tool, append("water plants"), "c5").await);
+    outcomes.push(call(&tool, append("water plants"), "c5").await);
+    let appended: Vec<&str> = outcomes
+        .iter()
+        .map(|o| {
+            if o.contains("\"appended\":true") {
+                "appended"
+            } else if o.contains("\"appended\":false") {
+                "not appended"
+            } else {
+                o.as_str()
+            }
+        })
+        .collect();
+    assert_eq!(
+        appended,
         [
-            format!("buy milk {}", tag("c1")),
-            "written by hand".to_owned(),
-            format!("buy milk {}", tag("c2")),
+            "appended",     // c2
+            "not appended", // c1
+            "appended",     // c3, stopped before its append
+            "not appended", // c3
+            "not appended", // c4, stopped after its append
+            "appended",     // c6
+            "appended",     // c5, stopped before its append, same line as c6
+            "not appended", // c5
         ]
     );
-    assert_eq!(tag("c1").len(), "#awk1-".len() + 16);
+    assert_eq!(
+        lines(&todo),
+        [
+            "buy milk",
+            "written by hand",
+            "buy milk",
+            "call mom",
+            "pay rent",
+            "water plants",
+            "water plants",
+        ]
+    );
+    // The journal is a hidden file beside the user's, and not a file to append to.
+    let mut names: Vec<String> = std::fs::read_dir(dir.join("notes"))
+        .expect("list")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, [".awaken-append-journal", "todo.txt"]);
+    assert!(
+        call(
+            &tool,
+            json!({"path": ".awaken-append-journal", "line": "x"}),
+            "c7"
+        )
+        .await
+        .contains("append_file's own journal")
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -12,6 +12,11 @@ use std::time::Duration;
 use awaken::event::AgentEvent;
 use serde_json::Value;
 
+#[path = "cli/commands.rs"]
+mod commands;
+#[path = "cli/providers.rs"]
+mod providers;
+
 /// The binary with a clean environment: no provider settings, no proxies (loopback only).
 fn command() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_awaken"));
@@ -248,10 +253,18 @@ fn the_offline_assistant_runs_to_the_end_on_sqlite_and_show_reads_it_back() {
     let shown = awaken(&["show", "t1", "--store", &store]);
     assert_eq!(shown.status.code(), Some(0), "{}", text(&shown.stderr));
     let shown = text(&shown.stdout);
-    assert!(shown.starts_with("thread t1: 4 message(s)"), "{shown}");
-    assert!(shown.contains("status=done"), "{shown}");
-    let threads = text(&awaken(&["threads", "--store", &store]).stdout);
+    assert!(
+        shown.starts_with("thread t1 · 4 message(s) · 1 run(s)"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains(" assistant · natural_end · 2 step(s)"),
+        "{shown}"
+    );
+    assert!(shown.contains("  user       What is Awaken?\n"), "{shown}");
+    let threads = text(&awaken(&["threads", "--store", &store, "--json"]).stdout);
     assert!(threads.contains("\"thread_id\":\"t1\""), "{threads}");
+    assert!(threads.contains("\"status\":\"done\""), "{threads}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -373,17 +386,57 @@ fn the_readme_commands_are_the_ones_ci_runs() {
         )),
         "the README runs the offline assistant: {commands:?}"
     );
+    // Directories a README command makes with `awaken init DIR` hold files the repository
+    // does not (`the_readmes_init_commands_work_as_written` runs those).
+    let made: Vec<String> = commands
+        .iter()
+        .filter_map(|c| {
+            c.split_once(" -- init ")
+                .map(|(_, dir)| format!("{}/", dir.trim()))
+        })
+        .collect();
+    assert!(!made.is_empty(), "the README shows `awaken init`");
     for command in commands.iter().filter(|c| c.contains("--agent")) {
         let agent = command
             .split_whitespace()
             .skip_while(|w| *w != "--agent")
             .nth(1)
             .expect("an agent file");
+        if made.iter().any(|dir| agent.starts_with(dir.as_str())) {
+            continue;
+        }
         assert!(
             repo().join(agent).is_file(),
             "the README's agent file {agent} exists"
         );
     }
+}
+
+#[test]
+fn the_readmes_init_commands_work_as_written() {
+    let dir = temp_dir("readme-init");
+    let prefix = "cargo run --release -p awaken-cli -- ";
+    let commands: Vec<Vec<String>> = readme_commands()
+        .iter()
+        .skip_while(|c| !c.contains(" -- init "))
+        .take(2)
+        .map(|c| shell_words(c.strip_prefix(prefix).expect("a cargo run of the command")))
+        .collect();
+    assert_eq!(commands.len(), 2, "init and the run after it: {commands:?}");
+    for (words, what) in commands.iter().zip(["init", "run"]) {
+        assert_eq!(words[0], what, "{words:?}");
+        let out = command()
+            .args(words)
+            .current_dir(&dir)
+            .output()
+            .expect("runs");
+        expect_code(&out, 0);
+    }
+    assert!(
+        dir.join(".awaken/awaken.db").is_file(),
+        "the run kept its thread"
+    );
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -396,7 +449,7 @@ fn the_readmes_approval_commands_work_as_written() {
     let prefix = "cargo run --release -p awaken-cli -- ";
     let commands: Vec<Vec<String>> = readme_commands()
         .iter()
-        .filter(|c| c.contains("approval.toml"))
+        .filter(|c| c.contains("approval.toml") && !c.contains(" -- chat "))
         .map(|c| shell_words(c.strip_prefix(prefix).expect("a cargo run of the command")))
         .collect();
     assert_eq!(commands.len(), 2, "{commands:?}");
@@ -485,7 +538,7 @@ fn the_approval_example_suspends_and_a_second_invocation_approves_it() {
         .map(str::to_owned)
         .collect();
     assert_eq!(lines.len(), 1, "{lines:?}");
-    assert!(lines[0].starts_with("buy milk #awk1-"), "{lines:?}");
+    assert_eq!(lines, ["buy milk"], "the file holds the line only");
 
     // The thread is no longer waiting: resuming again is bad input, and nothing is appended.
     let again = awaken(&approve.iter().map(String::as_str).collect::<Vec<_>>());
@@ -524,16 +577,33 @@ fn resume_names_the_waiting_calls_when_a_decision_does_not_fit_and_deny_tells_th
     ]);
     expect_code(&missing, 2);
     assert!(
-        text(&missing.stderr).contains("no thread `nope`"),
-        "{}",
+        text(&missing.stderr).contains("no store at"),
+        "resume does not create a store: {}",
         text(&missing.stderr)
     );
+    assert!(!dir.join("awaken.db").exists());
 
     expect_code(
         &awaken(&[
             "run", "--agent", agent, "--store", &store, "--thread", "t", "hi",
         ]),
         3,
+    );
+    let missing = awaken(&[
+        "resume",
+        "nope",
+        "--agent",
+        agent,
+        "--store",
+        &store,
+        "--approve",
+        "call_1",
+    ]);
+    expect_code(&missing, 2);
+    assert!(
+        text(&missing.stderr).contains("no thread `nope`"),
+        "{}",
+        text(&missing.stderr)
     );
     let unknown = awaken(&[
         "resume",
@@ -635,7 +705,7 @@ fn a_new_run_on_a_waiting_thread_is_refused_unless_it_supersedes_the_calls() {
     assert!(text(&superseded.stdout).contains("Starting over."));
     let shown = text(&awaken(&["show", "t", "--store", &store]).stdout);
     assert!(
-        shown.contains("\"state\":\"cancelled\""),
+        shown.contains("call_1 ← error: not executed: superseded by a new message"),
         "the superseded call is closed: {shown}"
     );
     assert!(!shown.contains("waiting:"), "{shown}");
@@ -674,11 +744,12 @@ fn ctrl_c_cancels_the_run_and_leaves_a_thread_that_shows_and_continues() {
     let shown = awaken(&["show", "w", "--store", &store]);
     expect_code(&shown, 0);
     let shown = text(&shown.stdout);
-    assert!(shown.contains("\"text\":\"Wait\""), "{shown}");
+    assert!(shown.contains("  user       Wait\n"), "{shown}");
     assert!(
-        shown.contains("status=done steps=0 termination=cancelled"),
-        "{shown}"
+        shown.contains("  assistant  Thinking (interrupted)\n"),
+        "the streamed part of the answer is kept: {shown}"
     );
+    assert!(shown.contains(" waiter · cancelled · 0 step(s)"), "{shown}");
 
     let script = text_script(&dir, "Done waiting.");
     let next = awaken(&[
@@ -696,7 +767,7 @@ fn ctrl_c_cancels_the_run_and_leaves_a_thread_that_shows_and_continues() {
     expect_code(&next, 0);
     assert!(text(&next.stdout).contains("Done waiting."));
     let shown = text(&awaken(&["show", "w", "--store", &store]).stdout);
-    assert!(shown.contains("termination=natural_end"), "{shown}");
+    assert!(shown.contains(" · natural_end · "), "{shown}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -769,9 +840,29 @@ fn the_openai_example_talks_to_an_openai_compatible_server() {
 
 #[test]
 fn the_assistant_loads_its_declarative_plugins_and_the_model_sees_them() {
-    // The offline example, pointed at a loopback OpenAI-compatible server to observe the request.
+    // The offline example with its provider switched to a loopback OpenAI-compatible server,
+    // to observe the request (its relative paths made absolute, as the copy lives elsewhere).
     let (base, requests) = serve(vec![sse_read_readme(), sse_text("Done.")]);
-    let agent = repo().join("examples/agents/assistant.toml");
+    let examples = repo().join("examples");
+    let original =
+        std::fs::read_to_string(examples.join("agents/assistant.toml")).expect("read the example");
+    let switched = original
+        .replace("provider = \"scripted\"", "provider = \"openai\"")
+        .replace(
+            "\"../plugins\"",
+            &format!("{:?}", path_str(&examples.join("plugins"))),
+        )
+        .replace(
+            "root = \"../..\"",
+            &format!("root = {:?}", path_str(&repo())),
+        );
+    assert_ne!(
+        switched, original,
+        "the example's provider and paths were found"
+    );
+    let dir = temp_dir("assistant-openai");
+    let agent = dir.join("assistant.toml");
+    std::fs::write(&agent, switched).expect("write the copy");
     let base_url = format!("{base}/v1");
     let out = awaken_env(
         &[
@@ -812,7 +903,7 @@ fn the_assistant_loads_its_declarative_plugins_and_the_model_sees_them() {
     ]);
     expect_code(&out, 2);
     assert!(
-        text(&out.stderr).contains("needs OPENAI_API_KEY"),
+        text(&out.stderr).contains("needs an API key: set OPENAI_API_KEY"),
         "{}",
         text(&out.stderr)
     );
@@ -997,7 +1088,7 @@ fn the_approval_flow_works_on_postgres_too() {
     let todo = std::fs::read_to_string(dir.join("notes/todo.txt")).expect("appended");
     assert_eq!(todo.lines().count(), 1, "{todo}");
     let shown = text(&awaken(&["show", &thread, "--store", &store]).stdout);
-    assert!(shown.contains("termination=natural_end"), "{shown}");
+    assert!(shown.contains(" · natural_end · "), "{shown}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -1081,7 +1172,7 @@ fn recover_continues_a_run_whose_process_was_killed() {
     assert_eq!(status.code(), None, "killed by the signal");
     let shown = text(&awaken(&["show", "k", "--store", &store]).stdout);
     assert!(
-        shown.contains("status=running"),
+        shown.contains(" waiter · running · "),
         "the run was left unfinished: {shown}"
     );
 
@@ -1106,7 +1197,7 @@ fn recover_continues_a_run_whose_process_was_killed() {
     );
     let shown = text(&awaken(&["show", "k", "--store", &store]).stdout);
     assert!(
-        shown.contains("status=done steps=1 termination=natural_end"),
+        shown.contains(" waiter · natural_end · 1 step(s)"),
         "{shown}"
     );
 

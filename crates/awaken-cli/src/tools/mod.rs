@@ -14,8 +14,6 @@ use serde_json::{Value, json};
 
 pub(crate) use append_file::AppendFile;
 #[cfg(test)]
-pub(crate) use append_file::tag;
-#[cfg(test)]
 pub(crate) use http_get::host_allowed;
 pub(crate) use http_get::{DEFAULT_MAX_BYTES, HttpGet};
 
