@@ -307,6 +307,10 @@ async fn finish(
     started: Instant,
 ) -> Result<u8, Exit> {
     let kept = !is_memory_store(args.store.as_deref());
+    if term::stdout_closed() {
+        // The reader went away: the run was cancelled for it, and nothing more is said.
+        return Ok(4);
+    }
     if !args.json && !args.quiet {
         errln!("{}", summary_line(outcome, thread, started));
     }
