@@ -77,17 +77,14 @@ pub enum InferenceExecutionError {
     /// refused by 127.0.0.1:9 (is the server running?)`.
     #[error(
         "could not reach the provider at {url}: {}",
-        describe_connection(*.kind, .host, *.port, .source.as_ref())
+        describe_connection(.attempt, .source.as_ref())
     )]
     Connection {
         /// The URL that was called (without user info or query).
         url: String,
-        /// The host called: a name, an IPv4 address or a bracketed IPv6 address.
-        host: String,
-        /// The port called.
-        port: u16,
-        /// What failed.
-        kind: ConnectionFailure,
+        /// Where the connection went and what failed there (boxed: it is rare, and every
+        /// stream item is as large as the largest error).
+        attempt: Box<ConnectionAttempt>,
         /// The transport error.
         #[source]
         source: BoxError,
@@ -125,14 +122,12 @@ pub enum InferenceExecutionError {
     #[error(
         "the server has no `POST {url}` (HTTP 404{}){}",
         fmt_detail(.message),
-        fmt_suggestion(.suggested_base_url)
+        fmt_suggestion(url)
     )]
     EndpointNotFound {
-        /// The URL that was called (without user info or query).
+        /// The URL that was called (without user info or query); [`Self::suggested_base_url`]
+        /// derives the base URL to try instead.
         url: String,
-        /// The base URL to try instead: the one called plus `/v1`, when its path has no version
-        /// segment (`v1`, `v1beta`, ...).
-        suggested_base_url: Option<String>,
         /// The start of the server's answer (at most 200 bytes).
         message: String,
     },
@@ -203,19 +198,54 @@ fn fmt_detail(message: &str) -> String {
     }
 }
 
-fn fmt_suggestion(base_url: &Option<String>) -> String {
-    match base_url {
-        Some(url) => format!("; the base URL may lack its version segment: try `{url}`"),
+fn fmt_suggestion(url: &str) -> String {
+    match versioned_base_url(url) {
+        Some(base) => format!("; the base URL may lack its version segment: try `{base}`"),
         None => String::new(),
     }
 }
 
+/// For a `{base}/chat/completions` URL whose base path has no version segment (`v1`, `v1beta`,
+/// `v2`, ...), the base with `/v1` appended.
+fn versioned_base_url(url: &str) -> Option<String> {
+    let base = url.strip_suffix("/chat/completions")?;
+    let after_scheme = base.split_once("://").map_or(base, |(_, rest)| rest);
+    let path = after_scheme.split_once('/').map_or("", |(_, path)| path);
+    let is_version = |segment: &str| {
+        let mut chars = segment.chars();
+        chars.next() == Some('v') && chars.next().is_some_and(|c| c.is_ascii_digit())
+    };
+    (!path.split('/').any(is_version)).then(|| format!("{base}/v1"))
+}
+
+/// Where a connection went and what failed there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConnectionAttempt {
+    /// The host called: a name, an IPv4 address or a bracketed IPv6 address.
+    pub host: String,
+    /// The port called.
+    pub port: u16,
+    /// What failed.
+    pub kind: ConnectionFailure,
+}
+
+impl ConnectionAttempt {
+    /// A failed attempt to reach `host:port`.
+    pub fn new(host: impl Into<String>, port: u16, kind: ConnectionFailure) -> Self {
+        Self {
+            host: host.into(),
+            port,
+            kind,
+        }
+    }
+}
+
 fn describe_connection(
-    kind: ConnectionFailure,
-    host: &str,
-    port: u16,
+    attempt: &ConnectionAttempt,
     source: &(dyn std::error::Error + Send + Sync + 'static),
 ) -> String {
+    let ConnectionAttempt { host, port, kind } = attempt;
     let cause = chain(source)
         .last()
         .map(ToString::to_string)
@@ -235,6 +265,15 @@ fn describe_connection(
 }
 
 impl InferenceExecutionError {
+    /// For [`Self::EndpointNotFound`] from a base URL without a version segment, the base URL
+    /// with `/v1` to try instead.
+    pub fn suggested_base_url(&self) -> Option<String> {
+        match self {
+            Self::EndpointNotFound { url, .. } => versioned_base_url(url),
+            _ => None,
+        }
+    }
+
     /// The class of this error.
     pub fn class(&self) -> ErrorClass {
         match self {

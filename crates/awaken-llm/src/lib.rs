@@ -23,7 +23,9 @@ mod sse;
 mod tests;
 
 pub use cancel::{CancellableStream, with_cancellation};
-pub use error::{BoxError, ConnectionFailure, ErrorClass, InferenceExecutionError};
+pub use error::{
+    BoxError, ConnectionAttempt, ConnectionFailure, ErrorClass, InferenceExecutionError,
+};
 pub use event::{LlmEventStream, LlmStreamEvent, ResponseCollector, collect_stream};
 pub use executor::{LlmExecutor, LlmResponseFuture};
 pub use request::InferenceRequest;

@@ -119,7 +119,7 @@ fn splitmix64(mut x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Wraps an executor and retries its retryable errors (DESIGN §7).
+/// Wraps an executor and retries its retryable errors.
 ///
 /// A call that fails before its stream yielded any event is retried after a backoff (see
 /// [`RetryPolicy::delay_after`]), at most `max_retries` times. Once an event was yielded,

@@ -7,7 +7,8 @@ use std::io;
 use expect_test::expect;
 
 use crate::error::{
-    BoxError, ConnectionFailure, ErrorClass, InferenceExecutionError as E, truncate,
+    BoxError, ConnectionAttempt, ConnectionFailure, ErrorClass, InferenceExecutionError as E,
+    truncate,
 };
 
 #[test]
@@ -60,9 +61,11 @@ fn every_error_has_its_class() {
         (
             E::Connection {
                 url: "http://127.0.0.1/".into(),
-                host: "127.0.0.1".into(),
-                port: 80,
-                kind: ConnectionFailure::Refused,
+                attempt: Box::new(ConnectionAttempt::new(
+                    "127.0.0.1",
+                    80,
+                    ConnectionFailure::Refused,
+                )),
                 source: "refused".into(),
             },
             ErrorClass::Retryable,
@@ -95,7 +98,6 @@ fn every_error_has_its_class() {
         (
             E::EndpointNotFound {
                 url: "http://127.0.0.1/chat/completions".into(),
-                suggested_base_url: Some("http://127.0.0.1/v1".into()),
                 message: String::new(),
             },
             ErrorClass::Permanent,
@@ -206,9 +208,7 @@ fn transport_errors_are_classified_by_their_source_chain() {
         let kind = ConnectionFailure::classify(source.as_ref());
         let error = E::Connection {
             url: format!("https://{host}/v1/chat/completions"),
-            host: host.to_owned(),
-            port: 443,
-            kind,
+            attempt: Box::new(ConnectionAttempt::new(host, 443, kind)),
             source,
         };
         assert!(error.is_retryable(), "{error}");
@@ -222,4 +222,17 @@ fn transport_errors_are_classified_by_their_source_chain() {
         Reset: could not reach the provider at https://127.0.0.1/v1/chat/completions: the connection to 127.0.0.1:443 was closed before a response: connection reset
         Other: could not reach the provider at https://127.0.0.1/v1/chat/completions: sending the request to 127.0.0.1:443 failed: something else
     "#]].assert_eq(&out);
+}
+
+#[test]
+fn a_stream_item_stays_as_small_as_its_event() {
+    // Every item of an inference stream is as large as the largest error: rare errors box their
+    // details so the step's hot path moves no more bytes per event than the event needs.
+    use crate::event::LlmStreamEvent;
+    assert!(size_of::<E>() <= 56, "{}", size_of::<E>());
+    assert!(
+        size_of::<Result<LlmStreamEvent, E>>() <= 56,
+        "{}",
+        size_of::<Result<LlmStreamEvent, E>>()
+    );
 }

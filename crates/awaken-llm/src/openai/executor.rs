@@ -13,7 +13,7 @@ use super::decoder::ChatStreamDecoder;
 use super::wire::{
     BodyOptions, MaxTokensField, error_from_status, parse_retry_after, request_body,
 };
-use crate::error::{ConnectionFailure, InferenceExecutionError};
+use crate::error::{ConnectionAttempt, ConnectionFailure, InferenceExecutionError};
 use crate::event::{LlmEventStream, LlmStreamEvent};
 use crate::executor::LlmExecutor;
 use crate::request::InferenceRequest;
@@ -410,9 +410,7 @@ impl Inner {
                 };
                 return Err(InferenceExecutionError::Connection {
                     url: self.shown_url.clone(),
-                    host: self.host.clone(),
-                    port: self.port,
-                    kind,
+                    attempt: Box::new(ConnectionAttempt::new(self.host.clone(), self.port, kind)),
                     source: Box::new(e.without_url()),
                 });
             }

@@ -511,7 +511,6 @@ pub fn error_from_status(
         }
         404 => InferenceExecutionError::EndpointNotFound {
             url: url.to_owned(),
-            suggested_base_url: versioned_base_url(url),
             message: truncate(&message, 200).to_owned(),
         },
         408 => InferenceExecutionError::Timeout {
@@ -550,19 +549,6 @@ fn names_a_model(code: &str, message: &str, model: &str) -> bool {
     code == "model_not_found"
         || (!model.is_empty() && message.contains(model))
         || message.to_ascii_lowercase().contains("model")
-}
-
-/// For a `{base}/chat/completions` URL whose base path has no version segment (`v1`, `v1beta`,
-/// `v2`, ...), the base with `/v1` appended.
-fn versioned_base_url(url: &str) -> Option<String> {
-    let base = url.strip_suffix("/chat/completions")?;
-    let after_scheme = base.split_once("://").map_or(base, |(_, rest)| rest);
-    let path = after_scheme.split_once('/').map_or("", |(_, path)| path);
-    let is_version = |segment: &str| {
-        let mut chars = segment.chars();
-        chars.next() == Some('v') && chars.next().is_some_and(|c| c.is_ascii_digit())
-    };
-    (!path.split('/').any(is_version)).then(|| format!("{base}/v1"))
 }
 
 /// Parses a retry-after header value: whole or fractional seconds, or an HTTP date (IMF
