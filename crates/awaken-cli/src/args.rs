@@ -54,9 +54,9 @@ with the partial answer kept; a second Ctrl-C exits at once."
             "\
 usage: awaken chat --agent FILE [--thread ID] [--store SPEC] [--script FILE] [--model NAME]
 
-An interactive session on one thread: each line you type is a run, streamed as it happens;
+An interactive conversation on one thread: each line you type is a run, streamed as it happens;
 a tool call that needs approval is asked inline (y/n, with its arguments). Ctrl-C cancels the
-current run, not the session; Ctrl-D (end of input) leaves. The thread is kept in the store, so
+current run, not the conversation; Ctrl-D (end of input) leaves. The thread is kept in the store, so
 `awaken chat --thread ID` picks the conversation up later."
         }
         "resume" => {

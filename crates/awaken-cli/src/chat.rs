@@ -1,6 +1,6 @@
-//! `awaken chat`: an interactive session on one thread. Each line read is a run, streamed as it
+//! `awaken chat`: an interactive conversation on one thread. Each line read is a run, streamed as it
 //! happens; a call waiting for a decision is asked inline (y/n with its arguments); Ctrl-C
-//! cancels the current run and keeps the session; end of input (Ctrl-D) leaves.
+//! cancels the current run and keeps the conversation; end of input (Ctrl-D) leaves.
 
 use std::io::IsTerminal;
 use std::time::Instant;
@@ -32,20 +32,20 @@ pub(crate) async fn chat(args: Args) -> Result<u8, Exit> {
             file.agent.id
         );
     }
-    let session = Session {
+    let chat = Chat {
         runtime: &runtime,
         args: &args,
         thread: &thread,
         printer: &printer,
     };
-    // A thread left waiting by an earlier session is answered first.
+    // A thread left waiting by an earlier conversation is answered first.
     let waiting = runtime
         .waiting_calls(&thread)
         .await
         .map_err(|e| anyhow!("{e}"))?;
     if !waiting.is_empty() {
         errln!("thread {thread} waits for a decision from an earlier run");
-        if !session.decide(&mut input, &mut interrupts).await? {
+        if !chat.decide(&mut input, &mut interrupts).await? {
             return Ok(0);
         }
     }
@@ -71,7 +71,7 @@ pub(crate) async fn chat(args: Args) -> Result<u8, Exit> {
             let run = runtime.run(activation, &printer);
             cancellable(run, handle, &mut interrupts).await
         };
-        if !session
+        if !chat
             .settle(outcome, started, &mut input, &mut interrupts)
             .await?
         {
@@ -120,17 +120,17 @@ async fn cancellable<F: std::future::Future>(
     }
 }
 
-/// What one chat session works with.
-struct Session<'a> {
+/// What one conversation works with.
+struct Chat<'a> {
     runtime: &'a AgentRuntime,
     args: &'a Args,
     thread: &'a ThreadId,
     printer: &'a Printer,
 }
 
-impl Session<'_> {
+impl Chat<'_> {
     /// Reports how a run ended and, while it waits for decisions, asks for them and resumes
-    /// it. `false` when input ended (the session leaves).
+    /// it. `false` when input ended (the conversation ends).
     async fn settle(
         &self,
         mut outcome: Result<RunOutcome, RunError>,

@@ -110,7 +110,7 @@ pub(crate) async fn stored_thread(
 pub(crate) enum Purpose {
     /// Runs agents: the provider's credentials and header values must be at hand.
     Run,
-    /// Only checks the file, offline: nothing is read from the environment.
+    /// Only checks the file, offline: no key or header value is read and nothing is sent.
     Validate,
 }
 

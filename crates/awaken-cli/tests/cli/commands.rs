@@ -575,7 +575,7 @@ fn chat_streams_answers_asks_approvals_inline_and_survives_ctrl_c() {
         "{shown}"
     );
 
-    // Ctrl-C cancels the run, and the session takes the next prompt.
+    // Ctrl-C cancels the run, and the conversation takes the next prompt.
     let waiter = waiting_agent(&dir);
     let mut chat = Chat::start(&[
         "--agent",

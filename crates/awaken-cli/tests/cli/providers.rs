@@ -459,7 +459,13 @@ fn connection_and_endpoint_errors_say_what_to_fix() {
 #[test]
 fn log_levels_and_formats_shape_standard_error() {
     let dir = temp_dir("providers-logs");
-    let (base, _requests) = serve(vec![sse_text("One."), sse_text("Two."), sse_text("Three.")]);
+    let (base, _requests) = serve(vec![
+        sse_text("One."),
+        sse_text("Two."),
+        sse_text("Three."),
+        sse_text("Four."),
+        sse_text("Five."),
+    ]);
     let agent = openai_agent(&dir, Some(&format!("{base}/v1")), "");
 
     let out = run_agent(&agent, &[("RUST_LOG", "debug")]);
@@ -504,6 +510,67 @@ fn log_levels_and_formats_shape_standard_error() {
         serde_json::from_str::<Value>(line)
             .unwrap_or_else(|e| panic!("a JSON log line: {line}: {e}"));
     }
+
+    // Without RUST_LOG, -v adds the provider the run uses and -vv each request.
+    let verbose = |flag: &str| {
+        let out = awaken(&[
+            "run",
+            flag,
+            "--agent",
+            path_str(&agent),
+            "--store",
+            "memory",
+            "hi",
+        ]);
+        expect_code(&out, 0);
+        text(&out.stderr)
+    };
+    let info = verbose("-v");
+    assert!(
+        info.contains("provider")
+            && info.contains("model=m")
+            && !info.contains("chat completion request"),
+        "{info}"
+    );
+    let debug = verbose("-vv");
+    assert!(debug.contains("chat completion request"), "{debug}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn the_request_follows_the_provider_settings() {
+    let dir = temp_dir("providers-body");
+    let (base, requests) = serve(vec![http_response(
+        "application/json",
+        r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"Plain."},"finish_reason":"stop"}]}"#,
+    )]);
+    let agent = openai_agent(
+        &dir,
+        Some(&format!("{base}/v1")),
+        "stream = false\nmax_tokens_field = \"max_completion_tokens\"\n\
+         [agent.inference]\nmax_tokens = 77\n",
+    );
+    let out = run_agent(&agent, &[]);
+    expect_code(&out, 0);
+    assert!(
+        text(&out.stdout).contains("Plain."),
+        "{}",
+        text(&out.stdout)
+    );
+    let request = requests.recv().expect("the request");
+    let body: Value = serde_json::from_str(&request.body).expect("a JSON body");
+    assert_eq!(body["stream"], Value::Bool(false), "{body}");
+    assert_eq!(body["max_completion_tokens"], 77, "{body}");
+    assert!(body.get("max_tokens").is_none(), "{body}");
+
+    // Streaming without usage: no stream_options.
+    let (base, requests) = serve(vec![sse_text("Streamed.")]);
+    let agent = openai_agent(&dir, Some(&format!("{base}/v1")), "include_usage = false\n");
+    expect_code(&run_agent(&agent, &[]), 0);
+    let body: Value =
+        serde_json::from_str(&requests.recv().expect("the request").body).expect("a JSON body");
+    assert_eq!(body["stream"], Value::Bool(true), "{body}");
+    assert!(body.get("stream_options").is_none(), "{body}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
