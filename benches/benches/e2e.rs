@@ -1,5 +1,6 @@
-//! The end-to-end benchmark (issue 14): real `AgentRuntime`s built through the public builder,
-//! a yielding scripted provider, and the figures written for `cargo xtask bench`.
+//! The end-to-end benchmark: real `AgentRuntime`s built through the public builder, a yielding
+//! scripted provider, and the figures written for `cargo xtask bench` (what each measures and
+//! its target: `docs/performance.md`).
 //!
 //! Writes a JSON array of `{"name", "value", "unit"}` to `$AWAKEN_BENCH_EXTRA_DIR/e2e.json`
 //! (and prints it). `AWAKEN_BENCH_QUICK=1` runs every workload with small counts.
@@ -189,9 +190,8 @@ struct Sequential {
 }
 
 /// Microseconds per inference step over `runs` sequential runs of loop-`n`: the median of
-/// `windows` measurements, each over `runs` runs (one window of a tenth of a second moved by a
-/// third from one run of the program to the next on the 2-core machine this was written on).
-/// The windows are printed too.
+/// `windows` measurements, each over `runs` runs (a single short window varies too much from
+/// one run of the program to the next; ADR 0028). The windows are printed too.
 fn us_per_step(
     rt: &tokio::runtime::Runtime,
     runtime: &AgentRuntime,
@@ -367,7 +367,8 @@ fn main() {
     if want("e2e/loop5_us_per_step") {
         let loop5_seq = us_per_step(&current, &loop5, 5, scale(2000, 20), windows);
         add("e2e/loop5_us_per_step", loop5_seq.us_per_step, "us");
-        // Not one of the issue's figures: where a sixth of a step's time went (ninth session).
+        // A diagnostic figure without a target: heap faulted in a page at a time, a cost no
+        // instruction count shows.
         if let Some(f) = loop5_seq.faults_per_run {
             add("e2e/loop5_page_faults_per_run", f, "faults");
         }
@@ -397,8 +398,8 @@ fn main() {
             c1000.peak_inflight as f64,
             "runs",
         );
-        // Not one of the issue's figures: the same growth when the runs in flight first reach
-        // their peak, before most of the workload's runs are done and kept by the store.
+        // A diagnostic figure without a target: the same growth when the runs in flight first
+        // reach their peak, before most of the workload's runs are done and kept by the store.
         add(
             "e2e/loop5_kib_at_inflight_peak_c1000",
             c1000.kib_at_inflight_peak,

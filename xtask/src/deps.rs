@@ -1,4 +1,5 @@
-//! The crate-direction check of DESIGN §2, over `cargo metadata` output.
+//! The crate-direction check, over `cargo metadata` output: the workspace crates form one
+//! ordered table, and each row also names what that crate must never know.
 //!
 //! For each workspace crate of the table, its normal (non-dev, non-build) dependencies are
 //! followed transitively with the features that crate itself enables (its default features,
@@ -27,7 +28,7 @@ enum Forbid {
     Nothing,
 }
 
-/// One row of DESIGN §2's table.
+/// One row of the crate table: a crate and what it must never know.
 struct Row {
     name: &'static str,
     forbid: Forbid,
@@ -35,7 +36,7 @@ struct Row {
     never: &'static [&'static str],
 }
 
-/// DESIGN §2, in order.
+/// The crate table, in order: a crate may depend only on crates listed before it.
 const TABLE: &[Row] = &[
     Row {
         name: "awaken-event",
@@ -444,9 +445,7 @@ pub(crate) fn check(meta: &Value) -> Result<Vec<Violation>> {
     let mut violations = Vec::new();
     for name in graph.workspace.keys() {
         if !UNCHECKED.contains(name) && !TABLE.iter().any(|r| r.name == *name) {
-            bail!(
-                "workspace crate `{name}` is not in DESIGN §2's table; add it to xtask/src/deps.rs"
-            );
+            bail!("workspace crate `{name}` has no row in the crate table of xtask/src/deps.rs");
         }
     }
     for (pos, row) in TABLE.iter().enumerate() {
@@ -466,10 +465,10 @@ pub(crate) fn check(meta: &Value) -> Result<Vec<Violation>> {
             let rule = if graph.workspace.contains_key(pkg.name) {
                 match TABLE.iter().position(|r| r.name == pkg.name) {
                     _ if row.never.contains(&pkg.name) => {
-                        Some(format!("must never know `{}` (DESIGN §2)", pkg.name))
+                        Some(format!("must never know `{}`", pkg.name))
                     }
                     Some(p) if p >= pos => Some(format!(
-                        "may only depend on crates listed before it in DESIGN §2, but reaches `{}`",
+                        "may only depend on crates listed before it in the table, but reaches `{}`",
                         pkg.name
                     )),
                     None => Some(format!(

@@ -1,6 +1,7 @@
 //! Awaken's project automation (the cargo-xtask pattern): `cargo xtask test`, `lint`, `ci`,
-//! `bench [--quick]` and `deps` (the crate-direction check of DESIGN §2). A program, not a
-//! framework: each command is a short sequence of `cargo` invocations.
+//! `bench [--quick]` and `deps` (the check that crates depend in one direction and never on
+//! what they must not know). A program, not a framework: each command is a short sequence of
+//! `cargo` invocations.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -16,7 +17,7 @@ usage: cargo xtask <command>
 commands:
   test            run every test of the workspace (the README's test command)
   lint            cargo fmt --check, clippy -D warnings, rustdoc -D warnings, deps
-  deps            check crate directions and forbidden dependencies (DESIGN §2)
+  deps            check crate directions and forbidden dependencies
   ci              lint, then test
   bench [--quick] run the benches and write target/awaken-bench/summary.json
 ";
@@ -133,7 +134,7 @@ fn deps_check() -> Result<()> {
         serde_json::from_slice(&out.stdout).context("cargo metadata output is not JSON")?;
     let violations = deps::check(&meta)?;
     if violations.is_empty() {
-        say("deps: every crate respects DESIGN §2");
+        say("deps: every crate depends only on crates before it and on nothing it must not know");
         return Ok(());
     }
     for v in &violations {

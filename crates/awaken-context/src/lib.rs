@@ -1,5 +1,6 @@
-//! Context management for Awaken agents (issue 12; seed 004's conditional plugins): a thread
-//! of any length keeps working because every request is fitted into the model's budget.
+//! Context management for Awaken agents, as two plugins the runtime adds when an agent's policy
+//! asks for them: a thread of any length keeps working because every request is fitted into
+//! the model's budget.
 //!
 //! - [`TokenEstimator`] counts tokens (the documented [`DefaultEstimator`] heuristic), and
 //!   [`Calibration`] corrects it by the prompt tokens providers report; counts are cached per

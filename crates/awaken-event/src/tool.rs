@@ -127,7 +127,8 @@ impl ToolResult {
     }
 }
 
-/// The state of one call in a step's tool batch (DESIGN §6's transition table).
+/// The state of one call in a step's tool batch; `awaken_tool::is_allowed_transition` says
+/// which moves between states a call may make.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ToolCallState {

@@ -22,7 +22,7 @@ use crate::phase::Phase;
 use crate::queue::{ActionQueueKey, DeadLetter, DeadLettersKey, QueueUpdate, QueuedAction};
 
 /// How many EXECUTE rounds a phase may take before it fails with
-/// `StateError::PhaseRunLoopExceeded` (seed 000).
+/// `StateError::PhaseRunLoopExceeded`.
 pub const DEFAULT_MAX_PHASE_ROUNDS: usize = 16;
 
 /// Why a phase (or a submitted command) failed.

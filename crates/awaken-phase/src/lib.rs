@@ -1,4 +1,4 @@
-//! Awaken's phase engine (seed 000, DESIGN §4). A run is driven through nine [`Phase`]s; in
+//! Awaken's phase engine. A run is driven through nine [`Phase`]s; in
 //! each, the plugins' [`PhaseHook`]s run concurrently against one frozen snapshot and return
 //! [`StateCommand`](awaken_state::StateCommand)s (GATHER). Commands writing disjoint
 //! `Exclusive` keys merge into one commit; when two write the same one, the engine applies a

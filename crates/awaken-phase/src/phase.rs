@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-/// A point in a run where plugins act (DESIGN §4). Run-level: `RunStart`, `RunEnd`; per step:
+/// A point in a run where plugins act. Run-level: `RunStart`, `RunEnd`; per step:
 /// `StepStart`, `BeforeInference`, `AfterInference`, `StepEnd`; per tool call: `ToolGate`,
 /// `BeforeToolExecute`, `AfterToolExecute`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

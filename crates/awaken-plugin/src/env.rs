@@ -1,4 +1,4 @@
-//! `ExecutionEnv`: seed 003's resolved execution environment, built from the agent's plugins
+//! `ExecutionEnv`: the execution environment a run resolves, built from the agent's plugins
 //! and the built-ins in the one plugin order.
 
 use std::collections::BTreeSet;
@@ -124,9 +124,10 @@ fn outside(plugin_id: &str, kind: ContributionKind, name: impl Into<String>) -> 
 impl ExecutionEnv {
     /// Builds the environment. `user_plugins` are the agent's plugins in its `plugin_ids`
     /// order, `builtin_plugins` the runtime's (always active); disabled plugins are skipped;
-    /// the order is the stable topological sort of DESIGN §5. `active_hook_filter` empty means
-    /// every plugin contributes behaviour; otherwise only listed plugins (and the built-ins) do.
-    /// Structural parts are installed for every plugin.
+    /// the order is the one plugin order (a stable topological sort by `depends_on`, higher
+    /// `priority` first among ready plugins). `active_hook_filter` empty means every plugin
+    /// contributes behaviour; otherwise only listed plugins (and the built-ins) do. Structural
+    /// parts are installed for every plugin.
     pub fn from_plugins(
         user_plugins: &[Arc<dyn Plugin>],
         builtin_plugins: &[Arc<dyn Plugin>],

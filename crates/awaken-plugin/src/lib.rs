@@ -1,4 +1,4 @@
-//! Awaken's plugin system (seeds 000, 002, 003; DESIGN §5): the [`Plugin`] trait with its
+//! Awaken's plugin system: the [`Plugin`] trait with its
 //! [`PluginManifest`] and [`CapabilityBound`], the [`PluginRegistrar`] (structural parts always
 //! installed, behavioural parts only for active plugins), [`InferenceRequestTransform`]s,
 //! [`ExecutionEnv`] built in the one plugin order, config schemas, the lifecycle dispatcher,

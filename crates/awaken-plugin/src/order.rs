@@ -1,4 +1,4 @@
-//! The one plugin order (DESIGN §5): a stable topological sort of the given list by
+//! The one plugin order: a stable topological sort of the given list by
 //! `depends_on`, where among plugins whose dependencies are all placed, higher `priority` goes
 //! first and equal priority keeps list order.
 

@@ -1,4 +1,4 @@
-//! The registrar a plugin declares its contributions through (seed 000): structural parts
+//! The registrar a plugin declares its contributions through: structural parts
 //! (state keys, profile keys, scheduled-action and effect handlers), always installed, and
 //! behavioural parts (phase hooks, tool-gate and tool-policy hooks, tools, request transforms),
 //! installed only when the plugin passes the agent's activation filter.
@@ -245,7 +245,7 @@ impl PluginRegistrar {
         Ok(())
     }
 
-    /// Behavioural: registers a request transform. Fire-and-forget (seed 000): a transform
+    /// Behavioural: registers a request transform. Fire-and-forget: a transform
     /// registered twice under one name is reported when the environment is built.
     pub fn register_request_transform(&mut self, transform: Arc<dyn InferenceRequestTransform>) {
         self.transforms.push(transform);

@@ -1,4 +1,4 @@
-//! The plugin registry (seed 002): plugins from a list, a configurator and directories, the
+//! The plugin registry: plugins from a list, a configurator and directories, the
 //! agent definitions they contribute, and atomic reload.
 
 use std::collections::BTreeMap;
@@ -22,7 +22,7 @@ pub struct PluginSet {
 }
 
 impl PluginSet {
-    /// Adds a plugin (seed 002's `register_bundle`).
+    /// Adds a plugin to the set.
     pub fn register_bundle(&mut self, plugin: Arc<dyn Plugin>) {
         self.plugins.push(plugin);
     }
@@ -110,7 +110,7 @@ pub enum ReloadOutcome {
     AlreadyApplied,
 }
 
-/// Plugins for agent workers (seed 002): register bundles directly, through a configurator or
+/// Plugins for agent workers: register bundles directly, through a configurator or
 /// from directories of declarative manifests; build the agent definitions they contribute;
 /// reload atomically.
 pub struct PluginRegistry {
@@ -147,7 +147,7 @@ impl PluginRegistry {
         }
     }
 
-    /// A registry holding `plugins` (seed 002's plugin list).
+    /// A registry holding `plugins`; a duplicate id is refused.
     pub fn from_plugins(plugins: Vec<Arc<dyn Plugin>>) -> Result<Self, RegistryError> {
         let registry = Self::new();
         for p in plugins {

@@ -1,9 +1,9 @@
-//! Awaken's resolver (seed 004, DESIGN §8): turns an agent id into a runnable plan, afresh for
-//! every run, in three all-or-nothing stages — lookup (spec, model, executor, retry), plugin
-//! pipeline (the agent's plugins, the runtime's built-ins, config sections, `ExecutionEnv`) and
-//! tool pipeline (global, delegate and plugin tools, id conflicts, the catalog filter). Also the
-//! five registries with deferred errors, validation of everything registered, and the injection
-//! points the runtime fills ([`BuiltinPlugins`], [`DelegateToolFactory`], [`ExecutionBackend`]).
+//! Awaken's resolver: turns an agent id into a runnable plan, afresh for every run, in three
+//! all-or-nothing stages — lookup (spec, model, executor, retry), plugin pipeline (the agent's
+//! plugins, the runtime's built-ins, config sections, `ExecutionEnv`) and tool pipeline (global,
+//! delegate and plugin tools, id conflicts, the catalog filter). Also the five registries with
+//! deferred errors, validation of everything registered, and the injection points the runtime fills
+//! ([`BuiltinPlugins`], [`DelegateToolFactory`], [`ExecutionBackend`]).
 //!
 //! This crate must never know the agent loop or storage engines, and does no IO.
 

@@ -1,4 +1,4 @@
-//! The three-stage resolution of seed 004: lookup, plugin pipeline, tool pipeline.
+//! The three-stage resolution of an agent: lookup, plugin pipeline, tool pipeline.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -595,8 +595,8 @@ fn digest_tail(env: &ExecutionEnv, tools: &[ResolvedTool]) -> Vec<u8> {
 }
 
 /// Appends `version` as its `Display` writes it (`1.2.3`, then `-pre` and `+build` when
-/// present), without the formatting machinery: with 16 plugins, `write!` of their versions was
-/// a seventh of a resolution.
+/// present), without the formatting machinery, which is a visible share of a resolution with
+/// many plugins (`resolver/resolve_8_plugins_64_tools` in `docs/performance.md`).
 fn push_version(w: &mut Vec<u8>, version: &semver::Version) {
     push_decimal(w, version.major);
     w.push(b'.');

@@ -1,10 +1,10 @@
-//! Delegation (DESIGN §9): each `delegates` entry of an agent becomes a tool that runs the
-//! delegate agent as a child run — its own thread and run, the parent named in its run
-//! record, its run id derived from the call's idempotency key (so a re-run after a crash
-//! continues the same child instead of starting another). The child's final answer is the
-//! call's result; a child failure is an error result; a child waiting for a human suspends the
-//! parent's call with the child's question, and the parent's decision is forwarded to the
-//! child; cancelling the parent cancels the child.
+//! Delegation: each `delegates` entry of an agent becomes a tool that runs the delegate agent
+//! as a child run — its own thread and run, the parent named in its run record, its run id
+//! derived from the call's idempotency key (so a re-run after a crash continues the same child
+//! instead of starting another). The child's final answer is the call's result; a child failure
+//! is an error result; a child waiting for a human suspends the parent's call with the child's
+//! question, and the parent's decision is forwarded to the child; cancelling the parent cancels
+//! the child.
 
 use std::sync::{Arc, OnceLock, Weak};
 

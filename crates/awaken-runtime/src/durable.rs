@@ -1,5 +1,5 @@
-//! The run's committed-fact boundary (seed 003): every durable step of a run is one
-//! `ThreadCommit`, and the lifecycle events about it are stored with it and emitted after it.
+//! Where a run's facts become committed: every durable step of a run is one `ThreadCommit`, and
+//! the lifecycle events about it are stored with it and emitted after it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! The `InterceptToolCall` action: a decision on the current call taken in `BeforeToolExecute`
-//! (seed 000's reactive permission check: a hook schedules a check, the check's handler may
-//! suspend the call, all within the one phase).
+//! (a reactive permission check: a hook schedules a check, the check's handler may suspend
+//! the call, all within the one phase).
 
 use async_trait::async_trait;
 use awaken_event::ToolCallId;

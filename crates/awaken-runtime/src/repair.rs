@@ -1,7 +1,7 @@
-//! History repair on load: a stored history never reaches a provider with a tool call that
-//! has no result or a result that answers no call (DESIGN §6: every call gets exactly one
-//! closing result). The stored history is left as it is (the store is append-only); the
-//! repair is applied to the copy a run works on, every time it is loaded.
+//! History repair on load: a stored history never reaches a provider with a tool call that has
+//! no result or a result that answers no call (every call gets exactly one closing result). The
+//! stored history is left as it is (the store is append-only); the repair is applied to the
+//! copy a run works on, every time it is loaded.
 
 use std::collections::HashSet;
 

@@ -191,7 +191,8 @@ impl KeyAt {
 enum Continue {
     /// A human's resume: the decisions recorded earlier, and this activation's.
     Decide(Vec<ToolCallResume>, Vec<ToolCallResume>),
-    /// A recovery after a crash (DESIGN §6's rules for the open calls).
+    /// A recovery after a crash: a `Requested` call is gated again, an `Executing` one follows
+    /// its tool's recovery policy.
     Recover,
 }
 
@@ -409,9 +410,8 @@ async fn run_activation(
 /// makes its first commit, takes its lease, dispatches `RunStart`. In two parts, so that neither
 /// part's locals are kept while the other awaits (an `async fn` keeps a slot for every local
 /// that lives across any of its awaits): the whole is about the size of the driven run's state,
-/// and the run's future holds it inline instead of boxing it (a box of about 1.7 KiB per run,
-/// which glibc serves from its slow path: measured, about 2 % more instructions per loop-5
-/// run, the small allocations after it slowed too).
+/// and the run's future holds it inline instead of boxing it (a box that large would come from
+/// glibc's slow path on every run; see ADR 0025).
 async fn prepare_activation<'a>(
     rt: &AgentRuntime,
     start: Box<Start>,
@@ -698,8 +698,8 @@ async fn load_activation<'a>(
             record.profile_id = profile_id.clone();
             // The resolver's digest, shared by every run of the agent: the record is copied
             // into every commit, so its count passes between the worker threads a few times a
-            // step, which costs less on this machine than a copy per run (an allocation, and
-            // 88 bytes more that the memory store keeps for every finished run).
+            // step, which costs less than a copy per run (an allocation, and 88 bytes more that
+            // the memory store keeps for every finished run).
             record.spec_digest = Arc::clone(&resolved.spec_digest);
             record.parent_run_id = parent_run_id.clone();
             record
@@ -1750,8 +1750,8 @@ impl Run<'_> {
         self.close_call(call, result, state, false).await
     }
 
-    /// Closes the step's last call; its result is committed with the step's end (DESIGN §6's
-    /// one allowed fold of the result commit), unless it is a delegate's answer, whose return
+    /// Closes the step's last call; its result is committed with the step's end (the one place
+    /// a result's commit is folded into the next), unless it is a delegate's answer, whose return
     /// hooks frame a commit of its own.
     async fn close_folded(
         &mut self,
@@ -2039,9 +2039,9 @@ impl Run<'_> {
         }
     }
 
-    /// DESIGN §6 for a call found `Executing` after a crash: its tool's recovery policy
-    /// re-runs it (`ReadOnly`/`Idempotent` only, with the same idempotency key), closes it as
-    /// outcome unknown, or suspends it for a human. Never a silent re-run.
+    /// A call found `Executing` after a crash: its tool's recovery policy re-runs it
+    /// (`ReadOnly`/`Idempotent` only, with the same idempotency key), closes it as outcome
+    /// unknown, or suspends it for a human. Never a silent re-run.
     async fn recover_call(&mut self, call: &ToolCall) -> Result<CallOutcome, Failure> {
         let tool = self.tool_named(&call.name).cloned();
         let action = tool

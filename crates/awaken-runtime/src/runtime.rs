@@ -487,7 +487,7 @@ impl AgentRuntimeBuilder {
         self
     }
 
-    /// Adds an execution backend: agents whose endpoint it claims run through it (DESIGN §8).
+    /// Adds an execution backend: agents whose endpoint it claims run through it.
     pub fn with_backend(mut self, backend: Arc<dyn ExecutionBackend>) -> Self {
         self.backends.push(backend);
         self
@@ -665,9 +665,9 @@ impl AgentRuntime {
         self.lifecycle.all_stats()
     }
 
-    /// Rebuilds every plugin registry of the runtime from its sources (DESIGN §5): the next
-    /// run sees the new plugins and agent definitions; runs in progress keep the resolution
-    /// they started with. A repeated `reload_id` is a no-op.
+    /// Rebuilds every plugin registry of the runtime from its sources: the next run sees the
+    /// new plugins and agent definitions; runs in progress keep the resolution they started
+    /// with. A repeated `reload_id` is a no-op.
     pub async fn reload(&self, reload_id: &str) -> Result<Vec<ReloadOutcome>, RegistryError> {
         let mut outcomes = Vec::new();
         for registry in self.resolver.registries().plugin_registries() {
@@ -723,12 +723,12 @@ impl AgentRuntime {
         self.resume(resume, &NullSink).await
     }
 
-    /// Continues unfinished runs after a crash (DESIGN §6): claims up to `config.limit` runs
-    /// whose lease is free or expired (a run still written by a live worker holds its lease),
-    /// keeps each lease with a heartbeat while the run is driven, and releases it at the end.
-    /// A `Requested` call is gated again; an `Executing` call with no result follows its
-    /// tool's recovery policy and is never silently re-run. Runs waiting for a human are left
-    /// waiting. Each recovered run streams its activation to `sink`, one after another.
+    /// Continues unfinished runs after a crash: claims up to `config.limit` runs whose lease is
+    /// free or expired (a run still written by a live worker holds its lease), keeps each lease
+    /// with a heartbeat while the run is driven, and releases it at the end. A `Requested` call
+    /// is gated again; an `Executing` call with no result follows its tool's recovery policy
+    /// and is never silently re-run. Runs waiting for a human are left waiting. Each recovered
+    /// run streams its activation to `sink`, one after another.
     pub async fn recover(
         &self,
         config: &RecoverConfig,

@@ -1,5 +1,5 @@
-//! Per-request inference parameters and their layered merge (seed 000): agent default <
-//! run override < step override, field by field, the last non-empty value winning.
+//! Per-request inference parameters and their layered merge: agent default < run override <
+//! step override, field by field, the last non-empty value winning.
 
 use serde::{Deserialize, Serialize};
 

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 /// Everything that can go wrong with state: registration, commands, commits, export and restore,
-/// plus the errors the phase engine (`awaken-phase`) raises under seed 000's names.
+/// plus the errors the phase engine (`awaken-phase`) raises.
 ///
 /// Every variant names the key (or phase) it is about. Errors from serde keep their source.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -6,9 +6,9 @@
 //! the highest revision that changed anything below it, so delta export skips unchanged subtrees.
 //!
 //! Why fan-out 4: copying a node costs one atomic increment per occupied child (and freeing the
-//! old one a decrement each), which dominates a commit. Measured on the 2-core bench machine
-//! (`state/commit_1_of_{64,4096}_live_snapshot`), fan-out 4 beat fan-out 8 (a two-level 8×8
-//! table at 64 keys) by about 10%: ~0.52 µs vs ~0.58 µs at 64 keys, ~0.82 µs vs ~0.93 µs at 4,096.
+//! old one a decrement each), which dominates a commit, so narrow nodes commit faster than a
+//! wider, shallower table (`state/commit_1_of_{64,4096}_live_snapshot`; the figures are in
+//! ADR 0001 and `docs/performance.md`).
 
 use std::sync::Arc;
 

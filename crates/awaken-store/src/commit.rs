@@ -259,7 +259,7 @@ impl PartialEq for BatchData {
     }
 }
 
-/// Everything one commit writes to a thread, atomically or not at all (DESIGN §10).
+/// Everything one commit writes to a thread, atomically or not at all.
 ///
 /// Build it with [`ThreadCommit::new`] and the `with_*` methods; the fields are public so a
 /// runtime can also fill them directly. [`validate`](Self::validate) is called by every store

@@ -4,11 +4,10 @@
 //! into equal `Message`s and `AgentEvent`s. Also a finished run's row (its record and each of
 //! its state's keys with the value's JSON text).
 //!
-//! Kept as the commits carried them (as `Message`s and `AgentEvent`s), a finished five-step
-//! thread costs about 12 KB (a tool call's one-key JSON arguments alone are a 632-byte tree
-//! node, twice per call, and every event is 80 bytes), and every byte of it is a new page of
-//! heap the process faults in. Written here, its messages and events are about 390 bytes, and
-//! nothing of the commits is kept.
+//! Kept as the commits carried them (as `Message`s and `AgentEvent`s, where a tool call's JSON
+//! arguments are a tree of nodes), a finished thread costs many times its encoded size, and
+//! every byte of it is a new page of heap the process faults in. Written here, nothing of the
+//! commits is kept (the figures are in ADR 0009 and `docs/performance.md`).
 //!
 //! The format is the store's private business (never written to disk, never read by another
 //! version): a varint (LEB128) for every count and length, one tag byte for each enum, JSON

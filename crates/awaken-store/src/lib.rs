@@ -1,4 +1,4 @@
-//! Awaken's durable stores (DESIGN §10, seed 003's one committed-fact boundary): the
+//! Awaken's durable stores, the one boundary where a run's facts become committed: the
 //! [`ThreadCommit`] that is the unit written (new messages guarded by the expected message
 //! count, the run record, the changed run-, thread- and profile-scoped state as deltas, the
 //! active tool batch, the lifecycle events, the writer's lease token), the [`ThreadStore`] trait

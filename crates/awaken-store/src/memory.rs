@@ -59,9 +59,10 @@ type Profiles = HashMap<ProfileId, BTreeMap<String, ProfileEntry>>;
 type StateMap = HashMap<StateKeyName, StateValue>;
 
 /// The store's hash maps: a fast hash with a per-process random seed (ids are short strings
-/// hashed several times per commit; SipHash was a tenth of a commit's cost). `hashbrown`'s for
-/// its raw entries: a commit finds its thread and run by reference, where `entry` takes an
-/// owned key (a clone and a drop of each shared id, four atomic operations per commit).
+/// hashed several times per commit, where SipHash would cost a visible share of it; see
+/// ADR 0009). `hashbrown`'s for its raw entries: a commit finds its thread and run by
+/// reference, where `entry` takes an owned key (a clone and a drop of each shared id, four
+/// atomic operations per commit).
 type HashMap<K, V> = hashbrown::HashMap<K, V, MapHasher>;
 type MapHasher = foldhash::fast::RandomState;
 
@@ -664,10 +665,10 @@ struct ThreadRow {
     updated_at: Timestamp,
 }
 
-/// A run's row: as the commits carried it while the run can change, and in
-/// [`crate::compact`]'s form once a commit has finished it (boxed, with its state's entries,
-/// a row and a state map took about 450 bytes of every finished loop-5 run; written out,
-/// about 200). A later write to a finished run reads it back first; a read decodes it.
+/// A run's row: as the commits carried it while the run can change, and in [`crate::compact`]'s
+/// form once a commit has finished it (written out, it takes less than half the heap of a boxed
+/// row and its state map; see ADR 0009). A later write to a finished run reads it back first; a
+/// read decodes it.
 #[derive(Debug)]
 enum RunSlot {
     Live(Box<RunRow>),

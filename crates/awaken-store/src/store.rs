@@ -128,7 +128,7 @@ pub struct ClaimedRun {
     pub expires_at: Timestamp,
 }
 
-/// Durable storage of threads: the one committed-fact boundary (DESIGN §10).
+/// Durable storage of threads: the one boundary where a run's facts become committed.
 ///
 /// Every method may be called concurrently from several tasks (and, for a shared database,
 /// several processes). A method that returns `Err` wrote nothing; calling it again is safe,

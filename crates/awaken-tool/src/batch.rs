@@ -1,4 +1,5 @@
-//! The tool batch of one step (seed 003's active tool batch) and DESIGN §6's transition table.
+//! The tool batch of one step (the calls the model asked for, each with its state) and the
+//! table of the transitions a call may make.
 
 use std::sync::Arc;
 
@@ -13,7 +14,7 @@ use crate::recovery::{RecoveryAction, ToolRecoveryPolicy, recovery_action};
 pub const OUTCOME_UNKNOWN_MESSAGE: &str = "outcome unknown: the call was interrupted while it \
 was executing, so its effect may or may not have happened; check before calling it again";
 
-/// Whether DESIGN §6's table allows a call to move from `from` to `to`:
+/// Whether the transition table allows a call to move from `from` to `to`:
 ///
 /// | from | to |
 /// |---|---|
@@ -211,10 +212,10 @@ impl BatchCall {
 
 /// Every call of one step with its state, serde data a store persists with the thread.
 ///
-/// Every change goes through DESIGN §6's table ([`is_allowed_transition`]); anything else is a
-/// [`BatchError`] and changes nothing. A call holds a closing result exactly when its state is
-/// terminal, so a closed batch ([`ToolBatch::is_closed`]) gives each call exactly one closing
-/// result. Reading a batch back with serde checks the same invariants.
+/// Every change goes through the transition table ([`is_allowed_transition`]); anything else is
+/// a [`BatchError`] and changes nothing. A call holds a closing result exactly when its state
+/// is terminal, so a closed batch ([`ToolBatch::is_closed`]) gives each call exactly one
+/// closing result. Reading a batch back with serde checks the same invariants.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(try_from = "RawBatch")]
 pub struct ToolBatch {

@@ -1,6 +1,6 @@
 //! Tool-gate hooks, typed tool-policy hooks, and the priority that resolves their decisions
-//! (seed 000: Block > Suspend > SetResult; ties go to the first in plugin order and are
-//! reported as conflicts).
+//! (Block > Suspend > SetResult; ties go to the first in plugin order and are reported as
+//! conflicts).
 
 use std::sync::Arc;
 
@@ -149,9 +149,9 @@ impl PolicyDecision {
     }
 }
 
-/// A typed policy on the calls of some tools, adapted into a gate hook by [`PolicyGate`] (seed
-/// 000's `register_tool_policy_hook`, run inside `ToolGate`). The arguments arrive already
-/// deserialized into [`ToolPolicyHook::Args`].
+/// A typed policy on the calls of some tools, adapted into a gate hook by [`PolicyGate`]
+/// (registered with a plugin registrar's `register_tool_policy_hook`, run inside `ToolGate`).
+/// The arguments arrive already deserialized into [`ToolPolicyHook::Args`].
 ///
 /// Pure, like every gate: it may run several times for one call.
 pub trait ToolPolicyHook: Send + Sync + 'static {

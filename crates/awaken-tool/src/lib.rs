@@ -1,11 +1,12 @@
-//! Awaken's tool contract (DESIGN §6, seeds 000 and 003): the [`Tool`] trait and its
-//! [`ToolCallContext`], argument validation against each tool's JSON Schema with a validator
-//! compiled once per tool ([`RegisteredTool`]), a typed helper for tools with serde argument and
-//! output structs ([`TypedTool`]), tool-gate hooks and the priority that resolves their
-//! decisions ([`ToolGateHook`], [`ToolPolicyHook`], [`resolve_gate_decisions`]), the canonical
-//! argument digest that suspension tickets and resume decisions carry ([`argument_digest`]), the
-//! [`ToolBatch`] with exactly DESIGN §6's transition table, and the [`recovery_action`] that
-//! decides, as a pure function, what happens to an unfinished call after a crash.
+//! Awaken's tool contract: the [`Tool`] trait and its [`ToolCallContext`], argument validation
+//! against each tool's JSON Schema with a validator compiled once per tool
+//! ([`RegisteredTool`]), a typed helper for tools with serde argument and output structs
+//! ([`TypedTool`]), tool-gate hooks and the priority that resolves their decisions
+//! ([`ToolGateHook`], [`ToolPolicyHook`], [`resolve_gate_decisions`]), the canonical argument
+//! digest that suspension tickets and resume decisions carry ([`argument_digest`]), the
+//! [`ToolBatch`] whose calls move only as [`is_allowed_transition`] allows, and the
+//! [`recovery_action`] that decides, as a pure function, what happens to an unfinished call
+//! after a crash.
 //!
 //! This crate must never know the agent loop (it offers the pieces a runtime drives: validate,
 //! gate, execute, record), plugins (gate hooks are plain trait objects handed in plugin order),

@@ -1,4 +1,5 @@
-//! What happens to an unfinished call after a crash (seed 003: recovery never guesses).
+//! What happens to an unfinished call after a crash: recovery never guesses whether a call's
+//! effect happened.
 
 use awaken_event::{EffectClass, ToolCallState};
 use serde::{Deserialize, Serialize};

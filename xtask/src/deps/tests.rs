@@ -22,15 +22,15 @@ fn render(meta: &Value) -> String {
 fn fixture_reports_every_violation_with_its_path() {
     expect_test::expect![[r#"
         awaken-event: must do no IO, but reaches `hyper` (path: awaken-event -> hyper)
-        awaken-llm: must never know `awaken-phase` (DESIGN §2) (path: awaken-llm -> awaken-state -> awaken-phase)
-        awaken-llm: must never know `awaken-state` (DESIGN §2) (path: awaken-llm -> awaken-state)
+        awaken-llm: must never know `awaken-phase` (path: awaken-llm -> awaken-state -> awaken-phase)
+        awaken-llm: must never know `awaken-state` (path: awaken-llm -> awaken-state)
         awaken-resolver: must do no IO, but reaches `hyper` (path: awaken-resolver -> awaken-llm -> awaken-event -> hyper)
         awaken-resolver: must do no IO, but reaches `rusqlite` (path: awaken-resolver -> awaken-plugin -> rusqlite)
         awaken-spec: must do no IO, but reaches `tokio` with runtime features ["rt"] (path: awaken-spec -> optnet -> tokio)
-        awaken-state: may only depend on crates listed before it in DESIGN §2, but reaches `awaken-phase` (path: awaken-state -> awaken-phase)
-        awaken-store: must never know `awaken-phase` (DESIGN §2) (path: awaken-store -> awaken-resolver -> awaken-llm -> awaken-state -> awaken-phase)
-        awaken-store: must never know `awaken-plugin` (DESIGN §2) (path: awaken-store -> awaken-resolver -> awaken-plugin)
-        awaken-store: must never know `awaken-resolver` (DESIGN §2) (path: awaken-store -> awaken-resolver)"#]].assert_eq(&render(&fixture()));
+        awaken-state: may only depend on crates listed before it in the table, but reaches `awaken-phase` (path: awaken-state -> awaken-phase)
+        awaken-store: must never know `awaken-phase` (path: awaken-store -> awaken-resolver -> awaken-llm -> awaken-state -> awaken-phase)
+        awaken-store: must never know `awaken-plugin` (path: awaken-store -> awaken-resolver -> awaken-plugin)
+        awaken-store: must never know `awaken-resolver` (path: awaken-store -> awaken-resolver)"#]].assert_eq(&render(&fixture()));
 }
 
 #[test]

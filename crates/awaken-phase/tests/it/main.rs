@@ -1,5 +1,5 @@
-//! Integration tests of awaken-phase: seed 000's cases, one test each, and property tests
-//! of the conflict fallback against a serial model.
+//! Integration tests of awaken-phase: GATHER and EXECUTE case by case, one test each, and
+//! property tests of the conflict fallback against a serial model.
 
 mod execute;
 mod gather;

@@ -232,7 +232,7 @@ fn order_follows_dependencies_then_priority_then_list_position() {
     assert_eq!(order(vec![plain("a", 0, &[]), off], vec![]), "a");
 }
 
-/// The order by its definition (DESIGN §5): repeatedly the ready plugin (every dependency
+/// The order by its definition: repeatedly the ready plugin (every dependency
 /// placed) with the highest priority, ties in list order; `None` on a cycle.
 fn reference_order(plugins: &[(i32, Vec<usize>)]) -> Option<Vec<usize>> {
     let mut placed = vec![false; plugins.len()];

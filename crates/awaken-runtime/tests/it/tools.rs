@@ -226,7 +226,7 @@ async fn calls_with_overlapping_writes_never_overlap() {
 }
 
 /// A permission check scheduled by a `BeforeToolExecute` hook; its handler suspends the call
-/// through the built-in `InterceptToolCall` action, in the same phase (seed 000).
+/// through the built-in `InterceptToolCall` action, in the same phase.
 struct PermissionCheck;
 
 impl ScheduledActionSpec for PermissionCheck {

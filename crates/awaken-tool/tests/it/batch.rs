@@ -1,5 +1,5 @@
-//! The tool batch: DESIGN §6's table as a model for random transition sequences, closing, and
-//! the serde round trip.
+//! The tool batch: the transition table as a model for random transition sequences, closing,
+//! and the serde round trip.
 
 use std::sync::Arc;
 
@@ -16,7 +16,8 @@ use crate::support::{call, call_id};
 
 use ToolCallState as S;
 
-/// DESIGN §6's table, copied as written there (the model the batch is checked against).
+/// The transition table as `is_allowed_transition` documents it, written out independently
+/// (the model the batch is checked against).
 const DESIGN_TABLE: [(S, &[S]); 3] = [
     (
         S::Requested,
