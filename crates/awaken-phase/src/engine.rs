@@ -69,19 +69,68 @@ pub enum PhaseError {
     ToolGatePhase,
 }
 
-/// Counts of effect dispatch.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Counts of effect dispatch, with the failures counted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EffectStats {
     /// Effects handed to a handler.
     pub attempted: usize,
-    /// Of those, how many failed (error, panic or undecodable payload).
+    /// Of those, how many failed (error, panic, undecodable payload, no handler).
     pub failed: usize,
+    /// The failures `failed` counts, in dispatch order (empty, and unallocated, when none
+    /// failed).
+    pub failures: Vec<EffectFailure>,
 }
 
 impl EffectStats {
-    fn add(&mut self, other: EffectStats) {
+    fn add(&mut self, mut other: EffectStats) {
         self.attempted += other.attempted;
         self.failed += other.failed;
+        if !other.failures.is_empty() {
+            self.failures.append(&mut other.failures);
+        }
+    }
+}
+
+/// An effect whose handler failed. The commit that emitted it stands; the failure is only
+/// reported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EffectFailure {
+    /// The effect's key.
+    pub effect: String,
+    /// The plugin whose handler failed (`None`: no handler is registered for the key).
+    pub plugin_id: Option<Arc<str>>,
+    /// Why: the handler's error, its panic, or why the payload did not decode.
+    pub reason: String,
+}
+
+impl EffectFailure {
+    /// The failure of `plugin_id`'s handler of `effect`, from the handler's outcome.
+    fn of_handler(effect: &str, plugin_id: &Arc<str>, failure: HandlerFailure) -> Self {
+        let reason = match failure {
+            HandlerFailure::Handler { source, .. } => source.to_string(),
+            HandlerFailure::Decode { source, .. } => {
+                format!("the payload does not decode: {source}")
+            }
+            HandlerFailure::Panicked { message, .. } => format!("panicked: {message}"),
+        };
+        Self {
+            effect: effect.to_owned(),
+            plugin_id: Some(plugin_id.clone()),
+            reason,
+        }
+    }
+}
+
+impl std::fmt::Display for EffectFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.plugin_id {
+            Some(plugin_id) => write!(
+                f,
+                "the handler of effect `{}` (plugin `{plugin_id}`) failed: {}",
+                self.effect, self.reason
+            ),
+            None => write!(f, "effect `{}` failed: {}", self.effect, self.reason),
+        }
     }
 }
 
@@ -691,7 +740,7 @@ impl PhaseEngine {
     }
 
     /// Dispatches a commit's effects in emission order, each handler seeing that commit's
-    /// snapshot. Failures are logged and counted, never propagated.
+    /// snapshot. Failures are logged, counted and returned in the stats, never propagated.
     pub async fn dispatch_effects(&self, committed: &Committed) -> EffectStats {
         let mut stats = EffectStats::default();
         if committed.effects.is_empty() {
@@ -706,20 +755,28 @@ impl PhaseEngine {
             let Some(registered) = self.inner.env.effect(&effect.key) else {
                 stats.failed += 1;
                 tracing::error!(effect = %effect.key, "effect has no handler");
+                stats.failures.push(EffectFailure {
+                    effect: effect.key.clone(),
+                    plugin_id: None,
+                    reason: "no handler is registered".to_owned(),
+                });
                 continue;
             };
             let outcome = AssertUnwindSafe(registered.handler.handle_json(&ctx, &effect.payload))
                 .catch_unwind()
                 .await;
             let failure = match outcome {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(e.to_string()),
-                Err(panic) => Some(format!("panicked: {}", panic_message(&*panic))),
+                Ok(Ok(())) => continue,
+                Ok(Err(e)) => e,
+                Err(panic) => HandlerFailure::Panicked {
+                    key: effect.key.clone(),
+                    message: panic_message(&*panic),
+                },
             };
-            if let Some(failure) = failure {
-                stats.failed += 1;
-                tracing::warn!(effect = %effect.key, plugin = %registered.plugin_id, %failure, "effect handler failed");
-            }
+            let failure = EffectFailure::of_handler(&effect.key, &registered.plugin_id, failure);
+            stats.failed += 1;
+            tracing::warn!(effect = %effect.key, plugin = %registered.plugin_id, failure = %failure.reason, "effect handler failed");
+            stats.failures.push(failure);
         }
         stats
     }

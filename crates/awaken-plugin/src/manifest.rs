@@ -18,7 +18,8 @@ pub struct PluginManifest {
     pub version: semver::Version,
     /// Among plugins whose dependencies are placed, higher priority goes first.
     pub priority: i32,
-    /// A disabled plugin is skipped when an environment is built.
+    /// A disabled plugin is invisible: a registry neither lists nor returns it, builds none of
+    /// its agent definitions and calls none of its hooks, and an environment build skips it.
     pub enabled: bool,
     /// Ids of plugins that must come before this one.
     pub depends_on: Vec<String>,

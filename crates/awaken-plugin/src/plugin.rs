@@ -122,7 +122,8 @@ impl std::future::Future for NoOp {
 /// is called once per environment build, so it must be deterministic and cheap. The lifecycle
 /// hooks (`on_runtime_*`, `on_run_*`, `on_delegate_*`) are observational: they cannot change
 /// the run; an error or a timeout is logged and counted and the others still run. `on_reload`
-/// is the exception: a reload is applied only if every plugin's `on_reload` succeeds.
+/// is the exception: a reload is applied only if every enabled plugin's `on_reload` succeeds.
+/// A disabled plugin ([`PluginManifest::enabled`]) is never called.
 #[async_trait]
 pub trait Plugin: Send + Sync + 'static {
     /// The plugin's manifest.

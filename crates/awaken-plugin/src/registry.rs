@@ -1,5 +1,10 @@
 //! The plugin registry: plugins from a list, a configurator and directories, the
 //! agent definitions they contribute, and atomic reload.
+//!
+//! A disabled plugin (`enabled = false`) is held back where plugins enter a snapshot: it is
+//! loaded and its id counts against duplicates, but no accessor returns it, it is not ordered,
+//! contributes no agent definitions and gets no `on_reload`; only its id is kept, so that a
+//! caller can tell a disabled plugin from an unknown one.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -55,17 +60,20 @@ pub struct AgentConfigs {
     pub rejected: Vec<Arc<RegistryError>>,
 }
 
-/// One immutable state of the registry: plugins in execution order and their agents. Holders
-/// of a snapshot keep it unchanged across reloads.
+/// One immutable state of the registry: enabled plugins in execution order and their agents.
+/// Holders of a snapshot keep it unchanged across reloads.
 pub struct RegistrySnapshot {
     /// Increases with every registration and successful reload.
     pub version: u64,
+    /// Enabled plugins only.
     plugins: Vec<Arc<dyn Plugin>>,
+    /// Ids of the disabled plugins, in registration order.
+    disabled: Vec<String>,
     agents: AgentConfigs,
 }
 
 impl RegistrySnapshot {
-    /// The plugin with this id.
+    /// The enabled plugin with this id (`None` for a disabled one).
     pub fn get_plugin(&self, plugin_id: &str) -> Option<Arc<dyn Plugin>> {
         self.plugins
             .iter()
@@ -73,12 +81,18 @@ impl RegistrySnapshot {
             .cloned()
     }
 
-    /// Every plugin, in execution order.
+    /// Every enabled plugin, in execution order.
     pub fn list_plugins(&self) -> &[Arc<dyn Plugin>] {
         &self.plugins
     }
 
-    /// The agent definitions.
+    /// The ids of the plugins loaded but disabled, in registration order: they are in no list,
+    /// define no agent and get no hook.
+    pub fn disabled_plugin_ids(&self) -> &[String] {
+        &self.disabled
+    }
+
+    /// The agent definitions (of enabled plugins).
     pub fn agent_configs(&self) -> &AgentConfigs {
         &self.agents
     }
@@ -94,6 +108,7 @@ impl std::fmt::Debug for RegistrySnapshot {
         f.debug_struct("RegistrySnapshot")
             .field("version", &self.version)
             .field("plugins", &ids)
+            .field("disabled", &self.disabled)
             .finish()
     }
 }
@@ -141,6 +156,7 @@ impl PluginRegistry {
             current: RwLock::new(Arc::new(RegistrySnapshot {
                 version: 0,
                 plugins: Vec::new(),
+                disabled: Vec::new(),
                 agents: AgentConfigs::default(),
             })),
             last_reload: Mutex::new(None),
@@ -204,25 +220,25 @@ impl PluginRegistry {
             .clone()
     }
 
-    /// The plugin with this id, in the current snapshot.
+    /// The enabled plugin with this id, in the current snapshot.
     pub fn get_plugin(&self, plugin_id: &str) -> Option<Arc<dyn Plugin>> {
         self.snapshot().get_plugin(plugin_id)
     }
 
-    /// Every plugin of the current snapshot, in execution order.
+    /// Every enabled plugin of the current snapshot, in execution order.
     pub fn list_plugins(&self) -> Vec<Arc<dyn Plugin>> {
         self.snapshot().plugins.clone()
     }
 
-    /// The agent definitions of the current snapshot.
+    /// The agent definitions of the current snapshot (contributed by enabled plugins).
     pub fn build_agent_configs(&self) -> AgentConfigs {
         self.snapshot().agents.clone()
     }
 
     /// Rebuilds the registry from its sources (configurators re-run, directories re-read),
-    /// calls every new plugin's `on_reload(reload_id)` in order, and swaps the new snapshot in
-    /// only if all succeed. A repeated `reload_id` is a no-op. Holders of the old snapshot keep
-    /// it unchanged; the next run sees the new one.
+    /// calls every new enabled plugin's `on_reload(reload_id)` in order, and swaps the new
+    /// snapshot in only if all succeed. A repeated `reload_id` is a no-op. Holders of the old
+    /// snapshot keep it unchanged; the next run sees the new one.
     pub async fn reload(&self, reload_id: &str) -> Result<ReloadOutcome, RegistryError> {
         if self
             .last_reload
@@ -256,7 +272,8 @@ impl PluginRegistry {
     }
 }
 
-/// Collects the plugins of every source, orders them and builds their agent definitions.
+/// Collects the plugins of every source, holds the disabled ones back, orders the enabled ones
+/// and builds their agent definitions.
 fn build(sources: &[Source], version: u64) -> Result<RegistrySnapshot, RegistryError> {
     let mut plugins: Vec<Arc<dyn Plugin>> = Vec::new();
     for source in sources {
@@ -281,9 +298,14 @@ fn build(sources: &[Source], version: u64) -> Result<RegistrySnapshot, RegistryE
             });
         }
     }
-    // The registry lists every plugin; ordering needs all dependencies present, so a plugin
-    // whose dependency is missing is listed after the ordered ones (the environment build
-    // reports the missing dependency when an agent uses it).
+    // Ids are unique across enabled and disabled plugins alike (checked above); past this
+    // point a disabled plugin is only its id.
+    let (plugins, disabled): (Vec<_>, Vec<_>) =
+        plugins.into_iter().partition(|p| p.manifest().enabled);
+    let disabled = disabled.iter().map(|p| p.manifest().id.clone()).collect();
+    // The registry lists every enabled plugin; ordering needs all dependencies present, so if
+    // one is missing (or disabled) the plugins are listed in registration order (the
+    // environment build reports the missing dependency when an agent uses it).
     let ordered = match execution_order(&plugins) {
         Ok(o) => o,
         Err(e) => {
@@ -295,6 +317,7 @@ fn build(sources: &[Source], version: u64) -> Result<RegistrySnapshot, RegistryE
     Ok(RegistrySnapshot {
         version,
         plugins: ordered,
+        disabled,
         agents,
     })
 }

@@ -178,6 +178,11 @@ pub enum ResolveWarning {
         /// The section key.
         section: String,
     },
+    /// The agent lists a plugin that is disabled; it resolves without it.
+    DisabledPlugin {
+        /// The plugin id.
+        plugin_id: String,
+    },
 }
 
 impl std::fmt::Display for ResolveWarning {
@@ -198,6 +203,12 @@ impl std::fmt::Display for ResolveWarning {
             }
             Self::UnclaimedSection { section } => {
                 write!(f, "config section `{section}` is claimed by no plugin")
+            }
+            Self::DisabledPlugin { plugin_id } => {
+                write!(
+                    f,
+                    "plugin `{plugin_id}` is disabled; the agent runs without it"
+                )
             }
         }
     }

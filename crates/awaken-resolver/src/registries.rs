@@ -138,6 +138,8 @@ pub struct Registries {
     pub(crate) models: MapModelRegistry,
     pub(crate) providers: MapProviderRegistry,
     pub(crate) plugins: MapPluginSource,
+    /// Ids of the disabled plugins added directly (held back from the plugin source).
+    pub(crate) disabled_plugins: Vec<String>,
     pub(crate) plugin_registries: Vec<Arc<PluginRegistry>>,
     pub(crate) errors: Vec<RegistrationError>,
 }
@@ -158,6 +160,7 @@ impl std::fmt::Debug for Registries {
             .field("models", &self.models.0.keys().collect::<Vec<_>>())
             .field("providers", &self.providers.0.keys().collect::<Vec<_>>())
             .field("plugins", &self.plugins.0.keys().collect::<Vec<_>>())
+            .field("disabled_plugins", &self.disabled_plugins)
             .field("errors", &self.errors)
             .finish()
     }
@@ -253,25 +256,37 @@ impl Registries {
         }
     }
 
-    /// Adds a plugin to the plugin source.
+    /// Adds a plugin to the plugin source; a disabled one is held back (see
+    /// [`Registries::add_plugin`]).
     pub fn with_plugin(mut self, plugin: Arc<dyn Plugin>) -> Self {
         self.add_plugin(plugin);
         self
     }
 
-    /// Adds a plugin in place.
+    /// Adds a plugin in place. A disabled plugin is not added to the plugin source (it is in
+    /// no list and gets no hook); only its id is kept, so an agent naming it resolves without
+    /// it. Its id still counts against duplicates.
     pub fn add_plugin(&mut self, plugin: Arc<dyn Plugin>) {
         let id = plugin.manifest().id.clone();
-        if self.plugins.0.contains_key(&id)
-            || self
-                .plugin_registries
-                .iter()
-                .any(|r| r.get_plugin(&id).is_some())
-        {
+        if self.plugin_id_taken(&id) {
             self.duplicate("plugin", &id);
-        } else {
+        } else if plugin.manifest().enabled {
             self.plugins.0.insert(id, plugin);
+        } else {
+            self.disabled_plugins.push(id);
         }
+    }
+
+    /// Whether a plugin with this id, enabled or disabled, was added directly or is in a plugin
+    /// registry.
+    fn plugin_id_taken(&self, id: &str) -> bool {
+        self.plugins.0.contains_key(id)
+            || self.disabled_plugins.iter().any(|d| d == id)
+            || self.plugin_registries.iter().any(|r| {
+                let snapshot = r.snapshot();
+                snapshot.get_plugin(id).is_some()
+                    || snapshot.disabled_plugin_ids().iter().any(|d| d == id)
+            })
     }
 
     /// Adds a plugin registry: a plugin source and a source of agent definitions, read afresh
@@ -283,14 +298,14 @@ impl Registries {
 
     /// Adds a plugin registry in place.
     pub fn add_plugin_registry(&mut self, registry: Arc<PluginRegistry>) {
-        for p in registry.list_plugins() {
-            let id = &p.manifest().id;
-            if self.plugins.0.contains_key(id)
-                || self
-                    .plugin_registries
-                    .iter()
-                    .any(|r| r.get_plugin(id).is_some())
-            {
+        let snapshot = registry.snapshot();
+        let ids = snapshot
+            .list_plugins()
+            .iter()
+            .map(|p| &p.manifest().id)
+            .chain(snapshot.disabled_plugin_ids());
+        for id in ids {
+            if self.plugin_id_taken(id) {
                 self.duplicate("plugin", id);
             }
         }
@@ -320,8 +335,8 @@ impl Registries {
         ids
     }
 
-    /// Every plugin of the plugin source: those added directly (by id), then those of each
-    /// plugin registry's current snapshot that no earlier one shadows.
+    /// Every plugin of the plugin source (enabled ones only): those added directly (by id),
+    /// then those of each plugin registry's current snapshot that no earlier one shadows.
     pub fn plugins(&self) -> Vec<Arc<dyn Plugin>> {
         let mut plugins: Vec<Arc<dyn Plugin>> = self.plugins.0.values().cloned().collect();
         plugins.sort_by(|a, b| a.manifest().id.cmp(&b.manifest().id));
@@ -343,11 +358,22 @@ impl Registries {
         &self.plugin_registries
     }
 
-    /// The plugin with this id.
+    /// The plugin with this id (`None` for a disabled one).
     pub fn plugin(&self, id: &str) -> Option<Arc<dyn Plugin>> {
         self.plugins
             .get_plugin(id)
             .or_else(|| self.plugin_registries.iter().find_map(|r| r.get_plugin(id)))
+    }
+
+    /// Whether `id` names a disabled plugin, added directly or in a plugin registry's current
+    /// snapshot (and no enabled plugin has that id).
+    pub fn is_plugin_disabled(&self, id: &str) -> bool {
+        self.plugin(id).is_none()
+            && (self.disabled_plugins.iter().any(|d| d == id)
+                || self
+                    .plugin_registries
+                    .iter()
+                    .any(|r| r.snapshot().disabled_plugin_ids().iter().any(|d| d == id)))
     }
 
     /// The model with this id.

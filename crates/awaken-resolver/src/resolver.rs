@@ -361,16 +361,24 @@ impl Resolver {
         }
 
         // Stage 2: plugins, built-ins, sections, environment.
+        let mut warnings = Vec::new();
         let mut user_plugins = Vec::with_capacity(spec.plugin_ids.len());
         for plugin_id in &spec.plugin_ids {
-            let plugin =
-                self.registries
-                    .plugin(plugin_id)
-                    .ok_or_else(|| ResolveError::PluginNotFound {
+            match self.registries.plugin(plugin_id) {
+                Some(plugin) => user_plugins.push(plugin),
+                // A disabled plugin is left out: the agent runs without it.
+                None if self.registries.is_plugin_disabled(plugin_id) => {
+                    warnings.push(ResolveWarning::DisabledPlugin {
+                        plugin_id: plugin_id.clone(),
+                    });
+                }
+                None => {
+                    return Err(ResolveError::PluginNotFound {
                         agent_id: agent_id.clone(),
                         plugin_id: plugin_id.clone(),
-                    })?;
-            user_plugins.push(plugin);
+                    });
+                }
+            }
         }
         let builtins = self
             .builtins
@@ -384,7 +392,6 @@ impl Resolver {
                 agent_id: agent_id.clone(),
                 source,
             })?;
-        let mut warnings = Vec::new();
         let claims = std::iter::once(retry_claim()).chain(env.config_claims());
         for report in validate_sections(&spec.sections, claims) {
             match report.status {
@@ -529,7 +536,9 @@ impl Resolver {
     }
 
     /// Reports every recorded registration problem and every agent that fails a dry
-    /// resolution (its plan, for endpoint-backed agents), all of them.
+    /// resolution (its plan, for endpoint-backed agents), all of them. Of an agent that fails,
+    /// every id it names that no registry holds (its model or the model's provider, plugins,
+    /// delegates) is reported, not only the one its resolution stopped at.
     pub fn validate(&self) -> Result<(), ValidationFailed> {
         let mut problems: Vec<ValidationProblem> = self
             .registries
@@ -538,15 +547,79 @@ impl Resolver {
             .map(ValidationProblem::Registration)
             .collect();
         for id in self.registries.agent_ids() {
-            if let Err(e) = self.plan(&id) {
+            let Err(e) = self.plan(&id) else { continue };
+            // The resolution stopped at its first failure; the other ids it would have looked
+            // up are looked up here. A missing one it stopped at is among them.
+            let missing = self.missing_references(&id);
+            let stopped_at_missing = matches!(
+                e,
+                ResolveError::ModelNotFound { .. }
+                    | ResolveError::ProviderNotFound { .. }
+                    | ResolveError::PluginNotFound { .. }
+                    | ResolveError::DelegateNotFound { .. }
+            );
+            if !stopped_at_missing || missing.is_empty() {
                 problems.push(ValidationProblem::Agent(e));
             }
+            problems.extend(missing.into_iter().map(ValidationProblem::Agent));
         }
         if problems.is_empty() {
             Ok(())
         } else {
             Err(ValidationFailed { problems })
         }
+    }
+
+    /// Every id a locally run agent names that no registry holds, in the order resolution
+    /// looks them up: the model (or, when it is there, its provider), the plugins, the
+    /// delegates. Empty for an agent that is not registered or runs on an endpoint (its plan
+    /// reports what is wrong with it).
+    fn missing_references(&self, agent_id: &str) -> Vec<ResolveError> {
+        let Some(spec) = self.registries.agent(agent_id) else {
+            return Vec::new();
+        };
+        if spec.endpoint.is_some() {
+            return Vec::new();
+        }
+        let mut missing = Vec::new();
+        match self.registries.model(&spec.model) {
+            None => missing.push(ResolveError::ModelNotFound {
+                agent_id: spec.id.clone(),
+                model_id: spec.model.clone(),
+            }),
+            Some(model) if self.registries.provider(&model.provider).is_none() => {
+                missing.push(ResolveError::ProviderNotFound {
+                    agent_id: spec.id.clone(),
+                    model_id: model.id.clone(),
+                    provider_id: model.provider.clone(),
+                });
+            }
+            Some(_) => {}
+        }
+        // An id listed twice (an invalid spec) is reported once; a disabled plugin is not
+        // missing (resolution leaves it out).
+        for (i, plugin_id) in spec.plugin_ids.iter().enumerate() {
+            if !spec.plugin_ids[..i].contains(plugin_id)
+                && self.registries.plugin(plugin_id).is_none()
+                && !self.registries.is_plugin_disabled(plugin_id)
+            {
+                missing.push(ResolveError::PluginNotFound {
+                    agent_id: spec.id.clone(),
+                    plugin_id: plugin_id.clone(),
+                });
+            }
+        }
+        for (i, delegate_id) in spec.delegates.iter().enumerate() {
+            if !spec.delegates[..i].contains(delegate_id)
+                && self.registries.agent(delegate_id).is_none()
+            {
+                missing.push(ResolveError::DelegateNotFound {
+                    agent_id: spec.id.clone(),
+                    delegate_id: delegate_id.clone(),
+                });
+            }
+        }
+        missing
     }
 }
 

@@ -192,6 +192,9 @@ pub struct RunStats {
     /// Tool calls that failed in a row (reset by a success).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub consecutive_errors: u32,
+    /// Effect handlers that failed (the run went on; each was reported as a warning).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub handler_failures: u32,
     /// Token usage.
     #[serde(default, skip_serializing_if = "is_no_usage")]
     pub usage: TokenUsage,
@@ -234,6 +237,7 @@ impl Default for RunStats {
             inferences: 0,
             steps: 0,
             consecutive_errors: 0,
+            handler_failures: 0,
             usage: TokenUsage::default(),
             tools_in_step: no_tools(),
             last_step_tools: no_tools(),
@@ -259,6 +263,11 @@ pub enum StatsUpdate {
     },
     /// A step ended.
     StepEnded,
+    /// Effect handlers failed.
+    HandlersFailed {
+        /// How many.
+        count: u32,
+    },
 }
 
 /// The state key of [`RunStats`].
@@ -294,6 +303,9 @@ impl StateKey for RunStatsKey {
             StatsUpdate::StepEnded => {
                 value.steps = value.steps.saturating_add(1);
                 value.last_step_tools = std::mem::replace(&mut value.tools_in_step, no_tools());
+            }
+            StatsUpdate::HandlersFailed { count } => {
+                value.handler_failures = value.handler_failures.saturating_add(count);
             }
         }
         Ok(())
@@ -492,6 +504,7 @@ mod tests {
             inferences: 3,
             steps: 2,
             consecutive_errors: 1,
+            handler_failures: 2,
             usage: TokenUsage {
                 input_tokens: 10,
                 output_tokens: 4,

@@ -12,7 +12,8 @@ use awaken_llm::{
     CancellableStream, InferenceExecutionError, InferenceRequest, LlmStreamEvent, ResponseCollector,
 };
 use awaken_phase::{
-    Phase, PhaseContext, PhaseEngine, PhaseError, PhaseReport, RunIdentity, ToolPhaseInfo,
+    EffectFailure, Phase, PhaseContext, PhaseEngine, PhaseError, PhaseReport, RunIdentity,
+    ToolPhaseInfo,
 };
 use awaken_plugin::{
     LifecycleDispatcher, LifecycleEvent, RunLifecycle, TokenCounts, TransformContext,
@@ -1028,7 +1029,7 @@ impl Run<'_> {
         }
     }
 
-    fn report(&mut self, report: &PhaseReport) {
+    fn report(&mut self, report: &PhaseReport) -> Result<(), Failure> {
         for letter in &report.dead_lettered {
             self.note(AgentEvent::ActionDeadLettered {
                 action: letter.action.key.clone(),
@@ -1036,6 +1037,25 @@ impl Run<'_> {
                 reason: letter.reason.clone(),
             });
         }
+        if !report.effects.failures.is_empty() {
+            self.effects_failed(&report.effects.failures)?;
+        }
+        Ok(())
+    }
+
+    /// Reports effect handlers that failed; the run goes on. Each failure is a `HandlerFailed`
+    /// warning naming the effect, the handler's plugin and the error, and all of them are
+    /// counted in the run's statistics. Called only when some failed.
+    #[cold]
+    fn effects_failed(&mut self, failures: &[EffectFailure]) -> Result<(), Failure> {
+        for failure in failures {
+            self.note(AgentEvent::Warning {
+                kind: WarningKind::HandlerFailed,
+                detail: failure.to_string(),
+            });
+        }
+        let count = u32::try_from(failures.len()).unwrap_or(u32::MAX);
+        self.count(StatsUpdate::HandlersFailed { count })
     }
 
     /// Runs a phase; a cancellation while one of its hooks or actions is awaiting ends it at
@@ -1050,8 +1070,7 @@ impl Run<'_> {
                 futures_util::future::Either::Right(((), _)) => return Err(Failure::Cancelled),
             }
         };
-        self.report(&report);
-        Ok(())
+        self.report(&report)
     }
 
     async fn phase(&mut self, phase: Phase) -> Result<(), Failure> {
@@ -1081,7 +1100,7 @@ impl Run<'_> {
         }
     }
 
-    async fn submit(&self, cmd: StateCommand) -> Result<(), Failure> {
+    async fn submit(&mut self, cmd: StateCommand) -> Result<(), Failure> {
         // A command without effects (the run's statistics, every step) commits at once.
         let cmd = match self.engine.submit_command_now(cmd) {
             Ok(committed) => {
@@ -1092,7 +1111,10 @@ impl Run<'_> {
         };
         // One with effects awaits their dispatch, boxed: the futures of the many places that
         // submit need not hold room for it.
-        Box::pin(self.engine.submit_command(cmd)).await?;
+        let report = Box::pin(self.engine.submit_command(cmd)).await?;
+        if !report.effects.failures.is_empty() {
+            self.effects_failed(&report.effects.failures)?;
+        }
         Ok(())
     }
 
@@ -1133,8 +1155,9 @@ impl Run<'_> {
     }
 
     async fn drive(&mut self) -> Result<TerminationReason, Failure> {
-        for plugin in self.resolved.env.plugins() {
-            let cmd = plugin
+        // By place: submitting may report failed effects, which needs the run mutably.
+        for at in 0..self.resolved.env.plugins().len() {
+            let cmd = self.resolved.env.plugins()[at]
                 .on_activate(&self.resolved.spec.sections)
                 .map_err(|e| Failure::Error(e.to_string()))?;
             if let Some(cmd) = cmd {
@@ -2226,13 +2249,23 @@ impl Run<'_> {
         ran: Ran,
         resume: Option<Box<ToolCallResume>>,
     ) -> Result<CallOutcome, Failure> {
-        let (result, state) = match ran {
-            Ran::Finished(result, state) => (result, state),
-            // It waits for a decision; `AfterToolExecute` runs once it has finished.
-            Ran::Suspended(ticket) => return Ok(CallOutcome::Suspended(Box::new(ticket))),
-            Ran::Cancelled(result) => {
-                // The run is ending: the call closes as cancelled, without AfterToolExecute.
-                return Ok(CallOutcome::Closed(result, ToolCallState::Cancelled));
+        let mut ran = ran;
+        let (result, state) = loop {
+            match ran {
+                Ran::Finished(result, state) => break (result, state),
+                // It waits for a decision; `AfterToolExecute` runs once it has finished.
+                Ran::Suspended(ticket) => return Ok(CallOutcome::Suspended(Box::new(ticket))),
+                Ran::Cancelled(result) => {
+                    // The run is ending: the call closes as cancelled, without
+                    // AfterToolExecute.
+                    return Ok(CallOutcome::Closed(result, ToolCallState::Cancelled));
+                }
+                // Reported, then the call goes on as it ended.
+                Ran::EffectsFailed(failed) => {
+                    let (inner, failures) = *failed;
+                    self.effects_failed(&failures)?;
+                    ran = inner;
+                }
             }
         };
         if !self.skip_idle(Phase::AfterToolExecute)? {
@@ -2257,7 +2290,13 @@ impl Run<'_> {
                 .ctx(Phase::RunEnd)
                 .with_cancel(CancellationToken::new());
             match self.engine.run_phase(&ctx).await {
-                Ok(report) => self.report(&report),
+                Ok(report) => {
+                    if let Err(failure) = self.report(&report) {
+                        self.note(AgentEvent::Error {
+                            message: failure.message(),
+                        });
+                    }
+                }
                 Err(e) => {
                     self.note(AgentEvent::Error {
                         message: e.to_string(),
@@ -2294,13 +2333,19 @@ impl Run<'_> {
         for at in 0..self.resolved.env.plugins().len() {
             let deactivated = self.resolved.env.plugins()[at].on_deactivate();
             match deactivated {
-                Ok(Some(cmd)) => {
-                    if let Err(e) = self.engine.submit_command(cmd).await {
-                        self.note(AgentEvent::Error {
-                            message: e.to_string(),
-                        });
+                Ok(Some(cmd)) => match self.engine.submit_command(cmd).await {
+                    Ok(report) if !report.effects.failures.is_empty() => {
+                        if let Err(failure) = self.effects_failed(&report.effects.failures) {
+                            self.note(AgentEvent::Error {
+                                message: failure.message(),
+                            });
+                        }
                     }
-                }
+                    Ok(_) => {}
+                    Err(e) => self.note(AgentEvent::Error {
+                        message: e.to_string(),
+                    }),
+                },
                 Ok(None) => {}
                 Err(e) => self.note(AgentEvent::Error {
                     message: e.to_string(),
@@ -2364,6 +2409,8 @@ enum Ran {
     Cancelled(ToolResult),
     /// The tool suspended the call (a delegate whose child run waits for a decision).
     Suspended(SuspendTicket),
+    /// How it ended, after effect handlers of its state change failed (reported by the run).
+    EffectsFailed(Box<(Ran, Vec<EffectFailure>)>),
 }
 
 fn failure_reason(failure: &Failure) -> &'static str {
@@ -2536,13 +2583,20 @@ impl Invocation<'_> {
             }
         }
         let command = invoked.as_mut().ok().and_then(|o| o.command.take());
-        if let Some(cmd) = command
-            && let Err(e) = engine.submit_command(cmd).await
-        {
-            return Ran::Finished(
-                ToolResult::error(format!("the tool's state change was rejected: {e}")),
-                ToolCallState::Failed,
-            );
+        if let Some(cmd) = command {
+            match engine.submit_command(cmd).await {
+                Ok(report) if !report.effects.failures.is_empty() => {
+                    let ran = self.ran(invoked);
+                    return Ran::EffectsFailed(Box::new((ran, report.effects.failures)));
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    return Ran::Finished(
+                        ToolResult::error(format!("the tool's state change was rejected: {e}")),
+                        ToolCallState::Failed,
+                    );
+                }
+            }
         }
         self.ran(invoked)
     }

@@ -397,13 +397,15 @@ pub struct RecoveredRun {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum BuildError {
-    /// Duplicate ids or invalid registrations (reported by `build_unchecked` too).
+    /// Duplicate ids or invalid registrations, from `build_unchecked` (`build` reports them
+    /// with every other problem, as `ValidationFailed`).
     #[error("registration failed: {}", errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Registration {
         /// Every recorded error.
         errors: Vec<RegistrationError>,
     },
-    /// An agent failed its dry resolution.
+    /// Every problem `build` found: registration errors and agents that fail their dry
+    /// resolution, all of them.
     #[error(transparent)]
     ValidationFailed(#[from] ValidationFailed),
 }
@@ -531,20 +533,28 @@ impl AgentRuntimeBuilder {
         self
     }
 
-    /// Builds the runtime and dry-resolves every agent; every problem is reported at once.
+    /// Builds the runtime and dry-resolves every agent; every problem is reported at once
+    /// ([`BuildError::ValidationFailed`]: the recorded registration errors, such as duplicate
+    /// ids, and every agent's resolution failures).
     pub fn build(self) -> Result<AgentRuntime, BuildError> {
-        let runtime = self.build_unchecked()?;
+        let runtime = self.assemble();
         runtime.resolver.validate()?;
         Ok(runtime)
     }
 
-    /// Builds without the dry resolution; duplicate ids are still reported.
+    /// Builds without the dry resolution; duplicate ids are still reported
+    /// ([`BuildError::Registration`]).
     pub fn build_unchecked(self) -> Result<AgentRuntime, BuildError> {
         if !self.registries.errors().is_empty() {
             return Err(BuildError::Registration {
                 errors: self.registries.errors().to_vec(),
             });
         }
+        Ok(self.assemble())
+    }
+
+    /// The runtime over the registries as they are (their recorded errors not looked at).
+    fn assemble(self) -> AgentRuntime {
         let registries = Arc::new(self.registries);
         let mut builtins = RuntimeBuiltins::new(registries.clone());
         if let Some(estimator) = self.estimator {
@@ -565,7 +575,7 @@ impl AgentRuntimeBuilder {
             worker: self.worker,
         });
         delegates.bind(&inner);
-        Ok(AgentRuntime { inner })
+        AgentRuntime { inner }
     }
 }
 

@@ -194,7 +194,8 @@ async fn deferred_hooks_first_actions_and_effects_never_appear() {
         report.effects,
         EffectStats {
             attempted: 1,
-            failed: 0
+            failed: 0,
+            failures: Vec::new(),
         }
     );
 }
@@ -438,8 +439,17 @@ async fn effects_run_after_the_commit_and_failures_do_not_roll_back() {
         report.effects,
         EffectStats {
             attempted: 2,
-            failed: 1
+            failed: 1,
+            failures: vec![EffectFailure {
+                effect: "test.note".to_owned(),
+                plugin_id: Some(Arc::from("p")),
+                reason: "note handler refuses".to_owned(),
+            }],
         }
+    );
+    assert_eq!(
+        report.effects.failures[0].to_string(),
+        "the handler of effect `test.note` (plugin `p`) failed: note handler refuses"
     );
     assert_eq!(
         log.lines(),
@@ -498,7 +508,8 @@ async fn an_effect_handler_that_submits_a_command_does_not_deadlock() {
         report.effects,
         EffectStats {
             attempted: 1,
-            failed: 0
+            failed: 0,
+            failures: Vec::new(),
         }
     );
     // 3 + 2 + 1 added by three nested submits, each its own commit after the phase's.

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use awaken_plugin::*;
+use expect_test::expect;
 
 use crate::support::*;
 
@@ -147,6 +148,108 @@ fn duplicate_plugin_ids_are_refused_and_plugins_are_listed_in_execution_order() 
         .collect();
     assert_eq!(ids, vec!["a", "b"]);
     assert!(registry.get_plugin("b").is_some() && registry.get_plugin("zzz").is_none());
+}
+
+/// The registry's current snapshot as text: listed plugins in order, disabled ids, agent
+/// definitions and the number of refused batches.
+fn render(registry: &PluginRegistry) -> String {
+    let snapshot = registry.snapshot();
+    let listed: Vec<&str> = snapshot
+        .list_plugins()
+        .iter()
+        .map(|p| p.manifest().id.as_str())
+        .collect();
+    format!(
+        "plugins={}\ndisabled={}\nagents={}\nrejected={}",
+        listed.join(","),
+        snapshot.disabled_plugin_ids().join(","),
+        prompts(snapshot.agent_configs()),
+        snapshot.agent_configs().rejected.len()
+    )
+}
+
+#[test]
+fn a_disabled_plugin_is_not_listed_even_at_the_highest_priority() {
+    let off = TestPlugin::new("off")
+        .with_manifest(|m| m.with_priority(100).with_enabled(false))
+        .defining(|_| Ok(vec![AgentDefinition::new(agent("ghost", "g"))]))
+        .arc();
+    let mid = TestPlugin::new("mid")
+        .with_manifest(|m| m.with_priority(5))
+        .arc();
+    let registry = PluginRegistry::from_plugins(vec![TestPlugin::new("low").arc(), off, mid])
+        .expect("registry");
+    expect![[r#"
+        plugins=mid,low
+        disabled=off
+        agents=
+        rejected=0"#]]
+    .assert_eq(&render(&registry));
+    assert!(registry.get_plugin("off").is_none());
+    assert!(registry.snapshot().get_plugin("off").is_none());
+    assert!(registry.get_plugin("low").is_some());
+    // Its id still counts against duplicates.
+    let err = registry
+        .register_bundle(TestPlugin::new("off").arc())
+        .expect_err("dup");
+    assert_eq!(err.to_string(), "plugin `off` is already registered");
+}
+
+#[test]
+fn a_disabled_declarative_plugin_defines_no_agents() {
+    let registry = PluginRegistry::new();
+    registry.load_dir(fixtures("disabled")).expect("loads");
+    expect![[r#"
+        plugins=plain
+        disabled=retired
+        agents=writer=plain (plain)
+        rejected=0"#]]
+    .assert_eq(&render(&registry));
+}
+
+#[tokio::test]
+async fn a_disabled_plugin_gets_no_reload_and_no_lifecycle_hook() {
+    let log = Log::default();
+    let l = log.clone();
+    let builds = Arc::new(AtomicUsize::new(0));
+    let b = builds.clone();
+    // `off` is always disabled; `flip` is enabled at first and disabled by the reload's rebuild.
+    let registry = PluginRegistry::from_configurator(move |set| {
+        let first = b.fetch_add(1, Ordering::SeqCst) == 0;
+        for (id, enabled) in [("on", true), ("off", false), ("flip", first)] {
+            let mut p = TestPlugin::new(id).with_manifest(|m| m.with_enabled(enabled));
+            p.log = l.clone();
+            set.register_bundle(p.arc());
+        }
+        Ok(())
+    })
+    .expect("registry");
+    assert_eq!(render(&registry).lines().next(), Some("plugins=on,flip"));
+    registry.reload("r1").await.expect("reload");
+    assert_eq!(log.lines(), vec!["on on_reload(r1)"]);
+    expect![[r#"
+        plugins=on
+        disabled=off,flip
+        agents=
+        rejected=0"#]]
+    .assert_eq(&render(&registry));
+    // The runtime's start and shutdown hooks go to the listed plugins: never a disabled one.
+    let dispatcher = LifecycleDispatcher::default();
+    for event in [
+        LifecycleEvent::RuntimeStart,
+        LifecycleEvent::RuntimeShutdown,
+    ] {
+        dispatcher.dispatch(&registry.list_plugins(), event).await;
+    }
+    let called: Vec<String> = dispatcher
+        .all_stats()
+        .into_keys()
+        .map(|(id, hook)| format!("{id} {}", hook.as_str()))
+        .collect();
+    assert_eq!(
+        called,
+        vec!["on on_runtime_start", "on on_runtime_shutdown"]
+    );
 }
 
 fn fixtures(name: &str) -> PathBuf {

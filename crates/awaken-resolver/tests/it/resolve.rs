@@ -4,7 +4,10 @@ use std::sync::Arc;
 
 use awaken_event::{Message, RunId, ThreadId, VecSink};
 use awaken_llm::{InferenceRequest, LlmExecutor, ScriptTurn, ScriptedError, ScriptedErrorKind};
-use awaken_plugin::{ConfigSchema, PluginManifest, PluginRegistry};
+use awaken_plugin::{
+    ConfigSchema, DeclarativePlugin, LifecycleDispatcher, LifecycleEvent, PluginManifest,
+    PluginRegistry,
+};
 use awaken_resolver::*;
 use awaken_spec::{AgentSpec, ContextPolicy, EndpointSpec, Glob};
 use serde_json::json;
@@ -392,13 +395,24 @@ async fn an_endpoint_agent_plans_onto_its_backend() {
     assert!(matches!(local.plan("a"), Ok(ResolvedRunPlan::Local(_))));
 }
 
+/// A plugin that is disabled, contributing a tool `off_tool`.
+fn disabled(id: &str) -> ToolPlugin {
+    let mut p = plugin(id, &["off_tool"]);
+    p.manifest = PluginManifest::new(id)
+        .with_priority(100)
+        .with_enabled(false);
+    p
+}
+
 #[test]
 fn every_warning() {
     let registries = base()
         .with_tool(echo("fs_read"))
         .with_tool(echo("fs_write"))
+        .with_plugin(disabled("off").arc())
         .with_agent_spec(
             AgentSpec::new("a", "m")
+                .with_plugin("off")
                 .with_allowed_tool_pattern(glob("fs_*"))
                 .with_allowed_tool_pattern(glob("net_*"))
                 .with_excluded_tool("fs_write")
@@ -413,7 +427,7 @@ fn every_warning() {
         agent=a model=m executor=scripted
         plugins=loop_actions,stop_conditions
         tools=fs_read (global)
-        warnings=["config section `mystery` is claimed by no plugin", "config section `permission` is claimed by no plugin", "allowed_tool_patterns pattern `net_*` matches no tool", "excluded_tools entry `shell(rm)` looks like a permission rule; put it in the `permission` section", "permission rule 0 (`fs_write`) names only tools the catalog filtered out"]"#]]
+        warnings=["plugin `off` is disabled; the agent runs without it", "config section `mystery` is claimed by no plugin", "config section `permission` is claimed by no plugin", "allowed_tool_patterns pattern `net_*` matches no tool", "excluded_tools entry `shell(rm)` looks like a permission rule; put it in the `permission` section", "permission rule 0 (`fs_write`) names only tools the catalog filtered out"]"#]]
     .assert_eq(&render(&resolved));
 }
 
@@ -457,6 +471,40 @@ fn validation_lists_every_failure_at_once() {
 }
 
 #[test]
+fn validation_lists_every_missing_id_of_one_agent() {
+    let registries = base()
+        .with_model(awaken_spec::ModelSpec::new("orphan", "nobody", "x"))
+        .with_agent_spec(
+            AgentSpec::new("lost", "ghost")
+                .with_plugin("phantom")
+                .with_plugin("spectre")
+                .with_delegate("nobody"),
+        )
+        .with_agent_spec(AgentSpec::new("unserved", "orphan").with_plugin("phantom"))
+        // Its spec is invalid (one plugin listed twice) and its model is missing.
+        .with_agent_spec(
+            AgentSpec::new("twice", "ghost")
+                .with_plugin("phantom")
+                .with_plugin("phantom"),
+        );
+    let failed = resolver(registries)
+        .validate()
+        .expect_err("several problems");
+    let lines: Vec<String> = failed.problems.iter().map(ToString::to_string).collect();
+    expect_test::expect![[r#"
+        agent `lost` uses model `ghost`, which is not registered
+        agent `lost` lists plugin `phantom`, which is not registered
+        agent `lost` lists plugin `spectre`, which is not registered
+        agent `lost` delegates to `nobody`, which is not registered
+        agent `twice` has an invalid spec: invalid `agent.plugin_ids[1]`: "phantom" is listed twice
+        agent `twice` uses model `ghost`, which is not registered
+        agent `twice` lists plugin `phantom`, which is not registered
+        model `orphan` of agent `unserved` is served by provider `nobody`, which is not registered
+        agent `unserved` lists plugin `phantom`, which is not registered"#]]
+    .assert_eq(&lines.join("\n"));
+}
+
+#[test]
 fn a_plugin_registry_is_a_plugin_source_and_an_agent_source_refreshed_on_reload() {
     let registry = Arc::new(PluginRegistry::new());
     registry
@@ -476,4 +524,92 @@ fn a_plugin_registry_is_a_plugin_source_and_an_agent_source_refreshed_on_reload(
         "house-style,loop_actions,stop_conditions"
     );
     assert!(r.validate().is_ok());
+}
+
+#[tokio::test]
+async fn a_disabled_plugin_is_left_out_of_the_plugin_source_and_of_resolution() {
+    let retired = DeclarativePlugin::from_toml_str(
+        "id = \"retired\"\nenabled = false\n[[agents]]\n[agents.spec]\nid = \"archivist\"\nmodel = \"m\"\n",
+    )
+    .expect("manifest");
+    let registry = PluginRegistry::from_plugins(vec![Arc::new(retired)]).expect("registry");
+    let registries = base()
+        .with_plugin(plugin("on", &["on_tool"]).arc())
+        .with_plugin(disabled("off").arc())
+        .with_plugin_registry(Arc::new(registry))
+        .with_agent_spec(
+            AgentSpec::new("a", "m")
+                .with_plugin("off")
+                .with_plugin("on")
+                .with_plugin("retired"),
+        );
+    let r = resolver(registries);
+    let plugin_source: Vec<String> = r
+        .registries()
+        .plugins()
+        .iter()
+        .map(|p| p.manifest().id.clone())
+        .collect();
+    assert_eq!(plugin_source, vec!["on"]);
+    assert!(r.registries().plugin("off").is_none());
+    assert!(r.registries().plugin("retired").is_none());
+
+    // An agent naming disabled plugins resolves without them, with a warning for each.
+    expect_test::expect![[r#"
+        agent=a model=m executor=scripted
+        plugins=on,loop_actions,stop_conditions
+        tools=on_tool (plugin:on)
+        warnings=["plugin `off` is disabled; the agent runs without it", "plugin `retired` is disabled; the agent runs without it"]"#]]
+    .assert_eq(&render(&r.resolve("a").expect("resolves")));
+
+    // A disabled plugin's agents are not defined.
+    assert_eq!(r.registries().agent_ids(), vec!["a"]);
+    assert!(matches!(
+        r.resolve("archivist"),
+        Err(ResolveError::AgentNotFound { .. })
+    ));
+    assert!(r.validate().is_ok());
+    // Validation does not count a disabled plugin among an agent's missing ids.
+    let unmodelled = resolver(
+        base()
+            .with_plugin(disabled("off").arc())
+            .with_agent_spec(AgentSpec::new("b", "ghost").with_plugin("off")),
+    );
+    let failed = unmodelled.validate().expect_err("missing model");
+    let lines: Vec<String> = failed.problems.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        lines,
+        vec!["agent `b` uses model `ghost`, which is not registered"]
+    );
+
+    // The runtime's start and shutdown hooks go to the plugin source: never a disabled plugin.
+    let dispatcher = LifecycleDispatcher::default();
+    for event in [
+        LifecycleEvent::RuntimeStart,
+        LifecycleEvent::RuntimeShutdown,
+    ] {
+        dispatcher.dispatch(&r.registries().plugins(), event).await;
+    }
+    let called: Vec<String> = dispatcher
+        .all_stats()
+        .into_keys()
+        .map(|(id, hook)| format!("{id} {}", hook.as_str()))
+        .collect();
+    assert_eq!(
+        called,
+        vec!["on on_runtime_start", "on on_runtime_shutdown"]
+    );
+
+    // A disabled plugin's id still counts against duplicates.
+    let twice = base()
+        .with_plugin(disabled("off").arc())
+        .with_plugin(plugin("off", &[]).arc());
+    assert_eq!(
+        twice
+            .errors()
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        vec!["plugin `off` is registered twice"]
+    );
 }

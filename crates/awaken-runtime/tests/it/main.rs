@@ -1,11 +1,13 @@
 //! Integration tests of awaken-runtime: scenarios rendered as event logs.
 
 mod backend;
+mod build;
 mod compaction_crash;
 mod context;
 mod crash;
 mod delegation;
 mod durable;
+mod effects;
 mod hitl;
 mod interrupted;
 mod leases;
