@@ -3,7 +3,7 @@
 //! and the README's commands. Nothing here reaches beyond 127.0.0.1.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
@@ -125,40 +125,48 @@ fn serve(responses: Vec<String>) -> (String, mpsc::Receiver<Received>) {
             let Ok((mut socket, _)) = listener.accept() else {
                 return;
             };
-            let mut buf = Vec::new();
-            let mut chunk = [0u8; 4096];
-            let head_end = loop {
-                if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                    break i + 4;
-                }
-                match socket.read(&mut chunk) {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                }
+            let Some(request) = read_request(&mut socket) else {
+                return;
             };
-            let head = text(&buf[..head_end]);
-            let length: usize = head
-                .lines()
-                .find_map(|l| {
-                    let (name, value) = l.split_once(':')?;
-                    name.eq_ignore_ascii_case("content-length")
-                        .then(|| value.trim().parse().ok())
-                        .flatten()
-                })
-                .unwrap_or(0);
-            while buf.len() < head_end + length {
-                match socket.read(&mut chunk) {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                }
-            }
-            let body = text(&buf[head_end..head_end + length]);
-            let _ = tx.send(Received { head, body });
+            let _ = tx.send(request);
             let _ = socket.write_all(response.as_bytes());
             let _ = socket.flush();
         }
     });
     (format!("http://{addr}"), rx)
+}
+
+/// Reads one HTTP request (head and `content-length` body) from `socket`.
+fn read_request(socket: &mut TcpStream) -> Option<Received> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        match socket.read(&mut chunk) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    };
+    let head = text(&buf[..head_end]);
+    let length: usize = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse().ok())
+                .flatten()
+        })
+        .unwrap_or(0);
+    while buf.len() < head_end + length {
+        match socket.read(&mut chunk) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let body = text(&buf[head_end..head_end + length]);
+    Some(Received { head, body })
 }
 
 fn http_response(content_type: &str, body: &str) -> String {

@@ -62,39 +62,6 @@ fn output_guarded(mut command: Command) -> Output {
     out
 }
 
-/// Reads one HTTP request (head and `content-length` body) from `socket`.
-fn read_request(socket: &mut TcpStream) -> Option<Received> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    let head_end = loop {
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-        match socket.read(&mut chunk) {
-            Ok(0) | Err(_) => return None,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    };
-    let head = text(&buf[..head_end]);
-    let length: usize = head
-        .lines()
-        .find_map(|l| {
-            let (name, value) = l.split_once(':')?;
-            name.eq_ignore_ascii_case("content-length")
-                .then(|| value.trim().parse().ok())
-                .flatten()
-        })
-        .unwrap_or(0);
-    while buf.len() < head_end + length {
-        match socket.read(&mut chunk) {
-            Ok(0) | Err(_) => return None,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
-    let body = text(&buf[head_end..head_end + length]);
-    Some(Received { head, body })
-}
-
 /// A loopback server for one connection: it reads the request, reports it, and hands the socket
 /// to `answer`. The listener closes when `answer` returns.
 fn serve_one(
