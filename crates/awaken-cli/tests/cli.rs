@@ -2,7 +2,7 @@
 //! invocations, a new run on a waiting thread, Ctrl-C, the built-in tools, declarative plugins
 //! and the README's commands. Nothing here reaches beyond 127.0.0.1.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -1100,8 +1100,8 @@ fn the_approval_flow_works_on_postgres_too() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Starts `awaken run` with `args`, waits until it printed that the run started, and kills it
-/// with `signal`; returns the rest of its output and its status.
+/// Starts `awaken run` of the waiting agent with `args`, waits until its model streamed a word,
+/// and sends the process `signal`; returns the rest of its output and its status.
 fn interrupt_after_start(
     args: &[&str],
     signal: &str,
@@ -1123,15 +1123,19 @@ fn interrupt_after_start(
             }
         })
     };
+    // The signal goes once the model has streamed its first word (the waiting agent's
+    // `Thinking`, printed without a newline), so the run is mid-answer when it arrives.
     let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
-    let mut line = String::new();
-    loop {
-        line.clear();
-        let n = stdout.read_line(&mut line).expect("read stdout");
-        assert!(n > 0, "the run ended before it started");
-        if line.starts_with("▶ started run") {
-            break;
-        }
+    let mut seen = Vec::new();
+    let mut chunk = [0u8; 256];
+    while !text(&seen).contains(THINKING) {
+        let n = stdout.read(&mut chunk).expect("read stdout");
+        assert!(
+            n > 0,
+            "the run ended before its model wrote: {}",
+            text(&seen)
+        );
+        seen.extend_from_slice(&chunk[..n]);
     }
     let sent = Command::new("kill")
         .args([signal, &pid])
@@ -1152,6 +1156,9 @@ fn interrupt_after_start(
     let _ = watchdog.join();
     (rest, stderr, status)
 }
+
+/// The word the waiting agent's model streams before it waits.
+const THINKING: &str = "Thinking";
 
 /// An agent whose model streams a word, then waits until the run is cancelled.
 fn waiting_agent(dir: &Path) -> PathBuf {
