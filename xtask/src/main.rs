@@ -1,6 +1,6 @@
 //! Awaken's project automation (the cargo-xtask pattern): `cargo xtask test`, `lint`, `ci`,
-//! `bench [--quick]` and `deps` (the check that crates depend in one direction and never on
-//! what they must not know). A program, not a framework: each command is a short sequence of
+//! `bench [--quick]`, `deps` (the check that crates depend in one direction and never on what
+//! they must not know) and `tidy` (wording, file length, module cycles). A program, not a framework: each command is a short sequence of
 //! `cargo` invocations.
 
 use std::path::{Path, PathBuf};
@@ -10,13 +10,15 @@ use anyhow::{Context, Result, bail};
 
 mod bench;
 mod deps;
+mod tidy;
 
 const USAGE: &str = "\
 usage: cargo xtask <command>
 
 commands:
   test            run every test of the workspace (the README's test command)
-  lint            cargo fmt --check, clippy -D warnings, rustdoc -D warnings, deps
+  lint            cargo fmt --check, clippy -D warnings, rustdoc -D warnings, deps, tidy
+  tidy            no development narration, no source file over 1,000 lines, no module cycles
   deps            check crate directions and forbidden dependencies
   ci              lint, then test
   bench [--quick] run the benches and write target/awaken-bench/summary.json
@@ -47,6 +49,7 @@ fn run(args: Vec<String>) -> Result<()> {
         ["test"] => test(),
         ["lint"] => lint(),
         ["deps"] => deps_check(),
+        ["tidy"] => tidy_check(&root),
         ["ci"] => {
             lint()?;
             test()
@@ -115,7 +118,21 @@ fn lint() -> Result<()> {
         &["doc", "--workspace", "--no-deps", "--locked"],
         &[("RUSTDOCFLAGS", "-D warnings")],
     )?;
-    deps_check()
+    deps_check()?;
+    tidy_check(Path::new("."))
+}
+
+fn tidy_check(root: &Path) -> Result<()> {
+    say("$ tidy (wording, file length, module cycles)");
+    let findings = tidy::check(root)?;
+    if findings.is_empty() {
+        say("tidy: the repository speaks of the project; files and modules are in order");
+        return Ok(());
+    }
+    for f in &findings {
+        say(&format!("tidy: {f}"));
+    }
+    bail!("{} tidy finding(s)", findings.len())
 }
 
 fn deps_check() -> Result<()> {
