@@ -152,11 +152,8 @@ const SHA256_PREFIX: &str = "sha256:";
 /// A spec digest kept by the memory store: its place in the store's table.
 const DIGEST_KEPT: u8 = 2;
 
-mod read;
-mod write;
-
-pub(crate) use read::Reader;
-pub(crate) use write::{Seen, Writer};
+pub(crate) mod read;
+pub(crate) mod write;
 
 #[cfg(test)]
 mod tests;

@@ -21,6 +21,7 @@ mod commit;
 mod compact;
 mod error;
 mod failpoint;
+mod lease;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;

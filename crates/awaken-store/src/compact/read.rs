@@ -11,7 +11,7 @@ pub(crate) struct Reader<'a> {
     /// Where this reader stops (the end of the segment or of its part being read).
     end: usize,
     /// Where the messages part starts, when this reader reads it (its references name a
-    /// part: see [`Writer`]).
+    /// part: see [`Writer`](super::write::Writer)).
     messages_at: Option<usize>,
 }
 
@@ -228,8 +228,9 @@ impl<'a> Reader<'a> {
             .transpose()
     }
 
-    /// A finished run's row as [`Writer::run_row`] wrote it, the row of `run_id`: its thread,
-    /// its record (`Done`), its state's revision and its lease epoch.
+    /// A finished run's row as [`Writer::run_row`](super::write::Writer::run_row) wrote it, the
+    /// row of `run_id`: its thread, its record (`Done`), its state's revision and its lease
+    /// epoch.
     pub(crate) fn run_row(
         &mut self,
         run_id: &RunId,
@@ -263,7 +264,7 @@ impl<'a> Reader<'a> {
         Ok((thread_id, record, self.u64()?, self.u64()?))
     }
 
-    /// A spec digest as [`Writer::digest`] wrote it.
+    /// A spec digest as [`Writer::digest`](super::write::Writer::digest) wrote it.
     fn digest(&mut self, digest_at: impl Fn(u32) -> Option<Arc<str>>) -> Read<Arc<str>> {
         match self.u8()? {
             DIGEST_KEPT => {
@@ -350,7 +351,7 @@ impl<'a> Reader<'a> {
 
     /// The next event.
     /// The next event of an events part and its run: the run markers before it (see
-    /// [`Writer::run_marker`]) set `run`.
+    /// [`Writer::run_marker`](super::write::Writer::run_marker)) set `run`.
     pub(crate) fn run_event(&mut self, run: &mut Option<RunId>) -> Read<(RunId, AgentEvent)> {
         while self.segment.get(self.pos) == Some(&RUN_MARKER) && !self.is_empty() {
             self.pos += 1;

@@ -1,6 +1,7 @@
 //! The compact form's tests.
 
-use super::write::put_u64;
+use super::read::Reader;
+use super::write::{Seen, Writer, put_u64};
 use super::*;
 use proptest::prelude::*;
 use serde_json::json;

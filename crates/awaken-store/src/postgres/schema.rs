@@ -1,4 +1,9 @@
-//! The PostgreSQL schema migrations.
+//! The PostgreSQL schema and its migrations, applied on connect under an advisory lock and
+//! recorded in `awaken_schema_version`.
+
+use crate::error::StoreError;
+
+use super::pool::Pool;
 
 /// The schema, one entry per version; never edit a released entry, append a new one.
 pub(super) const MIGRATIONS: &[&str] = &[r#"
@@ -65,3 +70,46 @@ CREATE TABLE events (
     PRIMARY KEY (thread_id, seq)
 );
 "#];
+
+/// Advisory lock key of schema migrations (any constant shared by every build).
+const MIGRATION_LOCK: i64 = 0x6177_616b_656e;
+
+/// Creates the schema if needed and brings it to the newest version this build knows, in one
+/// transaction; `SchemaTooNew` if the database was written by a newer build.
+pub(super) async fn migrate(pool: &Pool) -> Result<(), StoreError> {
+    let mut conn = pool.get().await?;
+    let tx = conn.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await?;
+    if let Some(schema) = &pool.schema {
+        tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\""))
+            .await?;
+    }
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS awaken_schema_version (version BIGINT PRIMARY KEY)",
+    )
+    .await?;
+    let found: i64 = tx
+        .query_one(
+            "SELECT COALESCE(MAX(version), 0)::BIGINT FROM awaken_schema_version",
+            &[],
+        )
+        .await?
+        .try_get(0)?;
+    let supported = MIGRATIONS.len() as i64;
+    if found > supported {
+        return Err(StoreError::SchemaTooNew { found, supported });
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+        tx.batch_execute(sql).await?;
+        let version = i as i64 + 1;
+        tx.execute(
+            "INSERT INTO awaken_schema_version (version) VALUES ($1)",
+            &[&version],
+        )
+        .await?;
+        tracing::info!(version, "postgres store: schema migrated");
+    }
+    tx.commit().await?;
+    Ok(())
+}

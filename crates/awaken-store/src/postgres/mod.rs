@@ -1,0 +1,321 @@
+//! [`PostgresStore`]: several workers on one database (feature `postgres`), with a small
+//! connection pool of its own.
+//!
+//! This module holds the configuration, the store and the [`ThreadStore`] implementation; the
+//! connection pool is in `pool`, the schema in `schema`, a commit's transaction in `commit`, and
+//! the reads in `load`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use awaken_event::{ProfileId, RunId, ThreadId};
+use tokio_postgres::Row;
+
+use crate::codec::{self, RUN_COLUMNS};
+use crate::commit::{LeaseToken, RunRecord, ThreadCommit, Timestamp};
+use crate::error::StoreError;
+#[cfg(feature = "failpoints")]
+use crate::failpoint::FailPoint;
+use crate::failpoint::Failpoints;
+use crate::lease;
+use crate::store::{
+    Checkpoint, ClaimedRun, CommitReceipt, ProfileState, StoredEvent, ThreadStore, ThreadSummary,
+};
+
+mod commit;
+mod load;
+mod pool;
+mod schema;
+
+use pool::Pool;
+
+/// How to connect a [`PostgresStore`].
+#[derive(Debug, Clone)]
+pub struct PostgresConfig {
+    /// A libpq-style connection string or `postgresql://` URL. TLS is not supported: use a
+    /// loopback or otherwise trusted network.
+    pub url: String,
+    /// The schema holding the tables (created if missing; `[a-z0-9_]`, at most 63 bytes).
+    /// `None`: the connection's default search path (usually `public`).
+    pub schema: Option<String>,
+    /// The most connections the pool opens.
+    pub max_connections: usize,
+}
+
+impl PostgresConfig {
+    /// A configuration for `url`, default schema, at most 4 connections.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            schema: None,
+            max_connections: 4,
+        }
+    }
+
+    /// Keeps the tables in `schema` (tests give each test its own).
+    pub fn with_schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = Some(schema.into());
+        self
+    }
+
+    /// Sets the pool size (at least 1).
+    pub fn with_max_connections(mut self, max_connections: usize) -> Self {
+        self.max_connections = max_connections.max(1);
+        self
+    }
+}
+
+/// A [`ThreadStore`] in PostgreSQL. Each commit is one transaction that locks the thread row
+/// (`SELECT … FOR UPDATE`) and the run row, so concurrent writers of a thread serialize and the
+/// guards hold until `COMMIT`; leases are claimed with `FOR UPDATE SKIP LOCKED`, so concurrent
+/// claimers never block on or share a run. The schema is migrated on connect under an advisory
+/// lock, with the applied versions in `awaken_schema_version`.
+#[derive(Debug, Clone)]
+pub struct PostgresStore {
+    pool: Arc<Pool>,
+    failpoints: Arc<Failpoints>,
+}
+
+impl PostgresStore {
+    /// Connects, creates the schema if needed and migrates it. Errors: `Config` for a bad
+    /// schema name, `Postgres` when the server is unreachable, `SchemaTooNew`.
+    pub async fn connect(config: PostgresConfig) -> Result<Self, StoreError> {
+        if let Some(schema) = &config.schema {
+            let ok = !schema.is_empty()
+                && schema.len() <= 63
+                && schema
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+            if !ok {
+                return Err(StoreError::Config {
+                    detail: format!("schema name {schema:?} must be 1-63 of [a-z0-9_]"),
+                });
+            }
+        }
+        let pg_config: tokio_postgres::Config = config.url.parse()?;
+        let pool = Pool::new(
+            pg_config,
+            config.schema.clone(),
+            config.max_connections.max(1),
+        );
+        let store = Self {
+            pool: Arc::new(pool),
+            failpoints: Arc::new(Failpoints::default()),
+        };
+        schema::migrate(&store.pool).await?;
+        Ok(store)
+    }
+
+    /// The newest schema version this build knows.
+    pub fn schema_version() -> i64 {
+        schema::MIGRATIONS.len() as i64
+    }
+
+    /// Makes the next commit that reaches `point` fail there, inside its transaction.
+    #[cfg(feature = "failpoints")]
+    pub fn arm_failpoint(&self, point: FailPoint) {
+        self.failpoints.arm(point);
+    }
+}
+
+/// A claimed run from a `RETURNING thread_id, lease_epoch, <run columns>` row.
+fn claimed_row(
+    row: &Row,
+    worker_id: &str,
+    expires_at: Timestamp,
+) -> Result<ClaimedRun, StoreError> {
+    codec::claimed_run(
+        row.try_get(0)?,
+        row.try_get(1)?,
+        load::raw_run(row, 2)?,
+        worker_id,
+        expires_at,
+    )
+}
+
+#[async_trait]
+impl ThreadStore for PostgresStore {
+    async fn commit(&self, commit: ThreadCommit) -> Result<CommitReceipt, StoreError> {
+        commit
+            .validate()
+            .map_err(|v| StoreError::invalid(&commit.thread_id, v))?;
+        let mut conn = self.pool.get().await?;
+        commit::write(&mut conn, &commit, &self.failpoints).await
+    }
+
+    async fn load_checkpoint(
+        &self,
+        thread_id: &ThreadId,
+    ) -> Result<Option<Checkpoint>, StoreError> {
+        let mut conn = self.pool.get().await?;
+        load::checkpoint(&mut conn, thread_id).await
+    }
+
+    async fn load_profile(&self, profile_id: &ProfileId) -> Result<ProfileState, StoreError> {
+        let conn = self.pool.get().await?;
+        load::profile(&conn, profile_id).await
+    }
+
+    async fn list_threads(&self) -> Result<Vec<ThreadSummary>, StoreError> {
+        let conn = self.pool.get().await?;
+        load::threads(&conn).await
+    }
+
+    async fn list_runs(&self, thread_id: &ThreadId) -> Result<Vec<RunRecord>, StoreError> {
+        let conn = self.pool.get().await?;
+        load::runs(&conn, thread_id).await
+    }
+
+    async fn load_events(
+        &self,
+        thread_id: &ThreadId,
+        since: u64,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        let conn = self.pool.get().await?;
+        load::events(&conn, thread_id, since).await
+    }
+
+    async fn delete_thread(&self, thread_id: &ThreadId) -> Result<bool, StoreError> {
+        let mut conn = self.pool.get().await?;
+        let tx = conn.transaction().await?;
+        let tid = thread_id.as_str();
+        // Lock the thread row first, in the same order as a commit, so the two cannot deadlock.
+        tx.execute(
+            "SELECT 1 FROM threads WHERE thread_id = $1 FOR UPDATE",
+            &[&tid],
+        )
+        .await?;
+        tx.execute(
+            "DELETE FROM run_state WHERE run_id IN (SELECT run_id FROM runs WHERE thread_id = $1)",
+            &[&tid],
+        )
+        .await?;
+        for table in ["runs", "messages", "events", "thread_state"] {
+            tx.execute(
+                &format!("DELETE FROM {table} WHERE thread_id = $1"),
+                &[&tid],
+            )
+            .await?;
+        }
+        let existed = tx
+            .execute("DELETE FROM threads WHERE thread_id = $1", &[&tid])
+            .await?
+            > 0;
+        tx.commit().await?;
+        Ok(existed)
+    }
+
+    async fn claim_runnable(
+        &self,
+        worker_id: &str,
+        lease_duration: Duration,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<ClaimedRun>, StoreError> {
+        lease::check_worker(worker_id)?;
+        let expires_at = now.saturating_add(lease_duration);
+        let conn = self.pool.get().await?;
+        let rows = conn
+            .query(
+                &format!(
+                    "UPDATE runs SET lease_owner = $1, lease_epoch = lease_epoch + 1, \
+                         lease_expires_at = $2 \
+                     WHERE run_id IN (SELECT run_id FROM runs WHERE status <> 'done' \
+                         AND (lease_owner IS NULL OR lease_expires_at <= $3) \
+                         ORDER BY updated_at, run_id LIMIT $4 FOR UPDATE SKIP LOCKED) \
+                     RETURNING thread_id, lease_epoch, {RUN_COLUMNS}"
+                ),
+                &[
+                    &worker_id,
+                    &expires_at.as_unix_millis(),
+                    &now.as_unix_millis(),
+                    &codec::int(limit as u64),
+                ],
+            )
+            .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            out.push(claimed_row(&row, worker_id, expires_at)?);
+        }
+        out.sort_by(|a, b| lease::claim_order(&a.run).cmp(&lease::claim_order(&b.run)));
+        Ok(out)
+    }
+
+    async fn claim_run(
+        &self,
+        run_id: &RunId,
+        worker_id: &str,
+        lease_duration: Duration,
+        now: Timestamp,
+    ) -> Result<Option<ClaimedRun>, StoreError> {
+        lease::check_worker(worker_id)?;
+        let expires_at = now.saturating_add(lease_duration);
+        let conn = self.pool.get().await?;
+        let row = conn
+            .query_opt(
+                &format!(
+                    "UPDATE runs SET lease_owner = $1, lease_epoch = lease_epoch + 1, \
+                         lease_expires_at = $2 \
+                     WHERE run_id = $3 AND status <> 'done' \
+                         AND (lease_owner IS NULL OR lease_expires_at <= $4) \
+                     RETURNING thread_id, lease_epoch, {RUN_COLUMNS}"
+                ),
+                &[
+                    &worker_id,
+                    &expires_at.as_unix_millis(),
+                    &run_id.as_str(),
+                    &now.as_unix_millis(),
+                ],
+            )
+            .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        Ok(Some(claimed_row(&row, worker_id, expires_at)?))
+    }
+
+    async fn heartbeat(
+        &self,
+        lease: &LeaseToken,
+        lease_duration: Duration,
+        now: Timestamp,
+    ) -> Result<Timestamp, StoreError> {
+        let expires_at = now.saturating_add(lease_duration);
+        let conn = self.pool.get().await?;
+        let n = conn
+            .execute(
+                "UPDATE runs SET lease_expires_at = $1 WHERE run_id = $2 \
+                 AND lease_owner = $3 AND lease_epoch = $4",
+                &[
+                    &expires_at.as_unix_millis(),
+                    &lease.run_id.as_str(),
+                    &lease.worker_id,
+                    &codec::int(lease.epoch),
+                ],
+            )
+            .await?;
+        if n == 0 {
+            return Err(StoreError::LeaseLost {
+                run_id: lease.run_id.clone(),
+            });
+        }
+        Ok(expires_at)
+    }
+
+    async fn release(&self, lease: &LeaseToken) -> Result<bool, StoreError> {
+        let conn = self.pool.get().await?;
+        let n = conn
+            .execute(
+                "UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL \
+                 WHERE run_id = $1 AND lease_owner = $2 AND lease_epoch = $3",
+                &[
+                    &lease.run_id.as_str(),
+                    &lease.worker_id,
+                    &codec::int(lease.epoch),
+                ],
+            )
+            .await?;
+        Ok(n > 0)
+    }
+}

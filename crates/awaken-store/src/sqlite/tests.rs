@@ -1,0 +1,230 @@
+use awaken_event::{Message, RunId, ThreadId, ToolCallId, ToolCallState};
+
+use super::*;
+use crate::commit::{BatchData, BatchSource, CommitViolation};
+
+fn step(n: u64) -> ThreadCommit {
+    let run = RunRecord::new(
+        RunId::new("r1").expect("id"),
+        "agent",
+        Timestamp::from_unix_millis(1),
+    );
+    ThreadCommit::new(ThreadId::new("t1").expect("id"), run, n)
+        .with_messages([Message::user(format!("message {n}"))])
+}
+
+async fn open(dir: &tempfile::TempDir, config: fn(PathBuf) -> SqliteConfig) -> SqliteStore {
+    SqliteStore::open(config(dir.path().join("awaken.db")))
+        .await
+        .expect("open")
+}
+
+#[tokio::test]
+async fn a_commit_runs_inline_only_when_allowed_and_the_connection_is_free() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = open(&dir, SqliteConfig::file).await;
+    let receipt = store
+        .commit_now(&mut step(0))
+        .expect("inline")
+        .expect("written");
+    assert_eq!(receipt.message_count, 1);
+    // Busy (another commit or read holds the connection): left unchanged, not waited for
+    // on the caller's thread.
+    let held = store.conn.lock().expect("lock");
+    let mut back = step(1);
+    assert!(store.commit_now(&mut back).is_none(), "not written at once");
+    assert_eq!(back, step(1));
+    drop(held);
+    store.commit(back).await.expect("written on the pool");
+    // Not allowed: asked not to, or every commit waits for the disk.
+    for config in [
+        |p: PathBuf| SqliteConfig::file(p).with_inline_commits(false),
+        |p: PathBuf| SqliteConfig::file(p).with_synchronous(Synchronous::Full),
+    ] {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = open(&dir, config).await;
+        let mut back = step(0);
+        assert!(store.commit_now(&mut back).is_none(), "not written at once");
+        assert_eq!(back, step(0));
+    }
+}
+
+#[tokio::test]
+async fn an_inline_commit_never_waits_for_another_processs_write_lock() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = open(&dir, SqliteConfig::file).await;
+    store
+        .commit_now(&mut step(0))
+        .expect("inline")
+        .expect("written");
+    // Another connection (as another process would) holds the write lock, and lets it go
+    // a moment later: a commit that waited for it (the store's busy timeout is 5 s) would
+    // then be written inline; one that does not wait writes nothing at once.
+    let other = Connection::open(dir.path().join("awaken.db")).expect("open");
+    other.execute_batch("BEGIN IMMEDIATE").expect("write lock");
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        other.execute_batch("COMMIT").expect("released");
+    });
+    let mut back = step(1);
+    assert!(
+        store.commit_now(&mut back).is_none(),
+        "not written, not waited for"
+    );
+    assert_eq!(back, step(1));
+    releaser.join().expect("releaser");
+    // The pool path writes it (waiting for the lock, were it still held).
+    let receipt = store.commit(back).await.expect("written on the pool");
+    assert_eq!(receipt.message_count, 2);
+}
+
+#[tokio::test]
+async fn every_write_counts_towards_the_next_checkpoint() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = open(&dir, SqliteConfig::file).await;
+    let checkpoints = store.checkpoints.clone().expect("own checkpoints");
+    for n in 0..u64::from(WRITES_PER_CHECKPOINT - 1) {
+        store
+            .commit_now(&mut step(n))
+            .expect("inline")
+            .expect("written");
+    }
+    assert_eq!(
+        checkpoints.writes.load(Ordering::Relaxed),
+        WRITES_PER_CHECKPOINT - 1
+    );
+    // A write that is not a commit (here, deleting a thread) starts the checkpoint.
+    let other = ThreadId::new("other").expect("id");
+    store.delete_thread(&other).await.expect("deleted");
+    assert_eq!(checkpoints.writes.load(Ordering::Relaxed), 0);
+    // Reads do not count.
+    store.list_threads().await.expect("listed");
+    assert_eq!(checkpoints.writes.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn a_checkpoint_dropped_unrun_does_not_stop_the_next_ones() {
+    let checkpoints = Arc::new(Checkpoints::default());
+    checkpoints.running.store(true, Ordering::Release);
+    // What a runtime shutting down does to a queued blocking task: drops it unrun.
+    drop(CheckpointDone(Arc::clone(&checkpoints)));
+    assert!(!checkpoints.running.load(Ordering::Acquire));
+}
+
+#[tokio::test]
+async fn an_in_memory_database_runs_commits_inline_without_checkpoints() {
+    let store = SqliteStore::open(SqliteConfig::in_memory())
+        .await
+        .expect("open");
+    assert!(store.checkpoints.is_none());
+    store
+        .commit_now(&mut step(0))
+        .expect("inline")
+        .expect("written");
+}
+
+/// A batch whose serialization panics (a bug in a `BatchSource`).
+#[derive(Debug)]
+struct Panics;
+
+impl BatchSource for Panics {
+    fn to_json(&self) -> Result<serde_json::Value, serde_json::Error> {
+        panic!("to_json of a broken batch")
+    }
+    fn to_text(&self) -> Result<String, serde_json::Error> {
+        panic!("to_text of a broken batch")
+    }
+    fn open_call(&self) -> Result<Option<(ToolCallId, ToolCallState)>, CommitViolation> {
+        Ok(None)
+    }
+}
+
+#[tokio::test]
+async fn a_panic_inside_an_inline_commit_is_a_typed_error_and_writes_nothing() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = open(&dir, SqliteConfig::file).await;
+    store
+        .commit_now(&mut step(0))
+        .expect("inline")
+        .expect("written");
+    let mut broken = step(1).with_batch(BatchData::typed(Arc::new(Panics)));
+    let err = store
+        .commit_now(&mut broken)
+        .expect("inline")
+        .expect_err("panicked");
+    assert!(
+        matches!(&err, StoreError::Task { detail } if detail.contains("to_text of a broken batch")),
+        "{err:?}"
+    );
+    let thread = ThreadId::new("t1").expect("id");
+    let stored = store
+        .load_checkpoint(&thread)
+        .await
+        .expect("load")
+        .expect("thread");
+    assert_eq!(
+        stored.messages.len(),
+        1,
+        "the panicked commit wrote nothing"
+    );
+    // The connection still works, inline.
+    let receipt = store
+        .commit_now(&mut step(1))
+        .expect("inline")
+        .expect("written");
+    assert_eq!(receipt.message_count, 2);
+}
+
+/// Frames in the WAL (read through a second connection: a passive checkpoint that finds
+/// nothing to copy reports the log's size).
+fn wal_frames(path: &std::path::Path) -> i64 {
+    let conn = Connection::open(path).expect("open");
+    conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get(1))
+        .expect("checkpoint")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn inline_commits_keep_the_wal_short_with_checkpoints_on_the_blocking_pool() {
+    wal_stays_short(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn commits_on_the_blocking_pool_count_towards_checkpoints_too() {
+    wal_stays_short(false).await;
+}
+
+/// Commits `4 * WRITES_PER_CHECKPOINT` steps (through `commit_now` if `inline`, else
+/// through `commit`) and checks the WAL was checkpointed along the way.
+async fn wal_stays_short(inline: bool) {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = open(&dir, SqliteConfig::file).await;
+    let checkpoints = store.checkpoints.clone().expect("inline commits");
+    let commits = 4 * WRITES_PER_CHECKPOINT;
+    let mut frames_after_first_commits = 0;
+    for n in 0..u64::from(commits) {
+        if inline {
+            store
+                .commit_now(&mut step(n))
+                .expect("inline")
+                .expect("written");
+        } else {
+            store.commit(step(n)).await.expect("written");
+        }
+        if n == 9 {
+            frames_after_first_commits = wal_frames(&dir.path().join("awaken.db"));
+        }
+        // Let a scheduled checkpoint finish (it holds the connection meanwhile; a commit
+        // finding it busy would go to the blocking pool).
+        while checkpoints.running.load(Ordering::Acquire) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    // Without checkpoints (SQLite's automatic ones are off) the WAL would hold every
+    // commit's frames: about `commits / 10` times the first ten commits'.
+    let frames = wal_frames(&dir.path().join("awaken.db"));
+    assert!(frames_after_first_commits > 0);
+    assert!(
+        frames < frames_after_first_commits * i64::from(WRITES_PER_CHECKPOINT) / 5,
+        "{frames} frames in the WAL after {commits} commits ({frames_after_first_commits} after 10)"
+    );
+}
