@@ -20,23 +20,39 @@
 //! guards; a write refused because another thread changed the key is redone on the fresh
 //! value.
 //!
+//! The code follows an activation's stages: `activation` loads the stored thread, decides
+//! between a new run, a resume and a recovery, and builds the run; `run` drives it (the step
+//! loop, inference, the tool calls, stop conditions, the one exit path); `durable` writes its
+//! commits (the commit path, the profile journal, the batch as committed). `runtime` and
+//! `builder` are the façade; the value types (`request`, `outcome`, `error`, `handle`, `ids`)
+//! are leaf modules, and no two files of the crate refer to each other in a circle.
+//!
 //! This crate must never know wire protocols or terminal UI.
 
+mod activation;
 mod active;
+mod builder;
 mod builtins;
 mod delegate;
 mod durable;
+mod error;
 mod failpoint;
+mod handle;
+mod ids;
+mod inner;
 mod intercept;
+mod outcome;
 mod permission;
 mod progress;
 mod repair;
+mod request;
 mod resume;
 mod run;
 mod runtime;
 mod turns;
 
 pub use active::ShutdownMode;
+pub use builder::{AgentRuntimeBuilder, BuildError};
 pub use builtins::{
     AddContextMessage, DirectiveChange, DirectiveUpdate, ExcludeTool, IncludeOnlyTools,
     LOOP_ACTIONS_PLUGIN, LoopActionHandler, LoopActionsPlugin, RequestStop, RequestStopHandler,
@@ -45,10 +61,12 @@ pub use builtins::{
     StopRequestKey,
 };
 pub use delegate::delegate_tool_id;
+pub use error::RunError;
+pub use handle::RunHandle;
+pub use ids::{IdSource, SequentialIds, SystemIds};
 pub use intercept::{CallIntercept, CallInterceptKey, InterceptHandler, InterceptToolCall};
+pub use outcome::{RecoveredRun, RunOutcome};
 pub use permission::{PERMISSION_PLUGIN, PermissionGate, PermissionPlugin};
+pub use request::{RecoverConfig, RunActivation};
 pub use resume::{DecisionError, DecisionsUpdate, Resume, ResumeDecisionsKey};
-pub use runtime::{
-    AgentRuntime, AgentRuntimeBuilder, BuildError, IdSource, RecoverConfig, RecoveredRun,
-    RunActivation, RunError, RunHandle, RunOutcome, SequentialIds, SystemIds,
-};
+pub use runtime::AgentRuntime;

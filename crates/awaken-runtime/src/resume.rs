@@ -12,7 +12,7 @@ use awaken_state::{StateError, StateKey};
 use awaken_tool::{ArgumentValidator, ToolBatch};
 use serde::{Deserialize, Serialize};
 
-use crate::runtime::RunHandle;
+use crate::handle::RunHandle;
 
 /// A request to continue a waiting thread with decisions on its suspended calls.
 #[derive(Debug, Clone)]

@@ -10,8 +10,8 @@ use std::sync::{Arc, OnceLock, Weak};
 
 use async_trait::async_trait;
 use awaken_event::{
-    EffectClass, NullSink, ResumeMode, RunId, SuspendTicket, TerminationReason, ThreadId,
-    ToolCallId, ToolCallResume, ToolDescriptor, ToolResult,
+    EffectClass, NullSink, ResumeMode, SuspendTicket, TerminationReason, ThreadId, ToolCallResume,
+    ToolDescriptor, ToolResult,
 };
 use awaken_resolver::DelegateToolFactory;
 use awaken_spec::AgentSpec;
@@ -19,35 +19,18 @@ use awaken_store::RunStatus;
 use awaken_tool::{Tool, ToolCallContext, ToolError, ToolOutput};
 use serde_json::{Value, json};
 
+use crate::activation::{self, Start, Unfinished};
+use crate::error::RunError;
+use crate::inner::RuntimeInner;
+use crate::outcome::RunOutcome;
+use crate::request::RunActivation;
 use crate::resume::Resume;
-use crate::run::Unfinished;
-use crate::runtime::{AgentRuntime, RunActivation, RunError, RunOutcome, RuntimeInner};
+use crate::runtime::AgentRuntime;
 
-/// The tool id under which an agent calls `delegate`.
-pub fn delegate_tool_id(delegate: &str) -> String {
-    format!("delegate_{delegate}")
-}
+pub(crate) mod child;
 
-/// The child run's id for the delegate call with idempotency key `key`.
-pub(crate) fn child_run_id(key: &str) -> Result<RunId, ToolError> {
-    RunId::new(format!("child-{key}")).map_err(|e| ToolError::Execution {
-        message: format!("no child run id: {e}"),
-    })
-}
-
-/// The child run's thread for a parent thread's call: `<thread>/<call>` (or, when that is no
-/// valid id, the child run's id).
-pub(crate) fn child_thread_id(
-    parent: &ThreadId,
-    call: &ToolCallId,
-    run: &RunId,
-) -> Result<ThreadId, ToolError> {
-    ThreadId::new(format!("{parent}/{call}"))
-        .or_else(|_| ThreadId::new(run.as_str()))
-        .map_err(|e| ToolError::Execution {
-            message: format!("no child thread id: {e}"),
-        })
-}
+pub use child::delegate_tool_id;
+use child::{child_run_id, child_thread_id};
 
 /// The runtime's [`DelegateToolFactory`]; bound to its runtime once built.
 #[derive(Default, Clone)]
@@ -153,17 +136,12 @@ impl Tool for DelegateTool {
             }),
             // A re-run after a crash: the child was interrupted; it continues.
             Some(record) if record.status == RunStatus::Running => {
-                crate::run::recover(
-                    &rt,
-                    Unfinished {
-                        thread_id: thread_id.clone(),
-                        run_id: record.run_id.clone(),
-                        lease: None,
-                    },
-                    cancel,
-                    &NullSink,
-                )
-                .await
+                let unfinished = Unfinished {
+                    thread_id: thread_id.clone(),
+                    run_id: record.run_id.clone(),
+                    lease: None,
+                };
+                activation::activate(&rt, Start::Recover(unfinished, cancel), &NullSink).await
             }
             // The child waits for a human: forward the parent's decision, or ask again.
             Some(_) => match ctx.resume() {

@@ -1,0 +1,219 @@
+//! What an activation runs, decided from what it starts from and the stored thread: a new run
+//! (refused on a thread waiting for decisions, unless it supersedes the waiting calls), a
+//! resume (every decision checked before any is applied) or the recovery of the run a claim
+//! names.
+
+use std::sync::Arc;
+
+use awaken_event::{
+    AgentEvent, CancellationToken, Message, ProfileId, RunId, TerminationReason, ThreadId,
+    ToolResult, WarningKind,
+};
+use awaken_spec::InferenceOverride;
+use awaken_state::PersistedState;
+use awaken_store::{BatchWrite, LeaseToken, RunRecord, RunStatus, ThreadCommit};
+use awaken_tool::ToolBatch;
+
+use crate::activation::load::{Latest, Stored};
+use crate::activation::start::Start;
+use crate::error::RunError;
+use crate::inner::RuntimeInner;
+use crate::resume::{recorded_decisions, suspended_calls, validate_decisions};
+use crate::run::Continue;
+
+/// What an activation runs.
+pub(super) struct Plan {
+    pub(super) agent_id: Arc<str>,
+    pub(super) profile_id: Option<ProfileId>,
+    /// A new run's messages.
+    pub(super) messages: Vec<Message>,
+    pub(super) cancel: CancellationToken,
+    /// A new run's inference override (boxed: most runs have none).
+    pub(super) inference: Option<Box<InferenceOverride>>,
+    /// The run it continues, if it does (boxed: most activations start afresh).
+    pub(super) continued: Option<Box<Continued>>,
+    /// The run's id: the continued run's, or the one a new run was given (else the runtime's
+    /// id source makes one).
+    pub(super) run_id: Option<RunId>,
+    /// The parent run of a delegate's child run.
+    pub(super) parent_run_id: Option<RunId>,
+    /// The lease a recovery's claim holds.
+    pub(super) lease: Option<LeaseToken>,
+}
+
+/// The run an activation continues.
+pub(super) struct Continued {
+    pub(super) record: RunRecord,
+    pub(super) batch: Option<ToolBatch>,
+    pub(super) run_state: PersistedState,
+    /// A human's resume with decisions, or a recovery after a crash.
+    pub(super) how: Continue,
+}
+
+impl Plan {
+    /// The plan of an activation that continues `continued`, as its record says.
+    fn continuing(
+        continued: Continued,
+        cancel: CancellationToken,
+        lease: Option<LeaseToken>,
+    ) -> Self {
+        let record = &continued.record;
+        Plan {
+            agent_id: record.agent_id.clone(),
+            profile_id: record.profile_id.clone(),
+            messages: Vec::new(),
+            cancel,
+            inference: None,
+            run_id: Some(record.run_id.clone()),
+            parent_run_id: record.parent_run_id.clone(),
+            lease,
+            continued: Some(Box::new(continued)),
+        }
+    }
+}
+
+/// Decides what the activation runs on `thread_id`, the thread `start` names. A new run on a
+/// waiting thread that supersedes its calls closes them here, in a commit of their own (its
+/// warning is added to `notes`, the closing messages to `stored`'s history).
+pub(super) async fn decide(
+    rt: &RuntimeInner,
+    start: Start,
+    thread_id: &ThreadId,
+    stored: &mut Stored,
+    notes: &mut Vec<AgentEvent>,
+) -> Result<Plan, RunError> {
+    match start {
+        Start::Recover(claimed, cancel) => {
+            let Some(Latest::Unfinished {
+                record,
+                batch,
+                run_state,
+            }) = stored.latest.take()
+            else {
+                return Err(RunError::NotRecoverable {
+                    thread_id: thread_id.clone(),
+                    run_id: claimed.run_id,
+                });
+            };
+            let continued = Continued {
+                record,
+                batch,
+                run_state,
+                how: Continue::Recover,
+            };
+            Ok(Plan::continuing(continued, cancel, claimed.lease))
+        }
+        Start::Fresh(act) => {
+            if let Some(Latest::Waiting { record, batch, .. }) = stored.latest.take() {
+                if !act.supersede {
+                    return Err(RunError::ThreadWaiting {
+                        thread_id: thread_id.clone(),
+                        run_id: record.run_id,
+                        calls: suspended_calls(&batch)
+                            .into_iter()
+                            .map(|(id, _)| id)
+                            .collect(),
+                    });
+                }
+                // Boxed: a rare path, whose state need not be part of every activation's.
+                let closed =
+                    Box::pin(supersede(rt, thread_id, record, batch, stored.persisted)).await?;
+                stored.persisted += closed.len() as u64;
+                notes.push(AgentEvent::Warning {
+                    kind: WarningKind::Other,
+                    detail: format!(
+                        "superseded the waiting calls {}",
+                        closed
+                            .iter()
+                            .filter_map(|m| m.tool_call_id.as_ref().map(ToString::to_string))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                });
+                stored.history.extend(closed);
+            }
+            Ok(Plan {
+                agent_id: Arc::from(act.agent_id),
+                profile_id: act.profile_id,
+                messages: act.messages,
+                cancel: act.cancel,
+                inference: act.inference.map(Box::new),
+                continued: None,
+                run_id: act.run_id,
+                parent_run_id: act.parent_run_id,
+                lease: None,
+            })
+        }
+        Start::Resume(resume) => {
+            let Some(Latest::Waiting {
+                record,
+                batch,
+                run_state,
+            }) = stored.latest.take()
+            else {
+                return Err(RunError::NotWaiting {
+                    thread_id: thread_id.clone(),
+                });
+            };
+            let recorded = recorded_decisions(&run_state).map_err(|e| RunError::StoredBatch {
+                thread_id: thread_id.clone(),
+                message: format!("the recorded decisions do not decode: {e}"),
+            })?;
+            validate_decisions(&batch, &recorded, &resume.decisions).map_err(|source| {
+                RunError::Decision {
+                    thread_id: thread_id.clone(),
+                    source,
+                }
+            })?;
+            let continued = Continued {
+                record,
+                batch: Some(batch),
+                run_state,
+                how: Continue::Decide(recorded, resume.decisions),
+            };
+            Ok(Plan::continuing(continued, resume.cancel, None))
+        }
+    }
+}
+
+/// Closes the suspended calls of a waiting run as cancelled ("superseded") and ends that run,
+/// in one commit; returns the closing messages (now in the store).
+async fn supersede(
+    rt: &RuntimeInner,
+    thread_id: &ThreadId,
+    mut record: RunRecord,
+    mut batch: ToolBatch,
+    persisted: u64,
+) -> Result<Vec<Message>, RunError> {
+    let closed = batch.close("superseded by a new message");
+    let mut messages = Vec::with_capacity(closed.len());
+    let mut events = Vec::with_capacity(closed.len());
+    for id in closed {
+        let Some(call) = batch.get(&id) else { continue };
+        let result = call
+            .result()
+            .cloned()
+            .unwrap_or_else(|| ToolResult::error("not executed: superseded by a new message"));
+        messages.push(Message::tool(id.clone(), &result));
+        events.push(AgentEvent::ToolCallDone {
+            call_id: id,
+            result: result.into(),
+            state: call.state(),
+        });
+    }
+    record.status = RunStatus::Done;
+    record.termination = Some(TerminationReason::Cancelled);
+    record.updated_at = rt.ids.timestamp();
+    let mut commit = ThreadCommit::new(thread_id.clone(), record, persisted)
+        .with_messages(messages.iter().cloned())
+        .with_events(events);
+    commit.batch = BatchWrite::Clear;
+    rt.store
+        .commit(commit)
+        .await
+        .map_err(|e| RunError::Checkpoint {
+            thread_id: thread_id.clone(),
+            message: format!("closing the superseded calls failed: {e}"),
+        })?;
+    Ok(messages)
+}

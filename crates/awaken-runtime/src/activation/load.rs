@@ -1,0 +1,106 @@
+//! The stored thread as an activation finds it: its history and state, and its latest run when
+//! the activation may continue it.
+
+use awaken_event::{Message, RunId, ThreadId};
+use awaken_state::PersistedState;
+use awaken_store::{RunRecord, RunStatus, ThreadStore};
+use awaken_tool::ToolBatch;
+
+use crate::activation::start::Start;
+use crate::error::RunError;
+
+/// The thread as the store holds it (empty for a new thread).
+#[derive(Default)]
+pub(super) struct Stored {
+    /// Its messages.
+    pub(super) history: Vec<Message>,
+    /// How many messages the store holds: the guard of the activation's first commit.
+    pub(super) persisted: u64,
+    /// Its thread-scoped state.
+    pub(super) thread_state: Option<PersistedState>,
+    /// The id of its latest run (a new run must not take it).
+    pub(super) last_run_id: Option<RunId>,
+    /// Its latest run, when the activation may continue it.
+    pub(super) latest: Option<Latest>,
+}
+
+/// A thread's latest run that an activation may continue.
+pub(super) enum Latest {
+    /// Waiting for decisions on the suspended calls of its batch (a resume continues it; a
+    /// new run supersedes the calls or is refused).
+    Waiting {
+        record: RunRecord,
+        batch: ToolBatch,
+        run_state: PersistedState,
+    },
+    /// Still running: the unfinished run a recovery claimed, with the batch of the step it was
+    /// in, if any.
+    Unfinished {
+        record: RunRecord,
+        batch: Option<ToolBatch>,
+        run_state: PersistedState,
+    },
+}
+
+/// Loads the thread `start` runs on and classifies its latest run.
+pub(super) async fn load(store: &dyn ThreadStore, start: &Start) -> Result<Stored, RunError> {
+    let thread_id = start.thread_id();
+    let Some(cp) = store
+        .load_checkpoint(thread_id)
+        .await
+        .map_err(RunError::Store)?
+    else {
+        return Ok(Stored::default());
+    };
+    let persisted = cp.message_count();
+    let last_run_id = cp.run.as_ref().map(|r| r.run_id.clone());
+    let recovering = match start {
+        Start::Recover(claimed, _) => Some(&claimed.run_id),
+        _ => None,
+    };
+    let latest = match cp.run {
+        Some(record)
+            if recovering == Some(&record.run_id) && record.status == RunStatus::Running =>
+        {
+            Some(Latest::Unfinished {
+                batch: stored_batch(thread_id, cp.batch)?,
+                record,
+                run_state: cp.run_state,
+            })
+        }
+        Some(record) if record.status == RunStatus::Waiting => {
+            let batch =
+                stored_batch(thread_id, cp.batch)?.ok_or_else(|| RunError::StoredBatch {
+                    thread_id: thread_id.clone(),
+                    message: "the waiting run has no tool batch".into(),
+                })?;
+            Some(Latest::Waiting {
+                record,
+                batch,
+                run_state: cp.run_state,
+            })
+        }
+        _ => None,
+    };
+    Ok(Stored {
+        history: cp.messages,
+        persisted,
+        thread_state: Some(cp.thread_state),
+        last_run_id,
+        latest,
+    })
+}
+
+/// The stored tool batch of `thread_id`, decoded.
+pub(crate) fn stored_batch(
+    thread_id: &ThreadId,
+    batch: Option<serde_json::Value>,
+) -> Result<Option<ToolBatch>, RunError> {
+    batch
+        .map(serde_json::from_value::<ToolBatch>)
+        .transpose()
+        .map_err(|e| RunError::StoredBatch {
+            thread_id: thread_id.clone(),
+            message: e.to_string(),
+        })
+}

@@ -1,0 +1,134 @@
+//! Where a run's facts become committed: every durable step of a run is one `ThreadCommit`, and
+//! the lifecycle events about it are stored with it and emitted after it. The commit itself
+//! (built, written, retried) is in `commit`; the profile journal in `profile`; the batch as a
+//! commit carries it in `batch`.
+
+use std::sync::Arc;
+
+use awaken_event::{AgentEvent, EventSink, Message, TerminationReason, ThreadId, TokenUsage};
+use awaken_state::StateError;
+use awaken_store::{LeaseToken, RunRecord, RunStatus, StoreError, ThreadCommit, ThreadStore};
+
+use crate::ids::IdSource;
+
+pub(crate) mod batch;
+mod commit;
+pub(crate) mod profile;
+
+use profile::ProfileJournal;
+
+/// Why a commit of the run failed (nothing of it was written).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CheckpointError {
+    #[error("state export failed: {0}")]
+    State(#[from] StateError),
+    #[error("the store refused the commit: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// Writes a run's commits and holds back lifecycle events until their commit.
+pub(crate) struct Durable {
+    store: Arc<dyn ThreadStore>,
+    ids: Arc<dyn IdSource>,
+    /// The run's next commit, kept from one commit to the next (boxed: it is large, and the
+    /// run holds it for its whole life): the thread, the run's record, the messages already in the store (its
+    /// guard), the run's messages and lifecycle events not yet committed (in order), and the
+    /// run's lease when a recovery claimed the run. A store writing at once only reads these
+    /// (see `ThreadStore::commit_now`): a failed commit leaves the messages and events to
+    /// commit again, a written one its events to emit, and the record is not copied (a store
+    /// that writes later gets a copy of it all, see `handed_over`).
+    /// Between commits its state and batch are empty.
+    pending: Box<ThreadCommit>,
+    /// Which of the pending events are about facts of the next commit, emitted after it
+    /// (indices).
+    after_commit: Vec<usize>,
+    /// The state revision the last commit exported up to.
+    state_revision: u64,
+    /// The state revision of the last commit's look at the state, with the step count and
+    /// usage it read then.
+    last_look: Option<(u64, u32, TokenUsage)>,
+    /// Whether a commit that set or cleared the run's batch failed, and no later commit has
+    /// written the batch: the store still holds an older one.
+    batch_unwritten: bool,
+    /// What guards and redoes the run's profile writes, when the run has a profile (boxed:
+    /// most runs have none).
+    profile: Option<Box<ProfileJournal>>,
+}
+
+impl Durable {
+    /// The commit writer of a run whose next commit carries `record`, on a thread whose store
+    /// holds `persisted_messages`, its state exported up to `state_revision`.
+    pub(crate) fn new(
+        store: Arc<dyn ThreadStore>,
+        ids: Arc<dyn IdSource>,
+        thread_id: ThreadId,
+        record: RunRecord,
+        persisted_messages: u64,
+        state_revision: u64,
+    ) -> Self {
+        Self {
+            store,
+            ids,
+            pending: Box::new(ThreadCommit::new(thread_id, record, persisted_messages)),
+            after_commit: Vec::new(),
+            state_revision,
+            last_look: None,
+            batch_unwritten: false,
+            profile: None,
+        }
+    }
+
+    /// Guards the run's profile writes with `journal` (a run with a profile).
+    pub(crate) fn with_profile(mut self, journal: Option<ProfileJournal>) -> Self {
+        self.profile = journal.map(Box::new);
+        self
+    }
+
+    /// The lease the run's commits carry, when a recovery claimed the run.
+    pub(crate) fn lease(&self) -> Option<&LeaseToken> {
+        self.pending.lease.as_ref()
+    }
+
+    /// Carries `lease` in the run's commits from now on.
+    pub(crate) fn set_lease(&mut self, lease: Option<LeaseToken>) {
+        self.pending.lease = lease;
+    }
+
+    /// A message of the run, written with the next commit.
+    pub(crate) fn push_message(&mut self, message: Message) {
+        self.pending.messages.push(message);
+    }
+
+    /// An event emitted now (stored with the next commit if it is a lifecycle event).
+    pub(crate) fn note(&mut self, event: AgentEvent, sink: &dyn EventSink) {
+        sink.emit(&event);
+        if event.is_lifecycle() {
+            self.pending.events.push(event);
+        }
+    }
+
+    /// An event about a fact of the next commit: stored with it and emitted after it.
+    pub(crate) fn fact(&mut self, event: AgentEvent) {
+        self.after_commit.push(self.pending.events.len());
+        self.pending.events.push(event);
+    }
+
+    /// Emits the held-back events without a commit (when the run can no longer commit).
+    pub(crate) fn flush_uncommitted(&mut self, sink: &dyn EventSink) {
+        for i in self.after_commit.drain(..) {
+            sink.emit(&self.pending.events[i]);
+        }
+        self.pending.events.clear();
+    }
+
+    /// Marks the run finished (or waiting) for the final commit.
+    pub(crate) fn finish(&mut self, termination: &TerminationReason) {
+        let record = &mut self.pending.run;
+        record.status = if *termination == TerminationReason::Suspended {
+            RunStatus::Waiting
+        } else {
+            RunStatus::Done
+        };
+        record.termination = Some(termination.clone());
+    }
+}

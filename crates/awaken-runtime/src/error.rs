@@ -1,0 +1,114 @@
+//! [`RunError`]: why a run could not start, be resumed or be recovered.
+
+use awaken_event::{RunId, ThreadId};
+use awaken_resolver::ResolveError;
+use awaken_state::StateError;
+use awaken_store::StoreError;
+
+use crate::resume::DecisionError;
+
+/// Why a run could not start (or could not write its first commit).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// The agent did not resolve.
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
+    /// A resume or recovery of an endpoint-backed agent's run: its backend owns that run.
+    #[error(
+        "agent `{agent_id}` runs on execution backend `{backend}`, which owns its runs: resume or recover them there"
+    )]
+    BackendPlan {
+        /// The agent.
+        agent_id: String,
+        /// The backend.
+        backend: String,
+    },
+    /// The execution backend of an endpoint-backed agent failed.
+    #[error(transparent)]
+    Backend(awaken_resolver::BackendError),
+    /// The thread's last run waits for decisions on suspended tool calls (resume it, or
+    /// supersede the calls).
+    #[error(
+        "thread `{thread_id}` is waiting: run `{run_id}` has suspended tool calls that need a decision: {}",
+        calls.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+    )]
+    ThreadWaiting {
+        /// The thread.
+        thread_id: ThreadId,
+        /// The waiting run.
+        run_id: RunId,
+        /// The calls waiting for a decision.
+        calls: Vec<awaken_event::ToolCallId>,
+    },
+    /// The stored tool batch (or recorded decisions) of the thread do not decode.
+    #[error("the stored tool batch of thread `{thread_id}` cannot be used: {message}")]
+    StoredBatch {
+        /// The thread.
+        thread_id: ThreadId,
+        /// Why.
+        message: String,
+    },
+    /// `recover()` claimed a run the thread no longer holds as its unfinished run.
+    #[error("run `{run_id}` of thread `{thread_id}` is not an unfinished run of the thread")]
+    NotRecoverable {
+        /// The thread.
+        thread_id: ThreadId,
+        /// The claimed run.
+        run_id: RunId,
+    },
+    /// The runtime is shutting down and starts no activation.
+    #[error("the runtime is shutting down")]
+    ShuttingDown,
+    /// Another worker holds the run's lease (it resumes or recovers the run).
+    #[error("run `{run_id}` of thread `{thread_id}` is held by another worker")]
+    TakenOver {
+        /// The thread.
+        thread_id: ThreadId,
+        /// The run.
+        run_id: RunId,
+    },
+    /// A new run was given the id of the thread's latest run (ids must be unique).
+    #[error("thread `{thread_id}` already has a run `{run_id}`; a new run needs a new id")]
+    RunIdTaken {
+        /// The thread.
+        thread_id: ThreadId,
+        /// The id.
+        run_id: RunId,
+    },
+    /// `resume` on a thread that is not waiting for decisions.
+    #[error("thread `{thread_id}` has no run waiting for decisions")]
+    NotWaiting {
+        /// The thread.
+        thread_id: ThreadId,
+    },
+    /// A decision was refused; none was applied.
+    #[error("the decisions for thread `{thread_id}` were refused: {source}")]
+    Decision {
+        /// The thread.
+        thread_id: ThreadId,
+        /// Why.
+        #[source]
+        source: DecisionError,
+    },
+    /// The store could not be read.
+    #[error("the thread store failed: {0}")]
+    Store(#[source] StoreError),
+    /// The stored thread state does not fit the agent's keys.
+    #[error("the stored state of thread `{thread_id}` cannot be restored: {source}")]
+    State {
+        /// The thread.
+        thread_id: ThreadId,
+        /// Why.
+        #[source]
+        source: StateError,
+    },
+    /// The run's first commit failed; nothing of the run was written.
+    #[error("the first commit of a run on thread `{thread_id}` failed: {message}")]
+    Checkpoint {
+        /// The thread.
+        thread_id: ThreadId,
+        /// Why.
+        message: String,
+    },
+}

@@ -1,0 +1,137 @@
+//! What a caller asks of a runtime: [`RunActivation`], a run of an agent on a thread, and
+//! [`RecoverConfig`], how `recover` claims unfinished runs.
+
+use awaken_event::{CancellationToken, Message, ProfileId, RunId, ThreadId};
+use awaken_spec::InferenceOverride;
+
+use crate::handle::RunHandle;
+
+/// A request to run an agent on a thread.
+#[derive(Debug, Clone)]
+pub struct RunActivation {
+    /// The thread.
+    pub thread_id: ThreadId,
+    /// The agent.
+    pub agent_id: String,
+    /// New messages (usually one user message).
+    pub messages: Vec<Message>,
+    /// The profile whose profile-scoped state the run sees.
+    pub profile_id: Option<ProfileId>,
+    /// A run-level inference override (between the agent's default and step overrides).
+    pub inference: Option<InferenceOverride>,
+    /// Cancels the run when cancelled.
+    pub cancel: CancellationToken,
+    /// On a thread waiting for decisions: close its suspended calls as cancelled and start
+    /// this run instead of refusing it.
+    pub supersede: bool,
+    /// The run's id, when the caller derives it (a delegate's child run); else the id source's.
+    pub(crate) run_id: Option<RunId>,
+    /// The parent run of a delegate's child run.
+    pub(crate) parent_run_id: Option<RunId>,
+}
+
+impl RunActivation {
+    /// A run of `agent_id` on `thread_id` with no new messages.
+    pub fn new(thread_id: ThreadId, agent_id: impl Into<String>) -> Self {
+        Self {
+            thread_id,
+            agent_id: agent_id.into(),
+            messages: Vec::new(),
+            profile_id: None,
+            inference: None,
+            cancel: CancellationToken::new(),
+            supersede: false,
+            run_id: None,
+            parent_run_id: None,
+        }
+    }
+
+    /// Adds a user message.
+    pub fn with_user_message(mut self, text: impl Into<String>) -> Self {
+        self.messages.push(Message::user(text));
+        self
+    }
+
+    /// Adds a message.
+    pub fn with_message(mut self, message: Message) -> Self {
+        self.messages.push(message);
+        self
+    }
+
+    /// Sets the profile.
+    pub fn with_profile(mut self, profile_id: ProfileId) -> Self {
+        self.profile_id = Some(profile_id);
+        self
+    }
+
+    /// Sets the run-level inference override.
+    pub fn with_inference(mut self, inference: InferenceOverride) -> Self {
+        self.inference = Some(inference);
+        self
+    }
+
+    /// Supersedes the suspended calls of a waiting thread (they are closed as cancelled).
+    pub fn with_supersede(mut self) -> Self {
+        self.supersede = true;
+        self
+    }
+
+    /// A handle that cancels this run.
+    pub fn handle(&self) -> RunHandle {
+        RunHandle::new(self.cancel.clone())
+    }
+}
+
+/// How `AgentRuntime::recover` claims runs.
+#[derive(Debug, Clone)]
+pub struct RecoverConfig {
+    /// This worker's id (names the lease holder).
+    pub worker_id: String,
+    /// How long a claim lasts without a heartbeat (default 30 s).
+    pub lease_duration: std::time::Duration,
+    /// At most this many runs per call (default 64).
+    pub limit: usize,
+    /// Only runs of these agents (none: every agent); another agent's run is released at
+    /// once, for a worker that has it.
+    pub agents: Option<Vec<String>>,
+    /// Cancels the recovered runs (each ends `Cancelled` with its checkpoint) and stops
+    /// claiming more.
+    pub cancel: CancellationToken,
+}
+
+impl RecoverConfig {
+    /// Defaults for `worker_id`.
+    pub fn new(worker_id: impl Into<String>) -> Self {
+        Self {
+            worker_id: worker_id.into(),
+            lease_duration: std::time::Duration::from_secs(30),
+            limit: 64,
+            agents: None,
+            cancel: CancellationToken::new(),
+        }
+    }
+
+    /// Recovers only runs of these agents.
+    pub fn with_agents(mut self, agents: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.agents = Some(agents.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Sets the token that cancels the recovery.
+    pub fn with_cancel(mut self, cancel: CancellationToken) -> Self {
+        self.cancel = cancel;
+        self
+    }
+
+    /// Sets the lease duration.
+    pub fn with_lease_duration(mut self, duration: std::time::Duration) -> Self {
+        self.lease_duration = duration;
+        self
+    }
+
+    /// Sets the number of runs claimed per call.
+    pub fn with_limit(mut self, limit: usize) -> Self {
+        self.limit = limit;
+        self
+    }
+}

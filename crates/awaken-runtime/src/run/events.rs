@@ -1,0 +1,84 @@
+//! What the run records: events emitted now or held back until their commit, the calls opened
+//! and not yet closed, the run's messages, and its checkpoints.
+
+use awaken_event::{AgentEvent, Message, ToolCallId, ToolCallState, ToolResult};
+use awaken_store::BatchWrite;
+
+use crate::durable::CheckpointError;
+use crate::durable::batch::batch_set;
+use crate::run::{Failure, Run};
+
+impl Run<'_> {
+    /// An event emitted now (stored with the next commit when it is a lifecycle event).
+    pub(super) fn note(&mut self, event: AgentEvent) {
+        self.durable.note(event, self.sink);
+    }
+
+    /// An event about a fact of the next commit, emitted after it.
+    pub(super) fn fact(&mut self, event: AgentEvent) {
+        self.durable.fact(event);
+    }
+
+    /// A `ToolCallStart` or `ToolCallResumed` event for the call: it is open.
+    pub(super) fn opened(&mut self, call_id: &ToolCallId) {
+        // Once, even when a model opens one id twice (it is closed once).
+        if !self.open_calls.contains(call_id) {
+            self.open_calls.push(call_id.clone());
+        }
+    }
+
+    /// A `ToolCallDone` or `ToolCallSuspended` event for the call: it is closed.
+    pub(super) fn closed(&mut self, call_id: &ToolCallId) {
+        if let Some(i) = self.open_calls.iter().position(|open| open == call_id) {
+            self.open_calls.remove(i);
+        }
+    }
+
+    /// Closes the calls still open when a step fails (announced, but the step ended before
+    /// they had a result: a call that has one has its result event already), each with a
+    /// cancelled result saying why, as the calls of a failed inference are closed.
+    pub(super) fn close_open_calls(&mut self, failure: &Failure) {
+        let why = failure.call_reason();
+        for call_id in std::mem::take(&mut self.open_calls) {
+            self.note(AgentEvent::ToolCallDone {
+                call_id,
+                result: ToolResult::error(why).into(),
+                state: ToolCallState::Cancelled,
+            });
+        }
+    }
+
+    /// A message of the run: in the history at once, in the store with the next commit.
+    pub(super) fn push_message(&mut self, message: Message) {
+        self.history.push(message.clone());
+        self.durable.push_message(message);
+    }
+
+    /// Commits what happened since the last commit, with `batch`, then emits the events about
+    /// it.
+    pub(super) async fn checkpoint(&mut self, batch: BatchWrite) -> Result<(), Failure> {
+        self.commit(batch)
+            .await
+            .map_err(|e| Failure::Error(e.to_string()))
+    }
+
+    /// [`checkpoint`](Self::checkpoint) with the store's own error (the activation's first
+    /// commit reports it as the run's): the run's state, statistics and batch handed to
+    /// `Durable::commit`, which builds, writes and retries the commit.
+    pub(super) async fn commit(&mut self, batch: BatchWrite) -> Result<(), CheckpointError> {
+        self.durable
+            .commit(
+                self.engine.store(),
+                self.stats_at.get(),
+                batch,
+                self.batch.as_ref(),
+                self.sink,
+            )
+            .await
+    }
+
+    /// The run's batch as the next commit writes it (none: the store's is kept).
+    pub(super) fn batch_write(&self) -> BatchWrite {
+        self.batch.as_ref().map_or(BatchWrite::Keep, batch_set)
+    }
+}

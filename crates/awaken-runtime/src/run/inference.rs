@@ -1,0 +1,252 @@
+//! One inference: the request built from the agent, the run and the step's directives (its
+//! user turns merged as the model is sent them), the model's stream relayed as events and
+//! collected into a response, and what a cancelled or failed stream leaves.
+
+use std::sync::Arc;
+
+use awaken_event::{
+    AgentEvent, EventSink, History, InferenceResponse, Message, StopReason, ToolCallState,
+    ToolDescriptor, ToolResult,
+};
+use awaken_llm::{CancellableStream, InferenceRequest, LlmStreamEvent};
+use awaken_state::Snapshot;
+use futures_util::StreamExt;
+
+use crate::builtins::{StepDirectives, StepDirectivesKey};
+use crate::run::{Failure, Run};
+use crate::turns;
+
+impl Run<'_> {
+    /// The current step's directives in `snapshot` (none when they are an earlier step's).
+    pub(super) fn directives_in(&self, snapshot: &Snapshot) -> StepDirectives {
+        match snapshot.get_at::<StepDirectivesKey>(self.directives_at.get()) {
+            Ok(d) if d.step == self.step => d.clone(),
+            _ => StepDirectives::default(),
+        }
+    }
+
+    /// The step's request: the run's history (with the directives' context messages), the
+    /// agent's tools (narrowed by the directives), the agent's inference settings under the
+    /// run's and then the step's overrides.
+    pub(super) fn request(&self, directives: &StepDirectives) -> InferenceRequest {
+        let spec = &self.resolved.spec;
+        // The agent's tools are the same every step: shared, unless a directive narrows them.
+        let tools: Arc<[ToolDescriptor]> =
+            if directives.excluded_tools.is_empty() && directives.include_only.is_none() {
+                self.tools.clone()
+            } else {
+                self.tools
+                    .iter()
+                    .filter(|d| !directives.excluded_tools.contains(&d.id))
+                    .filter(|d| {
+                        directives
+                            .include_only
+                            .as_ref()
+                            .is_none_or(|only| only.contains(&d.id))
+                    })
+                    .cloned()
+                    .collect()
+            };
+        let messages: History = if directives.context_messages.is_empty() {
+            self.history.clone()
+        } else {
+            let mut messages = self.history.to_vec();
+            messages.extend(
+                directives
+                    .context_messages
+                    .iter()
+                    .map(|t| Message::system(t.clone())),
+            );
+            messages.into()
+        };
+        let mut overrides = spec.inference.clone();
+        if let Some(run) = self.run_override.as_deref() {
+            overrides = overrides.merge(run);
+        }
+        overrides = overrides.merge(&directives.inference);
+        let (model, system_prompt, routing_key) = &self.request_strings;
+        // Built whole: `InferenceRequest::new` would take the process-wide empty tool slice
+        // (`Arc::default()`, one count every worker thread changes) only to drop it again.
+        InferenceRequest {
+            upstream_model: model.clone(),
+            messages,
+            tools,
+            system_prompt: system_prompt.clone(),
+            overrides,
+            routing_key: Some(routing_key.clone()),
+        }
+    }
+
+    /// `request` as the model is sent it: each run of adjacent user messages merged into one
+    /// (see `turns`). Done after the transforms, which count and cut the thread's
+    /// messages as they are stored (a compaction summary covers a number of them). A request
+    /// holding the history itself is looked at only past the messages seen before; one whose
+    /// messages a directive or transform rebuilt (a copy already) is looked at whole.
+    pub(super) fn alternating(&mut self, mut request: InferenceRequest) -> InferenceRequest {
+        let first = if History::ptr_eq(&request.messages, &self.history) {
+            let first = turns::first_adjacent_user(&self.history, self.alternating as usize);
+            // Below the true count when it does not fit: only more is looked at again.
+            self.alternating =
+                u32::try_from(first.unwrap_or(self.history.len())).unwrap_or(u32::MAX);
+            first
+        } else {
+            turns::first_adjacent_user(&request.messages, 0)
+        };
+        if let Some(first) = first {
+            request.messages = turns::merge_adjacent_users(&request.messages, first).into();
+        }
+        request
+    }
+
+    /// Streams `request` to the agent's model: text, reasoning and tool-call deltas relayed as
+    /// events as they come, the response collected. A cancelled stream keeps the text written
+    /// so far as an incomplete assistant message; the calls a failed stream began are closed.
+    pub(super) async fn infer(
+        &mut self,
+        request: InferenceRequest,
+    ) -> Result<InferenceResponse, Failure> {
+        let model = request.effective_model_shared();
+        let started = tokio::time::Instant::now();
+        // The run's one wait for its cancellation, lent to each inference's stream: its waker
+        // is registered with the token once per run, not once per inference.
+        let waiter = self
+            .inference_waiter
+            .take()
+            .unwrap_or_else(|| self.cancel.clone().into_cancelled());
+        let mut stream =
+            CancellableStream::with_waiter(self.resolved.executor.execute_stream(request), waiter);
+        // The run's collector and list of begun calls (`stream_calls`: by stream index, a few,
+        // searched, not hashed) are used in place: their lists keep their room from one
+        // inference to the next, and the inference's future holds no second copy. Every way
+        // out of this function empties them; emptied here too, so an inference abandoned
+        // mid-stream could never leave its text or calls to the next.
+        self.collector.clear();
+        self.stream_calls.clear();
+        let mut failure = None;
+        while let Some(item) = stream.next().await {
+            let event = match item {
+                Ok(e) => e,
+                Err(e) => {
+                    failure = Some(Failure::from(e));
+                    break;
+                }
+            };
+            // A delta is lent to its event and taken back for the collector (no copy per
+            // fragment).
+            let event = match event {
+                LlmStreamEvent::TextDelta(delta) if !delta.is_empty() => {
+                    LlmStreamEvent::TextDelta(relay(self.sink, AgentEvent::TextDelta { delta }))
+                }
+                LlmStreamEvent::ReasoningDelta(delta) if !delta.is_empty() => {
+                    LlmStreamEvent::ReasoningDelta(relay(
+                        self.sink,
+                        AgentEvent::ReasoningDelta { delta },
+                    ))
+                }
+                LlmStreamEvent::ToolCallStart { index, id, name } => {
+                    match self.stream_calls.iter_mut().find(|(i, _)| *i == index) {
+                        Some((_, known)) => *known = id.clone(),
+                        None => self.stream_calls.push((index, id.clone())),
+                    }
+                    self.opened(&id);
+                    self.note(AgentEvent::ToolCallStart {
+                        call_id: id.clone(),
+                        name: self.shared_tool_name(&name),
+                    });
+                    LlmStreamEvent::ToolCallStart { index, id, name }
+                }
+                LlmStreamEvent::ToolCallArgsDelta { index, delta } => {
+                    let delta = match self.stream_calls.iter().find(|(i, _)| *i == index) {
+                        Some((_, id)) => relay(
+                            self.sink,
+                            AgentEvent::ToolCallArgsDelta {
+                                call_id: id.clone(),
+                                delta,
+                            },
+                        ),
+                        None => delta,
+                    };
+                    LlmStreamEvent::ToolCallArgsDelta { index, delta }
+                }
+                other => other,
+            };
+            if let Err(e) = self.collector.push(event) {
+                failure = Some(Failure::from(e));
+                break;
+            }
+        }
+        self.inference_waiter = Some(stream.into_waiter());
+        let result = match failure {
+            Some(Failure::Cancelled) => {
+                // What the model had written is kept (it has been shown): the run's last commit
+                // stores it, marked incomplete. Its reasoning and begun calls are not kept.
+                if let Some(text) = self.written_so_far() {
+                    self.push_message(Message::incomplete_assistant(text));
+                }
+                Err(Failure::Cancelled)
+            }
+            Some(f) => Err(f),
+            None => self.collector.take().map_err(Failure::from),
+        };
+        self.collector.clear();
+        let mut calls = std::mem::take(&mut self.stream_calls);
+        if result.is_err() {
+            // Calls the model began but never finished get their closing event.
+            calls.sort_by_key(|(i, _)| *i);
+            for (_, call_id) in calls.drain(..) {
+                self.closed(&call_id);
+                self.note(AgentEvent::ToolCallDone {
+                    call_id,
+                    result: ToolResult::error("not executed: the inference failed").into(),
+                    state: ToolCallState::Cancelled,
+                });
+            }
+        }
+        calls.clear();
+        self.stream_calls = calls;
+        let response = result?;
+        self.note(AgentEvent::InferenceComplete {
+            model,
+            usage: response.usage,
+            duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        });
+        Ok(response)
+    }
+
+    /// The text the collector holds of an inference that did not finish, if any. The collector
+    /// gives up a response only after a stop, so one is added for it (its calls, unfinished,
+    /// are dropped with the rest).
+    fn written_so_far(&mut self) -> Option<String> {
+        // A stream that did stop refuses a second stop; its response is there all the same.
+        let _ = self.collector.push(LlmStreamEvent::Stop(StopReason::Other));
+        let text = self.collector.take().ok()?.message.text();
+        (!text.is_empty()).then_some(text)
+    }
+
+    /// How many times compaction fell back to truncation on this thread, and the last error.
+    pub(super) fn compaction_fallbacks_in<'s>(
+        &self,
+        snapshot: &'s Snapshot,
+    ) -> (u64, Option<&'s str>) {
+        // An agent without a context policy has no compaction key.
+        match self.compaction_at.get().and_then(|at| {
+            snapshot
+                .get_at::<awaken_context::CompactionKey>(Some(at))
+                .ok()
+        }) {
+            Some(state) => (state.fallbacks, state.last_error.as_deref()),
+            None => (0, None),
+        }
+    }
+}
+
+/// Emits a delta event to `sink` and hands its text back.
+fn relay(sink: &dyn EventSink, event: AgentEvent) -> String {
+    sink.emit(&event);
+    match event {
+        AgentEvent::TextDelta { delta }
+        | AgentEvent::ReasoningDelta { delta }
+        | AgentEvent::ToolCallArgsDelta { delta, .. } => delta,
+        _ => unreachable!("only delta events are relayed"),
+    }
+}

@@ -1,0 +1,212 @@
+//! How a built run begins and ends: its opening (its lease, its first commit, `RunStart`) and
+//! its one exit path (`RunEnd` unless suspended, leftover actions dead-lettered,
+//! `on_deactivate`, the last commit, `RunFinish`), then the lifecycle hook of how it ended and
+//! its lease given up.
+
+use awaken_event::{AgentEvent, CancellationToken, RunId, TerminationReason, WarningKind};
+use awaken_phase::Phase;
+use awaken_plugin::{LifecycleEvent, RunLifecycle};
+use awaken_store::BatchWrite;
+
+use crate::durable::batch::batch_set;
+use crate::error::RunError;
+use crate::inner::RuntimeInner;
+use crate::outcome::RunOutcome;
+use crate::run::{Failure, Run};
+
+/// What a built run's opening needs besides the run.
+pub(crate) struct Opening {
+    /// Events about the activation's preparation (repairs, a superseded wait, dead letters),
+    /// emitted once the run exists.
+    pub(crate) notes: Vec<AgentEvent>,
+    /// Whether the run continues an earlier activation (a resume or a recovery).
+    pub(crate) resumed: bool,
+    /// The parent run of a delegate's child run.
+    pub(crate) parent_run_id: Option<RunId>,
+}
+
+impl Run<'_> {
+    /// Runs the built run to its end: opens it, drives its steps, ends it through the one exit
+    /// path, dispatches the lifecycle hook of how it ended and gives its lease up.
+    pub(crate) async fn run_to_end(
+        mut self: Box<Self>,
+        rt: &RuntimeInner,
+        opening: Opening,
+    ) -> Result<RunOutcome, RunError> {
+        let (heartbeat, lifecycle_run) = self.open(rt, opening).await?;
+        let termination = match self.drive().await {
+            Ok(t) => t,
+            Err(Failure::Cancelled) => TerminationReason::Cancelled,
+            Err(Failure::Error(message)) => TerminationReason::Error { message },
+        };
+        let termination = self.finish(termination).await;
+        let event = match &termination {
+            TerminationReason::Cancelled => LifecycleEvent::RunCancel(&lifecycle_run),
+            TerminationReason::Error { message } => {
+                LifecycleEvent::RunError(&lifecycle_run, message)
+            }
+            other => LifecycleEvent::RunComplete(&lifecycle_run, other),
+        };
+        self.lifecycle
+            .dispatch(self.resolved.env.plugins(), event)
+            .await;
+        self.release_lease(rt, heartbeat).await;
+        let usage = self.read_stats(|s| s.usage);
+        Ok(RunOutcome {
+            run_id: self.identity.run_id.clone(),
+            termination,
+            response: self.response.take(),
+            steps: self.step - self.first_step,
+            usage,
+        })
+    }
+
+    /// Opens the run: takes its lease, makes its first commit (the activation exists once it
+    /// is in: its record and the new messages), emits the preparation's notes and dispatches
+    /// `RunStart`. Returns the lease's heartbeat and the run as lifecycle hooks see it.
+    async fn open(
+        &mut self,
+        rt: &RuntimeInner,
+        opening: Opening,
+    ) -> Result<(Option<tokio::task::JoinHandle<()>>, RunLifecycle), RunError> {
+        // A runtime with a worker identity holds the lease of every run it drives (a
+        // recovery's lease comes with its claim): taken before a resume writes anything (so
+        // two processes never continue one waiting run), and right after a new run's first
+        // commit creates it.
+        let claimed_already = self.durable.lease().is_some();
+        let mut heartbeat = None;
+        if opening.resumed && !claimed_already {
+            heartbeat = self.hold_lease(rt).await?;
+        }
+        if let Err(e) = self.commit(BatchWrite::Keep).await {
+            let e = RunError::Checkpoint {
+                thread_id: self.identity.thread_id.clone(),
+                message: e.to_string(),
+            };
+            self.release_lease(rt, heartbeat).await;
+            return Err(e);
+        }
+        if !opening.resumed && !claimed_already {
+            heartbeat = self.hold_lease(rt).await?;
+        }
+        for note in opening.notes {
+            self.note(note);
+        }
+        let lifecycle_run = RunLifecycle {
+            run: self.identity.clone(),
+            resumed: opening.resumed,
+            parent_run_id: opening.parent_run_id,
+        };
+        self.lifecycle
+            .dispatch(
+                self.resolved.env.plugins(),
+                LifecycleEvent::RunStart(&lifecycle_run),
+            )
+            .await;
+        for w in self.resolved.warnings.clone() {
+            self.note(AgentEvent::Warning {
+                kind: WarningKind::Resolution,
+                detail: w.to_string(),
+            });
+        }
+        Ok((heartbeat, lifecycle_run))
+    }
+
+    /// The one exit path: `RunEnd` (unless suspended), leftover actions dead-lettered,
+    /// `on_deactivate`, and the last commit, after which `RunFinish` is emitted.
+    async fn finish(&mut self, termination: TerminationReason) -> TerminationReason {
+        let mut termination = termination;
+        if termination != TerminationReason::Suspended && !self.engine.is_idle(Phase::RunEnd) {
+            // RunEnd runs even for a cancelled run: give it a fresh token.
+            let ctx = self
+                .ctx(Phase::RunEnd)
+                .with_cancel(CancellationToken::new());
+            match self.engine.run_phase(&ctx).await {
+                Ok(report) => {
+                    if let Err(failure) = self.report(&report) {
+                        self.note(AgentEvent::Error {
+                            message: failure.message(),
+                        });
+                    }
+                }
+                Err(e) => {
+                    self.note(AgentEvent::Error {
+                        message: e.to_string(),
+                    });
+                    if !matches!(termination, TerminationReason::Error { .. }) {
+                        termination = TerminationReason::error(e.to_string());
+                    }
+                }
+            }
+            match self
+                .engine
+                .dead_letter_remaining("the run ended before its phase ran again")
+            {
+                Ok(letters) => {
+                    for letter in letters {
+                        self.note(AgentEvent::ActionDeadLettered {
+                            action: letter.action.key,
+                            phase: letter.action.phase,
+                            reason: letter.reason,
+                        });
+                    }
+                }
+                Err(e) => self.note(AgentEvent::Error {
+                    message: e.to_string(),
+                }),
+            }
+        }
+        if let TerminationReason::Error { message } = &termination {
+            self.note(AgentEvent::Error {
+                message: message.clone(),
+            });
+        }
+        // By place (the list is not copied: its plugins are counted by every run).
+        for at in 0..self.resolved.env.plugins().len() {
+            let deactivated = self.resolved.env.plugins()[at].on_deactivate();
+            match deactivated {
+                Ok(Some(cmd)) => match self.engine.submit_command(cmd).await {
+                    Ok(report) if !report.effects.failures.is_empty() => {
+                        if let Err(failure) = self.effects_failed(&report.effects.failures) {
+                            self.note(AgentEvent::Error {
+                                message: failure.message(),
+                            });
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => self.note(AgentEvent::Error {
+                        message: e.to_string(),
+                    }),
+                },
+                Ok(None) => {}
+                Err(e) => self.note(AgentEvent::Error {
+                    message: e.to_string(),
+                }),
+            }
+        }
+        // The last commit: the run's end (or wait), `RunFinish` emitted after it.
+        self.durable.finish(&termination);
+        let usage = self.read_stats(|s| s.usage);
+        self.fact(AgentEvent::RunFinish {
+            thread_id: self.identity.thread_id.clone(),
+            run_id: self.identity.run_id.clone(),
+            termination: Box::new(termination.clone()),
+            response: self.response.clone(),
+            usage: Box::new(usage),
+        });
+        let batch = match self.batch.take() {
+            Some(mut b) if !b.is_closed() && termination != TerminationReason::Suspended => {
+                // Calls the run will never finish are closed: a finished run holds none open.
+                b.close("the run ended");
+                batch_set(&b)
+            }
+            Some(b) => batch_set(&b),
+            None => BatchWrite::Keep,
+        };
+        if let Err(e) = self.checkpoint(batch).await {
+            tracing::error!(error = %e.message(), "the run's last commit failed");
+            self.durable.flush_uncommitted(self.sink);
+        }
+        termination
+    }
+}
