@@ -9,115 +9,17 @@ use awaken_phase::{
     PhaseContext, ScheduledActionSpec,
 };
 use awaken_plugin::{LifecycleHooks, Plugin, PluginError, PluginManifest, PluginRegistrar};
-use awaken_state::{KeyOptions, KeyScope, StateCommand, StateError, StateKey};
+use awaken_state::{KeyOptions, KeyScope, StateCommand};
 use serde::{Deserialize, Serialize};
 
 use crate::config::CompactionConfig;
 use crate::core::{Core, PlanInput};
 use crate::estimate::{Calibration, CalibrationKey};
+use crate::keys::{CompactionKey, CompactionUpdate, FixedTokensKey};
 use crate::summarize::{Summarizer, SummaryError, SummaryRequest};
 
 /// Id of the compaction plugin.
 pub const COMPACTION_PLUGIN: &str = "awaken.compaction";
-
-/// Messages the history must grow by, after the first failed summary, before compaction is
-/// tried again; it doubles with each further failure in a row, up to 32 times this.
-pub const COMPACTION_RETRY_AFTER_MESSAGES: u64 = 8;
-
-/// A thread's compaction: the summary and the leading messages it stands for, and the record
-/// of failed attempts.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CompactionState {
-    /// The latest summary, standing for messages `0..covers`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub summary: Option<String>,
-    /// How many leading messages the summary stands for (0 without one).
-    #[serde(default)]
-    pub covers: u64,
-    /// Summaries committed so far (each covers a longer prefix than the one before).
-    #[serde(default)]
-    pub summaries: u64,
-    /// Summary calls that failed so far; each was reported and fell back to truncation.
-    #[serde(default)]
-    pub fallbacks: u64,
-    /// Failures since the last success.
-    #[serde(default)]
-    pub failures_in_a_row: u32,
-    /// No new attempt before the history has this many messages.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retry_at: Option<u64>,
-    /// The last failure.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_error: Option<String>,
-}
-
-impl CompactionState {
-    /// The summary and what it covers, when it applies to a history of `len` messages.
-    pub fn summary_for(&self, len: usize) -> Option<(usize, &str)> {
-        let covers = usize::try_from(self.covers).ok()?;
-        match &self.summary {
-            Some(text) if covers > 0 && covers <= len => Some((covers, text.as_str())),
-            _ => None,
-        }
-    }
-}
-
-/// A change to [`CompactionState`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum CompactionUpdate {
-    /// A summary of messages `0..to`, made from the summary of `0..from` and messages
-    /// `from..to`. Applied only when the state still covers exactly `from`: a range is never
-    /// summarised into the state twice.
-    Commit {
-        /// What the previous summary covered.
-        from: u64,
-        /// What this one covers.
-        to: u64,
-        /// The summary.
-        text: String,
-    },
-    /// A summary call failed with a history of `messages` messages.
-    FellBack {
-        /// The history's length.
-        messages: u64,
-        /// Why.
-        error: String,
-    },
-}
-
-/// The state key of [`CompactionState`] (`Thread` scope: persisted with the thread and seen
-/// by every later run; the messages it stands for stay in the store).
-pub struct CompactionKey;
-
-impl StateKey for CompactionKey {
-    const KEY: &'static str = "awaken.context.compaction";
-    type Value = CompactionState;
-    type Update = CompactionUpdate;
-
-    fn apply(value: &mut CompactionState, update: CompactionUpdate) -> Result<(), StateError> {
-        match update {
-            CompactionUpdate::Commit { from, to, text } => {
-                if value.covers == from && to > from {
-                    value.summary = Some(text);
-                    value.covers = to;
-                    value.summaries = value.summaries.saturating_add(1);
-                    value.failures_in_a_row = 0;
-                    value.retry_at = None;
-                }
-            }
-            CompactionUpdate::FellBack { messages, error } => {
-                value.fallbacks = value.fallbacks.saturating_add(1);
-                value.failures_in_a_row = value.failures_in_a_row.saturating_add(1);
-                let doublings = value.failures_in_a_row.saturating_sub(1).min(5);
-                value.retry_at =
-                    Some(messages.saturating_add(COMPACTION_RETRY_AFTER_MESSAGES << doublings));
-                value.last_error = Some(error);
-            }
-        }
-        Ok(())
-    }
-}
 
 /// The range a compaction summarises: messages `from..to`, on top of the summary of `0..from`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -345,8 +247,5 @@ fn fixed_tokens(cached: u64, snapshot: &awaken_state::Snapshot) -> u64 {
     if cached > 0 {
         return cached;
     }
-    snapshot
-        .get::<crate::transform::FixedTokensKey>()
-        .copied()
-        .unwrap_or(0)
+    snapshot.get::<FixedTokensKey>().copied().unwrap_or(0)
 }

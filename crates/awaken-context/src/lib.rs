@@ -26,13 +26,13 @@ mod core;
 mod counts;
 mod estimate;
 mod failpoint;
+mod keys;
 mod plugins;
 mod summarize;
 mod transform;
 
 pub use compaction::{
-    COMPACTION_PLUGIN, COMPACTION_RETRY_AFTER_MESSAGES, Compact, CompactRange, CompactionFellBack,
-    CompactionKey, CompactionPlugin, CompactionState, CompactionUpdate,
+    COMPACTION_PLUGIN, Compact, CompactRange, CompactionFellBack, CompactionPlugin,
 };
 pub use config::{CompactionConfig, ContextConfig, ContextConfigError, SUMMARY_PROMPT_RESERVE};
 pub use core::{
@@ -43,11 +43,13 @@ pub use estimate::{
     Calibration, CalibrationKey, DefaultEstimator, TokenEstimator, UsageSample, json_tokens,
     text_tokens,
 };
+pub use keys::{
+    COMPACTION_RETRY_AFTER_MESSAGES, CompactionKey, CompactionState, CompactionUpdate,
+    FixedTokensKey,
+};
 pub use plugins::{ContextPlugins, SummaryModels};
 pub use summarize::{
     DEFAULT_SUMMARY_INSTRUCTIONS, LlmSummarizer, Summarizer, SummaryError, SummaryRequest,
     transcript,
 };
-pub use transform::{
-    CONTEXT_TRANSFORM, CONTEXT_TRANSFORM_PLUGIN, ContextTransformPlugin, FixedTokensKey,
-};
+pub use transform::{CONTEXT_TRANSFORM, CONTEXT_TRANSFORM_PLUGIN, ContextTransformPlugin};

@@ -8,13 +8,13 @@ use awaken_plugin::{
     PluginRegistrar, TransformContext, TransformError,
 };
 use awaken_spec::TruncationStrategy;
-use awaken_state::{KeyOptions, KeyScope, StateCommand, StateError, StateKey};
+use awaken_state::{KeyOptions, KeyScope, StateCommand};
 
 use awaken_llm::InferenceRequest;
 
-use crate::compaction::CompactionKey;
 use crate::core::{Core, PlanInput, assemble, summary_message};
 use crate::estimate::{Calibration, CalibrationKey, UsageSample};
+use crate::keys::{CompactionKey, FixedTokensKey};
 
 /// Id of the context-transform plugin.
 pub const CONTEXT_TRANSFORM_PLUGIN: &str = "awaken.context_transform";
@@ -96,21 +96,6 @@ fn calibrate(core: &Core, ctx: &PhaseContext) -> Result<StateCommand, HookError>
         cmd = cmd.with_update::<FixedTokensKey>(cache.fixed);
     }
     Ok(cmd)
-}
-
-/// Raw tokens of the last request's overhead, system prompt and tools, kept with the thread
-/// (last writer wins).
-pub struct FixedTokensKey;
-
-impl StateKey for FixedTokensKey {
-    const KEY: &'static str = "awaken.context.fixed_tokens";
-    type Value = u64;
-    type Update = u64;
-
-    fn apply(value: &mut u64, update: u64) -> Result<(), StateError> {
-        *value = update;
-        Ok(())
-    }
 }
 
 struct ContextWindow {

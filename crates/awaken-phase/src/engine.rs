@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use awaken_state::{
-    Committed, KeyRegistry, ParallelBatch, StateCommand, StateError, StateKey, StateStore,
-    Transaction, panic_message,
+    Committed, KeyHandle, KeyRegistry, ParallelBatch, StateCommand, StateError, StateKey,
+    StateStore, Transaction, panic_message,
 };
 use futures_util::FutureExt;
 use futures_util::future::join_all;
@@ -166,6 +166,17 @@ pub struct SubmitReport {
     pub effects: EffectStats,
 }
 
+/// What [`PhaseEngine::submit_now`] did with a command.
+#[derive(Debug)]
+#[must_use]
+pub enum SubmitNow {
+    /// The command had no effects and is committed.
+    Committed(Committed),
+    /// The command has effects to dispatch, so nothing was done: it comes back unchanged, for
+    /// [`PhaseEngine::submit_command`].
+    HasEffects(StateCommand),
+}
+
 /// Runs phases and submits commands against one state store and one environment.
 /// Cheap to clone (shared).
 #[derive(Clone)]
@@ -177,7 +188,7 @@ struct Inner {
     store: Arc<StateStore>,
     env: Arc<PhaseEnv>,
     /// Where the store's registry holds the action queue (read before every phase).
-    queue_at: Option<usize>,
+    queue_at: Option<KeyHandle<ActionQueueKey>>,
     /// The store's revision at which the queue was last seen empty (`u64::MAX`: not known). A
     /// state at that revision is that state: [`PhaseEngine::is_idle`] then needs no look at
     /// it (every change of the state advances the revision).
@@ -206,7 +217,7 @@ impl PhaseEngine {
     pub fn new(store: Arc<StateStore>, env: Arc<PhaseEnv>) -> Self {
         Self {
             inner: Arc::new(Inner {
-                queue_at: store.registry().position_of::<ActionQueueKey>(),
+                queue_at: store.registry().handle::<ActionQueueKey>(),
                 queue_empty_at: AtomicU64::new(u64::MAX),
                 store,
                 env,
@@ -219,17 +230,33 @@ impl PhaseEngine {
         &self.inner.store
     }
 
-    /// Commits one typed update of `K` ([`StateStore::update`]; `at` is `K`'s registry
-    /// position, `None` looks it up) and returns the new revision. What the engine knows of its
-    /// action queue stays known: a write of another key leaves a queue that was empty just
-    /// before it empty, so [`is_idle`](Self::is_idle) need not look at the state again.
+    /// Commits one typed update of `K` ([`StateStore::update`]) and returns the new revision.
+    /// What the engine knows of its action queue stays known: a write of another key leaves a
+    /// queue that was empty just before it empty, so [`is_idle`](Self::is_idle) need not look
+    /// at the state again.
     pub fn update<K: StateKey>(
         &self,
         at: Option<usize>,
         update: K::Update,
     ) -> Result<u64, StateError> {
+        let revision = self.inner.store.update::<K>(at, update)?;
+        Ok(self.updated::<K>(revision))
+    }
+
+    /// [`update`](Self::update) through a handle on `K` found once
+    /// ([`KeyRegistry::handle`]).
+    pub fn update_by<K: StateKey>(
+        &self,
+        key: KeyHandle<K>,
+        update: K::Update,
+    ) -> Result<u64, StateError> {
+        let revision = self.inner.store.update_by(key, update)?;
+        Ok(self.updated::<K>(revision))
+    }
+
+    /// Keeps the idle mark across a one-key update of `K` that made `revision`.
+    fn updated<K: StateKey>(&self, revision: u64) -> u64 {
         let inner = &*self.inner;
-        let revision = inner.store.update::<K>(at, update)?;
         // The update is one commit of `K` alone, one revision after the state it changed. The
         // mark is a fact about one revision, so a racing writer can at worst leave an older
         // true one (and the next `is_idle` looks again); plain loads and stores, no lock.
@@ -239,7 +266,7 @@ impl PhaseEngine {
         {
             inner.queue_empty_at.store(revision, Ordering::Release);
         }
-        Ok(revision)
+        revision
     }
 
     /// Whether running `phase` now would do nothing: no hook is registered for it and no
@@ -257,8 +284,9 @@ impl PhaseEngine {
             return true;
         }
         inner.store.read(|state| {
-            state
-                .get_at::<ActionQueueKey>(inner.queue_at)
+            inner
+                .queue_at
+                .map_or_else(|| state.get::<ActionQueueKey>(), |at| state.get_by(at))
                 .is_ok_and(|queue| {
                     if queue.items.is_empty() {
                         inner
@@ -331,6 +359,15 @@ impl PhaseEngine {
             return Err(cmd);
         }
         Ok(self.commit_command(cmd))
+    }
+
+    /// [`submit_command`](Self::submit_command) for a command without effects, at once and
+    /// without a future. A command with effects comes back as [`SubmitNow::HasEffects`].
+    pub fn submit_now(&self, cmd: StateCommand) -> Result<SubmitNow, PhaseError> {
+        if !cmd.effects().is_empty() {
+            return Ok(SubmitNow::HasEffects(cmd));
+        }
+        self.commit_command(cmd).map(SubmitNow::Committed)
     }
 
     /// Validates and commits `cmd`, its scheduled actions queued.

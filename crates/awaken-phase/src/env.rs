@@ -1,12 +1,14 @@
 //! The environment the engine runs against: hooks per phase tagged with their plugin, and
 //! action and effect handlers by key. A plain struct; the plugin crate builds it.
 
-use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 use crate::action::{ErasedActionHandler, ErasedEffectHandler};
 use crate::hook::PhaseHook;
 use crate::phase::Phase;
+
+/// Maps keyed by handler name, with the fast hasher the workspace uses for in-process maps.
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// A hook as installed: which plugin contributed it and under what name.
 #[derive(Clone)]

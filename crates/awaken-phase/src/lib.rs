@@ -26,7 +26,7 @@ pub use action::{
 pub use context::{PhaseContext, RunIdentity, ToolPhaseInfo};
 pub use engine::{
     DEFAULT_MAX_PHASE_ROUNDS, EffectFailure, EffectStats, PhaseEngine, PhaseError, PhaseReport,
-    SubmitReport,
+    SubmitNow, SubmitReport,
 };
 pub use env::{PhaseEnv, PhaseEnvError, RegisteredAction, RegisteredEffect, RegisteredHook};
 pub use hook::{FnHook, HookError, PhaseHook};

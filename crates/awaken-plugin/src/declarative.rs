@@ -31,7 +31,7 @@ use awaken_spec::{AgentSpec, Glob, SpecError, parse_toml};
 use serde::Deserialize;
 
 use crate::error::{LoadError, PluginError};
-use crate::lifecycle::LifecycleHooks;
+use crate::hooks::LifecycleHooks;
 use crate::manifest::{CapabilityBound, PluginManifest};
 use crate::plugin::{AgentBuildContext, AgentDefinition, OnConflict, Plugin};
 use crate::registrar::PluginRegistrar;

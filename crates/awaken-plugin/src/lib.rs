@@ -12,6 +12,7 @@ mod config;
 mod declarative;
 mod env;
 mod error;
+mod hooks;
 mod lifecycle;
 mod manifest;
 mod order;
@@ -27,10 +28,8 @@ pub use config::{
 pub use declarative::{DECLARATIVE_TRANSFORM, DeclarativePlugin, Reminder, load_dir};
 pub use env::{ExecutionEnv, PluginTool, RegisteredGateHook};
 pub use error::{ContributionKind, EnvError, LoadError, PluginError, RegistryError};
-pub use lifecycle::{
-    DEFAULT_LIFECYCLE_TIMEOUT, HookStats, LifecycleDispatcher, LifecycleEvent, LifecycleHook,
-    LifecycleHooks,
-};
+pub use hooks::{LifecycleHook, LifecycleHooks};
+pub use lifecycle::{DEFAULT_LIFECYCLE_TIMEOUT, HookStats, LifecycleDispatcher, LifecycleEvent};
 pub use manifest::{CapabilityBound, PluginManifest};
 pub use order::execution_order;
 pub use plugin::{

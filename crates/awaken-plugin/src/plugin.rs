@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::ConfigSchema;
 use crate::error::PluginError;
-use crate::lifecycle::LifecycleHooks;
+use crate::hooks::LifecycleHooks;
 use crate::manifest::PluginManifest;
 use crate::registrar::PluginRegistrar;
 

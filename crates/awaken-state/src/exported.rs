@@ -6,9 +6,20 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
+
 use crate::error::StateError;
 use crate::key::{AnyValue, KeyCodec};
-use crate::snapshot::PersistedState;
+
+/// Persisted values by key name, as JSON: what [`Snapshot::export`](crate::Snapshot::export)
+/// writes and [`crate::StateStore::restore`] reads.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PersistedState {
+    /// Revision of the snapshot the values were exported from.
+    pub revision: u64,
+    /// JSON value of each exported key.
+    pub values: BTreeMap<String, serde_json::Value>,
+}
 
 /// One exported key value: the key's typed value (immutable, shared with the snapshot it came
 /// from) with its codec, or JSON. JSON or text is produced only when asked for, so a store that

@@ -4,6 +4,7 @@ use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::fmt;
 use std::marker::PhantomData;
+use std::num::NonZeroU32;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
@@ -109,6 +110,45 @@ pub enum MergeStrategy {
     Exclusive,
     /// Updates commute: parallel writers are all applied, in any order, with the same result.
     Commutative,
+}
+
+/// A typed key's place in one [`KeyRegistry`], found once by [`KeyRegistry::handle`]: reads
+/// and updates through it skip the lookup by type. A handle is checked where it is used, never
+/// trusted: used with another registry, where its place holds another key, it reads and writes
+/// `K` as [`Snapshot::get`](crate::Snapshot::get) would.
+pub struct KeyHandle<K> {
+    /// The key's index plus one, so that `Option<KeyHandle<K>>` is as small as the handle.
+    slot: NonZeroU32,
+    key: PhantomData<fn() -> K>,
+}
+
+impl<K> KeyHandle<K> {
+    /// The key's index in the registry it came from.
+    pub(crate) fn index(self) -> usize {
+        self.slot.get() as usize - 1
+    }
+}
+
+impl<K> Clone for KeyHandle<K> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<K> Copy for KeyHandle<K> {}
+
+impl<K> PartialEq for KeyHandle<K> {
+    fn eq(&self, other: &Self) -> bool {
+        self.slot == other.slot
+    }
+}
+
+impl<K> Eq for KeyHandle<K> {}
+
+impl<K: StateKey> fmt::Debug for KeyHandle<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "KeyHandle({:?} at {})", K::KEY, self.index())
+    }
 }
 
 /// Options given when a key is registered.
@@ -306,6 +346,19 @@ impl KeyRegistry {
     /// holds it). `None` if `K` is not registered with this type.
     pub fn position_of<K: StateKey>(&self) -> Option<usize> {
         self.index_of_type(TypeId::of::<K>())
+    }
+
+    /// A handle on `K` in this registry, for code that reads or updates `K` often
+    /// ([`Snapshot::get_by`](crate::Snapshot::get_by),
+    /// [`StateStore::update_by`](crate::StateStore::update_by)); `None` if `K` is not
+    /// registered with this type.
+    pub fn handle<K: StateKey>(&self) -> Option<KeyHandle<K>> {
+        let index = self.index_of_type(TypeId::of::<K>())?;
+        let slot = u32::try_from(index + 1).ok().and_then(NonZeroU32::new)?;
+        Some(KeyHandle {
+            slot,
+            key: PhantomData,
+        })
     }
 
     /// Index of `name`, if registered.

@@ -30,12 +30,13 @@ pub mod testing;
 
 pub use command::{Effect, KeyUpdate, ScheduledAction, StateCommand};
 pub use error::StateError;
-pub use exported::{DeltaValues, StateDelta, StateValue};
+pub use exported::{DeltaValues, PersistedState, StateDelta, StateValue};
 pub use key::{
-    KeyDecl, KeyInfo, KeyOptions, KeyRegistry, KeyScope, MergeStrategy, StateKey, panic_message,
+    KeyDecl, KeyHandle, KeyInfo, KeyOptions, KeyRegistry, KeyScope, MergeStrategy, StateKey,
+    panic_message,
 };
 pub use parallel::ParallelBatch;
-pub use snapshot::{PersistedState, Snapshot};
+pub use snapshot::Snapshot;
 pub use store::{
     CommitObserver, Committed, ObserverId, Restored, StateStore, Transaction, UnknownKeyPolicy,
 };

@@ -5,11 +5,11 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-
 use crate::error::StateError;
-use crate::exported::{StateDelta, StateValue};
-use crate::key::{AnyValue, KeyEntry, KeyRegistry, KeyScope, StateKey, Stored, downcast};
+use crate::exported::{PersistedState, StateDelta, StateValue};
+use crate::key::{
+    AnyValue, KeyEntry, KeyHandle, KeyRegistry, KeyScope, StateKey, Stored, downcast,
+};
 use crate::table::Table;
 
 /// An immutable view of all state at one revision.
@@ -28,16 +28,6 @@ pub(crate) struct Version {
     pub(crate) staged: bool,
     pub(crate) table: Table,
     pub(crate) registry: Arc<KeyRegistry>,
-}
-
-/// Persisted values by key name, as JSON: what [`Snapshot::export`] writes and
-/// [`crate::StateStore::restore`] reads.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct PersistedState {
-    /// Revision of the snapshot the values were exported from.
-    pub revision: u64,
-    /// JSON value of each exported key.
-    pub values: BTreeMap<String, serde_json::Value>,
 }
 
 /// A key's value as an export carries it: typed, serialized when a store asks.
@@ -74,6 +64,13 @@ impl Snapshot {
         let index = self.version.registry.resolve_typed::<K>()?;
         let slot = self.slot(index, K::KEY)?;
         downcast::<Stored<K::Value, K::Update>>(K::KEY, &*slot.value).map(|s| &s.value)
+    }
+
+    /// [`get`](Self::get) through a handle found once ([`KeyRegistry::handle`]): no search. A
+    /// handle from another registry, whose place holds another key, is checked and ignored.
+    #[inline]
+    pub fn get_by<K: StateKey>(&self, key: KeyHandle<K>) -> Result<&K::Value, StateError> {
+        self.get_at::<K>(Some(key.index()))
     }
 
     /// [`get`](Self::get), with `K`'s position in the registry

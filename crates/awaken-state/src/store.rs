@@ -6,8 +6,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
 use crate::command::{Effect, KeyUpdate, Payload, ScheduledAction, StateCommand, Updates};
 use crate::error::StateError;
-use crate::key::{KeyEntry, KeyRegistry, KeyScope, StateKey};
-use crate::snapshot::{PersistedState, Snapshot, Version};
+use crate::exported::PersistedState;
+use crate::key::{KeyEntry, KeyHandle, KeyRegistry, KeyScope, StateKey};
+use crate::snapshot::{Snapshot, Version};
 use crate::table::{SlotValue, Table};
 
 /// Holds the current [`Snapshot`] and publishes new ones through commits.
@@ -280,6 +281,16 @@ impl StateStore {
         drop(head);
         self.notify(&committed);
         Ok(committed)
+    }
+
+    /// [`update`](Self::update) through a handle found once ([`KeyRegistry::handle`]): no
+    /// search. A handle whose place holds another key is not trusted.
+    pub fn update_by<K: StateKey>(
+        &self,
+        key: KeyHandle<K>,
+        update: K::Update,
+    ) -> Result<u64, StateError> {
+        self.update::<K>(Some(key.index()), update)
     }
 
     /// Commits one typed update of `K`, as [`commit`](Self::commit) commits a command of that

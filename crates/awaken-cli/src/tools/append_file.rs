@@ -46,7 +46,7 @@ use awaken::tool::{DigestWriter, ToolCallContext, ToolError, ToolOutput};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::{confine, failed, outside};
+use super::confine::{confine, failed, outside};
 
 /// The file name of the tool's journal in its root directory.
 pub(crate) const JOURNAL: &str = ".awaken-append-journal";

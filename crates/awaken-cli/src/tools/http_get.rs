@@ -9,7 +9,7 @@ use awaken::tool::{ToolCallContext, ToolError, ToolOutput};
 use reqwest::Url;
 use serde_json::{Value, json};
 
-use super::failed;
+use super::confine::failed;
 
 /// Most bytes of a body returned unless the agent file says otherwise.
 pub(crate) const DEFAULT_MAX_BYTES: u64 = 64 * 1024;

@@ -3,96 +3,12 @@
 //! to a directory, idempotent per call) and `http_get` (`ReadOnly`, allowed hosts only).
 
 mod append_file;
+mod confine;
 mod http_get;
-
-use std::path::{Component, Path, PathBuf};
-
-use async_trait::async_trait;
-use awaken::event::{EffectClass, ToolDescriptor};
-use awaken::tool::{Tool, ToolCallContext, ToolError, ToolOutput};
-use serde_json::{Value, json};
+mod read_file;
 
 pub(crate) use append_file::AppendFile;
 #[cfg(test)]
 pub(crate) use http_get::host_allowed;
 pub(crate) use http_get::{DEFAULT_MAX_BYTES, HttpGet};
-
-/// Most bytes `read_file` returns.
-const MAX_READ: u64 = 64 * 1024;
-
-/// `read_file {"path": string}`: reads a UTF-8 file under `root` (no `..`, no absolute paths).
-pub(crate) struct ReadFile {
-    pub(crate) root: PathBuf,
-}
-
-/// `root` joined with `requested`, refusing absolute paths and `..` (a lexical check; the
-/// callers also check where symbolic links lead).
-fn confine(root: &Path, requested: &str) -> Result<PathBuf, ToolError> {
-    let rel = Path::new(requested);
-    let escapes = rel.is_absolute()
-        || rel.components().any(|c| {
-            matches!(
-                c,
-                Component::ParentDir | Component::RootDir | Component::Prefix(_)
-            )
-        });
-    if escapes {
-        return Err(outside(requested));
-    }
-    Ok(root.join(rel))
-}
-
-fn outside(requested: &str) -> ToolError {
-    failed(format!("`{requested}` is outside the allowed directory"))
-}
-
-fn failed(message: String) -> ToolError {
-    ToolError::Execution { message }
-}
-
-#[async_trait]
-impl Tool for ReadFile {
-    fn descriptor(&self) -> ToolDescriptor {
-        ToolDescriptor::new(
-            "read_file",
-            "Read a UTF-8 text file, given its path relative to the allowed directory.",
-        )
-        .with_parameters(json!({
-            "type": "object",
-            "properties": {"path": {"type": "string", "minLength": 1}},
-            "required": ["path"],
-            "additionalProperties": false
-        }))
-        .with_effect(EffectClass::ReadOnly)
-    }
-
-    async fn execute(&self, args: &Value, _ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
-        let requested = args["path"].as_str().unwrap_or_default();
-        let path = confine(&self.root, requested)?;
-        // A symbolic link must not lead out of the root either.
-        let root = std::fs::canonicalize(&self.root).map_err(|_| outside(requested))?;
-        let real = std::fs::canonicalize(&path).map_err(|e| ToolError::Execution {
-            message: format!("cannot read `{requested}`: {e}"),
-        })?;
-        if !real.starts_with(&root) {
-            return Err(outside(requested));
-        }
-        let meta = std::fs::metadata(&path).map_err(|e| ToolError::Execution {
-            message: format!("cannot read `{requested}`: {e}"),
-        })?;
-        if meta.len() > MAX_READ {
-            return Err(ToolError::Execution {
-                message: format!(
-                    "`{requested}` is {} bytes; at most {MAX_READ} are read",
-                    meta.len()
-                ),
-            });
-        }
-        let text = std::fs::read_to_string(&path).map_err(|e| ToolError::Execution {
-            message: format!("cannot read `{requested}`: {e}"),
-        })?;
-        Ok(ToolOutput::success(
-            json!({"path": requested, "content": text}),
-        ))
-    }
-}
+pub(crate) use read_file::ReadFile;
