@@ -54,12 +54,12 @@ const TABLE: &[Row] = &[
         never: &[],
     },
     Row {
-        name: "awaken-phase",
+        name: "awaken-tool",
         forbid: Forbid::Io,
-        never: &[],
+        never: &["awaken-phase"],
     },
     Row {
-        name: "awaken-tool",
+        name: "awaken-phase",
         forbid: Forbid::Io,
         never: &[],
     },

@@ -5,10 +5,13 @@
 use std::cell::Cell;
 use std::hint::black_box;
 
-use awaken_event::{AgentEvent, Message, RunId, ThreadId, TokenUsage};
+use awaken_event::{
+    AgentEvent, Message, RunId, ThreadId, TokenUsage, ToolCall, ToolCallId, ToolResult,
+};
 use awaken_state::PersistedState;
 use awaken_store::Timestamp;
 use awaken_store::{MemoryStore, RunRecord, SqliteConfig, SqliteStore, ThreadCommit, ThreadStore};
+use awaken_tool::ToolBatch;
 use criterion::{BatchSize, Criterion};
 use serde_json::json;
 
@@ -56,12 +59,7 @@ fn step_commit(thread: &str, expected: u64, step: u32) -> ThreadCommit {
         )]
         .into(),
     })
-    .with_batch(json!({"calls": [{
-        "call": {"id": format!("call-{step}"), "name": "weather", "arguments": {"city": "Berlin"}},
-        "state": "succeeded",
-        "result": {"status": "success", "content": "12°C, cloudy"},
-        "attempts": 1
-    }]}))
+    .with_batch(weather_batch(step))
     .with_events([
         AgentEvent::StepStart { step },
         AgentEvent::InferenceComplete {
@@ -71,6 +69,22 @@ fn step_commit(thread: &str, expected: u64, step: u32) -> ThreadCommit {
         },
         AgentEvent::StepEnd { step },
     ])
+}
+
+/// The step's batch: one `weather` call, run and succeeded.
+fn weather_batch(step: u32) -> ToolBatch {
+    let id = ToolCallId::new(format!("call-{step}")).unwrap_or_else(|e| panic!("{e}"));
+    let mut batch = ToolBatch::new([ToolCall::new(
+        id.clone(),
+        "weather",
+        json!({"city": "Berlin"}),
+    )])
+    .unwrap_or_else(|e| panic!("{e}"));
+    batch.start(&id).unwrap_or_else(|e| panic!("{e}"));
+    batch
+        .succeed(&id, ToolResult::success(json!("12°C, cloudy")))
+        .unwrap_or_else(|e| panic!("{e}"));
+    batch
 }
 
 /// Commits one step per iteration into threads of at most `COMMITS_PER_THREAD` steps (or into

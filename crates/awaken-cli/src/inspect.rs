@@ -7,7 +7,6 @@ use std::sync::Arc;
 use anyhow::anyhow;
 use awaken::event::{ContentBlock, Message, Role, ThreadId, ToolCallState};
 use awaken::plugin::{DeclarativePlugin, Plugin, PluginRegistry};
-use awaken::tool::ToolBatch;
 use awaken_store::{MemoryStore, RunRecord, RunStatus, ThreadStore, ThreadSummary};
 use serde_json::{Value, json};
 
@@ -166,10 +165,7 @@ pub(crate) async fn show(args: Args) -> Result<u8, Exit> {
         .run
         .as_ref()
         .is_some_and(|r| r.status == RunStatus::Waiting);
-    if waiting
-        && let Some(batch) = &checkpoint.batch
-        && let Ok(batch) = serde_json::from_value::<ToolBatch>(batch.clone())
-    {
+    if waiting && let Some(batch) = &checkpoint.batch {
         let resume = resume_command(&args, &thread);
         outln!();
         for call in batch

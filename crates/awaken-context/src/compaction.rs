@@ -42,7 +42,7 @@ impl ScheduledActionSpec for Compact {
 }
 
 /// The effect a failed summary emits (its handler logs a warning; the state keeps the
-/// count in [`CompactionState::fallbacks`]).
+/// count in [`CompactionState::fallbacks`](crate::CompactionState::fallbacks)).
 pub struct CompactionFellBack;
 
 impl EffectSpec for CompactionFellBack {
@@ -60,7 +60,7 @@ impl EffectSpec for CompactionFellBack {
 /// summary to [`CompactionKey`] together with the action's removal. A failed call commits a
 /// [`CompactionUpdate::FellBack`] instead, emits [`CompactionFellBack`], and the transform
 /// keeps truncating; the next attempt waits until the history has grown (see
-/// [`COMPACTION_RETRY_AFTER_MESSAGES`]).
+/// [`COMPACTION_RETRY_AFTER_MESSAGES`](crate::COMPACTION_RETRY_AFTER_MESSAGES)).
 ///
 /// Which range: it never covers the newest unit (a message, or a call with its results), and
 /// ends where a request may start; it reaches far enough that what remains takes at most half

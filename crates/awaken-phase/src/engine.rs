@@ -234,12 +234,8 @@ impl PhaseEngine {
     /// What the engine knows of its action queue stays known: a write of another key leaves a
     /// queue that was empty just before it empty, so [`is_idle`](Self::is_idle) need not look
     /// at the state again.
-    pub fn update<K: StateKey>(
-        &self,
-        at: Option<usize>,
-        update: K::Update,
-    ) -> Result<u64, StateError> {
-        let revision = self.inner.store.update::<K>(at, update)?;
+    pub fn update<K: StateKey>(&self, update: K::Update) -> Result<u64, StateError> {
+        let revision = self.inner.store.update::<K>(update)?;
         Ok(self.updated::<K>(revision))
     }
 
@@ -344,21 +340,6 @@ impl PhaseEngine {
         let committed = self.commit_command(cmd)?;
         let effects = self.dispatch_effects(&committed).await;
         Ok(SubmitReport { committed, effects })
-    }
-
-    /// [`submit_command`](Self::submit_command) for a command without effects (nothing to
-    /// await): committed at once, no future made. A command with effects is handed back
-    /// (`Err`) for `submit_command`.
-    // The command comes back by value: boxing it would cost what this saves.
-    #[allow(clippy::result_large_err)]
-    pub fn submit_command_now(
-        &self,
-        cmd: StateCommand,
-    ) -> Result<Result<Committed, PhaseError>, StateCommand> {
-        if !cmd.effects().is_empty() {
-            return Err(cmd);
-        }
-        Ok(self.commit_command(cmd))
     }
 
     /// [`submit_command`](Self::submit_command) for a command without effects, at once and

@@ -6,10 +6,11 @@ use std::sync::Arc;
 
 use awaken_phase::{ENGINE_KEY_COUNT, PhaseEnv, register_engine_keys};
 use awaken_state::KeyRegistry;
-use awaken_tool::{Tool, ToolGateHook};
+use awaken_tool::Tool;
 
 use crate::config::ConfigSchema;
 use crate::error::{ContributionKind, EnvError, PluginError};
+use crate::gate::ToolGateHook;
 use crate::order::execution_order;
 use crate::plugin::Plugin;
 use crate::registrar::PluginRegistrar;

@@ -68,7 +68,7 @@ impl LifecycleHook {
 }
 
 /// A set of [`LifecycleHook`]s: the hooks a plugin implements
-/// ([`Plugin::lifecycle_hooks`]).
+/// ([`Plugin::lifecycle_hooks`](crate::Plugin::lifecycle_hooks)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LifecycleHooks(u16);
 

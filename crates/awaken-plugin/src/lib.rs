@@ -1,8 +1,10 @@
 //! Awaken's plugin system: the [`Plugin`] trait with its
 //! [`PluginManifest`] and [`CapabilityBound`], the [`PluginRegistrar`] (structural parts always
-//! installed, behavioural parts only for active plugins), [`InferenceRequestTransform`]s,
-//! [`ExecutionEnv`] built in the one plugin order, config schemas, the lifecycle dispatcher,
-//! the [`PluginRegistry`] with its agent definitions, loading (list, configurator, directory of
+//! installed, behavioural parts only for active plugins), tool-gate hooks with the typed
+//! policy hook and the runner that resolves a call's gates in plugin order ([`ToolGateHook`],
+//! [`ToolPolicyHook`], [`evaluate_gates`]), [`InferenceRequestTransform`]s, [`ExecutionEnv`]
+//! built in the one plugin order, config schemas, the lifecycle dispatcher, the
+//! [`PluginRegistry`] with its agent definitions, loading (list, configurator, directory of
 //! declarative manifests) and atomic reload.
 //!
 //! This crate must never know the agent loop, storage engines or HTTP; it may read plugin
@@ -12,6 +14,7 @@ mod config;
 mod declarative;
 mod env;
 mod error;
+mod gate;
 mod hooks;
 mod lifecycle;
 mod manifest;
@@ -28,6 +31,7 @@ pub use config::{
 pub use declarative::{DECLARATIVE_TRANSFORM, DeclarativePlugin, Reminder, load_dir};
 pub use env::{ExecutionEnv, PluginTool, RegisteredGateHook};
 pub use error::{ContributionKind, EnvError, LoadError, PluginError, RegistryError};
+pub use gate::{FnGate, GateError, PolicyGate, ToolGateHook, ToolPolicyHook, evaluate_gates};
 pub use hooks::{LifecycleHook, LifecycleHooks};
 pub use lifecycle::{DEFAULT_LIFECYCLE_TIMEOUT, HookStats, LifecycleDispatcher, LifecycleEvent};
 pub use manifest::{CapabilityBound, PluginManifest};

@@ -10,9 +10,10 @@ use awaken_phase::{
     PhaseHook, ScheduledActionSpec, erase_action, erase_effect,
 };
 use awaken_state::{KeyDecl, KeyOptions, KeyScope, StateKey};
-use awaken_tool::{PolicyGate, Tool, ToolGateHook, ToolPolicyHook};
+use awaken_tool::Tool;
 
 use crate::error::{ContributionKind, PluginError};
+use crate::gate::{PolicyGate, ToolGateHook, ToolPolicyHook};
 use crate::transform::InferenceRequestTransform;
 
 /// Everything one plugin registered, stamped with its id.

@@ -164,7 +164,7 @@ impl AgentRuntimeBuilder {
     /// ids, and every agent's resolution failures).
     pub fn build(self) -> Result<AgentRuntime, BuildError> {
         let runtime = self.assemble();
-        runtime.resolver.validate()?;
+        runtime.resolver().validate()?;
         Ok(runtime)
     }
 

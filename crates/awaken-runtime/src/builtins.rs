@@ -10,7 +10,7 @@ use awaken_phase::{ActionHandler, HookError, Phase, PhaseContext, ScheduledActio
 use awaken_plugin::{LifecycleHooks, Plugin, PluginError, PluginManifest, PluginRegistrar};
 use awaken_resolver::BuiltinPlugins;
 use awaken_spec::{AgentSpec, InferenceOverride, ModelSpec};
-use awaken_state::{KeyOptions, KeyScope, Snapshot, StateCommand, StateError, StateKey};
+use awaken_state::{KeyHandle, KeyOptions, KeyScope, Snapshot, StateCommand, StateError, StateKey};
 use serde::{Deserialize, Serialize};
 
 /// Id of the loop-actions plugin.
@@ -312,14 +312,18 @@ impl StateKey for RunStatsKey {
     }
 }
 
-/// `f` of the run statistics in `snapshot`, read in place at registry position `at` (the
-/// defaults when absent).
+/// `f` of the run statistics in `snapshot`, read in place through `key` when the run's
+/// registry has it (the defaults when absent).
 pub(crate) fn stats_at_in<T>(
     snapshot: &Snapshot,
-    at: Option<usize>,
+    key: Option<KeyHandle<RunStatsKey>>,
     f: impl FnOnce(&RunStats) -> T,
 ) -> T {
-    match snapshot.get_at::<RunStatsKey>(at) {
+    let stats = match key {
+        Some(key) => snapshot.get_by(key),
+        None => snapshot.get::<RunStatsKey>(),
+    };
+    match stats {
         Ok(stats) => f(stats),
         Err(_) => f(&RunStats::default()),
     }

@@ -41,7 +41,8 @@ pub enum RunError {
         /// The calls waiting for a decision.
         calls: Vec<awaken_event::ToolCallId>,
     },
-    /// The stored tool batch (or recorded decisions) of the thread do not decode.
+    /// The thread's waiting run has no stored tool batch, or its recorded decisions do not
+    /// decode.
     #[error("the stored tool batch of thread `{thread_id}` cannot be used: {message}")]
     StoredBatch {
         /// The thread.

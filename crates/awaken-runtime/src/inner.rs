@@ -12,9 +12,8 @@ use awaken_store::{LeaseToken, StoreError, ThreadStore};
 use crate::active::ActiveRuns;
 use crate::ids::IdSource;
 
-/// What an `AgentRuntime` shares between its clones (reached through `Deref`; its parts
-/// are the runtime's own).
-pub struct RuntimeInner {
+/// What an `AgentRuntime` shares between its clones.
+pub(crate) struct RuntimeInner {
     pub(crate) resolver: Resolver,
     pub(crate) ids: Arc<dyn IdSource>,
     /// Where threads are kept.

@@ -13,10 +13,11 @@ use awaken_event::{ResumeMode, SuspendTicket};
 use awaken_phase::{HookError, PhaseContext};
 use awaken_plugin::{
     ConfigSchema, LifecycleHooks, Plugin, PluginError, PluginManifest, PluginRegistrar,
+    ToolGateHook,
 };
 use awaken_spec::{PERMISSION_SECTION, PermissionConfig, PermissionDecision, Sections};
 use awaken_state::StateCommand;
-use awaken_tool::{ToolGateHook, ToolInterceptPayload, pending_call};
+use awaken_tool::{ToolInterceptPayload, pending_call};
 use serde_json::json;
 
 /// The permission plugin's id.

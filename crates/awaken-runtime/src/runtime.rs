@@ -29,9 +29,9 @@ impl AgentRuntime {
     }
 }
 
-impl std::ops::Deref for AgentRuntime {
-    type Target = RuntimeInner;
-    fn deref(&self) -> &RuntimeInner {
+impl AgentRuntime {
+    /// What the runtime's clones share, for the activation and the run.
+    pub(crate) fn inner(&self) -> &RuntimeInner {
         &self.inner
     }
 }
@@ -45,12 +45,12 @@ impl std::fmt::Debug for AgentRuntime {
 impl AgentRuntime {
     /// The resolver (every run resolves its agent afresh through it).
     pub fn resolver(&self) -> &Resolver {
-        &self.resolver
+        &self.inner.resolver
     }
 
     /// The thread store.
     pub fn store(&self) -> &Arc<dyn ThreadStore> {
-        &self.store
+        &self.inner.store
     }
 
     /// Fires `on_runtime_start` of every plugin that implements it (`Plugin::lifecycle_hooks`;
@@ -58,8 +58,9 @@ impl AgentRuntime {
     /// within the lifecycle timeout; a failing
     /// hook is counted in [`AgentRuntime::lifecycle_stats`], not fatal.
     pub async fn start(&self) {
-        let plugins = self.resolver.registries().plugins();
-        self.lifecycle
+        let plugins = self.inner.resolver.registries().plugins();
+        self.inner
+            .lifecycle
             .dispatch(&plugins, LifecycleEvent::RuntimeStart)
             .await;
     }
@@ -68,22 +69,23 @@ impl AgentRuntime {
     /// the active ones or cancels them first (`mode`), then fires `on_runtime_shutdown` of every
     /// plugin that implements it.
     pub async fn shutdown(&self, mode: ShutdownMode) {
-        self.active.close(mode);
-        self.active.idle().await;
-        let plugins = self.resolver.registries().plugins();
-        self.lifecycle
+        self.inner.active.close(mode);
+        self.inner.active.idle().await;
+        let plugins = self.inner.resolver.registries().plugins();
+        self.inner
+            .lifecycle
             .dispatch(&plugins, LifecycleEvent::RuntimeShutdown)
             .await;
     }
 
     /// How many activations are running now.
     pub fn active_runs(&self) -> usize {
-        self.active.count()
+        self.inner.active.count()
     }
 
     /// Calls, failures and timeouts of every plugin's lifecycle hooks so far.
     pub fn lifecycle_stats(&self) -> BTreeMap<(String, LifecycleHook), HookStats> {
-        self.lifecycle.all_stats()
+        self.inner.lifecycle.all_stats()
     }
 
     /// Rebuilds every plugin registry of the runtime from its sources: the next run sees the
@@ -91,7 +93,7 @@ impl AgentRuntime {
     /// with. A repeated `reload_id` is a no-op.
     pub async fn reload(&self, reload_id: &str) -> Result<Vec<ReloadOutcome>, RegistryError> {
         let mut outcomes = Vec::new();
-        for registry in self.resolver.registries().plugin_registries() {
+        for registry in self.inner.resolver.registries().plugin_registries() {
             outcomes.push(registry.reload(reload_id).await?);
         }
         Ok(outcomes)
@@ -100,6 +102,7 @@ impl AgentRuntime {
     /// The thread's stored history (empty for an unknown thread).
     pub async fn history(&self, thread_id: &ThreadId) -> Result<Vec<Message>, StoreError> {
         Ok(self
+            .inner
             .store
             .load_checkpoint(thread_id)
             .await?
@@ -116,7 +119,7 @@ impl AgentRuntime {
         activation: RunActivation,
         sink: &'a dyn EventSink,
     ) -> impl Future<Output = Result<RunOutcome, RunError>> + Send + 'a {
-        activation::activate(self, Start::Fresh(activation), sink)
+        activation::activate(&self.inner, Start::Fresh(activation), sink)
     }
 
     /// Runs `activation` to its end without streaming.
@@ -136,7 +139,7 @@ impl AgentRuntime {
         resume: Resume,
         sink: &dyn EventSink,
     ) -> Result<RunOutcome, RunError> {
-        activation::activate(self, Start::Resume(resume), sink).await
+        activation::activate(&self.inner, Start::Resume(resume), sink).await
     }
 
     /// [`AgentRuntime::resume`] without streaming.
@@ -155,8 +158,9 @@ impl AgentRuntime {
         config: &RecoverConfig,
         sink: &dyn EventSink,
     ) -> Result<Vec<RecoveredRun>, RunError> {
-        let now = self.ids.timestamp();
+        let now = self.inner.ids.timestamp();
         let claims = self
+            .inner
             .store
             .claim_runnable(&config.worker_id, config.lease_duration, now, config.limit)
             .await
@@ -176,19 +180,21 @@ impl AgentRuntime {
                 || claimed.run.parent_run_id.is_some()
                 || config.cancel.is_cancelled()
             {
-                self.release(&lease).await;
+                self.inner.release(&lease).await;
                 continue;
             }
             let thread_id = claimed.thread_id.clone();
             let run_id = claimed.run.run_id.clone();
             let cancel = config.cancel.child_token();
             let heartbeat =
-                self.spawn_heartbeat(lease.clone(), config.lease_duration, cancel.clone());
+                self.inner
+                    .spawn_heartbeat(lease.clone(), config.lease_duration, cancel.clone());
             let outcome =
-                activation::activate(self, Start::Recover(claimed.into(), cancel), sink).await;
+                activation::activate(&self.inner, Start::Recover(claimed.into(), cancel), sink)
+                    .await;
             heartbeat.abort();
             // A finished run's last commit released the lease; a waiting or failed one did not.
-            self.release(&lease).await;
+            self.inner.release(&lease).await;
             recovered.push(RecoveredRun {
                 thread_id,
                 run_id,
@@ -205,6 +211,7 @@ impl AgentRuntime {
         thread_id: &ThreadId,
     ) -> Result<Vec<SuspendTicket>, RunError> {
         let Some(cp) = self
+            .inner
             .store
             .load_checkpoint(thread_id)
             .await
@@ -219,10 +226,10 @@ impl AgentRuntime {
         {
             return Ok(Vec::new());
         }
-        let batch = activation::stored_batch(thread_id, cp.batch)?;
         // Calls an earlier (partial) resume already decided do not wait any more.
         let decided = recorded_decisions(&cp.run_state).unwrap_or_default();
-        Ok(batch
+        Ok(cp
+            .batch
             .map(|b| {
                 suspended_calls(&b)
                     .into_iter()

@@ -341,13 +341,6 @@ impl KeyRegistry {
         Ok(())
     }
 
-    /// Where `K` is registered: a position a hot path may keep and read at with
-    /// [`Snapshot::get_at`](crate::Snapshot::get_at) (a registry never changes once a store
-    /// holds it). `None` if `K` is not registered with this type.
-    pub fn position_of<K: StateKey>(&self) -> Option<usize> {
-        self.index_of_type(TypeId::of::<K>())
-    }
-
     /// A handle on `K` in this registry, for code that reads or updates `K` often
     /// ([`Snapshot::get_by`](crate::Snapshot::get_by),
     /// [`StateStore::update_by`](crate::StateStore::update_by)); `None` if `K` is not

@@ -73,12 +73,10 @@ impl Snapshot {
         self.get_at::<K>(Some(key.index()))
     }
 
-    /// [`get`](Self::get), with `K`'s position in the registry
-    /// ([`KeyRegistry::position_of`](crate::KeyRegistry::position_of)) found beforehand: no
-    /// search. A position that does not hold `K` in this snapshot's registry (one from another
-    /// registry) is checked and ignored, and `K` is looked up as `get` would.
+    /// [`get`](Self::get), looking at `position` first: a position that does not hold `K` in
+    /// this snapshot's registry is checked and ignored, and `K` is looked up as `get` would.
     #[inline]
-    pub fn get_at<K: StateKey>(&self, position: Option<usize>) -> Result<&K::Value, StateError> {
+    fn get_at<K: StateKey>(&self, position: Option<usize>) -> Result<&K::Value, StateError> {
         let registry = &self.version.registry;
         match position {
             Some(index)

@@ -290,7 +290,7 @@ impl StateStore {
         key: KeyHandle<K>,
         update: K::Update,
     ) -> Result<u64, StateError> {
-        self.update::<K>(Some(key.index()), update)
+        self.update_at::<K>(Some(key.index()), update)
     }
 
     /// Commits one typed update of `K`, as [`commit`](Self::commit) commits a command of that
@@ -298,11 +298,16 @@ impl StateStore {
     /// [`StateKey::APPLY_IN_PLACE`], by the key's promise that a failing reducer changes
     /// nothing —, a new revision, seen by every later snapshot, observers notified), without
     /// building a command: for a caller that updates a key of its own often (the run's
-    /// statistics, several times a step). `at` is `K`'s position in the registry
-    /// ([`KeyRegistry::position_of`]); `None` looks it up, and a wrong one is not trusted. A
+    /// statistics, several times a step; [`update_by`](Self::update_by) skips the lookup). A
     /// journaled key, a key not registered as `K`, or a current state that a snapshot outside
     /// the store holds takes the command path (and its errors). Returns the new revision.
-    pub fn update<K: StateKey>(
+    pub fn update<K: StateKey>(&self, update: K::Update) -> Result<u64, StateError> {
+        self.update_at::<K>(None, update)
+    }
+
+    /// [`update`](Self::update) at `at`, `K`'s position when known (a wrong one is not
+    /// trusted).
+    fn update_at<K: StateKey>(
         &self,
         at: Option<usize>,
         update: K::Update,
@@ -314,7 +319,7 @@ impl StateStore {
                     .get(i)
                     .is_some_and(|e| e.key_type == std::any::TypeId::of::<K>())
             })
-            .or_else(|| self.registry.position_of::<K>())
+            .or_else(|| self.registry.index_of_type(std::any::TypeId::of::<K>()))
             .filter(|&i| {
                 self.journal_scope
                     .is_none_or(|scope| self.registry.entries()[i].options.scope != scope)

@@ -364,11 +364,11 @@ fn an_in_place_update_changes_the_stored_value_unless_a_snapshot_holds_it() {
     let mut registry = registry();
     registry.register_key::<Tally>(KeyOptions::new()).unwrap();
     let store = StateStore::new(registry);
-    let at = store.registry().position_of::<Tally>();
-    assert_eq!(store.update::<Tally>(at, 1).unwrap(), 1);
+    let at = store.registry().handle::<Tally>().unwrap();
+    assert_eq!(store.update_by(at, 1).unwrap(), 1);
     // Nothing else holds the value: the next update pushes into the same vector.
     let first = store.read(|s| s.get::<Tally>().unwrap().as_ptr());
-    assert_eq!(store.update::<Tally>(at, 2).unwrap(), 2);
+    assert_eq!(store.update_by(at, 2).unwrap(), 2);
     store.read(|s| {
         assert_eq!(s.get::<Tally>().unwrap(), &[1, 2]);
         assert_eq!(
@@ -379,24 +379,24 @@ fn an_in_place_update_changes_the_stored_value_unless_a_snapshot_holds_it() {
     });
     // A held snapshot keeps what it saw; the update goes to a copy.
     let held = store.snapshot();
-    assert_eq!(store.update::<Tally>(at, 3).unwrap(), 3);
+    assert_eq!(store.update_by(at, 3).unwrap(), 3);
     assert_eq!(held.get::<Tally>().unwrap(), &[1, 2]);
     assert_eq!(store.snapshot().get::<Tally>().unwrap(), &[1, 2, 3]);
     drop(held);
     // A rejected update changes neither the value nor the revision, in place or not.
     let before = state(&store.snapshot());
-    let err = store.update::<Tally>(at, 0).unwrap_err();
+    let err = store.update_by(at, 0).unwrap_err();
     assert_eq!(
         err.to_string(),
         "update of state key `test.tally` rejected: zero"
     );
     assert_eq!(state(&store.snapshot()), before);
     let held = store.snapshot();
-    store.update::<Tally>(at, 0).unwrap_err();
+    store.update_by(at, 0).unwrap_err();
     assert_eq!(state(&store.snapshot()), before);
     drop(held);
     // Its change revision is the update's, as for any commit.
-    assert_eq!(store.update::<Tally>(at, 4).unwrap(), 4);
+    assert_eq!(store.update_by(at, 4).unwrap(), 4);
     assert_eq!(store.snapshot().changed_at(Tally::KEY).unwrap(), 4);
     let mut changed = Vec::new();
     store
@@ -404,7 +404,7 @@ fn an_in_place_update_changes_the_stored_value_unless_a_snapshot_holds_it() {
         .version
         .table
         .for_each_changed(3, &mut |i, _| changed.push(i));
-    assert_eq!(changed, [at.unwrap()]);
+    assert_eq!(changed, [at.index()]);
 }
 
 /// A key's value before any update is made once per OS thread and shared by every store built
@@ -426,9 +426,9 @@ fn stores_share_each_default_and_never_change_it() {
         ptr(&fresh),
         "a registry built afresh shares it too"
     );
-    let at = a.registry().position_of::<Tally>();
-    a.update::<Tally>(at, 1).unwrap();
-    a.update::<Tally>(at, 2).unwrap();
+    let at = a.registry().handle::<Tally>().unwrap();
+    a.update_by(at, 1).unwrap();
+    a.update_by(at, 2).unwrap();
     assert_eq!(a.snapshot().get::<Tally>().unwrap(), &[1, 2]);
     assert!(b.snapshot().get::<Tally>().unwrap().is_empty());
     assert!(fresh.snapshot().get::<Tally>().unwrap().is_empty());
@@ -455,10 +455,10 @@ fn the_lock_free_revision_follows_every_kind_of_write() {
         );
     };
     same("nothing");
-    store.update::<Counter>(None, 1).unwrap();
+    store.update::<Counter>(1).unwrap();
     same("a typed update in place");
     let held = store.snapshot();
-    store.update::<Counter>(None, 1).unwrap();
+    store.update::<Counter>(1).unwrap();
     same("a typed update past a held snapshot");
     drop(held);
     store
@@ -482,7 +482,7 @@ fn the_lock_free_revision_follows_every_kind_of_write() {
     store.restore(&persisted, UnknownKeyPolicy::Reject).unwrap();
     same("a restore");
     let before = store.revision();
-    store.update::<Log>(None, String::new()).unwrap_err();
+    store.update::<Log>(String::new()).unwrap_err();
     store
         .commit(StateCommand::new().with_update::<Log>(String::new()))
         .unwrap_err();
@@ -494,19 +494,24 @@ fn the_lock_free_revision_follows_every_kind_of_write() {
 #[test]
 fn a_typed_update_commits_like_a_one_update_command() {
     let store = store();
-    let at = store.registry().position_of::<Counter>();
-    assert_eq!(store.update::<Counter>(at, 1).unwrap(), 1);
+    let at = store.registry().handle::<Counter>().unwrap();
+    assert_eq!(store.update_by(at, 1).unwrap(), 1);
     let before = state(&store.snapshot());
     // Failures change nothing and read as a command's: a rejected or panicking reducer, a key
-    // registered with another type (a wrong position is not trusted: the key's own is looked
-    // up).
+    // registered with another type. A handle from another registry, whose place here holds
+    // another key, is not trusted: the key's own place is looked up.
     let mut errors = String::new();
-    let log_at = store.registry().position_of::<Log>();
+    let log_at = store.registry().handle::<Log>().unwrap();
+    let mut swapped = KeyRegistry::new();
+    swapped.register_key::<Log>(KeyOptions::new()).unwrap();
+    swapped.register_key::<Counter>(KeyOptions::new()).unwrap();
+    let foreign = swapped.handle::<Counter>().unwrap();
+    assert_eq!(format!("{foreign:?}"), "KeyHandle(\"test.counter\" at 1)");
     for (name, result) in [
-        ("reducer error", store.update::<Log>(log_at, String::new())),
-        ("reducer panic", store.update::<Log>(log_at, "panic".into())),
-        ("overflow", store.update::<Counter>(log_at, i64::MAX)),
-        ("impostor", store.update::<Impostor>(at, 5)),
+        ("reducer error", store.update_by(log_at, String::new())),
+        ("reducer panic", store.update_by(log_at, "panic".into())),
+        ("overflow", store.update_by(foreign, i64::MAX)),
+        ("impostor", store.update::<Impostor>(5)),
     ] {
         errors.push_str(&format!("{name}: {}\n", result.unwrap_err()));
         assert_eq!(state(&store.snapshot()), before, "{name} changed the store");
@@ -520,8 +525,10 @@ fn a_typed_update_commits_like_a_one_update_command() {
             impostor: state key `test.counter` is registered as awaken_state::tests::Counter, used as awaken_state::tests::Impostor
         "#]],
     );
-    // A good update at a wrong position still updates its own key, with its change revision.
-    assert_eq!(store.update::<Counter>(log_at, 2).unwrap(), 2);
+    // A good update through a foreign handle still updates its own key, with its change
+    // revision.
+    assert_eq!(store.update_by(foreign, 2).unwrap(), 2);
+    assert_eq!(store.snapshot().get_by(foreign).unwrap(), &3);
     let snapshot = store.snapshot();
     assert_eq!(snapshot.get::<Counter>().unwrap(), &3);
     let mut changed = Vec::new();
@@ -529,30 +536,30 @@ fn a_typed_update_commits_like_a_one_update_command() {
         .version
         .table
         .for_each_changed(1, &mut |i, _| changed.push(i));
-    assert_eq!(changed, [at.unwrap()]);
+    assert_eq!(changed, [at.index()]);
     // A snapshot held across the update keeps its state (the command path copies).
     let held_state = state(&snapshot);
-    assert_eq!(store.update::<Counter>(None, 4).unwrap(), 3);
+    assert_eq!(store.update::<Counter>(4).unwrap(), 3);
     assert_eq!(state(&snapshot), held_state);
     drop(snapshot);
     assert_eq!(store.snapshot().get::<Counter>().unwrap(), &7);
     // A value an export still holds is not written into: the update publishes a new one. One
     // nothing else holds is written in place.
     let [exported] = store.snapshot().export_changed_in_each([KeyScope::Run], 0);
-    assert_eq!(store.update::<Counter>(None, 10).unwrap(), 4);
+    assert_eq!(store.update::<Counter>(10).unwrap(), 4);
     assert_eq!(exported.values[Counter::KEY], StateValue::json(json!(7)));
     drop(exported);
-    assert_eq!(store.update::<Counter>(None, 100).unwrap(), 5);
+    assert_eq!(store.update::<Counter>(100).unwrap(), 5);
     assert_eq!(store.snapshot().get::<Counter>().unwrap(), &117);
     // Observers and a journal see it as the command it stands for.
     let seen = Arc::new(AtomicU64::new(0));
     let s = seen.clone();
     store.subscribe(move |c: &Committed| s.store(c.revision, Ordering::SeqCst));
-    assert_eq!(store.update::<Counter>(at, 1).unwrap(), 6);
+    assert_eq!(store.update_by(at, 1).unwrap(), 6);
     assert_eq!(seen.load(Ordering::SeqCst), 6);
     let journaled = StateStore::with_journal(registry(), KeyScope::Profile);
-    journaled.update::<Quota>(None, 3).unwrap();
-    journaled.update::<Counter>(None, 1).unwrap();
+    journaled.update::<Quota>(3).unwrap();
+    journaled.update::<Counter>(1).unwrap();
     let journal = journaled.take_journal();
     assert_eq!(
         journal.len(),

@@ -1,6 +1,7 @@
 //! Row encoding shared by the SQL stores: ids and JSON as text, times as milliseconds.
 
 use awaken_event::{AgentEvent, Message, ProfileId, RunId, ThreadId};
+use awaken_tool::ToolBatch;
 
 use crate::commit::{RunRecord, RunStatus, Timestamp};
 use crate::error::StoreError;
@@ -81,11 +82,13 @@ pub(crate) fn to_json<T: serde::Serialize + ?Sized>(
 }
 
 /// A commit's tool batch as JSON text, for a store that writes it out.
-pub(crate) fn batch_text(batch: &crate::commit::BatchData) -> Result<String, StoreError> {
-    batch.to_text().map_err(|source| StoreError::Serialize {
-        what: "tool batch",
-        source,
-    })
+pub(crate) fn batch_text(batch: &ToolBatch) -> Result<String, StoreError> {
+    to_json("tool batch", batch)
+}
+
+/// A stored tool batch read back: its serde form, with the batch's invariants checked.
+pub(crate) fn batch(body: &str) -> Result<ToolBatch, StoreError> {
+    serde_json::from_str(body).map_err(|e| StoreError::corrupt("tool batch", e))
 }
 
 /// A state value as JSON text, for a store that writes it out.

@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use awaken_event::{AgentEvent, Message, ProfileId, RunId, TerminationReason, ThreadId};
 use awaken_event::{TokenUsage, ToolCallId, ToolCallState};
 use awaken_state::StateDelta;
+use awaken_tool::ToolBatch;
 use serde::{Deserialize, Serialize};
 
 /// A point in time as milliseconds since the Unix epoch, supplied by the caller: stores never
@@ -155,108 +156,19 @@ pub struct LeaseToken {
 }
 
 /// What a commit does to the run's active tool batch.
+///
+/// The batch travels as it is: the memory store keeps it, a SQL store writes its serde form.
+/// A writer hands over a copy of its batch; the calls and results in it are shared, so a
+/// one-call batch costs one allocation.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub enum BatchWrite {
     /// The stored batch stays as it is.
     #[default]
     Keep,
     /// The run's active batch becomes this one.
-    Set(BatchData),
+    Set(ToolBatch),
     /// The run has no active batch any more.
     Clear,
-}
-
-/// A tool batch as a commit carries it: the serde JSON form of `awaken_tool::ToolBatch`
-/// (read back with `serde_json::from_value`). This crate does not depend on `awaken-tool`
-/// (which reaches the phase engine), so the batch is either JSON ([`BatchData::json`]) or a
-/// value the writer keeps typed ([`BatchData::typed`]); a store serializes it only when it
-/// writes it out, and the in-memory store keeps it as it is.
-#[derive(Clone)]
-pub struct BatchData(Arc<dyn BatchSource>);
-
-/// A typed tool batch a commit can carry (see [`BatchData`]).
-pub trait BatchSource: Send + Sync + fmt::Debug + 'static {
-    /// The batch as JSON: the serde form of `awaken_tool::ToolBatch`.
-    fn to_json(&self) -> Result<serde_json::Value, serde_json::Error>;
-    /// The same as JSON text.
-    fn to_text(&self) -> Result<String, serde_json::Error>;
-    /// The first call that is not closed, with its state; a [`CommitViolation`] when the value
-    /// is not a tool batch.
-    fn open_call(&self) -> Result<Option<(ToolCallId, ToolCallState)>, CommitViolation>;
-    /// Whether the value is a tool batch: a [`CommitViolation`] if not. By default, whether
-    /// [`open_call`](Self::open_call) can read it; a source that is a batch by construction
-    /// (a writer's typed batch) answers without reading it.
-    fn check(&self) -> Result<(), CommitViolation> {
-        self.open_call().map(drop)
-    }
-}
-
-impl BatchSource for serde_json::Value {
-    fn to_json(&self) -> Result<serde_json::Value, serde_json::Error> {
-        Ok(self.clone())
-    }
-
-    fn to_text(&self) -> Result<String, serde_json::Error> {
-        serde_json::to_string(self)
-    }
-
-    fn open_call(&self) -> Result<Option<(ToolCallId, ToolCallState)>, CommitViolation> {
-        let view = BatchView::deserialize(self).map_err(|e| CommitViolation::MalformedBatch {
-            detail: e.to_string(),
-        })?;
-        Ok(view
-            .calls
-            .into_iter()
-            .find(|c| !c.state.is_terminal())
-            .map(|c| (c.call.id, c.state)))
-    }
-}
-
-impl BatchData {
-    /// A batch given as JSON (checked when a commit carrying it is validated).
-    pub fn json(batch: serde_json::Value) -> Self {
-        Self(Arc::new(batch))
-    }
-
-    /// A batch the writer keeps typed.
-    pub fn typed(batch: Arc<dyn BatchSource>) -> Self {
-        Self(batch)
-    }
-
-    /// The batch as JSON.
-    pub fn to_json(&self) -> Result<serde_json::Value, serde_json::Error> {
-        self.0.to_json()
-    }
-
-    /// The batch as JSON text.
-    pub fn to_text(&self) -> Result<String, serde_json::Error> {
-        self.0.to_text()
-    }
-
-    /// The first call that is not closed (see [`BatchSource::open_call`]).
-    pub fn open_call(&self) -> Result<Option<(ToolCallId, ToolCallState)>, CommitViolation> {
-        self.0.open_call()
-    }
-}
-
-impl From<serde_json::Value> for BatchData {
-    fn from(batch: serde_json::Value) -> Self {
-        Self::json(batch)
-    }
-}
-
-impl fmt::Debug for BatchData {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-/// Equal when both serialize to the same JSON (two batches that do not serialize are unequal).
-impl PartialEq for BatchData {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
-            || matches!((self.to_json(), other.to_json()), (Ok(a), Ok(b)) if a == b)
-    }
 }
 
 /// Everything one commit writes to a thread, atomically or not at all.
@@ -354,12 +266,6 @@ pub enum CommitViolation {
         /// The token's run.
         lease_run_id: RunId,
     },
-    /// The batch JSON is not a tool batch.
-    #[error("the tool batch is not a serialized ToolBatch: {detail}")]
-    MalformedBatch {
-        /// What the parser said.
-        detail: String,
-    },
     /// A finished run still holds a call that is not closed.
     #[error("the run is done but tool call {call_id} is still {state:?}")]
     CallInFlight {
@@ -418,9 +324,9 @@ impl ThreadCommit {
         self
     }
 
-    /// Sets the run's active batch to this one (a serialized `ToolBatch`, or typed).
-    pub fn with_batch(mut self, batch: impl Into<BatchData>) -> Self {
-        self.batch = BatchWrite::Set(batch.into());
+    /// Sets the run's active batch to this one.
+    pub fn with_batch(mut self, batch: ToolBatch) -> Self {
+        self.batch = BatchWrite::Set(batch);
         self
     }
 
@@ -451,8 +357,8 @@ impl ThreadCommit {
     /// Rejects an inconsistent commit before anything is written: blank agent id or lease
     /// worker, a run that is its own parent, a status that disagrees with the termination,
     /// `updated_at` before `created_at`, profile state without a profile id or a profile key
-    /// without its version guard, a non-lifecycle event, a lease for another run, a batch that
-    /// is not a `ToolBatch`, and a `Done` run whose batch still holds a call that is not closed.
+    /// without its version guard, a non-lifecycle event, a lease for another run, and a `Done`
+    /// run whose batch still holds a call that is not closed.
     ///
     /// Checks that need stored data (the guards, the lease, a kept batch of a finished run) are
     /// made by the store inside its write.
@@ -525,31 +431,16 @@ impl ThreadCommit {
     }
 }
 
-/// The part of a serialized `ToolBatch` the store reads.
-#[derive(Deserialize)]
-struct BatchView {
-    calls: Vec<CallView>,
-}
-
-#[derive(Deserialize)]
-struct CallView {
-    call: CallIdView,
-    state: ToolCallState,
-}
-
-#[derive(Deserialize)]
-struct CallIdView {
-    id: ToolCallId,
-}
-
-/// Checks that `batch` reads as a `ToolBatch` and, for a `Done` run, that every call is closed.
-pub(crate) fn check_batch(batch: &BatchData, status: RunStatus) -> Result<(), CommitViolation> {
-    // Only a finished run needs to know which call is open (none may be).
+/// Checks that a `Done` run's batch holds no call that is not closed.
+pub(crate) fn check_batch(batch: &ToolBatch, status: RunStatus) -> Result<(), CommitViolation> {
     if status != RunStatus::Done {
-        return batch.0.check();
+        return Ok(());
     }
-    if let Some((call_id, state)) = batch.open_call()? {
-        return Err(CommitViolation::CallInFlight { call_id, state });
+    match batch.open_calls().next() {
+        Some(open) => Err(CommitViolation::CallInFlight {
+            call_id: open.id().clone(),
+            state: open.state(),
+        }),
+        None => Ok(()),
     }
-    Ok(())
 }

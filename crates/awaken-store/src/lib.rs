@@ -9,11 +9,13 @@
 //! [`SqliteStore`] (feature `sqlite`, the embedded default) and [`PostgresStore`] (feature
 //! `postgres`, several workers on one database).
 //!
-//! This crate must never know the agent loop or plugins: it stores what the runtime hands it and
-//! gives it back. It does not depend on `awaken-tool` (which reaches the phase engine), so the
-//! tool batch travels as its serde JSON form; [`ThreadCommit::validate`] reads only the call ids
-//! and states from it. A commit's cost does not grow with the thread's length: messages are
-//! appended by index and only changed keys are upserted.
+//! This crate must never know the agent loop, plugins or the phase engine: it stores what the
+//! runtime hands it and gives it back. The tool batch is [`awaken_tool::ToolBatch`] itself: the
+//! memory store keeps it as the commit carried it, the SQL stores write its serde form and read
+//! it back with its invariants checked (a stored batch that does not read back is
+//! [`StoreError::Corrupt`]); [`ThreadCommit::validate`] reads its calls' states. A commit's cost
+//! does not grow with the thread's length: messages are appended by index and only changed keys
+//! are upserted.
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod codec;
@@ -30,8 +32,7 @@ mod sqlite;
 mod store;
 
 pub use commit::{
-    BatchData, BatchSource, BatchWrite, CommitViolation, LeaseToken, RunRecord, RunStatus,
-    ThreadCommit, Timestamp,
+    BatchWrite, CommitViolation, LeaseToken, RunRecord, RunStatus, ThreadCommit, Timestamp,
 };
 pub use error::StoreError;
 pub use failpoint::FailPoint;

@@ -6,6 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use awaken_event::{AgentEvent, Message, ProfileId, RunId, ThreadId};
 use awaken_state::PersistedState;
+use awaken_tool::ToolBatch;
 
 use crate::commit::{LeaseToken, RunRecord, ThreadCommit, Timestamp};
 use crate::error::StoreError;
@@ -76,8 +77,8 @@ pub struct Checkpoint {
     pub run_state: PersistedState,
     /// That run's profile state, when it has a profile.
     pub profile: Option<ProfileState>,
-    /// That run's active tool batch (serialized `ToolBatch`), if any.
-    pub batch: Option<serde_json::Value>,
+    /// That run's active tool batch, if any.
+    pub batch: Option<ToolBatch>,
     /// Sequence number of the thread's last stored event (0: none).
     pub last_event_seq: u64,
 }

@@ -1,8 +1,11 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, UNIX_EPOCH};
 
-use awaken_event::{AgentEvent, RunId, TerminationReason, ThreadId};
+use awaken_event::{
+    AgentEvent, RunId, SuspendTicket, TerminationReason, ThreadId, ToolCall, ToolCallId, ToolResult,
+};
 use awaken_state::PersistedState;
+use awaken_tool::{BatchError, ToolBatch};
 use serde_json::json;
 
 use super::*;
@@ -113,38 +116,65 @@ fn only_lifecycle_events_are_stored() {
 
 #[test]
 fn a_finished_run_cannot_hold_an_open_call() {
-    let batch = |state: &str| {
-        json!({"calls": [
-            {"call": {"id": "a", "name": "t", "arguments": {}}, "state": "succeeded"},
-            {"call": {"id": "b", "name": "t", "arguments": {}}, "state": state},
-        ]})
+    let id = |s: &str| ToolCallId::new(s).expect("id");
+    // Call `a` succeeded; call `b` is moved by `to_b`.
+    let batch = |to_b: fn(&mut ToolBatch, &ToolCallId) -> Result<(), BatchError>| {
+        let mut batch = ToolBatch::new(["a", "b"].map(|c| ToolCall::new(id(c), "t", json!({}))))
+            .expect("batch");
+        batch.start(&id("a")).expect("start");
+        batch
+            .succeed(&id("a"), ToolResult::success(json!(1)))
+            .expect("succeed");
+        to_b(&mut batch, &id("b")).expect("move b");
+        batch
     };
-    for (state, expected) in [
+    let moves: [(
+        fn(&mut ToolBatch, &ToolCallId) -> Result<(), BatchError>,
+        &str,
+    ); 5] = [
         (
-            "requested",
+            |_, _| Ok(()),
             "the run is done but tool call b is still Requested",
         ),
         (
-            "executing",
+            |b, id| b.start(id),
             "the run is done but tool call b is still Executing",
         ),
         (
-            "suspended",
+            |b, id| {
+                let call = b.get(id).expect("b").call().clone();
+                let ticket = SuspendTicket {
+                    suspension_id: "s".into(),
+                    call: awaken_tool::pending_call(&call),
+                    message: "ok?".into(),
+                    response_schema: None,
+                    resume_mode: Default::default(),
+                };
+                b.suspend(id, ticket)
+            },
             "the run is done but tool call b is still Suspended",
         ),
-        ("failed", "ok"),
-        ("outcome_unknown", "ok"),
-    ] {
-        let mut c = commit().with_batch(batch(state));
+        (
+            |b, id| {
+                b.start(id)
+                    .and_then(|()| b.fail(id, ToolResult::error("no")))
+            },
+            "ok",
+        ),
+        (
+            |b, id| b.start(id).and_then(|()| b.close_outcome_unknown(id)),
+            "ok",
+        ),
+    ];
+    for (to_b, expected) in moves {
+        let mut c = commit().with_batch(batch(to_b));
         c.run.status = RunStatus::Done;
         c.run.termination = Some(TerminationReason::NaturalEnd);
-        assert_eq!(violation(&c), expected, "{state}");
+        assert_eq!(violation(&c), expected);
         // A running run may hold it.
-        let c = commit().with_batch(batch(state));
+        let c = commit().with_batch(batch(to_b));
         assert_eq!(violation(&c), "ok");
     }
-    let c = commit().with_batch(json!([1, 2]));
-    assert!(violation(&c).starts_with("the tool batch is not a serialized ToolBatch"));
 }
 
 #[test]

@@ -1,18 +1,19 @@
 //! Awaken's tool contract: the [`Tool`] trait and its [`ToolCallContext`], argument validation
 //! against each tool's JSON Schema with a validator compiled once per tool
 //! ([`RegisteredTool`]), a typed helper for tools with serde argument and output structs
-//! ([`TypedTool`]), tool-gate hooks and the priority that resolves their decisions
-//! ([`ToolGateHook`], [`ToolPolicyHook`], [`resolve_gate_decisions`]), the canonical argument
-//! digest that suspension tickets and resume decisions carry ([`argument_digest`]), the
-//! [`ToolBatch`] whose calls move only as [`is_allowed_transition`] allows, and the
+//! ([`TypedTool`]), tool-gate decisions and the priority that resolves them
+//! ([`ToolInterceptPayload`], [`PolicyDecision`], [`resolve_gate_decisions`]), the canonical
+//! argument digest that suspension tickets and resume decisions carry ([`argument_digest`]),
+//! the [`ToolBatch`] whose calls move only as [`is_allowed_transition`] allows, and the
 //! [`recovery_action`] that decides, as a pure function, what happens to an unfinished call
 //! after a crash.
 //!
-//! This crate must never know the agent loop (it offers the pieces a runtime drives: validate,
-//! gate, execute, record), plugins (gate hooks are plain trait objects handed in plugin order),
-//! or storage engines (the batch is serde data a store persists). It does no IO and reads no
-//! clock: ids, snapshots, cancellation, progress sinks and timeouts come in as values. A tool's
-//! own `execute` may do IO; that is the tool's business, not this crate's.
+//! This crate must never know the phase engine, the agent loop (it offers the pieces a runtime
+//! drives: validate, gate, execute, record), plugins (the gate hooks that make decisions take a
+//! phase context and live in `awaken-plugin`), or storage engines (a store keeps the batch as
+//! it is or writes its serde form). It does no IO and reads no clock: ids, snapshots,
+//! cancellation, progress sinks and timeouts come in as values. A tool's own `execute` may do
+//! IO; that is the tool's business, not this crate's.
 
 mod batch;
 mod context;
@@ -33,9 +34,8 @@ pub use error::{ToolError, ToolRegistrationError, Violation};
 pub use execute::execute_with_timeout;
 pub use execute::{execute_guarded, execute_guarded_with_timeout};
 pub use gate::{
-    FnGate, GateConflict, GateDecision, GateError, GateResolution, InterceptKind, PolicyDecision,
-    PolicyGate, ToolGateHook, ToolInterceptPayload, ToolPolicyHook, call_digest, evaluate_gates,
-    resolve_gate_decisions, suspension_id,
+    GateConflict, GateDecision, GateResolution, InterceptKind, PolicyDecision,
+    ToolInterceptPayload, call_digest, resolve_gate_decisions, suspension_id,
 };
 pub use recovery::{RecoveryAction, ToolRecoveryPolicy, recovery_action};
 pub use tool::{Tool, ToolOutput, check_writes};

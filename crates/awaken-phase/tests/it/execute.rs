@@ -256,7 +256,7 @@ async fn a_phase_is_idle_only_while_nothing_is_queued_for_it_however_the_queue_w
     assert!(engine.is_idle(Phase::StepEnd));
     engine
         .store()
-        .update::<Counter>(None, 1)
+        .update::<Counter>(1)
         .expect("unrelated change");
     assert!(engine.is_idle(Phase::StepEnd));
     // Through the engine: an action for `StepEnd` makes that phase busy, not another one.
@@ -272,7 +272,7 @@ async fn a_phase_is_idle_only_while_nothing_is_queued_for_it_however_the_queue_w
     // a command) is seen at once, though the queue was last seen empty.
     engine
         .store()
-        .update::<ActionQueueKey>(None, enqueue_step_end(3))
+        .update::<ActionQueueKey>(enqueue_step_end(3))
         .expect("enqueue in place");
     assert!(!engine.is_idle(Phase::StepEnd));
     assert!(step_end_then_idle(&engine).await);
@@ -294,7 +294,7 @@ async fn the_engines_own_typed_updates_keep_an_empty_queue_known_and_a_queued_ac
     // Updates of another key through the engine: each one revision on, the queue still empty.
     for n in 1..=3 {
         let before = engine.store().revision();
-        let revision = engine.update::<Counter>(None, n).expect("update");
+        let revision = engine.update::<Counter>(n).expect("update");
         assert_eq!(revision, before + 1);
         assert_eq!(revision, engine.store().revision());
         assert!(engine.is_idle(Phase::StepEnd));
@@ -308,15 +308,34 @@ async fn the_engines_own_typed_updates_keep_an_empty_queue_known_and_a_queued_ac
         .store()
         .commit(StateCommand::new().with_update::<ActionQueueKey>(enqueue_step_end(5)))
         .expect("enqueue by command");
-    engine.update::<Counter>(None, 1).expect("update");
+    engine.update::<Counter>(1).expect("update");
     assert!(!engine.is_idle(Phase::StepEnd));
-    engine.update::<Counter>(None, 1).expect("update");
+    engine.update::<Counter>(1).expect("update");
     assert!(!engine.is_idle(Phase::StepEnd));
     assert!(step_end_then_idle(&engine).await);
     // The queue itself, written through the engine's update: seen at once.
     engine
-        .update::<ActionQueueKey>(None, enqueue_step_end(6))
+        .update::<ActionQueueKey>(enqueue_step_end(6))
         .expect("enqueue through the engine");
+    assert!(!engine.is_idle(Phase::StepEnd));
+    assert!(step_end_then_idle(&engine).await);
+    // Through a handle: the same revision steps, the same queue seen.
+    let counter = engine
+        .store()
+        .registry()
+        .handle::<Counter>()
+        .expect("registered");
+    let queue = engine
+        .store()
+        .registry()
+        .handle::<ActionQueueKey>()
+        .expect("registered");
+    let before = engine.store().revision();
+    assert_eq!(engine.update_by(counter, 1).expect("update"), before + 1);
+    assert!(engine.is_idle(Phase::StepEnd));
+    engine
+        .update_by(queue, enqueue_step_end(7))
+        .expect("enqueue through a handle");
     assert!(!engine.is_idle(Phase::StepEnd));
     assert!(step_end_then_idle(&engine).await);
 }

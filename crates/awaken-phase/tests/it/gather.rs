@@ -559,26 +559,25 @@ fn a_command_without_effects_commits_at_once_and_one_with_effects_comes_back() {
     env.add_effect("p", erase_effect::<Note, _>(RecordNote(log.clone())))
         .expect("effect");
     let engine = engine(env);
-    let committed = engine
-        .submit_command_now(StateCommand::new().with_update::<A>(2))
-        .expect("no effects: committed at once")
-        .expect("valid");
+    let SubmitNow::Committed(committed) = engine
+        .submit_now(StateCommand::new().with_update::<A>(2))
+        .expect("valid")
+    else {
+        panic!("no effects: committed at once");
+    };
     assert_eq!(committed.revision, 1);
     assert_eq!(dump(&engine), "rev=1 a=2 b=0 c=0 d=0 counter=0 applied={}");
     // Invalid: the same error as submit_command, nothing written.
     let mut bad = StateCommand::new().with_update::<A>(1);
     bad.schedule_json("after_lunch", Mark::KEY, serde_json::json!("x"));
-    let err = engine
-        .submit_command_now(bad)
-        .expect("no effects")
-        .expect_err("invalid phase");
+    let err = engine.submit_now(bad).expect_err("invalid phase");
     assert!(err.to_string().contains("after_lunch"), "{err}");
     // With an effect: handed back unchanged, nothing written, no handler run.
     let mut with_effect = StateCommand::new().with_update::<A>(40);
     with_effect.emit::<Note>("n".into()).expect("emit");
-    let back = engine
-        .submit_command_now(with_effect)
-        .expect_err("effects need submit_command");
+    let SubmitNow::HasEffects(back) = engine.submit_now(with_effect).expect("valid") else {
+        panic!("effects need submit_command");
+    };
     assert_eq!(back.effects().len(), 1);
     assert_eq!(dump(&engine), "rev=1 a=2 b=0 c=0 d=0 counter=0 applied={}");
     assert!(log.lines().is_empty());

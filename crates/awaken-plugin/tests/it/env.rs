@@ -480,8 +480,8 @@ impl awaken_tool::Tool for Echo {
     }
 }
 
-fn allow_all_gate() -> Arc<dyn awaken_tool::ToolGateHook> {
-    Arc::new(awaken_tool::FnGate(|_: &PhaseContext| Ok(None)))
+fn allow_all_gate() -> Arc<dyn ToolGateHook> {
+    Arc::new(FnGate(|_: &PhaseContext| Ok(None)))
 }
 
 struct Noop;

@@ -2,6 +2,7 @@
 
 mod config;
 mod env;
+mod gate;
 mod lifecycle;
 mod registry;
 mod support;

@@ -1,7 +1,7 @@
 //! The stored thread as an activation finds it: its history and state, and its latest run when
 //! the activation may continue it.
 
-use awaken_event::{Message, RunId, ThreadId};
+use awaken_event::{Message, RunId};
 use awaken_state::PersistedState;
 use awaken_store::{RunRecord, RunStatus, ThreadStore};
 use awaken_tool::ToolBatch;
@@ -63,17 +63,16 @@ pub(super) async fn load(store: &dyn ThreadStore, start: &Start) -> Result<Store
             if recovering == Some(&record.run_id) && record.status == RunStatus::Running =>
         {
             Some(Latest::Unfinished {
-                batch: stored_batch(thread_id, cp.batch)?,
+                batch: cp.batch,
                 record,
                 run_state: cp.run_state,
             })
         }
         Some(record) if record.status == RunStatus::Waiting => {
-            let batch =
-                stored_batch(thread_id, cp.batch)?.ok_or_else(|| RunError::StoredBatch {
-                    thread_id: thread_id.clone(),
-                    message: "the waiting run has no tool batch".into(),
-                })?;
+            let batch = cp.batch.ok_or_else(|| RunError::StoredBatch {
+                thread_id: thread_id.clone(),
+                message: "the waiting run has no tool batch".into(),
+            })?;
             Some(Latest::Waiting {
                 record,
                 batch,
@@ -89,18 +88,4 @@ pub(super) async fn load(store: &dyn ThreadStore, start: &Start) -> Result<Store
         last_run_id,
         latest,
     })
-}
-
-/// The stored tool batch of `thread_id`, decoded.
-pub(crate) fn stored_batch(
-    thread_id: &ThreadId,
-    batch: Option<serde_json::Value>,
-) -> Result<Option<ToolBatch>, RunError> {
-    batch
-        .map(serde_json::from_value::<ToolBatch>)
-        .transpose()
-        .map_err(|e| RunError::StoredBatch {
-            thread_id: thread_id.clone(),
-            message: e.to_string(),
-        })
 }

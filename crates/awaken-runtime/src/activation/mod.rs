@@ -15,7 +15,6 @@ mod load;
 mod start;
 
 use build::{Built, build};
-pub(crate) use load::stored_batch;
 pub(crate) use start::{Start, Unfinished};
 
 /// Runs an activation from `start` to its outcome, streaming its events to `sink`. Not an

@@ -102,7 +102,7 @@ impl Tool for DelegateTool {
         let run_id = child_run_id(ctx.idempotency_key().as_str())?;
         let thread_id = child_thread_id(ctx.thread_id(), ctx.call_id(), &run_id)?;
         let checkpoint =
-            rt.store
+            rt.store()
                 .load_checkpoint(&thread_id)
                 .await
                 .map_err(|e| ToolError::Execution {
@@ -141,7 +141,8 @@ impl Tool for DelegateTool {
                     run_id: record.run_id.clone(),
                     lease: None,
                 };
-                activation::activate(&rt, Start::Recover(unfinished, cancel), &NullSink).await
+                activation::activate(rt.inner(), Start::Recover(unfinished, cancel), &NullSink)
+                    .await
             }
             // The child waits for a human: forward the parent's decision, or ask again.
             Some(_) => match ctx.resume() {

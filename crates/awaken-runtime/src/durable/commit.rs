@@ -5,12 +5,11 @@ use std::collections::BTreeMap;
 
 use awaken_context::CompactionKey;
 use awaken_event::EventSink;
-use awaken_state::{KeyScope, Snapshot, StateDelta, StateKey, StateStore};
+use awaken_state::{KeyHandle, KeyScope, Snapshot, StateDelta, StateKey, StateStore};
 use awaken_store::{BatchWrite, CommitReceipt, StoreError, ThreadCommit};
 use awaken_tool::ToolBatch;
 
-use crate::builtins::stats_at_in;
-use crate::durable::batch::batch_set;
+use crate::builtins::{RunStatsKey, stats_at_in};
 use crate::durable::{CheckpointError, Durable};
 use crate::failpoint;
 
@@ -29,14 +28,14 @@ impl Durable {
     pub(crate) async fn commit(
         &mut self,
         state: &StateStore,
-        stats_at: Option<usize>,
+        stats_at: Option<KeyHandle<RunStatsKey>>,
         batch: BatchWrite,
         run_batch: Option<&ToolBatch>,
         sink: &dyn EventSink,
     ) -> Result<(), CheckpointError> {
         let batch = match batch {
             BatchWrite::Keep if self.batch_unwritten => {
-                run_batch.map_or(BatchWrite::Clear, batch_set)
+                run_batch.map_or(BatchWrite::Clear, |b| BatchWrite::Set(b.clone()))
             }
             batch => batch,
         };

@@ -1,7 +1,6 @@
 //! Where a run's facts become committed: every durable step of a run is one `ThreadCommit`, and
 //! the lifecycle events about it are stored with it and emitted after it. The commit itself
-//! (built, written, retried) is in `commit`; the profile journal in `profile`; the batch as a
-//! commit carries it in `batch`.
+//! (built, written, retried) is in `commit`; the profile journal in `profile`.
 
 use std::sync::Arc;
 
@@ -11,7 +10,6 @@ use awaken_store::{LeaseToken, RunRecord, RunStatus, StoreError, ThreadCommit, T
 
 use crate::ids::IdSource;
 
-pub(crate) mod batch;
 mod commit;
 pub(crate) mod profile;
 

@@ -10,16 +10,15 @@ use awaken_event::{
     WarningKind,
 };
 use awaken_phase::{Phase, ToolPhaseInfo};
-use awaken_plugin::LifecycleEvent;
+use awaken_plugin::{LifecycleEvent, evaluate_gates};
 use awaken_resolver::ResolvedTool;
-use awaken_tool::{GateResolution, ToolInterceptPayload, evaluate_gates};
+use awaken_tool::{GateResolution, ToolInterceptPayload};
 
 use crate::builtins::StatsUpdate;
 use crate::delegate::child::delegate_call;
 use crate::failpoint;
-use crate::intercept::CallInterceptKey;
 use crate::run::invoke::Ran;
-use crate::run::{Failure, Run};
+use crate::run::{Failure, Run, read_key};
 
 /// How one tool call came out.
 pub(super) enum CallOutcome {
@@ -350,12 +349,13 @@ impl Run<'_> {
             self.phase_with(before).await?;
         }
         // An action of `BeforeToolExecute` may still decide on the call.
-        let decided = self.engine.store().read(|s| {
-            match s.get_at::<CallInterceptKey>(self.intercept_at.get()) {
+        let decided = self
+            .engine
+            .store()
+            .read(|s| match read_key(s, self.intercept_at) {
                 Ok(Some(d)) if d.call_id == call.id => Some(d.payload.clone()),
                 _ => None,
-            }
-        });
+            });
         if let Some(payload) = decided {
             return Ok(Prepared::Done(intercepted(payload)));
         }

@@ -5,7 +5,6 @@ use awaken_event::{AgentEvent, Message, ToolCallId, ToolCallState, ToolResult};
 use awaken_store::BatchWrite;
 
 use crate::durable::CheckpointError;
-use crate::durable::batch::batch_set;
 use crate::run::{Failure, Run};
 
 impl Run<'_> {
@@ -69,7 +68,7 @@ impl Run<'_> {
         self.durable
             .commit(
                 self.engine.store(),
-                self.stats_at.get(),
+                self.stats_at,
                 batch,
                 self.batch.as_ref(),
                 self.sink,
@@ -79,6 +78,8 @@ impl Run<'_> {
 
     /// The run's batch as the next commit writes it (none: the store's is kept).
     pub(super) fn batch_write(&self) -> BatchWrite {
-        self.batch.as_ref().map_or(BatchWrite::Keep, batch_set)
+        self.batch
+            .as_ref()
+            .map_or(BatchWrite::Keep, |b| BatchWrite::Set(b.clone()))
     }
 }

@@ -12,14 +12,14 @@ use awaken_llm::{CancellableStream, InferenceRequest, LlmStreamEvent};
 use awaken_state::Snapshot;
 use futures_util::StreamExt;
 
-use crate::builtins::{StepDirectives, StepDirectivesKey};
-use crate::run::{Failure, Run};
+use crate::builtins::StepDirectives;
+use crate::run::{Failure, Run, read_key};
 use crate::turns;
 
 impl Run<'_> {
     /// The current step's directives in `snapshot` (none when they are an earlier step's).
     pub(super) fn directives_in(&self, snapshot: &Snapshot) -> StepDirectives {
-        match snapshot.get_at::<StepDirectivesKey>(self.directives_at.get()) {
+        match read_key(snapshot, self.directives_at) {
             Ok(d) if d.step == self.step => d.clone(),
             _ => StepDirectives::default(),
         }
@@ -229,11 +229,7 @@ impl Run<'_> {
         snapshot: &'s Snapshot,
     ) -> (u64, Option<&'s str>) {
         // An agent without a context policy has no compaction key.
-        match self.compaction_at.get().and_then(|at| {
-            snapshot
-                .get_at::<awaken_context::CompactionKey>(Some(at))
-                .ok()
-        }) {
+        match self.compaction_at.and_then(|key| snapshot.get_by(key).ok()) {
             Some(state) => (state.fallbacks, state.last_error.as_deref()),
             None => (0, None),
         }

@@ -8,7 +8,6 @@ use awaken_phase::Phase;
 use awaken_plugin::{LifecycleEvent, RunLifecycle};
 use awaken_store::BatchWrite;
 
-use crate::durable::batch::batch_set;
 use crate::error::RunError;
 use crate::inner::RuntimeInner;
 use crate::outcome::RunOutcome;
@@ -198,9 +197,9 @@ impl Run<'_> {
             Some(mut b) if !b.is_closed() && termination != TerminationReason::Suspended => {
                 // Calls the run will never finish are closed: a finished run holds none open.
                 b.close("the run ended");
-                batch_set(&b)
+                BatchWrite::Set(b)
             }
-            Some(b) => batch_set(&b),
+            Some(b) => BatchWrite::Set(b),
             None => BatchWrite::Keep,
         };
         if let Err(e) = self.checkpoint(batch).await {

@@ -14,10 +14,11 @@ use awaken_event::{
 };
 use awaken_llm::{InferenceExecutionError, ResponseCollector};
 use awaken_phase::{PhaseEngine, PhaseError, RunIdentity};
-use awaken_plugin::LifecycleDispatcher;
+use awaken_plugin::{LifecycleDispatcher, ToolGateHook};
 use awaken_resolver::ResolvedAgent;
 use awaken_spec::{InferenceOverride, Sections};
-use awaken_tool::{ToolBatch, ToolCallScope, ToolGateHook};
+use awaken_state::{KeyHandle, Snapshot, StateError, StateKey};
+use awaken_tool::{ToolBatch, ToolCallScope};
 
 use crate::builtins::{RunStatsKey, StepDirectivesKey, StopRequestKey};
 use crate::durable::Durable;
@@ -80,16 +81,16 @@ pub(crate) struct Run<'a> {
     /// made once per run.
     tool_scope: ToolCallScope,
     /// Where the run's registry holds its statistics (read several times a step).
-    stats_at: KeyAt,
+    stats_at: Option<KeyHandle<RunStatsKey>>,
     /// Where the run's registry holds the compaction state (`None`: the agent has no context
     /// policy, so nothing to read).
-    compaction_at: KeyAt,
+    compaction_at: Option<KeyHandle<awaken_context::CompactionKey>>,
     /// Where the run's registry holds the keys read every step or call: a plugin's stop
     /// request, the step's directives, an action's decision on a call (each found without a
     /// search by type).
-    stop_at: KeyAt,
-    directives_at: KeyAt,
-    intercept_at: KeyAt,
+    stop_at: Option<KeyHandle<StopRequestKey>>,
+    directives_at: Option<KeyHandle<StepDirectivesKey>>,
+    intercept_at: Option<KeyHandle<CallInterceptKey>>,
     /// What collects an inference's stream, and the calls its model began (by stream index):
     /// lent to each inference, so their lists are allocated once per run.
     collector: ResponseCollector,
@@ -177,11 +178,11 @@ impl<'a> Run<'a> {
         )
         .with_progress(progress.clone());
         let registry = engine.store().registry();
-        let stats_at = KeyAt::of(registry.position_of::<RunStatsKey>());
-        let compaction_at = KeyAt::of(registry.position_of::<awaken_context::CompactionKey>());
-        let stop_at = KeyAt::of(registry.position_of::<StopRequestKey>());
-        let directives_at = KeyAt::of(registry.position_of::<StepDirectivesKey>());
-        let intercept_at = KeyAt::of(registry.position_of::<CallInterceptKey>());
+        let stats_at = registry.handle::<RunStatsKey>();
+        let compaction_at = registry.handle::<awaken_context::CompactionKey>();
+        let stop_at = registry.handle::<StopRequestKey>();
+        let directives_at = registry.handle::<StepDirectivesKey>();
+        let intercept_at = registry.handle::<CallInterceptKey>();
         let mut run = Run {
             sink,
             resolved,
@@ -299,21 +300,14 @@ impl Failure {
     }
 }
 
-/// A key's place in the run's registry, if it is registered, kept small because the run holds
-/// several. A read without a place looks the key up by its type.
-#[derive(Debug, Clone, Copy)]
-struct KeyAt(u32);
-
-impl KeyAt {
-    const NONE: KeyAt = KeyAt(u32::MAX);
-
-    fn of(at: Option<usize>) -> Self {
-        at.and_then(|at| u32::try_from(at).ok())
-            .filter(|&at| at != u32::MAX)
-            .map_or(Self::NONE, KeyAt)
-    }
-
-    fn get(self) -> Option<usize> {
-        (self.0 != u32::MAX).then_some(self.0 as usize)
+/// `K` in `snapshot`, through its handle when the run's registry has one (a key the registry
+/// lacks is the error `Snapshot::get` gives).
+fn read_key<K: StateKey>(
+    snapshot: &Snapshot,
+    key: Option<KeyHandle<K>>,
+) -> Result<&K::Value, StateError> {
+    match key {
+        Some(key) => snapshot.get_by(key),
+        None => snapshot.get::<K>(),
     }
 }

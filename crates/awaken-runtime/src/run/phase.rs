@@ -3,7 +3,7 @@
 //! phase dead-lettered or which effect handlers failed.
 
 use awaken_event::{AgentEvent, WarningKind};
-use awaken_phase::{EffectFailure, Phase, PhaseContext, PhaseError, PhaseReport};
+use awaken_phase::{EffectFailure, Phase, PhaseContext, PhaseError, PhaseReport, SubmitNow};
 use awaken_state::{Snapshot, StateCommand};
 
 use crate::builtins::{RunStats, RunStatsKey, StatsUpdate, stats_at_in};
@@ -102,12 +102,9 @@ impl Run<'_> {
     /// Submits a command to the run's state.
     pub(super) async fn submit(&mut self, cmd: StateCommand) -> Result<(), Failure> {
         // A command without effects (the run's statistics, every step) commits at once.
-        let cmd = match self.engine.submit_command_now(cmd) {
-            Ok(committed) => {
-                committed?;
-                return Ok(());
-            }
-            Err(cmd) => cmd,
+        let cmd = match self.engine.submit_now(cmd)? {
+            SubmitNow::Committed(_) => return Ok(()),
+            SubmitNow::HasEffects(cmd) => cmd,
         };
         // One with effects awaits their dispatch, boxed: the futures of the many places that
         // submit need not hold room for it.
@@ -121,9 +118,11 @@ impl Run<'_> {
     /// Counts in the run's statistics: a typed commit of their key, no command built (it
     /// carries no actions or effects).
     pub(super) fn count(&self, update: StatsUpdate) -> Result<(), Failure> {
-        self.engine
-            .update::<RunStatsKey>(self.stats_at.get(), update)
-            .map_err(|e| Failure::from(PhaseError::from(e)))?;
+        match self.stats_at {
+            Some(key) => self.engine.update_by(key, update),
+            None => self.engine.update::<RunStatsKey>(update),
+        }
+        .map_err(|e| Failure::from(PhaseError::from(e)))?;
         Ok(())
     }
 
@@ -135,6 +134,6 @@ impl Run<'_> {
 
     /// `f` of the statistics as `snapshot` holds them.
     pub(super) fn stats_in<T>(&self, snapshot: &Snapshot, f: impl FnOnce(&RunStats) -> T) -> T {
-        stats_at_in(snapshot, self.stats_at.get(), f)
+        stats_at_in(snapshot, self.stats_at, f)
     }
 }

@@ -16,7 +16,6 @@ use awaken_store::BatchWrite;
 use awaken_tool::ToolBatch;
 
 use crate::builtins::StatsUpdate;
-use crate::durable::batch::batch_set;
 use crate::failpoint;
 use crate::resume::{DecisionsUpdate, ResumeDecisionsKey, suspended_calls};
 use crate::run::{Continue, Failure, Run};
@@ -263,7 +262,7 @@ impl Run<'_> {
             None => BatchWrite::Keep,
             Some(b) if b.is_closed() => BatchWrite::Clear,
             Some(b) => {
-                let write = batch_set(&b);
+                let write = BatchWrite::Set(b.clone());
                 self.batch = Some(b);
                 write
             }

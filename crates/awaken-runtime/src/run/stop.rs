@@ -8,8 +8,8 @@ use awaken_event::TerminationReason;
 use awaken_spec::StopConditionSpec;
 use awaken_state::Snapshot;
 
-use crate::builtins::{RunStats, StopRequestKey};
-use crate::run::Run;
+use crate::builtins::RunStats;
+use crate::run::{Run, read_key};
 
 impl Run<'_> {
     /// The first stop condition that holds now, with the tools of the step in progress
@@ -36,7 +36,7 @@ impl Run<'_> {
         stats: &RunStats,
         step_tools: &[Arc<str>],
     ) -> Option<TerminationReason> {
-        if let Ok(Some(request)) = snapshot.get_at::<StopRequestKey>(self.stop_at.get()) {
+        if let Ok(Some(request)) = read_key(snapshot, self.stop_at) {
             return Some(TerminationReason::stopped(
                 request.code.clone(),
                 request.detail.clone(),

@@ -32,17 +32,10 @@ fn batch(write: &BatchWrite) -> String {
         BatchWrite::Keep => "keep".into(),
         BatchWrite::Clear => "clear".into(),
         BatchWrite::Set(b) => {
-            let v = b.to_json().unwrap_or_default();
-            let calls = v["calls"].as_array().cloned().unwrap_or_default();
-            let states: Vec<String> = calls
+            let states: Vec<String> = b
+                .calls()
                 .iter()
-                .map(|c| {
-                    format!(
-                        "{}:{}",
-                        c["call"]["id"].as_str().unwrap_or("?"),
-                        c["state"].as_str().unwrap_or("?")
-                    )
-                })
+                .map(|c| format!("{}:{}", c.id(), c.state()))
                 .collect();
             format!("[{}]", states.join(","))
         }

@@ -9,13 +9,13 @@ use awaken_event::{
 };
 use awaken_llm::{ScriptToolCall, ScriptTurn, ScriptedExecutor};
 use awaken_phase::PhaseContext;
-use awaken_plugin::{Plugin, PluginError, PluginManifest, PluginRegistrar};
+use awaken_plugin::{FnGate, Plugin, PluginError, PluginManifest, PluginRegistrar};
 use awaken_runtime::{
     AgentRuntime, DecisionError, Resume, RunActivation, RunError, RunOutcome, SequentialIds,
 };
 use awaken_spec::{AgentSpec, ModelSpec};
 use awaken_store::{SqliteConfig, SqliteStore, ThreadStore};
-use awaken_tool::{FnGate, ToolInterceptPayload, pending_call};
+use awaken_tool::{ToolInterceptPayload, pending_call};
 use serde_json::json;
 
 use crate::support::*;

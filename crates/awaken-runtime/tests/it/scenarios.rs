@@ -8,11 +8,11 @@ use awaken_event::{
 };
 use awaken_llm::{ScriptToolCall, ScriptTurn};
 use awaken_phase::{CommandExt, FnHook, Phase, PhaseContext};
-use awaken_plugin::{Plugin, PluginError, PluginManifest, PluginRegistrar};
+use awaken_plugin::{FnGate, Plugin, PluginError, PluginManifest, PluginRegistrar};
 use awaken_runtime::*;
 use awaken_spec::{InferenceOverride, StopConditionSpec};
 use awaken_state::StateCommand;
-use awaken_tool::{FnGate, ToolInterceptPayload, pending_call};
+use awaken_tool::{ToolInterceptPayload, pending_call};
 use serde_json::json;
 
 use crate::support::*;

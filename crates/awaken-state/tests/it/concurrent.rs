@@ -181,7 +181,7 @@ fn one_key_commits_never_change_a_held_snapshot() {
                     .unwrap()
                     .revision
             } else {
-                store.update::<Count>(None, 1).unwrap()
+                store.update::<Count>(1).unwrap()
             };
             assert_eq!(revision, i);
         }
@@ -249,7 +249,7 @@ fn concurrent_writers_of_every_kind_lose_no_update() {
                     for _ in 0..EACH {
                         match kind {
                             0 => {
-                                store.update::<Ticks>(None, 1).unwrap();
+                                store.update::<Ticks>(1).unwrap();
                             }
                             1 => {
                                 store

@@ -107,35 +107,35 @@ fn a_failing_first_command_leaves_nothing_staged() {
     assert_eq!(keys::values(&tx.commit().unwrap().snapshot), model.values());
 }
 
-/// A read at a key's position finds what `get` finds; a position that is not the key's (or
-/// none) is ignored, never read as another key's value.
+/// A read through a key's handle finds what `get` finds; a handle from another registry, whose
+/// place holds another key, is checked and never read as that key's value.
 #[test]
-fn reads_at_a_position_match_get() {
-    use awaken_state::{KeyRegistry, StateCommand};
+fn reads_through_a_handle_match_get() {
+    use awaken_state::{KeyOptions, KeyRegistry, StateCommand};
     let store = keys::store();
     store
         .commit(StateCommand::new().with_update::<keys::Count>(5))
         .unwrap();
-    let position = store.registry().position_of::<keys::Count>();
-    assert!(position.is_some());
+    let count = store
+        .registry()
+        .handle::<keys::Count>()
+        .expect("registered");
     let snapshot = store.snapshot();
-    assert_eq!(snapshot.get_at::<keys::Count>(position).unwrap(), &5);
-    assert_eq!(snapshot.get_at::<keys::Count>(None).unwrap(), &5);
-    // Another key's position (and one past the end) fall back to the lookup.
-    let other = store.registry().position_of::<keys::Log>();
-    assert_ne!(other, position);
-    assert_eq!(snapshot.get_at::<keys::Count>(other).unwrap(), &5);
-    assert_eq!(
-        snapshot.get_at::<keys::Count>(Some(usize::MAX)).unwrap(),
-        &5
-    );
-    // An unregistered key is the error `get` gives, wherever it is looked for.
-    assert!(KeyRegistry::new().position_of::<keys::Count>().is_none());
+    assert_eq!(snapshot.get_by(count).unwrap(), &5);
+    // A registry with `Count` where this one has another key: read as a lookup.
+    let mut other = KeyRegistry::new();
+    other.register_key::<keys::Log>(KeyOptions::new()).unwrap();
+    other
+        .register_key::<keys::Count>(KeyOptions::new())
+        .unwrap();
+    let foreign = other.handle::<keys::Count>().expect("registered");
+    assert_ne!(foreign, count);
+    assert_eq!(snapshot.get_by(foreign).unwrap(), &5);
+    // An unregistered key has no handle, and a handle read where the key is not registered is
+    // the error `get` gives.
+    assert!(KeyRegistry::new().handle::<keys::Count>().is_none());
     let empty = awaken_state::StateStore::new(std::sync::Arc::new(KeyRegistry::new()));
-    let at = empty
-        .snapshot()
-        .get_at::<keys::Count>(position)
-        .unwrap_err();
+    let at = empty.snapshot().get_by(count).unwrap_err();
     assert_eq!(
         at.to_string(),
         empty

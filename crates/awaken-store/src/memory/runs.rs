@@ -3,8 +3,9 @@
 
 use awaken_event::{RunId, ThreadId};
 use awaken_state::PersistedState;
+use awaken_tool::ToolBatch;
 
-use crate::commit::{BatchData, LeaseToken, RunRecord, RunStatus, Timestamp};
+use crate::commit::{LeaseToken, RunRecord, RunStatus, Timestamp};
 use crate::compact::Malformed;
 use crate::error::StoreError;
 use crate::lease;
@@ -29,8 +30,8 @@ pub(super) struct RunRow {
     pub(super) thread_id: ThreadId,
     pub(super) record: RunRecord,
     pub(super) state_revision: u64,
-    /// As the commit carried it (shared, and typed when the writer kept it typed).
-    pub(super) batch: Option<BatchData>,
+    /// As the commit carried it (never serialized).
+    pub(super) batch: Option<ToolBatch>,
     /// The lease held on it, if any (boxed: most runs kept are done and hold none).
     pub(super) lease: Option<Box<Lease>>,
     /// How many times it was claimed (kept when a lease ends: a token of an earlier claim
@@ -90,7 +91,7 @@ impl RunRow {
 pub(super) struct LoadedRun {
     pub(super) record: RunRecord,
     pub(super) state: PersistedState,
-    pub(super) batch: Option<serde_json::Value>,
+    pub(super) batch: Option<ToolBatch>,
 }
 
 /// A finished run's row read back from `bytes` (see [`RunSlot::Done`]); its state's values
@@ -180,15 +181,7 @@ impl RunSlot {
         Ok(LoadedRun {
             record: row.record.clone(),
             state: persisted("run state", row.state_revision, &row.state)?,
-            batch: row
-                .batch
-                .as_ref()
-                .map(BatchData::to_json)
-                .transpose()
-                .map_err(|source| StoreError::Serialize {
-                    what: "tool batch",
-                    source,
-                })?,
+            batch: row.batch.clone(),
         })
     }
 

@@ -8,8 +8,9 @@ use std::sync::Arc;
 
 use awaken_event::{ProfileId, RunId, ThreadId};
 use awaken_state::StateValue;
+use awaken_tool::ToolBatch;
 
-use crate::commit::{BatchData, RunRecord, RunStatus, ThreadCommit, Timestamp};
+use crate::commit::{RunRecord, RunStatus, ThreadCommit, Timestamp};
 use crate::store::ProfileEntry;
 
 use super::maps::{Profiles, StateKeyName};
@@ -47,7 +48,7 @@ pub(super) struct RunUndo {
     pub(super) record: RecordUndo,
     pub(super) state_revision: u64,
     /// The batch before, if the commit set or cleared it.
-    pub(super) batch: Option<Option<BatchData>>,
+    pub(super) batch: Option<Option<ToolBatch>>,
     /// The lease before, if the commit (finishing the run) cleared it.
     pub(super) lease: Option<Option<Box<Lease>>>,
 }

@@ -159,7 +159,7 @@ async fn checkpoint_tx(
             )
             .await?,
         };
-        checkpoint.batch = batch.map(|b| codec::value("tool batch", &b)).transpose()?;
+        checkpoint.batch = batch.as_deref().map(codec::batch).transpose()?;
         if let Some(pid) = &run.profile_id {
             checkpoint.profile = Some(profile(tx.client(), pid).await?);
         }

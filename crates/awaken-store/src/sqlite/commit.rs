@@ -8,7 +8,7 @@ use awaken_event::{ProfileId, RunId};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use crate::codec;
-use crate::commit::{BatchData, BatchWrite, RunStatus, ThreadCommit};
+use crate::commit::{BatchWrite, RunStatus, ThreadCommit};
 use crate::error::StoreError;
 use crate::failpoint::{FailPoint, Failpoints};
 use crate::lease;
@@ -68,8 +68,7 @@ pub(super) fn write(
         && matches!(c.batch, BatchWrite::Keep)
         && let Some((_, _, _, Some(batch))) = &run
     {
-        let batch = codec::value("tool batch", batch)?;
-        crate::commit::check_batch(&BatchData::json(batch), RunStatus::Done)
+        crate::commit::check_batch(&codec::batch(batch)?, RunStatus::Done)
             .map_err(|v| StoreError::invalid(&c.thread_id, v))?;
     }
     let profile_id = c.run.profile_id.as_ref().map(ProfileId::as_str);

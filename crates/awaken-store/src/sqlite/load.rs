@@ -136,7 +136,7 @@ pub(super) fn checkpoint(
                     "run state",
                 )?,
             };
-            checkpoint.batch = batch.map(|b| codec::value("tool batch", &b)).transpose()?;
+            checkpoint.batch = batch.as_deref().map(codec::batch).transpose()?;
             if let Some(pid) = &run.profile_id {
                 checkpoint.profile = Some(profile(&tx, pid)?);
             }

@@ -1,7 +1,9 @@
-use awaken_event::{Message, RunId, ThreadId, ToolCallId, ToolCallState};
+use awaken_event::{Message, RunId, ThreadId};
+use awaken_state::{
+    KeyOptions, KeyRegistry, KeyScope, StateDelta, StateError, StateKey, StateStore,
+};
 
 use super::*;
-use crate::commit::{BatchData, BatchSource, CommitViolation};
 
 fn step(n: u64) -> ThreadCommit {
     let run = RunRecord::new(
@@ -123,20 +125,37 @@ async fn an_in_memory_database_runs_commits_inline_without_checkpoints() {
         .expect("written");
 }
 
-/// A batch whose serialization panics (a bug in a `BatchSource`).
-#[derive(Debug)]
-struct Panics;
+/// A state value whose serialization panics (a bug in a key's `Serialize`).
+#[derive(Clone, Default, serde::Deserialize)]
+struct Broken;
 
-impl BatchSource for Panics {
-    fn to_json(&self) -> Result<serde_json::Value, serde_json::Error> {
-        panic!("to_json of a broken batch")
+impl serde::Serialize for Broken {
+    fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+        panic!("serializing a broken value")
     }
-    fn to_text(&self) -> Result<String, serde_json::Error> {
-        panic!("to_text of a broken batch")
+}
+
+struct BrokenKey;
+
+impl StateKey for BrokenKey {
+    const KEY: &'static str = "test.broken";
+    type Value = Broken;
+    type Update = ();
+    fn apply(_: &mut Broken, (): ()) -> Result<(), StateError> {
+        Ok(())
     }
-    fn open_call(&self) -> Result<Option<(ToolCallId, ToolCallState)>, CommitViolation> {
-        Ok(None)
-    }
+}
+
+/// Run-scoped state whose one changed key panics when the store serializes it.
+fn broken_run_state() -> StateDelta {
+    let mut registry = KeyRegistry::new();
+    registry
+        .register_key::<BrokenKey>(KeyOptions::new().with_scope(KeyScope::Run))
+        .expect("key");
+    let state = StateStore::new(registry);
+    state.update::<BrokenKey>(()).expect("update");
+    let [run] = state.snapshot().export_changed_in_each([KeyScope::Run], 0);
+    run
 }
 
 #[tokio::test]
@@ -147,13 +166,13 @@ async fn a_panic_inside_an_inline_commit_is_a_typed_error_and_writes_nothing() {
         .commit_now(&mut step(0))
         .expect("inline")
         .expect("written");
-    let mut broken = step(1).with_batch(BatchData::typed(Arc::new(Panics)));
+    let mut broken = step(1).with_run_state(broken_run_state());
     let err = store
         .commit_now(&mut broken)
         .expect("inline")
         .expect_err("panicked");
     assert!(
-        matches!(&err, StoreError::Task { detail } if detail.contains("to_text of a broken batch")),
+        matches!(&err, StoreError::Task { detail } if detail.contains("serializing a broken value")),
         "{err:?}"
     );
     let thread = ThreadId::new("t1").expect("id");

@@ -6,13 +6,15 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use awaken_event::{
-    AgentEvent, Message, ProfileId, RunId, TerminationReason, ThreadId, TokenUsage,
+    AgentEvent, Message, ProfileId, ResumeMode, RunId, SuspendTicket, TerminationReason, ThreadId,
+    TokenUsage, ToolCall, ToolCallId, ToolCallState, ToolResult,
 };
 use awaken_state::PersistedState;
 use awaken_store::{
     BatchWrite, CommitViolation, FailPoint, LeaseToken, RunRecord, RunStatus, StoreError,
     ThreadCommit, ThreadStore, Timestamp,
 };
+use awaken_tool::{ToolBatch, pending_call};
 use serde_json::{Value, json};
 
 /// A store under test and the way to inject a fault inside its next commit.
@@ -55,19 +57,46 @@ pub fn state(revision: u64, pairs: &[(&str, Value)]) -> PersistedState {
     }
 }
 
-/// A serialized `ToolBatch` (the JSON shape of `awaken_tool::ToolBatch`).
-pub fn batch(calls: &[(&str, &str)]) -> Value {
-    let calls: Vec<Value> = calls
-        .iter()
-        .map(|(id, state)| {
-            json!({
-                "call": { "id": id, "name": "search", "arguments": { "q": "x" } },
-                "state": state,
-                "attempts": 0,
-            })
-        })
-        .collect();
-    json!({ "calls": calls })
+/// A tool batch of `search` calls, each moved from `Requested` to the state named (by its
+/// serde name) through the batch's own transitions.
+pub fn batch(calls: &[(&str, &str)]) -> ToolBatch {
+    let call_id = |id: &str| ToolCallId::new(id).expect("test call id");
+    let mut batch = ToolBatch::new(
+        calls
+            .iter()
+            .map(|(id, _)| ToolCall::new(call_id(id), "search", json!({ "q": "x" }))),
+    )
+    .expect("distinct call ids");
+    for (id, state) in calls {
+        let id = call_id(id);
+        let to: ToolCallState = serde_json::from_value(json!(state)).expect("a call state");
+        let moved = match to {
+            ToolCallState::Requested => Ok(()),
+            ToolCallState::Suspended => {
+                let call = batch.get(&id).expect("in the batch").call().clone();
+                batch.suspend(
+                    &id,
+                    SuspendTicket {
+                        suspension_id: format!("{id}:0"),
+                        call: pending_call(&call),
+                        message: "go on?".into(),
+                        response_schema: None,
+                        resume_mode: ResumeMode::Replay,
+                    },
+                )
+            }
+            ToolCallState::Blocked | ToolCallState::ShortCircuited | ToolCallState::Cancelled => {
+                batch.transition(&id, to, Some(ToolResult::error("not run")))
+            }
+            ToolCallState::Executing => batch.start(&id),
+            // `Succeeded`, `Failed`, `OutcomeUnknown`: closed after running.
+            _ => batch
+                .start(&id)
+                .and_then(|()| batch.transition(&id, to, Some(ToolResult::success(json!("ok"))))),
+        };
+        moved.unwrap_or_else(|e| panic!("{id} to {state}: {e}"));
+    }
+    batch
 }
 
 /// One step of `run_id` on `thread`: two messages, three changed keys, a one-call batch and
@@ -159,15 +188,11 @@ pub async fn dump(store: &dyn ThreadStore, thread: &str) -> String {
         }
     }
     if let Some(batch) = &cp.batch {
-        let states: Vec<String> = batch["calls"]
-            .as_array()
-            .map(|calls| {
-                calls
-                    .iter()
-                    .map(|c| format!("{}:{}", c["call"]["id"], c["state"]))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let states: Vec<String> = batch
+            .calls()
+            .iter()
+            .map(|c| format!("{}:{}", json!(c.id()), json!(c.state())))
+            .collect();
         let _ = writeln!(out, "batch {}", states.join(" "));
     }
     let events = store.load_events(&thread, 0).await.expect("load_events");
@@ -578,6 +603,39 @@ pub async fn batch_keep_set_clear(h: &Harness) {
     assert_eq!(cp.run.map(|r| r.status), Some(RunStatus::Done));
 }
 
+/// What a SQL store says once a test has overwritten the stored batch of run `r1` on thread
+/// `t1` (one step committed, two messages) with text that is not a tool batch: the load, then a
+/// commit finishing the run while keeping the batch (which reads it to check its calls), each
+/// rendered as a line. The commit must write nothing.
+pub async fn corrupt_batch_errors(store: &dyn ThreadStore) -> String {
+    let load = store
+        .load_checkpoint(&tid("t1"))
+        .await
+        .expect_err("a corrupt batch does not load");
+    let mut finish = step("t1", "r1", 2, 2, 2_000);
+    finish.batch = BatchWrite::Keep;
+    finish.run.status = RunStatus::Done;
+    finish.run.termination = Some(TerminationReason::NaturalEnd);
+    let commit = store
+        .commit(finish)
+        .await
+        .expect_err("a corrupt kept batch fails the commit");
+    let threads = store.list_threads().await.expect("list_threads");
+    assert_eq!(threads.len(), 1);
+    assert_eq!(
+        threads[0].message_count, 2,
+        "the failed commit wrote messages"
+    );
+    [load, commit]
+        .iter()
+        .map(|e| match e {
+            StoreError::Corrupt { what, detail } => format!("corrupt {what}: {detail}"),
+            other => format!("other: {other}"),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 pub async fn invalid_commits_write_nothing(h: &Harness) {
     let s = &*h.store;
     s.commit(step("t1", "r1", 0, 1, 1_000))
@@ -592,12 +650,10 @@ pub async fn invalid_commits_write_nothing(h: &Harness) {
     let mut in_flight = step("t1", "r1", 2, 2, 2_000);
     in_flight.run.status = RunStatus::Done;
     in_flight.run.termination = Some(TerminationReason::Cancelled);
-    in_flight.batch = BatchWrite::Set(batch(&[("c9", "executing")]).into());
+    in_flight.batch = BatchWrite::Set(batch(&[("c9", "executing")]));
     let delta_event = step("t1", "r1", 2, 2, 2_000).with_events([AgentEvent::TextDelta {
         delta: "tok".to_owned(),
     }]);
-    let mut malformed = step("t1", "r1", 2, 2, 2_000);
-    malformed.batch = BatchWrite::Set(json!({"calls": [{"state": "flying"}]}).into());
     let mut foreign_lease = step("t1", "r1", 2, 2, 2_000);
     foreign_lease.lease = Some(LeaseToken {
         run_id: rid("r2"),
@@ -612,7 +668,6 @@ pub async fn invalid_commits_write_nothing(h: &Harness) {
         unguarded,
         in_flight,
         delta_event,
-        malformed,
         foreign_lease,
         other_thread,
     ] {
@@ -629,7 +684,6 @@ pub async fn invalid_commits_write_nothing(h: &Harness) {
             invalid: profile key "prefs.lang" is written without the version it was read at
             invalid: the run is done but tool call c9 is still Executing
             invalid: event text_delta is not a lifecycle event and is not stored
-            invalid: the tool batch is not a serialized ToolBatch: unknown variant `flying`, expected one of `requested`, `executing`, `suspended`, `succeeded`, `failed`, `blocked`, `short_circuited`, `cancelled`, `outcome_unknown`
             invalid: the lease token is for run r2, the commit is for run r1
             other: run r1 belongs to thread t1, not to t2"#]],
     );

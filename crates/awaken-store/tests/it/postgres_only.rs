@@ -5,7 +5,7 @@ use std::time::Duration;
 use awaken_store::{PostgresConfig, PostgresStore, StoreError, ThreadStore};
 
 use crate::backends::postgres_store;
-use crate::conformance::{at, step, tid};
+use crate::conformance::{at, corrupt_batch_errors, step, tid};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_share_one_database() {
@@ -64,4 +64,36 @@ async fn two_workers_share_one_database() {
         .expect("load")
         .expect("thread");
     assert_eq!(cp.messages.len(), 4);
+}
+
+/// A stored batch that does not read back as a tool batch is a `Corrupt` error naming the tool
+/// batch, on load and when a commit reads the kept batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_stored_batch_reads_back_as_a_typed_error() {
+    let Some(store) = postgres_store("corrupt_batch").await else {
+        return;
+    };
+    store
+        .commit(step("t1", "r1", 0, 1, 1_000))
+        .await
+        .expect("commit");
+    let url = crate::backends::postgres_url().expect("url is set when the store exists");
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    let conn = tokio::spawn(connection);
+    let changed = client
+        .execute(
+            "UPDATE awaken_t_corrupt_batch.runs SET batch = '{\"calls\": [{\"state\": \"flying\"}]}' \
+             WHERE run_id = 'r1'",
+            &[],
+        )
+        .await
+        .expect("overwrite the batch");
+    assert_eq!(changed, 1);
+    drop(client);
+    let _ = conn.await;
+    expect_test::expect![[r#"
+        corrupt tool batch: unknown variant `flying`, expected one of `requested`, `executing`, `suspended`, `succeeded`, `failed`, `blocked`, `short_circuited`, `cancelled`, `outcome_unknown` at line 1 column 29
+        corrupt tool batch: unknown variant `flying`, expected one of `requested`, `executing`, `suspended`, `succeeded`, `failed`, `blocked`, `short_circuited`, `cancelled`, `outcome_unknown` at line 1 column 29"#]].assert_eq(&corrupt_batch_errors(&store).await);
 }

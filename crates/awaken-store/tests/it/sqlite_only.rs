@@ -2,20 +2,14 @@
 
 use awaken_store::{SqliteConfig, SqliteStore, ThreadStore};
 
-use crate::conformance::{dump_all, step};
+use crate::conformance::{corrupt_batch_errors, dump_all, step};
 
 #[tokio::test]
 async fn reopened_file_holds_the_last_commit_and_schema_version() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("awaken.db");
     let before = {
-        let store = SqliteStore::open(SqliteConfig::file(&path))
-            .await
-            .expect("open");
-        store
-            .commit(step("t1", "r1", 0, 1, 1_000))
-            .await
-            .expect("commit");
+        let store = one_step(SqliteConfig::file(&path)).await;
         store
             .commit(step("t1", "r1", 2, 2, 2_000))
             .await
@@ -32,6 +26,16 @@ async fn reopened_file_holds_the_last_commit_and_schema_version() {
         .expect("commit after reopen");
     let conn = rusqlite_version(&path);
     assert_eq!(conn, (SqliteStore::schema_version(), "wal".to_owned()));
+}
+
+/// A store opened with `config`, holding one step of run `r1` on thread `t1`.
+async fn one_step(config: SqliteConfig) -> SqliteStore {
+    let store = SqliteStore::open(config).await.expect("open");
+    store
+        .commit(step("t1", "r1", 0, 1, 1_000))
+        .await
+        .expect("commit");
+    store
 }
 
 fn rusqlite_version(path: &std::path::Path) -> (i64, String) {
@@ -78,19 +82,34 @@ async fn in_memory_and_full_sync_databases_behave_alike() {
     use awaken_store::Synchronous;
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("awaken.db");
-    let store = SqliteStore::open(SqliteConfig::file(&path).with_synchronous(Synchronous::Full))
-        .await
-        .expect("open");
-    store
-        .commit(step("t1", "r1", 0, 1, 1_000))
-        .await
-        .expect("commit");
-    let in_memory = SqliteStore::open(SqliteConfig::in_memory())
-        .await
-        .expect("in memory");
-    in_memory
-        .commit(step("t1", "r1", 0, 1, 1_000))
-        .await
-        .expect("commit");
+    let store = one_step(SqliteConfig::file(&path).with_synchronous(Synchronous::Full)).await;
+    let in_memory = one_step(SqliteConfig::in_memory()).await;
     assert_eq!(dump_all(&in_memory).await, dump_all(&store).await);
+}
+
+/// A stored batch that does not read back as a tool batch (text that is not one, or one that
+/// breaks the batch's invariants) is a `Corrupt` error naming the tool batch, on load and when a
+/// commit reads the kept batch.
+#[tokio::test]
+async fn a_corrupt_stored_batch_reads_back_as_a_typed_error() {
+    let mut rendered = Vec::new();
+    for corrupt in [
+        r#"{"calls": [{"state": "flying"}]}"#,
+        r#"{"calls": [{"call": {"id": "a", "name": "t", "arguments": {}}, "state": "succeeded"}]}"#,
+    ] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("awaken.db");
+        let store = one_step(SqliteConfig::file(&path)).await;
+        let changed = rusqlite::Connection::open(&path)
+            .expect("open")
+            .execute("UPDATE runs SET batch = ?1 WHERE run_id = 'r1'", [corrupt])
+            .expect("overwrite the batch");
+        assert_eq!(changed, 1);
+        rendered.push(corrupt_batch_errors(&store).await);
+    }
+    expect_test::expect![[r#"
+        corrupt tool batch: unknown variant `flying`, expected one of `requested`, `executing`, `suspended`, `succeeded`, `failed`, `blocked`, `short_circuited`, `cancelled`, `outcome_unknown` at line 1 column 29
+        corrupt tool batch: unknown variant `flying`, expected one of `requested`, `executing`, `suspended`, `succeeded`, `failed`, `blocked`, `short_circuited`, `cancelled`, `outcome_unknown` at line 1 column 29
+        corrupt tool batch: tool call `a` in state succeeded is inconsistent: a terminal call has no closing result
+        corrupt tool batch: tool call `a` in state succeeded is inconsistent: a terminal call has no closing result"#]].assert_eq(&rendered.join("\n"));
 }

@@ -5,9 +5,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
 use awaken_event::{
-    EffectClass, RunId, ThreadId, ToolCall, ToolCallId, ToolCallResume, ToolDescriptor, ToolResult,
+    EffectClass, RunId, ThreadId, ToolCall, ToolCallId, ToolDescriptor, ToolResult,
 };
-use awaken_phase::{Phase, PhaseContext, RunIdentity, ToolPhaseInfo};
 use awaken_state::{
     KeyOptions, KeyRegistry, MergeStrategy, Snapshot, StateCommand, StateError, StateKey,
     StateStore,
@@ -91,21 +90,6 @@ pub fn tool_ctx(id: &str) -> ToolCallContext {
         call_id(id),
         snapshot(),
     )
-}
-
-/// The `ToolGate` context of `call`, with a resume decision when given.
-pub fn gate_ctx(call: ToolCall, resume: Option<ToolCallResume>) -> PhaseContext {
-    let run = Arc::new(RunIdentity {
-        thread_id: ThreadId::new("thread-1").expect("thread"),
-        run_id: RunId::new("run-1").expect("run"),
-        agent_id: "agent".into(),
-        profile_id: None,
-    });
-    PhaseContext::new(Phase::ToolGate, snapshot(), run).with_tool(ToolPhaseInfo {
-        call,
-        result: None,
-        resume,
-    })
 }
 
 /// What a scripted tool does when called.
