@@ -1,6 +1,9 @@
 //! `awaken-store`: the cost of one step's commit (2 messages, 3 changed keys, a 1-call batch,
 //! 3 lifecycle events) to SQLite on disk, to SQLite when the thread already holds 10,000
-//! messages (a commit's cost must not grow with the thread), and to the memory store.
+//! messages (a commit's cost must not grow with the thread), and to the memory store. The keys
+//! are what the runtime commits (typed values shared with a snapshot, names borrowed from the
+//! registry); `store/memory_commit_step_json` commits them as JSON built by hand, which the
+//! memory store copies.
 
 use std::cell::Cell;
 use std::hint::black_box;
@@ -8,7 +11,9 @@ use std::hint::black_box;
 use awaken_event::{
     AgentEvent, Message, RunId, ThreadId, TokenUsage, ToolCall, ToolCallId, ToolResult,
 };
-use awaken_state::PersistedState;
+use awaken_state::{
+    KeyOptions, KeyRegistry, KeyScope, PersistedState, StateDelta, StateError, StateKey, StateStore,
+};
 use awaken_store::Timestamp;
 use awaken_store::{MemoryStore, RunRecord, SqliteConfig, SqliteStore, ThreadCommit, ThreadStore};
 use awaken_tool::ToolBatch;
@@ -18,7 +23,91 @@ use serde_json::json;
 /// Commits per thread in the step benches, so the thread stays short there.
 const COMMITS_PER_THREAD: u64 = 64;
 
-fn step_commit(thread: &str, expected: u64, step: u32) -> ThreadCommit {
+/// A key whose update replaces its value.
+macro_rules! set_key {
+    ($name:ident, $key:literal, $value:ty) => {
+        struct $name;
+        impl StateKey for $name {
+            const KEY: &'static str = $key;
+            type Value = $value;
+            type Update = $value;
+            fn apply(value: &mut $value, update: $value) -> Result<(), StateError> {
+                *value = update;
+                Ok(())
+            }
+        }
+    };
+}
+
+set_key!(Round, "loop.round", u32);
+set_key!(Approved, "permission.approved", Vec<String>);
+set_key!(Notes, "memory.notes", serde_json::Value);
+
+/// The step's changed keys.
+enum StepState {
+    /// As the runtime exports them: the run's and the thread's changed keys of one snapshot.
+    Typed(StateDelta, StateDelta),
+    /// As JSON a caller builds by hand (names and values owned by the commit).
+    Json,
+}
+
+impl StepState {
+    fn typed() -> Self {
+        let mut registry = KeyRegistry::new();
+        let run = KeyOptions::new().with_scope(KeyScope::Run);
+        let thread = KeyOptions::new().with_scope(KeyScope::Thread);
+        let registered = registry
+            .register_key::<Round>(run)
+            .and_then(|()| registry.register_key::<Approved>(run))
+            .and_then(|()| registry.register_key::<Notes>(thread));
+        registered.unwrap_or_else(|e| panic!("{e}"));
+        let state = StateStore::new(registry);
+        let updated = state
+            .update::<Round>(1)
+            .and_then(|_| state.update::<Approved>(vec!["search".to_owned()]))
+            .and_then(|_| state.update::<Notes>(json!({"city": "Berlin", "n": 1})));
+        updated.unwrap_or_else(|e| panic!("{e}"));
+        let [run, thread] = state
+            .snapshot()
+            .export_changed_in_each([KeyScope::Run, KeyScope::Thread], 0);
+        StepState::Typed(run, thread)
+    }
+
+    /// The run's and the thread's deltas of step `step`.
+    fn deltas(&self, step: u32) -> (StateDelta, StateDelta) {
+        let revision = u64::from(step);
+        match self {
+            StepState::Typed(run, thread) => {
+                let (mut run, mut thread) = (run.clone(), thread.clone());
+                run.revision = revision;
+                thread.revision = revision;
+                (run, thread)
+            }
+            StepState::Json => (
+                PersistedState {
+                    revision,
+                    values: [
+                        ("loop.round".to_owned(), json!(step)),
+                        ("permission.approved".to_owned(), json!(["search"])),
+                    ]
+                    .into(),
+                }
+                .into(),
+                PersistedState {
+                    revision,
+                    values: [(
+                        "memory.notes".to_owned(),
+                        json!({"city": "Berlin", "n": step}),
+                    )]
+                    .into(),
+                }
+                .into(),
+            ),
+        }
+    }
+}
+
+fn step_commit(thread: &str, expected: u64, step: u32, state: &StepState) -> ThreadCommit {
     let now = Timestamp::from_unix_millis(1_000 + i64::from(step));
     let mut run = RunRecord::new(
         RunId::new(format!("{thread}-run")).unwrap_or_else(|e| panic!("{e}")),
@@ -33,7 +122,7 @@ fn step_commit(thread: &str, expected: u64, step: u32) -> ThreadCommit {
         output_tokens: 80,
         ..TokenUsage::default()
     };
-    let revision = u64::from(step);
+    let (run_state, thread_state) = state.deltas(step);
     ThreadCommit::new(
         ThreadId::new(thread).unwrap_or_else(|e| panic!("{e}")),
         run,
@@ -43,22 +132,8 @@ fn step_commit(thread: &str, expected: u64, step: u32) -> ThreadCommit {
         Message::assistant("Let me look that up for you."),
         Message::user("Thanks, and what about tomorrow's weather in Berlin?"),
     ])
-    .with_run_state(PersistedState {
-        revision,
-        values: [
-            ("loop.round".to_owned(), json!(step)),
-            ("permission.approved".to_owned(), json!(["search"])),
-        ]
-        .into(),
-    })
-    .with_thread_state(PersistedState {
-        revision,
-        values: [(
-            "memory.notes".to_owned(),
-            json!({"city": "Berlin", "n": step}),
-        )]
-        .into(),
-    })
+    .with_run_state(run_state)
+    .with_thread_state(thread_state)
     .with_batch(weather_batch(step))
     .with_events([
         AgentEvent::StepStart { step },
@@ -88,12 +163,14 @@ fn weather_batch(step: u32) -> ToolBatch {
 }
 
 /// Commits one step per iteration into threads of at most `COMMITS_PER_THREAD` steps (or into
-/// one thread prefilled elsewhere when `fixed` names it).
+/// one thread prefilled elsewhere when `fixed` names it). The caller's commit is dropped inside
+/// the measurement, as a runtime lets go of what it committed.
 fn bench_commits(
     c: &mut Criterion,
     name: &str,
     fixed: Option<(&str, u64)>,
-    commit: impl Fn(ThreadCommit),
+    state: &StepState,
+    commit: impl Fn(&ThreadCommit),
 ) {
     let counter = Cell::new(0u64);
     let fixed_count = Cell::new(fixed.map_or(0, |(_, n)| n));
@@ -107,16 +184,17 @@ fn bench_commits(
                     Some((thread, _)) => {
                         let expected = fixed_count.get();
                         fixed_count.set(expected + 2);
-                        step_commit(thread, expected, step)
+                        step_commit(thread, expected, step, state)
                     }
                     None => step_commit(
                         &format!("bench-{}", i / COMMITS_PER_THREAD),
                         (i % COMMITS_PER_THREAD) * 2,
                         step,
+                        state,
                     ),
                 }
             },
-            |c| commit(black_box(c)),
+            |c| commit(black_box(&c)),
             BatchSize::SmallInput,
         );
     });
@@ -127,13 +205,14 @@ pub fn benches(c: &mut Criterion) {
         .build()
         .unwrap_or_else(|e| panic!("tokio runtime: {e}"));
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
+    let typed = StepState::typed();
 
     let sqlite = rt
         .block_on(SqliteStore::open(SqliteConfig::file(
             dir.path().join("step.db"),
         )))
         .unwrap_or_else(|e| panic!("open sqlite: {e}"));
-    bench_commits(c, "store/sqlite_commit_step", None, |commit| {
+    bench_commits(c, "store/sqlite_commit_step", None, &typed, |commit| {
         rt.block_on(sqlite.commit(commit))
             .unwrap_or_else(|e| panic!("commit: {e}"));
     });
@@ -147,13 +226,13 @@ pub fn benches(c: &mut Criterion) {
     let mut held = 0u64;
     for chunk in 0..10u32 {
         let messages = (0..1_000).map(|i| Message::user(format!("earlier message {chunk}/{i}")));
-        let fill = step_commit("long", held, chunk + 1);
+        let fill = step_commit("long", held, chunk + 1, &typed);
         let fill = ThreadCommit {
             messages: messages.collect(),
             ..fill
         };
         held = rt
-            .block_on(long.commit(fill))
+            .block_on(long.commit(&fill))
             .unwrap_or_else(|e| panic!("prefill: {e}"))
             .message_count;
     }
@@ -161,6 +240,7 @@ pub fn benches(c: &mut Criterion) {
         c,
         "store/sqlite_commit_at_10k_messages",
         Some(("long", held)),
+        &typed,
         |commit| {
             rt.block_on(long.commit(commit))
                 .unwrap_or_else(|e| panic!("commit: {e}"));
@@ -168,7 +248,18 @@ pub fn benches(c: &mut Criterion) {
     );
 
     let memory = MemoryStore::new();
-    bench_commits(c, "store/memory_commit_step", None, |commit| {
+    bench_commits(c, "store/memory_commit_step", None, &typed, |commit| {
         awaken_benches::block_on(memory.commit(commit)).unwrap_or_else(|e| panic!("commit: {e}"));
     });
+    let memory = MemoryStore::new();
+    bench_commits(
+        c,
+        "store/memory_commit_step_json",
+        None,
+        &StepState::Json,
+        |commit| {
+            awaken_benches::block_on(memory.commit(commit))
+                .unwrap_or_else(|e| panic!("commit: {e}"));
+        },
+    );
 }

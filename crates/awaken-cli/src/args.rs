@@ -32,8 +32,8 @@ global options:
   -V, --version      the version
 
 SPEC (--store) is sqlite:PATH (default sqlite:./.awaken/awaken.db), postgres:URL or memory.
-Exit codes: 0 completed, 2 bad input, 3 waiting for a decision (or the thread is busy),
-4 cancelled, 1 other errors.";
+Exit codes: 0 completed, 2 bad input, 3 waiting for a decision (or the thread is busy: another
+process holds its run or wrote to it while the run started), 4 cancelled, 1 other errors.";
 
 /// The usage of one command, for `awaken COMMAND --help` and its usage errors.
 pub(crate) fn command_usage(command: &str) -> Option<&'static str> {

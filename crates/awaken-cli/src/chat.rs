@@ -13,7 +13,7 @@ use tokio::io::{AsyncBufReadExt, BufReader, Lines, Stdin};
 use crate::Exit;
 use crate::args::Args;
 use crate::output::Printer;
-use crate::run::{Interrupts, interrupts, start, summary_line};
+use crate::run::{Interrupts, changed_under, interrupts, start, summary_line};
 use crate::term::{self, err, errln};
 
 /// Lines of standard input.
@@ -153,6 +153,11 @@ impl Chat<'_> {
                 }
                 Err(e) => {
                     errln!("error: {e}");
+                    if changed_under(&e) {
+                        errln!(
+                            "the thread changed under the run (another process wrote to it): send again"
+                        );
+                    }
                     return Ok(true);
                 }
             }

@@ -5,7 +5,8 @@
 //! unfinished (`awaken recover`).
 //!
 //! Exit codes: 0 completed, 2 bad input, 3 suspended waiting for a decision (or the thread is
-//! busy), 4 cancelled, 1 other errors. A closed standard output (`awaken show T | head`) ends
+//! busy: another process holds its run, or wrote to it while a run started), 4 cancelled, 1 other
+//! errors (a failure of the store among them). A closed standard output (`awaken show T | head`) ends
 //! the command quietly.
 
 mod agent_file;

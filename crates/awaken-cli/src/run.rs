@@ -9,7 +9,7 @@ use awaken::event::{SuspendTicket, TerminationReason, ThreadId, ToolCallResume};
 use awaken::runtime::{
     AgentRuntime, RecoverConfig, Resume, RunActivation, RunError, RunHandle, RunOutcome,
 };
-use awaken_store::RunStatus;
+use awaken_store::{CommitError, RunStatus};
 
 use crate::agent_file::AgentFile;
 use crate::args::Args;
@@ -49,8 +49,43 @@ pub(crate) async fn run(args: Args) -> Result<u8, Exit> {
                 ),
             })
         }
-        Err(e) => Err(anyhow!("{e}").into()),
+        Err(e) => Err(not_started(e)),
     }
+}
+
+/// Whether an activation did not start because the thread or its run changed under it: another
+/// process wrote the thread (a stale message guard, a profile key moved past the retries), or
+/// holds the run (its lease). Running the command again works from what is stored now.
+pub(crate) fn changed_under(e: &RunError) -> bool {
+    match e {
+        RunError::Commit { source, .. } => {
+            source.is_conflict() || matches!(source, CommitError::LeaseLost { .. })
+        }
+        RunError::TakenOver { .. } => true,
+        _ => false,
+    }
+}
+
+/// The exit of an activation that did not start: 3 when the thread changed under it, with what
+/// to do; 1 otherwise, saying so when the store failed.
+pub(crate) fn not_started(e: RunError) -> Exit {
+    if changed_under(&e) {
+        return Exit {
+            code: 3,
+            error: anyhow!(
+                "{e}\nthe thread changed while this run started (another process wrote to it or \
+                 holds its run); nothing of the run was written: run the command again"
+            ),
+        };
+    }
+    if let RunError::Commit {
+        source: CommitError::Backend(_),
+        ..
+    } = &e
+    {
+        return anyhow!("{e}\nthe store failed; nothing of the run was written").into();
+    }
+    anyhow!("{e}").into()
 }
 
 /// What `run` and `chat` start from: the agent file, its runtime over the store (created when
@@ -136,7 +171,7 @@ pub(crate) async fn resume(args: Args) -> Result<u8, Exit> {
                 waiting_instructions(&args, &thread, &open)
             )))
         }
-        Err(e) => Err(anyhow!("{e}").into()),
+        Err(e) => Err(not_started(e)),
     }
 }
 

@@ -17,6 +17,7 @@ use crate::agent_file::AgentFile;
 use crate::args::{Args, LogFormat, Parsed, parse_args};
 use crate::inspect::{ThreadRow, age, render_threads, render_transcript, utc};
 use crate::output::{clip, waiting_text};
+use crate::run::not_started;
 use crate::tools::{AppendFile, ReadFile};
 
 fn parsed(words: &[&str]) -> Result<Parsed> {
@@ -550,4 +551,55 @@ fn the_script_goes_on_after_the_turns_of_the_current_prompt() {
         ]),
         1
     );
+}
+
+/// An activation that did not start because the thread changed under it (another process wrote
+/// to it, or holds its run) exits 3 and says the command can be run again; a failure of the
+/// store exits 1 with the store's own message.
+#[test]
+fn a_thread_changed_under_a_starting_run_exits_3_and_a_store_failure_1() {
+    use awaken::runtime::RunError;
+    use awaken_store::{CommitError, StoreError};
+    let commit = |source: CommitError| RunError::Commit {
+        thread_id: ThreadId::new("t1").expect("id"),
+        source,
+    };
+    let exits: Vec<String> = [
+        commit(CommitError::VersionConflict {
+            expected: 2,
+            actual: 4,
+        }),
+        commit(CommitError::LeaseLost {
+            run_id: RunId::new("r1").expect("id"),
+        }),
+        RunError::TakenOver {
+            thread_id: ThreadId::new("t1").expect("id"),
+            run_id: RunId::new("r1").expect("id"),
+        },
+        commit(
+            StoreError::Task {
+                detail: "the disk went away".into(),
+            }
+            .into(),
+        ),
+        RunError::Store(StoreError::Task {
+            detail: "the disk went away".into(),
+        }),
+    ]
+    .into_iter()
+    .map(|e| {
+        let exit = not_started(e);
+        format!("{} {:#}", exit.code, exit.error)
+    })
+    .collect();
+    expect![[r#"
+        3 the first commit of a run on thread `t1` was not written: stale message guard: the commit expected 2 messages, the thread holds 4
+        the thread changed while this run started (another process wrote to it or holds its run); nothing of the run was written: run the command again
+        3 the first commit of a run on thread `t1` was not written: the lease on run r1 was lost
+        the thread changed while this run started (another process wrote to it or holds its run); nothing of the run was written: run the command again
+        3 run `r1` of thread `t1` is held by another worker
+        the thread changed while this run started (another process wrote to it or holds its run); nothing of the run was written: run the command again
+        1 the first commit of a run on thread `t1` was not written: the store's blocking task failed: the disk went away
+        the store failed; nothing of the run was written
+        1 the thread store failed: the store's blocking task failed: the disk went away"#]].assert_eq(&exits.join("\n"));
 }

@@ -3,7 +3,7 @@
 use awaken_event::{RunId, ThreadId};
 use awaken_resolver::ResolveError;
 use awaken_state::StateError;
-use awaken_store::StoreError;
+use awaken_store::{CommitError, StoreError};
 
 use crate::resume::DecisionError;
 
@@ -92,10 +92,11 @@ pub enum RunError {
         #[source]
         source: DecisionError,
     },
-    /// The store could not be read.
+    /// The store failed: a read, or a claim of the run's lease.
     #[error("the thread store failed: {0}")]
     Store(#[source] StoreError),
-    /// The stored thread state does not fit the agent's keys.
+    /// The stored state does not fit the agent's keys: the thread's, or its run's profile as
+    /// reloaded after a conflict.
     #[error("the stored state of thread `{thread_id}` cannot be restored: {source}")]
     State {
         /// The thread.
@@ -104,12 +105,17 @@ pub enum RunError {
         #[source]
         source: StateError,
     },
-    /// The run's first commit failed; nothing of the run was written.
-    #[error("the first commit of a run on thread `{thread_id}` failed: {message}")]
-    Checkpoint {
+    /// The activation's first commit (the run's start, or the commit closing the superseded
+    /// calls of a waiting run) was not written; nothing of the run was. A refusal
+    /// ([`CommitError::is_refusal`]) says the thread or the run changed under the activation
+    /// (a conflict, a lost lease) or the commit was invalid; `CommitError::Backend` that the
+    /// store failed.
+    #[error("the first commit of a run on thread `{thread_id}` was not written: {source}")]
+    Commit {
         /// The thread.
         thread_id: ThreadId,
         /// Why.
-        message: String,
+        #[source]
+        source: CommitError,
     },
 }

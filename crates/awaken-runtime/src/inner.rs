@@ -7,7 +7,7 @@ use std::sync::Arc;
 use awaken_event::CancellationToken;
 use awaken_plugin::LifecycleDispatcher;
 use awaken_resolver::Resolver;
-use awaken_store::{LeaseToken, StoreError, ThreadStore};
+use awaken_store::{LeaseError, LeaseToken, ThreadStore};
 
 use crate::active::ActiveRuns;
 use crate::ids::IdSource;
@@ -58,11 +58,12 @@ impl RuntimeInner {
                 let now = ids.timestamp();
                 match store.heartbeat(&lease, duration, now).await {
                     Ok(_) => {}
-                    Err(StoreError::LeaseLost { .. }) => {
+                    Err(LeaseError::Lost { .. }) => {
                         tracing::warn!(run_id = %lease.run_id, "lease lost: cancelling the run");
                         cancel.cancel();
                         return;
                     }
+                    // The store failed: the lease may still be held; the next beat tries again.
                     Err(e) => {
                         tracing::warn!(run_id = %lease.run_id, error = %e, "heartbeat failed")
                     }

@@ -23,7 +23,7 @@
 //! The code follows an activation's stages: `activation` loads the stored thread, decides
 //! between a new run, a resume and a recovery, and builds the run; `run` drives it (the step
 //! loop, inference, the tool calls, stop conditions, the one exit path); `durable` writes its
-//! commits (the commit path, the profile journal, the batch as committed). `runtime` and
+//! commits (the commit path and the profile journal). `runtime` and
 //! `builder` are the façade; the value types (`request`, `outcome`, `error`, `handle`, `ids`)
 //! are leaf modules, and no two files of the crate refer to each other in a circle.
 //!

@@ -157,9 +157,8 @@ pub struct LeaseToken {
 
 /// What a commit does to the run's active tool batch.
 ///
-/// The batch travels as it is: the memory store keeps it, a SQL store writes its serde form.
-/// A writer hands over a copy of its batch; the calls and results in it are shared, so a
-/// one-call batch costs one allocation.
+/// The batch travels as it is: the memory store keeps a copy of it (its calls and results are
+/// shared, so copying a one-call batch is one allocation), a SQL store writes its serde form.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub enum BatchWrite {
     /// The stored batch stays as it is.
@@ -183,12 +182,10 @@ pub struct ThreadCommit {
     /// The run record after this commit (written whole).
     pub run: RunRecord,
     /// The number of messages the thread holds before this commit (the message guard): the
-    /// commit fails with `VersionConflict` if the store holds another number.
+    /// commit is refused with `CommitError::VersionConflict` if the store holds another
+    /// number.
     pub expected_message_count: u64,
-    /// Messages appended after the first `expected_message_count`. A store writing through
-    /// [`ThreadStore::commit_now`](crate::ThreadStore::commit_now) reads them (and copies what
-    /// it keeps): the runtime keeps its vector, to commit the messages again if the commit
-    /// failed, or to reuse its room.
+    /// Messages appended after the first `expected_message_count`.
     pub messages: Vec<Message>,
     /// Changed `Run`-scoped keys (`Snapshot::export_changed_in(KeyScope::Run, since)`).
     pub run_state: StateDelta,
@@ -201,16 +198,16 @@ pub struct ThreadCommit {
     pub profile_versions: BTreeMap<String, u64>,
     /// What happens to the run's active tool batch.
     pub batch: BatchWrite,
-    /// Lifecycle events to store with the commit (no token deltas), in emission order. Read
-    /// like the messages: a runtime committing through `commit_now` keeps them, to emit them
-    /// once the commit is written.
+    /// Lifecycle events to store with the commit (no token deltas), in emission order.
     pub events: Vec<AgentEvent>,
-    /// The writer's lease, when leases are in use: the commit fails with `LeaseLost` unless it
-    /// is still the run's current lease. `None`: no lease check.
+    /// The writer's lease, when leases are in use: the commit is refused with
+    /// `CommitError::LeaseLost` unless it is still the run's current lease. `None`: no lease
+    /// check.
     pub lease: Option<LeaseToken>,
 }
 
-/// Why [`ThreadCommit::validate`] rejected a commit. Nothing was written.
+/// Why [`ThreadCommit::validate`] rejected a commit (`CommitError::Invalid`). Nothing was
+/// written.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CommitViolation {

@@ -47,7 +47,8 @@ pub(crate) struct Failpoints {
 }
 
 impl Failpoints {
-    /// Arms `point`: the next commit that reaches it fails with `StoreError::Injected`.
+    /// Arms `point`: the next commit that reaches it fails with `StoreError::Injected` (its
+    /// `CommitError::Backend`).
     #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
     pub(crate) fn arm(&self, point: FailPoint) {
         self.armed.store(point.code(), Ordering::SeqCst);

@@ -9,10 +9,17 @@
 //! [`SqliteStore`] (feature `sqlite`, the embedded default) and [`PostgresStore`] (feature
 //! `postgres`, several workers on one database).
 //!
+//! A store reads the commit it is given and copies what it keeps; a refused or failed commit
+//! wrote nothing and the caller still holds it. Errors say which: [`CommitError`] has a variant
+//! per refusal (an invalid commit, a stale message guard, a profile conflict, a lost lease, a
+//! run of another thread) and `Backend` for a failure of the store, which is a [`StoreError`],
+//! the error of every operation that cannot be refused; a heartbeat's lost lease is
+//! [`LeaseError::Lost`].
+//!
 //! This crate must never know the agent loop, plugins or the phase engine: it stores what the
 //! runtime hands it and gives it back. The tool batch is [`awaken_tool::ToolBatch`] itself: the
-//! memory store keeps it as the commit carried it, the SQL stores write its serde form and read
-//! it back with its invariants checked (a stored batch that does not read back is
+//! memory store keeps a copy of it (its calls shared), the SQL stores write its serde form and
+//! read it back with its invariants checked (a stored batch that does not read back is
 //! [`StoreError::Corrupt`]); [`ThreadCommit::validate`] reads its calls' states. A commit's cost
 //! does not grow with the thread's length: messages are appended by index and only changed keys
 //! are upserted.
@@ -34,7 +41,7 @@ mod store;
 pub use commit::{
     BatchWrite, CommitViolation, LeaseToken, RunRecord, RunStatus, ThreadCommit, Timestamp,
 };
-pub use error::StoreError;
+pub use error::{CommitError, LeaseError, StoreError};
 pub use failpoint::FailPoint;
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]

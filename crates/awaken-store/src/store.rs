@@ -9,7 +9,7 @@ use awaken_state::PersistedState;
 use awaken_tool::ToolBatch;
 
 use crate::commit::{LeaseToken, RunRecord, ThreadCommit, Timestamp};
-use crate::error::StoreError;
+use crate::error::{CommitError, LeaseError, StoreError};
 
 /// What a successful commit left behind.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -133,35 +133,35 @@ pub struct ClaimedRun {
 ///
 /// Every method may be called concurrently from several tasks (and, for a shared database,
 /// several processes). A method that returns `Err` wrote nothing; calling it again is safe,
-/// except that a repeated successful `commit` is a new commit (its guard then fails with
+/// except that a repeated successful `commit` is a new commit (its guard then refuses it with
 /// `VersionConflict` if it appended messages). Stores never read a clock: time comes in.
+///
+/// A store reads the commit it is given and copies what it keeps (a state value or a batch's
+/// call is a shared reference, so copying them costs a reference count each): a refused or
+/// failed commit wrote nothing and the caller still holds it whole, to correct and commit
+/// again, or to drop.
 #[async_trait]
 pub trait ThreadStore: Send + Sync {
     /// Writes `commit` atomically, or nothing.
     ///
     /// Called by the runtime at each checkpoint (before a tool runs, after it, at step end and
-    /// at run end). Errors: `InvalidCommit` ([`ThreadCommit::validate`], a run of another
-    /// thread, a finished run keeping a batch with an open call), `VersionConflict` (the
-    /// thread holds another number of messages than `expected_message_count`),
-    /// `ProfileConflict` (a profile key's version moved), `LeaseLost` (the commit's lease is
-    /// not the run's lease any more), or a backend error. A `Done` run's lease is released.
-    async fn commit(&self, commit: ThreadCommit) -> Result<CommitReceipt, StoreError>;
+    /// at run end). Refusals: [`CommitError::Invalid`] ([`ThreadCommit::validate`], or a
+    /// finished run keeping a stored batch with an open call), `VersionConflict` (the thread
+    /// holds another number of messages than `expected_message_count`), `ProfileConflict` (a
+    /// profile key's version moved), `LeaseLost` (the commit's lease is not the run's lease any
+    /// more), `RunOnOtherThread`; `Backend` when the store failed. A `Done` run's lease is
+    /// released.
+    async fn commit(&self, commit: &ThreadCommit) -> Result<CommitReceipt, CommitError>;
 
-    /// [`commit`](Self::commit) without a future and without taking the commit, for a store
-    /// that can write at once (the memory store always; SQLite when its connection and the
-    /// database's write lock are free, see `SqliteConfig::inline_commits`): `Some` with what
-    /// `commit` would return, or `None` when the store takes no shortcut now (nothing was
-    /// written; call `commit`). The default takes none.
+    /// [`commit`](Self::commit) without a future, for a store that can write at once (the
+    /// memory store always; SQLite when its connection and the database's write lock are free,
+    /// see `SqliteConfig::inline_commits`): `Some` with what `commit` would return, or `None`
+    /// when the store takes no shortcut now (nothing was written; call `commit`). The default
+    /// takes none.
     ///
-    /// The store reads the commit and copies what it keeps, except the three state deltas'
-    /// values and the batch, which it may take (leaving the deltas empty, their lists' room
-    /// kept, and `BatchWrite::Keep`) whatever the outcome: a caller committing the same commit
-    /// again after `Some(Err)` puts them back first. The rest — the thread id, the record, the
-    /// message count, the messages, the events, the profile versions and the lease — is left
-    /// as it was: a runtime that commits often reuses the commit's vectors (their room, or the
-    /// messages and events themselves to commit them again after a failure), and saves the
-    /// boxed future of a dynamically dispatched `commit` (with SQLite, a thread hop too).
-    fn commit_now(&self, commit: &mut ThreadCommit) -> Option<Result<CommitReceipt, StoreError>> {
+    /// It saves the boxed future of a dynamically dispatched `commit` (with SQLite, a thread
+    /// hop too) on every commit of a runtime that commits often.
+    fn commit_now(&self, commit: &ThreadCommit) -> Option<Result<CommitReceipt, CommitError>> {
         let _ = commit;
         None
     }
@@ -215,15 +215,16 @@ pub trait ThreadStore: Send + Sync {
         now: Timestamp,
     ) -> Result<Option<ClaimedRun>, StoreError>;
 
-    /// Extends `lease` to `now + lease_duration` and returns the new expiry. `LeaseLost` if it
-    /// is not the run's lease any more (taken over, released, or the run finished). An expired
-    /// lease nobody claimed since is still held and is renewed.
+    /// Extends `lease` to `now + lease_duration` and returns the new expiry.
+    /// [`LeaseError::Lost`] if it is not the run's lease any more (taken over, released, or the
+    /// run finished): its holder must stop writing the run. An expired lease nobody claimed
+    /// since is still held and is renewed.
     async fn heartbeat(
         &self,
         lease: &LeaseToken,
         lease_duration: Duration,
         now: Timestamp,
-    ) -> Result<Timestamp, StoreError>;
+    ) -> Result<Timestamp, LeaseError>;
 
     /// Gives `lease` up; `false` if it was not held any more.
     async fn release(&self, lease: &LeaseToken) -> Result<bool, StoreError>;
@@ -232,11 +233,11 @@ pub trait ThreadStore: Send + Sync {
 /// A shared store is a store (the runtime and a recovery task can hold one `Arc`).
 #[async_trait]
 impl<T: ThreadStore + ?Sized> ThreadStore for std::sync::Arc<T> {
-    async fn commit(&self, commit: ThreadCommit) -> Result<CommitReceipt, StoreError> {
+    async fn commit(&self, commit: &ThreadCommit) -> Result<CommitReceipt, CommitError> {
         (**self).commit(commit).await
     }
 
-    fn commit_now(&self, commit: &mut ThreadCommit) -> Option<Result<CommitReceipt, StoreError>> {
+    fn commit_now(&self, commit: &ThreadCommit) -> Option<Result<CommitReceipt, CommitError>> {
         (**self).commit_now(commit)
     }
 
@@ -288,7 +289,7 @@ impl<T: ThreadStore + ?Sized> ThreadStore for std::sync::Arc<T> {
         lease: &LeaseToken,
         lease_duration: Duration,
         now: Timestamp,
-    ) -> Result<Timestamp, StoreError> {
+    ) -> Result<Timestamp, LeaseError> {
         (**self).heartbeat(lease, lease_duration, now).await
     }
 

@@ -217,19 +217,29 @@ fn a_failpoint_fires_once_and_only_where_armed() {
 }
 
 #[test]
-fn conflicts_are_retryable_and_render_their_fields() {
-    let e = StoreError::VersionConflict {
+fn refusals_and_backend_failures_are_told_apart_and_render_their_fields() {
+    let e = CommitError::VersionConflict {
         expected: 3,
         actual: 5,
     };
-    assert!(e.is_conflict());
+    assert!(e.is_conflict() && e.is_refusal());
     assert_eq!(
         e.to_string(),
         "stale message guard: the commit expected 3 messages, the thread holds 5"
     );
-    let e = StoreError::LeaseLost {
+    let e = CommitError::LeaseLost {
         run_id: RunId::new("r9").expect("id"),
     };
-    assert!(!e.is_conflict());
+    assert!(!e.is_conflict() && e.is_refusal());
+    assert_eq!(e.to_string(), "the lease on run r9 was lost");
+    // A backend failure is neither; it reads as the store's own error.
+    let e = CommitError::from(StoreError::Injected {
+        point: FailPoint::AfterRun,
+    });
+    assert!(!e.is_conflict() && !e.is_refusal());
+    assert_eq!(e.to_string(), "injected failure at AfterRun");
+    let e = LeaseError::Lost {
+        run_id: RunId::new("r9").expect("id"),
+    };
     assert_eq!(e.to_string(), "the lease on run r9 was lost");
 }

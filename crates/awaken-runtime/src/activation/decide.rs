@@ -209,11 +209,11 @@ async fn supersede(
         .with_events(events);
     commit.batch = BatchWrite::Clear;
     rt.store
-        .commit(commit)
+        .commit(&commit)
         .await
-        .map_err(|e| RunError::Checkpoint {
+        .map_err(|source| RunError::Commit {
             thread_id: thread_id.clone(),
-            message: format!("closing the superseded calls failed: {e}"),
+            source,
         })?;
     Ok(messages)
 }

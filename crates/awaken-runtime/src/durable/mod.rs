@@ -6,8 +6,11 @@ use std::sync::Arc;
 
 use awaken_event::{AgentEvent, EventSink, Message, TerminationReason, ThreadId, TokenUsage};
 use awaken_state::StateError;
-use awaken_store::{LeaseToken, RunRecord, RunStatus, StoreError, ThreadCommit, ThreadStore};
+use awaken_store::{
+    CommitError, LeaseToken, RunRecord, RunStatus, StoreError, ThreadCommit, ThreadStore,
+};
 
+use crate::error::RunError;
 use crate::ids::IdSource;
 
 mod commit;
@@ -18,10 +21,46 @@ use profile::ProfileJournal;
 /// Why a commit of the run failed (nothing of it was written).
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum CheckpointError {
-    #[error("state export failed: {0}")]
-    State(#[from] StateError),
-    #[error("the store refused the commit: {0}")]
+    /// The store refused the commit, or failed.
+    #[error("the commit was not written: {0}")]
+    Commit(#[from] CommitError),
+    /// After a profile conflict: the profile could not be reloaded.
+    #[error("the profile could not be reloaded after a conflict: {0}")]
     Store(#[from] StoreError),
+    /// After a profile conflict: the run's profile writes could not be redone on the fresh
+    /// values.
+    #[error("the profile writes could not be redone after a conflict: {0}")]
+    State(#[from] StateError),
+}
+
+impl CheckpointError {
+    /// The run's error for a failed first commit of an activation on `thread_id`.
+    pub(crate) fn into_run_error(self, thread_id: &ThreadId) -> RunError {
+        match self {
+            CheckpointError::Commit(source) => RunError::Commit {
+                thread_id: thread_id.clone(),
+                source,
+            },
+            CheckpointError::Store(e) => RunError::Store(e),
+            CheckpointError::State(source) => RunError::State {
+                thread_id: thread_id.clone(),
+                source,
+            },
+        }
+    }
+}
+
+/// What a commit does to the run's tool batch. While an earlier commit's change of the batch is
+/// unwritten, a commit that would keep the store's batch writes the run's (or clears it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BatchChange {
+    /// The stored batch stays.
+    Keep,
+    /// The run's batch as it is now is written (lent to the commit, not copied); as `Keep`
+    /// when the run has none.
+    Write,
+    /// The run has no batch any more.
+    Clear,
 }
 
 /// Writes a run's commits and holds back lifecycle events until their commit.
@@ -29,13 +68,12 @@ pub(crate) struct Durable {
     store: Arc<dyn ThreadStore>,
     ids: Arc<dyn IdSource>,
     /// The run's next commit, kept from one commit to the next (boxed: it is large, and the
-    /// run holds it for its whole life): the thread, the run's record, the messages already in the store (its
-    /// guard), the run's messages and lifecycle events not yet committed (in order), and the
-    /// run's lease when a recovery claimed the run. A store writing at once only reads these
-    /// (see `ThreadStore::commit_now`): a failed commit leaves the messages and events to
-    /// commit again, a written one its events to emit, and the record is not copied (a store
-    /// that writes later gets a copy of it all, see `handed_over`).
-    /// Between commits its state and batch are empty.
+    /// run holds it for its whole life): the thread, the run's record, the messages already in
+    /// the store (its guard), the run's messages and lifecycle events not yet committed (in
+    /// order), and the run's lease when a recovery claimed the run. Stores only read it: a
+    /// failed commit leaves the messages and events to commit again, a written one its events
+    /// to emit, and the record is never copied for a commit. Between commits its state, profile
+    /// guards and batch are empty.
     pending: Box<ThreadCommit>,
     /// Which of the pending events are about facts of the next commit, emitted after it
     /// (indices).

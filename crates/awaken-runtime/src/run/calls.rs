@@ -16,6 +16,7 @@ use awaken_tool::{GateResolution, ToolInterceptPayload};
 
 use crate::builtins::StatsUpdate;
 use crate::delegate::child::delegate_call;
+use crate::durable::BatchChange;
 use crate::failpoint;
 use crate::run::invoke::Ran;
 use crate::run::{Failure, Run, read_key};
@@ -108,8 +109,7 @@ impl Run<'_> {
                 .await;
         }
         // The result is durable before anything relies on it.
-        let batch = self.batch_write();
-        let committed = self.checkpoint(batch).await;
+        let committed = self.checkpoint(BatchChange::Write).await;
         if let Some(d) = &returning {
             let event = match &committed {
                 Ok(()) => LifecycleEvent::DelegateReturnComplete(d),
@@ -243,8 +243,7 @@ impl Run<'_> {
                     call_id: call.id.clone(),
                     ticket,
                 });
-                let batch = self.batch_write();
-                self.checkpoint(batch).await?;
+                self.checkpoint(BatchChange::Write).await?;
                 Ok(true)
             }
         }
@@ -374,8 +373,7 @@ impl Run<'_> {
                     .map_err(|e| Failure::Error(e.to_string()))?;
             }
         }
-        let batch = self.batch_write();
-        self.checkpoint(batch).await
+        self.checkpoint(BatchChange::Write).await
     }
 
     /// `AfterToolExecute` for a call that ran (not for one the run's cancellation ended).

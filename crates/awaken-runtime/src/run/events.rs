@@ -2,9 +2,8 @@
 //! and not yet closed, the run's messages, and its checkpoints.
 
 use awaken_event::{AgentEvent, Message, ToolCallId, ToolCallState, ToolResult};
-use awaken_store::BatchWrite;
 
-use crate::durable::CheckpointError;
+use crate::durable::{BatchChange, CheckpointError};
 use crate::run::{Failure, Run};
 
 impl Run<'_> {
@@ -53,33 +52,26 @@ impl Run<'_> {
         self.durable.push_message(message);
     }
 
-    /// Commits what happened since the last commit, with `batch`, then emits the events about
-    /// it.
-    pub(super) async fn checkpoint(&mut self, batch: BatchWrite) -> Result<(), Failure> {
+    /// Commits what happened since the last commit, with `batch` of the run's batch, then emits
+    /// the events about it.
+    pub(super) async fn checkpoint(&mut self, batch: BatchChange) -> Result<(), Failure> {
         self.commit(batch)
             .await
             .map_err(|e| Failure::Error(e.to_string()))
     }
 
-    /// [`checkpoint`](Self::checkpoint) with the store's own error (the activation's first
+    /// [`checkpoint`](Self::checkpoint) with the commit's own error (the activation's first
     /// commit reports it as the run's): the run's state, statistics and batch handed to
     /// `Durable::commit`, which builds, writes and retries the commit.
-    pub(super) async fn commit(&mut self, batch: BatchWrite) -> Result<(), CheckpointError> {
+    pub(super) async fn commit(&mut self, batch: BatchChange) -> Result<(), CheckpointError> {
         self.durable
             .commit(
                 self.engine.store(),
                 self.stats_at,
                 batch,
-                self.batch.as_ref(),
+                &mut self.batch,
                 self.sink,
             )
             .await
-    }
-
-    /// The run's batch as the next commit writes it (none: the store's is kept).
-    pub(super) fn batch_write(&self) -> BatchWrite {
-        self.batch
-            .as_ref()
-            .map_or(BatchWrite::Keep, |b| BatchWrite::Set(b.clone()))
     }
 }

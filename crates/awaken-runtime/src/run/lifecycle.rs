@@ -6,8 +6,8 @@
 use awaken_event::{AgentEvent, CancellationToken, RunId, TerminationReason, WarningKind};
 use awaken_phase::Phase;
 use awaken_plugin::{LifecycleEvent, RunLifecycle};
-use awaken_store::BatchWrite;
 
+use crate::durable::BatchChange;
 use crate::error::RunError;
 use crate::inner::RuntimeInner;
 use crate::outcome::RunOutcome;
@@ -77,11 +77,8 @@ impl Run<'_> {
         if opening.resumed && !claimed_already {
             heartbeat = self.hold_lease(rt).await?;
         }
-        if let Err(e) = self.commit(BatchWrite::Keep).await {
-            let e = RunError::Checkpoint {
-                thread_id: self.identity.thread_id.clone(),
-                message: e.to_string(),
-            };
+        if let Err(e) = self.commit(BatchChange::Keep).await {
+            let e = e.into_run_error(&self.identity.thread_id);
             self.release_lease(rt, heartbeat).await;
             return Err(e);
         }
@@ -193,16 +190,14 @@ impl Run<'_> {
             response: self.response.clone(),
             usage: Box::new(usage),
         });
-        let batch = match self.batch.take() {
-            Some(mut b) if !b.is_closed() && termination != TerminationReason::Suspended => {
-                // Calls the run will never finish are closed: a finished run holds none open.
-                b.close("the run ended");
-                BatchWrite::Set(b)
-            }
-            Some(b) => BatchWrite::Set(b),
-            None => BatchWrite::Keep,
-        };
-        if let Err(e) = self.checkpoint(batch).await {
+        if let Some(b) = self.batch.as_mut()
+            && !b.is_closed()
+            && termination != TerminationReason::Suspended
+        {
+            // Calls the run will never finish are closed: a finished run holds none open.
+            b.close("the run ended");
+        }
+        if let Err(e) = self.checkpoint(BatchChange::Write).await {
             tracing::error!(error = %e.message(), "the run's last commit failed");
             self.durable.flush_uncommitted(self.sink);
         }

@@ -12,10 +12,10 @@ use awaken_event::{
 use awaken_phase::Phase;
 use awaken_plugin::{TokenCounts, TransformContext, apply_transforms};
 use awaken_state::StateCommand;
-use awaken_store::BatchWrite;
 use awaken_tool::ToolBatch;
 
 use crate::builtins::StatsUpdate;
+use crate::durable::BatchChange;
 use crate::failpoint;
 use crate::resume::{DecisionsUpdate, ResumeDecisionsKey, suspended_calls};
 use crate::run::{Continue, Failure, Run};
@@ -193,10 +193,7 @@ impl Run<'_> {
             // Every call durable as `Requested`, with the assistant message, before any gate.
             self.batch =
                 Some(ToolBatch::of_shared(&calls).map_err(|e| Failure::Error(e.to_string()))?);
-            {
-                let batch = self.batch_write();
-                self.checkpoint(batch).await?;
-            }
+            self.checkpoint(BatchChange::Write).await?;
             failpoint::hit("after_requested", None);
         }
         if !self.skip_idle(Phase::AfterInference)? {
@@ -257,15 +254,14 @@ impl Run<'_> {
     }
 
     /// After a step: a closed batch is cleared, a batch with suspended calls is kept.
-    fn step_end_batch(&mut self) -> BatchWrite {
-        match self.batch.take() {
-            None => BatchWrite::Keep,
-            Some(b) if b.is_closed() => BatchWrite::Clear,
-            Some(b) => {
-                let write = BatchWrite::Set(b.clone());
-                self.batch = Some(b);
-                write
+    fn step_end_batch(&mut self) -> BatchChange {
+        match &self.batch {
+            None => BatchChange::Keep,
+            Some(b) if b.is_closed() => {
+                self.batch = None;
+                BatchChange::Clear
             }
+            Some(_) => BatchChange::Write,
         }
     }
 }

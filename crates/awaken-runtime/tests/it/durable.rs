@@ -231,7 +231,8 @@ async fn refused_once(refused: usize) -> String {
             if n == refused {
                 return Err(awaken_store::StoreError::Task {
                     detail: "refused once".into(),
-                });
+                }
+                .into());
             }
             Ok(())
         })

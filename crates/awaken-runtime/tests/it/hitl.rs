@@ -406,7 +406,7 @@ async fn an_unpaired_stored_history_is_repaired_before_the_provider_sees_it() {
     };
     store
         .commit(
-            awaken_store::ThreadCommit::new(thread(), record, 0).with_messages([
+            &awaken_store::ThreadCommit::new(thread(), record, 0).with_messages([
                 Message::user("hi"),
                 calls,
                 Message::tool(

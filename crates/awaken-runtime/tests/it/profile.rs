@@ -183,7 +183,8 @@ async fn a_refused_profile_commit_still_gives_one_well_formed_activation() {
             } else {
                 Err(awaken_store::StoreError::Task {
                     detail: "the process died".into(),
-                })
+                }
+                .into())
             }
         },
     ));

@@ -357,7 +357,7 @@ pub fn kill_child_at(test: &str, dir_var: &str, dir: &Path, at: &str) {
 pub struct Intercepted {
     inner: Arc<dyn awaken_store::ThreadStore>,
     on_commit: Box<
-        dyn Fn(&awaken_store::ThreadCommit) -> Result<(), awaken_store::StoreError> + Send + Sync,
+        dyn Fn(&awaken_store::ThreadCommit) -> Result<(), awaken_store::CommitError> + Send + Sync,
     >,
     /// Whether `commit_now` is forwarded (the runtime's immediate path) or every commit is
     /// awaited (`commit`).
@@ -367,7 +367,7 @@ pub struct Intercepted {
 impl Intercepted {
     pub fn new(
         inner: Arc<dyn awaken_store::ThreadStore>,
-        on_commit: impl Fn(&awaken_store::ThreadCommit) -> Result<(), awaken_store::StoreError>
+        on_commit: impl Fn(&awaken_store::ThreadCommit) -> Result<(), awaken_store::CommitError>
         + Send
         + Sync
         + 'static,
@@ -393,7 +393,8 @@ impl Intercepted {
             if commits.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= alive {
                 return Err(awaken_store::StoreError::Task {
                     detail: "the process died".into(),
-                });
+                }
+                .into());
             }
             Ok(())
         })
@@ -404,15 +405,15 @@ impl Intercepted {
 impl awaken_store::ThreadStore for Intercepted {
     async fn commit(
         &self,
-        commit: awaken_store::ThreadCommit,
-    ) -> Result<awaken_store::CommitReceipt, awaken_store::StoreError> {
-        (self.on_commit)(&commit)?;
+        commit: &awaken_store::ThreadCommit,
+    ) -> Result<awaken_store::CommitReceipt, awaken_store::CommitError> {
+        (self.on_commit)(commit)?;
         self.inner.commit(commit).await
     }
     fn commit_now(
         &self,
-        commit: &mut awaken_store::ThreadCommit,
-    ) -> Option<Result<awaken_store::CommitReceipt, awaken_store::StoreError>> {
+        commit: &awaken_store::ThreadCommit,
+    ) -> Option<Result<awaken_store::CommitReceipt, awaken_store::CommitError>> {
         if !self.immediate {
             return None;
         }
@@ -484,7 +485,7 @@ impl awaken_store::ThreadStore for Intercepted {
         lease: &awaken_store::LeaseToken,
         duration: std::time::Duration,
         now: awaken_store::Timestamp,
-    ) -> Result<awaken_store::Timestamp, awaken_store::StoreError> {
+    ) -> Result<awaken_store::Timestamp, awaken_store::LeaseError> {
         self.inner.heartbeat(lease, duration, now).await
     }
     async fn release(

@@ -7,7 +7,7 @@ use std::time::Duration;
 use awaken_event::RunId;
 
 use crate::commit::{LeaseToken, Timestamp};
-use crate::error::StoreError;
+use crate::error::{LeaseError, StoreError};
 use crate::lease;
 use crate::store::ClaimedRun;
 
@@ -68,10 +68,10 @@ impl Tables {
         lease: &LeaseToken,
         lease_duration: Duration,
         now: Timestamp,
-    ) -> Result<Timestamp, StoreError> {
+    ) -> Result<Timestamp, LeaseError> {
         let mut shard = self.run_shard(&lease.run_id);
         let Some(run) = held(shard.as_deref_mut(), lease) else {
-            return Err(StoreError::LeaseLost {
+            return Err(LeaseError::Lost {
                 run_id: lease.run_id.clone(),
             });
         };

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use awaken_event::{ProfileId, RunId, ThreadId};
 
 use crate::commit::{LeaseToken, RunRecord, ThreadCommit, Timestamp};
-use crate::error::StoreError;
+use crate::error::{CommitError, LeaseError, StoreError};
 #[cfg(feature = "failpoints")]
 use crate::failpoint::FailPoint;
 use crate::store::{
@@ -70,20 +70,19 @@ impl MemoryStore {
         self.options.failpoints.arm(point);
     }
 
-    /// A commit, written at once (nothing in it waits). Its state's values and its batch are
-    /// taken; the rest is read (see [`ThreadStore::commit_now`]).
-    fn write(&self, commit: &mut ThreadCommit) -> Result<CommitReceipt, StoreError> {
+    /// A commit, written at once (nothing in it waits).
+    fn write(&self, commit: &ThreadCommit) -> Result<CommitReceipt, CommitError> {
         transaction::write(&self.tables, &self.options, commit)
     }
 }
 
 #[async_trait]
 impl ThreadStore for MemoryStore {
-    async fn commit(&self, mut commit: ThreadCommit) -> Result<CommitReceipt, StoreError> {
-        self.write(&mut commit)
+    async fn commit(&self, commit: &ThreadCommit) -> Result<CommitReceipt, CommitError> {
+        self.write(commit)
     }
 
-    fn commit_now(&self, commit: &mut ThreadCommit) -> Option<Result<CommitReceipt, StoreError>> {
+    fn commit_now(&self, commit: &ThreadCommit) -> Option<Result<CommitReceipt, CommitError>> {
         Some(self.write(commit))
     }
 
@@ -145,7 +144,7 @@ impl ThreadStore for MemoryStore {
         lease: &LeaseToken,
         lease_duration: Duration,
         now: Timestamp,
-    ) -> Result<Timestamp, StoreError> {
+    ) -> Result<Timestamp, LeaseError> {
         self.tables.heartbeat(lease, lease_duration, now)
     }
 

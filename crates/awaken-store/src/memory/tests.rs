@@ -36,22 +36,22 @@ fn a_refused_commit_of_a_new_thread_or_run_inserts_nothing() {
     let store = MemoryStore::new();
     // A message guard the new thread does not meet.
     assert!(matches!(
-        store.write(&mut commit("t1", "r1", 3)),
-        Err(StoreError::VersionConflict { .. })
+        store.write(&commit("t1", "r1", 3)),
+        Err(CommitError::VersionConflict { .. })
     ));
     assert_eq!(holds(&store, "t1", "r1"), (false, false, false));
     // A run already on another thread.
-    store.write(&mut commit("t2", "r2", 0)).expect("written");
+    store.write(&commit("t2", "r2", 0)).expect("written");
     assert_eq!(holds(&store, "t2", "r2"), (true, true, true));
     assert!(matches!(
-        store.write(&mut commit("t3", "r2", 0)),
-        Err(StoreError::RunOnOtherThread { .. })
+        store.write(&commit("t3", "r2", 0)),
+        Err(CommitError::RunOnOtherThread { .. })
     ));
     assert!(!holds(&store, "t3", "r2").0);
     // A new run on a stored thread, refused by its guard.
     assert!(matches!(
-        store.write(&mut commit("t2", "r4", 5)),
-        Err(StoreError::VersionConflict { .. })
+        store.write(&commit("t2", "r4", 5)),
+        Err(CommitError::VersionConflict { .. })
     ));
     assert_eq!(holds(&store, "t2", "r4"), (true, false, false));
 }
@@ -101,8 +101,8 @@ fn what_cannot_be_written_is_kept_as_it_came() {
             c.run.status = RunStatus::Done;
             c.run.termination = Some(TerminationReason::NaturalEnd);
         }
-        compacting.write(&mut c.clone()).expect("written");
-        shared.write(&mut c).expect("written");
+        compacting.write(&c).expect("written");
+        shared.write(&c).expect("written");
         let read = |store: &MemoryStore| {
             let messages = rt
                 .block_on(store.load_checkpoint(&thread))
@@ -140,11 +140,11 @@ fn a_failed_commit_takes_back_its_run_marker() {
         c.events = vec![AgentEvent::StepStart { step }];
         c
     };
-    store.write(&mut with_step("r1", 1)).expect("written");
+    store.write(&with_step("r1", 1)).expect("written");
     store.arm_failpoint(FailPoint::AfterEvents);
-    store.write(&mut with_step("r2", 7)).expect_err("injected");
-    store.write(&mut with_step("r2", 8)).expect("written");
-    store.write(&mut with_step("r1", 2)).expect("written");
+    store.write(&with_step("r2", 7)).expect_err("injected");
+    store.write(&with_step("r2", 8)).expect("written");
+    store.write(&with_step("r1", 2)).expect("written");
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("runtime");
@@ -164,7 +164,7 @@ fn a_runs_record_is_written_in_place_and_put_back_on_failure() {
     let store = MemoryStore::new();
     let mut c = commit("t1", "r1", 0);
     c.run.spec_digest = Arc::from("digest-1");
-    store.write(&mut c).expect("written");
+    store.write(&c).expect("written");
     let stored = |store: &MemoryStore| {
         let shard = store.tables.shard(&ThreadId::new("t1").expect("id"));
         let slot = shard.runs.get(&RunId::new("r1").expect("id"));
@@ -177,7 +177,7 @@ fn a_runs_record_is_written_in_place_and_put_back_on_failure() {
     // The same record, moved on: written in place.
     c.run.steps = 2;
     c.run.updated_at = Timestamp::from_unix_millis(20);
-    store.write(&mut c).expect("written");
+    store.write(&c).expect("written");
     let second = stored(&store);
     assert_eq!((second.steps, second.updated_at), (2, c.run.updated_at));
     assert!(Arc::ptr_eq(&second.agent_id, &first.agent_id));
@@ -191,7 +191,7 @@ fn a_runs_record_is_written_in_place_and_put_back_on_failure() {
         failing.run.status = RunStatus::Done;
         failing.run.termination = Some(TerminationReason::NaturalEnd);
         store.arm_failpoint(point);
-        store.write(&mut failing).expect_err("injected");
+        store.write(&failing).expect_err("injected");
         assert_eq!(stored(&store), second, "{point:?}");
     }
     // Other strings (an equal digest, not the same one): the record is replaced whole, and
@@ -201,10 +201,10 @@ fn a_runs_record_is_written_in_place_and_put_back_on_failure() {
     other.run.agent_id = Arc::from("agent-2");
     other.run.steps = 4;
     store.arm_failpoint(FailPoint::AfterRun);
-    store.write(&mut other).expect_err("injected");
+    store.write(&other).expect_err("injected");
     assert_eq!(stored(&store), second);
     assert!(Arc::ptr_eq(&stored(&store).agent_id, &first.agent_id));
-    store.write(&mut other).expect("written");
+    store.write(&other).expect("written");
     let third = stored(&store);
     assert_eq!((&*third.agent_id, third.steps), ("agent-2", 4));
     assert_eq!(
@@ -259,7 +259,7 @@ fn finished_runs_share_their_digests() {
             c.run.spec_digest = digest(i);
             c.run.status = RunStatus::Done;
             c.run.termination = Some(awaken_event::TerminationReason::NaturalEnd);
-            store.write(&mut c).expect("written");
+            store.write(&c).expect("written");
         }
     }
     assert_eq!(store.tables.digests.len(), DIGESTS_KEPT);
@@ -276,11 +276,11 @@ fn finished_runs_share_their_digests() {
 #[test]
 fn a_finished_runs_row_is_written_out_and_damage_is_an_error() {
     let store = MemoryStore::new();
-    store.write(&mut commit("t1", "r1", 0)).expect("written");
+    store.write(&commit("t1", "r1", 0)).expect("written");
     let mut done = commit("t1", "r1", 0);
     done.run.status = RunStatus::Done;
     done.run.termination = Some(awaken_event::TerminationReason::NaturalEnd);
-    store.write(&mut done.clone()).expect("written");
+    store.write(&done).expect("written");
     let run = RunId::new("r1").expect("id");
     let thread = ThreadId::new("t1").expect("id");
     let is_done = || {
@@ -294,8 +294,8 @@ fn a_finished_runs_row_is_written_out_and_damage_is_an_error() {
     let mut refused = done.clone();
     refused.expected_message_count = 5;
     assert!(matches!(
-        store.write(&mut refused),
-        Err(StoreError::VersionConflict { .. })
+        store.write(&refused),
+        Err(CommitError::VersionConflict { .. })
     ));
     assert!(is_done(), "a refused commit left the row read back");
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -318,8 +318,11 @@ fn a_finished_runs_row_is_written_out_and_damage_is_an_error() {
     assert!(loaded.as_ref().is_err_and(corrupt), "{loaded:?}");
     let listed = rt.block_on(store.list_runs(&thread));
     assert!(listed.as_ref().is_err_and(corrupt), "{listed:?}");
-    let written = store.write(&mut done);
-    assert!(written.as_ref().is_err_and(corrupt), "{written:?}");
+    let written = store.write(&done);
+    assert!(
+        matches!(&written, Err(CommitError::Backend(e)) if corrupt(e)),
+        "{written:?}"
+    );
     assert!(matches!(
         store.tables.shard(&thread).runs.get(&run),
         Some(RunSlot::Done(_))

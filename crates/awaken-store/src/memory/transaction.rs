@@ -5,14 +5,15 @@
 use std::collections::BTreeMap;
 
 use awaken_event::{RunId, ThreadId};
+use awaken_state::StateValue;
 use hashbrown::hash_map::RawEntryMut as Entry;
 
 use crate::commit::{BatchWrite, RunStatus, ThreadCommit};
-use crate::error::StoreError;
+use crate::error::{CommitError, StoreError};
 use crate::failpoint::{FailPoint, Failpoints};
 use crate::store::{CommitReceipt, ProfileEntry};
 
-use super::maps::{MapHasher, Profiles, StateMap, lock};
+use super::maps::{MapHasher, Profiles, StateKeyName, StateMap, lock};
 use super::runs::{RunRow, RunSlot};
 use super::shards::{Shard, Tables};
 use super::thread::{ThreadData, ThreadRow};
@@ -49,16 +50,16 @@ thread_local! {
 type ThreadEntry<'a> = Entry<'a, ThreadId, Box<ThreadData>, MapHasher>;
 type RunEntry<'a> = Entry<'a, RunId, RunSlot, MapHasher>;
 
-/// Writes `commit` into `tables` at once (nothing in it waits). Its state's values and its
-/// batch are taken; the rest is read (see `ThreadStore::commit_now`).
+/// Writes `commit` into `tables` at once (nothing in it waits), copying what the store keeps of
+/// it.
 pub(super) fn write(
     tables: &Tables,
     options: &WriteOptions,
-    commit: &mut ThreadCommit,
-) -> Result<CommitReceipt, StoreError> {
+    commit: &ThreadCommit,
+) -> Result<CommitReceipt, CommitError> {
     commit
         .validate()
-        .map_err(|v| StoreError::invalid(&commit.thread_id, v))?;
+        .map_err(|v| CommitError::invalid(&commit.thread_id, v))?;
     let mut inner = tables.shard(&commit.thread_id);
     // A run new to this shard: the index says whether it is on another thread, and stays
     // locked until the commit has put it there.
@@ -73,7 +74,7 @@ pub(super) fn write(
         if let Some(stored) = index.get(&commit.run.run_id)
             && *stored != commit.thread_id
         {
-            return Err(StoreError::RunOnOtherThread {
+            return Err(CommitError::RunOnOtherThread {
                 run_id: commit.run.run_id.clone(),
                 thread_id: commit.thread_id.clone(),
                 stored_thread_id: stored.clone(),
@@ -178,10 +179,10 @@ fn check(
     run: Option<&RunRow>,
     c: &ThreadCommit,
     profiles: Option<&Profiles>,
-) -> Result<(), StoreError> {
+) -> Result<(), CommitError> {
     let actual = thread.map_or(0, |t| t.message_count as u64);
     if actual != c.expected_message_count {
-        return Err(StoreError::VersionConflict {
+        return Err(CommitError::VersionConflict {
             expected: c.expected_message_count,
             actual,
         });
@@ -189,7 +190,7 @@ fn check(
     if let Some(run) = run
         && run.thread_id != c.thread_id
     {
-        return Err(StoreError::RunOnOtherThread {
+        return Err(CommitError::RunOnOtherThread {
             run_id: c.run.run_id.clone(),
             thread_id: c.thread_id.clone(),
             stored_thread_id: run.thread_id.clone(),
@@ -198,7 +199,7 @@ fn check(
     if let Some(lease) = &c.lease {
         let held = run.is_some_and(|r| r.held_by(lease));
         if !held {
-            return Err(StoreError::LeaseLost {
+            return Err(CommitError::LeaseLost {
                 run_id: c.run.run_id.clone(),
             });
         }
@@ -208,14 +209,14 @@ fn check(
         && let Some(batch) = run.and_then(|r| r.batch.as_ref())
     {
         crate::commit::check_batch(batch, RunStatus::Done)
-            .map_err(|v| StoreError::invalid(&c.thread_id, v))?;
+            .map_err(|v| CommitError::invalid(&c.thread_id, v))?;
     }
     if let Some(profile_id) = &c.run.profile_id {
         let stored = profiles.and_then(|p| p.get(profile_id));
         for (key, read) in &c.profile_versions {
             let current = stored.and_then(|p| p.get(key)).map_or(0, |e| e.version);
             if current != *read {
-                return Err(StoreError::ProfileConflict { key: key.clone() });
+                return Err(CommitError::ProfileConflict { key: key.clone() });
             }
         }
     }
@@ -223,20 +224,17 @@ fn check(
 }
 
 /// Applies a checked commit to its thread's and run's entries: the state's values and the
-/// batch are taken from it, the record written in place when it can be, the messages and
-/// events read (written in the compact form, or copied when they cannot be).
+/// batch copied (shared values, shared calls), the record written in place when it can be, the
+/// messages and events read (written in the compact form, or copied when they cannot be).
 fn apply(
     thread: ThreadEntry<'_>,
     run: RunEntry<'_>,
-    c: &mut ThreadCommit,
+    c: &ThreadCommit,
     options: &WriteOptions,
     undo: &mut Vec<Undo>,
     run_undo: &mut Option<RunUndo>,
     profiles: Option<&mut Profiles>,
-) -> Result<CommitReceipt, StoreError> {
-    // What the store keeps of the commit is taken (the state's values, drained so their
-    // lists keep their room for the runtime's next export, and the batch) or copied (the
-    // record); its messages and events are read.
+) -> Result<CommitReceipt, CommitError> {
     let ThreadCommit {
         thread_id: tid,
         run: record,
@@ -245,11 +243,9 @@ fn apply(
         run_state: run_delta,
         thread_state: thread_delta,
         profile_state: profile_delta,
-        batch,
+        batch: batch_write,
         ..
     } = c;
-    let (tid, record) = (&*tid, &*record);
-    let batch_write = std::mem::replace(batch, BatchWrite::Keep);
     let rid = &record.run_id;
     let now = record.updated_at;
     let status = record.status;
@@ -272,7 +268,7 @@ fn apply(
             let old_record = write_record(&mut row.record, record);
             let batch = match batch_write {
                 BatchWrite::Keep => None,
-                BatchWrite::Set(b) => Some(row.batch.replace(b)),
+                BatchWrite::Set(b) => Some(row.batch.replace(b.clone())),
                 BatchWrite::Clear => Some(row.batch.take()),
             };
             let lease = (status == RunStatus::Done).then(|| row.lease.take());
@@ -287,7 +283,7 @@ fn apply(
         }
         Entry::Vacant(slot) => {
             let batch = match batch_write {
-                BatchWrite::Set(b) => Some(b),
+                BatchWrite::Set(b) => Some(b.clone()),
                 BatchWrite::Keep | BatchWrite::Clear => None,
             };
             undo.push(Undo::RunCreated);
@@ -311,14 +307,14 @@ fn apply(
     }
     options.failpoints.check(FailPoint::AfterRun)?;
 
-    for (k, v) in run_delta.values.drain() {
-        let old = row.state.insert(k.clone(), v);
-        undo.push(Undo::RunKey(k, old));
+    for (k, v) in run_delta.values.iter() {
+        let old = upsert(&mut row.state, k, v);
+        undo.push(Undo::RunKey(k.clone(), old));
     }
     let thread_revision = (!thread_delta.values.is_empty()).then_some(thread_delta.revision);
-    for (k, v) in thread_delta.values.drain() {
-        let old = thread.state.get_or_insert_default().insert(k.clone(), v);
-        undo.push(Undo::ThreadKey(k, old));
+    for (k, v) in thread_delta.values.iter() {
+        let old = upsert(thread.state.get_or_insert_default(), k, v);
+        undo.push(Undo::ThreadKey(k.clone(), old));
     }
     let mut profile_versions = BTreeMap::new();
     if let Some(pid) = profile_id
@@ -326,17 +322,18 @@ fn apply(
         && !profile_delta.values.is_empty()
     {
         let profile = profiles.entry(pid.clone()).or_default();
-        for (k, value) in profile_delta.values.drain() {
-            let value = match value.into_json() {
+        for (k, value) in profile_delta.values.iter() {
+            let value = match value.to_json() {
                 Ok(value) => value,
                 Err(source) => {
                     return Err(StoreError::StateValue {
                         what: "profile state",
                         source,
-                    });
+                    }
+                    .into());
                 }
             };
-            let k = k.into_owned();
+            let k = String::from(k.as_ref());
             let version = profile.get(&k).map_or(0, |e| e.version) + 1;
             profile_versions.insert(k.clone(), version);
             let old = profile.insert(k.clone(), ProfileEntry { value, version });
@@ -383,4 +380,17 @@ fn apply(
         last_event_seq: seq,
         profile_versions,
     })
+}
+
+/// Writes a copy of `value` (a shared reference) at `key` in `map` and returns what it replaced.
+/// A stored key keeps its name; a new one takes a copy of the commit's (free for a name borrowed
+/// from the registry).
+fn upsert(map: &mut StateMap, key: &StateKeyName, value: &StateValue) -> Option<StateValue> {
+    match map.raw_entry_mut().from_key(key) {
+        Entry::Occupied(mut stored) => Some(stored.insert(value.clone())),
+        Entry::Vacant(slot) => {
+            slot.insert(key.clone(), value.clone());
+            None
+        }
+    }
 }

@@ -9,7 +9,7 @@ use tokio_postgres::{Client, Transaction};
 
 use crate::codec;
 use crate::commit::{BatchWrite, RunStatus, ThreadCommit};
-use crate::error::StoreError;
+use crate::error::CommitError;
 use crate::failpoint::{FailPoint, Failpoints};
 use crate::lease;
 use crate::store::CommitReceipt;
@@ -19,7 +19,7 @@ pub(super) async fn write(
     client: &mut Client,
     c: &ThreadCommit,
     fp: &Failpoints,
-) -> Result<CommitReceipt, StoreError> {
+) -> Result<CommitReceipt, CommitError> {
     let tx = client.transaction().await?;
     match write_tx(&tx, c, fp).await {
         Ok(receipt) => {
@@ -39,7 +39,7 @@ async fn write_tx(
     tx: &Transaction<'_>,
     c: &ThreadCommit,
     fp: &Failpoints,
-) -> Result<CommitReceipt, StoreError> {
+) -> Result<CommitReceipt, CommitError> {
     let tid = c.thread_id.as_str();
     let rid = c.run.run_id.as_str();
     let now = c.run.updated_at.as_unix_millis();
@@ -64,7 +64,7 @@ async fn write_tx(
     let thread_revision: i64 = row.try_get(2)?;
     let actual = codec::count("message count", message_count)?;
     if actual != c.expected_message_count {
-        return Err(StoreError::VersionConflict {
+        return Err(CommitError::VersionConflict {
             expected: c.expected_message_count,
             actual,
         });
@@ -79,7 +79,7 @@ async fn write_tx(
     if let Some(run) = &run {
         let stored_tid: String = run.try_get(0)?;
         if stored_tid != tid {
-            return Err(StoreError::RunOnOtherThread {
+            return Err(CommitError::RunOnOtherThread {
                 run_id: c.run.run_id.clone(),
                 thread_id: c.thread_id.clone(),
                 stored_thread_id: codec::thread_id(&stored_tid)?,
@@ -96,7 +96,7 @@ async fn write_tx(
             None => false,
         };
         if !held {
-            return Err(StoreError::LeaseLost {
+            return Err(CommitError::LeaseLost {
                 run_id: c.run.run_id.clone(),
             });
         }
@@ -107,7 +107,7 @@ async fn write_tx(
         && let Some(batch) = run.try_get::<_, Option<String>>(3)?
     {
         crate::commit::check_batch(&codec::batch(&batch)?, RunStatus::Done)
-            .map_err(|v| StoreError::invalid(&c.thread_id, v))?;
+            .map_err(|v| CommitError::invalid(&c.thread_id, v))?;
     }
     let profile_id = c.run.profile_id.as_ref().map(ProfileId::as_str);
     if let Some(pid) = profile_id
@@ -124,7 +124,7 @@ async fn write_tx(
                 None => 0,
             };
             if current != codec::int(*read) {
-                return Err(StoreError::ProfileConflict { key: key.clone() });
+                return Err(CommitError::ProfileConflict { key: key.clone() });
             }
         }
     }
@@ -195,7 +195,7 @@ async fn write_tx(
             .query_one("SELECT thread_id FROM runs WHERE run_id = $1", &[&rid])
             .await?
             .try_get(0)?;
-        return Err(StoreError::RunOnOtherThread {
+        return Err(CommitError::RunOnOtherThread {
             run_id: c.run.run_id.clone(),
             thread_id: c.thread_id.clone(),
             stored_thread_id: codec::thread_id(&stored)?,
@@ -251,7 +251,7 @@ async fn write_tx(
             let read = c.profile_versions.get(k.as_ref()).copied().unwrap_or(0);
             let n = tx.execute(&stmt, &[&pid, k, &v, &codec::int(read)]).await?;
             if n != 1 {
-                return Err(StoreError::ProfileConflict { key: k.to_string() });
+                return Err(CommitError::ProfileConflict { key: k.to_string() });
             }
             profile_versions.insert(k.to_string(), read + 1);
         }

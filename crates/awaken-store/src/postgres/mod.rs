@@ -14,7 +14,7 @@ use tokio_postgres::Row;
 
 use crate::codec::{self, RUN_COLUMNS};
 use crate::commit::{LeaseToken, RunRecord, ThreadCommit, Timestamp};
-use crate::error::StoreError;
+use crate::error::{CommitError, LeaseError, StoreError};
 #[cfg(feature = "failpoints")]
 use crate::failpoint::FailPoint;
 use crate::failpoint::Failpoints;
@@ -136,12 +136,13 @@ fn claimed_row(
 
 #[async_trait]
 impl ThreadStore for PostgresStore {
-    async fn commit(&self, commit: ThreadCommit) -> Result<CommitReceipt, StoreError> {
+    /// Reads the commit in place for the whole transaction (its future borrows it).
+    async fn commit(&self, commit: &ThreadCommit) -> Result<CommitReceipt, CommitError> {
         commit
             .validate()
-            .map_err(|v| StoreError::invalid(&commit.thread_id, v))?;
+            .map_err(|v| CommitError::invalid(&commit.thread_id, v))?;
         let mut conn = self.pool.get().await?;
-        commit::write(&mut conn, &commit, &self.failpoints).await
+        commit::write(&mut conn, commit, &self.failpoints).await
     }
 
     async fn load_checkpoint(
@@ -280,10 +281,10 @@ impl ThreadStore for PostgresStore {
         lease: &LeaseToken,
         lease_duration: Duration,
         now: Timestamp,
-    ) -> Result<Timestamp, StoreError> {
+    ) -> Result<Timestamp, LeaseError> {
         let expires_at = now.saturating_add(lease_duration);
         let conn = self.pool.get().await?;
-        let n = conn
+        let renewed = conn
             .execute(
                 "UPDATE runs SET lease_expires_at = $1 WHERE run_id = $2 \
                  AND lease_owner = $3 AND lease_epoch = $4",
@@ -294,9 +295,10 @@ impl ThreadStore for PostgresStore {
                     &codec::int(lease.epoch),
                 ],
             )
-            .await?;
-        if n == 0 {
-            return Err(StoreError::LeaseLost {
+            .await
+            .map_err(StoreError::from)?;
+        if renewed == 0 {
+            return Err(LeaseError::Lost {
                 run_id: lease.run_id.clone(),
             });
         }

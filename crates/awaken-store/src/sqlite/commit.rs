@@ -9,7 +9,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use crate::codec;
 use crate::commit::{BatchWrite, RunStatus, ThreadCommit};
-use crate::error::StoreError;
+use crate::error::CommitError;
 use crate::failpoint::{FailPoint, Failpoints};
 use crate::lease;
 use crate::store::CommitReceipt;
@@ -19,7 +19,7 @@ pub(super) fn write(
     conn: &mut Connection,
     c: &ThreadCommit,
     fp: &Failpoints,
-) -> Result<CommitReceipt, StoreError> {
+) -> Result<CommitReceipt, CommitError> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let tid = c.thread_id.as_str();
     let rid = c.run.run_id.as_str();
@@ -34,7 +34,7 @@ pub(super) fn write(
     let (message_count, event_count, thread_revision) = thread.unwrap_or((0, 0, 0));
     let actual = codec::count("message count", message_count)?;
     if actual != c.expected_message_count {
-        return Err(StoreError::VersionConflict {
+        return Err(CommitError::VersionConflict {
             expected: c.expected_message_count,
             actual,
         });
@@ -48,7 +48,7 @@ pub(super) fn write(
     if let Some((stored_tid, _, _, _)) = &run
         && stored_tid != tid
     {
-        return Err(StoreError::RunOnOtherThread {
+        return Err(CommitError::RunOnOtherThread {
             run_id: c.run.run_id.clone(),
             thread_id: c.thread_id.clone(),
             stored_thread_id: codec::thread_id(stored_tid)?,
@@ -59,7 +59,7 @@ pub(super) fn write(
             u64::try_from(*epoch).is_ok_and(|epoch| lease::holds(owner.as_deref(), epoch, lease))
         });
         if !held {
-            return Err(StoreError::LeaseLost {
+            return Err(CommitError::LeaseLost {
                 run_id: c.run.run_id.clone(),
             });
         }
@@ -69,7 +69,7 @@ pub(super) fn write(
         && let Some((_, _, _, Some(batch))) = &run
     {
         crate::commit::check_batch(&codec::batch(batch)?, RunStatus::Done)
-            .map_err(|v| StoreError::invalid(&c.thread_id, v))?;
+            .map_err(|v| CommitError::invalid(&c.thread_id, v))?;
     }
     let profile_id = c.run.profile_id.as_ref().map(ProfileId::as_str);
     if let Some(pid) = profile_id {
@@ -80,7 +80,7 @@ pub(super) fn write(
             let current: Option<i64> =
                 stmt.query_row(params![pid, key], |r| r.get(0)).optional()?;
             if current.unwrap_or(0) != codec::int(*read) {
-                return Err(StoreError::ProfileConflict { key: key.clone() });
+                return Err(CommitError::ProfileConflict { key: key.clone() });
             }
         }
     }

@@ -15,7 +15,7 @@ use rusqlite::{Connection, TransactionBehavior, params};
 
 use crate::codec::{self, RUN_COLUMNS, RawRun};
 use crate::commit::{LeaseToken, RunRecord, ThreadCommit, Timestamp};
-use crate::error::StoreError;
+use crate::error::{CommitError, LeaseError, StoreError};
 #[cfg(feature = "failpoints")]
 use crate::failpoint::FailPoint;
 use crate::failpoint::Failpoints;
@@ -215,10 +215,10 @@ impl SqliteStore {
     }
 
     /// [`with_conn`](Self::with_conn) for a write: counted towards the next WAL checkpoint.
-    async fn write_conn<T: Send + 'static>(
+    async fn write_conn<T: Send + 'static, E: From<StoreError> + Send + 'static>(
         &self,
-        f: impl FnOnce(&mut Connection, &Failpoints) -> Result<T, StoreError> + Send + 'static,
-    ) -> Result<T, StoreError> {
+        f: impl FnOnce(&mut Connection, &Failpoints) -> Result<T, E> + Send + 'static,
+    ) -> Result<T, E> {
         let written = self.with_conn(f).await;
         self.count_write();
         written
@@ -231,10 +231,12 @@ impl SqliteStore {
         }
     }
 
-    async fn with_conn<T: Send + 'static>(
+    /// Runs `f` with the store's connection on the blocking pool (`E`: its error, which a
+    /// failure of the blocking task becomes too).
+    async fn with_conn<T: Send + 'static, E: From<StoreError> + Send + 'static>(
         &self,
-        f: impl FnOnce(&mut Connection, &Failpoints) -> Result<T, StoreError> + Send + 'static,
-    ) -> Result<T, StoreError> {
+        f: impl FnOnce(&mut Connection, &Failpoints) -> Result<T, E> + Send + 'static,
+    ) -> Result<T, E> {
         let conn = Arc::clone(&self.conn);
         let failpoints = Arc::clone(&self.failpoints);
         blocking(move || {
@@ -281,18 +283,21 @@ fn claimed_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, i64, RawRun)>
 
 #[async_trait]
 impl ThreadStore for SqliteStore {
-    async fn commit(&self, commit: ThreadCommit) -> Result<CommitReceipt, StoreError> {
+    /// Validates the commit on the caller's thread, then writes a copy of it on the blocking
+    /// pool (the task needs a commit of its own: the caller's stays with the caller).
+    async fn commit(&self, commit: &ThreadCommit) -> Result<CommitReceipt, CommitError> {
         commit
             .validate()
-            .map_err(|v| StoreError::invalid(&commit.thread_id, v))?;
+            .map_err(|v| CommitError::invalid(&commit.thread_id, v))?;
+        let commit = commit.clone();
         self.write_conn(move |conn, fp| commit::write(conn, &commit, fp))
             .await
     }
 
     /// Commits on the caller's thread when commits may run inline, the connection is free and
     /// no other process holds the write lock (nothing is waited for here); `None` (nothing
-    /// written) for the blocking pool otherwise. The commit is only read.
-    fn commit_now(&self, commit: &mut ThreadCommit) -> Option<Result<CommitReceipt, StoreError>> {
+    /// written) for the blocking pool otherwise.
+    fn commit_now(&self, commit: &ThreadCommit) -> Option<Result<CommitReceipt, CommitError>> {
         if !self.inline {
             return None;
         }
@@ -304,7 +309,7 @@ impl ThreadStore for SqliteStore {
             Err(TryLockError::WouldBlock) => return None,
         };
         if let Err(v) = commit.validate() {
-            return Some(Err(StoreError::invalid(&commit.thread_id, v)));
+            return Some(Err(CommitError::invalid(&commit.thread_id, v)));
         }
         // Another process's write lock is not waited for here: with no busy timeout, `BEGIN
         // IMMEDIATE` fails at once, nothing is written, and the pool does the waiting.
@@ -322,13 +327,14 @@ impl ThreadStore for SqliteStore {
                     "the commit panicked: {}",
                     awaken_state::panic_message(&*panic)
                 ),
-            })
+            }
+            .into())
         });
         if let Err(e) = conn.busy_timeout(self.busy_timeout) {
             tracing::warn!(error = %e, "sqlite store: the busy timeout was not restored");
         }
         drop(conn);
-        if let Err(StoreError::Sqlite { source }) = &written
+        if let Err(CommitError::Backend(StoreError::Sqlite { source })) = &written
             && source.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy)
         {
             return None;
@@ -480,29 +486,30 @@ impl ThreadStore for SqliteStore {
         lease: &LeaseToken,
         lease_duration: Duration,
         now: Timestamp,
-    ) -> Result<Timestamp, StoreError> {
-        let lease = lease.clone();
+    ) -> Result<Timestamp, LeaseError> {
+        let held = lease.clone();
         let expires_at = now.saturating_add(lease_duration);
-        self.write_conn(move |conn, _| {
-            let n = conn
-                .prepare_cached(
-                    "UPDATE runs SET lease_expires_at = ?1 WHERE run_id = ?2 \
-                     AND lease_owner = ?3 AND lease_epoch = ?4",
-                )?
-                .execute(params![
-                    expires_at.as_unix_millis(),
-                    lease.run_id.as_str(),
-                    lease.worker_id,
-                    codec::int(lease.epoch)
-                ])?;
-            if n == 0 {
-                return Err(StoreError::LeaseLost {
-                    run_id: lease.run_id,
-                });
-            }
-            Ok(expires_at)
-        })
-        .await
+        let renewed = self
+            .write_conn(move |conn, _| -> Result<usize, StoreError> {
+                Ok(conn
+                    .prepare_cached(
+                        "UPDATE runs SET lease_expires_at = ?1 WHERE run_id = ?2 \
+                         AND lease_owner = ?3 AND lease_epoch = ?4",
+                    )?
+                    .execute(params![
+                        expires_at.as_unix_millis(),
+                        held.run_id.as_str(),
+                        held.worker_id,
+                        codec::int(held.epoch)
+                    ])?)
+            })
+            .await?;
+        if renewed == 0 {
+            return Err(LeaseError::Lost {
+                run_id: lease.run_id.clone(),
+            });
+        }
+        Ok(expires_at)
     }
 
     async fn release(&self, lease: &LeaseToken) -> Result<bool, StoreError> {

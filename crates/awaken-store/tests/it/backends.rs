@@ -164,6 +164,7 @@ every_backend!(
     failpoint_inside_the_write,
     failed_last_commit_keeps_lease_and_batch,
     commit_now_writes_or_leaves_the_commit,
+    a_refused_commit_goes_through_once_corrected,
     failpoint_inside_an_immediate_write,
     commit_cost_shape_at_length,
     finished_threads_read_back_whole,
@@ -177,7 +178,7 @@ every_backend!(
 fn the_memory_store_commits_without_a_future() {
     use awaken_store::ThreadStore as _;
     let store = MemoryStore::new();
-    let written = store.commit_now(&mut crate::conformance::step("t1", "r1", 0, 1, 1_000));
+    let written = store.commit_now(&crate::conformance::step("t1", "r1", 0, 1, 1_000));
     assert!(matches!(written, Some(Ok(_))), "{written:?}");
 }
 
@@ -195,14 +196,14 @@ async fn commits_read_back_with_or_without_compaction() {
         let first = ThreadCommit::new(tid("t1"), run("r1", 1_000), 0)
             .with_messages(messages.clone())
             .with_events(events.clone());
-        store.commit(first).await.expect("commit");
+        store.commit(&first).await.expect("commit");
 
         let mut record = run("r1", 1_000);
         record.updated_at = at(1_001);
         record.status = RunStatus::Done;
         record.termination = Some(TerminationReason::NaturalEnd);
         store
-            .commit(ThreadCommit::new(tid("t1"), record, 1))
+            .commit(&ThreadCommit::new(tid("t1"), record, 1))
             .await
             .expect("commit");
 

@@ -11,8 +11,8 @@ use awaken_event::{
 };
 use awaken_state::PersistedState;
 use awaken_store::{
-    BatchWrite, CommitViolation, FailPoint, LeaseToken, RunRecord, RunStatus, StoreError,
-    ThreadCommit, ThreadStore, Timestamp,
+    BatchWrite, CommitError, CommitViolation, FailPoint, LeaseError, LeaseToken, RunRecord,
+    RunStatus, StoreError, ThreadCommit, ThreadStore, Timestamp,
 };
 use awaken_tool::{ToolBatch, pending_call};
 use serde_json::{Value, json};
@@ -234,12 +234,12 @@ pub async fn round_trip(h: &Harness) {
     let s = &*h.store;
     assert!(s.load_checkpoint(&tid("t1")).await.expect("load").is_none());
     let receipt = s
-        .commit(step("t1", "r1", 0, 1, 1_000))
+        .commit(&step("t1", "r1", 0, 1, 1_000))
         .await
         .expect("commit 1");
     assert_eq!((receipt.message_count, receipt.last_event_seq), (2, 3));
     let receipt = s
-        .commit(step("t1", "r1", 2, 2, 2_000))
+        .commit(&step("t1", "r1", 2, 2, 2_000))
         .await
         .expect("commit 2");
     assert_eq!((receipt.message_count, receipt.last_event_seq), (4, 6));
@@ -269,17 +269,17 @@ pub async fn round_trip(h: &Harness) {
 
 pub async fn message_guard_conflict(h: &Harness) {
     let s = &*h.store;
-    s.commit(step("t1", "r1", 0, 1, 1_000))
+    s.commit(&step("t1", "r1", 0, 1, 1_000))
         .await
         .expect("commit");
     let before = dump_all(s).await;
     for stale in [0, 1, 3] {
         let err = s
-            .commit(step("t1", "r1", stale, 2, 2_000))
+            .commit(&step("t1", "r1", stale, 2, 2_000))
             .await
             .expect_err("stale guard");
         assert!(
-            matches!(err, StoreError::VersionConflict { expected, actual: 2 } if expected == stale),
+            matches!(err, CommitError::VersionConflict { expected, actual: 2 } if expected == stale),
             "{err:?}"
         );
         assert!(err.is_conflict());
@@ -292,31 +292,29 @@ pub async fn message_guard_conflict(h: &Harness) {
     // The guard holds without new messages too.
     let bare = ThreadCommit::new(tid("t1"), run("r1", 1_500), 1);
     assert!(matches!(
-        s.commit(bare).await,
-        Err(StoreError::VersionConflict {
+        s.commit(&bare).await,
+        Err(CommitError::VersionConflict {
             expected: 1,
             actual: 2
         })
     ));
     let bare = ThreadCommit::new(tid("t1"), run("r1", 1_500), 2);
-    s.commit(bare).await.expect("a commit without messages");
+    s.commit(&bare).await.expect("a commit without messages");
 }
 
 pub async fn concurrent_writers_one_wins(h: &Harness) {
     let s = &*h.store;
-    s.commit(step("t1", "r1", 0, 1, 1_000))
+    s.commit(&step("t1", "r1", 0, 1, 1_000))
         .await
         .expect("commit");
-    let (a, b) = tokio::join!(
-        s.commit(step("t1", "r1", 2, 2, 2_000)),
-        s.commit(step("t1", "r1", 2, 3, 3_000)),
-    );
+    let (first, second) = (step("t1", "r1", 2, 2, 2_000), step("t1", "r1", 2, 3, 3_000));
+    let (a, b) = tokio::join!(s.commit(&first), s.commit(&second));
     let wins = [a.is_ok(), b.is_ok()];
     assert_eq!(wins.iter().filter(|w| **w).count(), 1, "{a:?} {b:?}");
     let loser = if a.is_ok() { b } else { a };
     assert!(matches!(
         loser,
-        Err(StoreError::VersionConflict {
+        Err(CommitError::VersionConflict {
             expected: 2,
             actual: 4
         })
@@ -335,15 +333,15 @@ pub async fn concurrent_writers_one_wins(h: &Harness) {
 /// wins; the check cannot lock a run that does not exist yet, so the write itself must refuse).
 pub async fn a_run_belongs_to_one_thread(h: &Harness) {
     let s = &*h.store;
-    s.commit(step("ta", "r1", 0, 1, 1_000))
+    s.commit(&step("ta", "r1", 0, 1, 1_000))
         .await
         .expect("first commit");
     let err = s
-        .commit(step("tb", "r1", 0, 1, 2_000))
+        .commit(&step("tb", "r1", 0, 1, 2_000))
         .await
         .expect_err("the run is on ta");
     assert!(
-        matches!(&err, StoreError::RunOnOtherThread { stored_thread_id, .. } if stored_thread_id.as_str() == "ta"),
+        matches!(&err, CommitError::RunOnOtherThread { stored_thread_id, .. } if stored_thread_id.as_str() == "ta"),
         "{err:?}"
     );
     assert!(
@@ -356,8 +354,8 @@ pub async fn a_run_belongs_to_one_thread(h: &Harness) {
         let (run, x, y) = (format!("race-{i}"), format!("x{i}"), format!("y{i}"));
         let (a, b) = tokio::task::block_in_place(|| {
             std::thread::scope(|scope| {
-                let a = scope.spawn(|| handle.block_on(s.commit(step(&x, &run, 0, 1, 1_000))));
-                let b = scope.spawn(|| handle.block_on(s.commit(step(&y, &run, 0, 1, 1_000))));
+                let a = scope.spawn(|| handle.block_on(s.commit(&step(&x, &run, 0, 1, 1_000))));
+                let b = scope.spawn(|| handle.block_on(s.commit(&step(&y, &run, 0, 1, 1_000))));
                 (a.join().expect("thread a"), b.join().expect("thread b"))
             })
         });
@@ -368,7 +366,7 @@ pub async fn a_run_belongs_to_one_thread(h: &Harness) {
         );
         let (winner, loser, lost) = if a.is_ok() { (&x, &y, b) } else { (&y, &x, a) };
         assert!(
-            matches!(lost, Err(StoreError::RunOnOtherThread { .. })),
+            matches!(lost, Err(CommitError::RunOnOtherThread { .. })),
             "{run}: {lost:?}"
         );
         assert!(
@@ -410,7 +408,7 @@ pub async fn profile_versions_and_conflict(h: &Harness) {
     assert!(fresh.keys.is_empty());
     // Two threads read version 0; the first write wins, the second conflicts.
     let receipt = s
-        .commit(profile_commit("t1", "r1", 0, 0, json!("en")))
+        .commit(&profile_commit("t1", "r1", 0, 0, json!("en")))
         .await
         .expect("first writer");
     assert_eq!(
@@ -419,11 +417,11 @@ pub async fn profile_versions_and_conflict(h: &Harness) {
     );
     let before = dump_all(s).await;
     let err = s
-        .commit(profile_commit("t2", "r2", 0, 0, json!("fr")))
+        .commit(&profile_commit("t2", "r2", 0, 0, json!("fr")))
         .await
         .expect_err("stale profile version");
     assert!(
-        matches!(&err, StoreError::ProfileConflict { key } if key == "prefs.lang"),
+        matches!(&err, CommitError::ProfileConflict { key } if key == "prefs.lang"),
         "{err:?}"
     );
     assert_eq!(
@@ -438,7 +436,7 @@ pub async fn profile_versions_and_conflict(h: &Harness) {
         BTreeMap::from([("prefs.lang".to_owned(), 1)])
     );
     let version = profile.versions()["prefs.lang"];
-    s.commit(profile_commit("t2", "r2", 0, version, json!("fr")))
+    s.commit(&profile_commit("t2", "r2", 0, version, json!("fr")))
         .await
         .expect("retry");
     let profile = s.load_profile(&pid("alice")).await.expect("profile");
@@ -453,8 +451,8 @@ pub async fn profile_versions_and_conflict(h: &Harness) {
         BTreeMap::from([("prefs.lang".to_owned(), 1)]),
     );
     assert!(matches!(
-        s.commit(read_only).await,
-        Err(StoreError::ProfileConflict { .. })
+        s.commit(&read_only).await,
+        Err(CommitError::ProfileConflict { .. })
     ));
     check(
         &dump(s, "t1").await,
@@ -475,16 +473,16 @@ pub async fn deltas_upsert_changed_keys(h: &Harness) {
     let first = ThreadCommit::new(tid("t1"), run("r1", 1_000), 0)
         .with_run_state(state(3, &[("a", json!(1)), ("b", json!(2))]))
         .with_thread_state(state(3, &[("x", json!("x1")), ("y", json!("y1"))]));
-    s.commit(first).await.expect("first");
+    s.commit(&first).await.expect("first");
     let mut record = run("r1", 1_000);
     record.updated_at = at(1_100);
     let second = ThreadCommit::new(tid("t1"), record.clone(), 0)
         .with_run_state(state(5, &[("b", json!(20))]))
         .with_thread_state(state(5, &[("y", json!("y2")), ("z", json!(null))]));
-    s.commit(second).await.expect("second");
+    s.commit(&second).await.expect("second");
     // A commit without deltas keeps the state and its revisions.
     record.updated_at = at(1_200);
-    s.commit(ThreadCommit::new(tid("t1"), record, 0))
+    s.commit(&ThreadCommit::new(tid("t1"), record, 0))
         .await
         .expect("third");
     let cp = s
@@ -502,7 +500,7 @@ pub async fn deltas_upsert_changed_keys(h: &Harness) {
     );
     // A new run of the thread starts with empty run state and sees the thread state.
     let new_run = ThreadCommit::new(tid("t1"), run("r2", 2_000), 0);
-    s.commit(new_run).await.expect("second run");
+    s.commit(&new_run).await.expect("second run");
     let cp = s
         .load_checkpoint(&tid("t1"))
         .await
@@ -516,7 +514,7 @@ pub async fn deltas_upsert_changed_keys(h: &Harness) {
 pub async fn events_in_order_since(h: &Harness) {
     let s = &*h.store;
     for i in 0..3u32 {
-        s.commit(step(
+        s.commit(&step(
             "t1",
             "r1",
             u64::from(i) * 2,
@@ -557,9 +555,9 @@ pub async fn batch_keep_set_clear(h: &Harness) {
     let s = &*h.store;
     let c = ThreadCommit::new(tid("t1"), run("r1", 1_000), 0)
         .with_batch(batch(&[("c1", "requested"), ("c2", "executing")]));
-    s.commit(c).await.expect("set");
+    s.commit(&c).await.expect("set");
     let c = ThreadCommit::new(tid("t1"), run("r1", 1_000), 0);
-    s.commit(c).await.expect("keep");
+    s.commit(&c).await.expect("keep");
     let cp = s
         .load_checkpoint(&tid("t1"))
         .await
@@ -575,13 +573,13 @@ pub async fn batch_keep_set_clear(h: &Harness) {
     done.termination = Some(TerminationReason::NaturalEnd);
     let before = dump_all(s).await;
     let err = s
-        .commit(ThreadCommit::new(tid("t1"), done.clone(), 0))
+        .commit(&ThreadCommit::new(tid("t1"), done.clone(), 0))
         .await
         .expect_err("open call on a done run");
     assert!(
         matches!(
             &err,
-            StoreError::InvalidCommit { violation: CommitViolation::CallInFlight { call_id, .. }, .. }
+            CommitError::Invalid { violation: CommitViolation::CallInFlight { call_id, .. }, .. }
                 if call_id.as_str() == "c1"
         ),
         "{err:?}"
@@ -590,10 +588,10 @@ pub async fn batch_keep_set_clear(h: &Harness) {
     // Closing the calls (or clearing the batch) lets it finish.
     let closed = ThreadCommit::new(tid("t1"), done.clone(), 0)
         .with_batch(batch(&[("c1", "cancelled"), ("c2", "outcome_unknown")]));
-    s.commit(closed).await.expect("closed batch");
+    s.commit(&closed).await.expect("closed batch");
     let mut cleared = ThreadCommit::new(tid("t1"), done, 0);
     cleared.batch = BatchWrite::Clear;
-    s.commit(cleared).await.expect("clear");
+    s.commit(&cleared).await.expect("clear");
     let cp = s
         .load_checkpoint(&tid("t1"))
         .await
@@ -617,7 +615,7 @@ pub async fn corrupt_batch_errors(store: &dyn ThreadStore) -> String {
     finish.run.status = RunStatus::Done;
     finish.run.termination = Some(TerminationReason::NaturalEnd);
     let commit = store
-        .commit(finish)
+        .commit(&finish)
         .await
         .expect_err("a corrupt kept batch fails the commit");
     let threads = store.list_threads().await.expect("list_threads");
@@ -626,19 +624,20 @@ pub async fn corrupt_batch_errors(store: &dyn ThreadStore) -> String {
         threads[0].message_count, 2,
         "the failed commit wrote messages"
     );
-    [load, commit]
-        .iter()
-        .map(|e| match e {
-            StoreError::Corrupt { what, detail } => format!("corrupt {what}: {detail}"),
-            other => format!("other: {other}"),
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
+    let render = |e: &StoreError| match e {
+        StoreError::Corrupt { what, detail } => format!("corrupt {what}: {detail}"),
+        other => format!("other: {other}"),
+    };
+    let commit = match &commit {
+        CommitError::Backend(e) => render(e),
+        refused => format!("refused: {refused}"),
+    };
+    format!("{}\n{commit}", render(&load))
 }
 
 pub async fn invalid_commits_write_nothing(h: &Harness) {
     let s = &*h.store;
-    s.commit(step("t1", "r1", 0, 1, 1_000))
+    s.commit(&step("t1", "r1", 0, 1, 1_000))
         .await
         .expect("commit");
     let before = dump_all(s).await;
@@ -671,9 +670,10 @@ pub async fn invalid_commits_write_nothing(h: &Harness) {
         foreign_lease,
         other_thread,
     ] {
-        let err = s.commit(c).await.expect_err("invalid commit");
+        let err = s.commit(&c).await.expect_err("invalid commit");
         rendered.push(match err {
-            StoreError::InvalidCommit { violation, .. } => format!("invalid: {violation}"),
+            CommitError::Invalid { violation, .. } => format!("invalid: {violation}"),
+            e @ CommitError::RunOnOtherThread { .. } => format!("run on another thread: {e}"),
             other => format!("other: {other}"),
         });
     }
@@ -685,7 +685,7 @@ pub async fn invalid_commits_write_nothing(h: &Harness) {
             invalid: the run is done but tool call c9 is still Executing
             invalid: event text_delta is not a lifecycle event and is not stored
             invalid: the lease token is for run r2, the commit is for run r1
-            other: run r1 belongs to thread t1, not to t2"#]],
+            run on another thread: run r1 belongs to thread t1, not to t2"#]],
     );
     assert_eq!(
         dump_all(s).await,
@@ -696,11 +696,11 @@ pub async fn invalid_commits_write_nothing(h: &Harness) {
 
 pub async fn list_and_delete(h: &Harness) {
     let s = &*h.store;
-    s.commit(step("t2", "r2", 0, 1, 2_000)).await.expect("t2");
-    s.commit(step("t1", "r1", 0, 1, 1_000)).await.expect("t1");
+    s.commit(&step("t2", "r2", 0, 1, 2_000)).await.expect("t2");
+    s.commit(&step("t1", "r1", 0, 1, 1_000)).await.expect("t1");
     let mut child = run("r1-child", 1_500);
     child.parent_run_id = Some(rid("r1"));
-    s.commit(ThreadCommit::new(tid("t1"), child, 2))
+    s.commit(&ThreadCommit::new(tid("t1"), child, 2))
         .await
         .expect("child run");
     let threads: Vec<String> = s
@@ -735,7 +735,7 @@ pub async fn list_and_delete(h: &Harness) {
     );
     assert_eq!(s.list_threads().await.expect("threads").len(), 1);
     // The thread can start again from nothing, with the same run ids.
-    s.commit(step("t1", "r1", 0, 1, 3_000))
+    s.commit(&step("t1", "r1", 0, 1, 3_000))
         .await
         .expect("recreate");
     assert_eq!(
@@ -753,12 +753,12 @@ pub async fn list_and_delete(h: &Harness) {
 pub async fn lease_claim_expiry_takeover(h: &Harness) {
     let s = &*h.store;
     let lease = Duration::from_secs(30);
-    s.commit(step("t1", "r1", 0, 1, 1_000)).await.expect("r1");
-    s.commit(step("t2", "r2", 0, 1, 2_000)).await.expect("r2");
+    s.commit(&step("t1", "r1", 0, 1, 1_000)).await.expect("r1");
+    s.commit(&step("t2", "r2", 0, 1, 2_000)).await.expect("r2");
     let mut done = step("t3", "r3", 0, 1, 500);
     done.run.status = RunStatus::Done;
     done.run.termination = Some(TerminationReason::NaturalEnd);
-    s.commit(done).await.expect("r3 done");
+    s.commit(&done).await.expect("r3 done");
 
     // w1 claims one run (the oldest update first), then the other; done runs are never claimed.
     let a = s
@@ -812,23 +812,23 @@ pub async fn lease_claim_expiry_takeover(h: &Harness) {
     // The old holder's commit and heartbeat are refused; nothing is written.
     let before = dump_all(s).await;
     let stale = step("t2", "r2", 2, 2, 41_000).with_lease(r2_old.clone());
-    let err = s.commit(stale).await.expect_err("lost lease");
+    let err = s.commit(&stale).await.expect_err("lost lease");
     assert!(
-        matches!(&err, StoreError::LeaseLost { run_id } if run_id.as_str() == "r2"),
+        matches!(&err, CommitError::LeaseLost { run_id } if run_id.as_str() == "r2"),
         "{err:?}"
     );
     assert_eq!(dump_all(s).await, before);
     assert!(matches!(
         s.heartbeat(&r2_old, lease, at(41_000)).await,
-        Err(StoreError::LeaseLost { .. })
+        Err(LeaseError::Lost { .. })
     ));
     assert!(!s.release(&r2_old).await.expect("release lost"));
 
     // The new holder commits; w1's commit on r1 with its lease goes through.
-    s.commit(step("t2", "r2", 2, 2, 41_000).with_lease(r2_new.clone()))
+    s.commit(&step("t2", "r2", 2, 2, 41_000).with_lease(r2_new.clone()))
         .await
         .expect("new holder");
-    s.commit(step("t1", "r1", 2, 2, 41_000).with_lease(r1.clone()))
+    s.commit(&step("t1", "r1", 2, 2, 41_000).with_lease(r1.clone()))
         .await
         .expect("r1 holder");
 
@@ -856,10 +856,10 @@ pub async fn lease_claim_expiry_takeover(h: &Harness) {
     let mut finish = step("t1", "r1", 4, 3, 43_000).with_lease(r1.clone());
     finish.run.status = RunStatus::Done;
     finish.run.termination = Some(TerminationReason::stopped("max_rounds", "3 rounds"));
-    s.commit(finish).await.expect("finish");
+    s.commit(&finish).await.expect("finish");
     assert!(matches!(
         s.heartbeat(&r1, lease, at(44_000)).await,
-        Err(StoreError::LeaseLost { .. })
+        Err(LeaseError::Lost { .. })
     ));
     assert!(
         s.claim_runnable("w4", lease, at(1_000_000), 10)
@@ -876,7 +876,7 @@ pub async fn lease_claim_expiry_takeover(h: &Harness) {
     };
     assert!(matches!(
         s.heartbeat(&ghost, lease, at(1)).await,
-        Err(StoreError::LeaseLost { .. })
+        Err(LeaseError::Lost { .. })
     ));
 }
 
@@ -891,7 +891,7 @@ pub async fn claim_one_run(h: &Harness) {
             .is_none(),
         "no such run"
     );
-    s.commit(step("t1", "r1", 0, 1, 1_000)).await.expect("r1");
+    s.commit(&step("t1", "r1", 0, 1, 1_000)).await.expect("r1");
     let mine = s
         .claim_run(&rid("r1"), "w1", lease, at(1_000))
         .await
@@ -913,7 +913,7 @@ pub async fn claim_one_run(h: &Harness) {
             .is_empty()
     );
     // Commits carry it; once it expired another worker takes the run over.
-    s.commit(step("t1", "r1", 2, 2, 3_000).with_lease(mine.lease.clone()))
+    s.commit(&step("t1", "r1", 2, 2, 3_000).with_lease(mine.lease.clone()))
         .await
         .expect("commit with the lease");
     let taken = s
@@ -923,15 +923,15 @@ pub async fn claim_one_run(h: &Harness) {
         .expect("expired");
     assert_eq!(taken.lease.epoch, 2);
     assert!(matches!(
-        s.commit(step("t1", "r1", 4, 3, 32_000).with_lease(mine.lease))
+        s.commit(&step("t1", "r1", 4, 3, 32_000).with_lease(mine.lease))
             .await,
-        Err(StoreError::LeaseLost { .. })
+        Err(CommitError::LeaseLost { .. })
     ));
     // A finished run is never claimed.
     let mut finish = step("t1", "r1", 4, 3, 33_000).with_lease(taken.lease);
     finish.run.status = RunStatus::Done;
     finish.run.termination = Some(TerminationReason::NaturalEnd);
-    s.commit(finish).await.expect("finish");
+    s.commit(&finish).await.expect("finish");
     assert!(
         s.claim_run(&rid("r1"), "w3", lease, at(1_000_000))
             .await
@@ -943,7 +943,7 @@ pub async fn claim_one_run(h: &Harness) {
 pub async fn concurrent_claims_never_share(h: &Harness) {
     let s = &*h.store;
     for i in 0..6u64 {
-        s.commit(step(
+        s.commit(&step(
             &format!("t{i}"),
             &format!("r{i}"),
             0,
@@ -983,9 +983,9 @@ pub async fn failpoint_inside_the_write(h: &Harness) {
         first.run.profile_id = Some(pid("bob"));
         first.profile_state = state(1, &[("prefs.tz", json!("UTC"))]).into();
         first.profile_versions = BTreeMap::from([("prefs.tz".to_owned(), 0)]);
-        let err = s.commit(first).await.expect_err("injected");
+        let err = s.commit(&first).await.expect_err("injected");
         assert!(
-            matches!(err, StoreError::Injected { point: p } if p == point),
+            matches!(err, CommitError::Backend(StoreError::Injected { point: p }) if p == point),
             "{err:?}"
         );
         assert_eq!(
@@ -1022,9 +1022,9 @@ pub async fn commit_cost_shape_at_length(h: &Harness) {
         batch_msgs.push(Message::user(format!("m{i}")));
     }
     let c = ThreadCommit::new(tid("long"), run("r1", 1), 0).with_messages(batch_msgs);
-    expected += s.commit(c).await.expect("bulk").message_count;
+    expected += s.commit(&c).await.expect("bulk").message_count;
     let r = s
-        .commit(step("long", "r1", expected, 1, 10))
+        .commit(&step("long", "r1", expected, 1, 10))
         .await
         .expect("step");
     assert_eq!(r.message_count, 202);
@@ -1042,7 +1042,7 @@ pub async fn commit_cost_shape_at_length(h: &Harness) {
 pub async fn failed_last_commit_keeps_lease_and_batch(h: &Harness) {
     let s = &*h.store;
     let lease = Duration::from_secs(30);
-    s.commit(step("t1", "r1", 0, 1, 1_000))
+    s.commit(&step("t1", "r1", 0, 1, 1_000))
         .await
         .expect("commit 1");
     let claimed = s
@@ -1061,15 +1061,18 @@ pub async fn failed_last_commit_keeps_lease_and_batch(h: &Harness) {
     for point in FailPoint::all() {
         let before = dump_all(s).await;
         (h.arm)(point);
-        let err = s.commit(last()).await.expect_err("injected");
-        assert!(matches!(err, StoreError::Injected { .. }), "{err:?}");
+        let err = s.commit(&last()).await.expect_err("injected");
+        assert!(
+            matches!(err, CommitError::Backend(StoreError::Injected { .. })),
+            "{err:?}"
+        );
         assert_eq!(dump_all(s).await, before, "failpoint {point:?}");
         assert!(before.contains("batch "), "{before}");
         s.heartbeat(&claimed.lease, lease, at(4_000))
             .await
             .unwrap_or_else(|e| panic!("failpoint {point:?}: the lease was lost: {e}"));
     }
-    s.commit(last()).await.expect("the last commit");
+    s.commit(&last()).await.expect("the last commit");
     let after = dump_all(s).await;
     assert!(!after.contains("batch "), "{after}");
     assert!(
@@ -1078,58 +1081,47 @@ pub async fn failed_last_commit_keeps_lease_and_batch(h: &Harness) {
     );
 }
 
-/// What `commit_now` must leave of a commit whatever it does: everything but the state deltas
-/// and the batch (which it may take).
-fn read_parts(c: &ThreadCommit) -> impl PartialEq + std::fmt::Debug {
-    (
-        c.thread_id.clone(),
-        c.run.clone(),
-        c.expected_message_count,
-        c.messages.clone(),
-        c.events.clone(),
-        c.profile_versions.clone(),
-        c.lease.clone(),
-    )
-}
-
-/// `commit_now` either writes as `commit` would, or writes nothing and leaves the commit as it
-/// was for `commit`; either way it leaves the commit's record, messages and events as they were
-/// (a runtime commits them again after a failure, or emits the events after the commit).
+/// `commit_now` either writes as `commit` would, or writes nothing (`None`) for `commit` to
+/// write; a refusal is the same on either path and writes nothing.
 pub async fn commit_now_writes_or_leaves_the_commit(h: &Harness) {
     let s = &*h.store;
-    let commit = step("t1", "r1", 0, 1, 1_000);
-    let mut now = commit.clone();
-    let receipt = match s.commit_now(&mut now) {
-        Some(written) => {
-            assert_eq!(read_parts(&now), read_parts(&commit), "read, not taken");
-            written.expect("written at once")
-        }
+    let first = step("t1", "r1", 0, 1, 1_000);
+    let receipt = match s.commit_now(&first) {
+        Some(written) => written.expect("written at once"),
         None => {
-            assert_eq!(now, commit, "left unchanged");
-            s.commit(now).await.expect("commit")
+            assert_eq!(dump_all(s).await, "", "nothing written at once");
+            s.commit(&first).await.expect("commit")
         }
     };
     assert_eq!((receipt.message_count, receipt.last_event_seq), (2, 3));
-    // A failing commit fails the same way on either path, writing nothing, and leaves the
-    // messages and events to commit again.
     let before = dump_all(s).await;
     let stale = step("t1", "r1", 0, 2, 2_000);
-    let mut now = stale.clone();
-    let err = match s.commit_now(&mut now) {
+    let err = match s.commit_now(&stale) {
         Some(written) => written.expect_err("stale guard"),
-        None => s.commit(now.clone()).await.expect_err("stale guard"),
+        None => {
+            assert_eq!(dump_all(s).await, before, "nothing written at once");
+            s.commit(&stale).await.expect_err("stale guard")
+        }
     };
-    assert_eq!(read_parts(&now), read_parts(&stale));
-    assert!(matches!(err, StoreError::VersionConflict { .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            CommitError::VersionConflict {
+                expected: 0,
+                actual: 2
+            }
+        ),
+        "{err:?}"
+    );
     assert_eq!(dump_all(s).await, before);
 }
 
 /// `commit_now`, or `commit` when the store writes nothing at once.
 async fn commit_either(
     s: &dyn ThreadStore,
-    mut commit: ThreadCommit,
-) -> Result<awaken_store::CommitReceipt, StoreError> {
-    match s.commit_now(&mut commit) {
+    commit: &ThreadCommit,
+) -> Result<awaken_store::CommitReceipt, CommitError> {
+    match s.commit_now(commit) {
         Some(written) => written,
         None => s.commit(commit).await,
     }
@@ -1140,14 +1132,14 @@ async fn commit_either(
 /// (on the caller's thread, where the store allows it) if `immediate`, else through `commit`.
 async fn each_fault_writes_nothing(h: &Harness, immediate: bool) {
     let s = &*h.store;
-    let write = async |c: ThreadCommit| {
+    let write = async |c: &ThreadCommit| {
         if immediate {
             commit_either(s, c).await
         } else {
             s.commit(c).await
         }
     };
-    write(step("t1", "r1", 0, 1, 1_000))
+    write(&step("t1", "r1", 0, 1, 1_000))
         .await
         .expect("commit 1");
     let mut expected = 2;
@@ -1155,27 +1147,146 @@ async fn each_fault_writes_nothing(h: &Harness, immediate: bool) {
         let before = dump_all(s).await;
         (h.arm)(point);
         let commit = step("t1", "r1", expected, 2 + i as u32, 2_000 + i as i64);
-        let err = if immediate {
-            // A fault after the store took the state and batch leaves the rest of the commit.
-            let mut now = commit.clone();
-            let err = match s.commit_now(&mut now) {
-                Some(written) => written.expect_err("injected"),
-                None => s.commit(now.clone()).await.expect_err("injected"),
-            };
-            assert_eq!(read_parts(&now), read_parts(&commit), "failpoint {point:?}");
-            err
-        } else {
-            s.commit(commit.clone()).await.expect_err("injected")
-        };
+        let err = write(&commit).await.expect_err("injected");
         assert!(
-            matches!(err, StoreError::Injected { point: p } if p == point),
+            matches!(err, CommitError::Backend(StoreError::Injected { point: p }) if p == point),
             "{err:?}"
         );
+        assert!(!err.is_refusal(), "{err:?}");
         assert_eq!(dump_all(s).await, before, "failpoint {point:?}");
-        // The failpoint fired once; the same commit now goes through.
-        write(commit).await.expect("retry");
+        // The failpoint fired once; the caller's commit, still whole, now goes through.
+        write(&commit).await.expect("retry");
         expected += 2;
     }
+}
+
+/// A refusal, by its variant and the fields that do not name a thread or run.
+fn refusal(e: &CommitError) -> String {
+    assert!(e.is_refusal(), "{e:?}");
+    match e {
+        CommitError::Invalid { violation, .. } => format!("Invalid: {violation}"),
+        CommitError::VersionConflict { expected, actual } => {
+            format!("VersionConflict: expected {expected}, actual {actual}")
+        }
+        CommitError::ProfileConflict { key } => format!("ProfileConflict: {key}"),
+        CommitError::LeaseLost { .. } => "LeaseLost".to_owned(),
+        CommitError::RunOnOtherThread { .. } => "RunOnOtherThread".to_owned(),
+        other => format!("not a refusal: {other}"),
+    }
+}
+
+/// Every refusal is its own `CommitError` variant and writes nothing, and the caller keeps its
+/// commit: the same commit, once its cause is corrected, goes through. Through `commit_now`
+/// (where the store writes at once) and through `commit`, on a thread and run of each.
+pub async fn a_refused_commit_goes_through_once_corrected(h: &Harness) {
+    let s = &*h.store;
+    let mut logs = Vec::new();
+    for (prefix, immediate) in [("now", true), ("later", false)] {
+        let write = async |c: &ThreadCommit| {
+            if immediate {
+                commit_either(s, c).await
+            } else {
+                s.commit(c).await
+            }
+        };
+        let (thread, run_id) = (format!("{prefix}-t"), format!("{prefix}-r"));
+        let mut log = Vec::new();
+        // Refused as it is, written once `correct` has changed it.
+        let mut refuse_then_correct =
+            async |mut c: ThreadCommit, correct: &dyn Fn(&mut ThreadCommit)| {
+                let before = dump_all(s).await;
+                let err = write(&c).await.expect_err("refused");
+                assert_eq!(dump_all(s).await, before, "{err}: something was written");
+                log.push(refusal(&err));
+                correct(&mut c);
+                write(&c)
+                    .await
+                    .unwrap_or_else(|e| panic!("once corrected: {e}"));
+                err
+            };
+        write(&step(&thread, &run_id, 0, 1, 1_000))
+            .await
+            .expect("first step");
+        let held = s
+            .claim_run(&rid(&run_id), "w1", Duration::from_secs(30), at(1_000))
+            .await
+            .expect("claim")
+            .expect("claimable")
+            .lease;
+
+        let mut blank = step(&thread, &run_id, 2, 2, 2_000).with_lease(held.clone());
+        blank.run.agent_id = " ".into();
+        refuse_then_correct(blank, &|c| c.run.agent_id = "assistant".into()).await;
+
+        let stale = step(&thread, &run_id, 2, 3, 3_000).with_lease(held.clone());
+        refuse_then_correct(stale, &|c| c.expected_message_count = 4).await;
+
+        let other_worker = LeaseToken {
+            worker_id: "w2".to_owned(),
+            ..held.clone()
+        };
+        let lost = step(&thread, &run_id, 6, 4, 4_000).with_lease(other_worker);
+        let err = refuse_then_correct(lost, &|c| c.lease = Some(held.clone())).await;
+        assert!(
+            matches!(&err, CommitError::LeaseLost { run_id: r } if r.as_str() == run_id),
+            "{err:?}"
+        );
+
+        let elsewhere = step(&format!("{prefix}-other"), &run_id, 0, 5, 5_000);
+        let err = refuse_then_correct(elsewhere, &|c| {
+            c.thread_id = tid(&thread);
+            c.expected_message_count = 8;
+        })
+        .await;
+        assert!(
+            matches!(&err, CommitError::RunOnOtherThread { stored_thread_id, .. } if *stored_thread_id == tid(&thread)),
+            "{err:?}"
+        );
+
+        // A profile key another run wrote since this commit read it (at version 0).
+        let profile = pid(&format!("{prefix}-profile"));
+        let profile_run = format!("{prefix}-profiled");
+        let profiled = |expected: u64, value: Value| {
+            let mut record = run(&profile_run, 6_000);
+            record.profile_id = Some(profile.clone());
+            ThreadCommit::new(tid(&thread), record, expected).with_profile_state(
+                state(1, &[("prefs.lang", value)]),
+                BTreeMap::from([("prefs.lang".to_owned(), 0)]),
+            )
+        };
+        write(&profiled(10, json!("en")))
+            .await
+            .expect("first write");
+        refuse_then_correct(profiled(10, json!("fr")), &|c| {
+            c.profile_versions.insert("prefs.lang".to_owned(), 1);
+        })
+        .await;
+        let stored = s.load_profile(&profile).await.expect("profile");
+        assert_eq!(
+            (
+                &stored.keys["prefs.lang"].value,
+                stored.keys["prefs.lang"].version
+            ),
+            (&json!("fr"), 2)
+        );
+        let cp = s
+            .load_checkpoint(&tid(&thread))
+            .await
+            .expect("load")
+            .expect("thread");
+        assert_eq!(cp.messages.len(), 10, "every corrected commit was written");
+        logs.push(log.join("\n"));
+    }
+    assert_eq!(logs[0], logs[1], "commit_now and commit refuse alike");
+    check(
+        &logs[0],
+        expect_test::expect![[r#"
+            Invalid: agent_id is blank
+            VersionConflict: expected 2, actual 4
+            LeaseLost
+            RunOnOtherThread
+            ProfileConflict: prefs.lang"#]],
+    );
 }
 
 /// A fault between two writes of a commit made through `commit_now` writes nothing, as
@@ -1403,12 +1514,12 @@ pub async fn finished_threads_read_back_whole(h: &Harness) {
     let (early, late) = events.split_at(5);
 
     // Run r1: two commits, the second finishing it.
-    s.commit(carrying("t1", "r1", 0, 1_001, first, early, false))
+    s.commit(&carrying("t1", "r1", 0, 1_001, first, early, false))
         .await
         .expect("commit");
     let running = read_back(s, "t1").await;
     assert_eq!(running.0, first);
-    s.commit(carrying("t1", "r1", 3, 1_002, second, late, true))
+    s.commit(&carrying("t1", "r1", 3, 1_002, second, late, true))
         .await
         .expect("commit");
     let finished = read_back(s, "t1").await;
@@ -1426,7 +1537,7 @@ pub async fn finished_threads_read_back_whole(h: &Harness) {
     // Run r2 on the same thread: its commits read after r1's, in order, with their run id.
     let more = [Message::user("again"), Message::assistant("again")];
     let r2_events = every_kind_of_event("t1", "r2");
-    s.commit(carrying(
+    s.commit(&carrying(
         "t1",
         "r2",
         8,
@@ -1450,15 +1561,18 @@ pub async fn finished_threads_read_back_whole(h: &Harness) {
     let last = || carrying("t1", "r2", 9, 1_004, &more[1..], &r2_events[2..], true);
     for point in FailPoint::all() {
         (h.arm)(point);
-        let err = s.commit(last()).await.expect_err("injected");
-        assert!(matches!(err, StoreError::Injected { .. }), "{err:?}");
+        let err = s.commit(&last()).await.expect_err("injected");
+        assert!(
+            matches!(err, CommitError::Backend(StoreError::Injected { .. })),
+            "{err:?}"
+        );
         assert_eq!(
             read_back(s, "t1").await,
             before_fault,
             "failpoint {point:?}"
         );
     }
-    s.commit(last()).await.expect("commit");
+    s.commit(&last()).await.expect("commit");
     let (all_messages, tails) = read_back(s, "t1").await;
     let mut expected_messages = messages.clone();
     expected_messages.extend(more.iter().cloned());
@@ -1492,7 +1606,7 @@ pub async fn interleaved_runs_read_back_in_order(h: &Harness) {
     for (i, (run_id, done)) in plan.into_iter().enumerate() {
         let batch = &events[i * 2..i * 2 + 2];
         let message = Message::user(format!("{run_id} {i}"));
-        s.commit(carrying(
+        s.commit(&carrying(
             "t1",
             run_id,
             i as u64,
@@ -1512,7 +1626,7 @@ pub async fn interleaved_runs_read_back_in_order(h: &Harness) {
         assert_tails(&tails, &expected, &format!("after commit {i}, "));
     }
     let last = &events[10..12];
-    s.commit(carrying("t1", "b", 5, 1_010, &[], last, true))
+    s.commit(&carrying("t1", "b", 5, 1_010, &[], last, true))
         .await
         .expect("commit");
     for e in last {
@@ -1542,11 +1656,11 @@ pub async fn a_finished_runs_state_reads_back_and_takes_writes(h: &Harness) {
         ],
     )
     .into();
-    s.commit(first).await.expect("commit");
+    s.commit(&first).await.expect("commit");
     let running = run_state(s.load_checkpoint(&tid("t1")).await.expect("load"));
     let mut done = carrying("t1", "r1", 1, 1_002, &[], &[], true);
     done.run_state = state(3, &[("c", json!("three"))]).into();
-    s.commit(done).await.expect("commit");
+    s.commit(&done).await.expect("commit");
     let finished = run_state(s.load_checkpoint(&tid("t1")).await.expect("load"));
     let mut expected = running.1.clone();
     expected.insert("c".to_owned(), json!("three"));
@@ -1560,14 +1674,14 @@ pub async fn a_finished_runs_state_reads_back_and_takes_writes(h: &Harness) {
     };
     for point in FailPoint::all() {
         (h.arm)(point);
-        s.commit(again()).await.expect_err("injected");
+        s.commit(&again()).await.expect_err("injected");
         assert_eq!(
             run_state(s.load_checkpoint(&tid("t1")).await.expect("load")),
             finished,
             "failpoint {point:?}"
         );
     }
-    s.commit(again()).await.expect("commit");
+    s.commit(&again()).await.expect("commit");
     expected.insert("a".to_owned(), json!(10));
     expected.insert("d".to_owned(), json!(null));
     assert_eq!(
@@ -1593,7 +1707,7 @@ pub async fn a_finished_runs_record_reads_back_whole(h: &Harness) {
         let mut record = run(&format!("r{i}"), -5_000 + n);
         record.parent_run_id = (i % 2 == 1).then(|| rid("parent"));
         record.profile_id = (i == 2).then(|| pid("p1"));
-        s.commit(ThreadCommit::new(tid("t1"), record.clone(), 0))
+        s.commit(&ThreadCommit::new(tid("t1"), record.clone(), 0))
             .await
             .expect("commit");
         record.status = RunStatus::Done;
@@ -1607,7 +1721,7 @@ pub async fn a_finished_runs_record_reads_back_whole(h: &Harness) {
         };
         record.updated_at = at(i64::MAX / 2 + n);
         s.commit(
-            ThreadCommit::new(tid("t1"), record.clone(), 0)
+            &ThreadCommit::new(tid("t1"), record.clone(), 0)
                 .with_run_state(state(1, &[("k", json!(i))])),
         )
         .await
@@ -1621,12 +1735,12 @@ pub async fn a_finished_runs_record_reads_back_whole(h: &Harness) {
     }
     // A finished run on another thread is not listed with these.
     let mut other = run("x", 0);
-    s.commit(ThreadCommit::new(tid("t2"), other.clone(), 0))
+    s.commit(&ThreadCommit::new(tid("t2"), other.clone(), 0))
         .await
         .expect("commit");
     other.status = RunStatus::Done;
     other.termination = Some(TerminationReason::NaturalEnd);
-    s.commit(ThreadCommit::new(tid("t2"), other.clone(), 0))
+    s.commit(&ThreadCommit::new(tid("t2"), other.clone(), 0))
         .await
         .expect("commit");
     assert_eq!(s.list_runs(&tid("t1")).await.expect("list"), finished);
@@ -1643,7 +1757,7 @@ pub async fn a_finished_runs_record_reads_back_whole(h: &Harness) {
     again.created_at = at(1);
     again.steps = 99;
     again.updated_at = at(2);
-    s.commit(ThreadCommit::new(tid("t1"), again.clone(), 0))
+    s.commit(&ThreadCommit::new(tid("t1"), again.clone(), 0))
         .await
         .expect("commit");
     again.created_at = finished[3].created_at;

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use awaken_store::{PostgresConfig, PostgresStore, StoreError, ThreadStore};
+use awaken_store::{CommitError, PostgresConfig, PostgresStore, ThreadStore};
 
 use crate::backends::postgres_store;
 use crate::conformance::{at, corrupt_batch_errors, step, tid};
@@ -21,7 +21,7 @@ async fn two_workers_share_one_database() {
     .await
     .expect("second worker");
     for i in 0..8i64 {
-        a.commit(step(&format!("t{i}"), &format!("r{i}"), 0, 1, 1_000 + i))
+        a.commit(&step(&format!("t{i}"), &format!("r{i}"), 0, 1, 1_000 + i))
             .await
             .expect("commit");
     }
@@ -40,10 +40,8 @@ async fn two_workers_share_one_database() {
     ids.sort();
     assert_eq!(ids, (0..8).map(|i| format!("r{i}")).collect::<Vec<_>>());
     // Both write the same thread with the same guard: one wins, the other sees the new count.
-    let (wa, wb) = tokio::join!(
-        a.commit(step("t0", "r0", 2, 2, 3_000)),
-        b.commit(step("t0", "r0", 2, 3, 3_001)),
-    );
+    let (first, second) = (step("t0", "r0", 2, 2, 3_000), step("t0", "r0", 2, 3, 3_001));
+    let (wa, wb) = tokio::join!(a.commit(&first), b.commit(&second));
     assert_eq!(
         u8::from(wa.is_ok()) + u8::from(wb.is_ok()),
         1,
@@ -52,7 +50,7 @@ async fn two_workers_share_one_database() {
     let loser = if wa.is_ok() { wb } else { wa };
     assert!(matches!(
         loser,
-        Err(StoreError::VersionConflict {
+        Err(CommitError::VersionConflict {
             expected: 2,
             actual: 4
         })
@@ -74,7 +72,7 @@ async fn a_corrupt_stored_batch_reads_back_as_a_typed_error() {
         return;
     };
     store
-        .commit(step("t1", "r1", 0, 1, 1_000))
+        .commit(&step("t1", "r1", 0, 1, 1_000))
         .await
         .expect("commit");
     let url = crate::backends::postgres_url().expect("url is set when the store exists");

@@ -11,7 +11,7 @@ async fn reopened_file_holds_the_last_commit_and_schema_version() {
     let before = {
         let store = one_step(SqliteConfig::file(&path)).await;
         store
-            .commit(step("t1", "r1", 2, 2, 2_000))
+            .commit(&step("t1", "r1", 2, 2, 2_000))
             .await
             .expect("commit");
         dump_all(&store).await
@@ -21,7 +21,7 @@ async fn reopened_file_holds_the_last_commit_and_schema_version() {
         .expect("reopen");
     assert_eq!(dump_all(&store).await, before);
     store
-        .commit(step("t1", "r1", 4, 3, 3_000))
+        .commit(&step("t1", "r1", 4, 3, 3_000))
         .await
         .expect("commit after reopen");
     let conn = rusqlite_version(&path);
@@ -32,7 +32,7 @@ async fn reopened_file_holds_the_last_commit_and_schema_version() {
 async fn one_step(config: SqliteConfig) -> SqliteStore {
     let store = SqliteStore::open(config).await.expect("open");
     store
-        .commit(step("t1", "r1", 0, 1, 1_000))
+        .commit(&step("t1", "r1", 0, 1, 1_000))
         .await
         .expect("commit");
     store
