@@ -121,7 +121,9 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! # let dir = std::env::temp_dir().join(format!("awaken-doc-{}", std::process::id()));
+//! # let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos();
+//! # let dir = std::env::temp_dir().join(format!("awaken-doc-{}-{nanos}", std::process::id()));
+//! # let _ = std::fs::remove_dir_all(&dir);
 //! # std::fs::create_dir_all(&dir)?;
 //! let path = dir.join("threads.db");
 //! let thread = ThreadId::new("thread-1")?;
