@@ -124,15 +124,24 @@ fn lint() -> Result<()> {
 
 fn tidy_check(root: &Path) -> Result<()> {
     say("$ tidy (wording, file length, module cycles)");
-    let findings = tidy::check(root)?;
-    if findings.is_empty() {
-        say("tidy: the repository speaks of the project; files and modules are in order");
+    report(
+        "tidy",
+        &tidy::check(root)?,
+        "the repository speaks of the project; files and modules are in order",
+        "tidy finding(s)",
+    )
+}
+
+/// Says `ok` when a check found nothing, else each finding, and fails with their count.
+fn report(check: &str, found: &[impl std::fmt::Display], ok: &str, what: &str) -> Result<()> {
+    if found.is_empty() {
+        say(&format!("{check}: {ok}"));
         return Ok(());
     }
-    for f in &findings {
-        say(&format!("tidy: {f}"));
+    for f in found {
+        say(&format!("{check}: {f}"));
     }
-    bail!("{} tidy finding(s)", findings.len())
+    bail!("{} {what}", found.len())
 }
 
 fn deps_check() -> Result<()> {
@@ -149,13 +158,10 @@ fn deps_check() -> Result<()> {
     }
     let meta: serde_json::Value =
         serde_json::from_slice(&out.stdout).context("cargo metadata output is not JSON")?;
-    let violations = deps::check(&meta)?;
-    if violations.is_empty() {
-        say("deps: every crate depends only on crates before it and on nothing it must not know");
-        return Ok(());
-    }
-    for v in &violations {
-        say(&format!("deps: {v}"));
-    }
-    bail!("{} dependency rule violation(s)", violations.len())
+    report(
+        "deps",
+        &deps::check(&meta)?,
+        "every crate depends only on crates before it and on nothing it must not know",
+        "dependency rule violation(s)",
+    )
 }

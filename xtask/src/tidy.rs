@@ -645,7 +645,7 @@ fn find_cycles(edges: &BTreeMap<ModPath, BTreeSet<ModPath>>) -> Vec<Vec<ModPath>
 fn walk(edges: &BTreeMap<ModPath, BTreeSet<ModPath>>, group: &[&ModPath]) -> Vec<ModPath> {
     let members: BTreeSet<&ModPath> = group.iter().copied().collect();
     let start = members.iter().next().copied().cloned().unwrap_or_default();
-    // Breadth-first from each successor of `start` back to `start`, inside the group.
+    // Breadth-first from `start` back to it, inside the group: the shortest circle through it.
     let mut parent: BTreeMap<ModPath, ModPath> = BTreeMap::new();
     let mut queue = std::collections::VecDeque::new();
     queue.push_back(start.clone());
@@ -663,7 +663,7 @@ fn walk(edges: &BTreeMap<ModPath, BTreeSet<ModPath>>, group: &[&ModPath]) -> Vec
                 cycle.push(start.clone());
                 return cycle;
             }
-            if !parent.contains_key(w) && *w != start {
+            if !parent.contains_key(w) {
                 parent.insert(w.clone(), v.clone());
                 queue.push_back(w.clone());
             }

@@ -312,6 +312,18 @@ impl StateKey for RunStatsKey {
     }
 }
 
+/// `K` in `snapshot`, through its handle when the run's registry has one (a key the registry
+/// lacks is the error `Snapshot::get` gives).
+pub(crate) fn read_key<K: StateKey>(
+    snapshot: &Snapshot,
+    key: Option<KeyHandle<K>>,
+) -> Result<&K::Value, StateError> {
+    match key {
+        Some(key) => snapshot.get_by(key),
+        None => snapshot.get::<K>(),
+    }
+}
+
 /// `f` of the run statistics in `snapshot`, read in place through `key` when the run's
 /// registry has it (the defaults when absent).
 pub(crate) fn stats_at_in<T>(
@@ -319,11 +331,7 @@ pub(crate) fn stats_at_in<T>(
     key: Option<KeyHandle<RunStatsKey>>,
     f: impl FnOnce(&RunStats) -> T,
 ) -> T {
-    let stats = match key {
-        Some(key) => snapshot.get_by(key),
-        None => snapshot.get::<RunStatsKey>(),
-    };
-    match stats {
+    match read_key(snapshot, key) {
         Ok(stats) => f(stats),
         Err(_) => f(&RunStats::default()),
     }

@@ -5,6 +5,7 @@ use awaken_tool::ToolBatch;
 
 use crate::commit::{RunRecord, RunStatus, Timestamp};
 use crate::error::StoreError;
+use crate::store::ProfileEntry;
 
 /// Column list of a run record, in [`RawRun`]'s order.
 pub(crate) const RUN_COLUMNS: &str = "run_id, parent_run_id, agent_id, profile_id, status, \
@@ -119,6 +120,14 @@ pub(crate) fn thread_id(s: &str) -> Result<ThreadId, StoreError> {
 
 pub(crate) fn run_id(s: &str) -> Result<RunId, StoreError> {
     RunId::new(s).map_err(|e| StoreError::corrupt("run id", e))
+}
+
+/// A profile key's stored value and version.
+pub(crate) fn profile_entry(value: &str, version: i64) -> Result<ProfileEntry, StoreError> {
+    Ok(ProfileEntry {
+        value: self::value("profile state", value)?,
+        version: count("profile key version", version)?,
+    })
 }
 
 /// A count or version stored as a signed integer.

@@ -2,12 +2,14 @@
 //! when a token still holds its run, and in what order claims hand runs out. The memory store
 //! applies them to its rows; the SQL stores apply [`holds`] to a commit's lease and state the
 //! claim rules in their `UPDATE … RETURNING` statements (unfinished, lease free or expired,
-//! `ORDER BY updated_at, run_id`), then sort what they claimed with [`claim_order`].
+//! `ORDER BY updated_at, run_id`), then sort what they claimed with [`sort_claims`].
 
 use awaken_event::RunId;
 
 use crate::commit::{LeaseToken, RunRecord, RunStatus, Timestamp};
 use crate::error::StoreError;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+use crate::store::ClaimedRun;
 
 /// Refuses a blank worker id: a lease names the worker holding it.
 pub(crate) fn check_worker(worker_id: &str) -> Result<(), StoreError> {
@@ -35,4 +37,10 @@ pub(crate) fn claimable(status: RunStatus, expires_at: Option<Timestamp>, now: T
 /// The order claims hand runs out in: oldest update first, then by run id.
 pub(crate) fn claim_order(run: &RunRecord) -> (Timestamp, &RunId) {
     (run.updated_at, &run.run_id)
+}
+
+/// Puts `claims` in [`claim_order`].
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn sort_claims(claims: &mut [ClaimedRun]) {
+    claims.sort_by(|a, b| claim_order(&a.run).cmp(&claim_order(&b.run)));
 }

@@ -35,14 +35,12 @@ impl Durable {
         run_batch: &mut Option<ToolBatch>,
         sink: &dyn EventSink,
     ) -> Result<(), CheckpointError> {
+        // Keeping the store's batch (a run without one keeps it too) writes the run's instead
+        // while an earlier change of it is unwritten.
+        let write_run_batch = matches!(batch, BatchChange::Write) && run_batch.is_some();
         let batch = match batch {
             BatchChange::Clear => BatchWrite::Clear,
-            BatchChange::Write if run_batch.is_some() => {
-                run_batch.take().map_or(BatchWrite::Keep, BatchWrite::Set)
-            }
-            // Keeping the store's batch (a run without one keeps it too) writes the run's
-            // instead while an earlier change of it is unwritten.
-            _ if self.batch_unwritten => {
+            _ if write_run_batch || self.batch_unwritten => {
                 run_batch.take().map_or(BatchWrite::Clear, BatchWrite::Set)
             }
             _ => BatchWrite::Keep,

@@ -15,11 +15,12 @@ use awaken_resolver::ResolvedTool;
 use awaken_tool::{GateResolution, ToolInterceptPayload};
 
 use crate::builtins::StatsUpdate;
+use crate::builtins::read_key;
 use crate::delegate::child::delegate_call;
 use crate::durable::BatchChange;
 use crate::failpoint;
 use crate::run::invoke::Ran;
-use crate::run::{Failure, Run, read_key};
+use crate::run::{Failure, Run};
 
 /// How one tool call came out.
 pub(super) enum CallOutcome {

@@ -13,7 +13,8 @@ use awaken_state::Snapshot;
 use futures_util::StreamExt;
 
 use crate::builtins::StepDirectives;
-use crate::run::{Failure, Run, read_key};
+use crate::builtins::read_key;
+use crate::run::{Failure, Run};
 use crate::turns;
 
 impl Run<'_> {

@@ -17,7 +17,7 @@ use awaken_phase::{PhaseEngine, PhaseError, RunIdentity};
 use awaken_plugin::{LifecycleDispatcher, ToolGateHook};
 use awaken_resolver::ResolvedAgent;
 use awaken_spec::{InferenceOverride, Sections};
-use awaken_state::{KeyHandle, Snapshot, StateError, StateKey};
+use awaken_state::KeyHandle;
 use awaken_tool::{ToolBatch, ToolCallScope};
 
 use crate::builtins::{RunStatsKey, StepDirectivesKey, StopRequestKey};
@@ -297,17 +297,5 @@ impl Failure {
             Failure::Cancelled => "not executed: the run was cancelled",
             Failure::Error(_) => "not finished: the run failed",
         }
-    }
-}
-
-/// `K` in `snapshot`, through its handle when the run's registry has one (a key the registry
-/// lacks is the error `Snapshot::get` gives).
-fn read_key<K: StateKey>(
-    snapshot: &Snapshot,
-    key: Option<KeyHandle<K>>,
-) -> Result<&K::Value, StateError> {
-    match key {
-        Some(key) => snapshot.get_by(key),
-        None => snapshot.get::<K>(),
     }
 }

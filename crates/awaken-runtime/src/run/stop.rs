@@ -9,7 +9,8 @@ use awaken_spec::StopConditionSpec;
 use awaken_state::Snapshot;
 
 use crate::builtins::RunStats;
-use crate::run::{Run, read_key};
+use crate::builtins::read_key;
+use crate::run::Run;
 
 impl Run<'_> {
     /// The first stop condition that holds now, with the tools of the step in progress

@@ -10,7 +10,7 @@ use tokio_postgres::{Client, IsolationLevel, Row, Transaction};
 use crate::codec::{self, RUN_COLUMNS, RawRun};
 use crate::commit::{RunRecord, Timestamp};
 use crate::error::StoreError;
-use crate::store::{Checkpoint, ProfileEntry, ProfileState, StoredEvent, ThreadSummary};
+use crate::store::{Checkpoint, ProfileState, StoredEvent, ThreadSummary};
 
 /// The run record columns of `row` from column `at` on ([`RUN_COLUMNS`]' order).
 pub(super) fn raw_run(row: &Row, at: usize) -> Result<RawRun, tokio_postgres::Error> {
@@ -61,13 +61,7 @@ pub(super) async fn profile(
         let k: String = row.try_get(0)?;
         let v: String = row.try_get(1)?;
         let version: i64 = row.try_get(2)?;
-        keys.insert(
-            k,
-            ProfileEntry {
-                value: codec::value("profile state", &v)?,
-                version: codec::count("profile key version", version)?,
-            },
-        );
+        keys.insert(k, codec::profile_entry(&v, version)?);
     }
     Ok(ProfileState {
         profile_id: profile_id.clone(),

@@ -239,7 +239,7 @@ impl ThreadStore for PostgresStore {
         for row in rows {
             out.push(claimed_row(&row, worker_id, expires_at)?);
         }
-        out.sort_by(|a, b| lease::claim_order(&a.run).cmp(&lease::claim_order(&b.run)));
+        lease::sort_claims(&mut out);
         Ok(out)
     }
 

@@ -9,7 +9,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use crate::codec::{self, RUN_COLUMNS, RawRun};
 use crate::commit::{RunRecord, Timestamp};
 use crate::error::StoreError;
-use crate::store::{Checkpoint, ProfileEntry, ProfileState, StoredEvent, ThreadSummary};
+use crate::store::{Checkpoint, ProfileState, StoredEvent, ThreadSummary};
 
 /// The run record columns of `r` from column `at` on ([`RUN_COLUMNS`]' order).
 pub(super) fn raw_run(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<RawRun> {
@@ -62,13 +62,7 @@ pub(super) fn profile(
     let mut keys = BTreeMap::new();
     for row in rows {
         let (k, v, version) = row?;
-        keys.insert(
-            k,
-            ProfileEntry {
-                value: codec::value("profile state", &v)?,
-                version: codec::count("profile key version", version)?,
-            },
-        );
+        keys.insert(k, codec::profile_entry(&v, version)?);
     }
     Ok(ProfileState {
         profile_id: profile_id.clone(),

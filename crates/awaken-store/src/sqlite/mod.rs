@@ -436,7 +436,7 @@ impl ThreadStore for SqliteStore {
                 }
             }
             tx.commit()?;
-            out.sort_by(|a, b| lease::claim_order(&a.run).cmp(&lease::claim_order(&b.run)));
+            lease::sort_claims(&mut out);
             Ok(out)
         })
         .await
