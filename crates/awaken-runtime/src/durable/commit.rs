@@ -98,9 +98,6 @@ impl Durable {
                 Err(CommitError::ProfileConflict { key })
                     if writes_profile && self.profile.as_ref().is_some_and(|p| p.may_retry()) =>
                 {
-                    if let Some(journal) = &mut self.profile {
-                        journal.count_retry();
-                    }
                     tracing::info!(key = %key, "profile key changed under the run: redoing its writes on the fresh value");
                     // (Boxed: a conflict is rare, and every commit's future would hold room
                     // for the reload.)
@@ -173,8 +170,9 @@ impl Durable {
         snapshot.revision()
     }
 
-    /// After a profile conflict: reloads the profile and redoes the run's journaled profile
-    /// writes on it. Returns the commit's new profile delta with its guards.
+    /// After a profile conflict: waits a jittered pause, reloads the profile and redoes the
+    /// run's journaled profile writes on it. Returns the commit's new profile delta with its
+    /// guards.
     async fn redo_profile_writes(
         &mut self,
         state: &StateStore,
@@ -182,6 +180,11 @@ impl Durable {
         let Some(profile_id) = self.pending.run.profile_id.clone() else {
             return Ok((StateDelta::default(), BTreeMap::new()));
         };
+        let journal = self.profile.get_or_insert_default();
+        let pause = journal.backoff();
+        if !pause.is_zero() {
+            tokio::time::sleep(pause).await;
+        }
         let journal = self.profile.get_or_insert_default();
         journal.take_writes(state);
         let fresh = self.store.load_profile(&profile_id).await?;

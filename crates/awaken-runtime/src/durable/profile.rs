@@ -1,14 +1,22 @@
 //! The profile journal: what a run with a profile keeps about its profile's keys, so that its
 //! writes are guarded by the versions they were read at and a refused write is redone on the
-//! fresh value.
+//! fresh value, for as long as other writers make progress.
 
 use std::collections::BTreeMap;
+use std::hash::{BuildHasher, RandomState};
+use std::time::Duration;
 
 use awaken_state::{KeyScope, StateCommand, StateDelta, StateError, StateStore, UnknownKeyPolicy};
 use awaken_store::ProfileState;
 
-/// How many profile conflicts one run retries before its commit fails.
-const MAX_PROFILE_RETRIES: u32 = 16;
+/// How many conflicts in a row one commit retries when the fresh profile shows no other
+/// writer's progress (no key's version moved): a store that keeps refusing without a newer
+/// value would otherwise be retried for ever.
+const MAX_STALLED_RETRIES: u32 = 3;
+
+/// The longest pause between two attempts of one commit, in microseconds (the window doubles
+/// from 1 ms).
+const MAX_BACKOFF_MICROS: u64 = 64_000;
 
 /// What a run with a profile keeps about its profile's keys.
 #[derive(Default)]
@@ -19,8 +27,12 @@ pub(crate) struct ProfileJournal {
     /// Profile writes of the run not yet durable (journaled updates, in order), kept across
     /// retries of one commit.
     pending: Vec<(String, serde_json::Value)>,
-    /// How many times a profile conflict was retried (all commits of the run).
-    retries: u32,
+    /// Conflicts retried by the commit being written (0 after each written commit).
+    attempts: u32,
+    /// Of those, how many in a row found no key's version moved.
+    stalled: u32,
+    /// The jitter's state, seeded at random per journal so that contending runs spread their retries.
+    jitter: u64,
 }
 
 impl ProfileJournal {
@@ -46,14 +58,29 @@ impl ProfileJournal {
             .collect()
     }
 
-    /// Whether another profile conflict of the run may be retried.
+    /// Whether the commit being written may retry another profile conflict: always while
+    /// each conflict shows another writer's progress (a conflict means some other commit of
+    /// the key was written, so the profile as a whole moves on).
     pub(super) fn may_retry(&self) -> bool {
-        self.retries < MAX_PROFILE_RETRIES
+        self.stalled < MAX_STALLED_RETRIES
     }
 
-    /// Counts a profile conflict the run retries.
-    pub(super) fn count_retry(&mut self) {
-        self.retries += 1;
+    /// Counts a conflict the commit retries and returns the pause before the retry: a random
+    /// part of a window that doubles from 1 ms up to [`MAX_BACKOFF_MICROS`] (full jitter), so that
+    /// runs contending for one key stop colliding in step.
+    pub(super) fn backoff(&mut self) -> Duration {
+        self.attempts = self.attempts.saturating_add(1);
+        let window = (1000u64 << self.attempts.min(16).saturating_sub(1)).min(MAX_BACKOFF_MICROS);
+        if self.jitter == 0 {
+            self.jitter = RandomState::new().hash_one(self.attempts);
+        }
+        // splitmix64: enough spread for a pause, no dependency.
+        self.jitter = self.jitter.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.jitter;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        Duration::from_micros(z % (window + 1))
     }
 
     /// Redoes the run's journaled profile writes on `fresh`, the profile as it is after a
@@ -76,6 +103,10 @@ impl ProfileJournal {
             .snapshot()
             .export_changed_in(KeyScope::Profile, base)?;
         let versions = versions_of(fresh);
+        let moved = versions
+            .iter()
+            .any(|(k, v)| *v > self.versions.get(k).copied().unwrap_or(0));
+        self.stalled = if moved { 0 } else { self.stalled + 1 };
         let guards = delta
             .values
             .keys()
@@ -101,6 +132,8 @@ impl ProfileJournal {
             self.versions.insert(key.clone(), read + 1);
         }
         self.pending.clear();
+        self.attempts = 0;
+        self.stalled = 0;
         state.take_journal();
     }
 }

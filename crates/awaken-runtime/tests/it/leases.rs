@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 
 const RUNS: usize = 20;
 
-fn postgres_url() -> Option<String> {
+pub fn postgres_url() -> Option<String> {
     match std::env::var("AWAKEN_TEST_POSTGRES_URL") {
         Ok(url) if !url.trim().is_empty() => Some(url),
         _ => {

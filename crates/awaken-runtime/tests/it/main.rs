@@ -4,6 +4,7 @@ mod backend;
 mod build;
 mod compaction_crash;
 mod context;
+mod contention;
 mod crash;
 mod delegation;
 mod durable;
