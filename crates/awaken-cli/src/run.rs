@@ -14,7 +14,9 @@ use awaken_store::{CommitError, RunStatus};
 use crate::agent_file::AgentFile;
 use crate::args::Args;
 use crate::output::{Printer, shell_word, waiting_instructions};
-use crate::setup::{Open, Purpose, is_memory_store, open_store, runtime, stored_thread};
+use crate::setup::{
+    Open, Purpose, is_memory_store, lease_duration, open_store, runtime, stored_thread, worker_id,
+};
 use crate::term::{self, err, errln};
 use crate::{Exit, bad_input, load_file};
 
@@ -34,11 +36,7 @@ pub(crate) async fn run(args: Args) -> Result<u8, Exit> {
         Ok(outcome) => finish(&runtime, &args, &thread, &outcome, started).await,
         Err(RunError::ThreadWaiting { run_id, .. }) => {
             let tickets = undecided(&runtime, &thread).await?;
-            let shown_prompt = if args.positional.is_empty() || prompt.len() > 80 {
-                "PROMPT".to_owned()
-            } else {
-                shell_word(prompt.trim_end())
-            };
+            let shown_prompt = shown_prompt(&args, &prompt);
             Err(Exit {
                 code: 3,
                 error: anyhow!(
@@ -49,8 +47,73 @@ pub(crate) async fn run(args: Args) -> Result<u8, Exit> {
                 ),
             })
         }
+        Err(RunError::ThreadBusy {
+            run_id, lease_held, ..
+        }) => Err(Exit {
+            code: 3,
+            error: anyhow!(
+                "thread `{thread}` is busy: run `{run_id}` is still running{}.\n                 One run at a time per thread: wait for it to end (Ctrl-C in its terminal cancels it){}",
+                if lease_held {
+                    " and the process driving it is alive"
+                } else {
+                    ""
+                },
+                if lease_held {
+                    String::new()
+                } else {
+                    format!(
+                        ";\nif its process is gone, continue it with\n  {}\nor close it as cancelled and start the new run anyway:\n  {} {}",
+                        recover_command(&args),
+                        continue_command(&args, &thread, true),
+                        shown_prompt(&args, &prompt),
+                    )
+                }
+            ),
+        }),
         Err(e) => Err(not_started(e)),
     }
+}
+
+/// The runs of `store` that are `Running` (as `run R on thread T`): after a recovery claimed
+/// none, those whose lease is still held.
+async fn running_runs(store: &dyn awaken_store::ThreadStore) -> Result<Vec<String>, Exit> {
+    let mut running = Vec::new();
+    for thread in store.list_threads().await.map_err(|e| anyhow!("{e}"))? {
+        let runs = store
+            .list_runs(&thread.thread_id)
+            .await
+            .map_err(|e| anyhow!("{e}"))?;
+        running.extend(
+            runs.iter()
+                .filter(|r| r.status == RunStatus::Running)
+                .map(|r| format!("run {} on thread {}", r.run_id, thread.thread_id)),
+        );
+    }
+    Ok(running)
+}
+
+/// The prompt as shown in a suggested command: itself when short and given as arguments.
+fn shown_prompt(args: &Args, prompt: &str) -> String {
+    if args.positional.is_empty() || prompt.len() > 80 {
+        "PROMPT".to_owned()
+    } else {
+        shell_word(prompt.trim_end())
+    }
+}
+
+/// The `awaken recover` command for this agent file and store.
+fn recover_command(args: &Args) -> String {
+    let mut cmd = String::from("awaken recover");
+    if let Some(agent) = &args.agent {
+        cmd.push_str(&format!(
+            " --agent {}",
+            shell_word(&agent.display().to_string())
+        ));
+    }
+    if let Some(store) = &args.store {
+        cmd.push_str(&format!(" --store {}", shell_word(store)));
+    }
+    cmd
 }
 
 /// Whether an activation did not start because the thread or its run changed under it: another
@@ -178,14 +241,16 @@ pub(crate) async fn resume(args: Args) -> Result<u8, Exit> {
 /// `awaken recover --agent FILE`: claims the store's unfinished runs (those no live process
 /// holds a lease on; not those waiting for a decision) and continues each with the agent file's
 /// agent, one after another. Exit 1 when a run could not be continued or ended in an error,
-/// else 3 when one waits for a decision, 4 when one was cancelled, else 0.
+/// else 3 when one waits for a decision (or none could be claimed while some still hold their
+/// lease), 4 when one was cancelled, else 0.
 pub(crate) async fn recover(args: Args) -> Result<u8, Exit> {
     let file = load_file(&args)?;
     let store = open_store(args.store.as_deref(), Open::Existing)
         .await
         .map_err(bad_input)?;
-    let runtime = runtime(&file, &args, store, Purpose::Run).map_err(bad_input)?;
-    let config = RecoverConfig::new(format!("awaken-cli-{}", std::process::id()));
+    let runtime = runtime(&file, &args, store.clone(), Purpose::Run).map_err(bad_input)?;
+    let mut config = RecoverConfig::new(worker_id());
+    config.lease_duration = lease_duration().map_err(bad_input)?;
     let sink = Printer::for_args(&args);
     let started = Instant::now();
     let recovered = runtime
@@ -193,8 +258,19 @@ pub(crate) async fn recover(args: Args) -> Result<u8, Exit> {
         .await
         .map_err(|e| anyhow!("{e}"))?;
     if recovered.is_empty() {
-        errln!("no unfinished runs to recover");
-        return Ok(0);
+        let held = running_runs(&*store).await?;
+        if held.is_empty() {
+            errln!("no unfinished runs to recover");
+            return Ok(0);
+        }
+        errln!(
+            "no unfinished run could be claimed: {} still hold a lease ({}).\n             A live process is driving them, or one that stopped did so less than {} s ago: \
+             run the command again once its lease has expired",
+            held.len(),
+            held.join(", "),
+            config.lease_duration.as_secs()
+        );
+        return Ok(3);
     }
     let mut code = 0;
     for run in &recovered {

@@ -77,13 +77,6 @@ pub(crate) fn is_memory_store(spec: Option<&str>) -> bool {
     spec == Some("memory")
 }
 
-/// Whether `spec` names a store several processes share (PostgreSQL).
-fn is_shared_store(spec: Option<&str>) -> bool {
-    spec.is_some_and(|s| {
-        s.starts_with("postgres:") || s.starts_with("postgres://") || s.starts_with("postgresql://")
-    })
-}
-
 /// The thread named by the command's one positional word, its store and its checkpoint; an
 /// unknown thread is bad input.
 pub(crate) async fn stored_thread(
@@ -269,6 +262,26 @@ fn provider(
     ))
 }
 
+/// This process's worker identity in run leases.
+pub(crate) fn worker_id() -> String {
+    format!("awaken-cli-{}", std::process::id())
+}
+
+/// How long a run's lease outlives its process: `AWAKEN_LEASE_SECS` (whole seconds, at least
+/// 1), else 15 s. A killed process's runs become recoverable that long after it stopped.
+pub(crate) fn lease_duration() -> Result<std::time::Duration> {
+    const DEFAULT_SECS: u64 = 15;
+    match std::env::var("AWAKEN_LEASE_SECS") {
+        Err(_) => Ok(std::time::Duration::from_secs(DEFAULT_SECS)),
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(secs) if secs >= 1 => Ok(std::time::Duration::from_secs(secs)),
+            _ => {
+                bail!("AWAKEN_LEASE_SECS must be a whole number of seconds, at least 1 (got {v:?})")
+            }
+        },
+    }
+}
+
 /// The runtime for the agent file over `store`: the provider, the built-in tools the file
 /// configures and its declarative plugin directories. The file's agent is resolved once here,
 /// so a bad agent fails before anything runs (other agents, such as those a declarative plugin
@@ -280,16 +293,10 @@ pub(crate) fn runtime(
     purpose: Purpose,
 ) -> Result<AgentRuntime> {
     let (executor, model) = provider(file, args, &store, purpose)?;
-    let mut builder = AgentRuntime::builder();
-    if is_shared_store(args.store.as_deref()) {
-        // Several processes share a PostgreSQL store: every run this one drives holds a
-        // lease, so a `recover` elsewhere never takes it over while it is alive.
-        builder = builder.with_worker(
-            format!("awaken-cli-{}", std::process::id()),
-            std::time::Duration::from_secs(30),
-        );
-    }
-    let mut builder = builder
+    // Every run this process drives holds a lease (renewed while it lives), so another
+    // process never takes it over, recovers it or supersedes it while it is alive.
+    let mut builder = AgentRuntime::builder()
+        .with_worker(worker_id(), lease_duration()?)
         .with_store(store)
         .with_model(model.clone())
         .with_provider(model.provider.clone(), executor)

@@ -33,6 +33,8 @@ fn command() -> Command {
         c.env_remove(var);
     }
     c.stdin(Stdio::null());
+    // Short run leases: a killed process's run is recoverable a second after it died.
+    c.env("AWAKEN_LEASE_SECS", "1");
     c
 }
 
@@ -1190,6 +1192,8 @@ fn recover_continues_a_run_whose_process_was_killed() {
         shown.contains(" waiter · running · "),
         "the run was left unfinished: {shown}"
     );
+    // The dead process's lease runs out a second after its last heartbeat.
+    std::thread::sleep(Duration::from_millis(1500));
 
     let script = text_script(&dir, "Back after the crash.");
     let recovered = awaken(&[
@@ -1223,5 +1227,164 @@ fn recover_continues_a_run_whose_process_was_killed() {
         "{}",
         text(&again.stderr)
     );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Starts `awaken run` of the waiting agent with `args` and returns it once its model streamed
+/// its first word (the run is then live: committed, its lease held).
+fn start_waiting(args: &[&str]) -> std::process::Child {
+    let mut child = command()
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the run");
+    let mut stdout = child.stdout.take().expect("piped stdout");
+    let mut seen = Vec::new();
+    let mut chunk = [0u8; 256];
+    while !text(&seen).contains(THINKING) {
+        let n = stdout.read(&mut chunk).expect("read stdout");
+        assert!(
+            n > 0,
+            "the run ended before its model wrote: {}",
+            text(&seen)
+        );
+        seen.extend_from_slice(&chunk[..n]);
+    }
+    child
+}
+
+#[test]
+fn a_second_process_on_a_running_thread_is_refused_until_the_first_is_gone() {
+    let dir = temp_dir("busy");
+    let agent = waiting_agent(&dir);
+    let agent = path_str(&agent);
+    let store = format!("sqlite:{}", dir.join("awaken.db").display());
+    let mut first = start_waiting(&[
+        "run", "--agent", agent, "--store", &store, "--thread", "conc1", "a",
+    ]);
+
+    let refused = awaken(&[
+        "run", "--agent", agent, "--store", &store, "--thread", "conc1", "b",
+    ]);
+    expect_code(&refused, 3);
+    let err = text(&refused.stderr);
+    let runs = text(&awaken(&["show", "conc1", "--store", &store]).stdout);
+    let run_id = runs
+        .split_whitespace()
+        .find(|w| w.starts_with("run-"))
+        .unwrap_or_else(|| panic!("no run id in: {runs}"));
+    assert!(
+        err.contains(&format!(
+            "thread `conc1` is busy: run `{run_id}` is still running"
+        )),
+        "{err}"
+    );
+    assert!(err.contains("awaken recover --agent"), "{err}");
+
+    // Superseding a run whose process is alive is refused too.
+    let live = awaken(&[
+        "run",
+        "--agent",
+        agent,
+        "--store",
+        &store,
+        "--thread",
+        "conc1",
+        "--supersede",
+        "b",
+    ]);
+    expect_code(&live, 3);
+    assert!(
+        text(&live.stderr).contains("the process driving it is alive"),
+        "{}",
+        text(&live.stderr)
+    );
+
+    // Once the first process is gone and its lease ran out, the new run supersedes its run.
+    first.kill().expect("kill the first run");
+    let _ = first.wait();
+    std::thread::sleep(Duration::from_millis(1500));
+    let script = text_script(&dir, "Second run.");
+    let second = awaken(&[
+        "run",
+        "--agent",
+        agent,
+        "--store",
+        &store,
+        "--thread",
+        "conc1",
+        "--supersede",
+        "--script",
+        path_str(&script),
+        "b",
+    ]);
+    expect_code(&second, 0);
+    assert!(text(&second.stdout).contains("Second run."));
+    let shown = text(&awaken(&["show", "conc1", "--store", &store]).stdout);
+    assert!(shown.contains(" waiter · cancelled · "), "{shown}");
+    assert!(shown.contains(" waiter · natural_end · "), "{shown}");
+    assert!(!shown.contains(" · running · "), "{shown}");
+    let nothing = awaken(&["recover", "--agent", agent, "--store", &store]);
+    expect_code(&nothing, 0);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn two_processes_starting_on_one_thread_at_once_run_one_run() {
+    let dir = temp_dir("race");
+    let agent = waiting_agent(&dir);
+    let agent = path_str(&agent);
+    let store = format!("sqlite:{}", dir.join("awaken.db").display());
+    for round in 0..4 {
+        let thread = format!("race{round}");
+        let spawn = || {
+            command()
+                .args([
+                    "run", "--agent", agent, "--store", &store, "--thread", &thread, "go",
+                ])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("start a run")
+        };
+        let (mut a, mut b) = (spawn(), spawn());
+        // The loser exits 3 at once; the winner waits until it is interrupted.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let loser = loop {
+            if let Some(status) = a.try_wait().expect("wait") {
+                break (status, a, b);
+            }
+            if let Some(status) = b.try_wait().expect("wait") {
+                break (status, b, a);
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "neither run was refused"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let (status, mut refused, winner) = loser;
+        let mut err = String::new();
+        refused
+            .stderr
+            .take()
+            .expect("stderr")
+            .read_to_string(&mut err)
+            .expect("read");
+        assert_eq!(status.code(), Some(3), "round {round}: {err}");
+        assert!(err.contains("busy") || err.contains("changed"), "{err}");
+        let pid = winner.id().to_string();
+        let sent = Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .expect("kill");
+        assert!(sent.success());
+        let out = winner.wait_with_output().expect("wait");
+        assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
+        let shown = text(&awaken(&["show", &thread, "--store", &store]).stdout);
+        assert_eq!(shown.matches(" waiter · ").count(), 1, "one run: {shown}");
+        assert!(shown.contains(" waiter · cancelled · "), "{shown}");
+    }
     let _ = std::fs::remove_dir_all(dir);
 }

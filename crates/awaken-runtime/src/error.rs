@@ -3,7 +3,7 @@
 use awaken_event::{RunId, ThreadId};
 use awaken_resolver::ResolveError;
 use awaken_state::StateError;
-use awaken_store::{CommitError, StoreError};
+use awaken_store::{CommitError, RunStatus, StoreError};
 
 use crate::resume::DecisionError;
 
@@ -40,6 +40,27 @@ pub enum RunError {
         run_id: RunId,
         /// The calls waiting for a decision.
         calls: Vec<awaken_event::ToolCallId>,
+    },
+    /// The thread's last run is still running: one run at a time per thread. A new run may
+    /// supersede it (closing it as cancelled) once the process that drove it is gone: its
+    /// lease expired, or it never held one.
+    #[error(
+        "thread `{thread_id}` is busy: run `{run_id}` is {status}{}",
+        if *lease_held {
+            " and a live worker holds its lease (its process is still driving it)"
+        } else {
+            ""
+        }
+    )]
+    ThreadBusy {
+        /// The thread.
+        thread_id: ThreadId,
+        /// The run that holds it.
+        run_id: RunId,
+        /// That run's status.
+        status: RunStatus,
+        /// Whether a supersede was refused because the run's lease is held.
+        lease_held: bool,
     },
     /// The thread's waiting run has no stored tool batch, or its recorded decisions do not
     /// decode.

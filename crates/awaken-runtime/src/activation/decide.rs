@@ -84,12 +84,28 @@ pub(super) async fn decide(
 ) -> Result<Plan, RunError> {
     match start {
         Start::Recover(claimed, cancel) => {
+            let latest = stored.latest.take();
             let Some(Latest::Unfinished {
                 record,
                 batch,
                 run_state,
-            }) = stored.latest.take()
+            }) = latest
             else {
+                // A run left behind by a later run on its thread (stored before one run per
+                // thread was enforced): closed once no other run is active, so that it is
+                // not claimed again and again.
+                if latest.is_none()
+                    && let Some(lease) = &claimed.lease
+                {
+                    Box::pin(close_left_behind(
+                        rt,
+                        thread_id,
+                        &claimed.run_id,
+                        stored,
+                        lease,
+                    ))
+                    .await?;
+                }
                 return Err(RunError::NotRecoverable {
                     thread_id: thread_id.clone(),
                     run_id: claimed.run_id,
@@ -104,33 +120,34 @@ pub(super) async fn decide(
             Ok(Plan::continuing(continued, cancel, claimed.lease))
         }
         Start::Fresh(act) => {
-            if let Some(Latest::Waiting { record, batch, .. }) = stored.latest.take() {
-                if !act.supersede {
-                    return Err(RunError::ThreadWaiting {
-                        thread_id: thread_id.clone(),
-                        run_id: record.run_id,
-                        calls: suspended_calls(&batch)
-                            .into_iter()
-                            .map(|(id, _)| id)
-                            .collect(),
-                    });
+            match stored.latest.take() {
+                Some(Latest::Waiting { record, batch, .. }) => {
+                    if !act.supersede {
+                        return Err(RunError::ThreadWaiting {
+                            thread_id: thread_id.clone(),
+                            run_id: record.run_id,
+                            calls: suspended_calls(&batch)
+                                .into_iter()
+                                .map(|(id, _)| id)
+                                .collect(),
+                        });
+                    }
+                    // Boxed: a rare path, whose state need not be part of every activation's.
+                    let closed =
+                        Box::pin(close_run(rt, thread_id, record, Some(batch), stored, None))
+                            .await?;
+                    notes.push(superseded_note("the waiting calls", &closed));
                 }
-                // Boxed: a rare path, whose state need not be part of every activation's.
-                let closed =
-                    Box::pin(supersede(rt, thread_id, record, batch, stored.persisted)).await?;
-                stored.persisted += closed.len() as u64;
-                notes.push(AgentEvent::Warning {
-                    kind: WarningKind::Other,
-                    detail: format!(
-                        "superseded the waiting calls {}",
-                        closed
-                            .iter()
-                            .filter_map(|m| m.tool_call_id.as_ref().map(ToString::to_string))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
-                });
-                stored.history.extend(closed);
+                Some(Latest::Busy { record, batch }) => {
+                    if !act.supersede {
+                        return Err(busy(thread_id, record, false));
+                    }
+                    let what = format!("the unfinished run {}, closing its calls", record.run_id);
+                    let closed =
+                        Box::pin(supersede_stale(rt, thread_id, record, batch, stored)).await?;
+                    notes.push(superseded_note(&what, &closed));
+                }
+                _ => {}
             }
             Ok(Plan {
                 agent_id: Arc::from(act.agent_id),
@@ -176,38 +193,130 @@ pub(super) async fn decide(
     }
 }
 
-/// Closes the suspended calls of a waiting run as cancelled ("superseded") and ends that run,
-/// in one commit; returns the closing messages (now in the store).
-async fn supersede(
+/// The warning a new run notes after it superseded `what`, naming the calls it closed.
+fn superseded_note(what: &str, closed: &[Message]) -> AgentEvent {
+    AgentEvent::Warning {
+        kind: WarningKind::Other,
+        detail: format!(
+            "superseded {what} {}",
+            closed
+                .iter()
+                .filter_map(|m| m.tool_call_id.as_ref().map(ToString::to_string))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+        .trim_end()
+        .to_owned(),
+    }
+}
+
+/// The refusal of a new run on a thread whose run `record` is still running.
+fn busy(thread_id: &ThreadId, record: RunRecord, lease_held: bool) -> RunError {
+    RunError::ThreadBusy {
+        thread_id: thread_id.clone(),
+        run_id: record.run_id,
+        status: record.status,
+        lease_held,
+    }
+}
+
+/// Ends the running run `record` whose process is gone: takes its lease (only when it is free
+/// or expired: a live lease refuses) and closes it with its open calls (a call that never ran
+/// as cancelled, one that was executing as outcome unknown) in one commit carrying the lease.
+async fn supersede_stale(
+    rt: &RuntimeInner,
+    thread_id: &ThreadId,
+    record: RunRecord,
+    batch: Option<ToolBatch>,
+    stored: &mut Stored,
+) -> Result<Vec<Message>, RunError> {
+    let (worker, duration) = match &rt.worker {
+        Some(w) => (w.id.clone(), w.lease_duration),
+        None => (
+            format!("supersede-{}", record.run_id),
+            std::time::Duration::from_secs(30),
+        ),
+    };
+    let claimed = rt
+        .store
+        .claim_run(&record.run_id, &worker, duration, rt.ids.timestamp())
+        .await
+        .map_err(RunError::Store)?;
+    let Some(claimed) = claimed else {
+        return Err(busy(thread_id, record, true));
+    };
+    let lease = claimed.lease;
+    let closed = close_run(rt, thread_id, record, batch, stored, Some(lease.clone())).await;
+    if closed.is_err() {
+        rt.release(&lease).await;
+    }
+    closed
+}
+
+/// Ends the unfinished run `run_id` that is not its thread's latest run, as cancelled, with
+/// the lease its recovery claimed; nothing is added to the thread's history.
+async fn close_left_behind(
+    rt: &RuntimeInner,
+    thread_id: &ThreadId,
+    run_id: &RunId,
+    stored: &mut Stored,
+    lease: &LeaseToken,
+) -> Result<(), RunError> {
+    let runs = rt
+        .store
+        .list_runs(thread_id)
+        .await
+        .map_err(RunError::Store)?;
+    let Some(record) = runs.into_iter().find(|r| &r.run_id == run_id) else {
+        return Ok(());
+    };
+    if record.status == RunStatus::Done {
+        return Ok(());
+    }
+    close_run(rt, thread_id, record, None, stored, Some(lease.clone())).await?;
+    Ok(())
+}
+
+/// Ends `record` as cancelled with every open call of `batch` closed ("superseded by a new
+/// message"), their tool messages appended to the thread in call order, in one commit (with
+/// `lease`, when one is held). The messages join `stored`'s history.
+async fn close_run(
     rt: &RuntimeInner,
     thread_id: &ThreadId,
     mut record: RunRecord,
-    mut batch: ToolBatch,
-    persisted: u64,
+    batch: Option<ToolBatch>,
+    stored: &mut Stored,
+    lease: Option<LeaseToken>,
 ) -> Result<Vec<Message>, RunError> {
-    let closed = batch.close("superseded by a new message");
-    let mut messages = Vec::with_capacity(closed.len());
-    let mut events = Vec::with_capacity(closed.len());
-    for id in closed {
-        let Some(call) = batch.get(&id) else { continue };
-        let result = call
-            .result()
-            .cloned()
-            .unwrap_or_else(|| ToolResult::error("not executed: superseded by a new message"));
-        messages.push(Message::tool(id.clone(), &result));
-        events.push(AgentEvent::ToolCallDone {
-            call_id: id,
-            result: result.into(),
-            state: call.state(),
-        });
+    let mut messages = Vec::new();
+    let mut events = Vec::new();
+    if let Some(mut batch) = batch {
+        for id in batch.close("superseded by a new message") {
+            let Some(call) = batch.get(&id) else { continue };
+            let result = call
+                .result()
+                .cloned()
+                .unwrap_or_else(|| ToolResult::error("not executed: superseded by a new message"));
+            messages.push(Message::tool(id.clone(), &result));
+            // A waiting run's activation ended; its closing is stored with it. A running
+            // run's stored events stop where its process did: nothing is added to them.
+            if record.status == RunStatus::Waiting {
+                events.push(AgentEvent::ToolCallDone {
+                    call_id: id,
+                    result: result.into(),
+                    state: call.state(),
+                });
+            }
+        }
     }
     record.status = RunStatus::Done;
     record.termination = Some(TerminationReason::Cancelled);
     record.updated_at = rt.ids.timestamp();
-    let mut commit = ThreadCommit::new(thread_id.clone(), record, persisted)
+    let mut commit = ThreadCommit::new(thread_id.clone(), record, stored.persisted)
         .with_messages(messages.iter().cloned())
         .with_events(events);
     commit.batch = BatchWrite::Clear;
+    commit.lease = lease;
     rt.store
         .commit(&commit)
         .await
@@ -215,5 +324,7 @@ async fn supersede(
             thread_id: thread_id.clone(),
             source,
         })?;
+    stored.persisted += messages.len() as u64;
+    stored.history.extend(messages.iter().cloned());
     Ok(messages)
 }

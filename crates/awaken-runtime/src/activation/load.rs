@@ -40,6 +40,12 @@ pub(super) enum Latest {
         batch: Option<ToolBatch>,
         run_state: PersistedState,
     },
+    /// Still running, and not the run this activation continues: another activation drives
+    /// it, or drove it until its process went away (a new run is refused or supersedes it).
+    Busy {
+        record: RunRecord,
+        batch: Option<ToolBatch>,
+    },
 }
 
 /// Loads the thread `start` runs on and classifies its latest run.
@@ -59,14 +65,19 @@ pub(super) async fn load(store: &dyn ThreadStore, start: &Start) -> Result<Store
         _ => None,
     };
     let latest = match cp.run {
-        Some(record)
-            if recovering == Some(&record.run_id) && record.status == RunStatus::Running =>
-        {
-            Some(Latest::Unfinished {
-                batch: cp.batch,
-                record,
-                run_state: cp.run_state,
-            })
+        Some(record) if record.status == RunStatus::Running => {
+            if recovering == Some(&record.run_id) {
+                Some(Latest::Unfinished {
+                    batch: cp.batch,
+                    record,
+                    run_state: cp.run_state,
+                })
+            } else {
+                Some(Latest::Busy {
+                    record,
+                    batch: cp.batch,
+                })
+            }
         }
         Some(record) if record.status == RunStatus::Waiting => {
             let batch = cp.batch.ok_or_else(|| RunError::StoredBatch {

@@ -13,6 +13,7 @@ mod hitl;
 mod interrupted;
 mod leases;
 mod lifecycle;
+mod one_run;
 mod permission;
 mod profile;
 mod recovery;
