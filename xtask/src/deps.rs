@@ -69,6 +69,18 @@ const TABLE: &[Row] = &[
         never: &["awaken-state", "awaken-phase", "awaken-tool"],
     },
     Row {
+        name: "awaken-net",
+        forbid: Forbid::Nothing,
+        never: &[
+            "awaken-event",
+            "awaken-spec",
+            "awaken-state",
+            "awaken-tool",
+            "awaken-phase",
+            "awaken-llm",
+        ],
+    },
+    Row {
         name: "awaken-plugin",
         forbid: Forbid::StorageAndHttp,
         never: &[],

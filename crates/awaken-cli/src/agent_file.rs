@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use awaken::llm::Script;
 use awaken::spec::{AgentSpec, DurationSpec, ModelSpec, RETRY_SECTION, RetryConfig, parse_toml};
+use awaken_net::{HostAllowList, IpRange};
 use serde::Deserialize;
 
 /// Which provider runs the model.
@@ -89,12 +90,19 @@ pub(crate) struct AppendFileSettings {
     pub(crate) root: PathBuf,
 }
 
-/// `[tools.http_get]`: the built-in HTTP GET, limited to `allow_hosts`.
+/// `[tools.http_get]`: the built-in HTTP GET, limited to `allow_hosts` at public addresses.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct HttpGetSettings {
     /// Host names or IP addresses; `*.example.com` allows the subdomains of `example.com`.
     pub(crate) allow_hosts: Vec<String>,
+    /// CIDR ranges or addresses (`"10.0.0.0/8"`, `"127.0.0.1"`) reached although the guard
+    /// refuses them by default (loopback, private, link-local, ...); none by default.
+    #[serde(default)]
+    pub(crate) allow_ranges: Vec<String>,
+    /// `allow_ranges`, parsed when the file is loaded.
+    #[serde(skip)]
+    pub(crate) ranges: Vec<IpRange>,
     /// Most bytes of a response body returned (default 64 KiB).
     pub(crate) max_bytes: Option<u64>,
 }
@@ -178,16 +186,24 @@ impl AgentFile {
                 .validate()
                 .map_err(|e| anyhow::anyhow!("{}: [script]: {e}", path.display()))?;
         }
-        let hosts = file.tools.http_get.iter().flat_map(|h| &h.allow_hosts);
-        if let Some((i, _)) = hosts.enumerate().find(|(_, h)| {
-            h.trim().is_empty()
-                || h.contains(['/', ' ', '@'])
-                || (h.contains(':') && h.parse::<std::net::Ipv6Addr>().is_err())
-        }) {
-            anyhow::bail!(
-                "{}: tools.http_get.allow_hosts[{i}]: expected a host name such as \"example.com\" or \"*.example.com\" (no scheme, port or path)",
-                path.display()
-            );
+        if let Some(http) = &mut file.tools.http_get {
+            HostAllowList::new(http.allow_hosts.iter().map(String::as_str)).map_err(|e| {
+                anyhow::anyhow!(
+                    "{}: tools.http_get.allow_hosts[{}]: expected a host name such as \"example.com\" or \"*.example.com\" (no scheme, port or path)",
+                    path.display(),
+                    e.index
+                )
+            })?;
+            http.ranges = http
+                .allow_ranges
+                .iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    r.parse::<IpRange>().map_err(|e| {
+                        anyhow::anyhow!("{}: tools.http_get.allow_ranges[{i}]: {e}", path.display())
+                    })
+                })
+                .collect::<Result<_>>()?;
         }
         // Relative paths are relative to the agent file.
         let base = path.parent().unwrap_or(Path::new("."));

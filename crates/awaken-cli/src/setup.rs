@@ -314,6 +314,7 @@ pub(crate) fn runtime(
     if let Some(http) = &file.tools.http_get {
         builder = builder.with_tool(Arc::new(tools::HttpGet::new(
             http.allow_hosts.clone(),
+            http.ranges.clone(),
             http.max_bytes.unwrap_or(tools::DEFAULT_MAX_BYTES),
         )?));
     }

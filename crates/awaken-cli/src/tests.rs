@@ -507,22 +507,60 @@ async fn file_tools_stay_inside_their_root() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-#[test]
-fn allowed_hosts_match_exactly_or_as_subdomains() {
-    let allow = [
-        "127.0.0.1".to_owned(),
-        "*.example.com".to_owned(),
-        "::1".to_owned(),
-    ];
-    let allowed = |h: &str| crate::tools::host_allowed(&allow, h);
-    assert!(allowed("127.0.0.1"));
-    assert!(allowed("api.example.com"));
-    assert!(allowed("A.B.Example.COM."));
-    assert!(allowed("[::1]"));
-    assert!(!allowed("example.com"));
-    assert!(!allowed("evilexample.com"));
-    assert!(!allowed("127.0.0.2"));
-    assert!(!allowed("localhost"));
+#[tokio::test(flavor = "current_thread")]
+async fn http_get_settings_are_checked_and_the_tool_refuses_ranges_the_file_does_not_allow() {
+    let dir = temp_dir("http-get-settings");
+    let load = |name: &str, settings: &str| {
+        let path = dir.join(name);
+        std::fs::write(
+            &path,
+            format!("[agent]\nid = \"a\"\nmodel = \"m\"\n[tools.http_get]\n{settings}"),
+        )
+        .expect("write");
+        AgentFile::load(&path).map_err(|e| e.to_string())
+    };
+    let bad_range = load(
+        "bad-range.toml",
+        "allow_hosts = [\"a.test\"]\nallow_ranges = [\"127.0.0.1\", \"10.0.0.1/8\"]\n",
+    )
+    .expect_err("refused");
+    assert!(
+        bad_range.ends_with(
+            "tools.http_get.allow_ranges[1]: `10.0.0.1/8` has bits set after its prefix; the range it falls in is 10.0.0.0/8"
+        ),
+        "{bad_range}"
+    );
+    let bad_host =
+        load("bad-host.toml", "allow_hosts = [\"http://a.test\"]\n").expect_err("refused");
+    assert!(
+        bad_host.contains("tools.http_get.allow_hosts[0]: expected a host name"),
+        "{bad_host}"
+    );
+
+    let file = load(
+        "good.toml",
+        "allow_hosts = [\"127.0.0.1\", \"10.1.2.3\", \"::1\"]\nallow_ranges = [\"10.0.0.0/8\"]\n",
+    )
+    .expect("loads");
+    let settings = file.tools.http_get.expect("http_get settings");
+    let tool =
+        crate::tools::HttpGet::new(settings.allow_hosts, settings.ranges, 1024).expect("the tool");
+    let fetch = |url: &str| call(&tool, json!({ "url": url }), "c");
+    expect![[r#"
+        error refused 127.0.0.1 for host `127.0.0.1`: 127.0.0.0/8 (loopback) is reached only when an allowed range contains it
+        error refused ::1 for host `[::1]`: ::1/128 (loopback) is reached only when an allowed range contains it
+        error host `0xa.1.2.3` is an IPv4 address in a non-standard spelling (read as 10.1.2.3); write it as 10.1.2.3
+        error host `169.254.169.254` is not allowed (allowed: 127.0.0.1, 10.1.2.3, ::1)"#]]
+    .assert_eq(
+        &[
+            fetch("http://127.0.0.1:9/").await,
+            fetch("http://[::1]:9/").await,
+            fetch("http://0xa.1.2.3:9/").await,
+            fetch("http://169.254.169.254/").await,
+        ]
+        .join("\n"),
+    );
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]

@@ -922,17 +922,19 @@ fn the_assistant_loads_its_declarative_plugins_and_the_model_sees_them() {
 #[test]
 fn http_get_reaches_allowed_hosts_only() {
     let (base, requests) = serve(vec![http_response("text/plain", "hello from loopback")]);
+    let port = base.rsplit_once(':').expect("a port").1;
     let dir = temp_dir("http");
     let agent = dir.join("fetch.toml");
     std::fs::write(
         &agent,
         format!(
             "[agent]\nid = \"fetcher\"\nmodel = \"default\"\n\n\
-             [tools.http_get]\nallow_hosts = [\"127.0.0.1\"]\n\n\
+             [tools.http_get]\nallow_hosts = [\"127.0.0.1\", \"::1\"]\nallow_ranges = [\"127.0.0.1\"]\n\n\
              [[script.turns]]\ntool_calls = [\n\
              {{ id = \"c1\", name = \"http_get\", arguments = {{ url = \"{base}/hello\" }} }},\n\
              {{ id = \"c2\", name = \"http_get\", arguments = {{ url = \"http://example.invalid/x\" }} }},\n\
-             {{ id = \"c3\", name = \"http_get\", arguments = {{ url = \"file:///etc/passwd\" }} }},\n]\n\n\
+             {{ id = \"c3\", name = \"http_get\", arguments = {{ url = \"file:///etc/passwd\" }} }},\n\
+             {{ id = \"c4\", name = \"http_get\", arguments = {{ url = \"http://[::1]:{port}/x\" }} }},\n]\n\n\
              [[script.turns]]\ntext = \"Fetched.\"\n"
         ),
     )
@@ -958,7 +960,7 @@ fn http_get_reaches_allowed_hosts_only() {
             _ => None,
         })
         .collect();
-    assert_eq!(done.len(), 3, "{done:?}");
+    assert_eq!(done.len(), 4, "{done:?}");
     assert!(
         done[0].starts_with("c1 succeeded")
             && done[0].contains("\"body\":\"hello from loopback\"")
@@ -966,10 +968,15 @@ fn http_get_reaches_allowed_hosts_only() {
         "{done:?}"
     );
     assert!(
-        done[1].contains("host `example.invalid` is not allowed for http_get (allowed: 127.0.0.1)"),
+        done[1].contains("host `example.invalid` is not allowed (allowed: 127.0.0.1, ::1)"),
         "{done:?}"
     );
     assert!(done[2].contains("is not an http or https URL"), "{done:?}");
+    // An allowed host is still refused at an address outside `allow_ranges`.
+    assert!(
+        done[3].contains("refused ::1 for host `[::1]`: ::1/128 (loopback)"),
+        "{done:?}"
+    );
     let request = requests.recv().expect("the allowed request");
     assert!(request.head.starts_with("GET /hello "), "{}", request.head);
     assert!(

@@ -69,3 +69,45 @@ fn unknown_workspace_crate_is_an_error() {
     let err = check(&meta).expect_err("not in the table");
     assert!(err.to_string().contains("awaken-mystery"), "{err}");
 }
+
+#[test]
+fn the_net_guard_may_reach_http_but_no_workspace_crate() {
+    let mut meta = fixture();
+    let id = "path+file:///ws/awaken-net#0.1.0";
+    let hyper = "registry+https://github.com/rust-lang/crates.io-index#hyper@1.0.0";
+    let tool = "path+file:///ws/awaken-tool#0.1.0";
+    let dep = |name: &str| {
+        serde_json::json!({"name": name, "source": null, "req": "*", "kind": null,
+            "rename": null, "optional": false, "uses_default_features": true, "features": [],
+            "target": null, "registry": null})
+    };
+    meta["packages"]
+        .as_array_mut()
+        .expect("array")
+        .push(serde_json::json!({
+            "name": "awaken-net", "version": "0.1.0", "id": id, "license": null,
+            "source": null, "dependencies": [dep("hyper"), dep("awaken-tool")],
+            "targets": [], "features": {}, "manifest_path": "/ws/awaken-net/Cargo.toml"
+        }));
+    let edge = |name: &str, pkg: &str| serde_json::json!({"name": name, "pkg": pkg, "dep_kinds": [{"kind": null, "target": null}]});
+    meta["resolve"]["nodes"]
+        .as_array_mut()
+        .expect("array")
+        .push(serde_json::json!({
+            "id": id, "dependencies": [hyper, tool],
+            "deps": [edge("hyper", hyper), edge("awaken_tool", tool)], "features": []
+        }));
+    meta["workspace_members"]
+        .as_array_mut()
+        .expect("array")
+        .push(id.into());
+    let net: Vec<String> = render(&meta)
+        .lines()
+        .filter(|l| l.starts_with("awaken-net:"))
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(
+        net,
+        ["awaken-net: must never know `awaken-tool` (path: awaken-net -> awaken-tool)"]
+    );
+}

@@ -1,6 +1,7 @@
 //! The command's built-in tools, each enabled and configured by the agent file's `[tools]`:
 //! `read_file` (`ReadOnly`, confined to a directory), `append_file` (`SideEffecting`, confined
-//! to a directory, idempotent per call) and `http_get` (`ReadOnly`, allowed hosts only).
+//! to a directory, idempotent per call) and `http_get` (`ReadOnly`, allowed hosts only, public
+//! addresses or allowed ranges only).
 
 mod append_file;
 mod confine;
@@ -8,7 +9,5 @@ mod http_get;
 mod read_file;
 
 pub(crate) use append_file::AppendFile;
-#[cfg(test)]
-pub(crate) use http_get::host_allowed;
 pub(crate) use http_get::{DEFAULT_MAX_BYTES, HttpGet};
 pub(crate) use read_file::ReadFile;
