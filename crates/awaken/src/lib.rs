@@ -154,6 +154,8 @@
 pub use awaken_context as context;
 pub use awaken_event as event;
 pub use awaken_llm as llm;
+#[cfg(feature = "net")]
+pub use awaken_net as net;
 pub use awaken_phase as phase;
 pub use awaken_plugin as plugin;
 pub use awaken_resolver as resolver;
