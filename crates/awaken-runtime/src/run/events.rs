@@ -1,7 +1,7 @@
 //! What the run records: events emitted now or held back until their commit, the calls opened
 //! and not yet closed, the run's messages, and its checkpoints.
 
-use awaken_event::{AgentEvent, Message, ToolCallId, ToolCallState, ToolResult};
+use awaken_event::{AgentEvent, Message, TerminationReason, ToolCallId, ToolCallState, ToolResult};
 
 use crate::durable::{BatchChange, CheckpointError};
 use crate::run::{Failure, Run};
@@ -43,6 +43,38 @@ impl Run<'_> {
                 result: ToolResult::error(why).into(),
                 state: ToolCallState::Cancelled,
             });
+        }
+    }
+
+    /// Closes the calls of the run's batch that a run ending by `termination` (not waiting)
+    /// will never finish, each with its closing result in the batch and as a tool message of
+    /// the run's last commit, in call order: `Requested` and `Suspended` calls were not
+    /// executed ("not executed: the run was cancelled", "... failed", "... ended"), an
+    /// `Executing` one is closed outcome unknown. No event is emitted: the run is between
+    /// steps, and each such call was closed by `ToolCallSuspended` or never announced by this
+    /// activation (an announced call gets its `ToolCallDone` in its step).
+    pub(super) fn close_batch(&mut self, termination: &TerminationReason) {
+        let Some(batch) = self.batch.as_mut() else {
+            return;
+        };
+        if batch.is_closed() || *termination == TerminationReason::Suspended {
+            return;
+        }
+        let reason = match termination {
+            TerminationReason::Cancelled => "the run was cancelled",
+            TerminationReason::Error { .. } => "the run failed",
+            _ => "the run ended",
+        };
+        let closed = batch.close(reason);
+        let results: Vec<Message> = closed
+            .into_iter()
+            .filter_map(|id| {
+                let result = batch.get(&id)?.result()?;
+                Some(Message::tool(id, result))
+            })
+            .collect();
+        for message in results {
+            self.push_message(message);
         }
     }
 

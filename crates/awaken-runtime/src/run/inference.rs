@@ -1,6 +1,7 @@
 //! One inference: the request built from the agent, the run and the step's directives (its
-//! user turns merged as the model is sent them), the model's stream relayed as events and
-//! collected into a response, and what a cancelled or failed stream leaves.
+//! user turns merged and its results in call order, as the model is sent them), the model's
+//! stream relayed as events and collected into a response, and what a cancelled or failed
+//! stream leaves.
 
 use std::sync::Arc;
 
@@ -78,23 +79,24 @@ impl Run<'_> {
         }
     }
 
-    /// `request` as the model is sent it: each run of adjacent user messages merged into one
-    /// (see `turns`). Done after the transforms, which count and cut the thread's
-    /// messages as they are stored (a compaction summary covers a number of them). A request
-    /// holding the history itself is looked at only past the messages seen before; one whose
-    /// messages a directive or transform rebuilt (a copy already) is looked at whole.
+    /// `request` as the model is sent it: each run of adjacent user messages merged into one,
+    /// each assistant message's results in call order (see `turns`). Done after the
+    /// transforms, which count and cut the thread's messages as they are stored (a compaction
+    /// summary covers a number of them). A request holding the history itself is looked at
+    /// only past the messages seen before; one whose messages a directive or transform rebuilt
+    /// (a copy already) is looked at whole.
     pub(super) fn alternating(&mut self, mut request: InferenceRequest) -> InferenceRequest {
         let first = if History::ptr_eq(&request.messages, &self.history) {
-            let first = turns::first_adjacent_user(&self.history, self.alternating as usize);
+            let first = turns::first_irregular(&self.history, self.alternating as usize);
             // Below the true count when it does not fit: only more is looked at again.
             self.alternating =
                 u32::try_from(first.unwrap_or(self.history.len())).unwrap_or(u32::MAX);
             first
         } else {
-            turns::first_adjacent_user(&request.messages, 0)
+            turns::first_irregular(&request.messages, 0)
         };
         if let Some(first) = first {
-            request.messages = turns::merge_adjacent_users(&request.messages, first).into();
+            request.messages = turns::regular(&request.messages, first).into();
         }
         request
     }

@@ -190,13 +190,8 @@ impl Run<'_> {
             response: self.response.clone(),
             usage: Box::new(usage),
         });
-        if let Some(b) = self.batch.as_mut()
-            && !b.is_closed()
-            && termination != TerminationReason::Suspended
-        {
-            // Calls the run will never finish are closed: a finished run holds none open.
-            b.close("the run ended");
-        }
+        // Calls the run will never finish are closed: a finished run holds none open.
+        self.close_batch(&termination);
         if let Err(e) = self.checkpoint(BatchChange::Write).await {
             tracing::error!(error = %e.message(), "the run's last commit failed");
             self.durable.flush_uncommitted(self.sink);

@@ -101,8 +101,9 @@ pub(crate) struct Run<'a> {
     /// The calls opened by an event (`ToolCallStart`, `ToolCallResumed`) and not yet closed by
     /// one (`ToolCallDone`, `ToolCallSuspended`): a step that fails closes them before it ends.
     open_calls: Vec<ToolCallId>,
-    /// How many leading messages of the history are known to hold no user message right after
-    /// another (a request looks only past them; see `Run::alternating`).
+    /// How many leading messages of the history are known to be sent as they are (no user
+    /// message right after another, results in call order; a request looks only past them, see
+    /// `Run::alternating`).
     alternating: u32,
 }
 

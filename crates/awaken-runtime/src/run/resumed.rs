@@ -18,7 +18,9 @@ impl Run<'_> {
     /// The step of a resume: the batch's open calls in call order, each as its decision says
     /// (deny: closed cancelled; approve: replayed through the gates, which see the decision,
     /// or the decision used as the result, or handed to the tool, as the ticket's resume mode
-    /// says), then `StepEnd` and the stop conditions as after any step.
+    /// says), then `StepEnd` and the stop conditions as after any step. A cancellation or
+    /// failure closes the call being looked at; the run's end closes the rest, which this
+    /// activation never announced.
     pub(super) async fn resume_step(
         &mut self,
         decisions: Vec<ToolCallResume>,
@@ -44,10 +46,12 @@ impl Run<'_> {
                     .collect()
             })
             .unwrap_or_default();
-        let calls: Vec<ToolCall> = open.iter().map(|(c, _, _)| c.clone()).collect();
+        let count = open.len();
         let mut suspended = false;
         for (i, (call, state, ticket)) in open.into_iter().enumerate() {
-            self.stop_if_cancelled(&calls[i..]).await?;
+            // The calls not looked at yet were not announced by this activation: a cancelled
+            // run leaves them to its end, which closes them in the batch and history only.
+            self.check_cancelled()?;
             let decision = decisions.iter().find(|d| d.call_id == call.id).cloned();
             if decision.is_none() && state == ToolCallState::Suspended {
                 // Not announced: it was not resumed, and stays suspended.
@@ -93,11 +97,13 @@ impl Run<'_> {
             let outcome = match outcome {
                 Ok(o) => o,
                 Err(failure) => {
-                    self.close_all(&calls[i..], failure.call_reason()).await?;
+                    // Only this call was announced; the run's end closes the rest.
+                    self.close_all(std::slice::from_ref(&call), failure.call_reason())
+                        .await?;
                     return Err(failure);
                 }
             };
-            let last = i + 1 == calls.len();
+            let last = i + 1 == count;
             suspended |= self.settle(&call, outcome, last).await?;
         }
         self.end_step(suspended).await

@@ -16,7 +16,7 @@ fn thread() -> ThreadId {
 
 /// One line per message: its role, `(incomplete)` when marked so, its text, its calls or the
 /// call it answers.
-fn render_messages(messages: &[Message]) -> String {
+pub(crate) fn render_messages(messages: &[Message]) -> String {
     messages
         .iter()
         .map(|m| {
@@ -41,7 +41,7 @@ fn render_messages(messages: &[Message]) -> String {
 /// do: the first message is the user's; user and assistant turns alternate; an assistant
 /// message's calls are answered right after it, one result per call, in call order, and the
 /// turn after the results is either's. System messages stand aside.
-fn strictly_alternating(messages: &[Message]) -> Result<(), String> {
+pub(crate) fn strictly_alternating(messages: &[Message]) -> Result<(), String> {
     #[derive(PartialEq)]
     enum Next {
         FirstUser,

@@ -2,6 +2,7 @@
 
 mod backend;
 mod build;
+mod cancelled;
 mod compaction_crash;
 mod context;
 mod contention;
