@@ -442,6 +442,10 @@ pub(crate) fn validate(args: Args) -> Result<u8, Exit> {
     for w in &resolved.warnings {
         outln!("warning: {w}");
     }
+    // About every agent the file reaches (its own and its plugins' agents) together.
+    for w in runtime.resolver().validation_warnings() {
+        outln!("warning: {w}");
+    }
     outln!(
         "agent `{}` resolves: {} tool(s), plugins {}",
         file.agent.id,

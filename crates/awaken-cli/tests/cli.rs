@@ -343,6 +343,38 @@ fn validate_resolves_the_agent() {
     );
 }
 
+#[test]
+fn validate_names_a_delegation_cycle_as_a_warning_and_passes() {
+    let dir = temp_dir("cycle");
+    let plugins = dir.join("plugins");
+    std::fs::create_dir_all(&plugins).expect("dir");
+    std::fs::write(
+        plugins.join("reviewers.toml"),
+        "id = \"reviewers\"\nversion = \"1.0.0\"\n\n\
+         [[agents]]\n[agents.spec]\nid = \"reviewer\"\nmodel = \"default\"\ndelegates = [\"writer\"]\n",
+    )
+    .expect("write");
+    let agent = dir.join("writer.toml");
+    std::fs::write(
+        &agent,
+        "[agent]\nid = \"writer\"\nmodel = \"default\"\ndelegates = [\"reviewer\"]\n\n\
+         [plugins]\ndirs = [\"plugins\"]\n\n[[script.turns]]\ntext = \"Done.\"\n",
+    )
+    .expect("write");
+    let out = awaken(&["validate", "--agent", path_str(&agent)]);
+    expect_code(&out, 0);
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("warning: delegation cycle: reviewer → writer → reviewer\n"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("agent `writer` resolves: 1 tool(s)"),
+        "{stdout}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// The commands of the README's `sh` blocks.
 fn readme_commands() -> Vec<String> {
     let readme = std::fs::read_to_string(repo().join("README.md")).expect("README");

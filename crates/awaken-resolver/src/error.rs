@@ -214,6 +214,48 @@ impl std::fmt::Display for ResolveWarning {
     }
 }
 
+/// Something validation noticed about the registered agents together that does not fail it
+/// (see `Resolver::validation_warnings`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ValidationWarning {
+    /// Agents that delegate to each other in a circle, directly or through others. It may be
+    /// intended (a writer and a reviewer handing work back and forth); the runtime's delegation
+    /// depth limit bounds how deep such a chain of child runs goes.
+    DelegationCycle {
+        /// The shortest cycle through the group's first agent (by id), in delegation order,
+        /// that agent not repeated at the end.
+        cycle: Vec<String>,
+        /// Every agent of the group (each reaches every other one), sorted by id: more than
+        /// `cycle` when the group holds several cycles.
+        agents: Vec<String>,
+    },
+}
+
+impl std::fmt::Display for ValidationWarning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::DelegationCycle { cycle, agents } => {
+                // Back to where it started: `a → b → a`.
+                let path: Vec<&str> = cycle
+                    .iter()
+                    .chain(cycle.first())
+                    .map(String::as_str)
+                    .collect();
+                write!(f, "delegation cycle: {}", path.join(" → "))?;
+                if agents.len() > cycle.len() {
+                    write!(
+                        f,
+                        " (agents {} all delegate to each other, directly or through others)",
+                        agents.join(", ")
+                    )?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
 /// A registration refused by [`crate::Registries`], recorded and reported later.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

@@ -2,12 +2,14 @@
 //! all-or-nothing stages — lookup (spec, model, executor, retry), plugin pipeline (the agent's
 //! plugins, the runtime's built-ins, config sections, `ExecutionEnv`) and tool pipeline (global,
 //! delegate and plugin tools, id conflicts, the catalog filter). Also the five registries with
-//! deferred errors, validation of everything registered, and the injection points the runtime fills
+//! deferred errors, validation of everything registered (errors, and warnings such as
+//! delegation cycles), and the injection points the runtime fills
 //! ([`BuiltinPlugins`], [`DelegateToolFactory`], [`ExecutionBackend`]).
 //!
 //! This crate must never know the agent loop or storage engines, and does no IO.
 
 mod catalog;
+mod cycles;
 mod error;
 mod registries;
 mod resolver;
@@ -15,6 +17,7 @@ mod resolver;
 pub use catalog::{CatalogOutcome, filter_catalog};
 pub use error::{
     RegistrationError, ResolveError, ResolveWarning, ValidationFailed, ValidationProblem,
+    ValidationWarning,
 };
 pub use registries::{
     AgentSpecRegistry, MapAgentSpecRegistry, MapModelRegistry, MapPluginSource,

@@ -14,7 +14,10 @@ use awaken_tool::{RegisteredTool, Tool};
 use serde_json::json;
 
 use crate::catalog::filter_catalog;
-use crate::error::{ResolveError, ResolveWarning, ValidationFailed, ValidationProblem};
+use crate::cycles::delegation_cycles;
+use crate::error::{
+    ResolveError, ResolveWarning, ValidationFailed, ValidationProblem, ValidationWarning,
+};
 use crate::registries::Registries;
 
 /// The plugin id under which the resolver claims the `retry` section.
@@ -568,6 +571,15 @@ impl Resolver {
         } else {
             Err(ValidationFailed { problems })
         }
+    }
+
+    /// What validation notices that does not fail it, about the registered agents together:
+    /// each group of agents that delegate to each other in a circle
+    /// ([`ValidationWarning::DelegationCycle`], named by its shortest cycle). A cycle may be
+    /// intended, so `validate` does not report it; an agent delegating to itself is an invalid
+    /// spec, which `validate` reports.
+    pub fn validation_warnings(&self) -> Vec<ValidationWarning> {
+        delegation_cycles(&self.registries)
     }
 
     /// Every id a locally run agent names that no registry holds, in the order resolution

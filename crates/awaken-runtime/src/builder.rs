@@ -13,7 +13,7 @@ use awaken_store::{MemoryStore, ThreadStore};
 use awaken_tool::Tool;
 
 use crate::builtins::RuntimeBuiltins;
-use crate::delegate::DelegateFactory;
+use crate::delegate::{DEFAULT_MAX_DELEGATION_DEPTH, DelegateFactory};
 use crate::ids::{IdSource, SystemIds};
 use crate::inner::{RuntimeInner, Worker};
 use crate::permission::PermissionPlugin;
@@ -46,6 +46,8 @@ pub struct AgentRuntimeBuilder {
     /// Execution backends for endpoint-backed agents.
     backends: Vec<Arc<dyn ExecutionBackend>>,
     worker: Option<Worker>,
+    /// The deepest a delegate's child run may be below its root run.
+    max_delegation_depth: u32,
 }
 
 impl Default for AgentRuntimeBuilder {
@@ -68,6 +70,7 @@ impl AgentRuntimeBuilder {
             estimator: None,
             backends: Vec::new(),
             worker: None,
+            max_delegation_depth: DEFAULT_MAX_DELEGATION_DEPTH,
         }
     }
 
@@ -137,6 +140,15 @@ impl AgentRuntimeBuilder {
         self
     }
 
+    /// Sets how deep below its root run a delegate's child run may be (default
+    /// [`DEFAULT_MAX_DELEGATION_DEPTH`]; a root run is at depth 0, its child at 1). A delegate
+    /// call from a run at this depth starts no child: the model gets an error result naming
+    /// the limit. 0 turns delegation off.
+    pub fn with_max_delegation_depth(mut self, depth: u32) -> Self {
+        self.max_delegation_depth = depth;
+        self
+    }
+
     /// Sets the thread store (default: a [`MemoryStore`]).
     pub fn with_store(mut self, store: Arc<dyn ThreadStore>) -> Self {
         self.store = store;
@@ -161,10 +173,15 @@ impl AgentRuntimeBuilder {
 
     /// Builds the runtime and dry-resolves every agent; every problem is reported at once
     /// ([`BuildError::ValidationFailed`]: the recorded registration errors, such as duplicate
-    /// ids, and every agent's resolution failures).
+    /// ids, and every agent's resolution failures). What validation notices without failing
+    /// (agents delegating to each other in a cycle, `Resolver::validation_warnings`) is logged
+    /// as a warning.
     pub fn build(self) -> Result<AgentRuntime, BuildError> {
         let runtime = self.assemble();
         runtime.resolver().validate()?;
+        for warning in runtime.resolver().validation_warnings() {
+            tracing::warn!(%warning, "agent validation");
+        }
         Ok(runtime)
     }
 
@@ -186,7 +203,7 @@ impl AgentRuntimeBuilder {
         if let Some(estimator) = self.estimator {
             builtins = builtins.with_estimator(estimator);
         }
-        let delegates = DelegateFactory::default();
+        let delegates = DelegateFactory::new(self.max_delegation_depth);
         let mut resolver = Resolver::new(registries, Arc::new(builtins))
             .with_delegate_factory(Arc::new(delegates.clone()));
         for backend in self.backends {

@@ -166,6 +166,9 @@ impl Plugin for LoopActionsPlugin {
         r.register_key::<crate::intercept::CallInterceptKey>(
             KeyOptions::new().with_scope(KeyScope::Ephemeral),
         )?;
+        r.register_key::<crate::delegate::child::DelegationDepthKey>(
+            KeyOptions::new().with_scope(KeyScope::Run),
+        )?;
         r.register_scheduled_action::<crate::intercept::InterceptToolCall, _>(
             crate::intercept::InterceptHandler,
         )?;

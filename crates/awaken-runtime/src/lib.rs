@@ -60,7 +60,7 @@ pub use builtins::{
     StatsUpdate, StepDirectives, StepDirectivesKey, StopConditionsPlugin, StopRequest,
     StopRequestKey,
 };
-pub use delegate::delegate_tool_id;
+pub use delegate::{DEFAULT_MAX_DELEGATION_DEPTH, DelegationDepthKey, delegate_tool_id};
 pub use error::RunError;
 pub use handle::RunHandle;
 pub use ids::{IdSource, SequentialIds, SystemIds};

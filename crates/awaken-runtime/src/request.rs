@@ -28,6 +28,8 @@ pub struct RunActivation {
     pub(crate) run_id: Option<RunId>,
     /// The parent run of a delegate's child run.
     pub(crate) parent_run_id: Option<RunId>,
+    /// How many delegations below its root run a delegate's child run is (0: a root run).
+    pub(crate) delegation_depth: u32,
 }
 
 impl RunActivation {
@@ -43,6 +45,7 @@ impl RunActivation {
             supersede: false,
             run_id: None,
             parent_run_id: None,
+            delegation_depth: 0,
         }
     }
 

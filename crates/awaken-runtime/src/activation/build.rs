@@ -16,6 +16,7 @@ use awaken_store::{RunRecord, RunStatus};
 use crate::activation::decide::{Continued, Plan, decide};
 use crate::activation::load::load;
 use crate::activation::start::Start;
+use crate::delegate::child::DelegationDepthKey;
 use crate::durable::Durable;
 use crate::durable::profile::ProfileJournal;
 use crate::error::RunError;
@@ -41,6 +42,12 @@ pub(super) async fn build<'a>(
     sink: &'a dyn EventSink,
 ) -> Result<Built<'a>, RunError> {
     let thread_id = start.thread_id().clone();
+    // A delegate's child run starts one level below its parent; a continued run keeps the depth
+    // its state holds.
+    let delegation_depth = match &*start {
+        Start::Fresh(act) => act.delegation_depth,
+        _ => 0,
+    };
     let mut stored = load(&*rt.store, &start).await?;
     let mut notes = Vec::new();
     let Plan {
@@ -188,6 +195,15 @@ pub(super) async fn build<'a>(
     )
     .with_profile(journal);
     durable.set_lease(lease);
+    if delegation_depth > 0 {
+        // After the commit writer's baseline: the run's first commit writes it.
+        state
+            .update::<DelegationDepthKey>(delegation_depth)
+            .map_err(|source| RunError::State {
+                thread_id: identity.thread_id.clone(),
+                source,
+            })?;
+    }
     let engine = PhaseEngine::new(state, resolved.env.phase_env().clone());
     if resumed {
         // Actions queued before the wait whose handler the re-resolved agent no longer has.

@@ -5,6 +5,10 @@
 //! is an error result; a child waiting for a human suspends the parent's call with the child's
 //! question, and the parent's decision is forwarded to the child; cancelling the parent cancels
 //! the child.
+//!
+//! Delegation is bounded in depth: a child run is its parent's depth + 1 (a root run is 0,
+//! kept in the run's state), and a call that would start a child deeper than the runtime's
+//! limit starts none: the model gets an error result saying the limit was reached.
 
 use std::sync::{Arc, OnceLock, Weak};
 
@@ -29,16 +33,31 @@ use crate::runtime::AgentRuntime;
 
 pub(crate) mod child;
 
-pub use child::delegate_tool_id;
+pub use child::{DelegationDepthKey, delegate_tool_id};
 use child::{child_run_id, child_thread_id};
 
+/// How deep below its root run a delegate's child run may be unless the runtime's builder sets
+/// another limit (`AgentRuntimeBuilder::with_max_delegation_depth`): a root run, its child, and
+/// three more levels. A call from a run at this depth starts no child.
+pub const DEFAULT_MAX_DELEGATION_DEPTH: u32 = 4;
+
 /// The runtime's [`DelegateToolFactory`]; bound to its runtime once built.
-#[derive(Default, Clone)]
+#[derive(Clone)]
 pub(crate) struct DelegateFactory {
     runtime: Arc<OnceLock<Weak<RuntimeInner>>>,
+    /// The deepest a child run may be (its root run is at depth 0).
+    max_depth: u32,
 }
 
 impl DelegateFactory {
+    /// A factory whose tools start no child deeper than `max_depth`.
+    pub(crate) fn new(max_depth: u32) -> Self {
+        Self {
+            runtime: Arc::default(),
+            max_depth,
+        }
+    }
+
     pub(crate) fn bind(&self, inner: &Arc<RuntimeInner>) {
         // Bound once, by the builder that made the factory.
         let _ = self.runtime.set(Arc::downgrade(inner));
@@ -73,6 +92,7 @@ impl DelegateToolFactory for DelegateFactory {
                 }))
                 .with_effect(EffectClass::Idempotent),
             runtime: self.runtime.clone(),
+            max_depth: self.max_depth,
         }))
     }
 }
@@ -82,6 +102,8 @@ struct DelegateTool {
     agent_id: String,
     descriptor: ToolDescriptor,
     runtime: Arc<OnceLock<Weak<RuntimeInner>>>,
+    /// The deepest a child run may be.
+    max_depth: u32,
 }
 
 #[async_trait]
@@ -113,13 +135,24 @@ impl Tool for DelegateTool {
             .filter(|r| r.run_id == run_id);
         let cancel = ctx.cancel_token().clone();
         let outcome = match existing {
-            // The first attempt: a new child run.
+            // The first attempt: a new child run, one level below this run, unless that is
+            // past the limit (a child started before the limit was lowered still goes on).
             None => {
+                let depth = run_depth(ctx)?;
+                if depth >= self.max_depth {
+                    return Ok(ToolOutput::new(ToolResult::error(format!(
+                        "delegation depth limit {} reached: this run is at depth {depth} (its \
+                         root run is at depth 0), so `{}` was not started; do the task without \
+                         delegating",
+                        self.max_depth, self.agent_id
+                    ))));
+                }
                 let task = args["task"].as_str().unwrap_or_default().to_owned();
                 let mut activation = RunActivation::new(thread_id.clone(), self.agent_id.clone())
                     .with_user_message(task);
                 activation.run_id = Some(run_id.clone());
                 activation.parent_run_id = Some(ctx.run_id().clone());
+                activation.delegation_depth = depth + 1;
                 activation.cancel = cancel;
                 rt.run(activation, &NullSink).await
             }
@@ -210,6 +243,16 @@ impl Tool for DelegateTool {
             }))),
         }
     }
+}
+
+/// How many delegations below its root run the calling run is.
+fn run_depth(ctx: &ToolCallContext) -> Result<u32, ToolError> {
+    ctx.snapshot()
+        .get::<DelegationDepthKey>()
+        .copied()
+        .map_err(|e| ToolError::Execution {
+            message: format!("the run's delegation depth could not be read: {e}"),
+        })
 }
 
 fn execution(e: RunError) -> ToolError {

@@ -8,6 +8,7 @@ mod context;
 mod contention;
 mod crash;
 mod delegation;
+mod delegation_depth;
 mod durable;
 mod effects;
 mod hitl;
