@@ -122,6 +122,11 @@ pub(crate) fn run_id(s: &str) -> Result<RunId, StoreError> {
     RunId::new(s).map_err(|e| StoreError::corrupt("run id", e))
 }
 
+/// A stored run status.
+pub(crate) fn run_status(s: &str) -> Result<RunStatus, StoreError> {
+    RunStatus::parse(s).ok_or_else(|| StoreError::corrupt("run status", format!("{s:?}")))
+}
+
 /// A profile key's stored value and version.
 pub(crate) fn profile_entry(value: &str, version: i64) -> Result<ProfileEntry, StoreError> {
     Ok(ProfileEntry {

@@ -1,26 +1,96 @@
-//! What can go wrong in a store: [`StoreError`] for a failure of the store itself, and the
-//! errors of the operations a store may refuse, [`CommitError`] (a commit) and [`LeaseError`]
-//! (a heartbeat), each with the refusals as their own variants and `Backend` for the rest.
+//! What can go wrong in a store: [`StoreError`] for a failure of the store itself (naming the
+//! [`Database`] it came from, and of a [`StoreErrorKind`]), and the errors of the operations a
+//! store may refuse, [`CommitError`] (a commit) and [`LeaseError`] (a heartbeat), each with the
+//! refusals as their own variants and `Backend` for the rest.
+
+use std::fmt;
+use std::sync::Arc;
 
 use awaken_event::{RunId, ThreadId};
 
-use crate::commit::CommitViolation;
+use crate::commit::{CommitViolation, RunStatus};
 use crate::failpoint::FailPoint;
+
+/// Which database a [`StoreError`] is about, as its message names it: a SQLite file's path
+/// (`:memory:` for a private in-memory database), or PostgreSQL's `host:port/dbname` with the
+/// store's schema (never the password). Unnamed for an error that did not come from
+/// a database (the memory store's).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Database(Option<Arc<str>>);
+
+impl Database {
+    /// A database named `name`.
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub(crate) fn named(name: impl Into<Arc<str>>) -> Self {
+        Database(Some(name.into()))
+    }
+
+    /// The name, if the error came from a database.
+    pub fn name(&self) -> Option<&str> {
+        self.0.as_deref()
+    }
+}
+
+impl fmt::Display for Database {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name().unwrap_or("(unnamed)"))
+    }
+}
+
+/// ` in <database>` for a named database, nothing otherwise (a message's suffix).
+struct In<'a>(&'a Database);
+
+impl fmt::Display for In<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0.name() {
+            Some(name) => write!(f, " in {name}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// What kind of failure a [`StoreError`] is, for a caller that maps failures to outcomes (the
+/// `awaken` command's exit codes): see [`StoreError::kind`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The store's data or medium failed, with a configuration that may well be right: a
+    /// database file that is not a database, corrupt or truncated; a disk I/O error; a full
+    /// disk or database; stored data that does not read back; a database locked by another
+    /// process past the busy timeout; a PostgreSQL server that cannot be reached, out of
+    /// resources or that closed the connection; an injected fault.
+    Storage,
+    /// The store is set up wrongly: an invalid configuration (a schema name, a URL that does not
+    /// parse, a blank worker id), a SQLite path that cannot be opened or written (a missing
+    /// directory, no permission, a read-only file), PostgreSQL credentials or a database name
+    /// the server refuses, a database written by a newer build.
+    Config,
+    /// A fault of the program rather than of the store or its setup: a value that does not
+    /// serialize, a blocking task that panicked or was cancelled, a driver error of another
+    /// kind (a statement the database rejects).
+    Internal,
+}
 
 /// Why a store failed: its I/O, its database, data it holds that does not read back, a value it
 /// could not serialize, its configuration, or a fault a test injected. An operation that fails
 /// so wrote nothing; what a store refuses on purpose (a commit, a lease) has its own error
 /// ([`CommitError`], [`LeaseError`]) wrapping this one for its backend failures.
+///
+/// The variants that come from a database (`Corrupt`, `SchemaTooNew`, `Sqlite`, `Postgres`)
+/// name it ([`Database`]); [`kind`](Self::kind) tells a failure of the store's data or medium
+/// from a wrong configuration.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
     /// Stored data could not be read back (a row that does not parse).
-    #[error("stored {what} could not be read: {detail}")]
+    #[error("stored {what}{} could not be read: {detail}", In(.database))]
     Corrupt {
         /// What was being read (`message`, `run record`, ...).
         what: &'static str,
         /// Why.
         detail: String,
+        /// The database holding it (unnamed for the memory store).
+        database: Database,
     },
     /// A value could not be serialized for storage.
     #[error("could not serialize {what}: {source}")]
@@ -41,12 +111,17 @@ pub enum StoreError {
         source: awaken_state::StateError,
     },
     /// The database holds a schema newer than this code knows.
-    #[error("the database schema is at version {found}; this build knows up to {supported}")]
+    #[error(
+        "the database schema{} is at version {found}; this build knows up to {supported}",
+        In(.database)
+    )]
     SchemaTooNew {
         /// The stored version.
         found: i64,
         /// The newest version this build can migrate to.
         supported: i64,
+        /// The database.
+        database: Database,
     },
     /// The store's configuration is unusable.
     #[error("invalid store configuration: {detail}")]
@@ -68,16 +143,20 @@ pub enum StoreError {
     },
     /// SQLite reported an error.
     #[cfg(feature = "sqlite")]
-    #[error("sqlite: {source}")]
+    #[error("SQLite database {database}: {source}")]
     Sqlite {
+        /// The database file.
+        database: Database,
         /// The driver's error.
         #[source]
         source: rusqlite::Error,
     },
     /// PostgreSQL reported an error (or the connection failed).
     #[cfg(feature = "postgres")]
-    #[error("postgres: {source}")]
+    #[error("PostgreSQL database {database}: {}", postgres_message(.source))]
     Postgres {
+        /// The server and database.
+        database: Database,
         /// The driver's error.
         #[source]
         source: tokio_postgres::Error,
@@ -89,21 +168,147 @@ impl StoreError {
         StoreError::Corrupt {
             what,
             detail: detail.to_string(),
+            database: Database::default(),
         }
+    }
+
+    /// The database the error came from, if it came from one.
+    pub fn database(&self) -> Option<&Database> {
+        match self {
+            StoreError::Corrupt { database, .. } | StoreError::SchemaTooNew { database, .. } => {
+                Some(database)
+            }
+            #[cfg(feature = "sqlite")]
+            StoreError::Sqlite { database, .. } => Some(database),
+            #[cfg(feature = "postgres")]
+            StoreError::Postgres { database, .. } => Some(database),
+            _ => None,
+        }
+        .filter(|d| d.name().is_some())
+    }
+
+    /// What kind of failure this is ([`StoreErrorKind`]): a failure of the store's data or
+    /// medium (`Storage`), a wrong setup (`Config`), or a fault of the program (`Internal`).
+    pub fn kind(&self) -> StoreErrorKind {
+        match self {
+            StoreError::Corrupt { .. } | StoreError::Injected { .. } => StoreErrorKind::Storage,
+            StoreError::SchemaTooNew { .. } | StoreError::Config { .. } => StoreErrorKind::Config,
+            StoreError::Serialize { .. }
+            | StoreError::StateValue { .. }
+            | StoreError::Task { .. } => StoreErrorKind::Internal,
+            #[cfg(feature = "sqlite")]
+            StoreError::Sqlite { source, .. } => sqlite_kind(source),
+            #[cfg(feature = "postgres")]
+            StoreError::Postgres { source, .. } => postgres_kind(source),
+        }
+    }
+
+    /// Whether the store's data or medium failed ([`StoreErrorKind::Storage`]): a damaged or
+    /// unreadable database, a disk or server that failed, a full database.
+    pub fn is_storage_failure(&self) -> bool {
+        self.kind() == StoreErrorKind::Storage
+    }
+
+    /// The database field of a variant that comes from a database.
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    fn database_mut(&mut self) -> Option<&mut Database> {
+        match self {
+            StoreError::Corrupt { database, .. } | StoreError::SchemaTooNew { database, .. } => {
+                Some(database)
+            }
+            #[cfg(feature = "sqlite")]
+            StoreError::Sqlite { database, .. } => Some(database),
+            #[cfg(feature = "postgres")]
+            StoreError::Postgres { database, .. } => Some(database),
+            _ => None,
+        }
+    }
+}
+
+/// The kind of a SQLite error: the file's content or the disk (`Storage`), the path or its
+/// permissions (`Config`), or anything else (`Internal`).
+#[cfg(feature = "sqlite")]
+fn sqlite_kind(e: &rusqlite::Error) -> StoreErrorKind {
+    use rusqlite::ErrorCode as C;
+    match e {
+        rusqlite::Error::SqliteFailure(f, _) => match f.code {
+            C::DatabaseCorrupt
+            | C::NotADatabase
+            | C::SystemIoFailure
+            | C::DiskFull
+            | C::DatabaseBusy
+            | C::DatabaseLocked
+            | C::FileLockingProtocolFailed
+            | C::NoLargeFileSupport
+            | C::OutOfMemory => StoreErrorKind::Storage,
+            C::CannotOpen
+            | C::PermissionDenied
+            | C::ReadOnly
+            | C::AuthorizationForStatementDenied => StoreErrorKind::Config,
+            _ => StoreErrorKind::Internal,
+        },
+        // A stored value of another type or range than its column's: the data does not read
+        // back.
+        rusqlite::Error::FromSqlConversionFailure(..)
+        | rusqlite::Error::IntegralValueOutOfRange(..)
+        | rusqlite::Error::InvalidColumnType(..) => StoreErrorKind::Storage,
+        _ => StoreErrorKind::Internal,
+    }
+}
+
+/// The kind of a PostgreSQL error, by its SQLSTATE when the server sent one: refused
+/// credentials, an unknown database or schema, missing privileges (`Config`); a lost
+/// connection, the server's resources, an operator's intervention, its I/O or corrupt data
+/// (`Storage`). Without one, a connection that failed or closed is `Storage`.
+#[cfg(feature = "postgres")]
+fn postgres_kind(e: &tokio_postgres::Error) -> StoreErrorKind {
+    if let Some(code) = e.code() {
+        let code = code.code();
+        if code == "42501" {
+            return StoreErrorKind::Config;
+        }
+        return match code.get(..2) {
+            Some("28" | "3D" | "3F") => StoreErrorKind::Config,
+            Some("08" | "53" | "57" | "58" | "XX") => StoreErrorKind::Storage,
+            _ => StoreErrorKind::Internal,
+        };
+    }
+    let io = std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>());
+    if e.is_closed() || io {
+        StoreErrorKind::Storage
+    } else {
+        StoreErrorKind::Internal
+    }
+}
+
+/// A PostgreSQL error's message with the server's own (the driver's says only `db error`).
+#[cfg(feature = "postgres")]
+fn postgres_message(e: &tokio_postgres::Error) -> String {
+    match std::error::Error::source(e) {
+        Some(cause) => format!("{e}: {cause}"),
+        None => e.to_string(),
     }
 }
 
 #[cfg(feature = "sqlite")]
 impl From<rusqlite::Error> for StoreError {
+    /// Unnamed: the store names its database when the error leaves it.
     fn from(source: rusqlite::Error) -> Self {
-        StoreError::Sqlite { source }
+        StoreError::Sqlite {
+            database: Database::default(),
+            source,
+        }
     }
 }
 
 #[cfg(feature = "postgres")]
 impl From<tokio_postgres::Error> for StoreError {
+    /// Unnamed: the store names its database when the error leaves it.
     fn from(source: tokio_postgres::Error) -> Self {
-        StoreError::Postgres { source }
+        StoreError::Postgres {
+            database: Database::default(),
+            source,
+        }
     }
 }
 
@@ -160,6 +365,19 @@ pub enum CommitError {
         /// The thread the run is stored under.
         stored_thread_id: ThreadId,
     },
+    /// Another run holds the thread: it is `Running` or `Waiting` there, and only it may
+    /// commit to the thread until a commit of it is `Done` (see [`crate::ThreadStore::commit`]).
+    /// A new run starts once the holder is done: it finishes, a resume or a superseding run
+    /// closes its waiting calls, or a recovery claims it and closes it.
+    #[error("thread {thread_id} is held by run {run_id}, which is {status}")]
+    ThreadBusy {
+        /// The thread.
+        thread_id: ThreadId,
+        /// The run that holds it.
+        run_id: RunId,
+        /// Its status (`Running` or `Waiting`).
+        status: RunStatus,
+    },
     /// The store failed (its I/O or database, data it holds, serialization, an injected
     /// fault): the commit may go through if tried again once the store works.
     #[error(transparent)]
@@ -180,12 +398,16 @@ impl CommitError {
         !matches!(self, CommitError::Backend(_))
     }
 
-    /// Whether the commit can succeed when made again on fresh state: a stale message guard
-    /// or a profile conflict (the thread or the profile changed since the caller read it).
+    /// Whether someone else changed what the commit builds on since the caller read it, so the
+    /// commit can succeed when made again on fresh state: a stale message guard, a profile
+    /// conflict, or a thread another run holds (`ThreadBusy`: the other run started or is still
+    /// going; a new run goes through once that one is done).
     pub fn is_conflict(&self) -> bool {
         matches!(
             self,
-            CommitError::VersionConflict { .. } | CommitError::ProfileConflict { .. }
+            CommitError::VersionConflict { .. }
+                | CommitError::ProfileConflict { .. }
+                | CommitError::ThreadBusy { .. }
         )
     }
 }
@@ -219,4 +441,43 @@ pub enum LeaseError {
     /// The store failed; the lease may still be held.
     #[error(transparent)]
     Backend(#[from] StoreError),
+}
+
+/// An error that can name the database it came from: what a SQL store's operations return.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) trait InDatabase {
+    /// Names `db` in the error if it came from a database and names none yet.
+    fn in_database(self, db: &Database) -> Self;
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl InDatabase for StoreError {
+    fn in_database(mut self, db: &Database) -> Self {
+        if let Some(slot) = self.database_mut()
+            && slot.name().is_none()
+        {
+            *slot = db.clone();
+        }
+        self
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl InDatabase for CommitError {
+    fn in_database(self, db: &Database) -> Self {
+        match self {
+            CommitError::Backend(e) => CommitError::Backend(e.in_database(db)),
+            refused => refused,
+        }
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl InDatabase for LeaseError {
+    fn in_database(self, db: &Database) -> Self {
+        match self {
+            LeaseError::Backend(e) => LeaseError::Backend(e.in_database(db)),
+            lost => lost,
+        }
+    }
 }

@@ -12,9 +12,12 @@
 //! A store reads the commit it is given and copies what it keeps; a refused or failed commit
 //! wrote nothing and the caller still holds it. Errors say which: [`CommitError`] has a variant
 //! per refusal (an invalid commit, a stale message guard, a profile conflict, a lost lease, a
-//! run of another thread) and `Backend` for a failure of the store, which is a [`StoreError`],
-//! the error of every operation that cannot be refused; a heartbeat's lost lease is
-//! [`LeaseError::Lost`].
+//! run of another thread, a thread another run holds) and `Backend` for a failure of the store,
+//! which is a [`StoreError`], the error of every operation that cannot be refused, naming the
+//! [`Database`] it came from and telling a damaged store from a wrong setup
+//! ([`StoreErrorKind`]); a heartbeat's lost lease is [`LeaseError::Lost`]. One run at a time
+//! holds a thread: while a run is `Running` or `Waiting`, every backend refuses another run's
+//! commit to its thread ([`CommitError::ThreadBusy`]).
 //!
 //! This crate must never know the agent loop, plugins or the phase engine: it stores what the
 //! runtime hands it and gives it back. The tool batch is [`awaken_tool::ToolBatch`] itself: the
@@ -32,6 +35,7 @@ mod error;
 mod failpoint;
 mod lease;
 mod memory;
+mod one_run;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "sqlite")]
@@ -41,7 +45,7 @@ mod store;
 pub use commit::{
     BatchWrite, CommitViolation, LeaseToken, RunRecord, RunStatus, ThreadCommit, Timestamp,
 };
-pub use error::{CommitError, LeaseError, StoreError};
+pub use error::{CommitError, Database, LeaseError, StoreError, StoreErrorKind};
 pub use failpoint::FailPoint;
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]

@@ -149,8 +149,19 @@ pub trait ThreadStore: Send + Sync {
     /// finished run keeping a stored batch with an open call), `VersionConflict` (the thread
     /// holds another number of messages than `expected_message_count`), `ProfileConflict` (a
     /// profile key's version moved), `LeaseLost` (the commit's lease is not the run's lease any
-    /// more), `RunOnOtherThread`; `Backend` when the store failed. A `Done` run's lease is
-    /// released.
+    /// more), `RunOnOtherThread`, `ThreadBusy` (below); `Backend` when the store failed. A
+    /// `Done` run's lease is released.
+    ///
+    /// One run at a time holds a thread: while a run of the thread is `Running` or `Waiting`,
+    /// a commit of any other run to it (a new run's first commit, or a finished run's) is
+    /// refused with [`CommitError::ThreadBusy`] naming the holder. The holder's own commits go
+    /// through, and once one of them is `Done` another run may start. The check is made inside
+    /// the write, against concurrent commits too: of several first commits of new runs on one
+    /// thread at once, one goes through. To start a run on a thread whose holder's process is
+    /// gone, claim the holder ([`claim_run`](Self::claim_run), which takes a run whose lease
+    /// expired or that has none) and commit it `Done` with that lease (the old holder's later
+    /// commits are then `LeaseLost`, also once another run holds the thread); a `Waiting`
+    /// holder is closed by a commit of it as `Done`.
     async fn commit(&self, commit: &ThreadCommit) -> Result<CommitReceipt, CommitError>;
 
     /// [`commit`](Self::commit) without a future, for a store that can write at once (the

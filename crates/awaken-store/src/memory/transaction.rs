@@ -11,9 +11,10 @@ use hashbrown::hash_map::RawEntryMut as Entry;
 use crate::commit::{BatchWrite, RunStatus, ThreadCommit};
 use crate::error::{CommitError, StoreError};
 use crate::failpoint::{FailPoint, Failpoints};
+use crate::one_run;
 use crate::store::{CommitReceipt, ProfileEntry};
 
-use super::maps::{MapHasher, Profiles, StateKeyName, StateMap, lock};
+use super::maps::{HashMap, MapHasher, Profiles, StateKeyName, StateMap, lock};
 use super::runs::{RunRow, RunSlot};
 use super::shards::{Shard, Tables};
 use super::thread::{ThreadData, ThreadRow};
@@ -67,6 +68,10 @@ pub(super) fn write(
     // The thread and the run, each found once: checked, then written through the same
     // entries (a vacant one left unused inserts nothing).
     let thread = threads.raw_entry_mut().from_key(&commit.thread_id);
+    let holder = match &thread {
+        Entry::Occupied(t) => holder(t.get(), runs, &commit.run.run_id),
+        Entry::Vacant(_) => None,
+    };
     let mut run = runs.raw_entry_mut().from_key(&commit.run.run_id);
     let mut run_threads = None;
     if matches!(run, Entry::Vacant(_)) {
@@ -98,6 +103,7 @@ pub(super) fn write(
             Entry::Occupied(r) => Some(&*r.get_mut().live(&commit.run.run_id, &tables.digests)?),
             Entry::Vacant(_) => None,
         },
+        holder,
         commit,
         profiles.as_deref(),
     );
@@ -173,10 +179,32 @@ pub(super) fn write(
     result
 }
 
-/// Checks a commit against its thread and run as stored (`None`: not stored yet).
+/// The run holding `thread` other than `run_id`, with its status: the thread's latest run while
+/// it is unfinished (the one-run rule keeps an unfinished run the latest one).
+fn holder<'a>(
+    thread: &'a ThreadData,
+    runs: &HashMap<RunId, RunSlot>,
+    run_id: &RunId,
+) -> Option<(&'a RunId, RunStatus)> {
+    let latest = &thread.row.as_ref()?.latest_run_id;
+    if latest == run_id {
+        return None;
+    }
+    match runs.get(latest)? {
+        RunSlot::Live(row) if one_run::holds(row.record.status) => {
+            Some((latest, row.record.status))
+        }
+        // (A row written out is a finished run's.)
+        _ => None,
+    }
+}
+
+/// Checks a commit against its thread and run as stored (`None`: not stored yet), and the run
+/// holding the thread if another one does.
 fn check(
     thread: Option<&ThreadData>,
     run: Option<&RunRow>,
+    holder: Option<(&RunId, RunStatus)>,
     c: &ThreadCommit,
     profiles: Option<&Profiles>,
 ) -> Result<(), CommitError> {
@@ -203,6 +231,11 @@ fn check(
                 run_id: c.run.run_id.clone(),
             });
         }
+    }
+    if one_run::must_check(run.map(|r| r.record.status))
+        && let Some((holder, status)) = holder
+    {
+        return Err(one_run::busy(&c.thread_id, holder.clone(), status));
     }
     if c.run.status == RunStatus::Done
         && matches!(c.batch, BatchWrite::Keep)

@@ -12,6 +12,7 @@ use crate::commit::{BatchWrite, RunStatus, ThreadCommit};
 use crate::error::CommitError;
 use crate::failpoint::{FailPoint, Failpoints};
 use crate::lease;
+use crate::one_run;
 use crate::store::CommitReceipt;
 
 /// Writes `c` in one transaction on `client`, or nothing (`fp` may fail it between two writes).
@@ -71,7 +72,7 @@ async fn write_tx(
     }
     let run = tx
         .query_opt(
-            "SELECT thread_id, lease_owner, lease_epoch, batch FROM runs \
+            "SELECT thread_id, lease_owner, lease_epoch, batch, status FROM runs \
              WHERE run_id = $1 FOR UPDATE",
             &[&rid],
         )
@@ -99,6 +100,21 @@ async fn write_tx(
             return Err(CommitError::LeaseLost {
                 run_id: c.run.run_id.clone(),
             });
+        }
+    }
+    let stored_status = match &run {
+        Some(run) => Some(codec::run_status(run.try_get(4)?)?),
+        None => None,
+    };
+    if one_run::must_check(stored_status) {
+        // Every commit of the thread locked its row above, and READ COMMITTED reads what was
+        // committed before this statement: a run another commit started or finished is seen.
+        if let Some(holder) = tx.query_opt(one_run::HOLDER_QUERY, &[&tid]).await? {
+            return Err(one_run::busy(
+                &c.thread_id,
+                codec::run_id(holder.try_get(0)?)?,
+                codec::run_status(holder.try_get(1)?)?,
+            ));
         }
     }
     if c.run.status == RunStatus::Done

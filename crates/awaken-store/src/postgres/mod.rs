@@ -14,7 +14,7 @@ use tokio_postgres::Row;
 
 use crate::codec::{self, RUN_COLUMNS};
 use crate::commit::{LeaseToken, RunRecord, ThreadCommit, Timestamp};
-use crate::error::{CommitError, LeaseError, StoreError};
+use crate::error::{CommitError, Database, InDatabase, LeaseError, StoreError};
 #[cfg(feature = "failpoints")]
 use crate::failpoint::FailPoint;
 use crate::failpoint::Failpoints;
@@ -71,15 +71,22 @@ impl PostgresConfig {
 /// guards hold until `COMMIT`; leases are claimed with `FOR UPDATE SKIP LOCKED`, so concurrent
 /// claimers never block on or share a run. The schema is migrated on connect under an advisory
 /// lock, with the applied versions in `awaken_schema_version`.
+///
+/// Its errors name the server and database (`host:port/dbname`, with the schema; never the
+/// password: [`StoreError::database`]).
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
     pool: Arc<Pool>,
     failpoints: Arc<Failpoints>,
+    /// The server, database and schema, as errors name them.
+    database: Database,
 }
 
 impl PostgresStore {
     /// Connects, creates the schema if needed and migrates it. Errors: `Config` for a bad
-    /// schema name, `Postgres` when the server is unreachable, `SchemaTooNew`.
+    /// schema name or a URL that does not parse, `Postgres` when the server is unreachable or
+    /// refuses (naming the server and database; [`StoreError::kind`] tells refused credentials
+    /// or an unknown database from a server that failed), `SchemaTooNew`.
     pub async fn connect(config: PostgresConfig) -> Result<Self, StoreError> {
         if let Some(schema) = &config.schema {
             let ok = !schema.is_empty()
@@ -93,7 +100,12 @@ impl PostgresStore {
                 });
             }
         }
-        let pg_config: tokio_postgres::Config = config.url.parse()?;
+        // (The driver's message does not repeat the URL, which may hold a password.)
+        let pg_config: tokio_postgres::Config =
+            config.url.parse().map_err(|e| StoreError::Config {
+                detail: format!("the PostgreSQL URL does not parse: {e}"),
+            })?;
+        let database = database(&pg_config, config.schema.as_deref());
         let pool = Pool::new(
             pg_config,
             config.schema.clone(),
@@ -102,8 +114,9 @@ impl PostgresStore {
         let store = Self {
             pool: Arc::new(pool),
             failpoints: Arc::new(Failpoints::default()),
+            database,
         };
-        schema::migrate(&store.pool).await?;
+        store.named(schema::migrate(&store.pool)).await?;
         Ok(store)
     }
 
@@ -117,6 +130,51 @@ impl PostgresStore {
     pub fn arm_failpoint(&self, point: FailPoint) {
         self.failpoints.arm(point);
     }
+
+    /// What `operation` gives, an error from the database naming it.
+    async fn named<T, E: InDatabase>(
+        &self,
+        operation: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
+        operation.await.map_err(|e| e.in_database(&self.database))
+    }
+}
+
+/// The database as the store's errors name it: `host:port/dbname` (every host, comma-separated;
+/// the database defaults to the user's name, as the server's does), and the schema; never the
+/// password.
+fn database(config: &tokio_postgres::Config, schema: Option<&str>) -> Database {
+    use tokio_postgres::config::Host;
+    let ports = config.get_ports();
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, host)| {
+            let host = match host {
+                Host::Tcp(name) => name.clone(),
+                #[cfg(unix)]
+                Host::Unix(dir) => dir.display().to_string(),
+            };
+            // One port for every host, or one per host; 5432 when none is given.
+            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+            format!("{host}:{port}")
+        })
+        .collect();
+    let hosts = if hosts.is_empty() {
+        "localhost:5432".to_owned()
+    } else {
+        hosts.join(",")
+    };
+    let dbname = config
+        .get_dbname()
+        .or(config.get_user())
+        .unwrap_or("postgres");
+    let mut name = format!("{hosts}/{dbname}");
+    if let Some(schema) = schema {
+        name.push_str(&format!(" (schema {schema})"));
+    }
+    Database::named(name)
 }
 
 /// A claimed run from a `RETURNING thread_id, lease_epoch, <run columns>` row.
@@ -138,34 +196,49 @@ fn claimed_row(
 impl ThreadStore for PostgresStore {
     /// Reads the commit in place for the whole transaction (its future borrows it).
     async fn commit(&self, commit: &ThreadCommit) -> Result<CommitReceipt, CommitError> {
-        commit
-            .validate()
-            .map_err(|v| CommitError::invalid(&commit.thread_id, v))?;
-        let mut conn = self.pool.get().await?;
-        commit::write(&mut conn, commit, &self.failpoints).await
+        self.named(async {
+            commit
+                .validate()
+                .map_err(|v| CommitError::invalid(&commit.thread_id, v))?;
+            let mut conn = self.pool.get().await?;
+            commit::write(&mut conn, commit, &self.failpoints).await
+        })
+        .await
     }
 
     async fn load_checkpoint(
         &self,
         thread_id: &ThreadId,
     ) -> Result<Option<Checkpoint>, StoreError> {
-        let mut conn = self.pool.get().await?;
-        load::checkpoint(&mut conn, thread_id).await
+        self.named(async {
+            let mut conn = self.pool.get().await?;
+            load::checkpoint(&mut conn, thread_id).await
+        })
+        .await
     }
 
     async fn load_profile(&self, profile_id: &ProfileId) -> Result<ProfileState, StoreError> {
-        let conn = self.pool.get().await?;
-        load::profile(&conn, profile_id).await
+        self.named(async {
+            let conn = self.pool.get().await?;
+            load::profile(&conn, profile_id).await
+        })
+        .await
     }
 
     async fn list_threads(&self) -> Result<Vec<ThreadSummary>, StoreError> {
-        let conn = self.pool.get().await?;
-        load::threads(&conn).await
+        self.named(async {
+            let conn = self.pool.get().await?;
+            load::threads(&conn).await
+        })
+        .await
     }
 
     async fn list_runs(&self, thread_id: &ThreadId) -> Result<Vec<RunRecord>, StoreError> {
-        let conn = self.pool.get().await?;
-        load::runs(&conn, thread_id).await
+        self.named(async {
+            let conn = self.pool.get().await?;
+            load::runs(&conn, thread_id).await
+        })
+        .await
     }
 
     async fn load_events(
@@ -173,38 +246,46 @@ impl ThreadStore for PostgresStore {
         thread_id: &ThreadId,
         since: u64,
     ) -> Result<Vec<StoredEvent>, StoreError> {
-        let conn = self.pool.get().await?;
-        load::events(&conn, thread_id, since).await
+        self.named(async {
+            let conn = self.pool.get().await?;
+            load::events(&conn, thread_id, since).await
+        })
+        .await
     }
 
     async fn delete_thread(&self, thread_id: &ThreadId) -> Result<bool, StoreError> {
-        let mut conn = self.pool.get().await?;
-        let tx = conn.transaction().await?;
-        let tid = thread_id.as_str();
-        // Lock the thread row first, in the same order as a commit, so the two cannot deadlock.
-        tx.execute(
-            "SELECT 1 FROM threads WHERE thread_id = $1 FOR UPDATE",
-            &[&tid],
-        )
-        .await?;
-        tx.execute(
-            "DELETE FROM run_state WHERE run_id IN (SELECT run_id FROM runs WHERE thread_id = $1)",
-            &[&tid],
-        )
-        .await?;
-        for table in ["runs", "messages", "events", "thread_state"] {
+        self.named(async {
+            let mut conn = self.pool.get().await?;
+            let tx = conn.transaction().await?;
+            let tid = thread_id.as_str();
+            // Lock the thread row first, in the same order as a commit, so the two cannot
+            // deadlock.
             tx.execute(
-                &format!("DELETE FROM {table} WHERE thread_id = $1"),
+                "SELECT 1 FROM threads WHERE thread_id = $1 FOR UPDATE",
                 &[&tid],
             )
             .await?;
-        }
-        let existed = tx
-            .execute("DELETE FROM threads WHERE thread_id = $1", &[&tid])
-            .await?
-            > 0;
-        tx.commit().await?;
-        Ok(existed)
+            tx.execute(
+                "DELETE FROM run_state WHERE run_id IN \
+                 (SELECT run_id FROM runs WHERE thread_id = $1)",
+                &[&tid],
+            )
+            .await?;
+            for table in ["runs", "messages", "events", "thread_state"] {
+                tx.execute(
+                    &format!("DELETE FROM {table} WHERE thread_id = $1"),
+                    &[&tid],
+                )
+                .await?;
+            }
+            let existed = tx
+                .execute("DELETE FROM threads WHERE thread_id = $1", &[&tid])
+                .await?
+                > 0;
+            tx.commit().await?;
+            Ok(existed)
+        })
+        .await
     }
 
     async fn claim_runnable(
@@ -214,33 +295,36 @@ impl ThreadStore for PostgresStore {
         now: Timestamp,
         limit: usize,
     ) -> Result<Vec<ClaimedRun>, StoreError> {
-        lease::check_worker(worker_id)?;
-        let expires_at = now.saturating_add(lease_duration);
-        let conn = self.pool.get().await?;
-        let rows = conn
-            .query(
-                &format!(
-                    "UPDATE runs SET lease_owner = $1, lease_epoch = lease_epoch + 1, \
-                         lease_expires_at = $2 \
-                     WHERE run_id IN (SELECT run_id FROM runs WHERE status <> 'done' \
-                         AND (lease_owner IS NULL OR lease_expires_at <= $3) \
-                         ORDER BY updated_at, run_id LIMIT $4 FOR UPDATE SKIP LOCKED) \
-                     RETURNING thread_id, lease_epoch, {RUN_COLUMNS}"
-                ),
-                &[
-                    &worker_id,
-                    &expires_at.as_unix_millis(),
-                    &now.as_unix_millis(),
-                    &codec::int(limit as u64),
-                ],
-            )
-            .await?;
-        let mut out = Vec::with_capacity(rows.len());
-        for row in rows {
-            out.push(claimed_row(&row, worker_id, expires_at)?);
-        }
-        lease::sort_claims(&mut out);
-        Ok(out)
+        self.named(async {
+            lease::check_worker(worker_id)?;
+            let expires_at = now.saturating_add(lease_duration);
+            let conn = self.pool.get().await?;
+            let rows = conn
+                .query(
+                    &format!(
+                        "UPDATE runs SET lease_owner = $1, lease_epoch = lease_epoch + 1, \
+                             lease_expires_at = $2 \
+                         WHERE run_id IN (SELECT run_id FROM runs WHERE status <> 'done' \
+                             AND (lease_owner IS NULL OR lease_expires_at <= $3) \
+                             ORDER BY updated_at, run_id LIMIT $4 FOR UPDATE SKIP LOCKED) \
+                         RETURNING thread_id, lease_epoch, {RUN_COLUMNS}"
+                    ),
+                    &[
+                        &worker_id,
+                        &expires_at.as_unix_millis(),
+                        &now.as_unix_millis(),
+                        &codec::int(limit as u64),
+                    ],
+                )
+                .await?;
+            let mut out = Vec::with_capacity(rows.len());
+            for row in rows {
+                out.push(claimed_row(&row, worker_id, expires_at)?);
+            }
+            lease::sort_claims(&mut out);
+            Ok(out)
+        })
+        .await
     }
 
     async fn claim_run(
@@ -250,30 +334,33 @@ impl ThreadStore for PostgresStore {
         lease_duration: Duration,
         now: Timestamp,
     ) -> Result<Option<ClaimedRun>, StoreError> {
-        lease::check_worker(worker_id)?;
-        let expires_at = now.saturating_add(lease_duration);
-        let conn = self.pool.get().await?;
-        let row = conn
-            .query_opt(
-                &format!(
-                    "UPDATE runs SET lease_owner = $1, lease_epoch = lease_epoch + 1, \
-                         lease_expires_at = $2 \
-                     WHERE run_id = $3 AND status <> 'done' \
-                         AND (lease_owner IS NULL OR lease_expires_at <= $4) \
-                     RETURNING thread_id, lease_epoch, {RUN_COLUMNS}"
-                ),
-                &[
-                    &worker_id,
-                    &expires_at.as_unix_millis(),
-                    &run_id.as_str(),
-                    &now.as_unix_millis(),
-                ],
-            )
-            .await?;
-        let Some(row) = row else {
-            return Ok(None);
-        };
-        Ok(Some(claimed_row(&row, worker_id, expires_at)?))
+        self.named(async {
+            lease::check_worker(worker_id)?;
+            let expires_at = now.saturating_add(lease_duration);
+            let conn = self.pool.get().await?;
+            let row = conn
+                .query_opt(
+                    &format!(
+                        "UPDATE runs SET lease_owner = $1, lease_epoch = lease_epoch + 1, \
+                             lease_expires_at = $2 \
+                         WHERE run_id = $3 AND status <> 'done' \
+                             AND (lease_owner IS NULL OR lease_expires_at <= $4) \
+                         RETURNING thread_id, lease_epoch, {RUN_COLUMNS}"
+                    ),
+                    &[
+                        &worker_id,
+                        &expires_at.as_unix_millis(),
+                        &run_id.as_str(),
+                        &now.as_unix_millis(),
+                    ],
+                )
+                .await?;
+            let Some(row) = row else {
+                return Ok(None);
+            };
+            Ok(Some(claimed_row(&row, worker_id, expires_at)?))
+        })
+        .await
     }
 
     async fn heartbeat(
@@ -282,42 +369,48 @@ impl ThreadStore for PostgresStore {
         lease_duration: Duration,
         now: Timestamp,
     ) -> Result<Timestamp, LeaseError> {
-        let expires_at = now.saturating_add(lease_duration);
-        let conn = self.pool.get().await?;
-        let renewed = conn
-            .execute(
-                "UPDATE runs SET lease_expires_at = $1 WHERE run_id = $2 \
-                 AND lease_owner = $3 AND lease_epoch = $4",
-                &[
-                    &expires_at.as_unix_millis(),
-                    &lease.run_id.as_str(),
-                    &lease.worker_id,
-                    &codec::int(lease.epoch),
-                ],
-            )
-            .await
-            .map_err(StoreError::from)?;
-        if renewed == 0 {
-            return Err(LeaseError::Lost {
-                run_id: lease.run_id.clone(),
-            });
-        }
-        Ok(expires_at)
+        self.named(async {
+            let expires_at = now.saturating_add(lease_duration);
+            let conn = self.pool.get().await?;
+            let renewed = conn
+                .execute(
+                    "UPDATE runs SET lease_expires_at = $1 WHERE run_id = $2 \
+                     AND lease_owner = $3 AND lease_epoch = $4",
+                    &[
+                        &expires_at.as_unix_millis(),
+                        &lease.run_id.as_str(),
+                        &lease.worker_id,
+                        &codec::int(lease.epoch),
+                    ],
+                )
+                .await
+                .map_err(StoreError::from)?;
+            if renewed == 0 {
+                return Err(LeaseError::Lost {
+                    run_id: lease.run_id.clone(),
+                });
+            }
+            Ok(expires_at)
+        })
+        .await
     }
 
     async fn release(&self, lease: &LeaseToken) -> Result<bool, StoreError> {
-        let conn = self.pool.get().await?;
-        let n = conn
-            .execute(
-                "UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL \
-                 WHERE run_id = $1 AND lease_owner = $2 AND lease_epoch = $3",
-                &[
-                    &lease.run_id.as_str(),
-                    &lease.worker_id,
-                    &codec::int(lease.epoch),
-                ],
-            )
-            .await?;
-        Ok(n > 0)
+        self.named(async {
+            let conn = self.pool.get().await?;
+            let n = conn
+                .execute(
+                    "UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL \
+                     WHERE run_id = $1 AND lease_owner = $2 AND lease_epoch = $3",
+                    &[
+                        &lease.run_id.as_str(),
+                        &lease.worker_id,
+                        &codec::int(lease.epoch),
+                    ],
+                )
+                .await?;
+            Ok(n > 0)
+        })
+        .await
     }
 }

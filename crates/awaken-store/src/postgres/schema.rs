@@ -1,12 +1,14 @@
 //! The PostgreSQL schema and its migrations, applied on connect under an advisory lock and
 //! recorded in `awaken_schema_version`.
 
-use crate::error::StoreError;
+use crate::error::{Database, StoreError};
+use crate::one_run;
 
 use super::pool::Pool;
 
 /// The schema, one entry per version; never edit a released entry, append a new one.
-pub(super) const MIGRATIONS: &[&str] = &[r#"
+pub(super) const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE threads (
     thread_id      TEXT PRIMARY KEY,
     message_count  BIGINT NOT NULL,
@@ -69,7 +71,9 @@ CREATE TABLE events (
     body      TEXT NOT NULL,
     PRIMARY KEY (thread_id, seq)
 );
-"#];
+"#,
+    one_run::HOLDER_INDEX,
+];
 
 /// Advisory lock key of schema migrations (any constant shared by every build).
 const MIGRATION_LOCK: i64 = 0x6177_616b_656e;
@@ -98,7 +102,11 @@ pub(super) async fn migrate(pool: &Pool) -> Result<(), StoreError> {
         .try_get(0)?;
     let supported = MIGRATIONS.len() as i64;
     if found > supported {
-        return Err(StoreError::SchemaTooNew { found, supported });
+        return Err(StoreError::SchemaTooNew {
+            found,
+            supported,
+            database: Database::default(),
+        });
     }
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
         tx.batch_execute(sql).await?;

@@ -12,6 +12,7 @@ use crate::commit::{BatchWrite, RunStatus, ThreadCommit};
 use crate::error::CommitError;
 use crate::failpoint::{FailPoint, Failpoints};
 use crate::lease;
+use crate::one_run;
 use crate::store::CommitReceipt;
 
 /// Writes `c` in one transaction on `conn`, or nothing (`fp` may fail it between two writes).
@@ -39,13 +40,16 @@ pub(super) fn write(
             actual,
         });
     }
-    let run: Option<(String, Option<String>, i64, Option<String>)> = tx
+    let run: Option<(String, Option<String>, i64, Option<String>, String)> = tx
         .prepare_cached(
-            "SELECT thread_id, lease_owner, lease_epoch, batch FROM runs WHERE run_id = ?1",
+            "SELECT thread_id, lease_owner, lease_epoch, batch, status FROM runs \
+             WHERE run_id = ?1",
         )?
-        .query_row([rid], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+        .query_row([rid], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        })
         .optional()?;
-    if let Some((stored_tid, _, _, _)) = &run
+    if let Some((stored_tid, ..)) = &run
         && stored_tid != tid
     {
         return Err(CommitError::RunOnOtherThread {
@@ -55,7 +59,7 @@ pub(super) fn write(
         });
     }
     if let Some(lease) = &c.lease {
-        let held = run.as_ref().is_some_and(|(_, owner, epoch, _)| {
+        let held = run.as_ref().is_some_and(|(_, owner, epoch, ..)| {
             u64::try_from(*epoch).is_ok_and(|epoch| lease::holds(owner.as_deref(), epoch, lease))
         });
         if !held {
@@ -64,9 +68,27 @@ pub(super) fn write(
             });
         }
     }
+    let stored_status = run
+        .as_ref()
+        .map(|(.., status)| codec::run_status(status))
+        .transpose()?;
+    if one_run::must_check(stored_status) {
+        // The write lock is held, so no other run can start or finish before COMMIT.
+        let holder: Option<(String, String)> = tx
+            .prepare_cached(one_run::HOLDER_QUERY)?
+            .query_row([tid], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        if let Some((holder, status)) = holder {
+            return Err(one_run::busy(
+                &c.thread_id,
+                codec::run_id(&holder)?,
+                codec::run_status(&status)?,
+            ));
+        }
+    }
     if c.run.status == RunStatus::Done
         && matches!(c.batch, BatchWrite::Keep)
-        && let Some((_, _, _, Some(batch))) = &run
+        && let Some((_, _, _, Some(batch), _)) = &run
     {
         crate::commit::check_batch(&codec::batch(batch)?, RunStatus::Done)
             .map_err(|v| CommitError::invalid(&c.thread_id, v))?;

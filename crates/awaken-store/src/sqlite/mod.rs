@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use awaken_event::{ProfileId, RunId, ThreadId};
@@ -15,7 +15,7 @@ use rusqlite::{Connection, TransactionBehavior, params};
 
 use crate::codec::{self, RUN_COLUMNS, RawRun};
 use crate::commit::{LeaseToken, RunRecord, ThreadCommit, Timestamp};
-use crate::error::{CommitError, LeaseError, StoreError};
+use crate::error::{CommitError, Database, InDatabase, LeaseError, StoreError};
 #[cfg(feature = "failpoints")]
 use crate::failpoint::FailPoint;
 use crate::failpoint::Failpoints;
@@ -108,6 +108,14 @@ impl SqliteConfig {
         self.commits_inline() && self.path.is_some()
     }
 
+    /// The database as the store's errors name it: the file's path, or `:memory:`.
+    fn database(&self) -> Database {
+        match &self.path {
+            Some(path) => Database::named(path.display().to_string()),
+            None => Database::named(":memory:"),
+        }
+    }
+
     /// Sets the `synchronous` pragma.
     pub fn with_synchronous(mut self, synchronous: Synchronous) -> Self {
         self.synchronous = synchronous;
@@ -119,10 +127,12 @@ impl SqliteConfig {
 /// schema migrations recorded in `awaken_schema_version`. One connection serves the store; its
 /// blocking calls run on tokio's blocking pool, except a commit that finds the connection free
 /// when [`SqliteConfig::inline_commits`] allows it (see there). Each commit is one `IMMEDIATE`
-/// transaction.
+/// transaction. Its errors name the file ([`StoreError::database`]).
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     conn: Arc<Mutex<Connection>>,
+    /// The file, as errors name it.
+    database: Database,
     failpoints: Arc<Failpoints>,
     /// Whether commits may run on the caller's thread ([`SqliteConfig::inline_commits`], not
     /// with [`Synchronous::Full`]).
@@ -188,14 +198,21 @@ impl Checkpoints {
 
 impl SqliteStore {
     /// Opens (creating if needed) the database, sets WAL and `synchronous`, and migrates the
-    /// schema. `SchemaTooNew` if the file was written by a newer build.
+    /// schema. Another process opening or writing the file at the same time is waited for, up
+    /// to the busy timeout. Errors name the file: `SchemaTooNew` if it was written by a newer
+    /// build, `Sqlite` otherwise ([`StoreError::kind`] tells a file that is not a database, is
+    /// damaged or stayed locked from a path that cannot be opened).
     pub async fn open(config: SqliteConfig) -> Result<Self, StoreError> {
         let inline = config.commits_inline();
         let own_checkpoints = config.own_checkpoints();
         let busy_timeout = config.busy_timeout;
-        let conn = blocking(move || open_connection(&config)).await??;
+        let database = config.database();
+        let conn = blocking(move || open_connection(&config))
+            .await?
+            .map_err(|e| e.in_database(&database))?;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
+            database,
             failpoints: Arc::new(Failpoints::default()),
             inline,
             busy_timeout,
@@ -215,7 +232,7 @@ impl SqliteStore {
     }
 
     /// [`with_conn`](Self::with_conn) for a write: counted towards the next WAL checkpoint.
-    async fn write_conn<T: Send + 'static, E: From<StoreError> + Send + 'static>(
+    async fn write_conn<T: Send + 'static, E: From<StoreError> + InDatabase + Send + 'static>(
         &self,
         f: impl FnOnce(&mut Connection, &Failpoints) -> Result<T, E> + Send + 'static,
     ) -> Result<T, E> {
@@ -232,8 +249,8 @@ impl SqliteStore {
     }
 
     /// Runs `f` with the store's connection on the blocking pool (`E`: its error, which a
-    /// failure of the blocking task becomes too).
-    async fn with_conn<T: Send + 'static, E: From<StoreError> + Send + 'static>(
+    /// failure of the blocking task becomes too; an error from the database names the file).
+    async fn with_conn<T: Send + 'static, E: From<StoreError> + InDatabase + Send + 'static>(
         &self,
         f: impl FnOnce(&mut Connection, &Failpoints) -> Result<T, E> + Send + 'static,
     ) -> Result<T, E> {
@@ -246,6 +263,7 @@ impl SqliteStore {
             f(&mut conn, &failpoints)
         })
         .await?
+        .map_err(|e| e.in_database(&self.database))
     }
 }
 
@@ -259,12 +277,41 @@ async fn blocking<T: Send + 'static>(
         })
 }
 
+/// The first pause of an open between two attempts while another connection holds a lock it
+/// needs; each next pause doubles, up to [`OPEN_PAUSE_MAX`].
+const OPEN_PAUSE_FIRST: Duration = Duration::from_millis(2);
+
+/// The longest pause of an open between two attempts.
+const OPEN_PAUSE_MAX: Duration = Duration::from_millis(100);
+
+/// Opens the database and sets it up ([`set_up`]); while another connection holds a lock the
+/// set-up needs, tries again after a pause, until the busy timeout has passed (then the last
+/// error, `DatabaseBusy`).
 fn open_connection(config: &SqliteConfig) -> Result<Connection, StoreError> {
     let mut conn = match &config.path {
         Some(path) => Connection::open(path)?,
         None => Connection::open_in_memory()?,
     };
     conn.busy_timeout(config.busy_timeout)?;
+    let deadline = Instant::now() + config.busy_timeout;
+    let mut pause = OPEN_PAUSE_FIRST;
+    loop {
+        let set = set_up(&mut conn, config);
+        let busy = matches!(&set, Err(StoreError::Sqlite { source, .. }) if is_busy(source));
+        let now = Instant::now();
+        if !busy || now >= deadline {
+            return set.map(|()| conn);
+        }
+        std::thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(OPEN_PAUSE_MAX);
+    }
+}
+
+/// Sets the connection's pragmas and migrates the schema. Switching a new file to WAL and the
+/// migration's `BEGIN IMMEDIATE` can fail at once with `SQLITE_BUSY` while another connection
+/// sets the same file up: SQLite does not wait (its busy handler is not called) where waiting
+/// could deadlock, so [`open_connection`] tries again. Each step can run again after a failure.
+fn set_up(conn: &mut Connection, config: &SqliteConfig) -> Result<(), StoreError> {
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", config.synchronous.pragma())?;
     conn.pragma_update(None, "foreign_keys", "OFF")?;
@@ -272,8 +319,15 @@ fn open_connection(config: &SqliteConfig) -> Result<Connection, StoreError> {
         // The store checkpoints on the blocking pool ([`Checkpoints`]), not inside a commit.
         conn.pragma_update(None, "wal_autocheckpoint", 0)?;
     }
-    schema::migrate(&mut conn)?;
-    Ok(conn)
+    schema::migrate(conn)
+}
+
+/// Whether SQLite refused for a lock another connection holds.
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
 }
 
 /// A claim's `RETURNING thread_id, lease_epoch, <run columns>` row.
@@ -334,7 +388,7 @@ impl ThreadStore for SqliteStore {
             tracing::warn!(error = %e, "sqlite store: the busy timeout was not restored");
         }
         drop(conn);
-        if let Err(CommitError::Backend(StoreError::Sqlite { source })) = &written
+        if let Err(CommitError::Backend(StoreError::Sqlite { source, .. })) = &written
             && source.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy)
         {
             return None;
@@ -342,7 +396,7 @@ impl ThreadStore for SqliteStore {
         if written.is_ok() {
             self.count_write();
         }
-        Some(written)
+        Some(written.map_err(|e| e.in_database(&self.database)))
     }
 
     async fn load_checkpoint(

@@ -2,10 +2,12 @@
 
 use rusqlite::{Connection, TransactionBehavior};
 
-use crate::error::StoreError;
+use crate::error::{Database, StoreError};
+use crate::one_run;
 
 /// The schema, one entry per version; never edit a released entry, append a new one.
-pub(super) const MIGRATIONS: &[&str] = &[r#"
+pub(super) const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE threads (
     thread_id      TEXT PRIMARY KEY,
     message_count  INTEGER NOT NULL,
@@ -68,7 +70,9 @@ CREATE TABLE events (
     body      TEXT NOT NULL,
     PRIMARY KEY (thread_id, seq)
 ) WITHOUT ROWID;
-"#];
+"#,
+    one_run::HOLDER_INDEX,
+];
 
 /// Brings the schema to the newest version this build knows, in one transaction; `SchemaTooNew`
 /// if the file was written by a newer build.
@@ -84,7 +88,11 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     )?;
     let supported = MIGRATIONS.len() as i64;
     if found > supported {
-        return Err(StoreError::SchemaTooNew { found, supported });
+        return Err(StoreError::SchemaTooNew {
+            found,
+            supported,
+            database: Database::default(),
+        });
     }
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
         tx.execute_batch(sql)?;

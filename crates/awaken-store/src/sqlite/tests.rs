@@ -247,3 +247,92 @@ async fn wal_stays_short(inline: bool) {
         "{frames} frames in the WAL after {commits} commits ({frames_after_first_commits} after 10)"
     );
 }
+
+/// Sets the connection's page limit (`PRAGMA max_page_count`), returning its page count.
+fn limit_pages(store: &SqliteStore, room: i64) -> i64 {
+    let conn = store.conn.lock().expect("lock");
+    let pages: i64 = conn
+        .query_row("PRAGMA page_count", [], |r| r.get(0))
+        .expect("page count");
+    let limit: i64 = conn
+        .query_row(
+            &format!("PRAGMA max_page_count = {}", pages + room),
+            [],
+            |r| r.get(0),
+        )
+        .expect("page limit");
+    assert_eq!(limit, pages + room);
+    pages
+}
+
+/// A full database (its page limit reached) fails a commit with a typed storage failure naming
+/// the file, through `commit_now` and `commit`, writes nothing of it, and stays readable with
+/// the last commit whole; with room again, the same commit goes through.
+#[tokio::test]
+async fn a_full_database_fails_the_commit_and_keeps_the_last_one() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("awaken.db");
+    let store = open(&dir, SqliteConfig::file).await;
+    let big = |expected: u64| {
+        let run = RunRecord::new(
+            RunId::new("r1").expect("id"),
+            "agent",
+            Timestamp::from_unix_millis(1),
+        );
+        ThreadCommit::new(ThreadId::new("t1").expect("id"), run, expected)
+            .with_messages([Message::user(format!("{expected} {}", "x".repeat(8_000)))])
+    };
+    store.commit(&big(0)).await.expect("room for one");
+    limit_pages(&store, 4);
+    let mut written = 1;
+    let (full, err) = loop {
+        let c = big(written);
+        match store.commit(&c).await {
+            Ok(_) => written += 1,
+            Err(e) => break (c, e),
+        }
+        assert!(written < 20, "the database never filled up");
+    };
+    let render = |e: &CommitError| match e {
+        CommitError::Backend(e @ StoreError::Sqlite { source, .. }) => format!(
+            "{:?} {:?} {:?}: {}",
+            e.kind(),
+            source.sqlite_error_code(),
+            e.database().and_then(Database::name) == Some(&*path.display().to_string()),
+            e.to_string().replace(&path.display().to_string(), "<db>")
+        ),
+        other => format!("another error: {other:?}"),
+    };
+    let inline = store
+        .commit_now(&full)
+        .expect("the connection is free")
+        .expect_err("still full");
+    expect_test::expect![[r#"
+        Storage Some(DiskFull) true: SQLite database <db>: database or disk is full
+        Storage Some(DiskFull) true: SQLite database <db>: database or disk is full"#]]
+    .assert_eq(&format!("{}\n{}", render(&err), render(&inline)));
+
+    let messages = |store: &SqliteStore| {
+        let store = store.clone();
+        async move {
+            store
+                .load_checkpoint(&ThreadId::new("t1").expect("id"))
+                .await
+                .expect("readable")
+                .expect("the thread")
+                .messages
+        }
+    };
+    let kept = messages(&store).await;
+    assert_eq!(kept.len() as u64, written);
+    assert!(
+        kept[kept.len() - 1]
+            .text()
+            .starts_with(&format!("{} x", written - 1))
+    );
+    assert_eq!(store.list_threads().await.expect("listed").len(), 1);
+
+    limit_pages(&store, 1_000);
+    store.commit(&full).await.expect("room again");
+    assert_eq!(messages(&store).await.len() as u64, written + 1);
+}

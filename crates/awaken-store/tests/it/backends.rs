@@ -168,9 +168,12 @@ every_backend!(
     failpoint_inside_an_immediate_write,
     commit_cost_shape_at_length,
     finished_threads_read_back_whole,
-    interleaved_runs_read_back_in_order,
+    runs_in_turn_read_back_in_order,
     a_finished_runs_state_reads_back_and_takes_writes,
     a_finished_runs_record_reads_back_whole,
+    one_run_holds_a_thread,
+    a_stale_holder_is_claimed_and_closed,
+    concurrent_new_runs_one_holds_the_thread,
 );
 
 /// The memory store writes at once: `commit_now` always writes (or refuses) the commit.

@@ -480,8 +480,10 @@ pub async fn deltas_upsert_changed_keys(h: &Harness) {
         .with_run_state(state(5, &[("b", json!(20))]))
         .with_thread_state(state(5, &[("y", json!("y2")), ("z", json!(null))]));
     s.commit(&second).await.expect("second");
-    // A commit without deltas keeps the state and its revisions.
+    // A commit without deltas keeps the state and its revisions (this one finishes the run).
     record.updated_at = at(1_200);
+    record.status = RunStatus::Done;
+    record.termination = Some(TerminationReason::NaturalEnd);
     s.commit(&ThreadCommit::new(tid("t1"), record, 0))
         .await
         .expect("third");
@@ -624,8 +626,14 @@ pub async fn corrupt_batch_errors(store: &dyn ThreadStore) -> String {
         threads[0].message_count, 2,
         "the failed commit wrote messages"
     );
+    // A SQL store's errors name its database.
+    assert!(load.database().is_some(), "{load:?}");
+    assert!(
+        matches!(&commit, CommitError::Backend(e) if e.database() == load.database()),
+        "{commit:?}"
+    );
     let render = |e: &StoreError| match e {
-        StoreError::Corrupt { what, detail } => format!("corrupt {what}: {detail}"),
+        StoreError::Corrupt { what, detail, .. } => format!("corrupt {what}: {detail}"),
         other => format!("other: {other}"),
     };
     let commit = match &commit {
@@ -698,6 +706,12 @@ pub async fn list_and_delete(h: &Harness) {
     let s = &*h.store;
     s.commit(&step("t2", "r2", 0, 1, 2_000)).await.expect("t2");
     s.commit(&step("t1", "r1", 0, 1, 1_000)).await.expect("t1");
+    let mut done = run("r1", 1_000);
+    done.status = RunStatus::Done;
+    done.termination = Some(TerminationReason::NaturalEnd);
+    s.commit(&ThreadCommit::new(tid("t1"), done, 2))
+        .await
+        .expect("r1 done");
     let mut child = run("r1-child", 1_500);
     child.parent_run_id = Some(rid("r1"));
     s.commit(&ThreadCommit::new(tid("t1"), child, 2))
@@ -1171,6 +1185,7 @@ fn refusal(e: &CommitError) -> String {
         CommitError::ProfileConflict { key } => format!("ProfileConflict: {key}"),
         CommitError::LeaseLost { .. } => "LeaseLost".to_owned(),
         CommitError::RunOnOtherThread { .. } => "RunOnOtherThread".to_owned(),
+        CommitError::ThreadBusy { status, .. } => format!("ThreadBusy: {status}"),
         other => format!("not a refusal: {other}"),
     }
 }
@@ -1190,14 +1205,15 @@ pub async fn a_refused_commit_goes_through_once_corrected(h: &Harness) {
             }
         };
         let (thread, run_id) = (format!("{prefix}-t"), format!("{prefix}-r"));
-        let mut log = Vec::new();
+        // (Shared: the closure below and the holder's refusal further down both write to it.)
+        let log = std::cell::RefCell::new(Vec::new());
         // Refused as it is, written once `correct` has changed it.
-        let mut refuse_then_correct =
+        let refuse_then_correct =
             async |mut c: ThreadCommit, correct: &dyn Fn(&mut ThreadCommit)| {
                 let before = dump_all(s).await;
                 let err = write(&c).await.expect_err("refused");
                 assert_eq!(dump_all(s).await, before, "{err}: something was written");
-                log.push(refusal(&err));
+                log.borrow_mut().push(refusal(&err));
                 correct(&mut c);
                 write(&c)
                     .await
@@ -1254,6 +1270,26 @@ pub async fn a_refused_commit_goes_through_once_corrected(h: &Harness) {
                 BTreeMap::from([("prefs.lang".to_owned(), 0)]),
             )
         };
+        // A new run while the first one holds the thread: refused until that one is done.
+        let before = dump_all(s).await;
+        let err = write(&profiled(10, json!("en")))
+            .await
+            .expect_err("the thread is held");
+        assert_eq!(dump_all(s).await, before, "{err}: something was written");
+        log.borrow_mut().push(refusal(&err));
+        assert!(
+            matches!(
+                &err,
+                CommitError::ThreadBusy { run_id: holder, .. } if holder.as_str() == run_id
+            ),
+            "{err:?}"
+        );
+        let mut done = run(&run_id, 5_500);
+        done.status = RunStatus::Done;
+        done.termination = Some(TerminationReason::NaturalEnd);
+        write(&ThreadCommit::new(tid(&thread), done, 10).with_lease(held.clone()))
+            .await
+            .expect("the holder finishes");
         write(&profiled(10, json!("en")))
             .await
             .expect("first write");
@@ -1275,7 +1311,7 @@ pub async fn a_refused_commit_goes_through_once_corrected(h: &Harness) {
             .expect("load")
             .expect("thread");
         assert_eq!(cp.messages.len(), 10, "every corrected commit was written");
-        logs.push(log.join("\n"));
+        logs.push(log.into_inner().join("\n"));
     }
     assert_eq!(logs[0], logs[1], "commit_now and commit refuse alike");
     check(
@@ -1285,6 +1321,7 @@ pub async fn a_refused_commit_goes_through_once_corrected(h: &Harness) {
             VersionConflict: expected 2, actual 4
             LeaseLost
             RunOnOtherThread
+            ThreadBusy: running
             ProfileConflict: prefs.lang"#]],
     );
 }
@@ -1587,54 +1624,66 @@ pub async fn finished_threads_read_back_whole(h: &Harness) {
     assert_tails(&tails, &expected_events, "");
 }
 
-/// Two runs writing to one thread in turn (a run and, say, a delegate's commits on the same
-/// thread): their events keep their order, numbers and run ids through one run's end and the
-/// other's.
-pub async fn interleaved_runs_read_back_in_order(h: &Harness) {
+/// Two runs writing to one thread in turn: their events keep their order, numbers and run ids
+/// through one run's end and the other's, and the second run's commits while the first one
+/// holds the thread are refused and write nothing.
+pub async fn runs_in_turn_read_back_in_order(h: &Harness) {
     let s = &*h.store;
     let events = every_kind_of_event("t1", "a");
     let mut expected: Vec<(u64, String, AgentEvent)> = Vec::new();
     let mut messages = Vec::new();
-    // a, b, a, b, then a finishes, then b writes and finishes.
+    // a, b (refused: a holds the thread), a, a finishing, then b twice, finishing.
     let plan = [
         ("a", false),
         ("b", false),
         ("a", false),
-        ("b", false),
         ("a", true),
+        ("b", false),
+        ("b", true),
     ];
+    let mut outcomes = Vec::new();
     for (i, (run_id, done)) in plan.into_iter().enumerate() {
         let batch = &events[i * 2..i * 2 + 2];
         let message = Message::user(format!("{run_id} {i}"));
-        s.commit(&carrying(
-            "t1",
-            run_id,
-            i as u64,
-            1_001 + i as i64,
-            std::slice::from_ref(&message),
-            batch,
-            done,
-        ))
-        .await
-        .expect("commit");
-        messages.push(message);
-        for e in batch {
-            expected.push((expected.len() as u64 + 1, run_id.to_owned(), e.clone()));
+        let before = read_back(s, "t1").await;
+        let written = s
+            .commit(&carrying(
+                "t1",
+                run_id,
+                messages.len() as u64,
+                1_001 + i as i64,
+                std::slice::from_ref(&message),
+                batch,
+                done,
+            ))
+            .await;
+        match written {
+            Ok(_) => {
+                outcomes.push(format!("{run_id}: written"));
+                messages.push(message);
+                for e in batch {
+                    expected.push((expected.len() as u64 + 1, run_id.to_owned(), e.clone()));
+                }
+            }
+            Err(e) => {
+                outcomes.push(format!("{run_id}: {}", refusal(&e)));
+                assert_eq!(read_back(s, "t1").await, before, "commit {i}: {e}");
+            }
         }
         let (read, tails) = read_back(s, "t1").await;
         assert_eq!(read, messages, "after commit {i}");
         assert_tails(&tails, &expected, &format!("after commit {i}, "));
     }
-    let last = &events[10..12];
-    s.commit(&carrying("t1", "b", 5, 1_010, &[], last, true))
-        .await
-        .expect("commit");
-    for e in last {
-        expected.push((expected.len() as u64 + 1, "b".to_owned(), e.clone()));
-    }
-    let (read, tails) = read_back(s, "t1").await;
-    assert_eq!(read, messages);
-    assert_tails(&tails, &expected, "");
+    check(
+        &outcomes.join("\n"),
+        expect_test::expect![[r#"
+            a: written
+            b: ThreadBusy: running
+            a: written
+            a: written
+            b: written
+            b: written"#]],
+    );
 }
 
 /// A run's state reads back the same once a commit has finished the run (the memory store
@@ -1767,4 +1816,300 @@ pub async fn a_finished_runs_record_reads_back_whole(h: &Harness) {
     assert!(s.delete_thread(&tid("t2")).await.expect("delete"));
     assert!(s.list_runs(&tid("t2")).await.expect("list").is_empty());
     assert_eq!(s.list_runs(&tid("t1")).await.expect("list"), finished);
+}
+
+/// The outcome of a commit as a line: `written`, or the refusal with its message.
+fn outcome(written: &Result<awaken_store::CommitReceipt, CommitError>) -> String {
+    match written {
+        Ok(_) => "written".to_owned(),
+        Err(e) => format!("{}: {e}", refusal(e)),
+    }
+}
+
+/// `run_id`'s record on its way: `Running`, `Waiting` (suspended) or `Done`, at `now`.
+fn record(run_id: &str, status: RunStatus, now: i64) -> RunRecord {
+    let mut record = run(run_id, now);
+    record.status = status;
+    record.termination = match status {
+        RunStatus::Running => None,
+        RunStatus::Waiting => Some(TerminationReason::Suspended),
+        RunStatus::Done => Some(TerminationReason::NaturalEnd),
+    };
+    record
+}
+
+/// One run at a time holds a thread: a new run's commit while another run is `Running` or
+/// `Waiting` on the thread is `ThreadBusy` naming that run, and writes nothing; the holder's own
+/// commits go through, and once one of them is `Done` the new run starts. A finished run's
+/// commit is then refused too, while the new run holds the thread.
+pub async fn one_run_holds_a_thread(h: &Harness) {
+    let s = &*h.store;
+    let mut log = Vec::new();
+    let mut commit = async |label: &str, c: ThreadCommit| {
+        let before = dump_all(s).await;
+        let written = s.commit(&c).await;
+        if let Err(e) = &written {
+            assert!(e.is_refusal() && e.is_conflict(), "{e:?}");
+            assert_eq!(dump_all(s).await, before, "{label}: something was written");
+        }
+        log.push(format!("{label}: {}", outcome(&written)));
+    };
+    commit("r1 starts", step("t1", "r1", 0, 1, 1_000)).await;
+    commit(
+        "r2 starts",
+        ThreadCommit::new(tid("t1"), record("r2", RunStatus::Running, 1_100), 2),
+    )
+    .await;
+    commit(
+        "r1 waits",
+        ThreadCommit::new(tid("t1"), record("r1", RunStatus::Waiting, 1_200), 2)
+            .with_batch(batch(&[("c1", "suspended")])),
+    )
+    .await;
+    commit(
+        "r2 starts",
+        ThreadCommit::new(tid("t1"), record("r2", RunStatus::Running, 1_300), 2)
+            .with_messages([Message::user("hello")]),
+    )
+    .await;
+    commit(
+        "r1 closes its waiting call",
+        ThreadCommit::new(tid("t1"), record("r1", RunStatus::Done, 1_400), 2)
+            .with_batch(batch(&[("c1", "cancelled")])),
+    )
+    .await;
+    commit(
+        "r2 starts",
+        ThreadCommit::new(tid("t1"), record("r2", RunStatus::Running, 1_500), 2)
+            .with_messages([Message::user("hello")]),
+    )
+    .await;
+    commit(
+        "r1 again",
+        ThreadCommit::new(tid("t1"), record("r1", RunStatus::Done, 1_600), 3),
+    )
+    .await;
+    commit(
+        "r2 goes on",
+        ThreadCommit::new(tid("t1"), record("r2", RunStatus::Running, 1_700), 3),
+    )
+    .await;
+    commit(
+        "r2 ends",
+        ThreadCommit::new(tid("t1"), record("r2", RunStatus::Done, 1_800), 3),
+    )
+    .await;
+    commit(
+        "r1 again",
+        ThreadCommit::new(tid("t1"), record("r1", RunStatus::Done, 1_900), 3),
+    )
+    .await;
+    // Another thread is not held by r2.
+    commit(
+        "r3 starts on t2",
+        ThreadCommit::new(tid("t2"), record("r3", RunStatus::Running, 2_000), 0),
+    )
+    .await;
+    check(
+        &log.join("\n"),
+        expect_test::expect![[r#"
+            r1 starts: written
+            r2 starts: ThreadBusy: running: thread t1 is held by run r1, which is running
+            r1 waits: written
+            r2 starts: ThreadBusy: waiting: thread t1 is held by run r1, which is waiting
+            r1 closes its waiting call: written
+            r2 starts: written
+            r1 again: ThreadBusy: running: thread t1 is held by run r2, which is running
+            r2 goes on: written
+            r2 ends: written
+            r1 again: written
+            r3 starts on t2: written"#]],
+    );
+    let runs: Vec<String> = s
+        .list_runs(&tid("t1"))
+        .await
+        .expect("runs")
+        .iter()
+        .map(|r| format!("{} {}", r.run_id, r.status))
+        .collect();
+    assert_eq!(runs, ["r1 done", "r2 done"]);
+}
+
+/// A `Running` holder whose worker is gone (its lease expired) is taken over with `claim_run`
+/// and closed with the new lease; then a new run starts, and the old worker's commits are
+/// `LeaseLost` (not `ThreadBusy`: its lease is what it lost). A holder that never had a lease is
+/// claimed and closed the same way.
+pub async fn a_stale_holder_is_claimed_and_closed(h: &Harness) {
+    let s = &*h.store;
+    let lease = Duration::from_secs(30);
+    s.commit(&step("t1", "r1", 0, 1, 1_000))
+        .await
+        .expect("r1 starts");
+    let gone = s
+        .claim_run(&rid("r1"), "w1", lease, at(1_000))
+        .await
+        .expect("claim")
+        .expect("a fresh run is free");
+    let newcomer = ThreadCommit::new(tid("t1"), record("r2", RunStatus::Running, 40_000), 2);
+    let mut log = vec![format!(
+        "r2 starts: {}",
+        outcome(&s.commit(&newcomer).await)
+    )];
+    assert!(
+        s.claim_run(&rid("r1"), "w2", lease, at(30_999))
+            .await
+            .expect("claim")
+            .is_none(),
+        "the lease has not expired yet"
+    );
+    let taken = s
+        .claim_run(&rid("r1"), "w2", lease, at(31_000))
+        .await
+        .expect("claim")
+        .expect("the lease expired");
+    assert!(taken.lease.epoch > gone.lease.epoch);
+    let close = ThreadCommit::new(tid("t1"), record("r1", RunStatus::Done, 31_000), 2)
+        .with_batch_cleared()
+        .with_lease(taken.lease.clone());
+    log.push(format!(
+        "w2 closes r1: {}",
+        outcome(&s.commit(&close).await)
+    ));
+    log.push(format!(
+        "r2 starts: {}",
+        outcome(&s.commit(&newcomer).await)
+    ));
+    let stale = ThreadCommit::new(tid("t1"), record("r1", RunStatus::Running, 41_000), 2)
+        .with_lease(gone.lease.clone());
+    let before = dump_all(s).await;
+    log.push(format!(
+        "w1 writes r1: {}",
+        outcome(&s.commit(&stale).await)
+    ));
+    assert_eq!(dump_all(s).await, before);
+    assert!(matches!(
+        s.heartbeat(&gone.lease, lease, at(41_000)).await,
+        Err(LeaseError::Lost { .. })
+    ));
+
+    // A holder without a lease (a single-process run that stopped) is claimed at once.
+    s.commit(&step("t2", "r3", 0, 1, 1_000))
+        .await
+        .expect("r3 starts");
+    let newcomer = ThreadCommit::new(tid("t2"), record("r4", RunStatus::Running, 2_000), 2);
+    log.push(format!(
+        "r4 starts: {}",
+        outcome(&s.commit(&newcomer).await)
+    ));
+    let taken = s
+        .claim_run(&rid("r3"), "w2", lease, at(2_000))
+        .await
+        .expect("claim")
+        .expect("no lease on it");
+    let close = ThreadCommit::new(tid("t2"), record("r3", RunStatus::Done, 2_000), 2)
+        .with_batch_cleared()
+        .with_lease(taken.lease);
+    log.push(format!(
+        "w2 closes r3: {}",
+        outcome(&s.commit(&close).await)
+    ));
+    log.push(format!(
+        "r4 starts: {}",
+        outcome(&s.commit(&newcomer).await)
+    ));
+    check(
+        &log.join("\n"),
+        expect_test::expect![[r#"
+            r2 starts: ThreadBusy: running: thread t1 is held by run r1, which is running
+            w2 closes r1: written
+            r2 starts: written
+            w1 writes r1: LeaseLost: the lease on run r1 was lost
+            r4 starts: ThreadBusy: running: thread t2 is held by run r3, which is running
+            w2 closes r3: written
+            r4 starts: written"#]],
+    );
+}
+
+/// Eight first commits of eight new runs on one thread at once, without messages (so the
+/// message guard lets every one through): exactly one is written, and the others are
+/// `ThreadBusy` naming it. On brand-new threads (no row yet to lock) and on a thread that
+/// holds a finished run and messages.
+pub async fn concurrent_new_runs_one_holds_the_thread(h: &Harness) {
+    const RUNS: usize = 8;
+    let s = &*h.store;
+    let handle = tokio::runtime::Handle::current();
+    for round in 0..6 {
+        let thread = format!("t{round}");
+        let existing = round % 2 == 1;
+        let expected = if existing {
+            let mut first = step(&thread, &format!("{thread}-first"), 0, 1, 1_000);
+            first.run.status = RunStatus::Done;
+            first.run.termination = Some(TerminationReason::NaturalEnd);
+            s.commit(&first)
+                .await
+                .expect("a finished run")
+                .message_count
+        } else {
+            0
+        };
+        let commits: Vec<ThreadCommit> = (0..RUNS)
+            .map(|i| {
+                ThreadCommit::new(
+                    tid(&thread),
+                    record(&format!("{thread}-r{i}"), RunStatus::Running, 2_000),
+                    expected,
+                )
+            })
+            .collect();
+        let start = std::sync::Barrier::new(RUNS);
+        let results: Vec<_> = tokio::task::block_in_place(|| {
+            std::thread::scope(|scope| {
+                let writers: Vec<_> = commits
+                    .iter()
+                    .map(|c| {
+                        let (start, handle) = (&start, &handle);
+                        scope.spawn(move || {
+                            start.wait();
+                            handle.block_on(s.commit(c))
+                        })
+                    })
+                    .collect();
+                writers
+                    .into_iter()
+                    .map(|w| w.join().expect("writer"))
+                    .collect()
+            })
+        });
+        let winners: Vec<usize> = (0..RUNS).filter(|i| results[*i].is_ok()).collect();
+        assert_eq!(winners.len(), 1, "round {round}: {results:?}");
+        let winner = commits[winners[0]].run.run_id.clone();
+        for (i, r) in results.iter().enumerate() {
+            if i != winners[0] {
+                assert!(
+                    matches!(
+                        r,
+                        Err(CommitError::ThreadBusy { run_id, status: RunStatus::Running, .. })
+                            if *run_id == winner
+                    ),
+                    "round {round}, run {i}: {r:?}"
+                );
+            }
+        }
+        let cp = s
+            .load_checkpoint(&tid(&thread))
+            .await
+            .expect("load")
+            .expect("thread");
+        assert_eq!(cp.run.as_ref().map(|r| &r.run_id), Some(&winner));
+        assert_eq!(cp.message_count(), expected);
+        let unfinished: Vec<RunId> = s
+            .list_runs(&tid(&thread))
+            .await
+            .expect("runs")
+            .into_iter()
+            .filter(|r| r.status != RunStatus::Done)
+            .map(|r| r.run_id)
+            .collect();
+        assert_eq!(unfinished, [winner], "round {round}");
+    }
 }

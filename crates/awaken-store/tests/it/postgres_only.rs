@@ -1,11 +1,12 @@
-//! PostgreSQL-specific checks: two stores (two workers' pools) on one database.
+//! PostgreSQL-specific checks: two stores (two workers' pools) on one database, and what
+//! connection errors say.
 
 use std::time::Duration;
 
 use awaken_store::{CommitError, PostgresConfig, PostgresStore, ThreadStore};
 
 use crate::backends::postgres_store;
-use crate::conformance::{at, corrupt_batch_errors, step, tid};
+use crate::conformance::{at, corrupt_batch_errors, rid, step, tid};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_share_one_database() {
@@ -94,4 +95,95 @@ async fn a_corrupt_stored_batch_reads_back_as_a_typed_error() {
     expect_test::expect![[r#"
         corrupt tool batch: unknown variant `flying`, expected one of `requested`, `executing`, `suspended`, `succeeded`, `failed`, `blocked`, `short_circuited`, `cancelled`, `outcome_unknown` at line 1 column 29
         corrupt tool batch: unknown variant `flying`, expected one of `requested`, `executing`, `suspended`, `succeeded`, `failed`, `blocked`, `short_circuited`, `cancelled`, `outcome_unknown` at line 1 column 29"#]].assert_eq(&corrupt_batch_errors(&store).await);
+}
+
+/// Two stores on one database (two processes' runtimes) starting a new run each on one thread
+/// at once: one holds the thread, the other's first commit is `ThreadBusy` naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_stores_start_runs_on_one_thread_one_holds_it() {
+    use awaken_store::{RunRecord, RunStatus, ThreadCommit};
+    let Some(a) = postgres_store("two_stores_one_thread").await else {
+        return;
+    };
+    let url = crate::backends::postgres_url().expect("url is set when the store exists");
+    let b = PostgresStore::connect(
+        PostgresConfig::new(url).with_schema("awaken_t_two_stores_one_thread"),
+    )
+    .await
+    .expect("second store");
+    for round in 0..20 {
+        let thread = format!("t{round}");
+        let first = |run: &str| {
+            let record = RunRecord::new(rid(run), "assistant", at(1_000));
+            ThreadCommit::new(tid(&thread), record, 0)
+        };
+        let (ca, cb) = (first(&format!("{thread}-a")), first(&format!("{thread}-b")));
+        let (wa, wb) = tokio::join!(a.commit(&ca), b.commit(&cb));
+        let (winner, lost) = match (&wa, &wb) {
+            (Ok(_), Err(e)) => (&ca.run.run_id, e),
+            (Err(e), Ok(_)) => (&cb.run.run_id, e),
+            _ => panic!("round {round}: {wa:?} {wb:?}"),
+        };
+        assert!(
+            matches!(
+                lost,
+                CommitError::ThreadBusy { run_id, status: RunStatus::Running, .. }
+                    if run_id == winner
+            ),
+            "round {round}: {lost:?}"
+        );
+    }
+}
+
+/// Connection errors name the server and database, never the password, and tell a wrong setup
+/// (a URL that does not parse, an unknown database) from a server that cannot be reached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_errors_name_the_database_and_their_kind() {
+    use awaken_store::{StoreError, StoreErrorKind};
+    let connect = async |url: &str| {
+        PostgresStore::connect(PostgresConfig::new(url))
+            .await
+            .expect_err("no store")
+    };
+    let bad_url = connect("postgresql://postgres:s3cret@127.0.0.1:notaport/db").await;
+    assert!(matches!(bad_url, StoreError::Config { .. }), "{bad_url:?}");
+    assert!(!bad_url.to_string().contains("s3cret"), "{bad_url}");
+    // Nothing listens on port 1 of the loopback.
+    let unreachable = connect("postgresql://postgres:s3cret@127.0.0.1:1/awaken_nowhere").await;
+    assert_eq!(
+        unreachable.kind(),
+        StoreErrorKind::Storage,
+        "{unreachable:?}"
+    );
+    assert_eq!(
+        unreachable.database().and_then(|d| d.name()),
+        Some("127.0.0.1:1/awaken_nowhere")
+    );
+    assert!(
+        unreachable
+            .to_string()
+            .starts_with("PostgreSQL database 127.0.0.1:1/awaken_nowhere: error connecting"),
+        "{unreachable}"
+    );
+    assert!(!unreachable.to_string().contains("s3cret"));
+
+    let Some(url) = crate::backends::postgres_url() else {
+        return;
+    };
+    // The test server trusts loopback connections, so the password is never asked for.
+    let Some((server, _)) = url.rsplit_once('/') else {
+        panic!("a URL with a database name: {url}");
+    };
+    let server = server.replacen("postgres@", "postgres:s3cret@", 1);
+    let unknown = connect(&format!("{server}/awaken_no_such_database")).await;
+    assert_eq!(unknown.kind(), StoreErrorKind::Config, "{unknown:?}");
+    let shown = unknown.to_string();
+    assert!(
+        shown.contains(
+            "/awaken_no_such_database: db error: \
+             FATAL: database \"awaken_no_such_database\" does not exist"
+        ),
+        "{shown}"
+    );
+    assert!(!shown.contains("s3cret"), "{shown}");
 }

@@ -1,6 +1,7 @@
-//! SQLite-specific checks: durability across reopening the file, the schema version table.
+//! SQLite-specific checks: durability across reopening the file, the schema version table,
+//! opening one new file from several stores at once, and what a damaged file gives back.
 
-use awaken_store::{SqliteConfig, SqliteStore, ThreadStore};
+use awaken_store::{SqliteConfig, SqliteStore, StoreError, ThreadStore};
 
 use crate::conformance::{corrupt_batch_errors, dump_all, step};
 
@@ -72,7 +73,7 @@ async fn a_newer_schema_is_refused() {
         .await
         .expect_err("newer schema");
     assert!(
-        matches!(err, awaken_store::StoreError::SchemaTooNew { found: 99, supported } if supported == SqliteStore::schema_version()),
+        matches!(err, awaken_store::StoreError::SchemaTooNew { found: 99, supported, .. } if supported == SqliteStore::schema_version()),
         "{err:?}"
     );
 }
@@ -112,4 +113,185 @@ async fn a_corrupt_stored_batch_reads_back_as_a_typed_error() {
         corrupt tool batch: unknown variant `flying`, expected one of `requested`, `executing`, `suspended`, `succeeded`, `failed`, `blocked`, `short_circuited`, `cancelled`, `outcome_unknown` at line 1 column 29
         corrupt tool batch: tool call `a` in state succeeded is inconsistent: a terminal call has no closing result
         corrupt tool batch: tool call `a` in state succeeded is inconsistent: a terminal call has no closing result"#]].assert_eq(&rendered.join("\n"));
+}
+
+/// Stores opening one new file at once (as processes started together do) all open: each
+/// waits while another sets the file up, and the schema is whole afterwards.
+#[test]
+fn concurrent_opens_of_a_new_file_all_succeed() {
+    const ROUNDS: usize = 100;
+    const OPENERS: usize = 8;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .expect("runtime");
+    for round in 0..ROUNDS {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("awaken.db");
+        let start = std::sync::Barrier::new(OPENERS);
+        let opened: Vec<_> = std::thread::scope(|scope| {
+            let openers: Vec<_> = (0..OPENERS)
+                .map(|_| {
+                    scope.spawn(|| {
+                        start.wait();
+                        runtime.block_on(SqliteStore::open(SqliteConfig::file(&path)))
+                    })
+                })
+                .collect();
+            openers
+                .into_iter()
+                .map(|o| o.join().expect("opener"))
+                .collect()
+        });
+        for (i, store) in opened.into_iter().enumerate() {
+            let store = store.unwrap_or_else(|e| panic!("round {round}, opener {i}: {e}"));
+            runtime
+                .block_on(store.commit(&step(&format!("t{i}"), &format!("r{i}"), 0, 1, 1_000)))
+                .unwrap_or_else(|e| panic!("round {round}, opener {i}: {e}"));
+        }
+        assert_eq!(
+            rusqlite_version(&path),
+            (SqliteStore::schema_version(), "wal".to_owned()),
+            "round {round}"
+        );
+    }
+}
+
+/// An error rendered with the store's path as `<db>`: its kind, the database it names, its
+/// message.
+fn rendered(e: &StoreError, path: &std::path::Path) -> String {
+    let path = path.display().to_string();
+    format!(
+        "{:?} {:?}: {}",
+        e.kind(),
+        e.database()
+            .and_then(|d| d.name())
+            .map(|n| n.replace(&path, "<db>")),
+        e.to_string().replace(&path, "<db>")
+    )
+}
+
+/// A file that is not a database (random bytes) is a storage failure naming the file, and a
+/// path that cannot be opened is a configuration error naming it; neither panics.
+#[tokio::test]
+async fn a_file_that_is_not_a_database_is_a_storage_failure_naming_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("awaken.db");
+    // Deterministic noise (xorshift), not starting with SQLite's header.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let noise: Vec<u8> = (0..16 * 1024)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x.to_le_bytes()[0]
+        })
+        .collect();
+    std::fs::write(&path, &noise).expect("write noise");
+    let noise_err = SqliteStore::open(SqliteConfig::file(&path))
+        .await
+        .expect_err("not a database");
+    let missing = dir.path().join("no-such-dir").join("awaken.db");
+    let missing_err = SqliteStore::open(SqliteConfig::file(&missing))
+        .await
+        .expect_err("no directory");
+    expect_test::expect![[r#"
+        Storage Some("<db>"): SQLite database <db>: file is not a database
+        Config Some("<db>"): SQLite database <db>: unable to open database file: <db>"#]]
+    .assert_eq(&format!(
+        "{}\n{}",
+        rendered(&noise_err, &path),
+        rendered(&missing_err, &missing)
+    ));
+    assert!(noise_err.is_storage_failure());
+    assert_eq!(
+        std::fs::read(&path).expect("read"),
+        noise,
+        "the file was changed"
+    );
+}
+
+/// A database file cut short (the second half of its pages gone) opens or not, and reading it
+/// gives a storage failure naming the file, never a panic.
+#[tokio::test]
+async fn a_truncated_database_is_a_storage_failure_naming_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("awaken.db");
+    {
+        let store = SqliteStore::open(SqliteConfig::file(&path))
+            .await
+            .expect("open");
+        for i in 0..40 {
+            let mut c = step(&format!("t{i:02}"), &format!("r{i}"), 0, 1, 1_000);
+            c.messages
+                .push(awaken_event::Message::user("x".repeat(4_000)));
+            store.commit(&c).await.expect("commit");
+        }
+    }
+    // Everything into the main file, then cut its second half off.
+    let conn = rusqlite::Connection::open(&path).expect("open");
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .expect("checkpoint");
+    let page_size: u64 = conn
+        .query_row("PRAGMA page_size", [], |r| r.get(0))
+        .expect("page size");
+    drop(conn);
+    let len = std::fs::metadata(&path).expect("metadata").len();
+    assert!(len > 64 * page_size, "a database of {len} bytes");
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("open the file");
+    file.set_len(len / page_size / 2 * page_size)
+        .expect("truncate");
+    drop(file);
+
+    let failure = match SqliteStore::open(SqliteConfig::file(&path)).await {
+        Err(e) => e,
+        Ok(store) => read_everything(&store)
+            .await
+            .expect_err("the second half of the pages is gone"),
+    };
+    assert!(failure.is_storage_failure(), "{failure:?}");
+    assert_eq!(
+        failure.database().and_then(|d| d.name()),
+        Some(path.display().to_string().as_str())
+    );
+    expect_test::expect![[r#"
+        Storage Some("<db>"): SQLite database <db>: database disk image is malformed"#]]
+    .assert_eq(&rendered(&failure, &path));
+}
+
+/// Every thread's checkpoint, runs and events: the first error.
+async fn read_everything(store: &SqliteStore) -> Result<(), StoreError> {
+    for thread in store.list_threads().await? {
+        store.load_checkpoint(&thread.thread_id).await?;
+        store.list_runs(&thread.thread_id).await?;
+        store.load_events(&thread.thread_id, 0).await?;
+    }
+    Ok(())
+}
+
+/// An open that finds the file locked by another connection past the busy timeout gives up
+/// with a typed storage failure naming the file; once the lock is gone, the file opens.
+#[tokio::test]
+async fn an_open_kept_waiting_past_the_busy_timeout_is_a_typed_error() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("awaken.db");
+    let other = rusqlite::Connection::open(&path).expect("open");
+    other
+        .execute_batch("BEGIN EXCLUSIVE; CREATE TABLE taken (x INTEGER);")
+        .expect("an exclusive lock");
+    let mut config = SqliteConfig::file(&path);
+    config.busy_timeout = std::time::Duration::from_millis(200);
+    let err = SqliteStore::open(config)
+        .await
+        .expect_err("the file stays locked");
+    expect_test::expect![[r#"Storage Some("<db>"): SQLite database <db>: database is locked"#]]
+        .assert_eq(&rendered(&err, &path));
+    other.execute_batch("ROLLBACK").expect("lock released");
+    drop(other);
+    SqliteStore::open(SqliteConfig::file(&path))
+        .await
+        .expect("open once the lock is gone");
 }
