@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use crate::args::{Args, USAGE, command_usage};
 use crate::output::{clip, resume_command, shell_word};
-use crate::setup::{Open, Purpose, open_store, runtime, stored_thread};
+use crate::setup::{Open, Purpose, open_failed, open_store, runtime, stored_thread};
 use crate::term::{errln, out, outln};
 use crate::{Exit, bad_input, load_file};
 
@@ -55,7 +55,7 @@ async fn thread_rows(store: &Arc<dyn ThreadStore>) -> Result<Vec<ThreadRow>, Exi
 pub(crate) async fn threads(args: Args) -> Result<u8, Exit> {
     let store = open_store(args.store.as_deref(), Open::Existing)
         .await
-        .map_err(bad_input)?;
+        .map_err(open_failed)?;
     let rows = thread_rows(&store).await?;
     if args.json {
         for row in &rows {
@@ -330,7 +330,7 @@ pub(crate) fn age(millis: i64) -> String {
 pub(crate) async fn threads_rm(args: Args) -> Result<u8, Exit> {
     let store = open_store(args.store.as_deref(), Open::Existing)
         .await
-        .map_err(bad_input)?;
+        .map_err(open_failed)?;
     let mut missing = Vec::new();
     for id in &args.positional {
         let thread = ThreadId::new(id).map_err(|e| bad_input(anyhow!("{e}")))?;
@@ -383,7 +383,7 @@ async fn refuse_running(store: &Arc<dyn ThreadStore>, thread: &ThreadId) -> Resu
 pub(crate) async fn threads_prune(args: Args) -> Result<u8, Exit> {
     let store = open_store(args.store.as_deref(), Open::Existing)
         .await
-        .map_err(bad_input)?;
+        .map_err(open_failed)?;
     let older_than = args.older_than.unwrap_or_default();
     let cutoff = now_millis() - i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
     let mut deleted = 0usize;

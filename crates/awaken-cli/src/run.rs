@@ -15,7 +15,8 @@ use crate::agent_file::AgentFile;
 use crate::args::Args;
 use crate::output::{Printer, shell_word, waiting_instructions};
 use crate::setup::{
-    Open, Purpose, is_memory_store, lease_duration, open_store, runtime, stored_thread, worker_id,
+    Open, Purpose, is_memory_store, lease_duration, open_failed, open_store, runtime,
+    stored_thread, worker_id,
 };
 use crate::term::{self, err, errln};
 use crate::{Exit, bad_input, load_file};
@@ -132,6 +133,25 @@ pub(crate) fn changed_under(e: &RunError) -> bool {
 /// The exit of an activation that did not start: 3 when the thread changed under it, with what
 /// to do; 1 otherwise, saying so when the store failed.
 pub(crate) fn not_started(e: RunError) -> Exit {
+    if let RunError::Commit {
+        source:
+            CommitError::ThreadBusy {
+                thread_id,
+                run_id,
+                status,
+            },
+        ..
+    } = &e
+    {
+        return Exit {
+            code: 3,
+            error: anyhow!(
+                "thread `{thread_id}` is busy: run `{run_id}` started on it at the same time and is {status}; \
+                 nothing of this run was written. One run at a time per thread: run the command \
+                 again once that run has ended"
+            ),
+        };
+    }
     if changed_under(&e) {
         return Exit {
             code: 3,
@@ -157,7 +177,7 @@ pub(crate) async fn start(args: &Args) -> Result<(AgentFile, AgentRuntime, Threa
     let file = load_file(args)?;
     let store = open_store(args.store.as_deref(), Open::Create)
         .await
-        .map_err(bad_input)?;
+        .map_err(open_failed)?;
     let runtime = runtime(&file, args, store, Purpose::Run).map_err(bad_input)?;
     let thread = match &args.thread {
         Some(t) => ThreadId::new(t).map_err(|e| bad_input(anyhow!("--thread: {e}")))?,
@@ -247,7 +267,7 @@ pub(crate) async fn recover(args: Args) -> Result<u8, Exit> {
     let file = load_file(&args)?;
     let store = open_store(args.store.as_deref(), Open::Existing)
         .await
-        .map_err(bad_input)?;
+        .map_err(open_failed)?;
     let runtime = runtime(&file, &args, store.clone(), Purpose::Run).map_err(bad_input)?;
     let mut config = RecoverConfig::new(worker_id());
     config.lease_duration = lease_duration().map_err(bad_input)?;

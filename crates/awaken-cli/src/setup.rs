@@ -13,7 +13,8 @@ use awaken::plugin::PluginRegistry;
 use awaken::runtime::AgentRuntime;
 use awaken::spec::{ModelSpec, RETRY_SECTION, RetryConfig};
 use awaken_store::{
-    Checkpoint, MemoryStore, PostgresConfig, PostgresStore, SqliteConfig, SqliteStore, ThreadStore,
+    Checkpoint, MemoryStore, PostgresConfig, PostgresStore, SqliteConfig, SqliteStore, StoreError,
+    StoreErrorKind, ThreadStore,
 };
 
 use crate::agent_file::{AgentFile, ProviderKind, TokensField};
@@ -68,8 +69,31 @@ pub(crate) async fn open_store(spec: Option<&str>, open: Open) -> Result<Arc<dyn
     }
     let store = SqliteStore::open(SqliteConfig::file(path))
         .await
-        .with_context(|| format!("cannot open the SQLite store {}", path.display()))?;
+        .map_err(|e| {
+            // The store's own errors name the file; the others get it here.
+            let what = if e.database().is_some() {
+                "cannot open the SQLite store".to_owned()
+            } else {
+                format!("cannot open the SQLite store {}", path.display())
+            };
+            anyhow::Error::new(e).context(what)
+        })?;
     Ok(Arc::new(store))
+}
+
+/// The exit of a command whose store could not be opened: 1 when the store itself failed (a
+/// damaged or unreadable database, a full disk, a server that cannot be reached), 2 when the
+/// command's store setting is wrong (bad input).
+pub(crate) fn open_failed(error: anyhow::Error) -> Exit {
+    let failed = error
+        .chain()
+        .find_map(|c| c.downcast_ref::<StoreError>())
+        .is_some_and(|e| e.kind() != StoreErrorKind::Config);
+    if failed {
+        Exit { code: 1, error }
+    } else {
+        bad_input(error)
+    }
 }
 
 /// Whether `spec` names the in-memory store, which keeps nothing past the process.
@@ -89,7 +113,7 @@ pub(crate) async fn stored_thread(
     let thread = ThreadId::new(id).map_err(|e| bad_input(anyhow!("{e}")))?;
     let store = open_store(args.store.as_deref(), Open::Existing)
         .await
-        .map_err(bad_input)?;
+        .map_err(open_failed)?;
     let checkpoint = store
         .load_checkpoint(&thread)
         .await

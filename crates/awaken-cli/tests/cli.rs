@@ -1427,3 +1427,73 @@ fn two_processes_starting_on_one_thread_at_once_run_one_run() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_damaged_database_is_a_storage_failure_that_names_the_file() {
+    let dir = temp_dir("damaged");
+    let path = dir.join("awaken.db");
+    std::fs::write(
+        &path,
+        b"this is not a database, just sixty-odd bytes of text ........",
+    )
+    .expect("write");
+    let store = format!("sqlite:{}", path.display());
+    for args in [
+        vec!["threads", "--store", &store],
+        vec!["show", "t", "--store", &store],
+    ] {
+        let out = awaken(&args);
+        expect_code(&out, 1);
+        let err = text(&out.stderr);
+        assert!(err.contains(&path.display().to_string()), "{args:?}: {err}");
+        assert!(err.contains("not a database"), "{args:?}: {err}");
+        assert_eq!(
+            err.matches(&path.display().to_string()).count(),
+            1,
+            "the path is named once: {err}"
+        );
+    }
+    // A store setting that cannot work is bad input, not a storage failure.
+    let missing = format!("sqlite:{}", dir.join("nowhere/awaken.db").display());
+    expect_code(&awaken(&["threads", "--store", &missing]), 2);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn two_processes_creating_one_new_store_at_once_both_open_it() {
+    let dir = temp_dir("new-store");
+    let agent = dir.join("hello.toml");
+    std::fs::write(
+        &agent,
+        "[agent]\nid = \"hello\"\nmodel = \"default\"\n\n[[script.turns]]\ntext = \"Hello.\"\n",
+    )
+    .expect("write the agent");
+    let agent = path_str(&agent);
+    for round in 0..12 {
+        let store = format!(
+            "sqlite:{}",
+            dir.join(format!("r{round}/awaken.db")).display()
+        );
+        let spawn = |thread: &str| {
+            command()
+                .args([
+                    "run", "--agent", agent, "--store", &store, "--thread", thread, "hi",
+                ])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("start a run")
+        };
+        let (a, b) = (spawn("a"), spawn("b"));
+        for (name, child) in [("a", a), ("b", b)] {
+            let out = child.wait_with_output().expect("wait");
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "round {round}, run {name}: {}",
+                text(&out.stderr)
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
