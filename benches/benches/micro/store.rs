@@ -141,6 +141,7 @@ fn step_commit(thread: &str, expected: u64, step: u32, state: &StepState) -> Thr
             model: "scripted".into(),
             usage: TokenUsage::default(),
             duration_ms: 120,
+            stop_reason: awaken_event::StopReason::ToolCalls,
         },
         AgentEvent::StepEnd { step },
     ])

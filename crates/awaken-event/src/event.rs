@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::ids::{RunId, ThreadId, ToolCallId};
-use crate::inference::TokenUsage;
+use crate::inference::{StopReason, TokenUsage};
 use crate::termination::TerminationReason;
 use crate::tool::{ResumeDecision, SuspendTicket, ToolCallState, ToolResult};
 
@@ -154,6 +154,11 @@ pub enum AgentEvent {
         usage: TokenUsage,
         /// How long it took, in milliseconds.
         duration_ms: u64,
+        /// Why the model stopped: an answer cut at the token limit (`max_tokens`) or by a
+        /// content filter did not finish. (Absent from events stored before it was recorded:
+        /// `end_turn`.)
+        #[serde(default)]
+        stop_reason: StopReason,
     },
     /// The full (persisted) state after a commit.
     StateSnapshot {

@@ -57,6 +57,17 @@ pub enum StopReason {
     Other,
 }
 
+impl StopReason {
+    /// Every reason, in declaration order.
+    pub const ALL: [StopReason; 5] = [
+        StopReason::EndTurn,
+        StopReason::ToolCalls,
+        StopReason::MaxTokens,
+        StopReason::ContentFiltered,
+        StopReason::Other,
+    ];
+}
+
 /// One inference's collected result.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct InferenceResponse {

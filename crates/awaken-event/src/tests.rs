@@ -96,6 +96,7 @@ fn samples() -> Vec<AgentEvent> {
                 reasoning_tokens: 1,
             },
             duration_ms: 12,
+            stop_reason: crate::StopReason::MaxTokens,
         },
         AgentEvent::StateSnapshot {
             revision: 4,
@@ -316,4 +317,17 @@ fn messages_stay_small() {
     // A history holds them side by side, and every request and phase context shares one.
     let size = std::mem::size_of::<Message>();
     assert!(size <= 56, "Message is {size} bytes");
+}
+
+#[test]
+fn an_inference_complete_stored_without_its_stop_reason_reads_as_end_turn() {
+    let stored = r#"{"type":"inference_complete","model":"m","usage":{"input_tokens":1,"output_tokens":1,"cached_input_tokens":0,"reasoning_tokens":0},"duration_ms":3}"#;
+    let event: AgentEvent = serde_json::from_str(stored).expect("reads");
+    assert!(matches!(
+        event,
+        AgentEvent::InferenceComplete {
+            stop_reason: crate::StopReason::EndTurn,
+            ..
+        }
+    ));
 }

@@ -26,9 +26,9 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use awaken_event::{
-    AgentEvent, ContentBlock, IdError, Message, ProfileId, Role, RunId, TerminationReason,
-    ThreadId, TokenUsage, ToolCall, ToolCallId, ToolCallState, ToolResult, ToolResultStatus,
-    no_content, no_tool_calls,
+    AgentEvent, ContentBlock, IdError, Message, ProfileId, Role, RunId, StopReason,
+    TerminationReason, ThreadId, TokenUsage, ToolCall, ToolCallId, ToolCallState, ToolResult,
+    ToolResultStatus, no_content, no_tool_calls,
 };
 use serde_json::{Map, Number, Value};
 
@@ -101,6 +101,16 @@ fn state_code(state: ToolCallState) -> u8 {
         ToolCallState::ShortCircuited => 6,
         ToolCallState::Cancelled => 7,
         ToolCallState::OutcomeUnknown => 8,
+    }
+}
+
+fn stop_code(reason: StopReason) -> u8 {
+    match reason {
+        StopReason::EndTurn => 0,
+        StopReason::ToolCalls => 1,
+        StopReason::MaxTokens => 2,
+        StopReason::ContentFiltered => 3,
+        StopReason::Other => 4,
     }
 }
 

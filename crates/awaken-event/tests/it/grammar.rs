@@ -116,6 +116,7 @@ fn accepts_valid_activations() {
             model: "m".into(),
             usage: TokenUsage::default(),
             duration_ms: 1,
+            stop_reason: awaken_event::StopReason::EndTurn,
         },
         end(1),
         step(2),

@@ -212,6 +212,7 @@ impl Run<'_> {
             model,
             usage: response.usage,
             duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            stop_reason: response.stop_reason,
         });
         Ok(response)
     }

@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use awaken_event::{
-    AgentEvent, InferenceResponse, Message, Role, TerminationReason, ToolCallResume, ToolCallState,
-    ToolResult, WarningKind,
+    AgentEvent, InferenceResponse, Message, Role, StopReason, TerminationReason, ToolCallResume,
+    ToolCallState, ToolResult, WarningKind,
 };
 use awaken_phase::Phase;
 use awaken_plugin::{TokenCounts, TransformContext, apply_transforms};
@@ -211,7 +211,7 @@ impl Run<'_> {
 
         if calls.is_empty() {
             self.end_step(false).await?;
-            return Ok(StepEnd::End(TerminationReason::NaturalEnd));
+            return Ok(StepEnd::End(final_answer_end(stop_reason)));
         }
         let max_rounds = self.resolved.spec.max_rounds;
         if self.read_stats(|s| s.inferences) >= max_rounds {
@@ -263,5 +263,22 @@ impl Run<'_> {
             }
             Some(_) => BatchChange::Write,
         }
+    }
+}
+
+/// How a run ends on an answer without tool calls: naturally, unless the model was cut off —
+/// by its output token limit or the provider's content filter — so that a partial answer
+/// never looks finished (the text is kept as the run's response all the same).
+fn final_answer_end(stop_reason: StopReason) -> TerminationReason {
+    match stop_reason {
+        StopReason::MaxTokens => TerminationReason::stopped(
+            "truncated",
+            "the answer was cut at the model's output token limit (max_tokens)",
+        ),
+        StopReason::ContentFiltered => TerminationReason::stopped(
+            "content_filtered",
+            "the provider's content filter stopped the answer",
+        ),
+        _ => TerminationReason::NaturalEnd,
     }
 }

@@ -7,6 +7,7 @@ mod compaction_crash;
 mod context;
 mod contention;
 mod crash;
+mod cut_off;
 mod delegation;
 mod delegation_depth;
 mod durable;

@@ -409,6 +409,7 @@ impl<'a> Reader<'a> {
                 model: Arc::from(self.str()?),
                 usage: self.usage()?,
                 duration_ms: self.u64()?,
+                stop_reason: variant(&StopReason::ALL, self.u8()?, "stop reason")?,
             },
             AS_JSON => self.json()?,
             tag => return Err(Malformed::new(format!("event tag {tag}"))),

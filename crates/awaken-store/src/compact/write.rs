@@ -517,11 +517,13 @@ impl<S: BorrowMut<Seen>> Writer<'_, S> {
                 model,
                 usage,
                 duration_ms,
+                stop_reason,
             } => {
                 self.u8(INFERENCE_COMPLETE);
                 self.str(model);
                 self.usage(usage);
                 self.u64(*duration_ms);
+                self.u8(stop_code(*stop_reason));
             }
             other => {
                 self.u8(AS_JSON);

@@ -133,6 +133,7 @@ pub fn step(thread: &str, run_id: &str, expected: u64, step_no: u32, now: i64) -
                 model: "scripted".into(),
                 usage: TokenUsage::default(),
                 duration_ms: 1,
+                stop_reason: awaken_event::StopReason::ToolCalls,
             },
             AgentEvent::StepEnd { step: step_no },
         ])
@@ -1415,6 +1416,7 @@ fn every_kind_of_event(thread: &str, run_id: &str) -> Vec<AgentEvent> {
             model: "m".into(),
             usage,
             duration_ms: u64::MAX,
+            stop_reason: awaken_event::StopReason::MaxTokens,
         },
         AgentEvent::ToolCallReady {
             call_id: call_id("c1"),
