@@ -4,10 +4,10 @@
 //! one of them is `Done`, another run may start.
 //!
 //! A backend finds the holder while it holds the thread for its write, so two first commits of
-//! two new runs cannot both find the thread free. The memory store looks at the thread's latest
-//! run (the rule keeps an unfinished run the latest one); the SQL stores look for any unfinished
-//! run of the thread ([`HOLDER_QUERY`]), which also finds one that an older build left unfinished
-//! behind a later run.
+//! two new runs cannot both find the thread free. Every backend looks at the thread's latest run:
+//! the rule keeps an unfinished run the latest one (the SQL stores through [`HOLDER_QUERY`]). A
+//! run an older build left unfinished behind a later one does not hold the thread; the recovery
+//! that claims it closes it.
 
 use awaken_event::{RunId, ThreadId};
 
@@ -37,14 +37,10 @@ pub(crate) fn busy(thread_id: &ThreadId, holder: RunId, status: RunStatus) -> Co
     }
 }
 
-/// The SQL stores' query for a run holding thread `$1` (the oldest, should there be several):
-/// its id and status. The partial index `runs_holding_thread` finds it without reading the
-/// thread's finished runs.
+/// The SQL stores' query for the run holding thread `$1`: its latest run, when unfinished (its
+/// id and status). Two key lookups, through the thread row's `latest_run_id`: no index to keep
+/// up on every run's start and end.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) const HOLDER_QUERY: &str = "SELECT run_id, status FROM runs \
-     WHERE thread_id = $1 AND status <> 'done' ORDER BY created_at, run_id LIMIT 1";
-
-/// The migration that adds the index [`HOLDER_QUERY`] reads (the same in both SQL stores).
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) const HOLDER_INDEX: &str = "CREATE INDEX runs_holding_thread \
-     ON runs (thread_id, created_at, run_id) WHERE status <> 'done';";
+pub(crate) const HOLDER_QUERY: &str = "SELECT r.run_id, r.status FROM threads t \
+     JOIN runs r ON r.run_id = t.latest_run_id \
+     WHERE t.thread_id = $1 AND r.status <> 'done'";

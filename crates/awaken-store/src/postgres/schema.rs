@@ -2,7 +2,6 @@
 //! recorded in `awaken_schema_version`.
 
 use crate::error::{Database, StoreError};
-use crate::one_run;
 
 use super::pool::Pool;
 
@@ -71,9 +70,7 @@ CREATE TABLE events (
     body      TEXT NOT NULL,
     PRIMARY KEY (thread_id, seq)
 );
-"#,
-    one_run::HOLDER_INDEX,
-];
+"#];
 
 /// Advisory lock key of schema migrations (any constant shared by every build).
 const MIGRATION_LOCK: i64 = 0x6177_616b_656e;

@@ -3,7 +3,6 @@
 use rusqlite::{Connection, TransactionBehavior};
 
 use crate::error::{Database, StoreError};
-use crate::one_run;
 
 /// The schema, one entry per version; never edit a released entry, append a new one.
 pub(super) const MIGRATIONS: &[&str] = &[
@@ -70,9 +69,7 @@ CREATE TABLE events (
     body      TEXT NOT NULL,
     PRIMARY KEY (thread_id, seq)
 ) WITHOUT ROWID;
-"#,
-    one_run::HOLDER_INDEX,
-];
+"#];
 
 /// Brings the schema to the newest version this build knows, in one transaction; `SchemaTooNew`
 /// if the file was written by a newer build.
