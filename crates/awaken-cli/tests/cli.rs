@@ -1147,12 +1147,9 @@ fn interrupt_after_start(
     args: &[&str],
     signal: &str,
 ) -> (String, String, std::process::ExitStatus) {
-    let mut child = command()
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the run");
+    // The signal goes once the model has streamed its first word, so the run is mid-answer
+    // when it arrives.
+    let (mut child, mut stdout) = start_waiting(args);
     // A hang guard, not a wait: kills the child if the test is stuck for a minute.
     let (done, guard) = mpsc::channel::<()>();
     let pid = child.id().to_string();
@@ -1164,20 +1161,6 @@ fn interrupt_after_start(
             }
         })
     };
-    // The signal goes once the model has streamed its first word (the waiting agent's
-    // `Thinking`, printed without a newline), so the run is mid-answer when it arrives.
-    let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
-    let mut seen = Vec::new();
-    let mut chunk = [0u8; 256];
-    while !text(&seen).contains(THINKING) {
-        let n = stdout.read(&mut chunk).expect("read stdout");
-        assert!(
-            n > 0,
-            "the run ended before its model wrote: {}",
-            text(&seen)
-        );
-        seen.extend_from_slice(&chunk[..n]);
-    }
     let sent = Command::new("kill")
         .args([signal, &pid])
         .status()
@@ -1269,16 +1252,17 @@ fn recover_continues_a_run_whose_process_was_killed() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Starts `awaken run` of the waiting agent with `args` and returns it once its model streamed
-/// its first word (the run is then live: committed, its lease held).
-fn start_waiting(args: &[&str]) -> std::process::Child {
+/// Starts `awaken run` of the waiting agent with `args` and returns it, with the rest of its
+/// output, once its model streamed its first word (the waiting agent's `Thinking`, printed
+/// without a newline): the run is then live, committed, its lease held.
+fn start_waiting(args: &[&str]) -> (std::process::Child, BufReader<std::process::ChildStdout>) {
     let mut child = command()
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the run");
-    let mut stdout = child.stdout.take().expect("piped stdout");
+    let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
     let mut seen = Vec::new();
     let mut chunk = [0u8; 256];
     while !text(&seen).contains(THINKING) {
@@ -1290,7 +1274,7 @@ fn start_waiting(args: &[&str]) -> std::process::Child {
         );
         seen.extend_from_slice(&chunk[..n]);
     }
-    child
+    (child, stdout)
 }
 
 #[test]
@@ -1299,7 +1283,7 @@ fn a_second_process_on_a_running_thread_is_refused_until_the_first_is_gone() {
     let agent = waiting_agent(&dir);
     let agent = path_str(&agent);
     let store = format!("sqlite:{}", dir.join("awaken.db").display());
-    let mut first = start_waiting(&[
+    let (mut first, _output) = start_waiting(&[
         "run", "--agent", agent, "--store", &store, "--thread", "conc1", "a",
     ]);
 
