@@ -1,7 +1,7 @@
 //! Awaken's project automation (the cargo-xtask pattern): `cargo xtask test`, `lint`, `ci`,
-//! `bench [--quick]`, `deps` (the check that crates depend in one direction and never on what
-//! they must not know) and `tidy` (wording, file length, module cycles). A program, not a framework: each command is a short sequence of
-//! `cargo` invocations.
+//! `bench [--quick]`, `fuzz` (the fuzz targets), `deps` (the check that crates depend in one
+//! direction and never on what they must not know) and `tidy` (wording, file length, module
+//! cycles). A program, not a framework: each command is a short sequence of `cargo` invocations.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -10,6 +10,7 @@ use anyhow::{Context, Result, bail};
 
 mod bench;
 mod deps;
+mod fuzz;
 mod tidy;
 
 const USAGE: &str = "\
@@ -22,6 +23,10 @@ commands:
   deps            check crate directions and forbidden dependencies
   ci              lint, then test
   bench [--quick] run the benches and write target/awaken-bench/summary.json
+  fuzz [--seconds N] [target...]
+                  build the fuzz targets of fuzz/ (cargo-fuzz, nightly) and run each for N
+                  seconds (60 by default; all targets unless named); prints each target's CPU
+                  time and crashes, and fails when one crashed (see docs/fuzzing.md)
 ";
 
 fn main() -> ExitCode {
@@ -56,6 +61,7 @@ fn run(args: Vec<String>) -> Result<()> {
         }
         ["bench"] => bench::run(&root, false),
         ["bench", "--quick"] => bench::run(&root, true),
+        ["fuzz", rest @ ..] => fuzz::run(&root, rest),
         _ => bail!("{USAGE}"),
     }
 }

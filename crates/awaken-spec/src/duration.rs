@@ -40,16 +40,16 @@ impl DurationSpec {
         let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
         let (digits, unit) = t.split_at(split);
         let n: u64 = digits.parse().map_err(|_| bad())?;
-        let ms_per_unit: u64 = match unit {
-            "ms" => 1,
-            "" | "s" => 1_000,
-            "m" => 60_000,
-            "h" => 3_600_000,
+        // Seconds are counted as seconds (not milliseconds), so every duration a whole number
+        // of seconds reads (`tool_timeout = <n>`) is also one its text form reads.
+        let duration = match unit {
+            "ms" => Some(Duration::from_millis(n)),
+            "" | "s" => Some(Duration::from_secs(n)),
+            "m" => n.checked_mul(60).map(Duration::from_secs),
+            "h" => n.checked_mul(3_600).map(Duration::from_secs),
             _ => return Err(bad()),
         };
-        n.checked_mul(ms_per_unit)
-            .map(Self::from_millis)
-            .ok_or_else(bad)
+        duration.map(Self).ok_or_else(bad)
     }
 }
 

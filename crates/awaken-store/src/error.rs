@@ -49,6 +49,18 @@ impl fmt::Display for In<'_> {
     }
 }
 
+/// ` of thread <id>` for a read of a thread, nothing otherwise (a message's part).
+struct Of<'a>(&'a Option<ThreadId>);
+
+impl fmt::Display for Of<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(thread_id) => write!(f, " of thread {thread_id}"),
+            None => Ok(()),
+        }
+    }
+}
+
 /// What kind of failure a [`StoreError`] is, for a caller that maps failures to outcomes (the
 /// `awaken` command's exit codes): see [`StoreError::kind`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -83,12 +95,14 @@ pub enum StoreErrorKind {
 #[non_exhaustive]
 pub enum StoreError {
     /// Stored data could not be read back (a row that does not parse).
-    #[error("stored {what}{} could not be read: {detail}", In(.database))]
+    #[error("stored {what}{}{} could not be read: {detail}", Of(.thread_id), In(.database))]
     Corrupt {
         /// What was being read (`message`, `run record`, ...).
         what: &'static str,
         /// Why.
         detail: String,
+        /// The thread being read, for a read of one (a checkpoint, its runs, its events).
+        thread_id: Option<ThreadId>,
         /// The database holding it (unnamed for the memory store).
         database: Database,
     },
@@ -168,8 +182,19 @@ impl StoreError {
         StoreError::Corrupt {
             what,
             detail: detail.to_string(),
+            thread_id: None,
             database: Database::default(),
         }
+    }
+
+    /// Names `thread` in a `Corrupt` error of a read of it that does not name a thread yet.
+    pub(crate) fn of_thread(mut self, thread: &ThreadId) -> Self {
+        if let StoreError::Corrupt { thread_id, .. } = &mut self
+            && thread_id.is_none()
+        {
+            *thread_id = Some(thread.clone());
+        }
+        self
     }
 
     /// The database the error came from, if it came from one.

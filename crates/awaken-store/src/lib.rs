@@ -48,6 +48,10 @@ pub use commit::{
 pub use error::{CommitError, Database, LeaseError, StoreError, StoreErrorKind};
 pub use failpoint::FailPoint;
 pub use memory::MemoryStore;
+/// The compact form's writers and readers, for the fuzz targets (feature `fuzzing`).
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub use memory::fuzzing;
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresConfig, PostgresStore};
 #[cfg(feature = "sqlite")]

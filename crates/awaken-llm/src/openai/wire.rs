@@ -590,7 +590,14 @@ fn parse_http_date(v: &str) -> Option<u64> {
     let h: u64 = hms.next()?.parse().ok()?;
     let m: u64 = hms.next()?.parse().ok()?;
     let s: u64 = hms.next()?.parse().ok()?;
-    if parts.next()? != "GMT" || !(1..=31).contains(&day) || h > 23 || m > 59 || s > 60 {
+    // The format's year has four digits (a longer one would overflow the arithmetic below).
+    if parts.next()? != "GMT"
+        || !(1..=31).contains(&day)
+        || !(0..=9999).contains(&year)
+        || h > 23
+        || m > 59
+        || s > 60
+    {
         return None;
     }
     // Days from civil (Howard Hinnant's algorithm).
@@ -602,7 +609,8 @@ fn parse_http_date(v: &str) -> Option<u64> {
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
     let days = era * 146_097 + doe - 719_468;
     let secs = days * 86_400 + (h * 3600 + m * 60 + s) as i64;
-    u64::try_from(secs).ok()
+    // A date before 1970 is in the past too.
+    Some(u64::try_from(secs).unwrap_or(0))
 }
 
 pub(crate) fn stop_reason(finish: &str) -> StopReason {

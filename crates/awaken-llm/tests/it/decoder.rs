@@ -429,6 +429,30 @@ fn retry_after_accepts_seconds_and_http_dates() {
     );
 }
 
+/// Found by the `openai_stream` fuzz target: a year too long for the date arithmetic
+/// overflowed it (a panic in a debug build, a wrong delay in a release build).
+#[test]
+fn retry_after_dates_outside_four_digit_years_are_refused() {
+    let now = 784_111_777;
+    for date in [
+        "Sun, 06 Nov 99999999999999999 08:49:37 GMT",
+        "Sun, 06 Feb -9223372036854775808 08:49:37 GMT",
+        "Sun, 06 Nov 9223372036854775807 08:49:37 GMT",
+        "Sun, 06 Nov 10000 08:49:37 GMT",
+    ] {
+        assert_eq!(parse_retry_after(date, now), None, "{date}");
+    }
+    assert_eq!(
+        parse_retry_after("Sun, 06 Nov 9999 08:49:37 GMT", now),
+        Some(Duration::from_secs(253_397_494_177 - now)),
+    );
+    assert_eq!(
+        parse_retry_after("Sun, 06 Nov 1960 08:49:37 GMT", now),
+        Some(Duration::ZERO),
+        "a date before 1970 is in the past"
+    );
+}
+
 #[test]
 fn request_body_carries_history_tools_and_overrides() {
     let call = ToolCall::new(

@@ -247,6 +247,44 @@ fn durations_parse() {
     assert_eq!(spec.tool_timeout, Some(DurationSpec::from_secs(5)));
 }
 
+/// Found by the `agent_file` fuzz target's round trip: a whole number of seconds too large to
+/// count in milliseconds (`tool_timeout = 18446744073709551615`) was accepted, but the text it
+/// is written as (`"18446744073709551615s"`, in the spec's JSON) was refused.
+#[test]
+fn every_duration_reads_back_from_the_text_it_is_written_as() {
+    for (toml, text) in [
+        ("18446744073709551615", "18446744073709551615s"),
+        ("\"18446744073709551615s\"", "18446744073709551615s"),
+        ("\"18446744073709551615ms\"", "18446744073709551615ms"),
+        ("\"5124095576030431h\"", "18446744073709551600s"),
+    ] {
+        let spec = AgentSpec::from_toml_str(&format!(
+            "id = \"a\"\nmodel = \"m\"\ntool_timeout = {toml}\n"
+        ))
+        .unwrap_or_else(|e| panic!("{toml}: {e}"));
+        let duration = spec.tool_timeout.expect("a timeout");
+        assert_eq!(duration.to_string(), text);
+        assert_eq!(
+            DurationSpec::parse(text).expect("reads back"),
+            duration,
+            "{text}"
+        );
+        let json = serde_json::to_string(&spec).expect("serializes");
+        assert_eq!(
+            AgentSpec::from_json_str(&json).expect("reads back"),
+            spec,
+            "{json}"
+        );
+    }
+    for too_long in [
+        "18446744073709551616",
+        "5124095576030432h",
+        "307445734561825861m",
+    ] {
+        assert!(DurationSpec::parse(too_long).is_err(), "{too_long}");
+    }
+}
+
 /// A repeated id is found at its second listing, in a short list (compared with the ids
 /// before it) and in a long one (through a set) alike; distinct ids pass either way.
 #[test]

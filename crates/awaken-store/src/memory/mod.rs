@@ -19,6 +19,8 @@ use crate::store::{
 };
 
 mod archive;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod leases;
 mod maps;
 mod read;
@@ -90,7 +92,9 @@ impl ThreadStore for MemoryStore {
         &self,
         thread_id: &ThreadId,
     ) -> Result<Option<Checkpoint>, StoreError> {
-        self.tables.checkpoint(thread_id)
+        self.tables
+            .checkpoint(thread_id)
+            .map_err(|e| e.of_thread(thread_id))
     }
 
     async fn load_profile(&self, profile_id: &ProfileId) -> Result<ProfileState, StoreError> {
@@ -102,7 +106,9 @@ impl ThreadStore for MemoryStore {
     }
 
     async fn list_runs(&self, thread_id: &ThreadId) -> Result<Vec<RunRecord>, StoreError> {
-        self.tables.runs(thread_id)
+        self.tables
+            .runs(thread_id)
+            .map_err(|e| e.of_thread(thread_id))
     }
 
     async fn load_events(
@@ -110,7 +116,9 @@ impl ThreadStore for MemoryStore {
         thread_id: &ThreadId,
         since: u64,
     ) -> Result<Vec<StoredEvent>, StoreError> {
-        self.tables.events(thread_id, since)
+        self.tables
+            .events(thread_id, since)
+            .map_err(|e| e.of_thread(thread_id))
     }
 
     async fn delete_thread(&self, thread_id: &ThreadId) -> Result<bool, StoreError> {

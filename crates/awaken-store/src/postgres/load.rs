@@ -132,14 +132,24 @@ async fn checkpoint_tx(
         batch: None,
         last_event_seq: codec::count("event count", event_count)?,
     };
-    if let Some(rid) = latest_run
-        && let Some(row) = tx
+    if let Some(rid) = latest_run {
+        // The commit that names a thread's latest run writes it: without its row, the run
+        // (and the calls it waits on) would vanish from the checkpoint unnoticed.
+        let row = tx
             .query_opt(
-                &format!("SELECT {RUN_COLUMNS}, state_revision, batch FROM runs WHERE run_id = $1"),
-                &[&rid],
+                &format!(
+                    "SELECT {RUN_COLUMNS}, state_revision, batch FROM runs \
+                     WHERE run_id = $1 AND thread_id = $2"
+                ),
+                &[&rid, &tid],
             )
             .await?
-    {
+            .ok_or_else(|| {
+                StoreError::corrupt(
+                    "run record",
+                    format!("the latest run {rid:?} is not stored"),
+                )
+            })?;
         let run = raw_run(&row, 0)?.decode()?;
         let run_revision: i64 = row.try_get(11)?;
         let batch: Option<String> = row.try_get(12)?;

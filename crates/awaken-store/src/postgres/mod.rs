@@ -215,6 +215,7 @@ impl ThreadStore for PostgresStore {
             load::checkpoint(&mut conn, thread_id).await
         })
         .await
+        .map_err(|e| e.of_thread(thread_id))
     }
 
     async fn load_profile(&self, profile_id: &ProfileId) -> Result<ProfileState, StoreError> {
@@ -239,6 +240,7 @@ impl ThreadStore for PostgresStore {
             load::runs(&conn, thread_id).await
         })
         .await
+        .map_err(|e| e.of_thread(thread_id))
     }
 
     async fn load_events(
@@ -251,6 +253,7 @@ impl ThreadStore for PostgresStore {
             load::events(&conn, thread_id, since).await
         })
         .await
+        .map_err(|e| e.of_thread(thread_id))
     }
 
     async fn delete_thread(&self, thread_id: &ThreadId) -> Result<bool, StoreError> {

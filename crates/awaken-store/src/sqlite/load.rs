@@ -116,26 +116,35 @@ pub(super) fn checkpoint(
     if let Some(rid) = latest_run {
         let row: Option<(RawRun, i64, Option<String>)> = tx
             .prepare_cached(&format!(
-                "SELECT {RUN_COLUMNS}, state_revision, batch FROM runs WHERE run_id = ?1"
+                "SELECT {RUN_COLUMNS}, state_revision, batch FROM runs \
+                 WHERE run_id = ?1 AND thread_id = ?2"
             ))?
-            .query_row([&rid], |r| Ok((raw_run(r, 0)?, r.get(11)?, r.get(12)?)))
+            .query_row(params![rid, tid], |r| {
+                Ok((raw_run(r, 0)?, r.get(11)?, r.get(12)?))
+            })
             .optional()?;
-        if let Some((raw, run_revision, batch)) = row {
-            let run = raw.decode()?;
-            checkpoint.run_state = PersistedState {
-                revision: codec::count("state revision", run_revision)?,
-                values: state_map(
-                    &mut tx.prepare_cached("SELECT key, value FROM run_state WHERE run_id = ?1")?,
-                    &rid,
-                    "run state",
-                )?,
-            };
-            checkpoint.batch = batch.as_deref().map(codec::batch).transpose()?;
-            if let Some(pid) = &run.profile_id {
-                checkpoint.profile = Some(profile(&tx, pid)?);
-            }
-            checkpoint.run = Some(run);
+        // The commit that names a thread's latest run writes it: without its row, the run
+        // (and the calls it waits on) would vanish from the checkpoint unnoticed.
+        let (raw, run_revision, batch) = row.ok_or_else(|| {
+            StoreError::corrupt(
+                "run record",
+                format!("the latest run {rid:?} is not stored"),
+            )
+        })?;
+        let run = raw.decode()?;
+        checkpoint.run_state = PersistedState {
+            revision: codec::count("state revision", run_revision)?,
+            values: state_map(
+                &mut tx.prepare_cached("SELECT key, value FROM run_state WHERE run_id = ?1")?,
+                &rid,
+                "run state",
+            )?,
+        };
+        checkpoint.batch = batch.as_deref().map(codec::batch).transpose()?;
+        if let Some(pid) = &run.profile_id {
+            checkpoint.profile = Some(profile(&tx, pid)?);
         }
+        checkpoint.run = Some(run);
     }
     tx.commit()?;
     Ok(Some(checkpoint))

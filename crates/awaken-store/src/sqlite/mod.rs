@@ -403,9 +403,10 @@ impl ThreadStore for SqliteStore {
         &self,
         thread_id: &ThreadId,
     ) -> Result<Option<Checkpoint>, StoreError> {
-        let thread_id = thread_id.clone();
-        self.with_conn(move |conn, _| load::checkpoint(conn, &thread_id))
+        let thread = thread_id.clone();
+        self.with_conn(move |conn, _| load::checkpoint(conn, &thread))
             .await
+            .map_err(|e| e.of_thread(thread_id))
     }
 
     async fn load_profile(&self, profile_id: &ProfileId) -> Result<ProfileState, StoreError> {
@@ -419,9 +420,10 @@ impl ThreadStore for SqliteStore {
     }
 
     async fn list_runs(&self, thread_id: &ThreadId) -> Result<Vec<RunRecord>, StoreError> {
-        let thread_id = thread_id.clone();
-        self.with_conn(move |conn, _| load::runs(conn, &thread_id))
+        let thread = thread_id.clone();
+        self.with_conn(move |conn, _| load::runs(conn, &thread))
             .await
+            .map_err(|e| e.of_thread(thread_id))
     }
 
     async fn load_events(
@@ -429,9 +431,10 @@ impl ThreadStore for SqliteStore {
         thread_id: &ThreadId,
         since: u64,
     ) -> Result<Vec<StoredEvent>, StoreError> {
-        let thread_id = thread_id.clone();
-        self.with_conn(move |conn, _| load::events(conn, &thread_id, since))
+        let thread = thread_id.clone();
+        self.with_conn(move |conn, _| load::events(conn, &thread, since))
             .await
+            .map_err(|e| e.of_thread(thread_id))
     }
 
     async fn delete_thread(&self, thread_id: &ThreadId) -> Result<bool, StoreError> {

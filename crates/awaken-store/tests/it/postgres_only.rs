@@ -187,3 +187,59 @@ async fn connection_errors_name_the_database_and_their_kind() {
     );
     assert!(!shown.contains("s3cret"), "{shown}");
 }
+
+/// The twin of `sqlite_only.rs`'s checks found by the `sqlite_rows` fuzz target: a thread whose
+/// latest run's row was moved to another thread does not read back as a thread without a run,
+/// and a damaged message is a `Corrupt` error naming the thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damaged_rows_of_a_thread_are_corrupt_errors_naming_it() {
+    let Some(store) = postgres_store("damaged_rows").await else {
+        return;
+    };
+    store
+        .commit(&step("t1", "r1", 0, 1, 1_000))
+        .await
+        .expect("commit");
+    let url = crate::backends::postgres_url().expect("url is set when the store exists");
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    let conn = tokio::spawn(connection);
+    let mut errors = Vec::new();
+    for (damage, undo) in [
+        (
+            "UPDATE awaken_t_damaged_rows.runs SET thread_id = 't2' WHERE run_id = 'r1'",
+            Some("UPDATE awaken_t_damaged_rows.runs SET thread_id = 't1' WHERE run_id = 'r1'"),
+        ),
+        (
+            "UPDATE awaken_t_damaged_rows.messages SET body = '+' WHERE thread_id = 't1' AND idx = 0",
+            None,
+        ),
+    ] {
+        assert_eq!(
+            client.execute(damage, &[]).await.expect("damage"),
+            1,
+            "{damage}"
+        );
+        let loaded = store.load_checkpoint(&tid("t1")).await;
+        errors.push(loaded.expect_err(damage).to_string());
+        if let Some(undo) = undo {
+            client.execute(undo, &[]).await.expect("undo");
+        }
+    }
+    drop(client);
+    let _ = conn.await;
+    let errors: Vec<String> = errors
+        .iter()
+        .map(|e| {
+            // The database's name holds the server's port: keep what is before and after it.
+            let (head, tail) = e.split_once(" in ").expect("names the database");
+            let tail = tail.split_once(" could not").map_or("", |(_, t)| t);
+            format!("{head} in <database> could not{tail}")
+        })
+        .collect();
+    expect_test::expect![[r#"
+        stored run record of thread t1 in <database> could not be read: the latest run "r1" is not stored
+        stored message of thread t1 in <database> could not be read: expected value at line 1 column 1"#]]
+    .assert_eq(&errors.join("\n"));
+}

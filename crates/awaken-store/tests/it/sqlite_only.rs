@@ -295,3 +295,58 @@ async fn an_open_kept_waiting_past_the_busy_timeout_is_a_typed_error() {
         .await
         .expect("open once the lock is gone");
 }
+
+/// Found by the `sqlite_rows` fuzz target: each read of a thread that meets a damaged row of it
+/// (a message, an event, a run record) fails with a `Corrupt` error naming the thread and the
+/// database.
+#[tokio::test]
+async fn a_damaged_row_is_a_corrupt_error_naming_its_thread() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("awaken.db");
+    let store = one_step(SqliteConfig::file(&path)).await;
+    let conn = rusqlite::Connection::open(&path).expect("open");
+    for damage in [
+        "UPDATE messages SET body = '+' WHERE thread_id = 't1' AND idx = 0",
+        "UPDATE events SET body = '{}' WHERE thread_id = 't1' AND seq = 2",
+        "UPDATE runs SET usage = '[1]' WHERE run_id = 'r1'",
+    ] {
+        assert_eq!(conn.execute(damage, []).expect("damage"), 1, "{damage}");
+    }
+    let t1 = awaken_event::ThreadId::new("t1").expect("id");
+    let errors = [
+        store.load_checkpoint(&t1).await.map(drop),
+        store.load_events(&t1, 0).await.map(drop),
+        store.list_runs(&t1).await.map(drop),
+    ]
+    .map(|r| rendered(&r.expect_err("a damaged row"), &path));
+    expect_test::expect![[r#"
+        Storage Some("<db>"): stored message of thread t1 in <db> could not be read: expected value at line 1 column 1
+        Storage Some("<db>"): stored event of thread t1 in <db> could not be read: missing field `type` at line 1 column 2
+        Storage Some("<db>"): stored run record of thread t1 in <db> could not be read: invalid length 1, expected struct TokenUsage with 4 elements at line 1 column 3"#]]
+    .assert_eq(&errors.join("\n"));
+}
+
+/// Found by the `sqlite_rows` fuzz target: a thread whose latest run is not stored with it (its
+/// row renamed, or moved to another thread) read back as a thread without a run, losing the
+/// calls the run waits on; it is a `Corrupt` error naming the thread.
+#[tokio::test]
+async fn a_latest_run_not_stored_with_its_thread_is_a_corrupt_error() {
+    let mut errors = Vec::new();
+    for damage in [
+        "UPDATE runs SET run_id = 'gone' WHERE run_id = 'r1'",
+        "UPDATE runs SET thread_id = 't2' WHERE run_id = 'r1'",
+    ] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("awaken.db");
+        let store = one_step(SqliteConfig::file(&path)).await;
+        let conn = rusqlite::Connection::open(&path).expect("open");
+        assert_eq!(conn.execute(damage, []).expect("damage"), 1, "{damage}");
+        let t1 = awaken_event::ThreadId::new("t1").expect("id");
+        let loaded = store.load_checkpoint(&t1).await;
+        errors.push(rendered(&loaded.expect_err(damage), &path));
+    }
+    expect_test::expect![[r#"
+        Storage Some("<db>"): stored run record of thread t1 in <db> could not be read: the latest run "r1" is not stored
+        Storage Some("<db>"): stored run record of thread t1 in <db> could not be read: the latest run "r1" is not stored"#]]
+    .assert_eq(&errors.join("\n"));
+}
