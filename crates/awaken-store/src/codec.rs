@@ -79,7 +79,82 @@ pub(crate) fn to_json<T: serde::Serialize + ?Sized>(
     what: &'static str,
     value: &T,
 ) -> Result<String, StoreError> {
-    serde_json::to_string(value).map_err(|source| StoreError::Serialize { what, source })
+    let text =
+        serde_json::to_string(value).map_err(|source| StoreError::Serialize { what, source })?;
+    within_depth(what, text)
+}
+
+/// How deep the JSON a SQL store writes and reads back may nest. Deeper than `serde_json`'s
+/// default read limit (128): a value parsed at that limit (a model's tool-call arguments) is
+/// stored a few levels down, inside a message or an event, and must read back all the same.
+const MAX_STORED_DEPTH: usize = 512;
+
+/// A stored JSON text read back as `T`: refused as `Corrupt` when it nests deeper than
+/// [`MAX_STORED_DEPTH`] (checked before parsing, so no stored text can exhaust the stack), and
+/// parsed without `serde_json`'s lower recursion limit.
+fn from_json<T: serde::de::DeserializeOwned>(
+    what: &'static str,
+    body: &str,
+) -> Result<T, StoreError> {
+    if !nests_within(body, MAX_STORED_DEPTH) {
+        return Err(StoreError::corrupt(
+            what,
+            format!("JSON nested deeper than {MAX_STORED_DEPTH}"),
+        ));
+    }
+    let mut de = serde_json::Deserializer::from_str(body);
+    de.disable_recursion_limit();
+    let value = T::deserialize(&mut de).map_err(|e| StoreError::corrupt(what, e))?;
+    de.end().map_err(|e| StoreError::corrupt(what, e))?;
+    Ok(value)
+}
+
+/// A written JSON text, refused when it nests deeper than a read gives back.
+fn within_depth(what: &'static str, text: String) -> Result<String, StoreError> {
+    if nests_within(&text, MAX_STORED_DEPTH) {
+        Ok(text)
+    } else {
+        Err(StoreError::Serialize {
+            what,
+            source: serde::ser::Error::custom(format!(
+                "JSON nested deeper than {MAX_STORED_DEPTH}"
+            )),
+        })
+    }
+}
+
+/// Whether JSON `text` nests arrays and objects no deeper than `limit` (brackets inside
+/// strings do not count).
+pub(crate) fn nests_within(text: &str, limit: usize) -> bool {
+    // No more opening brackets in all than the limit (the common case, counted without
+    // following strings): it nests no deeper.
+    if text.bytes().filter(|b| matches!(b, b'[' | b'{')).count() <= limit {
+        return true;
+    }
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &b in text.as_bytes() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > limit {
+                    return false;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    true
 }
 
 /// A commit's tool batch as JSON text, for a store that writes it out.
@@ -89,7 +164,7 @@ pub(crate) fn batch_text(batch: &ToolBatch) -> Result<String, StoreError> {
 
 /// A stored tool batch read back: its serde form, with the batch's invariants checked.
 pub(crate) fn batch(body: &str) -> Result<ToolBatch, StoreError> {
-    serde_json::from_str(body).map_err(|e| StoreError::corrupt("tool batch", e))
+    from_json("tool batch", body)
 }
 
 /// A state value as JSON text, for a store that writes it out.
@@ -97,21 +172,22 @@ pub(crate) fn state_text(
     what: &'static str,
     value: &awaken_state::StateValue,
 ) -> Result<String, StoreError> {
-    value
+    let text = value
         .to_text()
-        .map_err(|source| StoreError::StateValue { what, source })
+        .map_err(|source| StoreError::StateValue { what, source })?;
+    within_depth(what, text)
 }
 
 pub(crate) fn message(body: &str) -> Result<Message, StoreError> {
-    serde_json::from_str(body).map_err(|e| StoreError::corrupt("message", e))
+    from_json("message", body)
 }
 
 pub(crate) fn event(body: &str) -> Result<AgentEvent, StoreError> {
-    serde_json::from_str(body).map_err(|e| StoreError::corrupt("event", e))
+    from_json("event", body)
 }
 
 pub(crate) fn value(what: &'static str, body: &str) -> Result<serde_json::Value, StoreError> {
-    serde_json::from_str(body).map_err(|e| StoreError::corrupt(what, e))
+    from_json(what, body)
 }
 
 pub(crate) fn thread_id(s: &str) -> Result<ThreadId, StoreError> {

@@ -3,6 +3,7 @@
 use std::borrow::BorrowMut;
 
 use super::*;
+use crate::codec::nests_within;
 
 pub(super) fn put_u64(out: &mut Vec<u8>, mut v: u64) {
     // (Most numbers written are counts, tags' payloads and short strings' lengths.)
@@ -38,40 +39,6 @@ fn sha256_bytes(digest: &str) -> Option<[u8; 32]> {
 /// How many bytes `put_u64` takes for `v`.
 fn u64_len(v: u64) -> usize {
     (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
-}
-
-/// Whether JSON `text` nests arrays and objects no deeper than `limit` (brackets inside
-/// strings do not count).
-pub(super) fn nests_within(text: &str, limit: usize) -> bool {
-    // No more opening brackets in all than the limit (the common case, counted without
-    // following strings): it nests no deeper.
-    if text.bytes().filter(|b| matches!(b, b'[' | b'{')).count() <= limit {
-        return true;
-    }
-    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
-    for &b in text.as_bytes() {
-        if in_string {
-            match b {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b'[' | b'{' => {
-                depth += 1;
-                if depth > limit {
-                    return false;
-                }
-            }
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            _ => {}
-        }
-    }
-    true
 }
 
 /// Whether `seen` is `s`. A short string (most are) is compared in the loop here: a call to

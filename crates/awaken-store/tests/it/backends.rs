@@ -174,6 +174,7 @@ every_backend!(
     one_run_holds_a_thread,
     a_stale_holder_is_claimed_and_closed,
     concurrent_new_runs_one_holds_the_thread,
+    deeply_nested_arguments_read_back,
 );
 
 /// The memory store writes at once: `commit_now` always writes (or refuses) the commit.

@@ -2115,3 +2115,47 @@ pub async fn concurrent_new_runs_one_holds_the_thread(h: &Harness) {
         assert_eq!(unfinished, [winner], "round {round}");
     }
 }
+
+/// A model's tool-call arguments nested as deep as JSON parsing allows (`serde_json` reads 128
+/// levels) are stored a few levels further down, in the message, the batch and an event: the
+/// thread reads back whole, with the same values.
+pub async fn deeply_nested_arguments_read_back(h: &Harness) {
+    let s = &*h.store;
+    let arguments = (0..126).fold(json!(1), |v, _| json!([v]));
+    let call = ToolCall::new(
+        ToolCallId::new("deep").expect("id"),
+        "echo",
+        arguments.clone(),
+    );
+    let commit = ThreadCommit::new(tid("t1"), run("r1", 1_000), 0)
+        .with_messages([
+            Message::user("go"),
+            Message::assistant_with_calls("", vec![call.clone()]),
+        ])
+        .with_batch(ToolBatch::of_shared(&std::sync::Arc::from([call])).expect("batch"))
+        .with_events([
+            AgentEvent::StepStart { step: 1 },
+            AgentEvent::ToolCallReady {
+                call_id: ToolCallId::new("deep").expect("id"),
+                name: "echo".into(),
+                arguments: arguments.clone().into(),
+            },
+        ]);
+    s.commit(&commit).await.expect("a deep value is stored");
+    let cp = s
+        .load_checkpoint(&tid("t1"))
+        .await
+        .expect("the thread reads back")
+        .expect("thread");
+    assert_eq!(*cp.messages[1].tool_calls[0].arguments, arguments);
+    let batch = cp.batch.expect("batch");
+    assert_eq!(*batch.calls()[0].call().arguments, arguments);
+    let events = s
+        .load_events(&tid("t1"), 0)
+        .await
+        .expect("events read back");
+    assert!(matches!(
+        &events[1].event,
+        AgentEvent::ToolCallReady { arguments: a, .. } if **a == arguments
+    ));
+}
