@@ -551,13 +551,50 @@ fn decode(kind: JsonKind, t: &str) -> Result<Option<String>, ()> {
         r.map(|v| Some(format!("{v:?}"))).map_err(|_| ())
     }
     match kind {
-        JsonKind::Message => show(serde_json::from_str::<Message>(t)),
-        JsonKind::Event => show(serde_json::from_str::<AgentEvent>(t)),
+        JsonKind::Message => show(stored::<Message>(t)),
+        JsonKind::Event => show(stored::<AgentEvent>(t)),
         JsonKind::Termination => show(serde_json::from_str::<TerminationReason>(t)),
         JsonKind::Usage => show(serde_json::from_str::<TokenUsage>(t)),
-        JsonKind::Batch => show(serde_json::from_str::<ToolBatch>(t)),
-        JsonKind::Value => show(serde_json::from_str::<Value>(t)),
+        JsonKind::Batch => show(stored::<ToolBatch>(t)),
+        JsonKind::Value => show(stored::<Value>(t)),
     }
+}
+
+/// How deep the stores read stored messages, events, batches and values back.
+const STORED_DEPTH: usize = 512;
+
+/// `t` parsed as the stores read those columns: no deeper than [`STORED_DEPTH`] (brackets in
+/// strings do not count), without `serde_json`'s own limit of 128.
+fn stored<T: serde::de::DeserializeOwned>(t: &str) -> serde_json::Result<T> {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for b in t.bytes() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    if deepest > STORED_DEPTH {
+        return Err(serde::de::Error::custom("nested too deep"));
+    }
+    let mut de = serde_json::Deserializer::from_str(t);
+    de.disable_recursion_limit();
+    let value = T::deserialize(&mut de)?;
+    de.end()?;
+    Ok(value)
 }
 
 /// When the read holding a damaged JSON value succeeded, the value it holds is the damaged
