@@ -122,8 +122,9 @@ const TABLE: &[Row] = &[
     },
 ];
 
-/// Workspace members outside the table that may depend on anything.
-const UNCHECKED: &[&str] = &["xtask", "awaken-benches"];
+/// Workspace members outside the table that may depend on anything (tools, never
+/// dependencies: the benches and the soak, which enables the test-only failpoints).
+const UNCHECKED: &[&str] = &["xtask", "awaken-benches", "awaken-soak"];
 
 const HTTP_CRATES: &[&str] = &[
     "reqwest",

@@ -1,7 +1,8 @@
 //! Awaken's project automation (the cargo-xtask pattern): `cargo xtask test`, `lint`, `ci`,
-//! `bench [--quick]`, `fuzz` (the fuzz targets), `deps` (the check that crates depend in one
-//! direction and never on what they must not know) and `tidy` (wording, file length, module
-//! cycles). A program, not a framework: each command is a short sequence of `cargo` invocations.
+//! `bench [--quick]`, `soak` (the soak with faults), `fuzz` (the fuzz targets), `deps` (the
+//! check that crates depend in one direction and never on what they must not know) and `tidy`
+//! (wording, file length, module cycles). A program, not a framework: each command is a short
+//! sequence of `cargo` invocations.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -11,13 +12,15 @@ use anyhow::{Context, Result, bail};
 mod bench;
 mod deps;
 mod fuzz;
+mod soak;
 mod tidy;
 
 const USAGE: &str = "\
 usage: cargo xtask <command>
 
 commands:
-  test            run every test of the workspace (the README's test command)
+  test            run every test of the workspace (the README's test command; it includes
+                  the quick soak, the `awaken-soak` crate's test)
   lint            cargo fmt --check, clippy -D warnings, rustdoc -D warnings, deps, tidy
   tidy            no development narration, no source file over 1,000 lines, no module cycles
   deps            check crate directions and forbidden dependencies
@@ -27,6 +30,10 @@ commands:
                   build the fuzz targets of fuzz/ (cargo-fuzz, nightly) and run each for N
                   seconds (60 by default; all targets unless named); prints each target's CPU
                   time and crashes, and fails when one crashed (see docs/fuzzing.md)
+  soak [--minutes N | --runs N | --quick] [--seed S]
+                  run agents under cancellations, store and provider faults and process
+                  kills, checking every invariant after each run (release; ten minutes by
+                  default; --quick: the short debug soak)
 ";
 
 fn main() -> ExitCode {
@@ -62,6 +69,7 @@ fn run(args: Vec<String>) -> Result<()> {
         ["bench"] => bench::run(&root, false),
         ["bench", "--quick"] => bench::run(&root, true),
         ["fuzz", rest @ ..] => fuzz::run(&root, rest),
+        ["soak", rest @ ..] => soak::run(rest),
         _ => bail!("{USAGE}"),
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! 1. Words that narrate how the project was developed (numbered issues, work periods,
 //!    documents that are not in the repository) stay out of `docs/`, `README.md`, every
-//!    `Cargo.toml`, `crates/`, `benches/`, `examples/` and `xtask/`.
+//!    `Cargo.toml`, `crates/`, `benches/`, `soak/`, `examples/` and `xtask/`.
 //! 2. No source file outside tests is longer than [`MAX_LINES`] lines.
 //! 3. In every crate under `crates/` but those of [`CYCLES_ALLOWED`], no two source files refer
 //!    to each other, directly or through others (`use crate::a::b`, `super::x`, a child
@@ -33,6 +33,7 @@ const WORDED: &[&str] = &[
     "Cargo.toml",
     "crates",
     "benches",
+    "soak",
     "examples",
     "xtask",
 ];
@@ -100,7 +101,7 @@ pub(crate) fn check(root: &Path) -> Result<Vec<Finding>> {
             }
         }
     }
-    for tree in ["crates", "benches", "examples", "xtask"] {
+    for tree in ["crates", "benches", "soak", "examples", "xtask"] {
         let path = root.join(tree);
         if path.exists() {
             for file in files_under(&path)? {
