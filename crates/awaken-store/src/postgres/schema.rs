@@ -6,8 +6,7 @@ use crate::error::{Database, StoreError};
 use super::pool::Pool;
 
 /// The schema, one entry per version; never edit a released entry, append a new one.
-pub(super) const MIGRATIONS: &[&str] = &[
-    r#"
+pub(super) const MIGRATIONS: &[&str] = &[r#"
 CREATE TABLE threads (
     thread_id      TEXT PRIMARY KEY,
     message_count  BIGINT NOT NULL,

@@ -5,8 +5,7 @@ use rusqlite::{Connection, TransactionBehavior};
 use crate::error::{Database, StoreError};
 
 /// The schema, one entry per version; never edit a released entry, append a new one.
-pub(super) const MIGRATIONS: &[&str] = &[
-    r#"
+pub(super) const MIGRATIONS: &[&str] = &[r#"
 CREATE TABLE threads (
     thread_id      TEXT PRIMARY KEY,
     message_count  INTEGER NOT NULL,
