@@ -93,7 +93,7 @@ fn arguments_name_the_seconds_and_the_targets() {
 
 #[test]
 fn the_childrens_cpu_time_is_read_past_a_command_name_with_spaces() {
-    // pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime
+    // pid (comm) state ppid pgrp sid tty tpgid flags minflt cminflt majflt cmajflt utime
     // stime cutime cstime ...
     let stat = "42 (x) (y z) S 1 42 42 0 -1 4194560 100 200 0 0 7 3 1234 566 20 0 1 0";
     assert_eq!(cpu_from_stat(stat), Some(18.0));
