@@ -22,6 +22,7 @@ mod error;
 mod execute;
 mod gate;
 mod recovery;
+mod schema_cost;
 mod tool;
 mod typed;
 mod validate;

@@ -13,6 +13,7 @@ use crate::context::ToolCallContext;
 use crate::error::{ToolError, ToolRegistrationError, Violation};
 use crate::execute::{execute_guarded, execute_guarded_with_timeout};
 use crate::recovery::{RecoveryAction, ToolRecoveryPolicy, recovery_action};
+use crate::schema_cost;
 use crate::tool::{Tool, ToolOutput, check_writes};
 
 /// A tool's argument schema, compiled once. Cheap to clone (shared).
@@ -30,7 +31,11 @@ impl ArgumentValidator {
     /// Compiles `schema` for tool `tool_id`.
     ///
     /// # Errors
-    /// [`ToolRegistrationError::InvalidSchema`] when the schema is not a valid JSON Schema.
+    /// [`ToolRegistrationError::InvalidSchema`] when the schema is not a valid JSON Schema, or
+    /// when validating against it could not end or could take unbounded work: a reference
+    /// cycle that never moves into the value, or nested and shared in-place subschemas
+    /// (under `unevaluatedProperties`/`unevaluatedItems` especially) whose work grows
+    /// exponentially with the schema's size.
     pub fn compile(tool_id: &str, schema: &Value) -> Result<Self, ToolRegistrationError> {
         let validator = jsonschema::validator_for(schema).map_err(|e| {
             ToolRegistrationError::InvalidSchema {
@@ -38,6 +43,11 @@ impl ArgumentValidator {
                 schema_path: e.instance_path().as_str().to_owned(),
                 message: e.to_string(),
             }
+        })?;
+        schema_cost::check(schema).map_err(|refusal| ToolRegistrationError::InvalidSchema {
+            tool_id: tool_id.to_owned(),
+            schema_path: refusal.path,
+            message: refusal.message,
         })?;
         Ok(Self {
             tool_id: Arc::from(tool_id),

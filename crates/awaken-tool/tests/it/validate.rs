@@ -183,3 +183,116 @@ fn arguments_that_are_not_json_are_reported_without_running_anything() {
     let wrong = crate::support::call("c3", "weather", json!({"city": 1}));
     assert!(tool.check_call(&wrong).is_err());
 }
+
+/// `levels` nested `allOf`s, each with `unevaluatedProperties`, around `inner`.
+fn nested_unevaluated(levels: usize, inner: Value) -> Value {
+    let mut schema = inner;
+    for _ in 0..levels {
+        schema = json!({"type": "object", "unevaluatedProperties": {}, "allOf": [schema]});
+    }
+    schema
+}
+
+/// `defs` definitions, each applying the next one twice: shared targets, 2^defs applications.
+fn doubling_defs(defs: usize, applicator: &str) -> Value {
+    let mut map = serde_json::Map::new();
+    for i in 0..defs {
+        let next = format!("#/$defs/d{}", i + 1);
+        map.insert(
+            format!("d{i}"),
+            json!({applicator: [{"$ref": next}, {"$ref": next}]}),
+        );
+    }
+    map.insert(format!("d{defs}"), json!({"type": "object"}));
+    json!({"$defs": map, "$ref": "#/$defs/d0"})
+}
+
+/// Found by the `tool_arguments` fuzz target: a root reference inside nested `allOf`s with
+/// `unevaluatedProperties` kept validation of `{}` busy for minutes (it grows with each level).
+#[test]
+fn a_reference_cycle_that_stays_on_the_value_is_rejected_at_registration() {
+    let fuzzed = nested_unevaluated(4, json!({"type": "object", "$ref": "#", "items": true}));
+    expect![[r#""/allOf/0/allOf/0/allOf/0/allOf/0/$ref" | it applies the root schema to the value it is validating, through references that never move into the value: validation would not end"#]]
+        .assert_eq(&register_error(fuzzed));
+    expect![[r#""/$defs/b/anyOf/0/$ref" | it applies the schema at /$defs/a to the value it is validating, through references that never move into the value: validation would not end"#]]
+    .assert_eq(&register_error(json!({
+        "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"anyOf": [{"$ref": "#/$defs/a"}]}},
+        "$ref": "#/$defs/a"
+    })));
+    // Through an `$id`, an anchor, and the draft-4 `id`.
+    for schema in [
+        json!({"$id": "urn:x", "allOf": [{"not": {"$ref": "urn:x"}}]}),
+        json!({"$defs": {"a": {"$anchor": "here", "if": {"$ref": "#here"}}}, "$ref": "#/$defs/a"}),
+        json!({"$schema": "http://json-schema.org/draft-04/schema#", "id": "http://x.invalid/s",
+               "properties": {"a": {"oneOf": [{"$ref": "http://x.invalid/s#/properties/a"}]}}}),
+    ] {
+        let message = register_error(schema.clone());
+        assert!(
+            message.contains("validation would not end"),
+            "{schema}: {message}"
+        );
+    }
+}
+
+#[test]
+fn schemas_whose_validation_work_grows_exponentially_are_rejected_at_registration() {
+    for schema in [
+        nested_unevaluated(16, json!({"type": "object"})),
+        doubling_defs(24, "allOf"),
+        doubling_defs(24, "anyOf"),
+    ] {
+        expect![[r#""" | validating a value against it could take more than 1000000 schema applications (nested or shared in-place subschemas under `unevaluatedProperties` or `unevaluatedItems`, or references reused too often)"#]]
+            .assert_eq(&register_error(schema));
+    }
+}
+
+#[test]
+fn recursive_and_shared_schemas_of_real_size_register_and_validate() {
+    let shallow = RegisteredTool::from_tool(
+        Scripted::new("shallow", Behaviour::Echo).with_schema(nested_unevaluated(4, json!({}))),
+    )
+    .expect("four levels of unevaluatedProperties");
+    assert!(shallow.validator().is_valid(&json!({"a": 1})));
+    let shared = RegisteredTool::from_tool(
+        Scripted::new("shared", Behaviour::Echo).with_schema(doubling_defs(10, "allOf")),
+    )
+    .expect("a thousand applications");
+    assert!(!shared.validator().is_valid(&json!(1)));
+
+    // Recursion through members and items ends with the value, however deep it is.
+    let tree = json!({
+        "$defs": {"node": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}
+            },
+            "required": ["name"],
+            "unevaluatedProperties": false
+        }},
+        "$ref": "#/$defs/node"
+    });
+    let tree = RegisteredTool::from_tool(Scripted::new("tree", Behaviour::Echo).with_schema(tree))
+        .expect("a recursive tree");
+    let mut value = json!({"name": "leaf"});
+    for _ in 0..50 {
+        value = json!({"name": "n", "children": [value.clone(), {"name": "x"}]});
+    }
+    assert!(tree.validator().is_valid(&value));
+    assert!(
+        !tree
+            .validator()
+            .is_valid(&json!({"name": "n", "children": [{"other": 1}]}))
+    );
+    let nested_list =
+        json!({"anyOf": [{"type": "string"}, {"type": "array", "items": {"$ref": "#"}}]});
+    RegisteredTool::from_tool(Scripted::new("lists", Behaviour::Echo).with_schema(nested_list))
+        .expect("a recursive list");
+
+    // The meta-schema itself, with its dynamic references.
+    let meta = json!({"$ref": "https://json-schema.org/draft/2020-12/schema"});
+    let meta = RegisteredTool::from_tool(Scripted::new("meta", Behaviour::Echo).with_schema(meta))
+        .expect("a reference to the 2020-12 meta-schema");
+    assert!(meta.validator().is_valid(&json!({"type": "object"})));
+    assert!(!meta.validator().is_valid(&json!({"type": 12})));
+}
