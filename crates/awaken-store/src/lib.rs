@@ -33,6 +33,7 @@ mod commit;
 mod compact;
 mod error;
 mod failpoint;
+mod json_depth;
 mod lease;
 mod memory;
 mod one_run;

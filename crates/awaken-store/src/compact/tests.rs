@@ -282,15 +282,15 @@ fn nesting_is_bounded_on_both_sides() {
 #[test]
 fn json_text_depth_counts_only_real_brackets() {
     let nested = |d: usize| format!("{}{}", "[".repeat(d), "]".repeat(d));
-    assert!(crate::codec::nests_within(
+    assert!(crate::json_depth::nests_within(
         &nested(MAX_TEXT_DEPTH),
         MAX_TEXT_DEPTH
     ));
-    assert!(!crate::codec::nests_within(
+    assert!(!crate::json_depth::nests_within(
         &nested(MAX_TEXT_DEPTH + 1),
         MAX_TEXT_DEPTH
     ));
-    assert!(crate::codec::nests_within(
+    assert!(crate::json_depth::nests_within(
         r#"["[[[[", "\"[[[", {"k": "{{{{"}]"#,
         2
     ));

@@ -3,7 +3,7 @@
 use std::borrow::BorrowMut;
 
 use super::*;
-use crate::codec::nests_within;
+use crate::json_depth::nests_within;
 
 pub(super) fn put_u64(out: &mut Vec<u8>, mut v: u64) {
     // (Most numbers written are counts, tags' payloads and short strings' lengths.)
