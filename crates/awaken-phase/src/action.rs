@@ -30,7 +30,8 @@ pub trait ScheduledActionSpec: Send + Sync + 'static {
 /// Called exactly once per queued action, in the EXECUTE loop of `A::PHASE`, on a fresh
 /// snapshot. May do IO (compaction calls a model from one). Its command commits together with
 /// the action's removal from the queue; it may schedule more actions (for this phase: processed
-/// in the next round). An `Err` dead-letters the action with the error; the phase goes on.
+/// in the next round). An `Err` or a panic (caught) dead-letters the action with the error,
+/// named with the handler's plugin; the phase goes on.
 #[async_trait]
 pub trait ActionHandler<A: ScheduledActionSpec>: Send + Sync + 'static {
     /// Handles one action.
@@ -62,7 +63,8 @@ pub struct EffectContext {
 /// Handles effects of kind `E`.
 ///
 /// Called after the commit carrying the effect, in emission order, outside any engine lock.
-/// A failure is logged and counted; it never rolls the commit back.
+/// A failure (an `Err`, or a panic, caught) is logged and counted with the handler's plugin;
+/// it never rolls the commit back.
 #[async_trait]
 pub trait EffectHandler<E: EffectSpec>: Send + Sync + 'static {
     /// Handles one effect.

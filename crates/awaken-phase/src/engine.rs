@@ -457,7 +457,10 @@ impl PhaseEngine {
         if let Some(result) = Self::run_hook_sync(phase, hook, ctx) {
             return result;
         }
-        let outcome = AssertUnwindSafe(hook.hook.run(ctx)).catch_unwind().await;
+        // The future is made inside the caught one: a hook panicking while making it is caught.
+        let outcome = AssertUnwindSafe(async { hook.hook.run(ctx).await })
+            .catch_unwind()
+            .await;
         Self::hook_failed(phase, hook, outcome)
     }
     /// Applies `cmd` to the transaction, moving its actions to `pending`.
@@ -520,7 +523,7 @@ impl PhaseEngine {
         }
         if let Some(&first) = waiting.first() {
             let done = join_all(waiting.iter().map(|&i| async move {
-                let outcome = AssertUnwindSafe(hooks[i].hook.run(frozen))
+                let outcome = AssertUnwindSafe(async { hooks[i].hook.run(frozen).await })
                     .catch_unwind()
                     .await;
                 Self::hook_failed(phase, &hooks[i], outcome)
@@ -663,15 +666,18 @@ impl PhaseEngine {
         let handled = AssertUnwindSafe(registered.handler.handle_json(&fresh, &action.payload))
             .catch_unwind()
             .await;
+        // A failure names the handler's plugin, as an effect handler's does.
         let mut cmd = match handled {
             Ok(Ok(cmd)) => cmd,
-            Ok(Err(failure)) => return Ok(Err(failure.to_string())),
+            Ok(Err(failure)) => {
+                return Ok(Err(format!("plugin `{}`: {failure}", registered.plugin_id)));
+            }
             Err(panic) => {
                 let failure = HandlerFailure::Panicked {
                     key: action.key.clone(),
                     message: panic_message(&*panic),
                 };
-                return Ok(Err(failure.to_string()));
+                return Ok(Err(format!("plugin `{}`: {failure}", registered.plugin_id)));
             }
         };
         if let Err(e) = self.validate(&cmd) {

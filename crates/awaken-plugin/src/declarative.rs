@@ -259,8 +259,10 @@ impl InferenceRequestTransform for FragmentsAndReminders {
     }
 }
 
-/// Parses every `*.toml` file of `dir`, sorted by file name. One bad file fails the whole load,
-/// naming it.
+/// Parses every `*.toml` entry of `dir`, sorted by file name. One bad entry fails the whole
+/// load, naming it: a manifest that does not parse, and an entry that cannot be read as a file
+/// (a directory, a broken symlink, a symlink loop, one without read permission) — none is
+/// skipped.
 pub fn load_dir(dir: &Path) -> Result<Vec<Arc<dyn Plugin>>, LoadError> {
     let entries = std::fs::read_dir(dir).map_err(|source| LoadError::Io {
         path: dir.to_path_buf(),
@@ -274,13 +276,27 @@ pub fn load_dir(dir: &Path) -> Result<Vec<Arc<dyn Plugin>>, LoadError> {
                 source,
             })?
             .path();
-        if path.extension().is_some_and(|e| e == "toml") && path.is_file() {
+        if path.extension().is_some_and(|e| e == "toml") {
             files.push(path);
         }
     }
     files.sort();
     let mut plugins: Vec<Arc<dyn Plugin>> = Vec::with_capacity(files.len());
     for path in files {
+        // Symlinks are followed: a dangling one or a loop fails here with its cause. What is
+        // not a regular file is refused before it is opened (reading a named pipe could block).
+        let metadata = std::fs::metadata(&path).map_err(|source| LoadError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        if !metadata.is_file() {
+            let kind = if metadata.is_dir() {
+                "a directory"
+            } else {
+                "a special file (a pipe, socket or device)"
+            };
+            return Err(LoadError::NotAFile { path, kind });
+        }
         let text = std::fs::read_to_string(&path).map_err(|source| LoadError::Io {
             path: path.clone(),
             source,

@@ -11,6 +11,7 @@ use awaken_tool::Tool;
 use crate::config::ConfigSchema;
 use crate::error::{ContributionKind, EnvError, PluginError};
 use crate::gate::ToolGateHook;
+use crate::isolate::isolate;
 use crate::order::execution_order;
 use crate::plugin::Plugin;
 use crate::registrar::PluginRegistrar;
@@ -128,7 +129,9 @@ impl ExecutionEnv {
     /// the order is the one plugin order (a stable topological sort by `depends_on`, higher
     /// `priority` first among ready plugins). `active_hook_filter` empty means every plugin
     /// contributes behaviour; otherwise only listed plugins (and the built-ins) do. Structural
-    /// parts are installed for every plugin.
+    /// parts are installed for every plugin. A plugin whose `register` or `config_schemas`
+    /// fails or panics fails the build ([`EnvError::Plugin`], a panic as
+    /// [`PluginError::Panicked`]).
     pub fn from_plugins(
         user_plugins: &[Arc<dyn Plugin>],
         builtin_plugins: &[Arc<dyn Plugin>],
@@ -181,7 +184,7 @@ impl ExecutionEnv {
                 }
                 None => registrar.insert(PluginRegistrar::new(id)),
             };
-            plugin.register(r)?;
+            isolate(id, "register", || plugin.register(r))??;
             let shared_id = r.shared_id().clone();
 
             // Structural parts, for every plugin.
@@ -301,7 +304,7 @@ impl ExecutionEnv {
                     });
                 }
             }
-            for schema in plugin.config_schemas() {
+            for schema in isolate(id, "config_schemas", || plugin.config_schemas())? {
                 env_config_claims.push((id.to_owned(), schema));
             }
             env_plugins.push(plugin.clone());

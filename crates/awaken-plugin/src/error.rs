@@ -109,6 +109,17 @@ pub enum PluginError {
         /// What went wrong.
         message: String,
     },
+    /// Code of the plugin panicked at one of its entry points; the panic was caught and is
+    /// handled as an error of that entry point.
+    #[error("plugin `{plugin_id}`: {entry_point} panicked: {message}")]
+    Panicked {
+        /// The plugin.
+        plugin_id: String,
+        /// The entry point (`register`, `on_activate`, `on_reload`, a lifecycle hook, ...).
+        entry_point: String,
+        /// The panic message.
+        message: String,
+    },
     /// An agent spec contributed by the plugin is invalid.
     #[error("plugin `{plugin_id}`: agent `{agent_id}`: {source}")]
     AgentSpec {
@@ -132,6 +143,19 @@ impl PluginError {
         PluginError::Hook {
             plugin_id: plugin_id.into(),
             hook: hook.into(),
+            message: message.into(),
+        }
+    }
+
+    /// A `Panicked` error: `plugin_id`'s code at `entry_point` panicked with `message`.
+    pub fn panicked(
+        plugin_id: impl Into<String>,
+        entry_point: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        PluginError::Panicked {
+            plugin_id: plugin_id.into(),
+            entry_point: entry_point.into(),
             message: message.into(),
         }
     }
@@ -198,7 +222,8 @@ pub enum EnvError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LoadError {
-    /// The directory or a file could not be read.
+    /// The directory or one of its `*.toml` entries could not be read (a broken symlink, a
+    /// symlink loop, no permission, ...).
     #[error("cannot read {}: {source}", path.display())]
     Io {
         /// The path.
@@ -206,6 +231,14 @@ pub enum LoadError {
         /// The IO error.
         #[source]
         source: std::io::Error,
+    },
+    /// A `*.toml` entry of the directory is not a regular file (after following symlinks).
+    #[error("cannot load {}: it is {kind}, not a regular file", path.display())]
+    NotAFile {
+        /// The entry.
+        path: PathBuf,
+        /// What it is instead.
+        kind: &'static str,
     },
     /// A manifest file is not valid.
     #[error("{}{}: {source}", path.display(), line.map(|l| format!(":{l}")).unwrap_or_default())]

@@ -14,6 +14,8 @@ use awaken_tool::{
 };
 use serde::de::DeserializeOwned;
 
+use crate::isolate::catch_panic_async;
+
 /// A plugin's gate on tool calls, run in the `ToolGate` phase for each call (registered with
 /// [`PluginRegistrar::register_tool_gate_hook`](crate::PluginRegistrar::register_tool_gate_hook)).
 ///
@@ -21,8 +23,8 @@ use serde::de::DeserializeOwned;
 /// and resumed, the human's decision (so a gate can let an approved call through instead of
 /// asking again). Gates are pure: no IO, no state changes (they return a decision, not a
 /// command); they may be evaluated several times for one call, in the same step after earlier
-/// calls commit, and again after a resume or a recovery. An `Err` fails the gate evaluation
-/// (see [`evaluate_gates`]).
+/// calls commit, and again after a resume or a recovery. An `Err` or a panic fails the gate
+/// evaluation (see [`evaluate_gates`]).
 #[async_trait]
 pub trait ToolGateHook: Send + Sync + 'static {
     /// This gate's decision on `ctx.tool`'s call, or `None` to let it run.
@@ -156,6 +158,16 @@ pub enum GateError {
         #[source]
         error: HookError,
     },
+    /// A gate hook panicked; the panic was caught and counts as the gate's failure.
+    #[error("tool gate of `{source_id}` panicked on call `{call_id}`: {message}")]
+    Panicked {
+        /// The plugin (or other source) whose gate panicked.
+        source_id: String,
+        /// The call.
+        call_id: ToolCallId,
+        /// The panic message.
+        message: String,
+    },
 }
 
 /// Runs every gate in `hooks` (in the order given: plugin order) on `ctx`'s call, one after
@@ -163,8 +175,9 @@ pub enum GateError {
 /// after a `Block`, so conflicts are seen.
 ///
 /// # Errors
-/// [`GateError::NoToolCall`], or the first [`GateError::Hook`] (the call's gates are then
-/// undecided; the runtime fails the call or the run, as it chooses).
+/// [`GateError::NoToolCall`], or the first [`GateError::Hook`] or [`GateError::Panicked`] (a
+/// panic, in making the gate's future or in any of its polls, is caught; the call's gates are
+/// then undecided, and the runtime fails the call or the run, as it chooses).
 pub async fn evaluate_gates(
     hooks: &[(String, Arc<dyn ToolGateHook>)],
     ctx: &PhaseContext,
@@ -175,14 +188,21 @@ pub async fn evaluate_gates(
     };
     let mut decisions = Vec::new();
     for (source, hook) in hooks {
-        match hook.decide(ctx).await {
-            Ok(Some(payload)) => decisions.push(GateDecision::new(source.clone(), payload)),
-            Ok(None) => {}
-            Err(error) => {
+        match catch_panic_async(async { hook.decide(ctx).await }).await {
+            Ok(Ok(Some(payload))) => decisions.push(GateDecision::new(source.clone(), payload)),
+            Ok(Ok(None)) => {}
+            Ok(Err(error)) => {
                 return Err(GateError::Hook {
                     source_id: source.clone(),
                     call_id,
                     error,
+                });
+            }
+            Err(message) => {
+                return Err(GateError::Panicked {
+                    source_id: source.clone(),
+                    call_id,
+                    message,
                 });
             }
         }

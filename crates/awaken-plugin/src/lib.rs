@@ -5,7 +5,8 @@
 //! [`ToolPolicyHook`], [`evaluate_gates`]), [`InferenceRequestTransform`]s, [`ExecutionEnv`]
 //! built in the one plugin order, config schemas, the lifecycle dispatcher, the
 //! [`PluginRegistry`] with its agent definitions, loading (list, configurator, directory of
-//! declarative manifests) and atomic reload.
+//! declarative manifests) and atomic reload. Every call into a plugin's code is isolated: a
+//! panic comes back as the typed error of that entry point ([`isolate`], [`isolate_async`]).
 //!
 //! This crate must never know the agent loop, storage engines or HTTP; it may read plugin
 //! directories (the loader) and use timers (lifecycle-hook timeouts).
@@ -16,6 +17,7 @@ mod env;
 mod error;
 mod gate;
 mod hooks;
+mod isolate;
 mod lifecycle;
 mod manifest;
 mod order;
@@ -33,6 +35,7 @@ pub use env::{ExecutionEnv, PluginTool, RegisteredGateHook};
 pub use error::{ContributionKind, EnvError, LoadError, PluginError, RegistryError};
 pub use gate::{FnGate, GateError, PolicyGate, ToolGateHook, ToolPolicyHook, evaluate_gates};
 pub use hooks::{LifecycleHook, LifecycleHooks};
+pub use isolate::{isolate, isolate_async};
 pub use lifecycle::{DEFAULT_LIFECYCLE_TIMEOUT, HookStats, LifecycleDispatcher, LifecycleEvent};
 pub use manifest::{CapabilityBound, PluginManifest};
 pub use order::execution_order;

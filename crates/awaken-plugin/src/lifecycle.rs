@@ -1,8 +1,8 @@
 //! Dispatching the observational lifecycle hooks: plugin order, a timeout per call, failures
-//! and timeouts logged and counted per plugin and hook, never stopping the others.
+//! (errors and caught panics) and timeouts logged and counted per plugin and hook, never
+//! stopping the others.
 
 use std::collections::{BTreeMap, HashMap};
-use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
@@ -10,10 +10,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use awaken_event::TerminationReason;
-use futures_util::FutureExt;
 
 use crate::error::PluginError;
 use crate::hooks::LifecycleHook;
+use crate::isolate::{catch_panic, catch_panic_async};
 use crate::plugin::{DelegateCall, Plugin, RunLifecycle};
 
 /// The longest wait when a timeout is too long to add to now (about 30 years, as tokio's own
@@ -107,7 +107,7 @@ pub struct HookStats {
 #[derive(Clone)]
 pub struct LifecycleDispatcher {
     timeout: Duration,
-    stats: Arc<Mutex<StatsTable>>,
+    stats: Arc<Mutex<Tables>>,
 }
 
 /// Each plugin's counters, one per hook (indexed by `LifecycleHook as usize`). Keyed by the
@@ -116,10 +116,19 @@ pub struct LifecycleDispatcher {
 type StatsTable =
     HashMap<String, [HookStats; LifecycleHook::ALL.len()], foldhash::fast::RandomState>;
 
+/// The counters, and the last failure of each plugin's hook that ever failed (written only
+/// when one fails).
+#[derive(Default)]
+struct Tables {
+    counters: StatsTable,
+    last_failures: BTreeMap<(String, LifecycleHook), Arc<PluginError>>,
+}
+
 /// One hook call's outcome, counted after the calls of one dispatch.
 struct Outcome<'a> {
     plugin: &'a Arc<dyn Plugin>,
-    failed: bool,
+    /// The call's error, or its caught panic as [`PluginError::Panicked`].
+    failure: Option<PluginError>,
     timed_out: bool,
     elapsed: Duration,
 }
@@ -148,8 +157,10 @@ impl LifecycleDispatcher {
     }
 
     /// Calls the event's hook on every plugin that implements it
-    /// ([`Plugin::lifecycle_hooks`]), in order. Needs a tokio runtime with timers. Never fails:
-    /// each failure or timeout is logged and counted.
+    /// ([`Plugin::lifecycle_hooks`]), in order. Needs a tokio runtime with timers. Never fails
+    /// and never panics: each failure (an error, or a panic of the hook or of its plugin's
+    /// `lifecycle_hooks`, caught as [`PluginError::Panicked`]) or timeout is logged and
+    /// counted, and the last failure is kept ([`last_failure`](Self::last_failure)).
     pub async fn dispatch(&self, plugins: &[Arc<dyn Plugin>], event: LifecycleEvent<'_>) {
         let hook = event.hook();
         // Only the plugins implementing the hook are called and counted (each asked once; the
@@ -160,13 +171,25 @@ impl LifecycleDispatcher {
         // call).
         let mut clock = None;
         for plugin in plugins {
-            if !plugin.lifecycle_hooks().contains(hook) {
-                continue;
+            let id = plugin.manifest().id.as_str();
+            match catch_panic(|| plugin.lifecycle_hooks().contains(hook)) {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(message) => {
+                    // Whether it implements the hook is unknown: counted as a failed call.
+                    let e = PluginError::panicked(id, "lifecycle_hooks", message);
+                    tracing::warn!(plugin = id, hook = hook.as_str(), error = %e, "lifecycle hook failed");
+                    outcomes.push(Outcome {
+                        plugin,
+                        failure: Some(e),
+                        timed_out: false,
+                        elapsed: Duration::ZERO,
+                    });
+                    continue;
+                }
             }
             let started = *clock.get_or_insert_with(Instant::now);
-            let id = plugin.manifest().id.as_str();
-            let mut call =
-                std::pin::pin!(AssertUnwindSafe(event.call(plugin.as_ref())).catch_unwind());
+            let mut call = std::pin::pin!(catch_panic_async(event.call(plugin.as_ref())));
             // Polled once first: a hook that is done at once (most are) needs no timer. One
             // that waits is then raced against its deadline, counted from its start.
             let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
@@ -183,24 +206,24 @@ impl LifecycleDispatcher {
             let ended = Instant::now();
             let elapsed = ended.saturating_duration_since(started);
             clock = Some(ended);
-            let (failed, timed_out) = match outcome {
-                Ok(Ok(Ok(()))) => (false, false),
-                Ok(Ok(Err(e))) => {
-                    tracing::warn!(plugin = id, hook = hook.as_str(), error = %e, "lifecycle hook failed");
-                    (true, false)
-                }
-                Ok(Err(_panic)) => {
-                    tracing::warn!(plugin = id, hook = hook.as_str(), "lifecycle hook panicked");
-                    (true, false)
-                }
+            let (failure, timed_out) = match outcome {
+                Ok(Ok(Ok(()))) => (None, false),
+                Ok(Ok(Err(e))) => (Some(e), false),
+                Ok(Err(message)) => (
+                    Some(PluginError::panicked(id, hook.as_str(), message)),
+                    false,
+                ),
                 Err(_elapsed) => {
                     tracing::warn!(plugin = id, hook = hook.as_str(), timeout = ?self.timeout, "lifecycle hook timed out");
-                    (false, true)
+                    (None, true)
                 }
             };
+            if let Some(e) = &failure {
+                tracing::warn!(plugin = id, hook = hook.as_str(), error = %e, "lifecycle hook failed");
+            }
             outcomes.push(Outcome {
                 plugin,
-                failed,
+                failure,
                 timed_out,
                 elapsed,
             });
@@ -209,7 +232,11 @@ impl LifecycleDispatcher {
             return;
         }
         // One lock for the whole dispatch (the table is shared by every run).
-        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        let mut tables = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        let Tables {
+            counters: stats,
+            last_failures,
+        } = &mut *tables;
         for outcome in outcomes {
             let id = outcome.plugin.manifest().id.as_str();
             let counters = match stats.get_mut(id) {
@@ -218,25 +245,40 @@ impl LifecycleDispatcher {
             };
             let entry = &mut counters[hook as usize];
             entry.calls += 1;
-            entry.failures += u64::from(outcome.failed);
+            entry.failures += u64::from(outcome.failure.is_some());
             entry.timeouts += u64::from(outcome.timed_out);
             entry.total_time += outcome.elapsed;
+            if let Some(e) = outcome.failure {
+                last_failures.insert((id.to_owned(), hook), Arc::new(e));
+            }
         }
     }
 
     /// Statistics of one plugin's hook.
     pub fn stats(&self, plugin_id: &str, hook: LifecycleHook) -> HookStats {
-        let stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-        stats
+        let tables = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        tables
+            .counters
             .get(plugin_id)
             .map(|c| c[hook as usize])
             .unwrap_or_default()
     }
 
+    /// The last failure of one plugin's hook: the error it returned, or its caught panic as
+    /// [`PluginError::Panicked`] (`None` if it never failed; a timeout is only counted).
+    pub fn last_failure(&self, plugin_id: &str, hook: LifecycleHook) -> Option<Arc<PluginError>> {
+        let tables = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        tables
+            .last_failures
+            .get(&(plugin_id.to_owned(), hook))
+            .cloned()
+    }
+
     /// Every statistic, by plugin and hook (hooks never called are left out).
     pub fn all_stats(&self) -> BTreeMap<(String, LifecycleHook), HookStats> {
-        let stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-        stats
+        let tables = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        tables
+            .counters
             .iter()
             .flat_map(|(id, counters)| {
                 LifecycleHook::ALL

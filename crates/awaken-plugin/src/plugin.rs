@@ -124,6 +124,10 @@ impl std::future::Future for NoOp {
 /// the run; an error or a timeout is logged and counted and the others still run. `on_reload`
 /// is the exception: a reload is applied only if every enabled plugin's `on_reload` succeeds.
 /// A disabled plugin ([`PluginManifest::enabled`]) is never called.
+///
+/// A panic in any method but `manifest` is caught where it is called (an async hook's whole
+/// future included) and handled as an `Err` of that method, as
+/// [`PluginError::Panicked`] naming the plugin and the method; the runtime stays usable.
 #[async_trait]
 pub trait Plugin: Send + Sync + 'static {
     /// The plugin's manifest.
@@ -147,12 +151,13 @@ pub trait Plugin: Send + Sync + 'static {
     }
 
     /// Called at run start, after resolution, with the agent's sections; the returned command
-    /// is committed before the `RunStart` hooks. An `Err` fails the run.
+    /// is committed before the `RunStart` hooks. An `Err` (or a panic) fails the run.
     fn on_activate(&self, _sections: &Sections) -> Result<Option<StateCommand>, PluginError> {
         Ok(None)
     }
 
-    /// Called at run end; the returned command is committed with the run's last commit.
+    /// Called at run end; the returned command is committed with the run's last commit. An
+    /// `Err` (or a panic) is reported as an error event and the run still ends.
     fn on_deactivate(&self) -> Result<Option<StateCommand>, PluginError> {
         Ok(None)
     }
@@ -261,7 +266,8 @@ pub trait Plugin: Send + Sync + 'static {
         Ok(())
     }
 
-    /// The registry is reloading under `reload_id`. An `Err` keeps the previous registry.
+    /// The registry is reloading under `reload_id`. An `Err` (or a panic) keeps the previous
+    /// registry.
     async fn on_reload(&self, _reload_id: &str) -> Result<(), PluginError> {
         Ok(())
     }

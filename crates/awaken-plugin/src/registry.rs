@@ -14,6 +14,7 @@ use awaken_spec::AgentSpec;
 
 use crate::declarative::load_dir;
 use crate::error::{ContributionKind, LoadError, PluginError, RegistryError};
+use crate::isolate::{isolate, isolate_async};
 use crate::order::execution_order;
 use crate::plugin::{AgentBuildContext, OnConflict, Plugin};
 
@@ -56,7 +57,8 @@ pub struct AgentConfigs {
     /// Definitions by agent id.
     pub agents: BTreeMap<String, RegisteredAgent>,
     /// Plugin batches refused (a conflict whose `on_conflict` is `error`, an invalid spec, a
-    /// failing plugin); nothing of a refused batch was applied.
+    /// plugin whose `agent_definitions` failed or panicked); nothing of a refused batch was
+    /// applied.
     pub rejected: Vec<Arc<RegistryError>>,
 }
 
@@ -187,8 +189,9 @@ impl PluginRegistry {
     }
 
     /// Loads every `*.toml` declarative plugin manifest in `dir` (sorted by file name); the
-    /// directory is read again on every reload. One bad file fails the whole load, naming the
-    /// file (and line), with nothing registered.
+    /// directory is read again on every reload. One bad entry — a manifest that does not
+    /// parse, or an entry that cannot be read as a file (see [`load_dir`](crate::load_dir)) —
+    /// fails the whole load, naming it (and the line, or the cause), with nothing registered.
     pub fn load_dir(&self, dir: impl AsRef<Path>) -> Result<(), LoadError> {
         let dir = dir.as_ref().to_path_buf();
         // Parse first, so a bad file registers nothing.
@@ -237,8 +240,10 @@ impl PluginRegistry {
 
     /// Rebuilds the registry from its sources (configurators re-run, directories re-read),
     /// calls every new enabled plugin's `on_reload(reload_id)` in order, and swaps the new
-    /// snapshot in only if all succeed. A repeated `reload_id` is a no-op. Holders of the old
-    /// snapshot keep it unchanged; the next run sees the new one.
+    /// snapshot in only if all succeed (an `on_reload` that panics fails, as
+    /// [`PluginError::Panicked`] in [`RegistryError::ReloadFailed`]). A repeated `reload_id`
+    /// is a no-op. Holders of the old snapshot keep it unchanged; the next run sees the new
+    /// one.
     pub async fn reload(&self, reload_id: &str) -> Result<ReloadOutcome, RegistryError> {
         if self
             .last_reload
@@ -256,7 +261,11 @@ impl PluginRegistry {
         };
         let mut failures = Vec::new();
         for plugin in &snapshot.plugins {
-            if let Err(e) = plugin.on_reload(reload_id).await {
+            // A panic is the plugin's refusal, like an error.
+            let id = plugin.manifest().id.as_str();
+            let reloaded =
+                isolate_async(id, "on_reload", async { plugin.on_reload(reload_id).await });
+            if let Err(e) = reloaded.await.and_then(|r| r) {
                 failures.push(e);
             }
         }
@@ -363,7 +372,9 @@ fn apply_batch(
     configs: &AgentConfigs,
 ) -> Result<Batch, RegistryError> {
     let plugin_id = plugin.manifest().id.clone();
-    let definitions = plugin.agent_definitions(ctx)?;
+    let definitions = isolate(&plugin_id, "agent_definitions", || {
+        plugin.agent_definitions(ctx)
+    })??;
     // The list after the plugin's replacement (if it replaced it), keeping who defined what.
     let mut next: Batch = Vec::new();
     for spec in &ctx.agents {

@@ -7,6 +7,8 @@ use awaken_llm::InferenceRequest;
 use awaken_phase::RunIdentity;
 use awaken_state::Snapshot;
 
+use crate::isolate::catch_panic;
+
 /// Token counts a transform may use.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TokenCounts {
@@ -47,13 +49,21 @@ pub enum TransformError {
         /// Why.
         reason: String,
     },
+    /// The transform panicked; the panic was caught (set by [`apply_transforms`], not by
+    /// transforms).
+    #[error("panicked: {message}")]
+    Panicked {
+        /// The panic message.
+        message: String,
+    },
 }
 
 /// Changes an inference request just before it is sent.
 ///
 /// Transforms run in plugin order, each on the previous one's output, once per inference, on
 /// the run's task. They may change the system prompt, messages, tools and parameters, and must
-/// be deterministic and quick (no IO). An `Err` ends the run with that error.
+/// be deterministic and quick (no IO). An `Err` ends the run with that error, and so does a
+/// panic (caught, as [`TransformError::Panicked`]).
 pub trait InferenceRequestTransform: Send + Sync + 'static {
     /// The transform's name (for capability bounds, errors and traces).
     fn name(&self) -> &str;
@@ -89,15 +99,18 @@ pub struct TransformFailure {
 }
 
 /// Runs `transforms` in order over `request`.
+///
+/// # Errors
+/// The first transform's error or panic (caught: [`TransformError::Panicked`]), naming the
+/// transform and its plugin; the transforms after it do not run.
 pub fn apply_transforms(
     transforms: &[RegisteredTransform],
     mut request: InferenceRequest,
     ctx: &TransformContext<'_>,
 ) -> Result<InferenceRequest, TransformFailure> {
     for t in transforms {
-        request = t
-            .transform
-            .transform(request, ctx)
+        request = catch_panic(|| t.transform.transform(request, ctx))
+            .unwrap_or_else(|message| Err(TransformError::Panicked { message }))
             .map_err(|source| TransformFailure {
                 plugin_id: t.plugin_id.to_string(),
                 transform: t.transform.name().to_owned(),

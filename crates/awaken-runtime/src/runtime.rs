@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use awaken_event::{EventSink, Message, NullSink, SuspendTicket, ThreadId};
-use awaken_plugin::{HookStats, LifecycleEvent, LifecycleHook, RegistryError, ReloadOutcome};
+use awaken_plugin::{
+    HookStats, LifecycleEvent, LifecycleHook, PluginError, RegistryError, ReloadOutcome,
+};
 use awaken_resolver::Resolver;
 use awaken_store::{RunStatus, StoreError, ThreadStore};
 
@@ -88,9 +90,20 @@ impl AgentRuntime {
         self.inner.lifecycle.all_stats()
     }
 
+    /// The last failure of a plugin's lifecycle hook: its error, or its caught panic as
+    /// `PluginError::Panicked` (`None` if it never failed).
+    pub fn lifecycle_failure(
+        &self,
+        plugin_id: &str,
+        hook: LifecycleHook,
+    ) -> Option<Arc<PluginError>> {
+        self.inner.lifecycle.last_failure(plugin_id, hook)
+    }
+
     /// Rebuilds every plugin registry of the runtime from its sources: the next run sees the
     /// new plugins and agent definitions; runs in progress keep the resolution they started
-    /// with. A repeated `reload_id` is a no-op.
+    /// with. A repeated `reload_id` is a no-op. A registry one of whose plugins refuses the
+    /// reload (an `on_reload` error or panic) keeps its plugins, and the error is returned.
     pub async fn reload(&self, reload_id: &str) -> Result<Vec<ReloadOutcome>, RegistryError> {
         let mut outcomes = Vec::new();
         for registry in self.inner.resolver.registries().plugin_registries() {

@@ -164,9 +164,9 @@ async fn failing_panicking_and_undecodable_actions_are_dead_lettered_and_the_pha
         .map(|d| d.reason.clone())
         .collect();
     assert_eq!(reasons, vec![
-        "handler of `test.set_b` failed: refusing -1".to_owned(),
-        "handler of `test.set_b` panicked: ninety-nine".to_owned(),
-        "payload of `test.set_b` does not decode: invalid type: string \"not a number\", expected i64".to_owned(),
+        "plugin `p`: handler of `test.set_b` failed: refusing -1".to_owned(),
+        "plugin `p`: handler of `test.set_b` panicked: ninety-nine".to_owned(),
+        "plugin `p`: payload of `test.set_b` does not decode: invalid type: string \"not a number\", expected i64".to_owned(),
     ]);
     assert_eq!(report.actions_processed, 1);
     let snapshot = engine.store().snapshot();

@@ -4,6 +4,7 @@ mod config;
 mod env;
 mod gate;
 mod lifecycle;
+mod panics;
 mod registry;
 mod support;
 mod transforms;

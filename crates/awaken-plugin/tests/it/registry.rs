@@ -292,6 +292,124 @@ fn one_bad_manifest_fails_the_whole_load_naming_the_file_and_line() {
     assert!(matches!(err, LoadError::Io { .. }));
 }
 
+/// A folder of one test under the system's temporary folder, removed when dropped.
+struct TestDir(PathBuf);
+
+impl TestDir {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("awaken-plugin-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        Self(dir)
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The effective user id, as the owner of a file this process just made.
+fn effective_uid(dir: &std::path::Path) -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    let probe = dir.join("uid-probe");
+    std::fs::write(&probe, "").expect("probe");
+    let uid = std::fs::metadata(&probe).expect("probe").uid();
+    std::fs::remove_file(&probe).expect("probe");
+    uid
+}
+
+#[test]
+fn an_unreadable_toml_entry_fails_the_whole_load_naming_it_and_its_cause() {
+    use std::os::unix::fs::{PermissionsExt, symlink};
+    type Make = fn(&std::path::Path);
+    let rows: [(&str, Make, &str); 5] = [
+        (
+            "a symlink loop",
+            |d| {
+                symlink("loop-b", d.join("loop.toml")).expect("link");
+                symlink("loop.toml", d.join("loop-b")).expect("link");
+            },
+            "loop.toml: Too many levels of symbolic links (os error 40)",
+        ),
+        (
+            "a symlink to itself",
+            |d| symlink("self.toml", d.join("self.toml")).expect("link"),
+            "self.toml: Too many levels of symbolic links (os error 40)",
+        ),
+        (
+            "a broken symlink",
+            |d| symlink("gone.toml", d.join("dangling.toml")).expect("link"),
+            "dangling.toml: No such file or directory (os error 2)",
+        ),
+        (
+            "a directory",
+            |d| std::fs::create_dir(d.join("nested.toml")).expect("dir"),
+            "nested.toml: it is a directory, not a regular file",
+        ),
+        (
+            "a file without read permission",
+            |d| {
+                let path = d.join("secret.toml");
+                std::fs::write(&path, "id = \"secret\"\n").expect("write");
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o000))
+                    .expect("chmod");
+            },
+            "secret.toml: Permission denied (os error 13)",
+        ),
+    ];
+    let good = std::fs::read_to_string(fixtures("good").join("a_style.toml")).expect("fixture");
+    for (i, (what, make, expected)) in rows.into_iter().enumerate() {
+        let dir = TestDir::new(&format!("unreadable-{i}"));
+        if what == "a file without read permission" && effective_uid(&dir.0) == 0 {
+            // Root reads a file whatever its mode: this row cannot fail as root. Said on the
+            // stderr handle itself, so the harness does not capture it.
+            use std::io::Write as _;
+            let _ = writeln!(
+                std::io::stderr(),
+                "awaken-plugin: the row `{what}` of the unreadable-entry test is SKIPPED: \
+                 running as root (effective uid 0), which can read any file"
+            );
+            continue;
+        }
+        // A good manifest sorted before the bad entry and one after it: neither is registered.
+        std::fs::write(dir.0.join("a_good.toml"), &good).expect("write");
+        std::fs::write(
+            dir.0.join("z_good.toml"),
+            good.replace("house-style", "later"),
+        )
+        .expect("write");
+        make(&dir.0);
+        let registry = PluginRegistry::new();
+        let err = registry.load_dir(&dir.0).expect_err(what);
+        let msg = err.to_string();
+        let named = match &err {
+            LoadError::Io { path, .. } | LoadError::NotAFile { path, .. } => path.clone(),
+            other => panic!("{what}: not an entry error: {other:?}"),
+        };
+        assert_eq!(named.parent(), Some(dir.0.as_path()), "{what}: {msg}");
+        assert!(
+            msg.starts_with("cannot ") && msg.ends_with(expected),
+            "{what}: {msg}"
+        );
+        assert!(msg.contains(&*dir.0.to_string_lossy()), "{what}: {msg}");
+        assert!(
+            registry.list_plugins().is_empty(),
+            "{what}: nothing registered"
+        );
+        // The same registry loads the folder once the bad entry is gone.
+        let bad = named;
+        if std::fs::symlink_metadata(&bad).is_ok_and(|m| m.is_dir()) {
+            std::fs::remove_dir(&bad).expect("remove");
+        } else {
+            std::fs::remove_file(&bad).expect("remove");
+        }
+        registry.load_dir(&dir.0).expect(what);
+        assert_eq!(registry.list_plugins().len(), 2, "{what}");
+    }
+}
+
 #[tokio::test]
 async fn reload_swaps_atomically_only_when_every_plugin_agrees() {
     let generation = Arc::new(AtomicUsize::new(0));

@@ -5,7 +5,7 @@
 
 use awaken_event::{AgentEvent, CancellationToken, RunId, TerminationReason, WarningKind};
 use awaken_phase::Phase;
-use awaken_plugin::{LifecycleEvent, RunLifecycle};
+use awaken_plugin::{LifecycleEvent, RunLifecycle, isolate};
 
 use crate::durable::BatchChange;
 use crate::error::RunError;
@@ -157,9 +157,14 @@ impl Run<'_> {
                 message: message.clone(),
             });
         }
-        // By place (the list is not copied: its plugins are counted by every run).
+        // By place (the list is not copied: its plugins are counted by every run). An error or
+        // a panic is reported and the run still ends.
         for at in 0..self.resolved.env.plugins().len() {
-            let deactivated = self.resolved.env.plugins()[at].on_deactivate();
+            let plugin = &self.resolved.env.plugins()[at];
+            let deactivated = isolate(&plugin.manifest().id, "on_deactivate", || {
+                plugin.on_deactivate()
+            })
+            .and_then(|deactivated| deactivated);
             match deactivated {
                 Ok(Some(cmd)) => match self.engine.submit_command(cmd).await {
                     Ok(report) if !report.effects.failures.is_empty() => {

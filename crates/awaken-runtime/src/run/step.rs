@@ -10,7 +10,7 @@ use awaken_event::{
     ToolCallState, ToolResult, WarningKind,
 };
 use awaken_phase::Phase;
-use awaken_plugin::{TokenCounts, TransformContext, apply_transforms};
+use awaken_plugin::{TokenCounts, TransformContext, apply_transforms, isolate};
 use awaken_state::StateCommand;
 use awaken_tool::ToolBatch;
 
@@ -31,11 +31,15 @@ impl Run<'_> {
     /// `RunStart` phase, the calls a resume decided on, a recovery's interrupted step), then
     /// one step after another until one ends the run.
     pub(super) async fn drive(&mut self) -> Result<TerminationReason, Failure> {
-        // By place: submitting may report failed effects, which needs the run mutably.
+        // By place: submitting may report failed effects, which needs the run mutably. An
+        // error or a panic fails the run.
         for at in 0..self.resolved.env.plugins().len() {
-            let cmd = self.resolved.env.plugins()[at]
-                .on_activate(&self.resolved.spec.sections)
-                .map_err(|e| Failure::Error(e.to_string()))?;
+            let plugin = &self.resolved.env.plugins()[at];
+            let cmd = isolate(&plugin.manifest().id, "on_activate", || {
+                plugin.on_activate(&self.resolved.spec.sections)
+            })
+            .and_then(|activated| activated)
+            .map_err(|e| Failure::Error(e.to_string()))?;
             if let Some(cmd) = cmd {
                 self.submit(cmd).await?;
             }

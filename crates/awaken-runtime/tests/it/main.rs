@@ -18,6 +18,7 @@ mod leases;
 mod lifecycle;
 mod one_run;
 mod permission;
+mod plugin_panics;
 mod profile;
 mod recovery;
 mod scenarios;
