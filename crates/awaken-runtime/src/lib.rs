@@ -66,7 +66,7 @@ pub use handle::RunHandle;
 pub use ids::{IdSource, SequentialIds, SystemIds};
 pub use intercept::{CallIntercept, CallInterceptKey, InterceptHandler, InterceptToolCall};
 pub use outcome::{RecoveredRun, RunOutcome};
-pub use permission::{PERMISSION_PLUGIN, PermissionGate, PermissionPlugin};
+pub use permission::{PERMISSION_PLUGIN, PermissionGate, PermissionPlugin, PermissionRefusal};
 pub use request::{RecoverConfig, RunActivation};
 pub use resume::{DecisionError, DecisionsUpdate, Resume, ResumeDecisionsKey};
 pub use runtime::AgentRuntime;

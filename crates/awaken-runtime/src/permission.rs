@@ -1,7 +1,8 @@
 //! The standard `permission` plugin: a tool gate driven by the agent's `permission` section
 //! (ordered rules of tool glob, argument matchers and decision; first match wins; a default).
 //! `deny` blocks the call (the model is told), `ask` suspends it with a ticket showing the call,
-//! `allow` lets it run. A call a human approved is not asked again.
+//! `allow` lets it run. A call a human answered is not asked again, when the answer was given
+//! on exactly the call's arguments (their digest); any other answer refuses the call.
 //!
 //! An ordinary plugin: the runtime puts it in its plugin source, and an agent turns it on by
 //! listing [`PERMISSION_PLUGIN`] in its `plugin_ids`.
@@ -9,7 +10,7 @@
 use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
-use awaken_event::{ResumeMode, SuspendTicket};
+use awaken_event::{ResumeMode, SuspendTicket, ToolCallId};
 use awaken_phase::{HookError, PhaseContext};
 use awaken_plugin::{
     ConfigSchema, LifecycleHooks, Plugin, PluginError, PluginManifest, PluginRegistrar,
@@ -17,7 +18,7 @@ use awaken_plugin::{
 };
 use awaken_spec::{PERMISSION_SECTION, PermissionConfig, PermissionDecision, Sections};
 use awaken_state::StateCommand;
-use awaken_tool::{ToolInterceptPayload, pending_call};
+use awaken_tool::{ToolInterceptPayload, argument_digest, pending_call};
 use serde_json::json;
 
 /// The permission plugin's id.
@@ -75,7 +76,47 @@ fn config(sections: &Sections) -> Result<PermissionConfig, String> {
     Ok(config)
 }
 
+/// Why the permission gate refused a call that a human's answer reached: the answer was not
+/// given on this call as it is. The call is blocked with this error's text as its result.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PermissionRefusal {
+    /// The answer is for another call.
+    #[error(
+        "the answer for call {answered} cannot decide call {call_id} of `{tool}`; it was not run"
+    )]
+    OtherCall {
+        /// The call being decided.
+        call_id: ToolCallId,
+        /// The tool's name as the model called it.
+        tool: String,
+        /// The call the answer names.
+        answered: ToolCallId,
+    },
+    /// The answer was given on other arguments than the call has now (the digest it carries
+    /// is not the digest of the call's arguments).
+    #[error(
+        "the answer for call {call_id} of `{tool}` was given on other arguments (digest {answered}) than the call has (digest {actual}); it was not run"
+    )]
+    OtherArguments {
+        /// The call.
+        call_id: ToolCallId,
+        /// The tool's name as the model called it.
+        tool: String,
+        /// The digest the answer carries.
+        answered: String,
+        /// The digest of the call's arguments.
+        actual: String,
+    },
+}
+
 /// The gate: the first matching rule's decision (by the tool's name as the model called it).
+///
+/// The arguments it reads are the ones the tool runs with (in the tool's canonical form, see
+/// `Tool::normalize_arguments`). On `ask`, a human's answer lets the call through only when it
+/// names this call and carries the digest of exactly these arguments: the gate checks it
+/// itself, whatever path brought the answer, and refuses the call otherwise
+/// ([`PermissionRefusal`]).
 pub struct PermissionGate;
 
 #[async_trait]
@@ -93,11 +134,13 @@ impl ToolGateHook for PermissionGate {
             }),
             PermissionDecision::Ask => {
                 // A human answered this call: an approval, or a denial its ticket hands to
-                // the tool (a delegate forwards it to its child run). Not asked again.
+                // the tool (a delegate forwards it to its child run). Not asked again, if the
+                // answer was given on this call with these arguments.
                 // (Any other denial closes the call before the gates run.)
-                let answered = tool.resume.is_some();
-                if answered {
-                    None
+                if let Some(answer) = &tool.resume {
+                    answer_refusal(call, answer).map(|refusal| ToolInterceptPayload::Block {
+                        reason: refusal.to_string(),
+                    })
                 } else {
                     Some(ToolInterceptPayload::Suspend(SuspendTicket {
                         suspension_id: format!("permission-{}", call.id),
@@ -113,6 +156,28 @@ impl ToolGateHook for PermissionGate {
             }
         })
     }
+}
+
+/// Why `answer` cannot let `call` through, or `None` when it was given on this call with
+/// exactly its arguments.
+fn answer_refusal(
+    call: &awaken_event::ToolCall,
+    answer: &awaken_event::ToolCallResume,
+) -> Option<PermissionRefusal> {
+    if answer.call_id != call.id {
+        return Some(PermissionRefusal::OtherCall {
+            call_id: call.id.clone(),
+            tool: call.name.clone(),
+            answered: answer.call_id.clone(),
+        });
+    }
+    let actual = argument_digest(&call.arguments);
+    (answer.argument_digest != actual).then(|| PermissionRefusal::OtherArguments {
+        call_id: call.id.clone(),
+        tool: call.name.clone(),
+        answered: answer.argument_digest.clone(),
+        actual,
+    })
 }
 
 /// The JSON Schema of the `permission` section (the serde shape of [`PermissionConfig`]).
@@ -145,6 +210,7 @@ fn permission_schema() -> &'static ConfigSchema {
                                         "properties": {
                                             "pointer": {"type": "string"},
                                             "equals": {},
+                                            "as": {"enum": ["json", "number", "string"]},
                                             "matches": {"type": "string"}
                                         }
                                     }

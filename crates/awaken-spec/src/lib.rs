@@ -24,6 +24,7 @@ pub use glob::Glob;
 pub use inference::{InferenceOverride, ReasoningEffort};
 pub use model::{KnowledgeCutoff, Modality, ModelSpec, TokenPrices};
 pub use permission::{
-    ArgMatcher, PERMISSION_SECTION, PermissionConfig, PermissionDecision, PermissionRule,
+    ArgMatcher, Comparison, PERMISSION_SECTION, PermissionConfig, PermissionDecision,
+    PermissionRule, json_equal,
 };
 pub use sections::{RETRY_SECTION, RetryConfig, Sections};

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use awaken_event::{EffectClass, SuspendTicket, ToolCall, ToolCallId, ToolCallState, ToolResult};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::error::ToolError;
 use crate::gate::ToolInterceptPayload;
@@ -100,6 +101,14 @@ pub enum BatchError {
     MissingTicket {
         /// The call.
         call_id: ToolCallId,
+    },
+    /// The call's arguments can no longer change: it has started running or is closed.
+    #[error("the arguments of tool call `{call_id}` cannot change once it is {state}")]
+    ArgumentsFixed {
+        /// The call.
+        call_id: ToolCallId,
+        /// Its state.
+        state: ToolCallState,
     },
     /// A stored batch breaks an invariant (read back from serde).
     #[error("tool call `{call_id}` in state {state} is inconsistent: {problem}")]
@@ -343,6 +352,42 @@ impl ToolBatch {
         result: Option<Arc<ToolResult>>,
     ) -> Result<(), BatchError> {
         self.apply(id, to, result, None)
+    }
+
+    /// Replaces the arguments of a call that has not run yet (`Requested`, or `Suspended` and
+    /// resumed) with their canonical form (`Tool::normalize_arguments`): from then on the batch
+    /// (and what a store keeps of it) holds the arguments the gates saw and the tool runs with.
+    /// The call no longer shares the assistant message's arguments.
+    ///
+    /// # Errors
+    /// [`BatchError::UnknownCall`], or [`BatchError::ArgumentsFixed`] when the call is in
+    /// another state. Nothing changes on error.
+    pub fn set_arguments(
+        &mut self,
+        id: &ToolCallId,
+        arguments: Arc<Value>,
+    ) -> Result<(), BatchError> {
+        let entry = self
+            .calls
+            .iter_mut()
+            .find(|c| &c.call.id == id)
+            .ok_or_else(|| BatchError::UnknownCall {
+                call_id: id.clone(),
+            })?;
+        if !matches!(
+            entry.state,
+            ToolCallState::Requested | ToolCallState::Suspended
+        ) {
+            return Err(BatchError::ArgumentsFixed {
+                call_id: id.clone(),
+                state: entry.state,
+            });
+        }
+        entry.call = SharedCall::own(ToolCall {
+            arguments,
+            ..ToolCall::clone(&entry.call)
+        });
+        Ok(())
     }
 
     /// `Requested`/`Suspended` → `Executing` after the final allow, or `Executing` →

@@ -13,7 +13,8 @@ use crate::recovery::ToolRecoveryPolicy;
 ///
 /// The runtime registers a tool once (as a [`crate::RegisteredTool`], which compiles its
 /// argument schema and checks its recovery policy), and for each call: validates the arguments
-/// (invalid ones never reach `execute`), runs the gates, commits the call as `Executing`, then
+/// (invalid ones never reach `execute`), puts them in the tool's canonical form
+/// ([`Tool::normalize_arguments`]), runs the gates, commits the call as `Executing`, then
 /// calls [`Tool::execute`], checks the returned command against [`Tool::writes`] and commits the
 /// result.
 #[async_trait]
@@ -37,7 +38,30 @@ pub trait Tool: Send + Sync + 'static {
         &[]
     }
 
-    /// Runs the call with arguments already validated against the schema. They are borrowed:
+    /// The arguments in the tool's canonical form, or `None` when they are in it already (the
+    /// default: every form is canonical, and nothing is allocated).
+    ///
+    /// Called by the runtime for every call, after the arguments passed the schema and before
+    /// any gate, and again each time a resumed call passes the gates. The canonical arguments
+    /// replace the call's in its batch entry, so the gates (permission rules), a suspension's
+    /// ticket and argument digest (what a human approves), `BeforeToolExecute`,
+    /// `AfterToolExecute` and [`Tool::execute`] all see them; the history keeps the model's
+    /// text. A tool whose argument has several spellings for one thing (a path: `./a`, `a/`,
+    /// `b/../a`) returns one, so that a rule on the argument cannot be sidestepped by another
+    /// spelling. It must be idempotent (canonical arguments give `None`), keep the arguments
+    /// valid against the schema (the runtime checks), and change nothing outside: it may read
+    /// what the arguments name (a file system, to resolve symbolic links).
+    ///
+    /// # Errors
+    /// Arguments that have no canonical form (a path that leads out of the tool's directory):
+    /// the call is closed `Blocked` with the error, before any gate, and the tool never runs.
+    fn normalize_arguments(&self, args: &Value) -> Result<Option<Value>, ToolError> {
+        let _ = args;
+        Ok(None)
+    }
+
+    /// Runs the call with arguments already validated against the schema (and in the form
+    /// [`Tool::normalize_arguments`] gives, when the runtime calls it). They are borrowed:
     /// the value parsed once from the model's output, shared by the history, the batch and the
     /// call's events (a tool copies only what it keeps).
     ///

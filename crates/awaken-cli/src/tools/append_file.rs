@@ -46,7 +46,7 @@ use awaken::tool::{DigestWriter, ToolCallContext, ToolError, ToolOutput};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::confine::{confine, failed, outside};
+use super::confine::{canonical, failed, normalize_path, outside};
 
 /// The file name of the tool's journal in its root directory.
 pub(crate) const JOURNAL: &str = ".awaken-append-journal";
@@ -92,11 +92,11 @@ enum Record {
 }
 
 impl AppendFile {
-    /// The real path of `requested` under the root: the root is created if missing; the file's
-    /// directory must exist, and neither it nor the file (if it exists) may lead out of the root.
-    /// The journal is not a target.
+    /// The real path of `requested` under the root, which must be the path's canonical
+    /// spelling (`confine`): the root is created if missing; the file's directory must exist,
+    /// and the file must not be a directory. The journal is not a target.
     fn target(&self, requested: &str) -> Result<Target, ToolError> {
-        let path = confine(&self.root, requested)?;
+        canonical(&self.root, requested)?;
         std::fs::create_dir_all(&self.root).map_err(|e| {
             failed(format!(
                 "cannot create the allowed directory {}: {e}",
@@ -104,41 +104,25 @@ impl AppendFile {
             ))
         })?;
         let root = std::fs::canonicalize(&self.root).map_err(|_| outside(requested))?;
-        let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
-            return Err(failed(format!("`{requested}` does not name a file")));
-        };
-        let dir = std::fs::canonicalize(dir).map_err(|e| {
-            failed(format!(
-                "the directory of `{requested}` does not exist under the allowed directory: {e}"
-            ))
-        })?;
-        if !dir.starts_with(&root) {
-            return Err(outside(requested));
-        }
-        let file = dir.join(name);
-        if file == root.join(JOURNAL) {
+        if requested == JOURNAL {
             return Err(failed(format!(
                 "`{requested}` is append_file's own journal, not a file to append to"
             )));
         }
-        if let Ok(meta) = std::fs::symlink_metadata(&file) {
-            let real = std::fs::canonicalize(&file).map_err(|_| outside(requested))?;
-            if !real.starts_with(&root) {
-                return Err(outside(requested));
-            }
-            if meta.is_dir() || real.is_dir() {
-                return Err(failed(format!("`{requested}` is a directory")));
-            }
+        let file = root.join(requested);
+        let dir = file.parent().unwrap_or(&root);
+        if !dir.is_dir() {
+            return Err(failed(format!(
+                "the directory of `{requested}` does not exist under the allowed directory"
+            )));
         }
-        let relative = file
-            .strip_prefix(&root)
-            .map_err(|_| outside(requested))?
-            .to_string_lossy()
-            .into_owned();
+        if file.is_dir() {
+            return Err(failed(format!("`{requested}` is a directory")));
+        }
         Ok(Target {
             root,
             file,
-            relative,
+            relative: requested.to_owned(),
         })
     }
 
@@ -419,6 +403,10 @@ impl awaken::tool::Tool for AppendFile {
             "additionalProperties": false
         }))
         .with_effect(EffectClass::SideEffecting)
+    }
+
+    fn normalize_arguments(&self, args: &Value) -> Result<Option<Value>, ToolError> {
+        normalize_path("append_file", &self.root, args)
     }
 
     async fn execute(&self, args: &Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {

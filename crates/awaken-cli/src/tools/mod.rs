@@ -11,3 +11,7 @@ mod read_file;
 pub(crate) use append_file::AppendFile;
 pub(crate) use http_get::{DEFAULT_MAX_BYTES, HttpGet};
 pub(crate) use read_file::ReadFile;
+
+// Symbolic links are made with `std::os::unix`.
+#[cfg(all(test, unix))]
+mod tests;

@@ -7,12 +7,14 @@ use awaken::event::{EffectClass, ToolDescriptor};
 use awaken::tool::{Tool, ToolCallContext, ToolError, ToolOutput};
 use serde_json::{Value, json};
 
-use super::confine::{confine, outside};
+use super::confine::{canonical, failed, normalize_path};
 
 /// Most bytes `read_file` returns.
 const MAX_READ: u64 = 64 * 1024;
 
-/// `read_file {"path": string}`: reads a UTF-8 file under `root` (no `..`, no absolute paths).
+/// `read_file {"path": string}`: reads a UTF-8 file under `root` (no absolute paths, nothing
+/// that leads out of it). The path is put in its canonical spelling before the gates run
+/// (`confine`), and read only in that spelling.
 pub(crate) struct ReadFile {
     pub(crate) root: PathBuf,
 }
@@ -33,20 +35,15 @@ impl Tool for ReadFile {
         .with_effect(EffectClass::ReadOnly)
     }
 
+    fn normalize_arguments(&self, args: &Value) -> Result<Option<Value>, ToolError> {
+        normalize_path("read_file", &self.root, args)
+    }
+
     async fn execute(&self, args: &Value, _ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
         let requested = args["path"].as_str().unwrap_or_default();
-        let path = confine(&self.root, requested)?;
-        // A symbolic link must not lead out of the root either.
-        let root = std::fs::canonicalize(&self.root).map_err(|_| outside(requested))?;
-        let real = std::fs::canonicalize(&path).map_err(|e| ToolError::Execution {
-            message: format!("cannot read `{requested}`: {e}"),
-        })?;
-        if !real.starts_with(&root) {
-            return Err(outside(requested));
-        }
-        let meta = std::fs::metadata(&path).map_err(|e| ToolError::Execution {
-            message: format!("cannot read `{requested}`: {e}"),
-        })?;
+        let path = canonical(&self.root, requested)?;
+        let cannot = |e: std::io::Error| failed(format!("cannot read `{requested}`: {e}"));
+        let meta = std::fs::metadata(&path).map_err(cannot)?;
         if meta.len() > MAX_READ {
             return Err(ToolError::Execution {
                 message: format!(
@@ -55,9 +52,7 @@ impl Tool for ReadFile {
                 ),
             });
         }
-        let text = std::fs::read_to_string(&path).map_err(|e| ToolError::Execution {
-            message: format!("cannot read `{requested}`: {e}"),
-        })?;
+        let text = std::fs::read_to_string(&path).map_err(cannot)?;
         Ok(ToolOutput::success(
             json!({"path": requested, "content": text}),
         ))

@@ -12,7 +12,7 @@ use awaken_event::{
 use awaken_phase::{Phase, ToolPhaseInfo};
 use awaken_plugin::{LifecycleEvent, evaluate_gates};
 use awaken_resolver::ResolvedTool;
-use awaken_tool::{GateResolution, ToolInterceptPayload};
+use awaken_tool::{GateResolution, ToolError, ToolInterceptPayload};
 
 use crate::builtins::StatsUpdate;
 use crate::builtins::read_key;
@@ -34,8 +34,9 @@ pub(super) enum Prepared {
     Done(CallOutcome),
     /// Allowed: the tool to run, by its place in the resolved tools (borrowed there, not
     /// copied: the resolver's tools are shared by every run, and copying one changes counts the
-    /// other worker threads change too).
-    Run(usize),
+    /// other worker threads change too), and the call with its arguments in the tool's
+    /// canonical form when they were not (boxed: most tools have one form).
+    Run(usize, Option<Box<ToolCall>>),
 }
 
 impl Run<'_> {
@@ -258,10 +259,12 @@ impl Run<'_> {
         call: &ToolCall,
         resume: Option<Box<ToolCallResume>>,
     ) -> Result<CallOutcome, Failure> {
-        let at = match self.prepare_call(call, resume.clone()).await? {
+        let (at, normalized) = match self.prepare_call(call, resume.clone()).await? {
             Prepared::Done(outcome) => return Ok(outcome),
-            Prepared::Run(at) => at,
+            Prepared::Run(at, normalized) => (at, normalized),
         };
+        // The tool and `AfterToolExecute` see the arguments the gates saw.
+        let call = normalized.as_deref().unwrap_or(call);
         self.mark_executing(&[call]).await?;
         // Boxed: a call's invocation (its context, timer, span and the tool's future) would
         // otherwise take the largest room in every run's future for the run's whole life,
@@ -277,8 +280,9 @@ impl Run<'_> {
         self.after_tool(call, ran, resume).await
     }
 
-    /// Everything before a call may run: the runtime's own checks, the gates, and
-    /// `BeforeToolExecute` with any decision an action there took.
+    /// Everything before a call may run: the runtime's own checks, the arguments put in the
+    /// tool's canonical form (recorded in the batch), the gates, and `BeforeToolExecute` with
+    /// any decision an action there took.
     pub(super) async fn prepare_call(
         &mut self,
         call: &ToolCall,
@@ -309,6 +313,29 @@ impl Run<'_> {
                 ToolCallState::Blocked,
             )));
         }
+        // Normalised once, here: the gates, the ticket, the hooks and the tool see one form,
+        // and the batch keeps it.
+        let normalized = match normalized_arguments(&self.resolved.tools[at], call) {
+            Ok(None) => None,
+            Ok(Some(arguments)) => {
+                if let Some(batch) = self.batch.as_mut() {
+                    batch
+                        .set_arguments(&call.id, arguments.clone())
+                        .map_err(|e| Failure::Error(e.to_string()))?;
+                }
+                Some(Box::new(ToolCall {
+                    arguments,
+                    ..call.clone()
+                }))
+            }
+            Err(e) => {
+                return Ok(Prepared::Done(CallOutcome::Closed(
+                    e.to_result(),
+                    ToolCallState::Blocked,
+                )));
+            }
+        };
+        let call = normalized.as_deref().unwrap_or(call);
         // Gates are pure, so whether `BeforeToolExecute` has anything to run is known now.
         let hooks_idle = self.engine.is_idle(Phase::BeforeToolExecute);
         // One call description, shared by the gates' and the hooks' contexts (made only if
@@ -359,7 +386,7 @@ impl Run<'_> {
         if let Some(payload) = decided {
             return Ok(Prepared::Done(intercepted(payload)));
         }
-        Ok(Prepared::Run(at))
+        Ok(Prepared::Run(at, normalized))
     }
 
     /// Commits `calls` as `Executing`: durable before any of them can have an effect.
@@ -414,6 +441,19 @@ impl Run<'_> {
         }
         Ok(CallOutcome::Closed(result, state))
     }
+}
+
+/// The call's arguments in its tool's canonical form, checked against the schema again, or
+/// `None` when they are in it already (no allocation then).
+fn normalized_arguments(
+    tool: &ResolvedTool,
+    call: &ToolCall,
+) -> Result<Option<Arc<serde_json::Value>>, ToolError> {
+    let Some(arguments) = tool.tool.tool().normalize_arguments(&call.arguments)? else {
+        return Ok(None);
+    };
+    tool.tool.validate(&arguments)?;
+    Ok(Some(Arc::new(arguments)))
 }
 
 /// The outcome a gate's or an action's decision on a call gives it.

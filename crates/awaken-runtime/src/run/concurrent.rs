@@ -25,13 +25,19 @@ impl Run<'_> {
         let mut prepared: Vec<Option<CallOutcome>> = Vec::with_capacity(calls.len());
         // (The call's index, its tool's place in the resolved tools.)
         let mut to_run: Vec<(usize, usize)> = Vec::new();
+        // (The call's index, the call in its tool's canonical form) for the calls whose
+        // arguments were not in it (none for most steps: nothing is allocated then).
+        let mut normalized: Vec<(usize, Box<ToolCall>)> = Vec::new();
         for (i, call) in calls.iter().enumerate() {
             self.begin_call(calls, i).await?;
             match self.prepare_call(call, None).await {
                 Ok(Prepared::Done(outcome)) => prepared.push(Some(outcome)),
-                Ok(Prepared::Run(at)) => {
+                Ok(Prepared::Run(at, canonical)) => {
                     prepared.push(None);
                     to_run.push((i, at));
+                    if let Some(canonical) = canonical {
+                        normalized.push((i, canonical));
+                    }
                 }
                 Err(failure) => {
                     self.close_all(calls, failure.call_reason()).await?;
@@ -41,6 +47,13 @@ impl Run<'_> {
         }
         let started: Vec<&ToolCall> = to_run.iter().map(|(i, _)| &calls[*i]).collect();
         self.mark_executing(&started).await?;
+        // The call as the gates saw it: the tool and `AfterToolExecute` see the same.
+        let call_at = |i: usize| {
+            normalized
+                .iter()
+                .find(|(n, _)| *n == i)
+                .map_or(&calls[i], |(_, c)| &**c)
+        };
         // Lanes: calls whose declared writes overlap (transitively) share a lane and run in
         // call order; lanes run concurrently.
         let tools = &self.resolved.tools;
@@ -51,6 +64,7 @@ impl Run<'_> {
             futures_util::future::join_all(lanes.into_iter().map(|lane| {
                 let invocation = &invocation;
                 let to_run = &to_run;
+                let call_at = &call_at;
                 async move {
                     let mut out = Vec::with_capacity(lane.len());
                     for slot in lane {
@@ -58,7 +72,7 @@ impl Run<'_> {
                         out.push((
                             i,
                             invocation
-                                .run(&tools[at], &calls[i], None, engine, true)
+                                .run(&tools[at], call_at(i), None, engine, true)
                                 .await,
                         ));
                     }
@@ -74,7 +88,7 @@ impl Run<'_> {
         for (i, call) in calls.iter().enumerate() {
             let outcome = match (prepared[i].take(), results[i].take()) {
                 (Some(outcome), _) => outcome,
-                (None, Some(ran)) => match self.after_tool(call, ran, None).await {
+                (None, Some(ran)) => match self.after_tool(call_at(i), ran, None).await {
                     Ok(o) => o,
                     Err(failure) => {
                         self.close_all(&calls[i..], failure.call_reason()).await?;

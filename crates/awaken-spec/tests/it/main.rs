@@ -2,3 +2,4 @@
 
 mod agent;
 mod merge;
+mod permission;

@@ -346,6 +346,60 @@ fn a_batch_of_a_messages_shared_calls_is_the_batch_of_those_calls() {
 }
 
 #[test]
+fn arguments_change_only_before_a_call_runs_and_stop_being_shared() {
+    let calls: Arc<[ToolCall]> = (0..3)
+        .map(|i| {
+            call(
+                &format!("call_{i}"),
+                "tool",
+                json!({"path": format!("./f{i}")}),
+            )
+        })
+        .collect();
+    let mut b = ToolBatch::of_shared(&calls).expect("distinct ids");
+    let canonical = |i: usize| Arc::new(json!({"path": format!("f{i}")}));
+    // Requested, and suspended (a resumed call passes the gates again).
+    b.set_arguments(&call_id("call_0"), canonical(0))
+        .expect("requested");
+    b.suspend(&call_id("call_1"), ticket(&call_id("call_1"), 0))
+        .expect("suspend");
+    b.set_arguments(&call_id("call_1"), canonical(1))
+        .expect("suspended");
+    b.start(&call_id("call_2")).expect("start");
+    let before = b.clone();
+    assert_eq!(
+        b.set_arguments(&call_id("call_2"), canonical(2)),
+        Err(BatchError::ArgumentsFixed {
+            call_id: call_id("call_2"),
+            state: S::Executing
+        })
+    );
+    assert_eq!(
+        b.set_arguments(&call_id("nope"), canonical(2)),
+        Err(BatchError::UnknownCall {
+            call_id: call_id("nope")
+        })
+    );
+    assert_eq!(b, before);
+    let shown: Vec<String> = b
+        .calls()
+        .iter()
+        .map(|c| format!("{} {} {}", c.id(), c.state(), c.call().arguments))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            r#"call_0 requested {"path":"f0"}"#,
+            r#"call_1 suspended {"path":"f1"}"#,
+            r#"call_2 executing {"path":"./f2"}"#,
+        ]
+    );
+    // The message's calls keep the model's arguments; the batch's are its own and read back.
+    assert_eq!(calls[0].arguments, Arc::new(json!({"path": "./f0"})));
+    assert_eq!(round_trip(&b), b);
+}
+
+#[test]
 fn the_stored_form_is_stable_and_checked_when_read() {
     let mut b = batch(2);
     b.start(&call_id("call_0")).expect("exec");
