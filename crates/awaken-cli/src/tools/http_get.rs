@@ -2,11 +2,12 @@
 //! every URL, redirects included, must name an allowed host and reach only public addresses or
 //! the ranges the agent file allows.
 
+use std::fmt::Write as _;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use awaken::event::{EffectClass, ToolDescriptor};
-use awaken::tool::{ToolCallContext, ToolError, ToolOutput};
+use awaken::tool::{ToolCallContext, ToolError, ToolOutput, Violation};
 use awaken_net::{
     HostAllowList, IpRange, OutboundClient, OutboundConfig, OutboundError, OutboundGuard, header,
 };
@@ -96,6 +97,36 @@ impl awaken::tool::Tool for HttpGet {
         .with_effect(EffectClass::ReadOnly)
     }
 
+    /// The URL as the guard parses it (scheme and host in lower case, the default port
+    /// dropped, `.` and `..` segments resolved), with percent-encoded letters, digits and
+    /// `-._~` decoded and other escapes in upper case: the one spelling the rules and
+    /// approvals see. A URL the guard refuses without a lookup is refused here, before any
+    /// gate.
+    fn normalize_arguments(&self, args: &Value) -> Result<Option<Value>, ToolError> {
+        let Some(requested) = args.get("url").and_then(Value::as_str) else {
+            return Ok(None);
+        };
+        let refused = |e: OutboundError| ToolError::InvalidArguments {
+            tool_id: "http_get".to_owned(),
+            violations: vec![Violation {
+                path: "/url".to_owned(),
+                message: e.to_string(),
+            }],
+        };
+        let guard = self.client.guard();
+        let parsed = guard.parse_url(requested).map_err(refused)?;
+        // Decoding may reveal `.` segments (`%2e`): parse again.
+        let canonical = guard
+            .parse_url(&uniform_escapes(parsed.as_str()))
+            .map_err(refused)?;
+        if canonical.as_str() == requested {
+            return Ok(None);
+        }
+        let mut args = args.clone();
+        args["url"] = Value::String(canonical.into());
+        Ok(Some(args))
+    }
+
     async fn execute(&self, args: &Value, ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
         let requested = args["url"].as_str().unwrap_or_default();
         tokio::select! {
@@ -105,4 +136,36 @@ impl awaken::tool::Tool for HttpGet {
             () = ctx.cancel_token().cancelled() => Err(ToolError::Cancelled { tool_id: "http_get".into() }),
         }
     }
+}
+
+/// `url` with every `%XX` escape of an unreserved character (a letter, a digit, `-._~`)
+/// decoded and every other escape's hex digits in upper case (RFC 3986, 6.2.2): the escapes
+/// that spell the same URL differently.
+pub(super) fn uniform_escapes(url: &str) -> String {
+    let bytes = url.as_bytes();
+    let mut out = String::with_capacity(url.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = (bytes[i] == b'%')
+            .then(|| url.get(i + 1..i + 3))
+            .flatten()
+            .filter(|hex| hex.bytes().all(|b| b.is_ascii_hexdigit()))
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match escaped {
+            Some(b) if b.is_ascii_alphanumeric() || b"-._~".contains(&b) => {
+                out.push(char::from(b));
+                i += 3;
+            }
+            Some(b) => {
+                let _ = write!(out, "%{b:02X}");
+                i += 3;
+            }
+            None => {
+                let c = url[i..].chars().next().unwrap_or_default();
+                out.push(c);
+                i += c.len_utf8().max(1);
+            }
+        }
+    }
+    out
 }

@@ -343,3 +343,109 @@ async fn a_tool_refuses_a_path_that_is_not_canonical_when_it_runs() {
     );
     assert_eq!(normalized("notes.txt"), Ok(None));
 }
+
+/// A loopback HTTP server answering every request `200 ok`, counting the requests it got.
+fn counting_server() -> (u16, Arc<AtomicUsize>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    let port = listener.local_addr().expect("address").port();
+    let requests = Arc::new(AtomicUsize::new(0));
+    let counted = requests.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut head = [0u8; 4096];
+            if stream.read(&mut head).unwrap_or(0) > 0 {
+                counted.fetch_add(1, Ordering::SeqCst);
+                let _ = stream.write_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
+                );
+            }
+        }
+    });
+    (port, requests)
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_rule_on_a_url_holds_in_every_spelling_of_it() {
+    let (port, requests) = counting_server();
+    let base = format!("http://127.0.0.1:{port}");
+    let rules = json!({
+        "rules": [{"tool": "http_get", "args": [{"pointer": "/url", "matches": format!("{base}/secret*")}], "decision": "deny"}],
+        "default": "allow"
+    });
+    let denied = "blocked \"`http_get` is not permitted for this agent\"";
+    let rows = [
+        format!("{base}/secret"),
+        format!("HTTP://127.0.0.1:{port}/secret"),
+        format!("{base}/./secret"),
+        format!("{base}/a/../secret"),
+        format!("{base}/%73ecret"),
+        format!("{base}/%2e/secret"),
+        format!("{base}/%2E%2e/secret"),
+        format!("{base}/public/..%2Fsecret/../../secret"),
+    ];
+    let mut wrong = Vec::new();
+    for url in &rows {
+        let tool = super::HttpGet::new(
+            vec!["127.0.0.1".into()],
+            vec!["127.0.0.0/8".parse().expect("range")],
+            1024,
+        )
+        .expect("the tool");
+        let (_, closed) = one_call(Arc::new(tool), rules.clone(), json!({ "url": url })).await;
+        if closed != denied {
+            wrong.push(format!("{url}: {closed}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    assert_eq!(
+        requests.load(Ordering::SeqCst),
+        0,
+        "no refused URL was fetched"
+    );
+
+    // An allowed URL still runs, in its canonical spelling; a spelling the guard refuses
+    // never reaches a gate.
+    let tool = || {
+        Arc::new(
+            super::HttpGet::new(
+                vec!["127.0.0.1".into()],
+                vec!["127.0.0.0/8".parse().expect("range")],
+                1024,
+            )
+            .expect("the tool"),
+        )
+    };
+    let (_, closed) = one_call(
+        tool(),
+        rules.clone(),
+        json!({"url": format!("{base}/%70ublic/./")}),
+    )
+    .await;
+    assert!(
+        closed.starts_with("succeeded") && closed.contains(&format!("{base}/public/")),
+        "{closed}"
+    );
+    assert_eq!(requests.load(Ordering::SeqCst), 1);
+    let (_, closed) = one_call(
+        tool(),
+        rules,
+        json!({"url": format!("http://0x7f.0.0.1:{port}/secret")}),
+    )
+    .await;
+    assert!(
+        closed.starts_with("blocked") && closed.contains("non-standard spelling"),
+        "{closed}"
+    );
+    assert_eq!(requests.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn escapes_of_unreserved_characters_are_decoded_and_others_put_in_upper_case() {
+    let uniform = super::http_get::uniform_escapes;
+    assert_eq!(uniform("http://h/%61%2d%5F%7e%30"), "http://h/a-_~0");
+    assert_eq!(uniform("http://h/%2f%3a%c3%a9"), "http://h/%2F%3A%C3%A9");
+    assert_eq!(uniform("http://h/%zz%+1%4"), "http://h/%zz%+1%4");
+    assert_eq!(uniform("http://h/é%"), "http://h/é%");
+}
