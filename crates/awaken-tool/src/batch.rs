@@ -367,13 +367,7 @@ impl ToolBatch {
         id: &ToolCallId,
         arguments: Arc<Value>,
     ) -> Result<(), BatchError> {
-        let entry = self
-            .calls
-            .iter_mut()
-            .find(|c| &c.call.id == id)
-            .ok_or_else(|| BatchError::UnknownCall {
-                call_id: id.clone(),
-            })?;
+        let entry = self.entry_mut(id)?;
         if !matches!(
             entry.state,
             ToolCallState::Requested | ToolCallState::Suspended
@@ -546,6 +540,16 @@ impl ToolBatch {
             .collect()
     }
 
+    /// The entry of call `id`.
+    fn entry_mut(&mut self, id: &ToolCallId) -> Result<&mut BatchCall, BatchError> {
+        self.calls
+            .iter_mut()
+            .find(|c| &c.call.id == id)
+            .ok_or_else(|| BatchError::UnknownCall {
+                call_id: id.clone(),
+            })
+    }
+
     fn apply(
         &mut self,
         id: &ToolCallId,
@@ -553,13 +557,7 @@ impl ToolBatch {
         result: Option<Arc<ToolResult>>,
         ticket: Option<SuspendTicket>,
     ) -> Result<(), BatchError> {
-        let entry = self
-            .calls
-            .iter_mut()
-            .find(|c| &c.call.id == id)
-            .ok_or_else(|| BatchError::UnknownCall {
-                call_id: id.clone(),
-            })?;
+        let entry = self.entry_mut(id)?;
         if !is_allowed_transition(entry.state, to) {
             return Err(BatchError::InvalidTransition {
                 call_id: id.clone(),
