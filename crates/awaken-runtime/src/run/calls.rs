@@ -12,7 +12,7 @@ use awaken_event::{
 use awaken_phase::{Phase, ToolPhaseInfo};
 use awaken_plugin::{LifecycleEvent, evaluate_gates};
 use awaken_resolver::ResolvedTool;
-use awaken_tool::{GateResolution, ToolError, ToolInterceptPayload};
+use awaken_tool::{GateResolution, OUTCOME_UNKNOWN_MESSAGE, ToolError, ToolInterceptPayload};
 
 use crate::builtins::StatsUpdate;
 use crate::builtins::read_key;
@@ -202,19 +202,22 @@ impl Run<'_> {
         reason: &str,
     ) -> Result<(), Failure> {
         for call in calls {
-            let open = self.batch.as_ref().is_none_or(|b| {
-                matches!(
-                    b.state(&call.id),
-                    Some(
-                        ToolCallState::Requested
-                            | ToolCallState::Executing
-                            | ToolCallState::Suspended
+            let state = self.batch.as_ref().map(|b| b.state(&call.id));
+            match state {
+                // It may have run: closing never guesses.
+                Some(Some(ToolCallState::Executing)) => {
+                    self.close(
+                        call,
+                        ToolResult::error(OUTCOME_UNKNOWN_MESSAGE),
+                        ToolCallState::OutcomeUnknown,
                     )
-                )
-            });
-            if open {
-                self.close(call, ToolResult::error(reason), ToolCallState::Cancelled)
                     .await?;
+                }
+                None | Some(Some(ToolCallState::Requested | ToolCallState::Suspended)) => {
+                    self.close(call, ToolResult::error(reason), ToolCallState::Cancelled)
+                        .await?;
+                }
+                Some(_) => {}
             }
         }
         Ok(())
@@ -436,8 +439,16 @@ impl Run<'_> {
                 result: Some(result.clone()),
                 resume: resume.map(|r| *r),
             };
-            self.phase_with(self.ctx(Phase::AfterToolExecute).with_tool(after))
-                .await?;
+            if let Err(failure) = self
+                .phase_with(self.ctx(Phase::AfterToolExecute).with_tool(after))
+                .await
+            {
+                // The tool ran and its result is known: the call closes with it, whatever
+                // ends the run.
+                // Boxed: a cold path, kept out of every run's future.
+                Box::pin(self.close(call, result, state)).await?;
+                return Err(failure);
+            }
         }
         Ok(CallOutcome::Closed(result, state))
     }

@@ -91,6 +91,19 @@ impl Run<'_> {
                 (None, Some(ran)) => match self.after_tool(call_at(i), ran, None).await {
                     Ok(o) => o,
                     Err(failure) => {
+                        // The later calls ran too: those that finished close with their
+                        // results (without `AfterToolExecute`: the run is ending).
+                        for (later, ran) in results.iter_mut().enumerate().skip(i + 1) {
+                            let mut ran = ran.take();
+                            while let Some(Ran::EffectsFailed(failed)) = ran {
+                                let (inner, failures) = *failed;
+                                self.effects_failed(&failures)?;
+                                ran = Some(inner);
+                            }
+                            if let Some((result, state)) = ran.and_then(Ran::finished) {
+                                self.close(&calls[later], result, state).await?;
+                            }
+                        }
                         self.close_all(&calls[i..], failure.call_reason()).await?;
                         return Err(failure);
                     }

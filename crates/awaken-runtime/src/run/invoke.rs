@@ -32,6 +32,19 @@ pub(super) enum Ran {
     EffectsFailed(Box<(Ran, Vec<EffectFailure>)>),
 }
 
+impl Ran {
+    /// The result and state of a call that finished (or was cancelled), effect failures put
+    /// aside (report them first); `None` when it suspended.
+    pub(super) fn finished(self) -> Option<(ToolResult, ToolCallState)> {
+        match self {
+            Ran::Finished(result, state) => Some((result, state)),
+            Ran::Cancelled(result) => Some((result, ToolCallState::Cancelled)),
+            Ran::Suspended(_) => None,
+            Ran::EffectsFailed(failed) => failed.0.finished(),
+        }
+    }
+}
+
 impl Run<'_> {
     /// What running a tool needs from the run, borrowed apart from the run itself.
     pub(super) fn invocation(&self) -> Invocation<'_> {

@@ -912,3 +912,79 @@ async fn runs_sharing_one_cancellation_token_leave_no_waker_on_it() {
     }
     assert_eq!(token.waiting_tasks(), 0);
 }
+
+/// An `AfterToolExecute` hook fails on the first of two calls after both tools ran: the run
+/// ends in error, and each call keeps the result its tool gave (never "not executed"), in the
+/// history and in its `ToolCallDone`, sequential or concurrent.
+#[tokio::test]
+async fn a_failing_after_tool_hook_keeps_the_results_of_the_tools_that_ran() {
+    for parallel in [false, true] {
+        let failing = plugin("failing", |r| {
+            r.register_phase_hook(
+                Phase::AfterToolExecute,
+                "fail_on_c1",
+                Arc::new(FnHook(|ctx: &PhaseContext| {
+                    let tool = ctx.tool.as_ref().expect("a tool phase");
+                    if tool.call.id.as_str() == "c1" {
+                        return Err(awaken_phase::HookError::failed("audit log is down"));
+                    }
+                    Ok(StateCommand::new())
+                })),
+            )
+        });
+        let out = Scenario::new(vec![
+            ScriptTurn::text("")
+                .with_tool_call(ScriptToolCall::new("echo", json!({"text": "a"})).with_id("c1"))
+                .with_tool_call(ScriptToolCall::new("echo", json!({"text": "b"})).with_id("c2")),
+            ScriptTurn::text("never"),
+        ])
+        .spec(|s| s.with_parallel_tools(parallel))
+        .plugin(failing)
+        .run()
+        .await;
+        assert!(
+            matches!(out.outcome.termination, TerminationReason::Error { .. }),
+            "{:?}",
+            out.outcome.termination
+        );
+        let done: Vec<String> = out
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                AgentEvent::ToolCallDone {
+                    call_id,
+                    result,
+                    state,
+                } => Some(format!("{call_id} {state} {}", result.content)),
+                _ => None,
+            })
+            .collect();
+        // In a sequential step c2 never ran; in a concurrent one it did, and says so.
+        let expected_c2 = if parallel {
+            r#"c2 succeeded {"echoed":"b"}"#
+        } else {
+            r#"c2 cancelled "not finished: the run failed""#
+        };
+        assert_eq!(
+            done,
+            [r#"c1 succeeded {"echoed":"a"}"#, expected_c2],
+            "parallel: {parallel}"
+        );
+        let checkpoint = out
+            .runtime
+            .store()
+            .load_checkpoint(&awaken_event::ThreadId::new("thread").expect("id"))
+            .await
+            .expect("loads")
+            .expect("stored");
+        let tools: Vec<String> = checkpoint
+            .messages
+            .iter()
+            .filter(|m| m.tool_call_id.is_some())
+            .map(|m| serde_json::to_string(&m.content).expect("json"))
+            .collect();
+        assert_eq!(tools.len(), 2, "one result per call: {tools:?}");
+        assert!(tools[0].contains("echoed"), "{tools:?}");
+        assert_eq!(tools[1].contains("echoed"), parallel, "{tools:?}");
+    }
+}
