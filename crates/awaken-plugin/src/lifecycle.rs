@@ -3,8 +3,10 @@
 //! stopping the others.
 
 use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -89,6 +91,14 @@ impl LifecycleEvent<'_> {
     }
 }
 
+/// Polls the future in `slot`; an emptied slot never finishes.
+fn poll_slot<F: Future>(slot: Pin<&mut Option<F>>, cx: &mut Context<'_>) -> Poll<F::Output> {
+    match slot.as_pin_mut() {
+        Some(future) => future.poll(cx),
+        None => Poll::Pending,
+    }
+}
+
 /// Counters of one plugin's one hook.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HookStats {
@@ -158,9 +168,10 @@ impl LifecycleDispatcher {
 
     /// Calls the event's hook on every plugin that implements it
     /// ([`Plugin::lifecycle_hooks`]), in order. Needs a tokio runtime with timers. Never fails
-    /// and never panics: each failure (an error, or a panic of the hook or of its plugin's
-    /// `lifecycle_hooks`, caught as [`PluginError::Panicked`]) or timeout is logged and
-    /// counted, and the last failure is kept ([`last_failure`](Self::last_failure)).
+    /// and never panics: each failure (an error, or a panic of the hook — its future's drop at
+    /// a timeout included — or of its plugin's `lifecycle_hooks`, caught as
+    /// [`PluginError::Panicked`]) or timeout is logged and counted, and the last failure is
+    /// kept ([`last_failure`](Self::last_failure)).
     pub async fn dispatch(&self, plugins: &[Arc<dyn Plugin>], event: LifecycleEvent<'_>) {
         let hook = event.hook();
         // Only the plugins implementing the hook are called and counted (each asked once; the
@@ -189,10 +200,11 @@ impl LifecycleDispatcher {
                 }
             }
             let started = *clock.get_or_insert_with(Instant::now);
-            let mut call = std::pin::pin!(catch_panic_async(event.call(plugin.as_ref())));
+            // In a slot, so that it is dropped in place under the guard below.
+            let mut call = std::pin::pin!(Some(catch_panic_async(event.call(plugin.as_ref()))));
             // Polled once first: a hook that is done at once (most are) needs no timer. One
             // that waits is then raced against its deadline, counted from its start.
-            let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+            let first = std::future::poll_fn(|cx| Poll::Ready(poll_slot(call.as_mut(), cx))).await;
             let outcome = match first {
                 Poll::Ready(done) => Ok(done),
                 Poll::Pending => {
@@ -200,13 +212,17 @@ impl LifecycleDispatcher {
                     let deadline = started
                         .checked_add(self.timeout)
                         .unwrap_or_else(|| started + FAR_FUTURE);
-                    tokio::time::timeout_at(deadline, call).await
+                    let rest = std::future::poll_fn(|cx| poll_slot(call.as_mut(), cx));
+                    tokio::time::timeout_at(deadline, rest).await
                 }
             };
+            // A hook abandoned at its timeout is dropped here: a panic in its cleanup is the
+            // hook's failure.
+            let dropped = catch_panic(|| call.as_mut().set(None));
             let ended = Instant::now();
             let elapsed = ended.saturating_duration_since(started);
             clock = Some(ended);
-            let (failure, timed_out) = match outcome {
+            let (mut failure, timed_out) = match outcome {
                 Ok(Ok(Ok(()))) => (None, false),
                 Ok(Ok(Err(e))) => (Some(e), false),
                 Ok(Err(message)) => (
@@ -218,6 +234,9 @@ impl LifecycleDispatcher {
                     (None, true)
                 }
             };
+            if let Err(message) = dropped {
+                failure = Some(PluginError::panicked(id, hook.as_str(), message));
+            }
             if let Some(e) = &failure {
                 tracing::warn!(plugin = id, hook = hook.as_str(), error = %e, "lifecycle hook failed");
             }

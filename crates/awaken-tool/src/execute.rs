@@ -15,9 +15,10 @@ use crate::context::ToolCallContext;
 use crate::error::ToolError;
 use crate::tool::{Tool, ToolOutput};
 
-/// Runs `tool.execute(args, ctx)` with a panic caught as [`ToolError::Panicked`], and stops
-/// waiting with [`ToolError::Cancelled`] when `ctx`'s cancellation token fires (the tool's
-/// future is dropped). A call whose token is already cancelled does not start. The arguments
+/// Runs `tool.execute(args, ctx)` with a panic caught as [`ToolError::Panicked`] (one while
+/// making its future, polling it, or dropping it once abandoned), and stops waiting with
+/// [`ToolError::Cancelled`] when `ctx`'s cancellation token fires (the tool's future is
+/// dropped). A call whose token is already cancelled does not start. The arguments
 /// are not validated here (see [`crate::RegisteredTool::invoke`]).
 ///
 /// # Errors
@@ -60,11 +61,12 @@ where
         message: panic_message(payload.as_ref()),
     };
     let future = catch_unwind(AssertUnwindSafe(|| tool.execute(args, ctx))).map_err(panicked)?;
-    let mut run = pin!(AssertUnwindSafe(future).catch_unwind());
+    // The tool's future is boxed (the trait's), so it can be dropped under the guard below.
+    let mut run = AssertUnwindSafe(future).catch_unwind();
     let mut cancel = pin!(ctx.cancel_token().cancelled());
     let mut timeout = pin!(timeout);
-    poll_fn(|cx| {
-        if let Poll::Ready(out) = run.as_mut().poll(cx) {
+    let outcome = poll_fn(|cx| {
+        if let Poll::Ready(out) = run.poll_unpin(cx) {
             return Poll::Ready(out.unwrap_or_else(|payload| Err(panicked(payload))));
         }
         if cancel.as_mut().poll(cx).is_ready() {
@@ -78,7 +80,13 @@ where
         }
         Poll::Pending
     })
-    .await
+    .await;
+    // An abandoned call (cancelled, timed out) drops the tool's future here, running the
+    // tool's cleanup: a panic in it is the tool's, and the call fails with it.
+    match catch_unwind(AssertUnwindSafe(move || drop(run))) {
+        Ok(()) => outcome,
+        Err(payload) => Err(panicked(payload)),
+    }
 }
 
 /// As [`execute_guarded_with_timeout`] with a timer from `tokio::time` (cargo feature `time`;
@@ -105,7 +113,7 @@ pub async fn execute_with_timeout(
     .await
 }
 
-fn panic_message(payload: &(dyn Any + Send)) -> String {
+pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&'static str>() {
         (*s).to_owned()
     } else if let Some(s) = payload.downcast_ref::<String>() {

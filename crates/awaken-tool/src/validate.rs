@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::context::ToolCallContext;
 use crate::error::{ToolError, ToolRegistrationError, Violation};
-use crate::execute::{execute_guarded, execute_guarded_with_timeout};
+use crate::execute::{execute_guarded, execute_guarded_with_timeout, panic_message};
 use crate::recovery::{RecoveryAction, ToolRecoveryPolicy, recovery_action};
 use crate::schema_cost;
 use crate::tool::{Tool, ToolOutput, check_writes};
@@ -211,6 +211,26 @@ impl RegisteredTool {
     /// [`ToolError::InvalidArguments`] listing every violation with its JSON path.
     pub fn validate(&self, args: &Value) -> Result<(), ToolError> {
         self.validator.validate(args)
+    }
+
+    /// The tool's canonical form of `args` ([`Tool::normalize_arguments`]), checked against
+    /// the schema, or `None` when they are in it already. A panic in the tool's code is caught.
+    ///
+    /// # Errors
+    /// The tool's own error, [`ToolError::Panicked`], or [`ToolError::InvalidArguments`] when
+    /// the canonical form breaks the schema.
+    pub fn normalize_arguments(&self, args: &Value) -> Result<Option<Value>, ToolError> {
+        let normalized = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.tool.normalize_arguments(args)
+        }))
+        .map_err(|payload| ToolError::Panicked {
+            tool_id: self.id().to_owned(),
+            message: panic_message(payload.as_ref()),
+        })??;
+        if let Some(canonical) = &normalized {
+            self.validate(canonical)?;
+        }
+        Ok(normalized)
     }
 
     /// Checks a call as the model sent it: arguments that were not JSON at all

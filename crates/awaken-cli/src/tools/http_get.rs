@@ -99,22 +99,38 @@ impl awaken::tool::Tool for HttpGet {
 
     /// The URL as the guard parses it (scheme and host in lower case, the default port
     /// dropped, `.` and `..` segments resolved), with percent-encoded letters, digits and
-    /// `-._~` decoded and other escapes in upper case: the one spelling the rules and
-    /// approvals see. A URL the guard refuses without a lookup is refused here, before any
-    /// gate.
+    /// `-._~` decoded and other escapes in upper case, without a fragment (never sent) and
+    /// without the trailing dot of a fully qualified host name: the one spelling the rules
+    /// and approvals see. A URL the guard refuses without a lookup is refused here, before any
+    /// gate, and so is one with a user name or password (another spelling of the same
+    /// resource, which would also send them).
     fn normalize_arguments(&self, args: &Value) -> Result<Option<Value>, ToolError> {
         let Some(requested) = args.get("url").and_then(Value::as_str) else {
             return Ok(None);
         };
-        let refused = |e: OutboundError| ToolError::InvalidArguments {
+        let violation = |message: String| ToolError::InvalidArguments {
             tool_id: "http_get".to_owned(),
             violations: vec![Violation {
                 path: "/url".to_owned(),
-                message: e.to_string(),
+                message,
             }],
         };
+        let refused = |e: OutboundError| violation(e.to_string());
         let guard = self.client.guard();
-        let parsed = guard.parse_url(requested).map_err(refused)?;
+        let mut parsed = guard.parse_url(requested).map_err(refused)?;
+        if !parsed.username().is_empty() || parsed.password().is_some() {
+            return Err(violation(format!(
+                "`{requested}` carries a user name or password; a URL with credentials is not fetched"
+            )));
+        }
+        parsed.set_fragment(None);
+        // `example.com.` is `example.com` (an IPv4 address with a dot is refused by the guard).
+        if let Some(host) = parsed.host_str().filter(|h| h.ends_with('.')) {
+            let name = host.trim_end_matches('.').to_owned();
+            parsed
+                .set_host(Some(&name))
+                .map_err(|e| violation(format!("`{requested}` has no host name: {e}")))?;
+        }
         // Decoding may reveal `.` segments (`%2e`): parse again.
         let canonical = guard
             .parse_url(&uniform_escapes(parsed.as_str()))

@@ -449,3 +449,66 @@ fn escapes_of_unreserved_characters_are_decoded_and_others_put_in_upper_case() {
     assert_eq!(uniform("http://h/%zz%+1%4"), "http://h/%zz%+1%4");
     assert_eq!(uniform("http://h/é%"), "http://h/é%");
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_rule_on_a_url_holds_with_a_fragment_credentials_or_a_fully_qualified_host() {
+    let (port, requests) = counting_server();
+    let rules = json!({
+        "rules": [
+            {"tool": "http_get", "args": [{"pointer": "/url", "equals": format!("http://127.0.0.1:{port}/secret")}], "decision": "deny"},
+            {"tool": "http_get", "args": [{"pointer": "/url", "matches": format!("http://localhost:{port}/secret*")}], "decision": "deny"}
+        ],
+        "default": "allow"
+    });
+    let tool = || {
+        Arc::new(
+            super::HttpGet::new(
+                vec!["127.0.0.1".into(), "localhost".into()],
+                vec!["127.0.0.0/8".parse().expect("range")],
+                1024,
+            )
+            .expect("the tool"),
+        )
+    };
+    let denied = "blocked \"`http_get` is not permitted for this agent\"";
+    // The fragment never reaches the server; a name with its root's dot is the same host.
+    for url in [
+        format!("http://127.0.0.1:{port}/secret#top"),
+        format!("http://127.0.0.1:{port}/secret#"),
+        format!("http://localhost.:{port}/secret"),
+    ] {
+        let (_, closed) = one_call(tool(), rules.clone(), json!({ "url": url })).await;
+        assert_eq!(closed, denied, "{url}");
+    }
+    // Credentials in a URL are refused before any gate, whatever host they come with.
+    for url in [
+        format!("http://user@127.0.0.1:{port}/secret"),
+        format!("http://user:pass@127.0.0.1:{port}/public"),
+        format!("http://:pass@localhost:{port}/public"),
+    ] {
+        let (_, closed) = one_call(tool(), rules.clone(), json!({ "url": url })).await;
+        assert_eq!(
+            closed,
+            format!(
+                "blocked \"invalid arguments for tool `http_get`: at /url: `{url}` carries a user name or password; a URL with credentials is not fetched\""
+            ),
+            "{url}"
+        );
+    }
+    assert_eq!(
+        requests.load(Ordering::SeqCst),
+        0,
+        "no refused URL was fetched"
+    );
+    let canonical = |url: String| {
+        tool()
+            .normalize_arguments(&json!({ "url": url }))
+            .map(|n| n.map(|v| v["url"].clone()))
+            .map_err(|e| e.to_string())
+    };
+    assert_eq!(
+        canonical(format!("http://LocalHost..:{port}/a#b")),
+        Ok(Some(json!(format!("http://localhost:{port}/a"))))
+    );
+    assert_eq!(canonical(format!("http://localhost:{port}/a")), Ok(None));
+}

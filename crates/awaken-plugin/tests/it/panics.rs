@@ -564,3 +564,56 @@ async fn isolate_async_covers_every_poll_of_the_future() {
         "{err:?}"
     );
 }
+
+/// Panics when dropped: stands for a plugin's cleanup code that panics.
+struct PanicsWhenDropped;
+
+impl Drop for PanicsWhenDropped {
+    fn drop(&mut self) {
+        panic!("cleanup failed");
+    }
+}
+
+/// A plugin whose `on_run_start` never ends and panics when it is abandoned.
+struct Messy(PluginManifest);
+
+#[async_trait]
+impl Plugin for Messy {
+    fn manifest(&self) -> &PluginManifest {
+        &self.0
+    }
+    fn register(&self, _r: &mut PluginRegistrar) -> Result<(), PluginError> {
+        Ok(())
+    }
+    async fn on_run_start(&self, _run: &RunLifecycle) -> Result<(), PluginError> {
+        let _guard = PanicsWhenDropped;
+        std::future::pending().await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lifecycle_hook_panicking_when_abandoned_at_its_timeout_is_a_counted_failure() {
+    let run = RunLifecycle {
+        run: identity(),
+        resumed: false,
+        parent_run_id: None,
+    };
+    let plugins: Vec<Arc<dyn Plugin>> = vec![
+        Arc::new(Messy(PluginManifest::new("messy"))),
+        TestPlugin::new("after").arc(),
+    ];
+    let dispatcher = LifecycleDispatcher::new(std::time::Duration::from_secs(1));
+    dispatcher
+        .dispatch(&plugins, LifecycleEvent::RunStart(&run))
+        .await;
+    let s = dispatcher.stats("messy", LifecycleHook::RunStart);
+    assert_eq!((s.calls, s.failures, s.timeouts), (1, 1, 1));
+    assert_eq!(
+        dispatcher
+            .last_failure("messy", LifecycleHook::RunStart)
+            .map(|e| e.to_string()),
+        Some("plugin `messy`: on_run_start panicked: cleanup failed".to_owned())
+    );
+    let after = dispatcher.stats("after", LifecycleHook::RunStart);
+    assert_eq!((after.calls, after.failures), (1, 0), "the next plugin ran");
+}

@@ -455,16 +455,16 @@ impl Run<'_> {
 }
 
 /// The call's arguments in its tool's canonical form, checked against the schema again, or
-/// `None` when they are in it already (no allocation then).
+/// `None` when they are in it already (no allocation then); a panic in the tool's
+/// normalisation is the call's error.
 fn normalized_arguments(
     tool: &ResolvedTool,
     call: &ToolCall,
 ) -> Result<Option<Arc<serde_json::Value>>, ToolError> {
-    let Some(arguments) = tool.tool.tool().normalize_arguments(&call.arguments)? else {
-        return Ok(None);
-    };
-    tool.tool.validate(&arguments)?;
-    Ok(Some(Arc::new(arguments)))
+    Ok(tool
+        .tool
+        .normalize_arguments(&call.arguments)?
+        .map(Arc::new))
 }
 
 /// The outcome a gate's or an action's decision on a call gives it.

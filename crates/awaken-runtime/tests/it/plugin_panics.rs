@@ -39,6 +39,7 @@ enum At {
     Transform,
     Gate,
     Tool,
+    Normalize,
     Action,
     Effect,
     Lifecycle(LifecycleHook),
@@ -121,6 +122,10 @@ impl Tool for Handles {
     fn descriptor(&self) -> ToolDescriptor {
         ToolDescriptor::new("fragile", "Panics once")
     }
+    fn normalize_arguments(&self, _args: &Value) -> Result<Option<Value>, ToolError> {
+        self.0.spring(At::Normalize);
+        Ok(None)
+    }
     async fn execute(
         &self,
         _args: &Value,
@@ -163,7 +168,7 @@ impl Plugin for Panicky {
                     Ok(None)
                 })),
             )?,
-            At::Tool => r.register_tool(Arc::new(Handles(trap)))?,
+            At::Tool | At::Normalize => r.register_tool(Arc::new(Handles(trap)))?,
             At::Action => {
                 r.register_scheduled_action::<Chore, _>(Handles(trap))?;
                 r.register_phase_hook(
@@ -224,7 +229,11 @@ impl Plugin for Panicky {
 /// then an answer), then the second run's answer. The trap is armed once the runtime is built
 /// (building resolves the agent, which calls `register` and `config_schemas`).
 fn runtime(at: At, first: usize) -> (AgentRuntime, Arc<ScriptedExecutor>) {
-    let tool = if at == At::Tool { "fragile" } else { "echo" };
+    let tool = if matches!(at, At::Tool | At::Normalize) {
+        "fragile"
+    } else {
+        "echo"
+    };
     let mut turns = vec![
         ScriptTurn::text("")
             .with_tool_call(ScriptToolCall::new(tool, json!({"text": "a"})).with_id("c1")),
@@ -356,6 +365,13 @@ async fn a_panic_at_any_entry_point_is_a_typed_error_and_the_runtime_runs_again(
             2,
             "ended: natural_end\n\
              call_done c1 failed \"tool `fragile` panicked: boom\"",
+        ),
+        // Before any gate, as an argument without a canonical form: the tool never runs.
+        (
+            At::Normalize,
+            2,
+            "ended: natural_end\n\
+             call_done c1 blocked \"tool `fragile` panicked: boom\"",
         ),
         (
             At::Action,

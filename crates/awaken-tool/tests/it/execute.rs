@@ -370,3 +370,55 @@ fn a_runs_calls_share_its_scope_and_a_changed_context_leaves_the_others_alone() 
             .is_cancelled()
     );
 }
+
+/// Panics when dropped: stands for cleanup code in a tool that panics.
+struct PanicsWhenDropped;
+
+impl Drop for PanicsWhenDropped {
+    fn drop(&mut self) {
+        panic!("cleanup failed");
+    }
+}
+
+/// Waits forever holding a [`PanicsWhenDropped`]: abandoning the call drops it.
+struct LeavesAMess;
+
+#[async_trait]
+impl Tool for LeavesAMess {
+    fn descriptor(&self) -> ToolDescriptor {
+        ToolDescriptor::new("mess", "panics when abandoned")
+    }
+
+    async fn execute(
+        &self,
+        _args: &Value,
+        _ctx: &ToolCallContext,
+    ) -> Result<ToolOutput, ToolError> {
+        let _guard = PanicsWhenDropped;
+        std::future::pending::<()>().await;
+        Ok(ToolOutput::success(json!("never")))
+    }
+}
+
+#[tokio::test]
+async fn a_tool_that_panics_while_it_is_abandoned_still_ends_its_call_with_an_error() {
+    let tool = RegisteredTool::from_tool(LeavesAMess).expect("tool");
+    let registry = registry();
+    let args = json!({});
+    // A timeout, then a cancellation: each drops the tool's future, whose drop panics.
+    let timed_out = tool
+        .invoke_with_timeout(&args, &tool_ctx("c1"), &registry, async {})
+        .await;
+    let token = CancellationToken::new();
+    let ctx = tool_ctx("c2").with_cancel(token.clone());
+    let (cancelled, ()) = tokio::join!(tool.invoke(&args, &ctx, &registry), async {
+        tokio::task::yield_now().await;
+        token.cancel();
+    });
+    let panicked = ToolError::Panicked {
+        tool_id: "mess".into(),
+        message: "cleanup failed".into(),
+    };
+    assert_eq!(timed_out.expect_err("abandoned"), panicked);
+    assert_eq!(cancelled.expect_err("abandoned"), panicked);
+}
