@@ -33,6 +33,11 @@ pub struct ToolPhaseInfo {
     pub result: Option<ToolResult>,
     /// A human's decision on this call, when it was suspended and resumed.
     pub resume: Option<ToolCallResume>,
+    /// Whether the question `resume` answers was asked while the call ran (by its tool, such
+    /// as a delegate relaying its child's question, or by recovery after a crash): the gates
+    /// had let the call run before it waited, and the answer is about something else than
+    /// their question.
+    pub asked_while_running: bool,
 }
 
 /// The read-only context of one phase. Cheap to clone: everything is shared.

@@ -113,6 +113,9 @@ impl<P: ToolPolicyHook> ToolGateHook for PolicyGate<P> {
                 let pending = pending_call(call);
                 let resume = info.resume.as_ref().filter(|r| r.call_id == call.id);
                 match resume {
+                    // The answer to a question asked while the call ran (its tool's): the
+                    // policy let the call run before it waited.
+                    Some(_) if info.asked_while_running => None,
                     Some(r) if r.argument_digest == pending.argument_digest => match r.decision {
                         ResumeDecision::Approve => None,
                         ResumeDecision::Deny => Some(ToolInterceptPayload::block(format!(

@@ -2,7 +2,8 @@
 //! (ordered rules of tool glob, argument matchers and decision; first match wins; a default).
 //! `deny` blocks the call (the model is told), `ask` suspends it with a ticket showing the call,
 //! `allow` lets it run. A call a human answered is not asked again, when the answer was given
-//! on exactly the call's arguments (their digest); any other answer refuses the call.
+//! on exactly the call's arguments (their digest); any other answer refuses the call, unless it
+//! answers a question asked while the call ran (a delegate's child asking), which is the tool's.
 //!
 //! An ordinary plugin: the runtime puts it in its plugin source, and an agent turns it on by
 //! listing [`PERMISSION_PLUGIN`] in its `plugin_ids`.
@@ -137,7 +138,12 @@ impl ToolGateHook for PermissionGate {
                 // the tool (a delegate forwards it to its child run). Not asked again, if the
                 // answer was given on this call with these arguments.
                 // (Any other denial closes the call before the gates run.)
+                // An answer to a question asked while the call ran (its tool's, such as a
+                // delegate's child asking) is not this gate's: the gate let the call run then.
                 if let Some(answer) = &tool.resume {
+                    if tool.asked_while_running {
+                        return Ok(None);
+                    }
                     answer_refusal(call, answer).map(|refusal| ToolInterceptPayload::Block {
                         reason: refusal.to_string(),
                     })

@@ -135,6 +135,12 @@ pub struct BatchCall {
     ticket: Option<SuspendTicket>,
     #[serde(default)]
     attempts: u32,
+    #[serde(default, skip_serializing_if = "is_false")]
+    asked_while_running: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// One call of a shared list of calls (an assistant message's): read as that call, written
@@ -217,6 +223,13 @@ impl BatchCall {
     pub fn attempts(&self) -> u32 {
         self.attempts
     }
+
+    /// Whether its last suspension came while it was `Executing` (its tool asked, such as a
+    /// delegate relaying its child's question, or recovery asked whether to run it again):
+    /// the gates had let it run before it waited.
+    pub fn asked_while_running(&self) -> bool {
+        self.asked_while_running
+    }
 }
 
 /// Every call of one step with its state, serde data a store persists with the thread.
@@ -276,6 +289,7 @@ impl ToolBatch {
                     result: None,
                     ticket: None,
                     attempts: 0,
+                    asked_while_running: false,
                 })
                 .collect(),
         };
@@ -587,6 +601,9 @@ impl ToolBatch {
         }
         if ticket.is_some() {
             entry.ticket = ticket;
+        }
+        if to == ToolCallState::Suspended {
+            entry.asked_while_running = entry.state == ToolCallState::Executing;
         }
         entry.state = to;
         entry.result = result;

@@ -35,6 +35,7 @@ fn gate_ctx(call: ToolCall, resume: Option<ToolCallResume>) -> PhaseContext {
         call,
         result: None,
         resume,
+        asked_while_running: false,
     })
 }
 
@@ -244,4 +245,21 @@ async fn ask_suspends_until_these_exact_arguments_are_approved() {
         policy(c.clone(), resume(&c, digest, ResumeDecision::Deny)).await,
         Some(ToolInterceptPayload::Block { .. })
     ));
+    // An answer to a question the tool asked while it ran (a delegate's child's call, with
+    // its own digest) is the tool's: the policy let the call run before.
+    let mut ctx = gate_ctx(
+        c.clone(),
+        resume(
+            &c,
+            argument_digest(&json!({"child": 1})),
+            ResumeDecision::Approve,
+        ),
+    );
+    let mut info = (**ctx.tool.as_ref().expect("a call")).clone();
+    info.asked_while_running = true;
+    ctx.tool = Some(std::sync::Arc::new(info));
+    assert_eq!(
+        PolicyGate(ShellPolicy).decide(&ctx).await.expect("policy"),
+        None
+    );
 }

@@ -491,6 +491,7 @@ async fn a_panicking_gate_fails_the_evaluation_naming_the_gate_and_the_call() {
         call,
         result: None,
         resume: None,
+        asked_while_running: false,
     });
     let gates: Vec<(&str, Arc<dyn ToolGateHook>, &str)> = vec![
         (

@@ -6,13 +6,15 @@
 use std::sync::Arc;
 
 use awaken_event::{
-    AgentEvent, Message, SuspendTicket, ToolCall, ToolCallResume, ToolCallState, ToolResult,
-    WarningKind,
+    AgentEvent, Message, SuspendTicket, ToolCall, ToolCallId, ToolCallResume, ToolCallState,
+    ToolResult, WarningKind,
 };
 use awaken_phase::{Phase, ToolPhaseInfo};
 use awaken_plugin::{LifecycleEvent, evaluate_gates};
 use awaken_resolver::ResolvedTool;
-use awaken_tool::{GateResolution, OUTCOME_UNKNOWN_MESSAGE, ToolError, ToolInterceptPayload};
+use awaken_tool::{
+    BatchCall, GateResolution, OUTCOME_UNKNOWN_MESSAGE, ToolError, ToolInterceptPayload,
+};
 
 use crate::builtins::StatsUpdate;
 use crate::builtins::read_key;
@@ -347,6 +349,7 @@ impl Run<'_> {
             Arc::new(ToolPhaseInfo {
                 call: call.clone(),
                 result: None,
+                asked_while_running: self.asked_while_running(&call.id, resume.is_some()),
                 resume: resume.map(|r| *r),
             })
         });
@@ -390,6 +393,17 @@ impl Run<'_> {
             return Ok(Prepared::Done(intercepted(payload)));
         }
         Ok(Prepared::Run(at, normalized))
+    }
+
+    /// Whether a resumed call's question was asked while it ran (see
+    /// `ToolPhaseInfo::asked_while_running`).
+    fn asked_while_running(&self, call_id: &ToolCallId, resumed: bool) -> bool {
+        resumed
+            && self
+                .batch
+                .as_ref()
+                .and_then(|b| b.get(call_id))
+                .is_some_and(BatchCall::asked_while_running)
     }
 
     /// Commits `calls` as `Executing`: durable before any of them can have an effect.
@@ -437,6 +451,7 @@ impl Run<'_> {
             let after = ToolPhaseInfo {
                 call: call.clone(),
                 result: Some(result.clone()),
+                asked_while_running: self.asked_while_running(&call.id, resume.is_some()),
                 resume: resume.map(|r| *r),
             };
             if let Err(failure) = self

@@ -101,6 +101,14 @@ impl Setup {
     }
 
     fn runtime(&self) -> AgentRuntime {
+        self.runtime_with_boss(
+            AgentSpec::new("boss", "boss-model")
+                .with_delegate("helper")
+                .with_plugin("watcher"),
+        )
+    }
+
+    fn runtime_with_boss(&self, boss: AgentSpec) -> AgentRuntime {
         let mut helper = AgentSpec::new("helper", "helper-model").with_description("Knows things");
         if self.helper_asks {
             helper = helper
@@ -131,11 +139,7 @@ impl Setup {
                 PluginManifest::new("watcher"),
                 self.log.clone(),
             )))
-            .with_agent_spec(
-                AgentSpec::new("boss", "boss-model")
-                    .with_delegate("helper")
-                    .with_plugin("watcher"),
-            )
+            .with_agent_spec(boss)
             .with_agent_spec(helper)
             .build()
             .expect("runtime")
@@ -393,5 +397,64 @@ async fn a_denial_on_the_parent_reaches_the_child() {
     assert_eq!(
         serde_json::to_value(&history[2].content).expect("json"),
         json!([{"type": "json", "value": {"agent": "helper", "answer": "helper gave up"}}])
+    );
+}
+
+/// The boss asks before it delegates and the helper before its tool: approving the boss's
+/// question starts the child, whose question then comes up on the boss's call; approving that
+/// one reaches the child (the boss's gate let the call run before, and does not take the
+/// child's question for its own), and both runs finish.
+#[tokio::test]
+async fn a_parent_that_asks_before_delegating_passes_its_childs_question_on() {
+    let mut setup = Setup::new(
+        vec![delegate("echo it"), ScriptTurn::text("boss done")],
+        vec![
+            ScriptTurn::text("")
+                .with_tool_call(ScriptToolCall::new("echo", json!({"text": "x"})).with_id("e1")),
+            ScriptTurn::text("helper done"),
+        ],
+    );
+    setup.helper_asks = true;
+    let rt = setup.runtime_with_boss(
+        AgentSpec::new("boss", "boss-model")
+            .with_delegate("helper")
+            .with_plugin("watcher")
+            .with_plugin(PERMISSION_PLUGIN)
+            .with_section("permission", json!({"default": "ask"})),
+    );
+    let first = rt
+        .run_to_completion(RunActivation::new(thread(), "boss").with_user_message("ask"))
+        .await
+        .expect("run");
+    assert_eq!(first.termination, TerminationReason::Suspended);
+    let tickets = rt.waiting_calls(&thread()).await.expect("read");
+    assert_eq!(tickets.len(), 1);
+    assert_eq!(tickets[0].call.tool_name, delegate_tool_id("helper"));
+    let second = rt
+        .resume_to_completion(
+            Resume::new(thread()).with_decision(ToolCallResume::approve(&tickets[0].call)),
+        )
+        .await
+        .expect("resumed");
+    assert_eq!(second.termination, TerminationReason::Suspended);
+    let tickets = rt.waiting_calls(&thread()).await.expect("read");
+    assert_eq!(tickets.len(), 1);
+    assert_eq!(tickets[0].call.tool_name, "echo", "the child's question");
+    let done = rt
+        .resume_to_completion(
+            Resume::new(thread()).with_decision(ToolCallResume::approve(&tickets[0].call)),
+        )
+        .await
+        .expect("resumed");
+    assert_eq!(done.termination, TerminationReason::NaturalEnd);
+    assert_eq!(done.response.as_deref(), Some("boss done"));
+    let child = rt.history(&child_thread()).await.expect("child");
+    assert_eq!(
+        serde_json::to_value(&child[2].content).expect("json"),
+        json!([{"type": "json", "value": {"echoed": "x"}}])
+    );
+    assert_eq!(
+        setup.store.list_runs(&child_thread()).await.expect("runs")[0].status,
+        RunStatus::Done
     );
 }

@@ -544,7 +544,7 @@ async fn the_gate_checks_the_answer_it_is_reached_with_whatever_the_path() {
         json!({"name": "notes"}),
     );
     let pending = pending_call(&call);
-    let decide = |resume: Option<ToolCallResume>| {
+    let decide_as = |resume: Option<ToolCallResume>, asked_while_running: bool| {
         let run = Arc::new(RunIdentity {
             thread_id: ThreadId::new("thread").expect("id"),
             run_id: RunId::new("run").expect("id"),
@@ -561,9 +561,11 @@ async fn the_gate_checks_the_answer_it_is_reached_with_whatever_the_path() {
             call: call.clone(),
             result: None,
             resume,
+            asked_while_running,
         });
         async move { PermissionGate.decide(&ctx).await.expect("decides") }
     };
+    let decide = |resume: Option<ToolCallResume>| decide_as(resume, false);
     let stale = ToolCallResume {
         argument_digest: argument_digest(&json!({"name": "other"})),
         ..ToolCallResume::approve(&pending)
@@ -602,5 +604,16 @@ async fn the_gate_checks_the_answer_it_is_reached_with_whatever_the_path() {
             tool: "open".into(),
             answered: ToolCallId::new("c2").expect("id"),
         })
+    );
+    // An answer to a question asked while the call ran (its tool's: a delegate relaying its
+    // child's) carries that question's digest; the gate let the call run before.
+    let childs = ToolCallResume {
+        argument_digest: argument_digest(&json!({"text": "the child's call"})),
+        ..ToolCallResume::approve(&pending)
+    };
+    assert_eq!(decide_as(Some(childs.clone()), true).await, None);
+    assert!(
+        decide(Some(childs)).await.is_some(),
+        "never from a gate's question"
     );
 }

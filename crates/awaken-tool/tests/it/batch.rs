@@ -424,3 +424,38 @@ fn the_stored_form_is_stable_and_checked_when_read() {
     let duplicate = r#"{"calls":[{"call":{"id":"a","name":"t","arguments":{}},"state":"requested"},{"call":{"id":"a","name":"t","arguments":{}},"state":"requested"}]}"#;
     assert!(serde_json::from_str::<ToolBatch>(duplicate).is_err());
 }
+
+#[test]
+fn a_suspension_while_running_is_recorded_and_read_back() {
+    let ticket = |id: &str| SuspendTicket {
+        suspension_id: format!("s-{id}"),
+        call: pending_call(&call(id, "tool", json!({}))),
+        message: "?".into(),
+        response_schema: None,
+        resume_mode: ResumeMode::PassDecisionToTool,
+    };
+    let mut batch = ToolBatch::new([
+        call("gated", "tool", json!({})),
+        call("asked", "tool", json!({})),
+    ])
+    .expect("batch");
+    let (gated, asked) = (call_id("gated"), call_id("asked"));
+    batch.suspend(&gated, ticket("gated")).expect("a gate asks");
+    batch.start(&asked).expect("runs");
+    batch
+        .suspend(&asked, ticket("asked"))
+        .expect("its tool asks");
+    let flags = |b: &ToolBatch| {
+        b.calls()
+            .iter()
+            .map(|c| c.asked_while_running())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(flags(&batch), [false, true]);
+    let read: ToolBatch =
+        serde_json::from_value(serde_json::to_value(&batch).expect("json")).expect("reads");
+    assert_eq!(flags(&read), [false, true]);
+    // Resumed, and asked again by a gate before it runs: the new question is the gate's.
+    batch.suspend(&asked, ticket("asked")).expect("a gate asks");
+    assert_eq!(flags(&batch), [false, false]);
+}
