@@ -14,6 +14,7 @@ use futures_util::FutureExt;
 use futures_util::future::join_all;
 use serde_json::Value;
 
+use crate::abandon::Abandonable;
 use crate::action::{EffectContext, HandlerFailure};
 use crate::context::PhaseContext;
 use crate::env::{PhaseEnv, RegisteredHook};
@@ -457,10 +458,13 @@ impl PhaseEngine {
         if let Some(result) = Self::run_hook_sync(phase, hook, ctx) {
             return result;
         }
-        // The future is made inside the caught one: a hook panicking while making it is caught.
-        let outcome = AssertUnwindSafe(async { hook.hook.run(ctx).await })
-            .catch_unwind()
-            .await;
+        // The future is made inside the caught one: a hook panicking while making it is caught;
+        // one abandoned (a cancelled run) is dropped under a guard.
+        let outcome = AssertUnwindSafe(async {
+            Abandonable::new(hook.hook.run(ctx), &hook.plugin_id, &hook.name).await
+        })
+        .catch_unwind()
+        .await;
         Self::hook_failed(phase, hook, outcome)
     }
     /// Applies `cmd` to the transaction, moving its actions to `pending`.
@@ -523,9 +527,12 @@ impl PhaseEngine {
         }
         if let Some(&first) = waiting.first() {
             let done = join_all(waiting.iter().map(|&i| async move {
-                let outcome = AssertUnwindSafe(async { hooks[i].hook.run(frozen).await })
-                    .catch_unwind()
-                    .await;
+                let hook = &hooks[i];
+                let outcome = AssertUnwindSafe(async {
+                    Abandonable::new(hook.hook.run(frozen), &hook.plugin_id, &hook.name).await
+                })
+                .catch_unwind()
+                .await;
                 Self::hook_failed(phase, &hooks[i], outcome)
             }))
             .await;
@@ -663,9 +670,16 @@ impl PhaseEngine {
             )));
         };
         let fresh = ctx.with_snapshot(self.inner.store.snapshot());
-        let handled = AssertUnwindSafe(registered.handler.handle_json(&fresh, &action.payload))
-            .catch_unwind()
-            .await;
+        let handled = AssertUnwindSafe(async {
+            Abandonable::new(
+                registered.handler.handle_json(&fresh, &action.payload),
+                &registered.plugin_id,
+                &action.key,
+            )
+            .await
+        })
+        .catch_unwind()
+        .await;
         // A failure names the handler's plugin, as an effect handler's does.
         let mut cmd = match handled {
             Ok(Ok(cmd)) => cmd,

@@ -11,6 +11,7 @@
 //! This crate must never know plugins (it runs a plain [`PhaseEnv`] the plugin crate builds),
 //! tool execution, LLM providers or IO.
 
+mod abandon;
 mod action;
 mod context;
 mod engine;

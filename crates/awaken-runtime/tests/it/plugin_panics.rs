@@ -674,3 +674,52 @@ async fn a_plugin_panicking_while_the_runtime_is_built_fails_the_build_typed() {
         assert_eq!(ran.expect("runs").response.as_deref(), Some("ran"));
     }
 }
+
+/// Panics when dropped.
+struct PanicsOnDrop;
+
+impl Drop for PanicsOnDrop {
+    fn drop(&mut self) {
+        panic!("cleanup blew up");
+    }
+}
+
+/// A `BeforeInference` hook that cancels its run, then waits for ever holding a value whose
+/// drop panics: the cancelled run abandons it.
+struct Stalls;
+
+#[async_trait]
+impl awaken_phase::PhaseHook for Stalls {
+    async fn run(&self, ctx: &PhaseContext) -> Result<StateCommand, HookError> {
+        let _held = PanicsOnDrop;
+        ctx.cancel.cancel();
+        std::future::pending::<()>().await;
+        Ok(StateCommand::new())
+    }
+}
+
+struct Staller(PluginManifest);
+
+impl Plugin for Staller {
+    fn manifest(&self) -> &PluginManifest {
+        &self.0
+    }
+    fn register(&self, r: &mut PluginRegistrar) -> Result<(), PluginError> {
+        r.register_phase_hook(Phase::BeforeInference, "stall", Arc::new(Stalls))
+    }
+}
+
+#[tokio::test]
+async fn a_hook_whose_cleanup_panics_when_its_cancelled_run_abandons_it_stays_inside() {
+    let out = Scenario::new(vec![ScriptTurn::text("never")])
+        .plugin(Arc::new(Staller(PluginManifest::new("staller"))))
+        .run()
+        .await;
+    assert_eq!(out.outcome.termination, TerminationReason::Cancelled);
+    let finishes = out
+        .events
+        .iter()
+        .filter(|e| matches!(e, AgentEvent::RunFinish { .. }))
+        .count();
+    assert_eq!(finishes, 1);
+}
