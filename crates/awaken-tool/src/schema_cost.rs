@@ -74,7 +74,7 @@ pub(crate) fn check(schema: &Value) -> Result<(), Refusal> {
         path: String::new(),
         via: String::new(),
     };
-    let cost = walk.cost(schema, draft, &registry.resolver(base_uri), root)?;
+    let (cost, _) = walk.cost(schema, draft, &registry.resolver(base_uri), root)?;
     if cost > MAX_SCHEMA_COST {
         return Err(too_costly());
     }
@@ -102,6 +102,47 @@ enum Step {
     Child,
 }
 
+/// Which members of a value a child subschema applies to, as far as recursion goes.
+#[derive(Debug, Clone, PartialEq)]
+enum Member {
+    /// The property of this name (`properties`).
+    Property(String),
+    /// Any property (`patternProperties`, `additionalProperties`, `unevaluatedProperties`,
+    /// `propertyNames`).
+    AnyProperty,
+    /// The item at this index (`prefixItems`, an array of `items`).
+    Item(usize),
+    /// Any item (`items`, `additionalItems`, `contains`, `unevaluatedItems`).
+    AnyItem,
+}
+
+impl Member {
+    /// Whether both can apply to one member of one value.
+    fn overlaps(&self, other: &Member) -> bool {
+        use Member::{AnyItem, AnyProperty, Item, Property};
+        match (self, other) {
+            (Property(a), Property(b)) => a == b,
+            (Item(a), Item(b)) => a == b,
+            (Property(_) | AnyProperty, Property(_) | AnyProperty)
+            | (Item(_) | AnyItem, Item(_) | AnyItem) => true,
+            _ => false,
+        }
+    }
+
+    /// The members `keyword`'s subschema at `key` (a property name or an index, empty for a
+    /// single subschema) applies to.
+    fn of(keyword: &str, key: &str) -> Member {
+        match keyword {
+            "properties" => Member::Property(key.to_owned()),
+            "prefixItems" | "items" if !key.is_empty() => {
+                key.parse().map_or(Member::AnyItem, Member::Item)
+            }
+            "items" | "additionalItems" | "contains" | "unevaluatedItems" => Member::AnyItem,
+            _ => Member::AnyProperty,
+        }
+    }
+}
+
 /// How the walk reaches a schema: the step, the schema's location (the reference's own text for
 /// a reference target, as a pointer when it is one) and where the keyword that led there is.
 struct Edge {
@@ -118,45 +159,66 @@ struct Frame {
     path: String,
 }
 
+/// A reference back to a schema being walked (recursion): the schema, the members of its value
+/// the recursion first moves into (`None` while the path back has stayed on the value), and
+/// where the reference is.
+#[derive(Debug, Clone, PartialEq)]
+struct Recursion {
+    target: usize,
+    member: Option<Member>,
+    via: String,
+}
+
+/// A schema's cost and the recursions out of it into schemas being walked above it.
+type Walked = (u64, Vec<Recursion>);
+
+/// Most recursions out of one schema the walk follows.
+const MAX_RECURSIONS: usize = 256;
+
 struct Walk {
-    /// The cost of each schema already walked, by address.
-    memo: HashMap<usize, u64>,
+    /// What each schema already walked gave, by address.
+    memo: HashMap<usize, Walked>,
     stack: Vec<Frame>,
 }
 
 impl Walk {
-    /// The cost of validating one value against `schema`, reached by `edge`.
+    /// The cost of validating one value against `schema`, reached by `edge`, and the
+    /// recursions out of it.
     fn cost(
         &mut self,
         schema: &Value,
         draft: Draft,
         resolver: &Resolver<'_>,
         edge: Edge,
-    ) -> Result<u64, Refusal> {
+    ) -> Result<Walked, Refusal> {
         let Edge { step, path, via } = edge;
         let Value::Object(object) = schema else {
-            return Ok(1);
+            return Ok((1, Vec::new()));
         };
         let draft = draft.detect(schema);
         let address = std::ptr::from_ref(schema) as usize;
-        if let Some(&cost) = self.memo.get(&address) {
-            return Ok(cost);
+        if let Some((cost, out)) = self.memo.get(&address) {
+            // Walked before: its recursions count again where their schema is being walked.
+            let out = out
+                .iter()
+                .filter(|r| self.stack.iter().any(|f| f.address == r.target))
+                .cloned()
+                .collect();
+            return Ok((*cost, out));
         }
         if let Some(at) = self.stack.iter().rposition(|f| f.address == address) {
             // A cycle: through a member or an item it ends with the value; in place it never does.
             let in_place = step == Step::InPlace
                 && self.stack[at + 1..].iter().all(|f| f.step == Step::InPlace);
             if in_place {
-                return Err(Refusal {
-                    message: format!(
-                        "it applies {} to the value it is validating, through references that \
-                         never move into the value: validation would not end",
-                        pointer_or_root(&self.stack[at].path)
-                    ),
-                    path: via,
-                });
+                return Err(endless(&self.stack[at].path, via));
             }
-            return Ok(1);
+            let recursion = Recursion {
+                target: address,
+                member: None,
+                via,
+            };
+            return Ok((1, vec![recursion]));
         }
         let resolver = resolver
             .in_subresource(ResourceRef::new(schema, draft))
@@ -169,16 +231,24 @@ impl Walk {
         let mut in_place: u64 = 0;
         let mut child: u64 = 0;
         let mut unevaluated = false;
+        let mut recursions: Vec<Recursion> = Vec::new();
         for (keyword, value) in object {
             let keyword = keyword.as_str();
-            let (step, sum) = if is_in_place(keyword, value) {
-                (Step::InPlace, &mut in_place)
+            let mut edges = Vec::new();
+            if is_in_place(keyword, value) {
+                for (sub_path, sub, _) in subschemas(keyword, value) {
+                    let path = format!("{}/{}{sub_path}", self.top_path(), escape(keyword));
+                    edges.push((sub, None, path));
+                }
             } else if CHILD_ONE.contains(&keyword)
                 || CHILD_LIST.contains(&keyword)
                 || CHILD_MAP.contains(&keyword)
             {
                 unevaluated |= keyword.starts_with("unevaluated");
-                (Step::Child, &mut child)
+                for (sub_path, sub, key) in subschemas(keyword, value) {
+                    let path = format!("{}/{}{sub_path}", self.top_path(), escape(keyword));
+                    edges.push((sub, Some(Member::of(keyword, key)), path));
+                }
             } else if let Some(target) = self.reference(keyword, value, &resolver) {
                 let (contents, resolver, draft) = target.into_inner();
                 let edge = Edge {
@@ -186,25 +256,44 @@ impl Walk {
                     path: location(value.as_str().unwrap_or_default()),
                     via: format!("{}/{}", self.top_path(), escape(keyword)),
                 };
-                in_place = in_place.saturating_add(self.cost(contents, draft, &resolver, edge)?);
+                let (cost, out) = self.cost(contents, draft, &resolver, edge)?;
+                in_place = in_place.saturating_add(cost);
+                recursions.extend(out);
                 continue;
-            } else {
-                continue;
-            };
-            for (sub_path, sub) in subschemas(keyword, value) {
-                let path = format!("{}/{}{sub_path}", self.top_path(), escape(keyword));
+            }
+            for (sub, member, path) in edges {
                 let edge = Edge {
-                    step,
+                    step: if member.is_some() {
+                        Step::Child
+                    } else {
+                        Step::InPlace
+                    },
                     via: path.clone(),
                     path,
                 };
-                *sum = sum.saturating_add(self.cost(sub, draft, &resolver, edge)?);
+                let (cost, out) = self.cost(sub, draft, &resolver, edge)?;
+                if member.is_some() {
+                    child = child.saturating_add(cost);
+                } else {
+                    in_place = in_place.saturating_add(cost);
+                }
+                // Moving up through a child step, a recursion's first member is that step's.
+                recursions.extend(out.into_iter().map(|mut r| {
+                    if member.is_some() {
+                        r.member.clone_from(&member);
+                    }
+                    r
+                }));
             }
-            if in_place.saturating_add(child) > MAX_SCHEMA_COST {
+            if in_place.saturating_add(child) > MAX_SCHEMA_COST || recursions.len() > MAX_RECURSIONS
+            {
                 return Err(too_costly());
             }
         }
-        self.stack.pop();
+        let frame = self.stack.pop();
+        let (into_this, out): (Vec<Recursion>, Vec<Recursion>) =
+            recursions.into_iter().partition(|r| r.target == address);
+        check_recursions(frame.as_ref().map_or("", |f| f.path.as_str()), &into_this)?;
         let factor = if unevaluated { UNEVALUATED_FACTOR } else { 1 };
         let cost = in_place
             .saturating_mul(factor)
@@ -213,8 +302,8 @@ impl Walk {
         if cost > MAX_SCHEMA_COST {
             return Err(too_costly());
         }
-        self.memo.insert(address, cost);
-        Ok(cost)
+        self.memo.insert(address, (cost, out.clone()));
+        Ok((cost, out))
     }
 
     /// Where a reference keyword leads, when it can be followed without the dynamic scope of a
@@ -245,8 +334,9 @@ fn is_in_place(keyword: &str, value: &Value) -> bool {
         || (IN_PLACE_MAP.contains(&keyword) && value.is_object())
 }
 
-/// The subschemas a keyword holds, each with its pointer below the keyword.
-fn subschemas<'v>(keyword: &str, value: &'v Value) -> Vec<(String, &'v Value)> {
+/// The subschemas a keyword holds, each with its pointer below the keyword and its key (a
+/// property name or an index; empty for a keyword holding one subschema).
+fn subschemas<'v>(keyword: &str, value: &'v Value) -> Vec<(String, &'v Value, &'v str)> {
     match value {
         Value::Array(items)
             if IN_PLACE_LIST.contains(&keyword) || CHILD_LIST.contains(&keyword) =>
@@ -254,17 +344,60 @@ fn subschemas<'v>(keyword: &str, value: &'v Value) -> Vec<(String, &'v Value)> {
             items
                 .iter()
                 .enumerate()
-                .map(|(i, v)| (format!("/{i}"), v))
+                .map(|(i, v)| (format!("/{i}"), v, INDEXES.get(i).copied().unwrap_or("")))
                 .collect()
         }
         Value::Object(map) if IN_PLACE_MAP.contains(&keyword) || CHILD_MAP.contains(&keyword) => {
             map.iter()
                 .filter(|(_, v)| v.is_object() || v.is_boolean())
-                .map(|(k, v)| (format!("/{}", escape(k)), v))
+                .map(|(k, v)| (format!("/{}", escape(k)), v, k.as_str()))
                 .collect()
         }
-        Value::Object(_) | Value::Bool(_) => vec![(String::new(), value)],
+        Value::Object(_) | Value::Bool(_) => vec![(String::new(), value, "")],
         _ => Vec::new(),
+    }
+}
+
+/// Item indexes as keys (beyond them, an item counts as any item).
+const INDEXES: &[&str] = &["0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11"];
+
+/// Refuses recursions into the schema at `path` that reach one member of its value along two
+/// paths, or none: the first makes validation work grow exponentially with the value's depth
+/// (each level applies the schema twice to the level below), the second never ends.
+fn check_recursions(path: &str, into_this: &[Recursion]) -> Result<(), Refusal> {
+    for (i, r) in into_this.iter().enumerate() {
+        let Some(member) = &r.member else {
+            return Err(endless(path, r.via.clone()));
+        };
+        if let Some(other) = into_this[..i]
+            .iter()
+            .find(|o| o.member.as_ref().is_some_and(|m| m.overlaps(member)))
+        {
+            return Err(Refusal {
+                message: format!(
+                    "it applies {} again to one member of the value along two paths (through {} \
+                     and {}): validation work would double with each level of the value",
+                    pointer_or_root(path),
+                    other.via,
+                    r.via
+                ),
+                path: r.via.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The refusal of a reference at `via` that applies the schema at `path` to the value it came
+/// from.
+fn endless(path: &str, via: String) -> Refusal {
+    Refusal {
+        message: format!(
+            "it applies {} to the value it is validating, through references that never move \
+             into the value: validation would not end",
+            pointer_or_root(path)
+        ),
+        path: via,
     }
 }
 

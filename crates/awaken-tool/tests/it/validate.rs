@@ -296,3 +296,42 @@ fn recursive_and_shared_schemas_of_real_size_register_and_validate() {
     assert!(meta.validator().is_valid(&json!({"type": "object"})));
     assert!(!meta.validator().is_valid(&json!({"type": 12})));
 }
+
+/// A schema that applies itself twice to one member of its value doubles the work with each
+/// level of the value (listing violations has no cache: 2^18 errors for 18 levels).
+#[test]
+fn recursion_that_reaches_one_member_twice_is_rejected_at_registration() {
+    expect![[r#""/$defs/n/properties/c/$ref" | it applies the schema at /$defs/n again to one member of the value along two paths (through /$defs/n/allOf/0/properties/c/$ref and /$defs/n/properties/c/$ref): validation work would double with each level of the value"#]]
+    .assert_eq(&register_error(json!({
+        "$defs": {"n": {
+            "type": "object",
+            "properties": {"c": {"$ref": "#/$defs/n"}},
+            "allOf": [{"properties": {"c": {"$ref": "#/$defs/n"}}}]
+        }},
+        "$ref": "#/$defs/n"
+    })));
+    for schema in [
+        // A property and a pattern that matches it.
+        json!({"properties": {"c": {"$ref": "#"}}, "patternProperties": {"^c$": {"$ref": "#"}}}),
+        // An item and any item, through a shared definition.
+        json!({"$defs": {"x": {"items": {"$ref": "#"}}},
+               "prefixItems": [{"$ref": "#"}], "anyOf": [{"$ref": "#/$defs/x"}]}),
+        // Two references through one definition, walked once.
+        json!({"$defs": {"n": {"properties": {"c": {"$ref": "#"}}}},
+               "anyOf": [{"$ref": "#/$defs/n"}, {"$ref": "#/$defs/n"}]}),
+    ] {
+        let message = register_error(schema.clone());
+        assert!(message.contains("would double"), "{schema}: {message}");
+    }
+    // Recursion into different members (a binary tree, any JSON value) is linear.
+    for schema in [
+        json!({"type": "object", "properties": {"left": {"$ref": "#"}, "right": {"$ref": "#"}}}),
+        json!({"$defs": {"json": {"anyOf": [
+            {"type": "object", "additionalProperties": {"$ref": "#/$defs/json"}},
+            {"type": "array", "items": {"$ref": "#/$defs/json"}},
+            {"type": ["string", "number", "boolean", "null"]}
+        ]}}, "$ref": "#/$defs/json"}),
+    ] {
+        assert_eq!(register_error(schema.clone()), "registered", "{schema}");
+    }
+}
