@@ -132,6 +132,20 @@ fn lint() -> Result<()> {
         &["doc", "--workspace", "--no-deps", "--locked"],
         &[("RUSTDOCFLAGS", "-D warnings")],
     )?;
+    // The store alone, without the backends the workspace build turns on: what a crate that
+    // takes `awaken-store` without features compiles.
+    cmd(
+        "cargo",
+        &[
+            "check",
+            "--locked",
+            "--lib",
+            "-p",
+            "awaken-store",
+            "--no-default-features",
+        ],
+        &[],
+    )?;
     deps_check()?;
     tidy_check(Path::new("."))
 }
