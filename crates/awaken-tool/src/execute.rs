@@ -8,6 +8,7 @@ use std::pin::pin;
 use std::task::Poll;
 use std::time::Duration;
 
+use awaken_state::panic_message;
 use futures_util::FutureExt as _;
 use serde_json::Value;
 
@@ -111,14 +112,4 @@ pub async fn execute_with_timeout(
         Some(after),
     )
     .await
-}
-
-pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&'static str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a non-string panic payload".to_owned()
-    }
 }

@@ -129,18 +129,26 @@ impl Member {
         }
     }
 
-    /// The members `keyword`'s subschema at `key` (a property name or an index, empty for a
-    /// single subschema) applies to.
-    fn of(keyword: &str, key: &str) -> Member {
-        match keyword {
-            "properties" => Member::Property(key.to_owned()),
-            "prefixItems" | "items" if !key.is_empty() => {
-                key.parse().map_or(Member::AnyItem, Member::Item)
-            }
-            "items" | "additionalItems" | "contains" | "unevaluatedItems" => Member::AnyItem,
+    /// The members `keyword`'s subschema at `key` applies to.
+    fn of(keyword: &str, key: Key<'_>) -> Member {
+        match (keyword, key) {
+            ("properties", Key::Name(name)) => Member::Property(name.to_owned()),
+            ("prefixItems" | "items", Key::Index(i)) => Member::Item(i),
+            ("items" | "additionalItems" | "contains" | "unevaluatedItems", _) => Member::AnyItem,
             _ => Member::AnyProperty,
         }
     }
+}
+
+/// Where a subschema sits in its keyword's value.
+#[derive(Clone, Copy)]
+enum Key<'v> {
+    /// The keyword's value is the subschema.
+    Whole,
+    /// At this name of an object of subschemas.
+    Name(&'v str),
+    /// At this index of an array of subschemas.
+    Index(usize),
 }
 
 /// How the walk reaches a schema: the step, the schema's location (the reference's own text for
@@ -334,9 +342,8 @@ fn is_in_place(keyword: &str, value: &Value) -> bool {
         || (IN_PLACE_MAP.contains(&keyword) && value.is_object())
 }
 
-/// The subschemas a keyword holds, each with its pointer below the keyword and its key (a
-/// property name or an index; empty for a keyword holding one subschema).
-fn subschemas<'v>(keyword: &str, value: &'v Value) -> Vec<(String, &'v Value, &'v str)> {
+/// The subschemas a keyword holds, each with its pointer below the keyword and its key.
+fn subschemas<'v>(keyword: &str, value: &'v Value) -> Vec<(String, &'v Value, Key<'v>)> {
     match value {
         Value::Array(items)
             if IN_PLACE_LIST.contains(&keyword) || CHILD_LIST.contains(&keyword) =>
@@ -344,22 +351,19 @@ fn subschemas<'v>(keyword: &str, value: &'v Value) -> Vec<(String, &'v Value, &'
             items
                 .iter()
                 .enumerate()
-                .map(|(i, v)| (format!("/{i}"), v, INDEXES.get(i).copied().unwrap_or("")))
+                .map(|(i, v)| (format!("/{i}"), v, Key::Index(i)))
                 .collect()
         }
         Value::Object(map) if IN_PLACE_MAP.contains(&keyword) || CHILD_MAP.contains(&keyword) => {
             map.iter()
                 .filter(|(_, v)| v.is_object() || v.is_boolean())
-                .map(|(k, v)| (format!("/{}", escape(k)), v, k.as_str()))
+                .map(|(k, v)| (format!("/{}", escape(k)), v, Key::Name(k.as_str())))
                 .collect()
         }
-        Value::Object(_) | Value::Bool(_) => vec![(String::new(), value, "")],
+        Value::Object(_) | Value::Bool(_) => vec![(String::new(), value, Key::Whole)],
         _ => Vec::new(),
     }
 }
-
-/// Item indexes as keys (beyond them, an item counts as any item).
-const INDEXES: &[&str] = &["0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11"];
 
 /// Refuses recursions into the schema at `path` that reach one member of its value along two
 /// paths, or none: the first makes validation work grow exponentially with the value's depth

@@ -6,12 +6,12 @@ use std::future::Future;
 use std::sync::Arc;
 
 use awaken_event::{EffectClass, ToolCall, ToolCallState, ToolDescriptor};
-use awaken_state::KeyRegistry;
+use awaken_state::{KeyRegistry, panic_message};
 use serde_json::Value;
 
 use crate::context::ToolCallContext;
 use crate::error::{ToolError, ToolRegistrationError, Violation};
-use crate::execute::{execute_guarded, execute_guarded_with_timeout, panic_message};
+use crate::execute::{execute_guarded, execute_guarded_with_timeout};
 use crate::recovery::{RecoveryAction, ToolRecoveryPolicy, recovery_action};
 use crate::schema_cost;
 use crate::tool::{Tool, ToolOutput, check_writes};
