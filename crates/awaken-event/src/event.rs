@@ -247,6 +247,16 @@ impl AgentEvent {
 pub trait EventSink: Send + Sync {
     /// Handles one event.
     fn emit(&self, event: &AgentEvent);
+
+    /// Handles one lifecycle event together with its sequence number in the thread's stored
+    /// event log (from 1, without gaps; the run's next commit stores it under that number).
+    /// The runtime calls this instead of `emit` for every event it stores, in the order it
+    /// stores them, and `emit` for the streamed deltas between them. The default ignores the
+    /// number.
+    fn emit_stored(&self, event: &AgentEvent, seq: u64) {
+        let _ = seq;
+        self.emit(event);
+    }
 }
 
 impl<F> EventSink for F

@@ -21,6 +21,8 @@ pub enum ShutdownMode {
 #[derive(Default)]
 pub(crate) struct ActiveRuns {
     runs: Mutex<HashMap<u64, CancellationToken>>,
+    /// Leases of dropped runs still being released.
+    releasing: AtomicU64,
     next: AtomicU64,
     closed: AtomicBool,
     idle: tokio::sync::Notify,
@@ -60,14 +62,31 @@ impl ActiveRuns {
         self.runs.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
-    /// Waits until no activation is active.
+    /// Counts a lease release in progress until the returned guard drops.
+    pub(crate) fn releasing(self: &std::sync::Arc<Self>) -> Releasing {
+        self.releasing.fetch_add(1, Ordering::AcqRel);
+        Releasing(self.clone())
+    }
+
+    /// Waits until no activation is active and no dropped run's lease is being released.
     pub(crate) async fn idle(&self) {
         loop {
             let notified = self.idle.notified();
-            if self.count() == 0 {
+            if self.count() == 0 && self.releasing.load(Ordering::Acquire) == 0 {
                 return;
             }
             notified.await;
+        }
+    }
+}
+
+/// A lease release in progress (see [`ActiveRuns::releasing`]).
+pub(crate) struct Releasing(std::sync::Arc<ActiveRuns>);
+
+impl Drop for Releasing {
+    fn drop(&mut self) {
+        if self.0.releasing.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
         }
     }
 }

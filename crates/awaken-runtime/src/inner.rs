@@ -41,17 +41,21 @@ impl RuntimeInner {
         }
     }
 
-    /// Renews `lease` every third of its duration until aborted; a lost lease cancels the run
-    /// (another worker owns it now: this one must stop writing).
+    /// Renews `lease` every third of its duration until stopped; a lost lease cancels the run
+    /// (another worker owns it now: this one must stop writing). Dropping the returned guard
+    /// without [`Heartbeat::stop`] (the run's future was dropped mid-run) stops the beat and
+    /// gives the lease up, so another worker may continue the run at once.
     pub(crate) fn spawn_heartbeat(
         &self,
         lease: LeaseToken,
         duration: std::time::Duration,
         cancel: CancellationToken,
-    ) -> tokio::task::JoinHandle<()> {
+    ) -> Heartbeat {
         let store = self.store.clone();
         let ids = self.ids.clone();
-        tokio::spawn(async move {
+        let beating = lease.clone();
+        let task = tokio::spawn(async move {
+            let lease = beating;
             let every = (duration / 3).max(std::time::Duration::from_millis(1));
             loop {
                 tokio::time::sleep(every).await;
@@ -69,6 +73,54 @@ impl RuntimeInner {
                     }
                 }
             }
-        })
+        });
+        Heartbeat {
+            task: Some(task),
+            lease: Some(lease),
+            store: self.store.clone(),
+            active: self.active.clone(),
+        }
+    }
+}
+
+/// A run's lease heartbeat. Stopped by [`Heartbeat::stop`] when the run gives its lease up
+/// itself; dropped while armed, it stops the beat and releases the lease on a task that
+/// `AgentRuntime::shutdown` waits for.
+pub(crate) struct Heartbeat {
+    task: Option<tokio::task::JoinHandle<()>>,
+    lease: Option<LeaseToken>,
+    store: Arc<dyn ThreadStore>,
+    active: Arc<ActiveRuns>,
+}
+
+impl Heartbeat {
+    /// Stops the beat; the caller releases the lease (or its last commit did).
+    pub(crate) fn stop(mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+        self.lease = None;
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+        let Some(lease) = self.lease.take() else {
+            return;
+        };
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return; // no runtime left to release on: the lease expires instead
+        };
+        let store = self.store.clone();
+        let pending = self.active.releasing();
+        handle.spawn(async move {
+            if let Err(e) = store.release(&lease).await {
+                tracing::warn!(run_id = %lease.run_id, error = %e, "releasing a dropped run's lease failed");
+            }
+            drop(pending);
+        });
     }
 }

@@ -80,6 +80,16 @@ impl AgentRuntime {
             .await;
     }
 
+    /// The worker identity this runtime's runs hold their leases under, and the lease's
+    /// duration (`None`: its runs hold no lease, so a recovery in this process could claim one
+    /// of them while it runs).
+    pub fn worker(&self) -> Option<(&str, std::time::Duration)> {
+        self.inner
+            .worker
+            .as_ref()
+            .map(|w| (w.id.as_str(), w.lease_duration))
+    }
+
     /// How many activations are running now.
     pub fn active_runs(&self) -> usize {
         self.inner.active.count()
@@ -205,7 +215,7 @@ impl AgentRuntime {
             let outcome =
                 activation::activate(&self.inner, Start::Recover(claimed.into(), cancel), sink)
                     .await;
-            heartbeat.abort();
+            heartbeat.stop();
             // A finished run's last commit released the lease; a waiting or failed one did not.
             self.inner.release(&lease).await;
             recovered.push(RecoveredRun {

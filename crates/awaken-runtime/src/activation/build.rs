@@ -191,6 +191,7 @@ pub(super) async fn build<'a>(
         thread_id,
         record,
         stored.persisted,
+        stored.last_event_seq,
         state.revision(),
     )
     .with_profile(journal);

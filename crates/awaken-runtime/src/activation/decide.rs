@@ -317,7 +317,8 @@ async fn close_run(
         .with_events(events);
     commit.batch = BatchWrite::Clear;
     commit.lease = lease;
-    rt.store
+    let receipt = rt
+        .store
         .commit(&commit)
         .await
         .map_err(|source| RunError::Commit {
@@ -325,6 +326,7 @@ async fn close_run(
             source,
         })?;
     stored.persisted += messages.len() as u64;
+    stored.last_event_seq = receipt.last_event_seq;
     stored.history.extend(messages.iter().cloned());
     Ok(messages)
 }

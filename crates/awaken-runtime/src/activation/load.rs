@@ -16,6 +16,8 @@ pub(super) struct Stored {
     pub(super) history: Vec<Message>,
     /// How many messages the store holds: the guard of the activation's first commit.
     pub(super) persisted: u64,
+    /// The sequence number of its last stored event (0: none).
+    pub(super) last_event_seq: u64,
     /// Its thread-scoped state.
     pub(super) thread_state: Option<PersistedState>,
     /// The id of its latest run (a new run must not take it).
@@ -59,6 +61,7 @@ pub(super) async fn load(store: &dyn ThreadStore, start: &Start) -> Result<Store
         return Ok(Stored::default());
     };
     let persisted = cp.message_count();
+    let last_event_seq = cp.last_event_seq;
     let last_run_id = cp.run.as_ref().map(|r| r.run_id.clone());
     let recovering = match start {
         Start::Recover(claimed, _) => Some(&claimed.run_id),
@@ -95,6 +98,7 @@ pub(super) async fn load(store: &dyn ThreadStore, start: &Start) -> Result<Store
     Ok(Stored {
         history: cp.messages,
         persisted,
+        last_event_seq,
         thread_state: Some(cp.thread_state),
         last_run_id,
         latest,

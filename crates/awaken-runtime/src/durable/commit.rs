@@ -85,6 +85,9 @@ impl Durable {
         };
         let writes_batch = !matches!(batch, BatchWrite::Keep);
         pending.batch = batch;
+        // The facts follow the events already emitted.
+        let emitted = pending.events.len();
+        pending.events.append(&mut self.facts);
         let mut retried = false;
         let receipt = loop {
             // `(*self.store)`: the store's own method, not the `Arc` forwarding impl (which
@@ -129,7 +132,13 @@ impl Durable {
         let guards = std::mem::take(&mut pending.profile_versions);
         // Not written: the messages and events wait for the next commit (or, for the events,
         // are flushed unstored).
-        let receipt = receipt?;
+        let receipt = match receipt {
+            Ok(receipt) => receipt,
+            Err(e) => {
+                self.facts.extend(self.pending.events.drain(emitted..));
+                return Err(e);
+            }
+        };
         if compaction {
             failpoint::hit("after_compaction_commit", None);
         }
@@ -140,8 +149,11 @@ impl Durable {
         // After a retry the redone values were restored into the run's state after the
         // export: they are committed too.
         self.state_revision = if retried { state.revision() } else { exported };
-        for i in self.after_commit.drain(..) {
-            sink.emit(&self.pending.events[i]);
+        // The store numbered the commit's events up to its last one.
+        let first = receipt.last_event_seq + 1 - self.pending.events.len() as u64;
+        self.next_seq = receipt.last_event_seq + 1;
+        for (seq, event) in (first..).zip(&self.pending.events).skip(emitted) {
+            sink.emit_stored(event, seq);
         }
         // Their room is kept for the next commit.
         self.pending.messages.clear();

@@ -75,9 +75,11 @@ pub(crate) struct Durable {
     /// to emit, and the record is never copied for a commit. Between commits its state, profile
     /// guards and batch are empty.
     pending: Box<ThreadCommit>,
-    /// Which of the pending events are about facts of the next commit, emitted after it
-    /// (indices).
-    after_commit: Vec<usize>,
+    /// Events about facts of the next commit, emitted after it. The commit stores them after
+    /// the pending (already emitted) events, so the stored order is the order of emission.
+    facts: Vec<AgentEvent>,
+    /// The sequence number the thread's next stored event gets.
+    next_seq: u64,
     /// The state revision the last commit exported up to.
     state_revision: u64,
     /// The state revision of the last commit's look at the state, with the step count and
@@ -93,20 +95,23 @@ pub(crate) struct Durable {
 
 impl Durable {
     /// The commit writer of a run whose next commit carries `record`, on a thread whose store
-    /// holds `persisted_messages`, its state exported up to `state_revision`.
+    /// holds `persisted_messages` and events up to `last_event_seq`, its state exported up to
+    /// `state_revision`.
     pub(crate) fn new(
         store: Arc<dyn ThreadStore>,
         ids: Arc<dyn IdSource>,
         thread_id: ThreadId,
         record: RunRecord,
         persisted_messages: u64,
+        last_event_seq: u64,
         state_revision: u64,
     ) -> Self {
         Self {
             store,
             ids,
             pending: Box::new(ThreadCommit::new(thread_id, record, persisted_messages)),
-            after_commit: Vec::new(),
+            facts: Vec::new(),
+            next_seq: last_event_seq + 1,
             state_revision,
             last_look: None,
             batch_unwritten: false,
@@ -135,24 +140,27 @@ impl Durable {
         self.pending.messages.push(message);
     }
 
-    /// An event emitted now (stored with the next commit if it is a lifecycle event).
+    /// An event emitted now (stored with the next commit if it is a lifecycle event, under the
+    /// sequence number the sink is told).
     pub(crate) fn note(&mut self, event: AgentEvent, sink: &dyn EventSink) {
-        sink.emit(&event);
         if event.is_lifecycle() {
+            sink.emit_stored(&event, self.next_seq + self.pending.events.len() as u64);
             self.pending.events.push(event);
+        } else {
+            sink.emit(&event);
         }
     }
 
     /// An event about a fact of the next commit: stored with it and emitted after it.
     pub(crate) fn fact(&mut self, event: AgentEvent) {
-        self.after_commit.push(self.pending.events.len());
-        self.pending.events.push(event);
+        self.facts.push(event);
     }
 
-    /// Emits the held-back events without a commit (when the run can no longer commit).
+    /// Emits the held-back events without a commit (when the run can no longer commit): they
+    /// are not stored, so the sink gets no sequence numbers.
     pub(crate) fn flush_uncommitted(&mut self, sink: &dyn EventSink) {
-        for i in self.after_commit.drain(..) {
-            sink.emit(&self.pending.events[i]);
+        for event in self.facts.drain(..) {
+            sink.emit(&event);
         }
         self.pending.events.clear();
     }

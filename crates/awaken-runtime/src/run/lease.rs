@@ -1,10 +1,8 @@
 //! The run's lease, for a runtime with a worker identity: claimed and kept alive by a heartbeat
 //! while the run is driven, given up at its end.
 
-use tokio::task::JoinHandle;
-
 use crate::error::RunError;
-use crate::inner::RuntimeInner;
+use crate::inner::{Heartbeat, RuntimeInner};
 use crate::run::Run;
 
 impl Run<'_> {
@@ -13,7 +11,7 @@ impl Run<'_> {
     pub(super) async fn hold_lease(
         &mut self,
         rt: &RuntimeInner,
-    ) -> Result<Option<JoinHandle<()>>, RunError> {
+    ) -> Result<Option<Heartbeat>, RunError> {
         let Some(worker) = &rt.worker else {
             return Ok(None);
         };
@@ -42,9 +40,9 @@ impl Run<'_> {
     }
 
     /// Stops the heartbeat and gives the lease up (a finished run's last commit already did).
-    pub(super) async fn release_lease(&self, rt: &RuntimeInner, heartbeat: Option<JoinHandle<()>>) {
+    pub(super) async fn release_lease(&self, rt: &RuntimeInner, heartbeat: Option<Heartbeat>) {
         if let Some(h) = heartbeat {
-            h.abort();
+            h.stop();
             if let Some(lease) = self.durable.lease() {
                 rt.release(lease).await;
             }

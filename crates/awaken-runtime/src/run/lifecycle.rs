@@ -67,7 +67,7 @@ impl Run<'_> {
         &mut self,
         rt: &RuntimeInner,
         opening: Opening,
-    ) -> Result<(Option<tokio::task::JoinHandle<()>>, RunLifecycle), RunError> {
+    ) -> Result<(Option<crate::inner::Heartbeat>, RunLifecycle), RunError> {
         // A runtime with a worker identity holds the lease of every run it drives (a
         // recovery's lease comes with its claim): taken before a resume writes anything (so
         // two processes never continue one waiting run), and right after a new run's first
