@@ -202,8 +202,11 @@ pub trait ThreadStore: Send + Sync {
     /// leases). Profile state stays. `false` if there was no such thread.
     async fn delete_thread(&self, thread_id: &ThreadId) -> Result<bool, StoreError>;
 
-    /// Claims up to `limit` unfinished runs (`Running` or `Waiting`) whose lease is free or
-    /// expired at `now`, for `worker_id`, until `now + lease_duration`; oldest update first.
+    /// Claims up to `limit` `Running` runs whose lease is free or expired at `now`, for
+    /// `worker_id`, until `now + lease_duration`; oldest update first. (A `Waiting` run waits
+    /// for a decision, not for a worker: the resume that brings one claims it with
+    /// [`claim_run`](Self::claim_run), so waiting runs never stand in the way of the runs a
+    /// recovery is for.)
     /// Each claim increments the run's lease epoch, so the previous holder's token is lost.
     /// Concurrent claimers never get the same run.
     async fn claim_runnable(

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use awaken_event::RunId;
 
-use crate::commit::{LeaseToken, Timestamp};
+use crate::commit::{LeaseToken, RunStatus, Timestamp};
 use crate::error::{LeaseError, StoreError};
 use crate::lease;
 use crate::store::ClaimedRun;
@@ -31,7 +31,8 @@ impl Tables {
             .iter_mut()
             .flat_map(|shard| shard.runs.values_mut())
             .filter_map(RunSlot::if_live)
-            .filter(|r| r.claimable(now))
+            // A waiting run waits for a decision; its resume claims it (`claim_run`).
+            .filter(|r| r.record.status == RunStatus::Running && r.claimable(now))
             .collect();
         free.sort_by(|a, b| lease::claim_order(&a.record).cmp(&lease::claim_order(&b.record)));
         let expires_at = now.saturating_add(lease_duration);

@@ -307,7 +307,7 @@ impl ThreadStore for PostgresStore {
                     &format!(
                         "UPDATE runs SET lease_owner = $1, lease_epoch = lease_epoch + 1, \
                              lease_expires_at = $2 \
-                         WHERE run_id IN (SELECT run_id FROM runs WHERE status <> 'done' \
+                         WHERE run_id IN (SELECT run_id FROM runs WHERE status = 'running' \
                              AND (lease_owner IS NULL OR lease_expires_at <= $3) \
                              ORDER BY updated_at, run_id LIMIT $4 FOR UPDATE SKIP LOCKED) \
                          RETURNING thread_id, lease_epoch, {RUN_COLUMNS}"

@@ -473,7 +473,7 @@ impl ThreadStore for SqliteStore {
                 let mut stmt = tx.prepare_cached(&format!(
                     "UPDATE runs SET lease_owner = ?1, lease_epoch = lease_epoch + 1, \
                          lease_expires_at = ?2 \
-                     WHERE run_id IN (SELECT run_id FROM runs WHERE status <> 'done' \
+                     WHERE run_id IN (SELECT run_id FROM runs WHERE status = 'running' \
                          AND (lease_owner IS NULL OR lease_expires_at <= ?3) \
                          ORDER BY updated_at, run_id LIMIT ?4) \
                      RETURNING thread_id, lease_epoch, {RUN_COLUMNS}"

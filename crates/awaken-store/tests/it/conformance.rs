@@ -774,8 +774,14 @@ pub async fn lease_claim_expiry_takeover(h: &Harness) {
     done.run.status = RunStatus::Done;
     done.run.termination = Some(TerminationReason::NaturalEnd);
     s.commit(&done).await.expect("r3 done");
+    // The oldest run waits for a decision: claims for recovery pass it by.
+    let mut waiting = step("t4", "r4", 0, 1, 100);
+    waiting.run.status = RunStatus::Waiting;
+    waiting.run.termination = Some(TerminationReason::Suspended);
+    s.commit(&waiting).await.expect("r4 waiting");
 
-    // w1 claims one run (the oldest update first), then the other; done runs are never claimed.
+    // w1 claims one run (the oldest update first), then the other; done and waiting runs are
+    // never claimed.
     let a = s
         .claim_runnable("w1", lease, at(10_000), 1)
         .await
@@ -800,6 +806,12 @@ pub async fn lease_claim_expiry_takeover(h: &Harness) {
             .expect("claim")
             .is_empty()
     );
+    // A resume takes the waiting run's lease with a targeted claim.
+    let resumed = s
+        .claim_run(&RunId::new("r4").expect("id"), "w3", lease, at(10_000))
+        .await
+        .expect("claim r4");
+    assert_eq!(resumed.map(|c| c.run.status), Some(RunStatus::Waiting));
 
     // w1 heartbeats r1; r2's lease expires and w2 takes it over.
     let r1 = a[0].lease.clone();
