@@ -257,6 +257,14 @@ pub trait EventSink: Send + Sync {
         let _ = seq;
         self.emit(event);
     }
+
+    /// Says that every event numbered up to `last_seq` is now in the store: called after each
+    /// commit that stored events, before the events about its facts are emitted. (An event
+    /// emitted before its commit is numbered but not yet stored; if the run stops before the
+    /// commit, its number is given to another event later.) The default does nothing.
+    fn committed(&self, last_seq: u64) {
+        let _ = last_seq;
+    }
 }
 
 impl<F> EventSink for F

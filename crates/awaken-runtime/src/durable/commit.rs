@@ -152,6 +152,9 @@ impl Durable {
         // The store numbered the commit's events up to its last one.
         let first = receipt.last_event_seq + 1 - self.pending.events.len() as u64;
         self.next_seq = receipt.last_event_seq + 1;
+        if !self.pending.events.is_empty() {
+            sink.committed(receipt.last_event_seq);
+        }
         for (seq, event) in (first..).zip(&self.pending.events).skip(emitted) {
             sink.emit_stored(event, seq);
         }
