@@ -111,6 +111,11 @@ const TABLE: &[Row] = &[
         never: &[],
     },
     Row {
+        name: "awaken-server",
+        forbid: Forbid::Nothing,
+        never: &[],
+    },
+    Row {
         name: "awaken",
         forbid: Forbid::Nothing,
         never: &[],

@@ -9,7 +9,8 @@
 //!
 //! Features: `openai` (default; the OpenAI-compatible executor), `sqlite` (default; the
 //! embedded [`store::SqliteStore`]) and `postgres` ([`store::PostgresStore`], several workers on
-//! one database). Without a store feature, runs are kept in [`store::MemoryStore`].
+//! one database), `server` (`awaken::server`: the HTTP server with its `/v1` API and resumable
+//! event streams). Without a store feature, runs are kept in [`store::MemoryStore`].
 //!
 //! # A plugin with a key and a hook
 //!
@@ -160,6 +161,8 @@ pub use awaken_phase as phase;
 pub use awaken_plugin as plugin;
 pub use awaken_resolver as resolver;
 pub use awaken_runtime as runtime;
+#[cfg(feature = "server")]
+pub use awaken_server as server;
 pub use awaken_spec as spec;
 pub use awaken_state as state;
 pub use awaken_store as store;

@@ -1,0 +1,122 @@
+//! [`ServerConfig`]: the server's limits, its token and its CORS origins.
+
+use std::time::Duration;
+
+/// How the server admits requests and keeps live runs.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The bearer token every `/v1` request must carry (`Authorization: Bearer …`); `None`:
+    /// no authentication (allowed on a loopback address, or with `insecure_no_auth`).
+    pub auth_token: Option<String>,
+    /// The agent a run that names none gets (`None`: the server's only agent, else the request
+    /// must name one).
+    pub default_agent: Option<String>,
+    /// Serve without a token on an address other than loopback.
+    pub insecure_no_auth: bool,
+    /// The largest request body, in bytes (larger: 413).
+    pub max_body_bytes: usize,
+    /// The largest total size of a request's headers, in bytes (larger: 431).
+    pub max_header_bytes: usize,
+    /// At most this many runs in flight in this server at once (more: 503 with
+    /// `Retry-After`).
+    pub max_runs_in_flight: usize,
+    /// What a refused start is told to wait before trying again.
+    pub retry_after: Duration,
+    /// Events a live run keeps for clients that attach late or reconnect (the oldest go
+    /// first); a client further behind reads the stored events.
+    pub replay_events: usize,
+    /// Events a live run's broadcast holds for a client that reads slower than the run writes;
+    /// a client further behind catches up from the replay buffer or the store.
+    pub broadcast_capacity: usize,
+    /// How long a finished run's events stay in memory for a client that reconnects (after
+    /// that, the stored events answer alone).
+    pub finished_linger: Duration,
+    /// At most this many ended runs are kept in memory for reconnecting clients (the oldest go
+    /// first).
+    pub max_lingering: usize,
+    /// How often an idle stream sends a keep-alive comment.
+    pub keep_alive: Duration,
+    /// How long a stream answering a cancel waits for the run to end.
+    pub cancel_wait: Duration,
+    /// Origins allowed by CORS (`*` allows any); empty: no CORS headers.
+    pub cors_origins: Vec<String>,
+    /// On shutdown, how long runs in flight get to end by themselves before they are stopped
+    /// at their last checkpoint.
+    pub shutdown_grace: Duration,
+    /// The worker id recovery claims unfinished runs under.
+    pub worker_id: String,
+    /// How long a recovered run's lease lasts without a heartbeat.
+    pub lease_duration: Duration,
+    /// How often the server looks for unfinished runs whose process went away.
+    pub recover_interval: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            auth_token: None,
+            default_agent: None,
+            insecure_no_auth: false,
+            max_body_bytes: 1 << 20,
+            max_header_bytes: 16 << 10,
+            max_runs_in_flight: 1024,
+            retry_after: Duration::from_secs(1),
+            replay_events: 4096,
+            broadcast_capacity: 256,
+            finished_linger: Duration::from_secs(60),
+            max_lingering: 1024,
+            keep_alive: Duration::from_secs(15),
+            cancel_wait: Duration::from_secs(30),
+            cors_origins: Vec::new(),
+            shutdown_grace: Duration::from_secs(10),
+            worker_id: format!("awaken-server-{}", std::process::id()),
+            lease_duration: Duration::from_secs(30),
+            recover_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Requires `token` on every `/v1` request.
+    pub fn with_auth_token(mut self, token: impl Into<String>) -> Self {
+        self.auth_token = Some(token.into());
+        self
+    }
+
+    /// Sets the agent of runs that name none.
+    pub fn with_default_agent(mut self, agent: impl Into<String>) -> Self {
+        self.default_agent = Some(agent.into());
+        self
+    }
+
+    /// Sets the limit of runs in flight.
+    pub fn with_max_runs_in_flight(mut self, limit: usize) -> Self {
+        self.max_runs_in_flight = limit;
+        self
+    }
+
+    /// Sets the largest request body.
+    pub fn with_max_body_bytes(mut self, bytes: usize) -> Self {
+        self.max_body_bytes = bytes;
+        self
+    }
+
+    /// Sets the origins CORS allows.
+    pub fn with_cors_origins(mut self, origins: impl IntoIterator<Item = String>) -> Self {
+        self.cors_origins = origins.into_iter().collect();
+        self
+    }
+
+    /// Sets the worker id and lease duration of recovered runs.
+    pub fn with_worker(mut self, worker_id: impl Into<String>, lease: Duration) -> Self {
+        self.worker_id = worker_id.into();
+        self.lease_duration = lease;
+        self
+    }
+
+    /// Sets the shutdown grace period.
+    pub fn with_shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shutdown_grace = grace;
+        self
+    }
+}

@@ -1,0 +1,515 @@
+//! The runs in flight in this server: one [`LiveRun`] per thread in a concurrent registry,
+//! each with a bounded replay buffer of its activation's events and a bounded broadcast for the
+//! clients attached. The run writes to them and never waits for a client.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use awaken_event::{AgentEvent, CancellationToken, EventSink, ThreadId};
+use axum::body::Bytes;
+use dashmap::DashMap;
+use dashmap::mapref::entry::Entry;
+use serde_json::Value;
+use tokio::sync::{broadcast, watch};
+
+use crate::config::ServerConfig;
+use crate::error::ApiError;
+
+/// A position in a thread's event stream: `seq`, the number of a stored event, and `sub`, the
+/// count of streamed deltas after it (0: the stored event itself). Written `seq` or `seq.sub`;
+/// this is the SSE `id` a client sends back as `Last-Event-ID`.
+///
+/// An event sent before its commit (or a delta after such an event) also names the activation
+/// it belongs to, by the number of that activation's first event: `seq@start` or
+/// `seq.sub@start`. If the process stops before the commit, the number is given to another
+/// event later; the activation tells a reconnecting client's position apart from it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct EventId {
+    /// The stored event's sequence number in the thread (0: before the first).
+    pub seq: u64,
+    /// Deltas streamed since it.
+    pub sub: u32,
+    /// For an event not yet stored when it was sent: the first event of its activation.
+    pub activation: Option<u64>,
+}
+
+impl EventId {
+    /// The id of stored event `seq`.
+    pub fn stored(seq: u64) -> Self {
+        Self {
+            seq,
+            sub: 0,
+            activation: None,
+        }
+    }
+
+    /// The position, for ordering (the activation does not move it).
+    pub fn key(&self) -> (u64, u32) {
+        (self.seq, self.sub)
+    }
+
+    /// Reads `seq`, `seq.sub`, `seq@start` or `seq.sub@start`; `None` for anything else.
+    pub fn parse(text: &str) -> Option<Self> {
+        let text = text.trim();
+        let (position, activation) = match text.split_once('@') {
+            Some((p, a)) => (p, Some(a)),
+            None => (text, None),
+        };
+        let (seq, sub) = match position.split_once('.') {
+            Some((seq, sub)) => (seq, Some(sub)),
+            None => (position, None),
+        };
+        let number = |s: &str| {
+            (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| s.parse::<u64>().ok())
+                .flatten()
+        };
+        Some(Self {
+            seq: number(seq)?,
+            sub: match sub {
+                Some(s) => u32::try_from(number(s)?).ok()?,
+                None => 0,
+            },
+            activation: match activation {
+                Some(a) => Some(number(a)?),
+                None => None,
+            },
+        })
+    }
+}
+
+impl fmt::Display for EventId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.seq)?;
+        if self.sub != 0 {
+            write!(f, ".{}", self.sub)?;
+        }
+        if let Some(start) = self.activation {
+            write!(f, "@{start}")?;
+        }
+        Ok(())
+    }
+}
+
+/// One event as sent: its id and its whole SSE frame (shared by every client).
+#[derive(Debug, Clone)]
+pub(crate) struct Frame {
+    pub(crate) id: EventId,
+    pub(crate) bytes: Bytes,
+}
+
+/// The SSE frame of `event`: `id`, `event` (its type name) and `data` (its JSON form, one
+/// line).
+pub(crate) fn frame(id: EventId, event: &AgentEvent) -> Frame {
+    let data = serde_json::to_string(event).unwrap_or_else(|e| {
+        serde_json::json!({"type": "error", "message": format!("unserialisable event: {e}")})
+            .to_string()
+    });
+    let text = format!("id: {id}\nevent: {}\ndata: {data}\n\n", event.type_name());
+    Frame {
+        id,
+        bytes: Bytes::from(text),
+    }
+}
+
+/// Where a live run stands.
+#[derive(Debug, Clone)]
+pub(crate) enum Status {
+    /// Started, no event yet.
+    Starting,
+    /// Its first event was emitted.
+    Running,
+    /// Its activation ended: the outcome as answered to `?stream=false`, or why it could not
+    /// start.
+    Ended(Result<Value, ApiError>),
+}
+
+/// The events of a run's activation kept for clients, and the broadcast to the attached ones.
+struct Log {
+    frames: VecDeque<Frame>,
+    /// Whether frames were dropped from the front of the buffer.
+    trimmed: bool,
+    /// The id of the last event.
+    last: EventId,
+    /// The number of the activation's first stored event.
+    start: Option<u64>,
+    /// Every event numbered up to this one is in the store (only those are ever dropped
+    /// from the buffer, so a client behind it finds them there).
+    durable: u64,
+    /// Closed (taken) when the activation ends.
+    tx: Option<broadcast::Sender<Frame>>,
+}
+
+/// A run in flight in this server.
+pub(crate) struct LiveRun {
+    pub(crate) thread_id: ThreadId,
+    handle: Option<CancellationToken>,
+    log: Mutex<Log>,
+    capacity: usize,
+    status: watch::Sender<Status>,
+    started: AtomicBool,
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+/// What a client attaching to a live run gets: the buffered frames after its position, the
+/// receiver of the later ones (none once the run ended), and whether the buffer still reaches
+/// back to that position.
+pub(crate) struct Attached {
+    pub(crate) backlog: Vec<Frame>,
+    pub(crate) rx: Option<broadcast::Receiver<Frame>>,
+    /// The id of the oldest frame kept, when frames before it were dropped.
+    pub(crate) kept_from: Option<EventId>,
+    /// The id of the first frame of the activation kept (the stored events before it come from
+    /// the store).
+    pub(crate) first: Option<EventId>,
+}
+
+impl LiveRun {
+    fn new(
+        thread_id: ThreadId,
+        handle: Option<CancellationToken>,
+        capacity: usize,
+        broadcast: usize,
+    ) -> Self {
+        let (tx, _) = broadcast::channel(broadcast.max(1));
+        Self {
+            thread_id,
+            handle,
+            log: Mutex::new(Log {
+                frames: VecDeque::new(),
+                trimmed: false,
+                last: EventId::default(),
+                start: None,
+                durable: 0,
+                tx: Some(tx),
+            }),
+            capacity: capacity.max(1),
+            status: watch::channel(Status::Starting).0,
+            started: AtomicBool::new(false),
+            task: Mutex::new(None),
+        }
+    }
+
+    /// Keeps the run's task, so a shutdown can stop it.
+    pub(crate) fn set_task(&self, task: tokio::task::JoinHandle<()>) {
+        *self.task.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
+    }
+
+    /// Cancels the run (it ends `Cancelled` with its checkpoint); `false` when it has no
+    /// handle (a recovered run) or ended already.
+    pub(crate) fn cancel(&self) -> bool {
+        if self.is_ended() {
+            return false;
+        }
+        match &self.handle {
+            Some(h) => {
+                h.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Stops the run's task where it is (its store keeps the last checkpoint) and waits until
+    /// its future is gone.
+    pub(crate) async fn stop(&self) {
+        let task = self.task.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(task) = task {
+            task.abort();
+            let _ = task.await;
+        }
+        if !self.is_ended() {
+            self.end(Err(ApiError::unavailable(
+                "shutting_down",
+                "the server stopped the run at its last checkpoint; it goes on when the server starts again",
+                std::time::Duration::from_secs(1),
+            )));
+        }
+    }
+
+    /// Whether the activation ended.
+    pub(crate) fn is_ended(&self) -> bool {
+        matches!(*self.status.borrow(), Status::Ended(_))
+    }
+
+    /// Waits until the run emitted its first event or ended; the end's result if it ended.
+    pub(crate) async fn started(&self) -> Option<Result<Value, ApiError>> {
+        let mut rx = self.status.subscribe();
+        let status = rx
+            .wait_for(|s| !matches!(s, Status::Starting))
+            .await
+            .map(|s| s.clone())
+            .unwrap_or(Status::Running);
+        match status {
+            Status::Ended(result) => Some(result),
+            _ => None,
+        }
+    }
+
+    /// Waits until the run ended; its result.
+    pub(crate) async fn ended(&self) -> Result<Value, ApiError> {
+        let mut rx = self.status.subscribe();
+        match rx.wait_for(|s| matches!(s, Status::Ended(_))).await {
+            Ok(s) => match &*s {
+                Status::Ended(result) => result.clone(),
+                _ => unreachable!("waited for the end"),
+            },
+            Err(_) => Err(ApiError::internal("run_lost", "the run's task went away")),
+        }
+    }
+
+    /// Marks the activation ended: attached clients get the rest of the buffer, then the end of
+    /// the stream.
+    pub(crate) fn end(&self, result: Result<Value, ApiError>) {
+        self.log.lock().unwrap_or_else(|e| e.into_inner()).tx = None;
+        self.status.send_replace(Status::Ended(result));
+    }
+
+    /// Whether the activation emitted any event.
+    pub(crate) fn has_events(&self) -> bool {
+        self.started.load(Ordering::Acquire)
+    }
+
+    /// Attaches a client positioned after `after` (`None`: from the activation's start).
+    pub(crate) fn attach(&self, after: Option<EventId>) -> Attached {
+        let log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        let rx = log.tx.as_ref().map(broadcast::Sender::subscribe);
+        let backlog = log
+            .frames
+            .iter()
+            .filter(|f| after.is_none_or(|a| f.id.key() > a.key()))
+            .cloned()
+            .collect();
+        let first = log.frames.front().map(|f| f.id);
+        Attached {
+            backlog,
+            rx,
+            kept_from: if log.trimmed { first } else { None },
+            first,
+        }
+    }
+
+    fn push(&self, seq: Option<u64>, event: &AgentEvent) {
+        if !self.started.swap(true, Ordering::AcqRel) {
+            self.status.send_if_modified(|s| {
+                let first = matches!(s, Status::Starting);
+                if first {
+                    *s = Status::Running;
+                }
+                first
+            });
+        }
+        let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        let mut id = match seq {
+            Some(seq) => EventId::stored(seq),
+            None => EventId {
+                seq: log.last.seq,
+                sub: log.last.sub.saturating_add(1),
+                activation: None,
+            },
+        };
+        if let Some(seq) = seq {
+            log.start.get_or_insert(seq);
+        }
+        if id.seq > log.durable {
+            id.activation = Some(log.start.unwrap_or(id.seq));
+        }
+        log.last = id;
+        let frame = frame(id, event);
+        while log.frames.len() >= self.capacity
+            && log.frames.front().is_some_and(|f| f.id.seq <= log.durable)
+        {
+            log.frames.pop_front();
+            log.trimmed = true;
+        }
+        log.frames.push_back(frame.clone());
+        if let Some(tx) = &log.tx {
+            // No receiver attached is fine: the buffer keeps the event.
+            let _ = tx.send(frame);
+        }
+    }
+
+    fn committed(&self, last_seq: u64) {
+        let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        log.durable = log.durable.max(last_seq);
+    }
+
+    /// The number of the activation's first stored event, once it was emitted.
+    pub(crate) fn activation_start(&self) -> Option<u64> {
+        self.log.lock().unwrap_or_else(|e| e.into_inner()).start
+    }
+}
+
+/// The sink a live run's activation writes to.
+pub(crate) struct LiveSink(pub(crate) Arc<LiveRun>);
+
+impl EventSink for LiveSink {
+    fn emit(&self, event: &AgentEvent) {
+        self.0.push(None, event);
+    }
+
+    fn emit_stored(&self, event: &AgentEvent, seq: u64) {
+        self.0.push(Some(seq), event);
+    }
+
+    fn committed(&self, last_seq: u64) {
+        self.0.committed(last_seq);
+    }
+}
+
+/// The sink of recovered runs: `recover` continues them one after another through one sink,
+/// so each `RunStart` opens the thread's live run and its `RunFinish` ends it.
+pub(crate) struct RecoverySink {
+    pub(crate) live: Arc<LiveRuns>,
+    pub(crate) current: Mutex<Option<Arc<LiveRun>>>,
+    /// The token that cancels the run being recovered.
+    pub(crate) cancel: Mutex<CancellationToken>,
+    /// The last event the latest commit stored (a recovered run's first commit comes before
+    /// its `RunStart` opens its live run).
+    pub(crate) pending_commit: Mutex<u64>,
+}
+
+impl RecoverySink {
+    fn route(&self, seq: Option<u64>, event: &AgentEvent) {
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        if let AgentEvent::RunStart { thread_id, .. } = event {
+            let cancel = self
+                .cancel
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            *current = self.live.begin(thread_id, Some(cancel)).ok();
+            let durable = *self
+                .pending_commit
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if let Some(run) = &*current {
+                run.committed(durable);
+            }
+        }
+        if let Some(run) = &*current {
+            run.push(seq, event);
+        }
+        if let AgentEvent::RunFinish {
+            termination,
+            run_id,
+            ..
+        } = event
+            && let Some(run) = current.take()
+        {
+            run.end(Ok(serde_json::json!({
+                "run_id": run_id,
+                "termination": termination,
+            })));
+            self.live.linger(&run);
+        }
+    }
+}
+
+impl EventSink for RecoverySink {
+    fn emit(&self, event: &AgentEvent) {
+        self.route(None, event);
+    }
+
+    fn emit_stored(&self, event: &AgentEvent, seq: u64) {
+        self.route(Some(seq), event);
+    }
+
+    fn committed(&self, last_seq: u64) {
+        // The recovered run's first commit comes before its `RunStart` opens its live run.
+        *self
+            .pending_commit
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = last_seq;
+        if let Some(run) = &*self.current.lock().unwrap_or_else(|e| e.into_inner()) {
+            run.committed(last_seq);
+        }
+    }
+}
+
+/// The registry of live runs, by thread.
+pub(crate) struct LiveRuns {
+    runs: DashMap<ThreadId, Arc<LiveRun>>,
+    replay: usize,
+    broadcast: usize,
+    linger: std::time::Duration,
+    max_lingering: usize,
+    /// Ended runs kept for reconnecting clients, oldest first, with when they ended.
+    ended: Mutex<VecDeque<(std::time::Instant, Arc<LiveRun>)>>,
+}
+
+impl LiveRuns {
+    pub(crate) fn new(config: &ServerConfig) -> Self {
+        Self {
+            runs: DashMap::new(),
+            replay: config.replay_events,
+            broadcast: config.broadcast_capacity,
+            linger: config.finished_linger,
+            max_lingering: config.max_lingering,
+            ended: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// Registers a new live run on `thread_id`; the one in flight there if there is one.
+    pub(crate) fn begin(
+        &self,
+        thread_id: &ThreadId,
+        handle: Option<CancellationToken>,
+    ) -> Result<Arc<LiveRun>, Arc<LiveRun>> {
+        let run = || {
+            Arc::new(LiveRun::new(
+                thread_id.clone(),
+                handle.clone(),
+                self.replay,
+                self.broadcast,
+            ))
+        };
+        match self.runs.entry(thread_id.clone()) {
+            Entry::Occupied(o) if !o.get().is_ended() => Err(o.get().clone()),
+            Entry::Occupied(mut o) => {
+                let new = run();
+                o.insert(new.clone());
+                Ok(new)
+            }
+            Entry::Vacant(v) => Ok(v.insert(run()).clone()),
+        }
+    }
+
+    /// The live (or recently ended) run of `thread_id`.
+    pub(crate) fn get(&self, thread_id: &ThreadId) -> Option<Arc<LiveRun>> {
+        self.runs.get(thread_id).map(|r| r.clone())
+    }
+
+    /// Removes `run` from the registry now (a run that never started).
+    pub(crate) fn remove(&self, run: &Arc<LiveRun>) {
+        self.runs
+            .remove_if(&run.thread_id, |_, r| Arc::ptr_eq(r, run));
+    }
+
+    /// Keeps an ended run for reconnecting clients for a while (at most `max_lingering` of
+    /// them, the oldest going first), then removes it unless a newer run of its thread replaced
+    /// it.
+    pub(crate) fn linger(&self, run: &Arc<LiveRun>) {
+        let now = std::time::Instant::now();
+        let mut ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
+        ended.push_back((now, Arc::clone(run)));
+        while let Some((at, oldest)) = ended.front() {
+            if ended.len() <= self.max_lingering && now.duration_since(*at) < self.linger {
+                break;
+            }
+            self.remove(oldest);
+            ended.pop_front();
+        }
+    }
+
+    /// The runs whose activation has not ended.
+    pub(crate) fn running(&self) -> Vec<Arc<LiveRun>> {
+        self.runs
+            .iter()
+            .filter(|r| !r.is_ended())
+            .map(|r| r.clone())
+            .collect()
+    }
+}

@@ -1,0 +1,160 @@
+//! [`serve`]: the server on a listener, with recovery of unfinished runs and a graceful
+//! shutdown.
+
+use std::net::SocketAddr;
+use std::sync::Mutex;
+
+use awaken_event::CancellationToken;
+use awaken_runtime::{RecoverConfig, ShutdownMode};
+use tokio::net::TcpListener;
+
+use crate::app::AgentServer;
+use crate::live::RecoverySink;
+
+/// Why [`serve`] could not serve.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// The listener is on an address other than loopback and no token is configured.
+    #[error(
+        "refusing to serve on {addr} without authentication: set an auth token (or explicitly allow serving without one)"
+    )]
+    Unauthenticated {
+        /// The listener's address.
+        addr: SocketAddr,
+    },
+    /// The listener failed.
+    #[error("the listener failed: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Serves `server` on `listener` until `shutdown` completes.
+///
+/// On start it continues the store's unfinished runs (claimed through their leases, as
+/// `AgentRuntime::recover` does; runs waiting for a decision stay waiting), answers `/readyz`,
+/// and looks again every `recover_interval` for runs whose process went away. Recovery needs a
+/// runtime whose runs hold leases (`AgentRuntimeBuilder::with_worker`): without one, a claim
+/// could take one of the server's own runs in flight, so nothing is recovered (a warning says
+/// so). On shutdown it
+/// stops accepting, tells every open stream and ends it, gives the runs in flight
+/// `shutdown_grace` to end by themselves, stops the others at their last checkpoint (their
+/// leases are released, so the next start on the same store continues them at once), fires the
+/// plugins' shutdown hooks and returns.
+///
+/// # Errors
+/// [`ServeError::Unauthenticated`] for a listener on an address other than loopback without a
+/// token (unless `insecure_no_auth`); [`ServeError::Io`] when the listener fails.
+pub async fn serve(
+    server: AgentServer,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let addr = listener.local_addr()?;
+    let config = server.config();
+    if !addr.ip().is_loopback() && config.auth_token.is_none() && !config.insecure_no_auth {
+        return Err(ServeError::Unauthenticated { addr });
+    }
+    let stop_recovery = CancellationToken::new();
+    // A runtime whose runs hold no lease cannot recover while it serves: a claim could take one
+    // of its own runs in flight.
+    let recovery = if server.runtime().worker().is_some() {
+        Some(tokio::spawn(recover_loop(
+            server.clone(),
+            stop_recovery.clone(),
+        )))
+    } else {
+        tracing::warn!(
+            "the runtime has no worker identity (AgentRuntimeBuilder::with_worker): unfinished runs are not recovered"
+        );
+        None
+    };
+    server.set_ready();
+    tracing::info!(%addr, "serving");
+    let closing = server.clone();
+    axum::serve(listener, server.router())
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            tracing::info!("shutting down: no new requests; telling open streams");
+            closing.begin_shutdown();
+        })
+        .await?;
+    stop_recovery.cancel();
+    let runtime = server.runtime().clone();
+    let grace = server.config().shutdown_grace;
+    if tokio::time::timeout(grace, runtime.shutdown(ShutdownMode::Wait))
+        .await
+        .is_err()
+    {
+        let running = server.shared.live.running();
+        tracing::warn!(
+            runs = running.len(),
+            "grace period over: stopping the runs still in flight at their last checkpoint"
+        );
+        // Once their futures are gone, the runtime's shutdown waits for their leases' release.
+        if let Some(recovery) = &recovery {
+            recovery.abort();
+        }
+        for run in running {
+            run.stop().await;
+        }
+        if let Some(recovery) = recovery {
+            let _ = recovery.await;
+        }
+        runtime.shutdown(ShutdownMode::Wait).await;
+    } else if let Some(recovery) = recovery {
+        let _ = recovery.await;
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Continues unfinished runs, one claim at a time (so each has its own cancel token), until
+/// `stop`; rests `recover_interval` whenever none is left to claim.
+async fn recover_loop(server: AgentServer, stop: CancellationToken) {
+    let shared = &server.shared;
+    let sink = RecoverySink {
+        live: shared.live.clone(),
+        current: Mutex::new(None),
+        cancel: Mutex::new(CancellationToken::new()),
+        pending_commit: Mutex::new(0),
+    };
+    let config = &shared.config;
+    loop {
+        // Not a child of `stop`: a shutdown leaves a recovered run to its grace period, as any
+        // other; this token only serves the cancel route.
+        let cancel = CancellationToken::new();
+        *sink.cancel.lock().unwrap_or_else(|e| e.into_inner()) = cancel.clone();
+        let recover = RecoverConfig::new(config.worker_id.clone())
+            .with_lease_duration(config.lease_duration)
+            .with_limit(1)
+            .with_cancel(cancel);
+        let claimed = match shared.runtime.recover(&recover, &sink).await {
+            Ok(runs) => {
+                for run in &runs {
+                    match &run.outcome {
+                        Ok(o) => {
+                            tracing::info!(thread_id = %run.thread_id, run_id = %run.run_id, termination = ?o.termination, "recovered run ended")
+                        }
+                        Err(e) => {
+                            tracing::warn!(thread_id = %run.thread_id, run_id = %run.run_id, error = %e, "recovered run could not continue")
+                        }
+                    }
+                }
+                !runs.is_empty()
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "recovery failed");
+                false
+            }
+        };
+        if stop.is_cancelled() {
+            return;
+        }
+        if !claimed {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(config.recover_interval) => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! A client's Server-Sent Event stream of a thread: the stored events after its position,
+//! the live run's buffered events, then the live ones as they come, each once and in order.
+//! A client that falls behind the broadcast catches up the same way it would by reconnecting.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use awaken_event::{AgentEvent, CancellationToken, ThreadId};
+use awaken_store::{StoreError, ThreadStore};
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use tokio::sync::broadcast;
+
+use crate::live::{EventId, Frame, LiveRun, frame};
+
+/// What a stream needs besides its thread and position.
+#[derive(Clone)]
+pub(crate) struct StreamContext {
+    pub(crate) store: Arc<dyn ThreadStore>,
+    pub(crate) keep_alive: Duration,
+    pub(crate) closing: CancellationToken,
+}
+
+/// The stream of `thread_id` for a client positioned after `after` (`None`: from the live
+/// run's activation start, or from the thread's first event when none is live).
+pub(crate) async fn event_stream(
+    ctx: StreamContext,
+    thread_id: ThreadId,
+    live: Option<Arc<LiveRun>>,
+    after: Option<EventId>,
+) -> Result<Response, StoreError> {
+    let mut stream = EventStream {
+        ctx,
+        thread_id,
+        live,
+        queue: VecDeque::new(),
+        last: after,
+        rx: None,
+    };
+    stream.catch_up(after).await?;
+    let body = Body::from_stream(futures_util::stream::unfold(stream, |mut s| async move {
+        s.next().await.map(|bytes| (Ok::<_, Infallible>(bytes), s))
+    }));
+    let mut response = body.into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    // Proxies that buffer responses would hold the events back.
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    Ok(response)
+}
+
+struct EventStream {
+    ctx: StreamContext,
+    thread_id: ThreadId,
+    live: Option<Arc<LiveRun>>,
+    queue: VecDeque<Bytes>,
+    /// The id of the last event queued.
+    last: Option<EventId>,
+    rx: Option<broadcast::Receiver<Frame>>,
+}
+
+impl EventStream {
+    /// Queues what the client misses after `after`, and attaches it to the live run.
+    async fn catch_up(&mut self, after: Option<EventId>) -> Result<(), StoreError> {
+        let Some(live) = self.live.clone() else {
+            let from = match after {
+                Some(a) => self.settle(a).await?,
+                None => EventId::default(),
+            };
+            self.last = Some(from);
+            self.queue_stored(from, None).await?;
+            return Ok(());
+        };
+        // Attached once its first event is out: the buffer then holds every event of the
+        // activation not yet stored, and the store every one dropped from the buffer.
+        let _ = live.started().await;
+        // A position sent before its event was stored, in another activation than the live
+        // one, is checked against the store.
+        // Without a position, the client starts at the activation's first event (a start's own
+        // stream attaches after it: the buffer may have dropped stored events by then).
+        let after = match after {
+            Some(a) if a.activation.is_some() && a.activation != live.activation_start() => {
+                Some(self.settle(a).await?)
+            }
+            Some(a) => Some(a),
+            None => live
+                .activation_start()
+                .map(|start| EventId::stored(start.saturating_sub(1))),
+        };
+        if after.is_some() {
+            self.last = after;
+        }
+        let attached = live.attach(after);
+        if let Some(a) = after {
+            match attached.first {
+                // (No stored event lies between a position and the buffer's first event when
+                // that is the next stored one: the store is not asked.)
+                Some(first)
+                    if a.key() < first.key() && (first.sub > 0 || first.seq > a.seq + 1) =>
+                {
+                    if attached.kept_from.is_some() {
+                        self.queue.push_back(lagged(a, first));
+                    }
+                    self.queue_stored(a, Some(first)).await?;
+                }
+                Some(_) => {}
+                None => self.queue_stored(a, None).await?,
+            }
+        }
+        for f in attached.backlog {
+            self.push(f);
+        }
+        self.rx = attached.rx;
+        Ok(())
+    }
+
+    /// Where a client at `after` stands in the store. A position sent before its event was
+    /// stored may name an event that never was: its process stopped first, and the numbers went
+    /// to the events of a later activation. Then the client resumes before that activation's
+    /// first event (or at the store's last event, if none was stored since).
+    async fn settle(&self, after: EventId) -> Result<EventId, StoreError> {
+        let Some(start) = after.activation else {
+            return Ok(after);
+        };
+        let stored = self.ctx.store.load_events(&self.thread_id, start).await?;
+        let mut last = start;
+        for e in stored.iter().take_while(|e| e.seq <= after.seq) {
+            if matches!(e.event, AgentEvent::RunStart { .. }) {
+                return Ok(EventId::stored(e.seq - 1));
+            }
+            last = e.seq;
+        }
+        Ok(if last < after.seq {
+            EventId::stored(last)
+        } else {
+            EventId {
+                activation: None,
+                ..after
+            }
+        })
+    }
+
+    /// Queues the stored events after `after` and before `before`.
+    async fn queue_stored(
+        &mut self,
+        after: EventId,
+        before: Option<EventId>,
+    ) -> Result<(), StoreError> {
+        let stored = self
+            .ctx
+            .store
+            .load_events(&self.thread_id, after.seq)
+            .await?;
+        for e in stored {
+            let id = EventId::stored(e.seq);
+            if id.key() > after.key() && before.is_none_or(|b| id.key() < b.key()) {
+                self.push(frame(id, &e.event));
+            }
+        }
+        Ok(())
+    }
+
+    fn push(&mut self, f: Frame) {
+        if self.last.is_none_or(|l| f.id.key() > l.key()) {
+            self.last = Some(f.id);
+            self.queue.push_back(f.bytes);
+        }
+    }
+
+    /// The next bytes to send; `None` ends the stream.
+    async fn next(&mut self) -> Option<Bytes> {
+        loop {
+            if let Some(b) = self.queue.pop_front() {
+                return Some(b);
+            }
+            let rx = self.rx.as_mut()?;
+            tokio::select! {
+                biased;
+                received = rx.recv() => match received {
+                    Ok(f) => self.push(f),
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        self.rx = None;
+                        if let Err(e) = self.catch_up(self.last).await {
+                            self.queue.push_back(notice(
+                                "error",
+                                &serde_json::json!({"message": format!("the stream cannot catch up: {e}")}),
+                            ));
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Closed) => self.rx = None,
+                },
+                () = self.ctx.closing.cancelled() => {
+                    self.rx = None;
+                    return Some(notice(
+                        "shutdown",
+                        &serde_json::json!({
+                            "message": "the server is shutting down; the run goes on from its last checkpoint when it restarts: reconnect with Last-Event-ID",
+                        }),
+                    ));
+                }
+                () = tokio::time::sleep(self.ctx.keep_alive) => {
+                    return Some(Bytes::from_static(b": keep-alive\n\n"));
+                }
+            }
+        }
+    }
+}
+
+/// An SSE event outside the thread's event log (no `id`, so a reconnect is not moved by it).
+fn notice(event: &str, data: &serde_json::Value) -> Bytes {
+    Bytes::from(format!("event: {event}\ndata: {data}\n\n"))
+}
+
+/// Tells a client that the streamed deltas between `after` and `first` are gone from memory:
+/// it gets the stored events of that stretch, not its text deltas.
+fn lagged(after: EventId, first: EventId) -> Bytes {
+    notice(
+        "lagged",
+        &serde_json::json!({
+            "message": "the client fell behind: the streamed deltas between these events are gone; the stored events follow",
+            "after": after.to_string(),
+            "resumed_at": first.to_string(),
+        }),
+    )
+}

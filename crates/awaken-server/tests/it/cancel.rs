@@ -1,0 +1,60 @@
+//! `POST /cancel` on a run held mid-answer: the run ends cancelled, on the stream and in the
+//! store.
+
+use awaken_event::{AgentEvent, StopReason, TerminationReason};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_ends_a_held_run_cancelled() {
+    let rig = Rig::memory(vec![vec![
+        text("Hel"),
+        Piece::Hold,
+        text("lo"),
+        stop(StopReason::EndTurn),
+    ]]);
+    let server = TestServer::start(rig.runtime(), config()).await;
+    let mut sse = server.start_run("t", "hi").await;
+    let part = sse.until(|f| f.is_text("Hel")).await;
+    rig.model.wait_holds(1).await;
+
+    let response = server.post("/v1/threads/t/cancel", json!({})).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let answer: Value = response.json().await.expect("JSON");
+    assert_eq!(answer["cancelled"], true, "{answer}");
+    assert_eq!(
+        answer["outcome"]["termination"]["kind"], "cancelled",
+        "{answer}"
+    );
+
+    let rest = sse.rest().await;
+    let full: Vec<Frame> = part.into_iter().chain(rest).collect();
+    let events = checked_live(&full);
+    let Some((_, AgentEvent::RunFinish { termination, .. })) = events.last() else {
+        panic!("the stream ends with run_finish: {full:#?}")
+    };
+    assert_eq!(**termination, TerminationReason::Cancelled);
+    assert!(
+        !full.iter().any(|f| f.is_text("lo")),
+        "the held answer never went on"
+    );
+    let record = rig.store.last_run("t").await;
+    assert_eq!(record.status.as_str(), "done");
+    assert_eq!(record.termination, Some(TerminationReason::Cancelled));
+    assert_eq!(answer["outcome"]["run_id"], record.run_id.as_str());
+    assert_eq!(stored_only(&events), rig.store.stored("t").await);
+
+    // Nothing is left to cancel.
+    let again = server.post("/v1/threads/t/cancel", json!({})).await;
+    assert_eq!(
+        refusal(again).await,
+        (StatusCode::CONFLICT, "not_running".into(), None)
+    );
+    let unknown = server.post("/v1/threads/nope/cancel", json!({})).await;
+    assert_eq!(
+        refusal(unknown).await,
+        (StatusCode::NOT_FOUND, "unknown_thread".into(), None)
+    );
+}

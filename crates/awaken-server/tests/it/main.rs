@@ -1,0 +1,10 @@
+//! Integration tests of awaken-server: real HTTP on 127.0.0.1 with a real client, runs driven
+//! by a model the tests hold and release, streams read as Server-Sent Events.
+
+mod cancel;
+mod decisions;
+mod reconnect;
+mod refusals;
+mod shutdown;
+mod stream;
+mod support;
