@@ -2,6 +2,7 @@
 //! its own flags (plus the global `-v`, `-q` and `--log-format`); anything else is bad input
 //! (exit 2) with that command's usage.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -18,6 +19,7 @@ commands:
   chat       talk with an agent on one thread, interactively
   resume     answer a run that waits for a decision (approve or deny its tool calls)
   recover    continue the runs a killed process left unfinished
+  serve      serve agents over HTTP: the /v1 API, with resumable event streams
   threads    list the stored threads; `threads rm`, `threads prune` delete them
   show       print a thread's transcript
   validate   check an agent file without running it (offline)
@@ -33,7 +35,8 @@ global options:
 
 SPEC (--store) is sqlite:PATH (default sqlite:./.awaken/awaken.db), postgres:URL or memory.
 Exit codes: 0 completed, 2 bad input, 3 waiting for a decision (or the thread is busy: another
-process holds its run or wrote to it while the run started), 4 cancelled, 1 other errors.";
+process holds its run or wrote to it while the run started), 4 cancelled, 1 other errors;
+`serve` exits 0 after a graceful shutdown and 130 on a second signal.";
 
 /// The usage of one command, for `awaken COMMAND --help` and its usage errors.
 pub(crate) fn command_usage(command: &str) -> Option<&'static str> {
@@ -74,6 +77,25 @@ usage: awaken recover --agent FILE [--json] [--store SPEC] [--script FILE] [--mo
 
 Continues the runs that a crashed or killed process left unfinished (not those waiting for a
 decision), each with the agent file's agent."
+        }
+        "serve" => {
+            "\
+usage: awaken serve --agent FILE [--agent FILE ...] [--store SPEC] [--listen ADDR]
+                    [--auth-token TOKEN] [--insecure-no-auth] [--cors ORIGIN ...] [--max-runs N]
+                    [--shutdown-grace SECS]
+
+Serves the agents of the files over HTTP: /healthz, /readyz and the /v1 API (agents, threads,
+runs whose events stream as Server-Sent Events resumable with Last-Event-ID, decisions,
+cancel). The files' agents, models and providers share one runtime over one store; runs left
+unfinished in the store (by a process that was killed) are continued. --listen is IP:PORT
+(default 127.0.0.1:8080; port 0 picks a free port, printed on start). With a token (--auth-token
+TOKEN, or the environment variable AWAKEN_API_TOKEN, which other users cannot read from the
+process list) every /v1 request must send `Authorization: Bearer TOKEN`; an address other than
+loopback needs one, or --insecure-no-auth. --cors lets browser pages of ORIGIN call the API (*:
+any origin); --max-runs caps the runs in flight (a run past the cap is refused with 503).
+SIGTERM or Ctrl-C stops accepting requests, gives runs in flight 10 s (--shutdown-grace SECS) to
+end (the others stop at their last checkpoint and continue on the next start) and exits 0; a
+second signal exits at once."
         }
         "threads" => {
             "\
@@ -140,13 +162,38 @@ pub(crate) enum LogFormat {
     Json,
 }
 
+/// A value that is never shown: its `Debug` prints `<redacted>`.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Secret(String);
+
+impl Secret {
+    /// Wraps `value`.
+    pub(crate) fn new(value: String) -> Self {
+        Self(value)
+    }
+
+    /// The value, for the one place that uses it.
+    pub(crate) fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
 /// The parsed command line.
 #[derive(Debug, Default)]
 pub(crate) struct Args {
     /// `run`, `chat`, ..., or `threads rm` / `threads prune`.
     pub(crate) command: String,
     pub(crate) positional: Vec<String>,
+    /// The last `--agent`.
     pub(crate) agent: Option<PathBuf>,
+    /// Every `--agent`, in order (`serve` serves them all).
+    pub(crate) agents: Vec<PathBuf>,
     pub(crate) thread: Option<String>,
     pub(crate) json: bool,
     pub(crate) store: Option<String>,
@@ -157,6 +204,18 @@ pub(crate) struct Args {
     pub(crate) dirs: Vec<PathBuf>,
     pub(crate) older_than: Option<Duration>,
     pub(crate) dry_run: bool,
+    /// `serve --listen`.
+    pub(crate) listen: Option<SocketAddr>,
+    /// `serve --auth-token`.
+    pub(crate) auth_token: Option<Secret>,
+    /// `serve --insecure-no-auth`.
+    pub(crate) insecure_no_auth: bool,
+    /// `serve --cors`, each origin.
+    pub(crate) cors: Vec<String>,
+    /// `serve --max-runs`.
+    pub(crate) max_runs: Option<usize>,
+    /// `serve --shutdown-grace`, in whole seconds.
+    pub(crate) shutdown_grace: Option<u64>,
     /// `-v` counted.
     pub(crate) verbose: u8,
     pub(crate) quiet: bool,
@@ -204,6 +263,19 @@ fn accepted(command: &str) -> Option<(&'static [&'static str], std::ops::RangeIn
         "resume" => (RESUME, 1..=1),
         "recover" => (
             &["--agent", "--json", "--store", "--script", "--model"],
+            0..=0,
+        ),
+        "serve" => (
+            &[
+                "--agent",
+                "--store",
+                "--listen",
+                "--auth-token",
+                "--insecure-no-auth",
+                "--cors",
+                "--max-runs",
+                "--shutdown-grace",
+            ],
             0..=0,
         ),
         "threads" => (&["--store", "--json"], 0..=0),
@@ -270,7 +342,9 @@ pub(crate) fn parse_args(raw: Vec<String>) -> Result<Parsed> {
         };
         let flag: &'static str = match a.as_str() {
             "--agent" => {
-                args.agent = Some(value("--agent")?.into());
+                let path = PathBuf::from(value("--agent")?);
+                args.agents.push(path.clone());
+                args.agent = Some(path);
                 "--agent"
             }
             "--thread" => {
@@ -304,6 +378,60 @@ pub(crate) fn parse_args(raw: Vec<String>) -> Result<Parsed> {
             "--dry-run" => {
                 args.dry_run = true;
                 "--dry-run"
+            }
+            "--listen" => {
+                let text = value("--listen")?;
+                let addr = text.parse().map_err(|_| {
+                    anyhow!(
+                        "--listen {text:?}: expected IP:PORT, such as 127.0.0.1:8080 or [::1]:8080"
+                    )
+                })?;
+                args.listen = Some(addr);
+                "--listen"
+            }
+            "--auth-token" => {
+                // The value is never repeated in a message.
+                let token = value("--auth-token")?;
+                if token.trim().is_empty() {
+                    bail!("--auth-token is empty");
+                }
+                args.auth_token = Some(Secret::new(token));
+                "--auth-token"
+            }
+            "--insecure-no-auth" => {
+                args.insecure_no_auth = true;
+                "--insecure-no-auth"
+            }
+            "--cors" => {
+                let origin = value("--cors")?;
+                if !is_origin(&origin) {
+                    bail!(
+                        "--cors {origin:?}: expected an origin (scheme and host, an optional port, no \
+                         path), such as https://app.example.com, or *"
+                    );
+                }
+                args.cors.push(origin);
+                "--cors"
+            }
+            "--max-runs" => {
+                let text = value("--max-runs")?;
+                let limit = text
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| *n >= 1)
+                    .ok_or_else(|| {
+                        anyhow!("--max-runs {text:?}: expected a whole number, at least 1")
+                    })?;
+                args.max_runs = Some(limit);
+                "--max-runs"
+            }
+            "--shutdown-grace" => {
+                let text = value("--shutdown-grace")?;
+                let secs = text.parse::<u64>().map_err(|_| {
+                    anyhow!("--shutdown-grace {text:?}: expected a whole number of seconds")
+                })?;
+                args.shutdown_grace = Some(secs);
+                "--shutdown-grace"
             }
             "--approve" | "--deny" => {
                 let approve = a == "--approve";
@@ -419,6 +547,23 @@ fn global(
         }
         _ => return Ok(None),
     }))
+}
+
+/// Whether `text` is a CORS origin: `*`, or `http://` / `https://` and a host with an optional
+/// port, without path, query or user.
+fn is_origin(text: &str) -> bool {
+    if text == "*" {
+        return true;
+    }
+    let Some(host) = text
+        .strip_prefix("https://")
+        .or_else(|| text.strip_prefix("http://"))
+    else {
+        return false;
+    };
+    !host.is_empty()
+        && !host.contains(['/', '?', '#', '@'])
+        && !host.chars().any(char::is_whitespace)
 }
 
 /// An age such as `30d`, `12h`, `90m`, `45s` (or anything [`DurationSpec`] reads).

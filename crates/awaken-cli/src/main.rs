@@ -1,13 +1,16 @@
 //! The `awaken` command: runs agents defined in TOML files, streaming their events to the
 //! terminal, keeps threads in an embedded SQLite file (`./.awaken/awaken.db`), talks with an
 //! agent interactively (`awaken chat`), resumes runs that wait for a human's decision
-//! (`awaken resume`) in any later invocation, and continues the runs a crashed process left
-//! unfinished (`awaken recover`).
+//! (`awaken resume`) in any later invocation, continues the runs a crashed process left
+//! unfinished (`awaken recover`), and serves agents over HTTP (`awaken serve`: the `/v1` API of
+//! `awaken::server`, with resumable event streams, until SIGTERM or Ctrl-C shuts it down
+//! gracefully).
 //!
 //! Exit codes: 0 completed, 2 bad input, 3 suspended waiting for a decision (or the thread is
 //! busy: another process holds its run, or wrote to it while a run started), 4 cancelled, 1 other
-//! errors (a failure of the store among them). A closed standard output (`awaken show T | head`) ends
-//! the command quietly.
+//! errors (a failure of the store among them). `awaken serve` exits 0 after a graceful shutdown and
+//! 130 on a second signal. A closed standard output (`awaken show T | head`) ends the command
+//! quietly.
 
 mod agent_file;
 mod args;
@@ -18,6 +21,7 @@ mod log;
 mod output;
 mod run;
 mod script;
+mod serve;
 mod setup;
 mod term;
 #[cfg(test)]
@@ -79,15 +83,25 @@ fn main() -> ExitCode {
     };
     log::init(&args);
     let result = (|| -> Result<u8, Exit> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| anyhow!("cannot start the async runtime: {e}"))?;
+        // The server answers requests while runs go on, so it gets worker threads; the other
+        // commands drive one activation at a time.
+        let rt = if args.command == "serve" {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+        } else {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+        }
+        .map_err(|e| anyhow!("cannot start the async runtime: {e}"))?;
         match args.command.as_str() {
             "run" => rt.block_on(run::run(args)),
             "chat" => rt.block_on(chat::chat(args)),
             "resume" => rt.block_on(run::resume(args)),
             "recover" => rt.block_on(run::recover(args)),
+            "serve" => rt.block_on(serve::serve(args)),
             "threads" => rt.block_on(inspect::threads(args)),
             "threads rm" => rt.block_on(inspect::threads_rm(args)),
             "threads prune" => rt.block_on(inspect::threads_prune(args)),

@@ -10,8 +10,9 @@ use awaken::event::ThreadId;
 use awaken::llm::openai::{MaxTokensField, OpenAiConfig, OpenAiExecutor};
 use awaken::llm::{LlmExecutor, RetryingExecutor, Script};
 use awaken::plugin::PluginRegistry;
-use awaken::runtime::AgentRuntime;
+use awaken::runtime::{AgentRuntime, AgentRuntimeBuilder};
 use awaken::spec::{ModelSpec, RETRY_SECTION, RetryConfig};
+use awaken::tool::Tool;
 use awaken_store::{
     Checkpoint, MemoryStore, PostgresConfig, PostgresStore, SqliteConfig, SqliteStore, StoreError,
     StoreErrorKind, ThreadStore,
@@ -317,46 +318,221 @@ pub(crate) fn runtime(
     purpose: Purpose,
 ) -> Result<AgentRuntime> {
     let (executor, model) = provider(file, args, &store, purpose)?;
-    // Every run this process drives holds a lease (renewed while it lives), so another
-    // process never takes it over, recovers it or supersedes it while it is alive.
-    let mut builder = AgentRuntime::builder()
-        .with_worker(worker_id(), lease_duration()?)
-        .with_store(store)
+    let mut builder = runtime_builder(store)?
         .with_model(model.clone())
         .with_provider(model.provider.clone(), executor)
         .with_agent_spec(file.agent.clone());
-    if let Some(rf) = &file.tools.read_file {
-        builder = builder.with_tool(Arc::new(tools::ReadFile {
-            root: rf.root.clone(),
-        }));
+    for tool in builtin_tools(file)? {
+        builder = builder.with_tool(tool.tool);
     }
-    if let Some(af) = &file.tools.append_file {
-        builder = builder.with_tool(Arc::new(tools::AppendFile {
-            root: af.root.clone(),
-        }));
-    }
-    if let Some(http) = &file.tools.http_get {
-        builder = builder.with_tool(Arc::new(tools::HttpGet::new(
-            http.allow_hosts.clone(),
-            http.ranges.clone(),
-            http.max_bytes.unwrap_or(tools::DEFAULT_MAX_BYTES),
-        )?));
-    }
-    if !file.plugins.dirs.is_empty() {
-        let registry = PluginRegistry::new();
-        for dir in &file.plugins.dirs {
-            registry
-                .load_dir(dir)
-                .map_err(|e| anyhow!("{}: [plugins] dirs: {e}", file.path.display()))?;
-        }
-        builder = builder.with_plugin_registry(Arc::new(registry));
+    if let Some(registry) = plugin_registry(std::slice::from_ref(file))? {
+        builder = builder.with_plugin_registry(registry);
     }
     let runtime = builder
         .build_unchecked()
         .map_err(|e| anyhow!("{}: {e}", file.path.display()))?;
-    runtime
-        .resolver()
-        .resolve(&file.agent.id)
-        .map_err(|e| anyhow!("{}: agent `{}`: {e}", file.path.display(), file.agent.id))?;
+    resolve_agents(&runtime, std::slice::from_ref(file))?;
     Ok(runtime)
+}
+
+/// The runtime for several agent files over one `store` (`awaken serve`): every file's agent
+/// with its model and provider, the built-in tools and the plugin directories, each agent
+/// resolved once here. One file gives the same runtime as [`runtime`].
+///
+/// With several files, each file's provider is registered under its own id
+/// (`PROVIDER:AGENT`, such as `scripted:assistant`), so two scripted files keep their own
+/// scripts; a model id an earlier file registered already is taken as `MODEL:AGENT` by the
+/// later one. A built-in tool several files configure is registered once and must have the same
+/// settings in each; an agent does not see the built-in tools only other files configure. Two
+/// files defining the same agent id are refused, naming both.
+pub(crate) fn runtime_of_files(
+    files: &[AgentFile],
+    args: &Args,
+    store: Arc<dyn ThreadStore>,
+    purpose: Purpose,
+) -> Result<AgentRuntime> {
+    if let [file] = files {
+        return runtime(file, args, store, purpose);
+    }
+    for (i, file) in files.iter().enumerate() {
+        if let Some(earlier) = files[..i].iter().find(|e| e.agent.id == file.agent.id) {
+            if earlier.path == file.path {
+                bail!("--agent {} is given twice", file.path.display());
+            }
+            bail!(
+                "agent `{}` is defined by two files, {} and {}: the agents of one server need \
+                 distinct ids",
+                file.agent.id,
+                earlier.path.display(),
+                file.path.display()
+            );
+        }
+    }
+    let builtins = files
+        .iter()
+        .map(builtin_tools)
+        .collect::<Result<Vec<_>>>()?;
+    // One tool per id: the files that configure a built-in tool must agree on its settings.
+    let mut shared: Vec<(&AgentFile, BuiltinTool)> = Vec::new();
+    for (file, tools) in files.iter().zip(&builtins) {
+        for tool in tools {
+            match shared.iter().find(|(_, s)| s.id == tool.id) {
+                Some((first, s)) if s.settings != tool.settings => bail!(
+                    "{} and {} configure [tools.{}] differently ({} and {}): the agents of one \
+                     server share one {} tool, so give it the same settings in both",
+                    first.path.display(),
+                    file.path.display(),
+                    tool.id,
+                    s.settings,
+                    tool.settings,
+                    tool.id
+                ),
+                Some(_) => {}
+                None => shared.push((file, tool.clone())),
+            }
+        }
+    }
+    let mut builder = runtime_builder(store.clone())?;
+    let mut model_ids: Vec<String> = Vec::new();
+    for (file, tools) in files.iter().zip(&builtins) {
+        let (executor, mut model) = provider(file, args, &store, purpose)?;
+        let mut agent = file.agent.clone();
+        let provider_id = format!("{}:{}", model.provider, agent.id);
+        model.provider.clone_from(&provider_id);
+        if model_ids.contains(&model.id) {
+            let id = format!("{}:{}", model.id, agent.id);
+            if agent.model == model.id {
+                agent.model.clone_from(&id);
+            }
+            model.id = id;
+        }
+        model_ids.push(model.id.clone());
+        // Each agent sees the built-in tools its own file configures, not the others' ones.
+        for (_, tool) in &shared {
+            if !tools.iter().any(|t| t.id == tool.id) {
+                agent.excluded_tools.push(tool.id.clone());
+            }
+        }
+        builder = builder
+            .with_model(model)
+            .with_provider(provider_id, executor)
+            .with_agent_spec(agent);
+    }
+    for (_, tool) in shared {
+        builder = builder.with_tool(tool.tool);
+    }
+    if let Some(registry) = plugin_registry(files)? {
+        builder = builder.with_plugin_registry(registry);
+    }
+    let runtime = builder.build_unchecked().map_err(|e| {
+        let shown: Vec<String> = files.iter().map(|f| f.path.display().to_string()).collect();
+        anyhow!("{}: {e}", shown.join(", "))
+    })?;
+    resolve_agents(&runtime, files)?;
+    Ok(runtime)
+}
+
+/// The builder every runtime starts from: this process's worker identity and the store.
+fn runtime_builder(store: Arc<dyn ThreadStore>) -> Result<AgentRuntimeBuilder> {
+    // Every run this process drives holds a lease (renewed while it lives), so another
+    // process never takes it over, recovers it or supersedes it while it is alive.
+    Ok(AgentRuntime::builder()
+        .with_worker(worker_id(), lease_duration()?)
+        .with_store(store))
+}
+
+/// A built-in tool as an agent file configures it.
+#[derive(Clone)]
+struct BuiltinTool {
+    /// The tool's id.
+    id: String,
+    /// Its settings as text, to compare two files' and to name them in a refusal.
+    settings: String,
+    tool: Arc<dyn Tool>,
+}
+
+/// The built-in tools the file configures.
+fn builtin_tools(file: &AgentFile) -> Result<Vec<BuiltinTool>> {
+    let mut out = Vec::new();
+    let mut add = |settings: String, tool: Arc<dyn Tool>| {
+        out.push(BuiltinTool {
+            id: tool.descriptor().id,
+            settings,
+            tool,
+        });
+    };
+    if let Some(rf) = &file.tools.read_file {
+        add(
+            format!("root = {}", shown_dir(&rf.root)),
+            Arc::new(tools::ReadFile {
+                root: rf.root.clone(),
+            }),
+        );
+    }
+    if let Some(af) = &file.tools.append_file {
+        add(
+            format!("root = {}", shown_dir(&af.root)),
+            Arc::new(tools::AppendFile {
+                root: af.root.clone(),
+            }),
+        );
+    }
+    if let Some(http) = &file.tools.http_get {
+        let max_bytes = http.max_bytes.unwrap_or(tools::DEFAULT_MAX_BYTES);
+        add(
+            format!(
+                "allow_hosts = {:?}, allow_ranges = {:?}, max_bytes = {max_bytes}",
+                http.allow_hosts, http.allow_ranges
+            ),
+            Arc::new(tools::HttpGet::new(
+                http.allow_hosts.clone(),
+                http.ranges.clone(),
+                max_bytes,
+            )?),
+        );
+    }
+    Ok(out)
+}
+
+/// A directory as one path for every way of naming it (the path itself when it does not
+/// exist yet).
+fn shown_dir(dir: &Path) -> String {
+    std::fs::canonicalize(dir)
+        .unwrap_or_else(|_| dir.to_path_buf())
+        .display()
+        .to_string()
+}
+
+/// One registry of the files' declarative plugin directories, or `None` when they list none. A
+/// directory an earlier file lists already is not loaded again.
+fn plugin_registry(files: &[AgentFile]) -> Result<Option<Arc<PluginRegistry>>> {
+    let registry = PluginRegistry::new();
+    let mut loaded: Vec<String> = Vec::new();
+    for file in files {
+        let mut mine = Vec::new();
+        for dir in &file.plugins.dirs {
+            let key = shown_dir(dir);
+            if loaded.contains(&key) {
+                continue;
+            }
+            registry
+                .load_dir(dir)
+                .map_err(|e| anyhow!("{}: [plugins] dirs: {e}", file.path.display()))?;
+            mine.push(key);
+        }
+        loaded.extend(mine);
+    }
+    let any = files.iter().any(|f| !f.plugins.dirs.is_empty());
+    Ok(any.then(|| Arc::new(registry)))
+}
+
+/// Resolves each file's agent, so a bad one fails before anything runs.
+fn resolve_agents(runtime: &AgentRuntime, files: &[AgentFile]) -> Result<()> {
+    for file in files {
+        runtime
+            .resolver()
+            .resolve(&file.agent.id)
+            .map_err(|e| anyhow!("{}: agent `{}`: {e}", file.path.display(), file.agent.id))?;
+    }
+    Ok(())
 }

@@ -18,6 +18,7 @@ use crate::args::{Args, LogFormat, Parsed, parse_args};
 use crate::inspect::{ThreadRow, age, render_threads, render_transcript, utc};
 use crate::output::{clip, waiting_text};
 use crate::run::not_started;
+use crate::setup::{Purpose, runtime_of_files};
 use crate::tools::{AppendFile, ReadFile};
 
 fn parsed(words: &[&str]) -> Result<Parsed> {
@@ -110,6 +111,7 @@ fn global_options_go_anywhere_and_each_command_has_its_help() {
     assert!(help(&["run", "--help"]).starts_with("usage: awaken run --agent FILE"));
     assert!(help(&["help", "chat"]).starts_with("usage: awaken chat --agent FILE"));
     assert!(help(&["threads", "prune", "-h"]).starts_with("usage: awaken threads [--json]"));
+    assert!(help(&["help", "serve"]).starts_with("usage: awaken serve --agent FILE"));
     assert!(matches!(parsed(&["-V"]), Ok(Parsed::Version)));
     assert!(matches!(
         parsed(&["show", "--version"]),
@@ -121,6 +123,68 @@ fn global_options_go_anywhere_and_each_command_has_its_help() {
     assert!(err(&["run", "-q", "--json"]).contains("exclude each other"));
     // A usage error shows the command's own usage, not the overview.
     assert!(err(&["show", "--frob"]).contains("usage: awaken show THREAD"));
+}
+
+#[test]
+fn serve_takes_several_agents_and_its_own_flags_and_never_shows_the_token() {
+    let args = parse(&[
+        "serve",
+        "--agent",
+        "a.toml",
+        "--agent",
+        "b.toml",
+        "--listen",
+        "[::1]:0",
+        "--auth-token",
+        "s3cret-value",
+        "--cors",
+        "https://app.example.com:8443",
+        "--cors",
+        "*",
+        "--max-runs",
+        "8",
+        "--insecure-no-auth",
+    ])
+    .expect("parses");
+    assert_eq!(
+        (
+            args.agents,
+            args.listen.map(|a| a.to_string()),
+            args.cors,
+            args.max_runs,
+            args.insecure_no_auth
+        ),
+        (
+            vec![PathBuf::from("a.toml"), PathBuf::from("b.toml")],
+            Some("[::1]:0".to_owned()),
+            vec!["https://app.example.com:8443".to_owned(), "*".to_owned()],
+            Some(8),
+            true
+        )
+    );
+    assert_eq!(
+        args.auth_token.as_ref().map(|t| t.expose()),
+        Some("s3cret-value")
+    );
+    let shown = format!("{:?}", parse(&["serve", "--auth-token", "s3cret-value"]));
+    assert!(!shown.contains("s3cret"), "{shown}");
+    let err = |words: &[&str]| parse(words).expect_err("refused").to_string();
+    assert!(err(&["serve", "--listen", "localhost"]).contains("expected IP:PORT"));
+    assert!(err(&["serve", "--max-runs", "0"]).contains("at least 1"));
+    assert!(err(&["serve", "--auth-token", " "]).contains("--auth-token is empty"));
+    for origin in [
+        "app.example.com",
+        "https://",
+        "https://a.example/path",
+        "ftp://a",
+    ] {
+        assert!(
+            err(&["serve", "--cors", origin]).contains("expected an origin"),
+            "{origin}"
+        );
+    }
+    assert!(err(&["serve", "--json"]).contains("does not take --json"));
+    assert!(err(&["run", "--listen", "127.0.0.1:1"]).contains("does not take --listen"));
 }
 
 #[test]
@@ -640,4 +704,119 @@ fn a_thread_changed_under_a_starting_run_exits_3_and_a_store_failure_1() {
         1 the first commit of a run on thread `t1` was not written: the store's blocking task failed: the disk went away
         the store failed; nothing of the run was written
         1 the thread store failed: the store's blocking task failed: the disk went away"#]].assert_eq(&exits.join("\n"));
+}
+
+/// An agent file in `dir` whose scripted model answers `reply`, with `extra` TOML after it.
+fn scripted_file(dir: &Path, agent: &str, reply: &str, extra: &str) -> AgentFile {
+    let path = dir.join(format!("{agent}.toml"));
+    std::fs::write(
+        &path,
+        format!(
+            "[agent]\nid = \"{agent}\"\nmodel = \"default\"\n\n[[script.turns]]\ntext = {reply:?}\n{extra}"
+        ),
+    )
+    .expect("write the agent");
+    AgentFile::load(&path).expect("loads")
+}
+
+/// The runtime of `files` on a fresh memory store.
+fn runtime_of(files: &[AgentFile]) -> Result<awaken::runtime::AgentRuntime> {
+    runtime_of_files(
+        files,
+        &Args::default(),
+        std::sync::Arc::new(awaken_store::MemoryStore::new()),
+        Purpose::Run,
+    )
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn several_agent_files_share_a_runtime_each_with_its_own_script_model_and_tools() {
+    let dir = temp_dir("many-files");
+    let files = [
+        scripted_file(
+            &dir,
+            "reader",
+            "From the reader.",
+            "[tools.read_file]\nroot = \".\"\n",
+        ),
+        scripted_file(
+            &dir,
+            "writer",
+            "From the writer.",
+            "[tools.append_file]\nroot = \"notes\"\n",
+        ),
+        // The same read_file settings, named another way: one shared tool.
+        scripted_file(
+            &dir,
+            "second-reader",
+            "From the second reader.",
+            &format!(
+                "[tools.read_file]\nroot = {:?}\n",
+                dir.display().to_string()
+            ),
+        ),
+    ];
+    let runtime = runtime_of(&files).expect("one runtime");
+    let mut shown = String::new();
+    for file in &files {
+        let agent = &file.agent.id;
+        let resolved = runtime.resolver().resolve(agent).expect("resolves");
+        let tools: Vec<String> = resolved
+            .tools
+            .iter()
+            .map(|t| t.tool.descriptor().id.clone())
+            .collect();
+        let thread = ThreadId::new(format!("t-{agent}")).expect("thread");
+        let outcome = runtime
+            .run(
+                awaken::runtime::RunActivation::new(thread, agent.clone()).with_user_message("hi"),
+                &awaken::event::NullSink,
+            )
+            .await
+            .expect("runs");
+        shown.push_str(&format!(
+            "{agent}: model {} on {}, tools [{}], answers {:?}\n",
+            resolved.model.id,
+            resolved.model.provider,
+            tools.join(", "),
+            outcome.response.unwrap_or_default()
+        ));
+    }
+    expect![[r#"
+        reader: model default on scripted:reader, tools [read_file], answers "From the reader."
+        writer: model default:writer on scripted:writer, tools [append_file], answers "From the writer."
+        second-reader: model default:second-reader on scripted:second-reader, tools [read_file], answers "From the second reader."
+    "#]].assert_eq(&shown);
+
+    // A one-file runtime names its provider and model as `run` does.
+    let one = runtime_of(&files[..1]).expect("one file");
+    let resolved = one.resolver().resolve("reader").expect("resolves");
+    assert_eq!(
+        (resolved.model.id.as_str(), resolved.model.provider.as_str()),
+        ("default", "scripted")
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn agent_files_that_cannot_share_a_runtime_are_refused_naming_both() {
+    let dir = temp_dir("many-files-refused");
+    let a = scripted_file(&dir, "a", "A.", "[tools.read_file]\nroot = \".\"\n");
+    let b = scripted_file(&dir, "b", "B.", "[tools.read_file]\nroot = \"elsewhere\"\n");
+    let err = runtime_of(&[a.clone(), b])
+        .expect_err("refused")
+        .to_string();
+    // The shared root is named by its canonical path.
+    let canonical = std::fs::canonicalize(&dir).expect("canonical");
+    let err = err
+        .replace(&canonical.display().to_string(), "<dir>")
+        .replace(&dir.display().to_string(), "<dir>");
+    expect!["<dir>/a.toml and <dir>/b.toml configure [tools.read_file] differently (root = <dir> and root = <dir>/elsewhere): the agents of one server share one read_file tool, so give it the same settings in both"].assert_eq(&err);
+    let other = dir.join("other");
+    std::fs::create_dir_all(&other).expect("dir");
+    let again = scripted_file(&other, "a", "Another A.", "");
+    let err = runtime_of(&[a, again]).expect_err("refused").to_string();
+    let err = err.replace(&dir.display().to_string(), "<dir>");
+    expect!["agent `a` is defined by two files, <dir>/a.toml and <dir>/other/a.toml: the agents of one server need distinct ids"].assert_eq(&err);
+    let _ = std::fs::remove_dir_all(dir);
 }

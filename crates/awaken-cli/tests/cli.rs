@@ -1,6 +1,6 @@
 //! End-to-end tests of the `awaken` binary: each example agent, the approval flow across two
-//! invocations, a new run on a waiting thread, Ctrl-C, the built-in tools, declarative plugins
-//! and the README's commands. Nothing here reaches beyond 127.0.0.1.
+//! invocations, a new run on a waiting thread, Ctrl-C, the built-in tools, declarative plugins,
+//! the README's commands and `awaken serve` over HTTP. Nothing here reaches beyond 127.0.0.1.
 
 use std::io::{BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -16,6 +16,8 @@ use serde_json::Value;
 mod commands;
 #[path = "cli/providers.rs"]
 mod providers;
+#[path = "cli/serve.rs"]
+mod serve;
 
 /// The binary with a clean environment: no provider settings, no proxies (loopback only).
 fn command() -> Command {

@@ -9,7 +9,7 @@ use expect_test::expect;
 use super::*;
 
 /// How long a test waits on a child before it calls it stuck and kills it.
-const STUCK: Duration = Duration::from_secs(60);
+pub(super) const STUCK: Duration = Duration::from_secs(60);
 
 /// `text` with what changes from one invocation to the next replaced: timestamps
 /// (`YYYY-MM-DD HH:MM:SS UTC`) by `<time>`, ages in parentheses (`(12 ms ago)`, `(3s)`) by
@@ -118,14 +118,14 @@ fn echo_agent(dir: &Path) -> PathBuf {
 
 /// A spawned `awaken`, killed when the test has been stuck on it for [`STUCK`] (so a hang
 /// fails the test instead of blocking it) or when the test panics first.
-struct Watched {
-    child: Child,
+pub(super) struct Watched {
+    pub(super) child: Child,
     done: Option<mpsc::Sender<()>>,
     watchdog: Option<JoinHandle<()>>,
 }
 
 impl Watched {
-    fn spawn(command: &mut Command) -> Self {
+    pub(super) fn spawn(command: &mut Command) -> Self {
         let child = command.spawn().expect("start awaken");
         let pid = child.id().to_string();
         let (done, guard) = mpsc::channel::<()>();
@@ -142,7 +142,7 @@ impl Watched {
     }
 
     /// Sends `signal` (such as `-INT`) to the process.
-    fn signal(&self, signal: &str) {
+    pub(super) fn signal(&self, signal: &str) {
         let sent = Command::new("kill")
             .args([signal, &self.child.id().to_string()])
             .status()
@@ -151,7 +151,7 @@ impl Watched {
     }
 
     /// Waits for the process to end (a kill by the watchdog shows as no exit code).
-    fn wait(mut self) -> ExitStatus {
+    pub(super) fn wait(mut self) -> ExitStatus {
         let status = self.child.wait().expect("wait for awaken");
         self.stop_watching();
         status
@@ -177,7 +177,7 @@ impl Drop for Watched {
 
 /// A child's output, read on a thread as it arrives, so a test can wait for a marker that does
 /// not end a line (a question waiting for its answer).
-struct Stream {
+pub(super) struct Stream {
     chunks: mpsc::Receiver<Vec<u8>>,
     seen: Vec<u8>,
     /// Where the next [`Stream::until`] starts looking.
@@ -185,7 +185,7 @@ struct Stream {
 }
 
 impl Stream {
-    fn new(mut from: impl Read + Send + 'static) -> Self {
+    pub(super) fn new(mut from: impl Read + Send + 'static) -> Self {
         let (tx, chunks) = mpsc::channel();
         std::thread::spawn(move || {
             let mut buf = [0u8; 4096];
@@ -210,7 +210,7 @@ impl Stream {
     /// The output from the end of the last marker found through the next `marker`; panics when
     /// the output ends (or stays silent for [`STUCK`]) without it.
     #[track_caller]
-    fn until(&mut self, marker: &str) -> String {
+    pub(super) fn until(&mut self, marker: &str) -> String {
         loop {
             if let Some(at) = self.seen[self.read..]
                 .windows(marker.len())
@@ -232,7 +232,7 @@ impl Stream {
     }
 
     /// The rest of the output, up to its end.
-    fn rest(&mut self) -> String {
+    pub(super) fn rest(&mut self) -> String {
         while let Ok(chunk) = self.chunks.recv_timeout(STUCK) {
             self.seen.extend_from_slice(&chunk);
         }

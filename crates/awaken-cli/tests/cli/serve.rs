@@ -1,0 +1,297 @@
+//! `awaken serve`: its refusals before binding, and a run over HTTP on loopback with a token,
+//! ended by SIGTERM.
+
+use super::commands::{STUCK, Stream, Watched};
+use super::*;
+
+/// A started `awaken serve` (standard error read as it arrives) and the address it printed,
+/// having said it serves `agents` agents.
+fn start_serving(args: &[&str], env: &[(&str, &str)], agents: usize) -> (Watched, Stream, String) {
+    let mut process = Watched::spawn(
+        command()
+            .arg("serve")
+            .args(args)
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
+    let mut stderr = Stream::new(process.child.stderr.take().expect("piped stderr"));
+    let before = stderr.until(" on http://");
+    assert!(
+        before.ends_with(&format!("awaken: serving {agents} agent(s) on http://")),
+        "{before}"
+    );
+    let addr = stderr.until("\n").trim_end().to_owned();
+    (process, stderr, addr)
+}
+
+/// Sends one HTTP/1.1 request (`Connection: close`) to `addr` and reads the response to its
+/// end; returns the status line and the body (a chunked body decoded).
+fn request(addr: &str, method: &str, path: &str, headers: &[&str], body: &str) -> (String, String) {
+    let mut socket = TcpStream::connect(addr).expect("connect to the server");
+    socket
+        .set_read_timeout(Some(STUCK))
+        .expect("a read timeout");
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for h in headers {
+        head.push_str(&format!("{h}\r\n"));
+    }
+    socket
+        .write_all(format!("{head}\r\n{body}").as_bytes())
+        .expect("send the request");
+    let mut response = Vec::new();
+    socket
+        .read_to_end(&mut response)
+        .expect("read the response to its end");
+    let response = text(&response);
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no end of headers in {response:?}"));
+    let status = head.lines().next().unwrap_or_default().to_owned();
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    (status, body)
+}
+
+/// A chunked body's data.
+fn dechunk(mut rest: &str) -> String {
+    let mut out = String::new();
+    loop {
+        let (size, after) = rest
+            .split_once("\r\n")
+            .unwrap_or_else(|| panic!("no chunk size in {rest:?}"));
+        let size = usize::from_str_radix(size.split(';').next().unwrap_or_default().trim(), 16)
+            .unwrap_or_else(|e| panic!("chunk size {size:?}: {e}"));
+        if size == 0 {
+            return out;
+        }
+        out.push_str(&after[..size]);
+        rest = after[size..]
+            .strip_prefix("\r\n")
+            .expect("CRLF after a chunk");
+    }
+}
+
+#[test]
+fn serve_refuses_an_open_address_without_a_token_and_one_agent_id_in_two_files() {
+    let agent = repo().join("examples/agents/assistant.toml");
+    let out = awaken(&[
+        "serve",
+        "--agent",
+        path_str(&agent),
+        "--store",
+        "memory",
+        "--listen",
+        "0.0.0.0:0",
+    ]);
+    expect_code(&out, 2);
+    let err = text(&out.stderr);
+    assert!(
+        err.starts_with("awaken: refusing to serve on 0.0.0.0:0 without authentication"),
+        "{err}"
+    );
+    for what_to_do in ["AWAKEN_API_TOKEN", "--auth-token", "--insecure-no-auth"] {
+        assert!(err.contains(what_to_do), "{err}");
+    }
+
+    let dir = temp_dir("serve-same-id");
+    let again = dir.join("again.toml");
+    std::fs::write(
+        &again,
+        "[agent]\nid = \"assistant\"\nmodel = \"default\"\n\n[[script.turns]]\ntext = \"Hi.\"\n",
+    )
+    .expect("write the agent");
+    let out = awaken(&[
+        "serve",
+        "--agent",
+        path_str(&agent),
+        "--agent",
+        path_str(&again),
+        "--store",
+        "memory",
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    expect_code(&out, 2);
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("agent `assistant` is defined by two files")
+            && err.contains(path_str(&agent))
+            && err.contains(path_str(&again)),
+        "{err}"
+    );
+    assert!(!err.contains("serving"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn serve_streams_a_run_over_http_and_stops_cleanly_on_sigterm() {
+    const TOKEN: &str = "tok-3f9a1c7e";
+    let agent = repo().join("examples/agents/assistant.toml");
+    let (dir, store) = temp_store("serve");
+    // `-v`: the information lines are on, and still never show the token.
+    let (process, mut stderr, addr) = start_serving(
+        &[
+            "-v",
+            "--agent",
+            path_str(&agent),
+            "--store",
+            &store,
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &[("AWAKEN_API_TOKEN", TOKEN)],
+        2,
+    );
+    assert!(
+        addr.starts_with("127.0.0.1:") && !addr.ends_with(":0"),
+        "{addr}"
+    );
+    // The example's plugin directory contributes a second agent; a run that names none gets
+    // the file's own.
+    let body = r#"{"message":"hello"}"#;
+    let (status, refusal) = request(&addr, "POST", "/v1/threads/t1/runs", &[], body);
+    assert!(status.starts_with("HTTP/1.1 401"), "{status}\n{refusal}");
+
+    let bearer = format!("Authorization: Bearer {TOKEN}");
+    let (status, events) = request(&addr, "POST", "/v1/threads/t1/runs", &[&bearer], body);
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}\n{events}");
+    for marker in [
+        "event: run_start\n",
+        "event: run_finish\n",
+        "Awaken is a Rust runtime",
+    ] {
+        assert!(events.contains(marker), "no {marker:?} in:\n{events}");
+    }
+    let ids = events.lines().filter(|l| l.starts_with("id: ")).count();
+    let frames = events.lines().filter(|l| l.starts_with("event: ")).count();
+    assert!(
+        ids >= 2 && ids == frames,
+        "{ids} ids, {frames} events:\n{events}"
+    );
+
+    process.signal("-TERM");
+    let status = process.wait();
+    let rest = stderr.rest();
+    assert_eq!(status.code(), Some(0), "stderr:\n{rest}");
+    assert!(rest.contains("awaken: shutting down"), "{rest}");
+    assert!(!rest.contains(TOKEN), "the token was printed:\n{rest}");
+
+    // The run was kept in the store.
+    let shown = awaken(&["show", "t1", "--store", &store]);
+    expect_code(&shown, 0);
+    let shown = text(&shown.stdout);
+    assert!(
+        shown.contains(" assistant · natural_end · 2 step(s)"),
+        "{shown}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// An agent file appending one line through `append_file` under `dir`, then answering with
+/// `second` (a TOML inline table of the second turn).
+fn appender(dir: &Path, name: &str, second: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(
+        &path,
+        format!(
+            "[agent]\nid = \"scribe\"\nmodel = \"default\"\nmax_rounds = 4\n\n\
+             [tools.append_file]\nroot = \"notes\"\n\n\
+             [[script.turns]]\n\
+             tool_calls = [{{ id = \"call_1\", name = \"append_file\", arguments = {{ path = \"todo.txt\", line = \"buy milk\" }} }}]\n\n\
+             [[script.turns]]\n{second}\n"
+        ),
+    )
+    .expect("write the agent file");
+    path
+}
+
+#[test]
+fn sigterm_during_a_run_leaves_it_for_the_next_start_which_finishes_it() {
+    let (dir, store) = temp_store("serve-sigterm");
+    // The first server's model hangs after the tool call; the second one's answers.
+    let hanging = appender(&dir, "hanging.toml", "wait_for_cancel = true");
+    let answering = appender(&dir, "answering.toml", "text = \"Added.\"");
+    let (process, mut stderr, addr) = start_serving(
+        &[
+            "--agent",
+            path_str(&hanging),
+            "--store",
+            &store,
+            "--listen",
+            "127.0.0.1:0",
+            "--shutdown-grace",
+            "1",
+        ],
+        &[],
+        1,
+    );
+    let mut socket = TcpStream::connect(&addr).expect("connect");
+    let body = r#"{"message":"Remind me to buy milk"}"#;
+    socket
+        .write_all(
+            format!(
+                "POST /v1/threads/todo/runs HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n\
+                 Connection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .expect("send");
+    let mut events = Stream::new(socket);
+    events.until("event: tool_call_done");
+    events.until("event: step_start");
+
+    process.signal("-TERM");
+    // The open stream is told, then ended; the run is left at its last checkpoint.
+    events.until("event: shutdown");
+    let status = process.wait();
+    let rest = stderr.rest();
+    assert_eq!(status.code(), Some(0), "stderr:\n{rest}");
+    assert!(rest.contains("grace period over"), "{rest}");
+
+    // The next start on the store finishes the run; the tool ran once in all.
+    let (process, mut stderr, addr) = start_serving(
+        &[
+            "--agent",
+            path_str(&answering),
+            "--store",
+            &store,
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+        1,
+    );
+    let mut finished = String::new();
+    for _ in 0..200 {
+        let (status, body) = request(&addr, "GET", "/v1/threads/todo", &[], "");
+        assert!(status.starts_with("HTTP/1.1 200"), "{status}\n{body}");
+        if body.contains("\"kind\":\"natural_end\"") {
+            finished = body;
+            break;
+        }
+        // Recovery runs on its own task; the thread is read again until its run ended.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        finished.contains("Added."),
+        "the recovered run did not finish: {finished}"
+    );
+    let lines = std::fs::read_to_string(dir.join("notes/todo.txt")).expect("the to-do file");
+    assert_eq!(lines, "buy milk\n", "the append ran once");
+    process.signal("-TERM");
+    let status = process.wait();
+    assert_eq!(status.code(), Some(0), "stderr:\n{}", stderr.rest());
+    let _ = std::fs::remove_dir_all(dir);
+}
