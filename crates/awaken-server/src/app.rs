@@ -1,12 +1,11 @@
 //! [`AgentServer`]: the state every request shares (the runtime, the live runs, the admission
-//! limit, the shutdown signal) and the router over it.
+//! limit, the shutdown signal). Its router is made in `routes`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use awaken_event::CancellationToken;
 use awaken_runtime::AgentRuntime;
-use axum::Router;
 use tokio::sync::Semaphore;
 
 use crate::config::ServerConfig;
@@ -60,12 +59,6 @@ impl AgentServer {
     /// The configuration.
     pub fn config(&self) -> &ServerConfig {
         &self.shared.config
-    }
-
-    /// The router: `/healthz`, `/readyz` and the `/v1` API, with the configured limits,
-    /// authentication, CORS, compression and request tracing.
-    pub fn router(&self) -> Router {
-        crate::routes::router(self.clone())
     }
 
     /// Marks the server ready (`/readyz` answers 200): its store is open and recovery of

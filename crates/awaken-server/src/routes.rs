@@ -32,7 +32,15 @@ use crate::sse::event_stream;
 
 type ApiResult<T = Response> = Result<T, ApiError>;
 
-pub(crate) fn router(server: AgentServer) -> Router {
+impl AgentServer {
+    /// The router: `/healthz`, `/readyz` and the `/v1` API, with the configured limits,
+    /// authentication, CORS, compression and request tracing.
+    pub fn router(&self) -> Router {
+        router(self.clone())
+    }
+}
+
+fn router(server: AgentServer) -> Router {
     let config = &server.shared.config;
     let v1 = Router::new()
         .route("/agents", get(list_agents))
