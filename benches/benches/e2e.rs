@@ -8,87 +8,15 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a benchmark program reports on stdout
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use async_trait::async_trait;
-use awaken_event::{Role, StopReason, ThreadId, ToolCallId, ToolDescriptor};
-use awaken_llm::{InferenceRequest, LlmEventStream, LlmExecutor, LlmStreamEvent};
+use awaken_benches::{LoopModel, activation, agent_builder, loop_spec, throughput};
 use awaken_phase::{FnHook, Phase, PhaseContext};
 use awaken_plugin::{Plugin, PluginError, PluginManifest, PluginRegistrar};
-use awaken_runtime::{AgentRuntime, RunActivation};
-use awaken_spec::{AgentSpec, ModelSpec};
+use awaken_runtime::AgentRuntime;
 use awaken_state::{KeyOptions, StateCommand, StateError, StateKey};
 use awaken_store::{SqliteConfig, SqliteStore, Synchronous, ThreadStore};
-use awaken_tool::{Tool, ToolCallContext, ToolError, ToolOutput};
 use serde_json::{Value, json};
-
-/// Answers with one `echo` call until `n - 1` tool results are in the history, then with text;
-/// yields to the scheduler once per request, as a network call would.
-struct LoopModel {
-    n: usize,
-}
-
-impl LlmExecutor for LoopModel {
-    fn name(&self) -> &str {
-        "loop-model"
-    }
-
-    fn execute_stream(&self, request: InferenceRequest) -> LlmEventStream {
-        let results = request
-            .messages
-            .iter()
-            .filter(|m| m.role == Role::Tool)
-            .count();
-        let n = self.n;
-        Box::pin(
-            futures_util::stream::once(async move { tokio::task::yield_now().await }).flat_map(
-                move |()| {
-                    let events: Vec<LlmStreamEvent> = if results + 1 < n {
-                        let id = ToolCallId::new(format!("c{results}"))
-                            .unwrap_or_else(|e| unreachable!("{e}"));
-                        vec![
-                            LlmStreamEvent::ToolCallStart {
-                                index: 0,
-                                id,
-                                name: "echo".into(),
-                            },
-                            LlmStreamEvent::ToolCallArgsDelta {
-                                index: 0,
-                                delta: "{\"text\":\"hi\"}".into(),
-                            },
-                            LlmStreamEvent::Stop(StopReason::ToolCalls),
-                        ]
-                    } else {
-                        vec![
-                            LlmStreamEvent::TextDelta("done".into()),
-                            LlmStreamEvent::Stop(StopReason::EndTurn),
-                        ]
-                    };
-                    futures_util::stream::iter(events.into_iter().map(Ok))
-                },
-            ),
-        )
-    }
-}
-
-use futures_util::StreamExt;
-
-struct Echo;
-
-#[async_trait]
-impl Tool for Echo {
-    fn descriptor(&self) -> ToolDescriptor {
-        ToolDescriptor::new("echo", "Echo text").with_parameters(json!({
-            "type": "object",
-            "properties": {"text": {"type": "string"}},
-            "required": ["text"]
-        }))
-    }
-    async fn execute(&self, args: &Value, _ctx: &ToolCallContext) -> Result<ToolOutput, ToolError> {
-        Ok(ToolOutput::success(json!({"echoed": args["text"]})))
-    }
-}
 
 macro_rules! keys {
     ($($name:ident = $key:literal),*) => {
@@ -144,13 +72,8 @@ impl Plugin for KeyPlugin {
 }
 
 fn runtime(n: usize, plugins: usize, store: Option<Arc<dyn ThreadStore>>) -> AgentRuntime {
-    let mut spec = AgentSpec::new("bench", "model")
-        .with_system_prompt("You echo.")
-        .with_max_rounds(u32::try_from(n + 1).unwrap_or(u32::MAX));
-    let mut builder = AgentRuntime::builder()
-        .with_model(ModelSpec::new("model", "loop", "loop-model"))
-        .with_provider("loop", Arc::new(LoopModel { n }))
-        .with_tool(Arc::new(Echo));
+    let mut spec = loop_spec(n);
+    let mut builder = agent_builder(Arc::new(LoopModel { n }));
     for (i, register) in REGISTER.iter().enumerate().take(plugins) {
         let id = format!("p{i}");
         spec = spec.with_plugin(id.clone());
@@ -166,17 +89,6 @@ fn runtime(n: usize, plugins: usize, store: Option<Arc<dyn ThreadStore>>) -> Age
         .with_agent_spec(spec)
         .build()
         .unwrap_or_else(|e| panic!("bench runtime: {e}"))
-}
-
-static THREADS: AtomicUsize = AtomicUsize::new(0);
-
-fn activation() -> RunActivation {
-    let n = THREADS.fetch_add(1, Ordering::Relaxed);
-    RunActivation::new(
-        ThreadId::new(format!("t{n}")).unwrap_or_else(|e| unreachable!("{e}")),
-        "bench",
-    )
-    .with_user_message("go")
 }
 
 /// What [`us_per_step`] measured.
@@ -241,106 +153,6 @@ fn minor_faults() -> Option<u64> {
     // The fields after the command name (in parentheses, which may hold spaces), from the third.
     let rest = &stat[stat.rfind(')')? + 1..];
     rest.split_whitespace().nth(7)?.parse().ok()
-}
-
-fn rss_kib() -> f64 {
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| {
-            s.split_whitespace()
-                .nth(1)
-                .and_then(|p| p.parse::<f64>().ok())
-        })
-        .map_or(0.0, |pages| pages * 4.0)
-}
-
-/// The process's peak RSS since the last [`reset_peak_rss`] (`VmHWM`), in KiB.
-fn peak_rss_kib() -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
-/// Resets the process's peak RSS to its current RSS (Linux's `clear_refs`); `false` where that
-/// is not allowed.
-fn reset_peak_rss() -> bool {
-    std::fs::write("/proc/self/clear_refs", "5").is_ok()
-}
-
-/// What [`throughput`] measured.
-struct Throughput {
-    runs_per_s: f64,
-    /// (Peak RSS during the workload − RSS before it) / the peak number of runs in flight.
-    kib_per_inflight_run: f64,
-    /// RSS growth when the runs in flight first reached their peak, per run in flight (before
-    /// most runs are done and stored).
-    kib_at_inflight_peak: f64,
-    peak_inflight: usize,
-}
-
-/// Runs per second with `inflight` runs at once (that many workers, each running runs one after
-/// another until `total` are done), and memory per in-flight run.
-fn throughput(runtime: &AgentRuntime, inflight: usize, total: usize) -> Throughput {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap_or_else(|e| panic!("{e}"));
-    let before = rss_kib();
-    // The peak over the whole workload, as the kernel tracks it; where it cannot be reset, the
-    // RSS at the end and at each new peak of runs in flight stand in for it.
-    let tracked = reset_peak_rss();
-    let in_flight = Arc::new(AtomicUsize::new(0));
-    let peak = Arc::new(AtomicUsize::new(0));
-    let peak_rss = Arc::new(std::sync::Mutex::new(before));
-    let remaining = Arc::new(AtomicUsize::new(total));
-    let started = Instant::now();
-    rt.block_on(async {
-        let mut workers = Vec::with_capacity(inflight);
-        for _ in 0..inflight {
-            let runtime = runtime.clone();
-            let (in_flight, peak, peak_rss, remaining) = (
-                in_flight.clone(),
-                peak.clone(),
-                peak_rss.clone(),
-                remaining.clone(),
-            );
-            workers.push(tokio::spawn(async move {
-                while remaining
-                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| r.checked_sub(1))
-                    .is_ok()
-                {
-                    let now = in_flight.fetch_add(1, Ordering::AcqRel) + 1;
-                    if peak.fetch_max(now, Ordering::AcqRel) < now {
-                        let rss = rss_kib();
-                        let mut p = peak_rss.lock().unwrap_or_else(|e| e.into_inner());
-                        *p = p.max(rss);
-                    }
-                    runtime
-                        .run_to_completion(activation())
-                        .await
-                        .unwrap_or_else(|e| panic!("{e}"));
-                    in_flight.fetch_sub(1, Ordering::AcqRel);
-                }
-            }));
-        }
-        for w in workers {
-            w.await.unwrap_or_else(|e| panic!("{e}"));
-        }
-    });
-    let elapsed = started.elapsed().as_secs_f64();
-    let peak = peak.load(Ordering::Relaxed).max(1) as f64;
-    let at_inflight_peak = *peak_rss.lock().unwrap_or_else(|e| e.into_inner());
-    let workload_peak = match peak_rss_kib() {
-        Some(hwm) if tracked => hwm,
-        _ => rss_kib().max(at_inflight_peak),
-    };
-    Throughput {
-        runs_per_s: total as f64 / elapsed,
-        kib_per_inflight_run: (workload_peak - before).max(0.0) / peak,
-        kib_at_inflight_peak: (at_inflight_peak - before).max(0.0) / peak,
-        peak_inflight: peak as usize,
-    }
 }
 
 fn main() {

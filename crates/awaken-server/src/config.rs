@@ -62,7 +62,7 @@ impl Default for ServerConfig {
             max_runs_in_flight: 1024,
             retry_after: Duration::from_secs(1),
             replay_events: 4096,
-            broadcast_capacity: 256,
+            broadcast_capacity: 32,
             finished_linger: Duration::from_secs(60),
             max_lingering: 1024,
             keep_alive: Duration::from_secs(15),

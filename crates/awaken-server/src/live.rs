@@ -103,11 +103,18 @@ pub(crate) struct Frame {
 /// The SSE frame of `event`: `id`, `event` (its type name) and `data` (its JSON form, one
 /// line).
 pub(crate) fn frame(id: EventId, event: &AgentEvent) -> Frame {
-    let data = serde_json::to_string(event).unwrap_or_else(|e| {
-        serde_json::json!({"type": "error", "message": format!("unserialisable event: {e}")})
-            .to_string()
-    });
-    let text = format!("id: {id}\nevent: {}\ndata: {data}\n\n", event.type_name());
+    use std::io::Write as _;
+    let mut text = Vec::with_capacity(256);
+    // (Writes to a `Vec` do not fail.)
+    let _ = write!(text, "id: {id}\nevent: {}\ndata: ", event.type_name());
+    let start = text.len();
+    if let Err(e) = serde_json::to_writer(&mut text, event) {
+        text.truncate(start);
+        let error =
+            serde_json::json!({"type": "error", "message": format!("unserialisable event: {e}")});
+        let _ = serde_json::to_writer(&mut text, &error);
+    }
+    text.extend_from_slice(b"\n\n");
     Frame {
         id,
         bytes: Bytes::from(text),

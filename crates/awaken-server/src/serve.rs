@@ -71,7 +71,14 @@ pub async fn serve(
     server.set_ready();
     tracing::info!(%addr, "serving");
     let closing = server.clone();
-    axum::serve(listener, server.router())
+    // Events go out as they happen: without NODELAY a frame written behind an unacknowledged
+    // one waits for the client's delayed acknowledgement (40 ms).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY on a connection");
+        }
+    });
+    axum::serve(listener, server.router().into_make_service())
         .with_graceful_shutdown(async move {
             shutdown.await;
             tracing::info!("shutting down: no new requests; telling open streams");

@@ -4,6 +4,7 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,6 +33,7 @@ pub(crate) async fn event_stream(
     live: Option<Arc<LiveRun>>,
     after: Option<EventId>,
 ) -> Result<Response, StoreError> {
+    let keep_alive = ctx.keep_alive;
     let mut stream = EventStream {
         ctx,
         thread_id,
@@ -39,6 +41,8 @@ pub(crate) async fn event_stream(
         queue: VecDeque::new(),
         last: after,
         rx: None,
+        idle: Box::pin(tokio::time::sleep(keep_alive)),
+        sent: false,
     };
     stream.catch_up(after).await?;
     let body = Body::from_stream(futures_util::stream::unfold(stream, |mut s| async move {
@@ -64,6 +68,11 @@ struct EventStream {
     /// The id of the last event queued.
     last: Option<EventId>,
     rx: Option<broadcast::Receiver<Frame>>,
+    /// Ticks every `keep_alive`: a stream that sent nothing since the last tick sends a
+    /// keep-alive comment (one timer per stream, not one per event).
+    idle: Pin<Box<tokio::time::Sleep>>,
+    /// Whether something was sent since the last tick.
+    sent: bool,
 }
 
 impl EventStream {
@@ -178,6 +187,7 @@ impl EventStream {
     async fn next(&mut self) -> Option<Bytes> {
         loop {
             if let Some(b) = self.queue.pop_front() {
+                self.sent = true;
                 return Some(b);
             }
             let rx = self.rx.as_mut()?;
@@ -205,8 +215,13 @@ impl EventStream {
                         }),
                     ));
                 }
-                () = tokio::time::sleep(self.ctx.keep_alive) => {
-                    return Some(Bytes::from_static(b": keep-alive\n\n"));
+                () = self.idle.as_mut() => {
+                    let next = tokio::time::Instant::now() + self.ctx.keep_alive;
+                    self.idle.as_mut().reset(next);
+                    // A stream that sent something since the last tick is not idle.
+                    if !std::mem::take(&mut self.sent) {
+                        return Some(Bytes::from_static(b": keep-alive\n\n"));
+                    }
                 }
             }
         }
