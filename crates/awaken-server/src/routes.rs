@@ -417,21 +417,28 @@ struct StartRun {
     profile: Option<String>,
 }
 
+/// `?stream=false`: answer the outcome when the run ends instead of its event stream.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RunQuery {
+struct StreamQuery {
     stream: Option<bool>,
+}
+
+/// Whether the request asks for the event stream (the default).
+fn streams(query: Result<Query<StreamQuery>, QueryRejection>) -> ApiResult<bool> {
+    let Query(query) =
+        query.map_err(|e| ApiError::bad_field("invalid_query", "stream", e.body_text()))?;
+    Ok(query.stream != Some(false))
 }
 
 async fn start_run(
     State(server): State<AgentServer>,
     Path(raw): Path<String>,
-    query: Result<Query<RunQuery>, QueryRejection>,
+    query: Result<Query<StreamQuery>, QueryRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
     let thread = thread_id(&raw)?;
-    let Query(query) =
-        query.map_err(|e| ApiError::bad_field("invalid_query", "stream", e.body_text()))?;
+    let stream = streams(query)?;
     let request: StartRun = json_body(body)?;
     if request.message.trim().is_empty() {
         return Err(ApiError::bad_field(
@@ -460,14 +467,7 @@ async fn start_run(
         activation = activation.with_profile(profile);
     }
     let cancel = activation.cancel.clone();
-    launch(
-        &server,
-        &thread,
-        cancel,
-        Job::Run(activation),
-        query.stream != Some(false),
-    )
-    .await
+    launch(&server, &thread, cancel, Job::Run(activation), stream).await
 }
 
 /// The agent a request names, else the configured default, else the server's only agent.
@@ -520,21 +520,14 @@ struct DecisionBody {
     payload: Option<Value>,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StreamOnly {
-    stream: Option<bool>,
-}
-
 async fn decide(
     State(server): State<AgentServer>,
     Path(raw): Path<String>,
-    query: Result<Query<StreamOnly>, QueryRejection>,
+    query: Result<Query<StreamQuery>, QueryRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
     let thread = thread_id(&raw)?;
-    let Query(query) =
-        query.map_err(|e| ApiError::bad_field("invalid_query", "stream", e.body_text()))?;
+    let stream = streams(query)?;
     let request: DecisionsBody = json_body(body)?;
     if request.decisions.is_empty() {
         return Err(ApiError::bad_field(
@@ -610,14 +603,7 @@ async fn decide(
         resume = resume.with_decision(decision);
     }
     let cancel = resume.cancel.clone();
-    launch(
-        &server,
-        &thread,
-        cancel,
-        Job::Resume(resume),
-        query.stream != Some(false),
-    )
-    .await
+    launch(&server, &thread, cancel, Job::Resume(resume), stream).await
 }
 
 async fn cancel(State(server): State<AgentServer>, Path(raw): Path<String>) -> ApiResult {
