@@ -493,7 +493,9 @@ fn the_readmes_approval_commands_work_as_written() {
     let prefix = "cargo run --release -p awaken-cli -- ";
     let commands: Vec<Vec<String>> = readme_commands()
         .iter()
-        .filter(|c| c.contains("approval.toml") && !c.contains(" -- chat "))
+        .filter(|c| {
+            c.contains("approval.toml") && !c.contains(" -- chat ") && !c.contains(" -- serve ")
+        })
         .map(|c| shell_words(c.strip_prefix(prefix).expect("a cargo run of the command")))
         .collect();
     assert_eq!(commands.len(), 2, "{commands:?}");

@@ -295,3 +295,109 @@ fn sigterm_during_a_run_leaves_it_for_the_next_start_which_finishes_it() {
     assert_eq!(status.code(), Some(0), "stderr:\n{}", stderr.rest());
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The README's shell lines, a line ending in `\` joined with the next.
+fn readme_shell_lines() -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut pending = String::new();
+    for line in readme_commands() {
+        match line.strip_suffix('\\') {
+            Some(head) => pending.push_str(head),
+            None => {
+                pending.push_str(&line);
+                lines.push(std::mem::take(&mut pending));
+            }
+        }
+    }
+    lines
+}
+
+/// The path and `-d` body of the README's `curl` command whose URL contains `needle`.
+fn readme_curl(needle: &str) -> (String, String) {
+    let line = readme_shell_lines()
+        .into_iter()
+        .find(|l| l.starts_with("curl ") && l.contains(needle))
+        .unwrap_or_else(|| panic!("no curl command with {needle:?} in the README"));
+    let words = shell_words(&line);
+    let url = words
+        .iter()
+        .find(|w| w.starts_with("http://"))
+        .expect("a URL");
+    let path = url
+        .strip_prefix("http://127.0.0.1:8080")
+        .expect("the default address");
+    let body = words
+        .iter()
+        .position(|w| w == "-d")
+        .map(|i| words[i + 1].clone())
+        .expect("a -d body");
+    (path.to_owned(), body)
+}
+
+#[test]
+fn the_readmes_curl_session_works_as_written() {
+    // In a directory laid out like the repository, so the README's relative paths and the
+    // default store land in the test's directory; the port is the one free here.
+    let dir = temp_dir("readme-serve");
+    std::fs::create_dir_all(dir.join("examples/agents")).expect("dirs");
+    std::fs::copy(
+        repo().join("examples/agents/approval.toml"),
+        dir.join("examples/agents/approval.toml"),
+    )
+    .expect("copy the example");
+    let prefix = "cargo run --release -p awaken-cli -- ";
+    let serve = readme_shell_lines()
+        .into_iter()
+        .find(|l| l.contains(" -- serve "))
+        .expect("the README's serve command");
+    let words = shell_words(
+        serve
+            .strip_prefix(prefix)
+            .expect("a cargo run of the command"),
+    );
+    let mut process = Watched::spawn(
+        command()
+            .args(&words)
+            .args(["--listen", "127.0.0.1:0"])
+            .current_dir(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
+    let mut stderr = Stream::new(process.child.stderr.take().expect("piped stderr"));
+    stderr.until(" on http://");
+    let addr = stderr.until("\n").trim_end().to_owned();
+
+    let (path, body) = readme_curl("/runs");
+    let (status, events) = request(&addr, "POST", &path, &[], &body);
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}\n{events}");
+    assert!(events.contains("event: tool_call_suspended\n"), "{events}");
+    assert!(
+        events.contains(r#""termination":{"kind":"suspended"}"#),
+        "{events}"
+    );
+
+    // The decision the README shows is bound to the digest this run's call shows.
+    let (path, body) = readme_curl("/decisions");
+    let decision: Value = serde_json::from_str(&body).expect("a JSON body");
+    let digest = decision["decisions"][0]["argument_digest"]
+        .as_str()
+        .expect("a digest");
+    assert!(
+        events.contains(digest),
+        "the README's digest {digest} is not this call's"
+    );
+    let (status, events) = request(&addr, "POST", &path, &[], &body);
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}\n{events}");
+    assert!(
+        events.contains(r#""termination":{"kind":"natural_end"}"#),
+        "{events}"
+    );
+    let todo =
+        std::fs::read_to_string(dir.join("examples/agents/notes/todo.txt")).expect("appended");
+    assert_eq!(todo, "buy milk\n");
+
+    process.signal("-TERM");
+    let status = process.wait();
+    assert_eq!(status.code(), Some(0), "stderr:\n{}", stderr.rest());
+    let _ = std::fs::remove_dir_all(dir);
+}
