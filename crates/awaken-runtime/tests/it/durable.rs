@@ -277,9 +277,9 @@ async fn a_refused_commits_messages_and_events_are_written_once_by_the_next() {
         running msgs+0 run[] batch=[c1:executing] events=tool_call_ready
         running msgs+1 run[awaken.stop.run_stats] batch=clear events=tool_call_done,step_end
         refused: running msgs+1 run[awaken.stop.run_stats] batch=keep events=step_start,inference_complete,step_end
-        done msgs+1 run[awaken.stop.run_stats] batch=keep events=step_start,inference_complete,step_end,error,run_finish
+        done msgs+1 run[awaken.stop.run_stats] batch=keep events=step_start,inference_complete,error,step_end,run_finish
         stored: 4 messages, run Some(Done), batch held: false
-        run_start,step_start,tool_call_start,inference_complete,tool_call_ready,tool_call_done,step_end,step_start,inference_complete,step_end,error,run_finish
+        run_start,step_start,tool_call_start,inference_complete,tool_call_ready,tool_call_done,step_end,step_start,inference_complete,error,step_end,run_finish
         seen: run_start,step_start,tool_call_start,tool_call_args_delta,inference_complete,tool_call_ready,tool_call_done,step_end,step_start,text_delta,inference_complete,error,step_end,run_finish"#]].assert_eq(&refused_once(4).await);
 }
 
@@ -293,8 +293,8 @@ async fn a_refused_batch_change_is_written_by_the_next_commit() {
         running msgs+1 run[awaken.stop.run_stats] batch=[c1:requested] events=step_start,tool_call_start,inference_complete
         running msgs+0 run[] batch=[c1:executing] events=tool_call_ready
         refused: running msgs+1 run[awaken.stop.run_stats] batch=clear events=tool_call_done,step_end
-        done msgs+1 run[awaken.stop.run_stats] batch=clear events=tool_call_done,step_end,error,run_finish
+        done msgs+1 run[awaken.stop.run_stats] batch=clear events=error,tool_call_done,step_end,run_finish
         stored: 3 messages, run Some(Done), batch held: false
-        run_start,step_start,tool_call_start,inference_complete,tool_call_ready,tool_call_done,step_end,error,run_finish
+        run_start,step_start,tool_call_start,inference_complete,tool_call_ready,error,tool_call_done,step_end,run_finish
         seen: run_start,step_start,tool_call_start,tool_call_args_delta,inference_complete,tool_call_ready,error,tool_call_done,step_end,run_finish"#]].assert_eq(&refused_once(3).await);
 }
