@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use awaken_event::{ResumeDecision, ThreadId, ToolCallResume};
 use awaken_runtime::{Resume, RunActivation, RunOutcome};
 use awaken_spec::InferenceOverride;
+use awaken_store::Checkpoint;
 use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
@@ -309,11 +310,7 @@ async fn get_thread(
     let thread = thread_id(&raw)?;
     let runtime = &server.shared.runtime;
     let store = runtime.store();
-    let checkpoint = store
-        .load_checkpoint(&thread)
-        .await
-        .map_err(store_failed)?
-        .ok_or_else(|| unknown_thread(&thread))?;
+    let checkpoint = stored_thread(&server, &thread).await?;
     let runs = store.list_runs(&thread).await.map_err(store_failed)?;
     let waiting = runtime
         .waiting_calls(&thread)
@@ -330,8 +327,16 @@ async fn get_thread(
     })))
 }
 
-fn unknown_thread(thread: &ThreadId) -> ApiError {
-    ApiError::not_found("unknown_thread", format!("no thread `{thread}`"))
+/// The thread as stored, or 404.
+async fn stored_thread(server: &AgentServer, thread: &ThreadId) -> ApiResult<Checkpoint> {
+    server
+        .shared
+        .runtime
+        .store()
+        .load_checkpoint(thread)
+        .await
+        .map_err(store_failed)?
+        .ok_or_else(|| ApiError::not_found("unknown_thread", format!("no thread `{thread}`")))
 }
 
 #[derive(Deserialize)]
@@ -379,17 +384,8 @@ async fn thread_events(
         query.map_err(|e| ApiError::bad_field("invalid_query", "query", e.body_text()))?;
     let after = position(query.after.as_deref(), &headers)?.unwrap_or_default();
     let live = server.shared.live.get(&thread);
-    if live.is_none()
-        && server
-            .shared
-            .runtime
-            .store()
-            .load_checkpoint(&thread)
-            .await
-            .map_err(store_failed)?
-            .is_none()
-    {
-        return Err(unknown_thread(&thread));
+    if live.is_none() {
+        stored_thread(&server, &thread).await?;
     }
     event_stream(server.stream_context(), thread, live, Some(after))
         .await
@@ -537,15 +533,7 @@ async fn decide(
         ));
     }
     let runtime = &server.shared.runtime;
-    if runtime
-        .store()
-        .load_checkpoint(&thread)
-        .await
-        .map_err(store_failed)?
-        .is_none()
-    {
-        return Err(unknown_thread(&thread));
-    }
+    stored_thread(&server, &thread).await?;
     let tickets = runtime
         .waiting_calls(&thread)
         .await
@@ -621,14 +609,7 @@ async fn cancel(State(server): State<AgentServer>, Path(raw): Path<String>) -> A
                 .into_response(),
         });
     }
-    let checkpoint = server
-        .shared
-        .runtime
-        .store()
-        .load_checkpoint(&thread)
-        .await
-        .map_err(store_failed)?
-        .ok_or_else(|| unknown_thread(&thread))?;
+    let checkpoint = stored_thread(&server, &thread).await?;
     let status = checkpoint.run.as_ref().map(|r| r.status.to_string());
     Err(match status.as_deref() {
         Some("waiting") => ApiError::conflict(
