@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::Poll;
 
 use awaken_event::{ResumeDecision, ThreadId, ToolCallResume};
 use awaken_runtime::{Resume, RunActivation, RunOutcome};
@@ -669,8 +670,13 @@ async fn launch(
             format!("thread `{thread}` has a run in flight in this server"),
         )
     })?;
-    let task = tokio::spawn(drive(server.clone(), Arc::clone(&live), permit, job));
-    live.set_task(task);
+    // The run's first steps run here, up to where it first waits, so its first events are
+    // buffered before the answer starts (no trip through the scheduler); the rest runs on its
+    // own task. Nothing awaits between the two, so a client going away cannot drop the run.
+    let mut run = Box::pin(drive(server.clone(), Arc::clone(&live), permit, job));
+    if std::future::poll_fn(|cx| Poll::Ready(run.as_mut().poll(cx).is_pending())).await {
+        live.set_task(tokio::spawn(run));
+    }
     let closing = &shared.closing;
     let shutting_down = || {
         ApiError::unavailable(
