@@ -20,6 +20,8 @@ pub(crate) enum ProviderKind {
     Scripted,
     /// An OpenAI-compatible chat-completions endpoint.
     Openai,
+    /// Anthropic's Messages API.
+    Anthropic,
 }
 
 impl ProviderKind {
@@ -28,6 +30,7 @@ impl ProviderKind {
         match self {
             ProviderKind::Scripted => "scripted",
             ProviderKind::Openai => "openai",
+            ProviderKind::Anthropic => "anthropic",
         }
     }
 }
@@ -48,13 +51,14 @@ pub(crate) enum TokensField {
 pub(crate) struct ProviderSection {
     /// The provider; when absent, `[model] provider`, else `scripted`.
     pub(crate) kind: Option<ProviderKind>,
-    /// Base URL of an OpenAI-compatible server, up to its version segment (default:
-    /// `AWAKEN_BASE_URL`, else OpenAI's).
+    /// Base URL of the provider: for `openai`, the server's API root up to its version
+    /// segment; for `anthropic`, the API root (`/v1` optional). Default: `AWAKEN_BASE_URL`,
+    /// else the provider's own.
     pub(crate) base_url: Option<String>,
     /// The provider-side model name.
     pub(crate) model: Option<String>,
-    /// The environment variable holding the API key (default `OPENAI_API_KEY`). The key itself
-    /// is never written in the file.
+    /// The environment variable holding the API key (default `OPENAI_API_KEY`, or
+    /// `ANTHROPIC_API_KEY` for `anthropic`). The key itself is never written in the file.
     pub(crate) api_key_env: Option<String>,
     /// Extra HTTP headers sent with every request; `${VAR}` in a value reads the environment.
     #[serde(default)]
@@ -65,12 +69,12 @@ pub(crate) struct ProviderSection {
     pub(crate) first_byte_timeout: Option<DurationSpec>,
     /// How long a streamed response may stay silent between two chunks (default 120 s).
     pub(crate) idle_timeout: Option<DurationSpec>,
-    /// Which request field carries the token limit (default `max_tokens`).
+    /// Which request field carries the token limit (default `max_tokens`; `openai` only).
     pub(crate) max_tokens_field: Option<TokensField>,
-    /// Whether to stream the answer (default true).
+    /// Whether to stream the answer (default true; `openai` only: `anthropic` always streams).
     pub(crate) stream: Option<bool>,
     /// Whether to ask a streamed response for token usage (default true; turn off for servers
-    /// that reject `stream_options`).
+    /// that reject `stream_options`; `openai` only).
     pub(crate) include_usage: Option<bool>,
     /// How failed calls are retried (default: up to 3 retries of transient errors).
     pub(crate) retry: Option<RetryConfig>,
@@ -179,8 +183,23 @@ impl AgentFile {
                 path.display()
             );
         }
-        file.provider_kind()
+        let kind = file
+            .provider_kind()
             .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        if kind == ProviderKind::Anthropic {
+            let section = &file.provider;
+            let openai_only = [
+                ("max_tokens_field", section.max_tokens_field.is_some()),
+                ("stream", section.stream.is_some()),
+                ("include_usage", section.include_usage.is_some()),
+            ];
+            if let Some((key, _)) = openai_only.iter().find(|(_, set)| *set) {
+                anyhow::bail!(
+                    "{}: [provider] {key} applies to kind = \"openai\" only (the anthropic provider always streams and reports usage)",
+                    path.display()
+                );
+            }
+        }
         if let Some(script) = &file.script {
             script
                 .validate()
@@ -229,8 +248,9 @@ impl AgentFile {
             None => None,
             Some("scripted") => Some(ProviderKind::Scripted),
             Some("openai") => Some(ProviderKind::Openai),
+            Some("anthropic") => Some(ProviderKind::Anthropic),
             Some(other) => anyhow::bail!(
-                "[model] provider = {other:?}: the command runs \"scripted\" or \"openai\""
+                "[model] provider = {other:?}: the command runs \"scripted\", \"openai\" or \"anthropic\""
             ),
         };
         match (self.provider.kind, from_model) {

@@ -1,5 +1,5 @@
 //! Builds what a command needs from the agent file and the command line: the store, the
-//! provider (scripted or OpenAI-compatible), the built-in tools, the declarative plugins and the
+//! provider (scripted, OpenAI-compatible or Anthropic), the built-in tools, the declarative plugins and the
 //! runtime.
 
 use std::path::Path;
@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow, bail};
 use awaken::event::ThreadId;
+use awaken::llm::anthropic::{AnthropicConfig, AnthropicExecutor};
 use awaken::llm::openai::{MaxTokensField, OpenAiConfig, OpenAiExecutor};
 use awaken::llm::{LlmExecutor, RetryingExecutor, Script};
 use awaken::plugin::PluginRegistry;
@@ -219,16 +220,74 @@ fn openai_executor(file: &AgentFile, purpose: Purpose) -> Result<(Arc<dyn LlmExe
     }
     let executor: Arc<dyn LlmExecutor> =
         Arc::new(OpenAiExecutor::new(config).map_err(|e| anyhow!("{shown}: [provider]: {e}"))?);
-    // An `[agent.sections.retry]` is applied by the runtime itself; otherwise the provider's.
-    let executor = match (&section.retry, file.agent.sections.get(RETRY_SECTION)) {
+    Ok((with_retry(file, executor), base))
+}
+
+/// The Anthropic Messages executor the agent file's `[provider]` describes. The environment
+/// gives the key (`api_key_env`, default `ANTHROPIC_API_KEY`) and, when the file has none, the
+/// base URL (`AWAKEN_BASE_URL`).
+fn anthropic_executor(
+    file: &AgentFile,
+    purpose: Purpose,
+) -> Result<(Arc<dyn LlmExecutor>, String)> {
+    let section = &file.provider;
+    let shown = file.path.display();
+    let base = section
+        .base_url
+        .clone()
+        .or_else(|| {
+            std::env::var("AWAKEN_BASE_URL")
+                .ok()
+                .filter(|u| !u.is_empty())
+        })
+        .unwrap_or_else(|| "https://api.anthropic.com".to_owned());
+    let mut config = AnthropicConfig::new(base.clone());
+    let key_env = section
+        .api_key_env
+        .as_deref()
+        .unwrap_or("ANTHROPIC_API_KEY");
+    if purpose == Purpose::Run {
+        match std::env::var(key_env).ok().filter(|k| !k.is_empty()) {
+            Some(key) => config = config.with_api_key(key),
+            None if base.contains("api.anthropic.com") => bail!(
+                "{shown}: the provider at {base} needs an API key: set {key_env} \
+                 (or point [provider] base_url or AWAKEN_BASE_URL at a local server)"
+            ),
+            None => {}
+        }
+    }
+    for (name, value) in &section.headers {
+        let value = match purpose {
+            Purpose::Run => expand_env(value, &format!("{shown}: [provider] headers.{name}"))?,
+            Purpose::Validate => value.clone(),
+        };
+        config = config.with_header(name.clone(), value);
+    }
+    if let Some(t) = section.connect_timeout {
+        config = config.with_connect_timeout(t.get());
+    }
+    if let Some(t) = section.first_byte_timeout {
+        config = config.with_request_timeout(t.get());
+    }
+    if let Some(t) = section.idle_timeout {
+        config = config.with_stream_idle_timeout(t.get());
+    }
+    let executor: Arc<dyn LlmExecutor> =
+        Arc::new(AnthropicExecutor::new(config).map_err(|e| anyhow!("{shown}: [provider]: {e}"))?);
+    Ok((with_retry(file, executor), base))
+}
+
+/// `executor` wrapped in the provider's retry policy. An `[agent.sections.retry]` is applied by
+/// the runtime itself, so then the executor is left as it is.
+fn with_retry(file: &AgentFile, executor: Arc<dyn LlmExecutor>) -> Arc<dyn LlmExecutor> {
+    match (&file.provider.retry, file.agent.sections.get(RETRY_SECTION)) {
         (_, Some(_)) => executor,
         (Some(retry), None) if retry.max_retries == 0 => executor,
         (retry, None) => Arc::new(RetryingExecutor::new(
             executor,
             &retry.clone().unwrap_or_else(default_retry),
         )),
-    };
-    Ok((executor, base))
+    }
 }
 
 /// The executor and model the agent file asks for: the provider it names, never another.
@@ -251,6 +310,17 @@ fn provider(
                 .unwrap_or_else(|| "gpt-4o-mini".into());
             let (executor, base) = openai_executor(file, purpose)?;
             tracing::info!(provider = "openai", base_url = %base, model = %upstream, "provider");
+            (executor, upstream)
+        }
+        ProviderKind::Anthropic => {
+            let upstream = args
+                .model
+                .clone()
+                .or_else(|| file.provider.model.clone())
+                .or_else(|| file.model.as_ref().map(|m| m.upstream_model.clone()))
+                .unwrap_or_else(|| "claude-haiku-4-5".into());
+            let (executor, base) = anthropic_executor(file, purpose)?;
+            tracing::info!(provider = "anthropic", base_url = %base, model = %upstream, "provider");
             (executor, upstream)
         }
         ProviderKind::Scripted => {

@@ -383,6 +383,85 @@ fn the_agent_file_names_the_provider_and_the_environment_does_not() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+#[test]
+fn an_anthropic_agent_file_names_its_provider_and_refuses_openai_settings() {
+    let dir = temp_dir("provider-anthropic");
+    let write = |name: &str, body: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, format!("[agent]\nid = \"a\"\nmodel = \"m\"\n{body}"))
+            .expect("write");
+        path
+    };
+    let load =
+        |name: &str, body: &str| AgentFile::load(&write(name, body)).map_err(|e| e.to_string());
+    let kind =
+        |name: &str, body: &str| load(name, body).map(|f| f.provider_kind().expect("kind").name());
+    let section = "[provider]\nkind = \"anthropic\"\nmodel = \"claude-x\"\n\
+                   base_url = \"https://api.anthropic.com\"\n\
+                   api_key_env = \"AWAKEN_UNIT_TEST_UNSET_ANTHROPIC_KEY\"\n";
+    assert_eq!(kind("section.toml", section), Ok("anthropic"));
+    assert_eq!(
+        kind(
+            "model.toml",
+            "[model]\nid = \"m\"\nprovider = \"anthropic\"\nupstream_model = \"claude-x\"\n"
+        ),
+        Ok("anthropic")
+    );
+    let unknown = kind(
+        "unknown.toml",
+        "[model]\nid = \"m\"\nprovider = \"gemini\"\nupstream_model = \"x\"\n",
+    )
+    .expect_err("refused");
+    assert!(
+        unknown.contains(r#"the command runs "scripted", "openai" or "anthropic""#),
+        "{unknown}"
+    );
+    let unknown_kind =
+        kind("unknown-kind.toml", "[provider]\nkind = \"gemini\"\n").expect_err("refused");
+    assert!(unknown_kind.contains("anthropic"), "{unknown_kind}");
+    for key in [
+        "include_usage = false",
+        "stream = true",
+        "max_tokens_field = \"max_tokens\"",
+    ] {
+        let refused = kind("openai-only.toml", &format!("{section}{key}\n")).expect_err("refused");
+        let name = key.split(' ').next().unwrap_or_default();
+        assert!(
+            refused.contains(&format!(
+                "[provider] {name} applies to kind = \"openai\" only"
+            )),
+            "{refused}"
+        );
+    }
+
+    // Checking the file needs no key; running it against Anthropic's own API does, and the
+    // error names the variable before anything is sent.
+    let file = load("section.toml", section).expect("loads");
+    let store = || -> std::sync::Arc<dyn awaken_store::ThreadStore> {
+        std::sync::Arc::new(awaken_store::MemoryStore::new())
+    };
+    assert!(
+        runtime_of_files(
+            std::slice::from_ref(&file),
+            &Args::default(),
+            store(),
+            Purpose::Validate
+        )
+        .is_ok()
+    );
+    let error = runtime_of_files(&[file], &Args::default(), store(), Purpose::Run)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        error.contains(
+            "the provider at https://api.anthropic.com needs an API key: set AWAKEN_UNIT_TEST_UNSET_ANTHROPIC_KEY"
+        ),
+        "{error}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 fn ctx(call: &str) -> ToolCallContext {
     ToolCallContext::new(
         ThreadId::new("t1").expect("thread"),

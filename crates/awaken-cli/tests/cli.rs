@@ -24,6 +24,7 @@ fn command() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_awaken"));
     for var in [
         "OPENAI_API_KEY",
+        "ANTHROPIC_API_KEY",
         "AWAKEN_BASE_URL",
         "HTTP_PROXY",
         "HTTPS_PROXY",

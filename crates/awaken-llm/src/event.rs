@@ -10,6 +10,7 @@ use awaken_event::{
 use futures_core::Stream;
 
 use crate::error::InferenceExecutionError;
+use crate::route::PoolRoute;
 
 /// One event of a streamed inference.
 ///
@@ -17,6 +18,8 @@ use crate::error::InferenceExecutionError;
 /// at most one [`LlmStreamEvent::Usage`], then exactly one [`LlmStreamEvent::Stop`], which is
 /// last. A `ToolCallStart` for an index comes before every `ToolCallArgsDelta` for it; deltas
 /// of different calls may interleave. A stream that ends without `Stop` was interrupted.
+/// A [`crate::ModelPool`] puts one [`LlmStreamEvent::Routed`] before all of these; it is not
+/// model output.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum LlmStreamEvent {
@@ -44,6 +47,11 @@ pub enum LlmStreamEvent {
     Usage(TokenUsage),
     /// The model stopped; the last event of a complete stream.
     Stop(StopReason),
+    /// Which member of a [`crate::ModelPool`] answers (and which were passed over): the first
+    /// event of a pool's stream, sent once a member yielded its first event. Not model output;
+    /// [`ResponseCollector`] ignores it. Boxed: it is rare, and every stream item is as large
+    /// as the largest event.
+    Routed(Box<PoolRoute>),
 }
 
 /// The stream `LlmExecutor::execute_stream` returns. It owns everything it needs (`'static`),
@@ -62,6 +70,7 @@ struct PartialCall {
 /// Folds stream events into an [`InferenceResponse`]: text and reasoning concatenated,
 /// tool-call argument fragments assembled per index (in the order the calls started, parsed
 /// with [`ToolCall::from_raw_arguments`] so non-JSON arguments are kept raw), the last usage.
+/// A [`LlmStreamEvent::Routed`] event leaves the response unchanged.
 #[derive(Debug, Default)]
 pub struct ResponseCollector {
     text: String,
@@ -120,6 +129,7 @@ impl ResponseCollector {
             }
             LlmStreamEvent::Usage(u) => self.usage = u,
             LlmStreamEvent::Stop(reason) => self.stop = Some(reason),
+            LlmStreamEvent::Routed(_) => {}
         }
         Ok(())
     }

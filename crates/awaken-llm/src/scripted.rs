@@ -488,7 +488,7 @@ fn answers_a_refused_call(messages: &[Message]) -> bool {
 }
 
 /// Whether a tool message has the form `Message::tool` gives an error result.
-fn is_error_result(message: &Message) -> bool {
+pub(crate) fn is_error_result(message: &Message) -> bool {
     match &message.content[..] {
         [ContentBlock::Text { text }] => text.starts_with("error: "),
         [ContentBlock::Json { value }] => value

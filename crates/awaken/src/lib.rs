@@ -7,7 +7,8 @@
 //! [`prelude`] with which an agent, a plugin, a durable run and a resume are written without
 //! naming a sub-crate. It adds nothing of its own.
 //!
-//! Features: `openai` (default; the OpenAI-compatible executor), `sqlite` (default; the
+//! Features: `openai` (default; the OpenAI-compatible executor), `anthropic` (the Anthropic
+//! Messages executor), `sqlite` (default; the
 //! embedded [`store::SqliteStore`]) and `postgres` ([`store::PostgresStore`], several workers on
 //! one database), `server` (`awaken::server`: the HTTP server with its `/v1` API and resumable
 //! event streams). Without a store feature, runs are kept in [`store::MemoryStore`].

@@ -706,3 +706,191 @@ fn the_waiting_indicator_shows_on_a_terminal() {
     assert!(shown.contains("waiting for the model (1s)"), "{shown}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// One event of a Messages API stream.
+fn messages_event(data: Value) -> String {
+    let kind = data["type"].as_str().unwrap_or("message").to_owned();
+    format!("event: {kind}\ndata: {data}\n\n")
+}
+
+/// A streamed Messages API response: `message_start`, the `blocks` (each its start, deltas and
+/// stop events), then the stop reason, usage and `message_stop`.
+fn messages_sse(blocks: &[String], stop: &str) -> String {
+    let mut body = messages_event(serde_json::json!({
+        "type": "message_start",
+        "message": {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-haiku-4-5",
+                    "content": [], "usage": {"input_tokens": 30, "output_tokens": 1}}
+    }));
+    body.push_str(&blocks.concat());
+    body.push_str(&messages_event(serde_json::json!({
+        "type": "message_delta", "delta": {"stop_reason": stop}, "usage": {"output_tokens": 7}
+    })));
+    body.push_str(&messages_event(serde_json::json!({"type": "message_stop"})));
+    http_response("text/event-stream", &body)
+}
+
+/// A text block at `index`, streamed in one delta.
+fn messages_text(index: u32, text: &str) -> String {
+    [
+        messages_event(serde_json::json!({
+            "type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}
+        })),
+        messages_event(serde_json::json!({
+            "type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": text}
+        })),
+        messages_event(serde_json::json!({"type": "content_block_stop", "index": index})),
+    ]
+    .concat()
+}
+
+#[test]
+fn the_anthropic_example_talks_to_a_messages_server() {
+    let read_readme = [
+        messages_text(0, "Reading. "),
+        messages_event(serde_json::json!({
+            "type": "content_block_start", "index": 1,
+            "content_block": {"type": "tool_use", "id": "toolu_a", "name": "read_file", "input": {}}
+        })),
+        messages_event(serde_json::json!({
+            "type": "content_block_delta", "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": "{\"path\":"}
+        })),
+        messages_event(serde_json::json!({
+            "type": "content_block_delta", "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": "\"README.md\"}"}
+        })),
+        messages_event(serde_json::json!({"type": "content_block_stop", "index": 1})),
+    ];
+    let (base, requests) = serve(vec![
+        messages_sse(&read_readme, "tool_use"),
+        messages_sse(&[messages_text(0, "Awaken is a runtime.")], "end_turn"),
+    ]);
+    let agent = repo().join("examples/agents/anthropic.toml");
+    let out = awaken_env(
+        &[
+            "run",
+            "--agent",
+            path_str(&agent),
+            "--store",
+            "memory",
+            "--thread",
+            "a",
+            "What is Awaken?",
+        ],
+        &[
+            ("AWAKEN_BASE_URL", &base),
+            ("ANTHROPIC_API_KEY", "sk-ant-test-key"),
+            ("OPENAI_API_KEY", "sk-openai-value"),
+        ],
+    );
+    expect_code(&out, 0);
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("→ read_file {\"path\":\"README.md\"}"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("Awaken is a runtime."), "{stdout}");
+    assert!(
+        text(&out.stderr).contains("— natural_end · thread a · 2 step(s)"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let first = requests.recv().expect("the first request");
+    assert!(
+        first.head.starts_with("POST /v1/messages "),
+        "{}",
+        first.head
+    );
+    assert!(
+        has_header(&first.head, "x-api-key: sk-ant-test-key"),
+        "{}",
+        first.head
+    );
+    assert!(
+        has_header(&first.head, "anthropic-version: 2023-06-01"),
+        "{}",
+        first.head
+    );
+    assert!(
+        !first.head.contains("sk-openai-value")
+            && !first.head.to_ascii_lowercase().contains("authorization:"),
+        "{}",
+        first.head
+    );
+    let first: Value = serde_json::from_str(&first.body).expect("a JSON body");
+    assert_eq!(first["model"], "claude-haiku-4-5");
+    assert_eq!(first["stream"], true);
+    assert!(
+        first["max_tokens"].as_u64().is_some_and(|m| m > 0),
+        "{first}"
+    );
+    assert!(
+        first["system"]
+            .as_str()
+            .is_some_and(|s| s.contains("concise assistant")),
+        "{first}"
+    );
+    assert_eq!(first["messages"][0]["role"], "user");
+    assert!(
+        first["tools"].to_string().contains("\"input_schema\""),
+        "{first}"
+    );
+
+    let second: Value = serde_json::from_str(&requests.recv().expect("the second request").body)
+        .expect("a JSON body");
+    let messages = second["messages"].as_array().expect("messages");
+    let roles: Vec<&str> = messages.iter().filter_map(|m| m["role"].as_str()).collect();
+    assert_eq!(roles, ["user", "assistant", "user"], "{second}");
+    let result = &messages[2]["content"][0];
+    assert_eq!(result["type"], "tool_result", "{second}");
+    assert_eq!(result["tool_use_id"], "toolu_a");
+    assert!(
+        result["content"]
+            .as_str()
+            .is_some_and(|c| c.contains("Awaken is a Rust runtime for LLM agents")),
+        "{result}"
+    );
+}
+
+#[test]
+fn the_anthropic_example_validates_without_a_key_and_sends_nothing() {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    let url = format!("http://{}", listener.local_addr().expect("address"));
+    let agent = repo().join("examples/agents/anthropic.toml");
+    let out = awaken_env(
+        &["validate", "--agent", path_str(&agent)],
+        &[
+            ("AWAKEN_BASE_URL", &url),
+            ("HTTP_PROXY", &url),
+            ("HTTPS_PROXY", &url),
+        ],
+    );
+    expect_code(&out, 0);
+    assert!(
+        text(&out.stdout).contains("agent `claude-researcher` resolves"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_never_contacted(&listener);
+
+    // Running it against Anthropic's own API without the key is refused before anything is sent.
+    let out = awaken_env(
+        &[
+            "run",
+            "--agent",
+            path_str(&agent),
+            "--store",
+            "memory",
+            "hi",
+        ],
+        &[("HTTP_PROXY", &url), ("HTTPS_PROXY", &url)],
+    );
+    expect_code(&out, 2);
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("https://api.anthropic.com needs an API key: set ANTHROPIC_API_KEY"),
+        "{stderr}"
+    );
+    assert_never_contacted(&listener);
+}

@@ -1,6 +1,5 @@
 //! The HTTP executor for chat completions, over reqwest with rustls.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,36 +9,12 @@ use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Map, Value};
 
 use super::decoder::ChatStreamDecoder;
-use super::wire::{
-    BodyOptions, MaxTokensField, error_from_status, parse_retry_after, request_body,
-};
-use crate::error::{ConnectionAttempt, ConnectionFailure, InferenceExecutionError};
+use super::wire::{BodyOptions, MaxTokensField, error_from_status, request_body};
+use crate::error::InferenceExecutionError;
 use crate::event::{LlmEventStream, LlmStreamEvent};
 use crate::executor::LlmExecutor;
+use crate::http::{self, ApiKey, Endpoint, StreamDecoder};
 use crate::request::InferenceRequest;
-
-/// An API key. Its `Debug` prints `ApiKey(<redacted>)`; it has no `Display`, is sent only as
-/// a sensitive `Authorization: Bearer` header, and is never logged.
-#[derive(Clone, PartialEq, Eq)]
-pub struct ApiKey(String);
-
-impl ApiKey {
-    /// Wraps a key.
-    pub fn new(key: impl Into<String>) -> Self {
-        Self(key.into())
-    }
-
-    /// The key itself, for the one place that sends it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for ApiKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ApiKey(<redacted>)")
-    }
-}
 
 /// Where the request's routing key (session affinity) goes.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -187,12 +162,7 @@ impl OpenAiConfig {
 struct Inner {
     config: OpenAiConfig,
     client: reqwest::Client,
-    url: reqwest::Url,
-    /// `url` without user info and query, for logs and errors (a key may hide in either).
-    shown_url: String,
-    /// `url`'s host (IPv6 in brackets) and port, for connection errors.
-    host: String,
-    port: u16,
+    endpoint: Endpoint,
     headers: HeaderMap,
 }
 
@@ -202,7 +172,7 @@ struct Inner {
 /// HTTP errors map to [`InferenceExecutionError`] classes as [`super::error_from_status`]
 /// describes; a `Retry-After` (or `retry-after-ms`) header becomes the error's `retry_after`.
 /// A request that cannot be sent is [`InferenceExecutionError::Connection`], naming the host
-/// and port and what failed there ([`ConnectionFailure`]: refused, DNS, TLS, timed out, ...).
+/// and port and what failed there ([`ConnectionFailure`](crate::ConnectionFailure): refused, DNS, TLS, timed out, ...).
 /// Dropping the stream aborts the request and closes its connection.
 #[derive(Debug, Clone)]
 pub struct OpenAiExecutor {
@@ -213,49 +183,19 @@ impl OpenAiExecutor {
     /// An executor for `config`. Fails with [`InferenceExecutionError::Config`] when the base
     /// URL, a header or the API key cannot be used.
     pub fn new(config: OpenAiConfig) -> Result<Self, InferenceExecutionError> {
-        let base = config.base_url.trim_end_matches('/');
-        let url = reqwest::Url::parse(&format!("{base}/chat/completions")).map_err(|e| {
-            InferenceExecutionError::Config {
-                field: "base_url",
-                reason: format!("{:?} is not a URL: {e}", config.base_url),
-            }
-        })?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(InferenceExecutionError::Config {
-                field: "base_url",
-                reason: format!("scheme {:?} is not http or https", url.scheme()),
-            });
-        }
+        let endpoint = Endpoint::new(&config.base_url, "/chat/completions")?;
         let mut headers = HeaderMap::new();
         headers.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
         if let Some(key) = &config.api_key {
-            let mut value =
-                HeaderValue::from_str(&format!("Bearer {}", key.expose())).map_err(|_| {
-                    InferenceExecutionError::Config {
-                        field: "api_key",
-                        reason: "holds characters not allowed in an HTTP header".to_owned(),
-                    }
-                })?;
-            value.set_sensitive(true);
-            headers.insert(header::AUTHORIZATION, value);
+            headers.insert(
+                header::AUTHORIZATION,
+                http::secret_header(&format!("Bearer {}", key.expose()), "api_key")?,
+            );
         }
-        for (name, value) in &config.extra_headers {
-            let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
-                InferenceExecutionError::Config {
-                    field: "extra_headers",
-                    reason: format!("{name:?} is not a header name"),
-                }
-            })?;
-            let value =
-                HeaderValue::from_str(value).map_err(|_| InferenceExecutionError::Config {
-                    field: "extra_headers",
-                    reason: format!("the value of {name} is not a valid header value"),
-                })?;
-            headers.append(name, value);
-        }
+        http::extra_headers(&mut headers, &config.extra_headers)?;
         if let RoutingKeyPlacement::Header(name) = &config.routing_key {
             HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
                 InferenceExecutionError::Config {
@@ -264,29 +204,12 @@ impl OpenAiExecutor {
                 }
             })?;
         }
-        let client = reqwest::Client::builder()
-            .connect_timeout(config.connect_timeout)
-            .build()
-            .map_err(|e| InferenceExecutionError::Config {
-                field: "client",
-                reason: e.to_string(),
-            })?;
-        let host = url.host_str().unwrap_or_default().to_owned();
-        let port = url
-            .port_or_known_default()
-            .unwrap_or(if url.scheme() == "https" { 443 } else { 80 });
-        let mut shown = url.clone();
-        let _ = shown.set_username("");
-        let _ = shown.set_password(None);
-        shown.set_query(None);
+        let client = http::client(config.connect_timeout)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
                 client,
-                url,
-                shown_url: shown.to_string(),
-                host,
-                port,
+                endpoint,
                 headers,
             }),
         })
@@ -316,37 +239,6 @@ impl LlmExecutor for OpenAiExecutor {
     }
 }
 
-/// Reads an error body, at most 64 KiB, within `timeout`.
-async fn error_body(response: &mut reqwest::Response, timeout: Duration) -> String {
-    let mut body = Vec::new();
-    let read = async {
-        while let Ok(Some(chunk)) = response.chunk().await {
-            body.extend_from_slice(&chunk);
-            if body.len() > 64 * 1024 {
-                break;
-            }
-        }
-    };
-    let _ = tokio::time::timeout(timeout, read).await;
-    String::from_utf8_lossy(&body).into_owned()
-}
-
-fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    if let Some(ms) = headers
-        .get("retry-after-ms")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|ms| ms.is_finite() && *ms >= 0.0)
-    {
-        return Some(Duration::try_from_secs_f64(ms / 1000.0).unwrap_or(Duration::MAX));
-    }
-    let value = headers.get(header::RETRY_AFTER)?.to_str().ok()?;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    parse_retry_after(value, now)
-}
-
 impl Inner {
     async fn start(
         self: Arc<Self>,
@@ -373,7 +265,7 @@ impl Inner {
         let model = request.effective_model().to_owned();
         let mut builder = self
             .client
-            .post(self.url.clone())
+            .post(self.endpoint.url.clone())
             .headers(self.headers.clone())
             .body(body);
         if config.stream {
@@ -386,7 +278,7 @@ impl Inner {
         }
         tracing::debug!(
             executor = %config.name,
-            url = %self.shown_url,
+            url = %self.endpoint.shown_url,
             model = %model,
             stream = config.stream,
             messages = request.messages.len(),
@@ -401,106 +293,53 @@ impl Inner {
                     waiting_for: "response headers",
                 });
             }
-            Ok(Err(e)) => {
-                // The client has no overall timeout: a reqwest timeout is the connect timeout.
-                let kind = if e.is_timeout() {
-                    ConnectionFailure::TimedOut
-                } else {
-                    ConnectionFailure::classify(&e)
-                };
-                return Err(InferenceExecutionError::Connection {
-                    url: self.shown_url.clone(),
-                    attempt: Box::new(ConnectionAttempt::new(self.host.clone(), self.port, kind)),
-                    source: Box::new(e.without_url()),
-                });
-            }
+            Ok(Err(e)) => return Err(self.endpoint.send_error(e)),
             Ok(Ok(r)) => r,
         };
         let status = response.status();
         if !status.is_success() {
-            let after = retry_after(response.headers());
-            let body = error_body(&mut response, config.request_timeout).await;
-            let error = error_from_status(status.as_u16(), after, &body, &model, &self.shown_url);
+            let after = http::retry_after(response.headers());
+            let mut body = http::error_body(&mut response, config.request_timeout).await;
+            if let Some(key) = &config.api_key {
+                body = key.redact(body);
+            }
+            let error = error_from_status(
+                status.as_u16(),
+                after,
+                &body,
+                &model,
+                &self.endpoint.shown_url,
+            );
             tracing::debug!(executor = %config.name, status = status.as_u16(), error = %error, "chat completion failed");
             return Err(error);
         }
-        let is_sse = response
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("text/event-stream"));
-        if !config.stream || !is_sse {
-            let body = tokio::time::timeout(config.request_timeout, response.bytes())
-                .await
-                .map_err(|_| InferenceExecutionError::Timeout {
-                    after: config.request_timeout,
-                    waiting_for: "response body",
-                })?
-                .map_err(|e| InferenceExecutionError::StreamInterrupted {
-                    reason: "reading the response body failed".to_owned(),
-                    source: Some(Box::new(e.without_url())),
-                })?;
+        if !config.stream || !http::is_event_stream(&response) {
+            let body = http::whole_body(response, config.request_timeout).await?;
             let events = ChatStreamDecoder::decode_completion(&body)?;
             return Ok(stream::iter(events.into_iter().map(Ok)).boxed());
         }
-        let state = BodyStream {
-            response: Some(response),
-            decoder: ChatStreamDecoder::new(),
-            queue: VecDeque::new(),
-            scratch: Vec::new(),
-            error: None,
-            idle_timeout: config.stream_idle_timeout,
-        };
-        Ok(stream::unfold(state, BodyStream::next).boxed())
+        Ok(http::body_stream(
+            response,
+            ChatStreamDecoder::new(),
+            config.stream_idle_timeout,
+        ))
     }
 }
 
-struct BodyStream {
-    response: Option<reqwest::Response>,
-    decoder: ChatStreamDecoder,
-    queue: VecDeque<LlmStreamEvent>,
-    scratch: Vec<LlmStreamEvent>,
-    error: Option<InferenceExecutionError>,
-    idle_timeout: Duration,
-}
+impl StreamDecoder for ChatStreamDecoder {
+    fn push(
+        &mut self,
+        bytes: &[u8],
+        out: &mut Vec<LlmStreamEvent>,
+    ) -> Result<(), InferenceExecutionError> {
+        ChatStreamDecoder::push(self, bytes, out)
+    }
 
-impl BodyStream {
-    async fn next(
-        mut self,
-    ) -> Option<(Result<LlmStreamEvent, InferenceExecutionError>, BodyStream)> {
-        loop {
-            if let Some(event) = self.queue.pop_front() {
-                return Some((Ok(event), self));
-            }
-            if let Some(error) = self.error.take() {
-                self.response = None;
-                return Some((Err(error), self));
-            }
-            let response = self.response.as_mut()?;
-            let chunk = tokio::time::timeout(self.idle_timeout, response.chunk()).await;
-            let result = match chunk {
-                Err(_) => Err(InferenceExecutionError::Timeout {
-                    after: self.idle_timeout,
-                    waiting_for: "next stream chunk",
-                }),
-                Ok(Err(e)) => Err(InferenceExecutionError::StreamInterrupted {
-                    reason: "the connection failed while streaming".to_owned(),
-                    source: Some(Box::new(e.without_url())),
-                }),
-                Ok(Ok(Some(bytes))) => self.decoder.push(&bytes, &mut self.scratch),
-                Ok(Ok(None)) => {
-                    self.response = None;
-                    self.decoder.finish(&mut self.scratch)
-                }
-            };
-            self.queue.extend(self.scratch.drain(..));
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "chat completion stream failed");
-                self.error = Some(e);
-            } else if self.decoder.is_done() {
-                // Complete: drop the response (the rest of the body is only the terminator).
-                self.response = None;
-            }
-        }
+    fn finish(&mut self, out: &mut Vec<LlmStreamEvent>) -> Result<(), InferenceExecutionError> {
+        ChatStreamDecoder::finish(self, out)
+    }
+
+    fn is_done(&self) -> bool {
+        ChatStreamDecoder::is_done(self)
     }
 }

@@ -9,7 +9,9 @@ mod decoder;
 mod executor;
 mod wire;
 
+#[cfg(feature = "openai")]
+pub use crate::http::ApiKey;
 pub use decoder::ChatStreamDecoder;
 #[cfg(feature = "openai")]
-pub use executor::{ApiKey, OpenAiConfig, OpenAiExecutor, RoutingKeyPlacement};
+pub use executor::{OpenAiConfig, OpenAiExecutor, RoutingKeyPlacement};
 pub use wire::{BodyOptions, MaxTokensField, error_from_status, parse_retry_after, request_body};

@@ -1,11 +1,17 @@
 //! Integration tests of awaken-llm: one binary, a module per feature.
 
+#[cfg(feature = "anthropic")]
+mod anthropic;
+mod anthropic_decoder;
 mod decoder;
+#[cfg(any(feature = "openai", feature = "anthropic"))]
+mod fakellm;
 #[cfg(feature = "openai")]
 mod openai;
+mod pool;
 mod retry;
 mod scripted;
-#[cfg(feature = "openai")]
+#[cfg(any(feature = "openai", feature = "anthropic"))]
 mod server;
 mod sse;
 
