@@ -46,26 +46,23 @@ impl Start {
         }
     }
 
-    /// The activation's span (its run id recorded once known, unless it already is).
+    /// The activation's span, `invoke_agent` with the OpenTelemetry GenAI attributes (the run
+    /// id, and the agent of a resumed or recovered run, recorded once known).
     pub(super) fn span(&self) -> tracing::Span {
-        match self {
-            Start::Fresh(act) => tracing::info_span!(
-                "run",
-                thread_id = %act.thread_id,
-                agent = %act.agent_id,
-                run_id = tracing::field::Empty
-            ),
-            Start::Resume(resume) => tracing::info_span!(
-                "resume",
-                thread_id = %resume.thread_id,
-                run_id = tracing::field::Empty
-            ),
-            Start::Recover(claimed, _) => tracing::info_span!(
-                "recover",
-                thread_id = %claimed.thread_id,
-                run_id = %claimed.run_id
-            ),
-        }
+        let (activation, agent, run_id) = match self {
+            Start::Fresh(act) => ("run", Some(&*act.agent_id), None),
+            Start::Resume(_) => ("resume", None, None),
+            Start::Recover(claimed, _) => ("recover", None, Some(&claimed.run_id)),
+        };
+        tracing::info_span!(
+            "invoke_agent",
+            otel.name = agent.map(|a| tracing::field::display(format!("invoke_agent {a}"))),
+            gen_ai.operation.name = "invoke_agent",
+            gen_ai.agent.name = agent,
+            gen_ai.conversation.id = %self.thread_id(),
+            awaken.activation = activation,
+            run_id = run_id.map(tracing::field::display),
+        )
     }
 
     /// The token that cancels the activation.

@@ -9,9 +9,12 @@ use awaken_event::{
     AgentEvent, EventSink, History, InferenceResponse, Message, StopReason, ToolCallState,
     ToolDescriptor, ToolResult,
 };
-use awaken_llm::{CancellableStream, InferenceRequest, LlmStreamEvent};
+use awaken_llm::{
+    CancellableStream, ErrorClass, InferenceExecutionError, InferenceRequest, LlmStreamEvent,
+};
 use awaken_state::Snapshot;
 use futures_util::StreamExt;
+use tracing::Instrument;
 
 use crate::builtins::StepDirectives;
 use crate::builtins::read_key;
@@ -101,14 +104,52 @@ impl Run<'_> {
         request
     }
 
-    /// Streams `request` to the agent's model: text, reasoning and tool-call deltas relayed as
-    /// events as they come, the response collected. A cancelled stream keeps the text written
-    /// so far as an incomplete assistant message; the calls a failed stream began are closed.
+    /// [`Run::stream_inference`] in a `chat` span with the OpenTelemetry GenAI attributes: the
+    /// provider and model asked, and the usage and finish reason of the answer.
     pub(super) async fn infer(
         &mut self,
         request: InferenceRequest,
     ) -> Result<InferenceResponse, Failure> {
         let model = request.effective_model_shared();
+        let model = &*model;
+        let span = tracing::info_span!(
+            "chat",
+            otel.name = %format_args!("chat {model}"),
+            gen_ai.operation.name = "chat",
+            gen_ai.provider.name = self.resolved.executor.name(),
+            gen_ai.request.model = model,
+            gen_ai.response.model = tracing::field::Empty,
+            gen_ai.response.finish_reasons = tracing::field::Empty,
+            gen_ai.usage.input_tokens = tracing::field::Empty,
+            gen_ai.usage.output_tokens = tracing::field::Empty,
+            gen_ai.conversation.id = %self.identity.thread_id,
+            error.type = tracing::field::Empty,
+        );
+        let response = self
+            .stream_inference(request)
+            .instrument(span.clone())
+            .await;
+        if let Ok(r) = &response
+            && !span.is_disabled()
+        {
+            span.record(
+                "gen_ai.response.finish_reasons",
+                finish_reason(r.stop_reason),
+            );
+            span.record("gen_ai.usage.input_tokens", r.usage.input_tokens);
+            span.record("gen_ai.usage.output_tokens", r.usage.output_tokens);
+        }
+        response
+    }
+
+    /// Streams `request` to the agent's model: text, reasoning and tool-call deltas relayed as
+    /// events as they come, the response collected. A cancelled stream keeps the text written
+    /// so far as an incomplete assistant message; the calls a failed stream began are closed.
+    async fn stream_inference(
+        &mut self,
+        request: InferenceRequest,
+    ) -> Result<InferenceResponse, Failure> {
+        let mut model = request.effective_model_shared();
         let started = tokio::time::Instant::now();
         // The run's one wait for its cancellation, lent to each inference's stream: its waker
         // is registered with the token once per run, not once per inference.
@@ -130,6 +171,7 @@ impl Run<'_> {
             let event = match item {
                 Ok(e) => e,
                 Err(e) => {
+                    tracing::Span::current().record("error.type", error_type(&e));
                     failure = Some(Failure::from(e));
                     break;
                 }
@@ -171,6 +213,11 @@ impl Run<'_> {
                     };
                     LlmStreamEvent::ToolCallArgsDelta { index, delta }
                 }
+                // A pool names the member that answers: the model the step records.
+                LlmStreamEvent::Routed(route) => {
+                    model = route.upstream_model.clone();
+                    LlmStreamEvent::Routed(route)
+                }
                 other => other,
             };
             if let Err(e) = self.collector.push(event) {
@@ -208,6 +255,7 @@ impl Run<'_> {
         calls.clear();
         self.stream_calls = calls;
         let response = result?;
+        tracing::Span::current().record("gen_ai.response.model", &*model);
         self.note(AgentEvent::InferenceComplete {
             model,
             usage: response.usage,
@@ -248,5 +296,25 @@ fn relay(sink: &dyn EventSink, event: AgentEvent) -> String {
         | AgentEvent::ReasoningDelta { delta }
         | AgentEvent::ToolCallArgsDelta { delta, .. } => delta,
         _ => unreachable!("only delta events are relayed"),
+    }
+}
+
+/// The OpenTelemetry GenAI finish reason for `reason`.
+fn finish_reason(reason: StopReason) -> &'static str {
+    match reason {
+        StopReason::EndTurn => "stop",
+        StopReason::ToolCalls => "tool_calls",
+        StopReason::MaxTokens => "length",
+        StopReason::ContentFiltered => "content_filter",
+        StopReason::Other => "other",
+    }
+}
+
+/// The `error.type` of a failed inference: its class (`cancelled`, `retryable`, `permanent`).
+fn error_type(e: &InferenceExecutionError) -> &'static str {
+    match e.class() {
+        ErrorClass::Cancelled => "cancelled",
+        ErrorClass::Retryable => "retryable",
+        ErrorClass::Permanent => "permanent",
     }
 }

@@ -121,7 +121,14 @@ impl Invocation<'_> {
                     None => std::future::pending::<()>().await,
                 }
             };
-            let span = tracing::debug_span!("tool", call_id = %call.id, tool = %tool.tool.id());
+            let name = tool.tool.id();
+            let span = tracing::info_span!(
+                "execute_tool",
+                otel.name = %format_args!("execute_tool {name}"),
+                gen_ai.operation.name = "execute_tool",
+                gen_ai.tool.name = %name,
+                gen_ai.tool.call.id = %call.id,
+            );
             let invoked = async {
                 // Arguments `prepare_call` checked are not validated twice.
                 if !checked {

@@ -225,7 +225,13 @@ impl<'a> Run<'a> {
             )
         });
         run.first_step = run.step;
-        tracing::Span::current().record("run_id", tracing::field::display(&run.identity.run_id));
+        let span = tracing::Span::current();
+        if !span.is_disabled() {
+            let agent = &*run.identity.agent_id;
+            span.record("run_id", tracing::field::display(&run.identity.run_id));
+            span.record("gen_ai.agent.name", agent);
+            span.record("otel.name", format!("invoke_agent {agent}").as_str());
+        }
         for message in messages {
             run.push_message(message);
         }

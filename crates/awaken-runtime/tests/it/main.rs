@@ -24,5 +24,6 @@ mod plugin_panics;
 mod profile;
 mod recovery;
 mod scenarios;
+mod spans;
 mod support;
 mod tools;
