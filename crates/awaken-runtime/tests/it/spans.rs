@@ -2,9 +2,10 @@
 //! activation, `chat` per inference and `execute_tool` per call, with their attributes, and no
 //! message content in any of them.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Once};
 
 use awaken_event::{AgentEvent, ThreadId, VecSink};
 use awaken_llm::{
@@ -92,10 +93,54 @@ impl Spans {
     }
 }
 
-/// Runs `scenario` with [`Spans`] as the default subscriber of this (current-thread) test.
-async fn traced(scenario: Scenario) -> (Outcome, Spans) {
+thread_local! {
+    /// The spans of the test running on this thread, when it collects them.
+    static ACTIVE: RefCell<Option<Spans>> = const { RefCell::new(None) };
+}
+
+/// Hands each span to the collecting test of the thread it is made on. One subscriber for the
+/// whole test binary: a per-test (scoped) subscriber races with the tests running beside it,
+/// which can leave a span's call site cached as disabled.
+struct Router;
+
+impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Router {
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        if let Some(spans) = ACTIVE.with(|a| a.borrow().clone()) {
+            spans.on_new_span(attrs, id, ctx);
+        }
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        if let Some(spans) = ACTIVE.with(|a| a.borrow().clone()) {
+            spans.on_record(id, values, ctx);
+        }
+    }
+}
+
+/// Collects the spans this (current-thread) test makes until the guard is dropped.
+fn collect() -> (Spans, impl Drop) {
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        tracing::subscriber::set_global_default(Registry::default().with(Router))
+            .expect("no other global subscriber in this test binary");
+    });
+    struct Stop;
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            ACTIVE.with(|a| *a.borrow_mut() = None);
+        }
+    }
+    // A call site first reached by another test while the subscriber was being installed may
+    // still be cached as disabled: asked again, every call site is enabled.
+    tracing::callsite::rebuild_interest_cache();
     let spans = Spans::default();
-    let _guard = tracing::subscriber::set_default(Registry::default().with(spans.clone()));
+    ACTIVE.with(|a| *a.borrow_mut() = Some(spans.clone()));
+    (spans, Stop)
+}
+
+/// Runs `scenario`, collecting its spans.
+async fn traced(scenario: Scenario) -> (Outcome, Spans) {
+    let (spans, _collecting) = collect();
     let out = scenario.run().await;
     (out, spans)
 }
@@ -178,8 +223,7 @@ async fn a_step_answered_by_a_pool_member_records_that_member() {
         .with_agent_spec(AgentSpec::new("agent", "model"))
         .build()
         .expect("runtime");
-    let spans = Spans::default();
-    let _guard = tracing::subscriber::set_default(Registry::default().with(spans.clone()));
+    let (spans, _collecting) = collect();
     let sink = VecSink::new();
     let activation =
         RunActivation::new(ThreadId::new("thread").expect("id"), "agent").with_user_message("hi");
