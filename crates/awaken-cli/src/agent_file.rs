@@ -1,13 +1,17 @@
-//! The agent file: an `AgentSpec` plus what only the command needs (the model, the provider,
-//! the scripted provider's turns, declarative plugin directories, the built-in tools'
-//! settings). TOML; unknown fields are errors naming the line. Relative paths in it (tool roots,
-//! plugin directories) are relative to the file.
+//! The agent file: an `AgentSpec` plus what only the command needs (the model and its
+//! provider, more models with providers of their own, model pools over them, the scripted
+//! provider's turns, declarative plugin directories, the built-in tools' settings). TOML;
+//! unknown fields are errors naming the line, other mistakes name the field. Relative paths in
+//! it (tool roots, plugin directories) are relative to the file.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use awaken::llm::Script;
-use awaken::spec::{AgentSpec, DurationSpec, ModelSpec, RETRY_SECTION, RetryConfig, parse_toml};
+use awaken::spec::{
+    AgentSpec, DurationSpec, ModelPoolSpec, ModelSpec, RETRY_SECTION, RetryConfig, SpecError,
+    parse_toml,
+};
 use awaken_net::{HostAllowList, IpRange};
 use serde::Deserialize;
 
@@ -80,6 +84,43 @@ pub(crate) struct ProviderSection {
     pub(crate) retry: Option<RetryConfig>,
 }
 
+/// `[[models]]`: a model with a provider of its own, which the agent or a model pool names by
+/// its id.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ModelEntry {
+    /// The model id.
+    pub(crate) id: String,
+    /// The provider-side model name (required, except for the scripted provider).
+    pub(crate) upstream_model: Option<String>,
+    /// Context window in tokens.
+    pub(crate) context_window: Option<u64>,
+    /// Maximum output tokens per response.
+    pub(crate) max_output_tokens: Option<u64>,
+    /// How the model is reached: the fields of `[provider]` but `model` (default: scripted).
+    #[serde(default)]
+    pub(crate) provider: ProviderSection,
+}
+
+impl ModelEntry {
+    /// The entry's provider (scripted when it names none).
+    pub(crate) fn kind(&self) -> ProviderKind {
+        self.provider.kind.unwrap_or_default()
+    }
+
+    /// The model spec the entry declares, served by provider `provider_id`.
+    pub(crate) fn spec(&self, provider_id: &str) -> ModelSpec {
+        let upstream = self
+            .upstream_model
+            .clone()
+            .unwrap_or_else(|| ProviderKind::Scripted.name().to_owned());
+        let mut spec = ModelSpec::new(self.id.clone(), provider_id, upstream);
+        spec.context_window = self.context_window;
+        spec.max_output_tokens = self.max_output_tokens;
+        spec
+    }
+}
+
 /// `[tools.read_file]`: the built-in file reader, confined to `root`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -111,6 +152,61 @@ pub(crate) struct HttpGetSettings {
     pub(crate) max_bytes: Option<u64>,
 }
 
+/// Where a provider table is: the main `[provider]`, or a `[[models]]` entry's.
+pub(crate) enum ProviderPlace {
+    /// `[provider]`.
+    Main,
+    /// `models[index].provider`, of the model `id`.
+    Entry {
+        /// The entry's position.
+        index: usize,
+        /// The entry's model id.
+        id: String,
+    },
+}
+
+impl ProviderPlace {
+    /// The table, as a message names it.
+    pub(crate) fn table(&self) -> String {
+        match self {
+            ProviderPlace::Main => "[provider]".to_owned(),
+            ProviderPlace::Entry { index, .. } => format!("models[{index}].provider"),
+        }
+    }
+
+    /// The table's retry policy, as a message names it.
+    pub(crate) fn retry_table(&self) -> String {
+        match self {
+            ProviderPlace::Main => "[provider.retry]".to_owned(),
+            ProviderPlace::Entry { index, .. } => format!("models[{index}].provider.retry"),
+        }
+    }
+
+    /// A field of the table, as a message names it (`[provider] retry`,
+    /// `models[0].provider.retry`).
+    pub(crate) fn field(&self, key: &str) -> String {
+        match self {
+            ProviderPlace::Main => format!("[provider] {key}"),
+            ProviderPlace::Entry { index, .. } => format!("models[{index}].provider.{key}"),
+        }
+    }
+}
+
+/// `error` with the leading `from` of the field it names replaced by `to`
+/// (`model_pool.members[0].weight` → `model_pools[2].members[0].weight`).
+fn with_field_prefix(error: SpecError, from: &str, to: &str) -> anyhow::Error {
+    match error {
+        SpecError::Invalid { field, reason } => {
+            let field = match field.strip_prefix(from) {
+                Some(rest) => format!("{to}{rest}"),
+                None => field,
+            };
+            anyhow::anyhow!("{field}: {reason}")
+        }
+        other => anyhow::anyhow!("{to}: {other}"),
+    }
+}
+
 /// `[tools]`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -139,6 +235,12 @@ pub(crate) struct AgentFile {
     pub(crate) model: Option<ModelSpec>,
     #[serde(default)]
     pub(crate) provider: ProviderSection,
+    /// More models, each with its provider.
+    #[serde(default)]
+    pub(crate) models: Vec<ModelEntry>,
+    /// Model pools over the file's models.
+    #[serde(default)]
+    pub(crate) model_pools: Vec<ModelPoolSpec>,
     pub(crate) script: Option<Script>,
     #[serde(default)]
     pub(crate) tools: ToolsSection,
@@ -164,42 +266,13 @@ impl AgentFile {
                 .validate()
                 .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         }
-        if let Some(retry) = &file.provider.retry {
-            retry
-                .validate()
-                .map_err(|e| anyhow::anyhow!("{}: [provider] {e}", path.display()))?;
-            if file.agent.sections.get(RETRY_SECTION).is_some() {
-                anyhow::bail!(
-                    "{}: retry is configured twice ([provider.retry] and [agent.sections.retry]); keep one",
-                    path.display()
-                );
-            }
-        }
-        if let Some(env) = &file.provider.api_key_env
-            && (env.is_empty() || env.contains(['=', '\0', '$']))
-        {
-            anyhow::bail!(
-                "{}: [provider] api_key_env: {env:?} is not an environment variable name",
-                path.display()
-            );
-        }
         let kind = file
             .provider_kind()
             .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        if kind == ProviderKind::Anthropic {
-            let section = &file.provider;
-            let openai_only = [
-                ("max_tokens_field", section.max_tokens_field.is_some()),
-                ("stream", section.stream.is_some()),
-                ("include_usage", section.include_usage.is_some()),
-            ];
-            if let Some((key, _)) = openai_only.iter().find(|(_, set)| *set) {
-                anyhow::bail!(
-                    "{}: [provider] {key} applies to kind = \"openai\" only (the anthropic provider always streams and reports usage)",
-                    path.display()
-                );
-            }
-        }
+        file.check_provider(&file.provider, kind, &ProviderPlace::Main)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        file.check_models()
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         if let Some(script) = &file.script {
             script
                 .validate()
@@ -239,6 +312,190 @@ impl AgentFile {
         }
         file.plugins.dirs.iter_mut().for_each(anchor);
         Ok(file)
+    }
+
+    /// Whether the file's main model (`[model]` with `[provider]`) is registered: when the
+    /// file has a `[model]` table, or when the agent's model names no `[[models]]` entry and no
+    /// `[[model_pools]]` entry (the single-model form, whose model id is the agent's model).
+    pub(crate) fn has_main_model(&self) -> bool {
+        self.model.is_some()
+            || !(self.models.iter().any(|m| m.id == self.agent.model)
+                || self.model_pools.iter().any(|p| p.id == self.agent.model))
+    }
+
+    /// The id of the main model, when it is registered.
+    pub(crate) fn main_model_id(&self) -> Option<&str> {
+        self.has_main_model().then(|| {
+            self.model
+                .as_ref()
+                .map_or(self.agent.model.as_str(), |m| m.id.as_str())
+        })
+    }
+
+    /// The model pool the agent's model names, if it names one.
+    pub(crate) fn agent_pool(&self) -> Option<&ModelPoolSpec> {
+        self.model_pools.iter().find(|p| p.id == self.agent.model)
+    }
+
+    /// Whether model `id` is a member of the agent's model pool: its executor then goes
+    /// without retries (the pool is retried instead).
+    pub(crate) fn in_agent_pool(&self, id: &str) -> bool {
+        self.agent_pool()
+            .is_some_and(|p| p.members.iter().any(|m| m.model == id))
+    }
+
+    /// Checks a provider table: its retry policy (never twice, and never on a member of the
+    /// agent's pool, whose retries would delay the pool's failover), its key variable, the
+    /// fields its kind takes.
+    fn check_provider(
+        &self,
+        section: &ProviderSection,
+        kind: ProviderKind,
+        place: &ProviderPlace,
+    ) -> Result<()> {
+        if let Some(retry) = &section.retry {
+            retry
+                .validate()
+                .map_err(|e| anyhow::anyhow!("{} {e}", place.table()))?;
+            if self.agent.sections.get(RETRY_SECTION).is_some() {
+                anyhow::bail!(
+                    "retry is configured twice ({} and [agent.sections.retry]); keep one",
+                    place.retry_table()
+                );
+            }
+            let model = match place {
+                ProviderPlace::Main => self.main_model_id(),
+                ProviderPlace::Entry { id, .. } => Some(id.as_str()),
+            };
+            if let Some(pool) = model
+                .filter(|m| self.in_agent_pool(m))
+                .and_then(|_| self.agent_pool())
+            {
+                anyhow::bail!(
+                    "{}: model `{}` is a member of model pool `{}`, and a member's retries \
+                     would delay the pool's failover; retry the pool with [agent.sections.retry]",
+                    place.field("retry"),
+                    model.unwrap_or_default(),
+                    pool.id
+                );
+            }
+        }
+        if let Some(env) = &section.api_key_env
+            && (env.is_empty() || env.contains(['=', '\0', '$']))
+        {
+            anyhow::bail!(
+                "{}: {env:?} is not an environment variable name",
+                place.field("api_key_env")
+            );
+        }
+        if kind == ProviderKind::Anthropic {
+            let openai_only = [
+                ("max_tokens_field", section.max_tokens_field.is_some()),
+                ("stream", section.stream.is_some()),
+                ("include_usage", section.include_usage.is_some()),
+            ];
+            if let Some((key, _)) = openai_only.iter().find(|(_, set)| *set) {
+                anyhow::bail!(
+                    "{} applies to kind = \"openai\" only (the anthropic provider always streams and reports usage)",
+                    place.field(key)
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks `[[models]]` and `[[model_pools]]`: each entry and its provider, every id
+    /// declared once (a pool's id shares the namespace of model ids), and each pool's members
+    /// naming models of the file.
+    fn check_models(&self) -> Result<()> {
+        // Every model id the file declares, with where it is declared.
+        let mut declared: Vec<(&str, String)> = Vec::new();
+        if let Some(model) = &self.model {
+            declared.push((model.id.as_str(), "[model]".to_owned()));
+        }
+        for (i, entry) in self.models.iter().enumerate() {
+            let place = ProviderPlace::Entry {
+                index: i,
+                id: entry.id.clone(),
+            };
+            if entry.id.trim().is_empty() {
+                anyhow::bail!("models[{i}].id: must not be blank");
+            }
+            if entry.provider.model.is_some() {
+                anyhow::bail!(
+                    "{}: a model entry names its provider-side model with models[{i}].upstream_model",
+                    place.field("model")
+                );
+            }
+            let kind = entry.kind();
+            if kind != ProviderKind::Scripted
+                && entry
+                    .upstream_model
+                    .as_deref()
+                    .is_none_or(|u| u.trim().is_empty())
+            {
+                anyhow::bail!(
+                    "models[{i}].upstream_model: required for kind = {:?} (the model's name at the provider)",
+                    kind.name()
+                );
+            }
+            entry
+                .spec("entry")
+                .validate()
+                .map_err(|e| with_field_prefix(e, "model", &format!("models[{i}]")))?;
+            self.check_provider(&entry.provider, kind, &place)?;
+            if let Some((_, first)) = declared.iter().find(|(id, _)| *id == entry.id) {
+                anyhow::bail!(
+                    "models[{i}].id: model `{}` is declared twice ({first} and models[{i}])",
+                    entry.id
+                );
+            }
+            declared.push((entry.id.as_str(), format!("models[{i}]")));
+        }
+        // The main model in its single-model form takes the agent's model id.
+        let main = self.main_model_id();
+        for (i, pool) in self.model_pools.iter().enumerate() {
+            pool.validate()
+                .map_err(|e| with_field_prefix(e, "model_pool", &format!("model_pools[{i}]")))?;
+            if let Some((_, first)) = declared.iter().find(|(id, _)| *id == pool.id) {
+                anyhow::bail!(
+                    "model_pools[{i}].id: `{}` is declared twice ({first} and model_pools[{i}]); model and pool ids share one namespace",
+                    pool.id
+                );
+            }
+            declared.push((pool.id.as_str(), format!("model_pools[{i}]")));
+        }
+        for (i, pool) in self.model_pools.iter().enumerate() {
+            for (j, member) in pool.members.iter().enumerate() {
+                let field = format!("model_pools[{i}].members[{j}].model");
+                if self.model_pools.iter().any(|p| p.id == member.model) {
+                    anyhow::bail!(
+                        "{field}: `{}` is a model pool; a pool's members are models",
+                        member.model
+                    );
+                }
+                let known = main == Some(member.model.as_str())
+                    || self.models.iter().any(|m| m.id == member.model);
+                if !known {
+                    let mut models: Vec<String> = main
+                        .into_iter()
+                        .chain(self.models.iter().map(|m| m.id.as_str()))
+                        .map(|id| format!("`{id}`"))
+                        .collect();
+                    models.dedup();
+                    let models = if models.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        models.join(", ")
+                    };
+                    anyhow::bail!(
+                        "{field}: `{}` is not a model of this file (its models: {models})",
+                        member.model
+                    );
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The provider the file names: `[provider] kind`, else `[model] provider`, else the

@@ -1,6 +1,6 @@
 //! Builds what a command needs from the agent file and the command line: the store, the
-//! provider (scripted, OpenAI-compatible or Anthropic), the built-in tools, the declarative plugins and the
-//! runtime.
+//! providers (scripted, OpenAI-compatible or Anthropic) of the file's models, its model pools,
+//! the built-in tools, the declarative plugins and the runtime.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -12,14 +12,14 @@ use awaken::llm::openai::{MaxTokensField, OpenAiConfig, OpenAiExecutor};
 use awaken::llm::{LlmExecutor, RetryingExecutor, Script};
 use awaken::plugin::PluginRegistry;
 use awaken::runtime::{AgentRuntime, AgentRuntimeBuilder};
-use awaken::spec::{ModelSpec, RETRY_SECTION, RetryConfig};
+use awaken::spec::{AgentSpec, ModelPoolSpec, ModelSpec, RETRY_SECTION, RetryConfig};
 use awaken::tool::Tool;
 use awaken_store::{
     Checkpoint, MemoryStore, PostgresConfig, PostgresStore, SqliteConfig, SqliteStore, StoreError,
     StoreErrorKind, ThreadStore,
 };
 
-use crate::agent_file::{AgentFile, ProviderKind, TokensField};
+use crate::agent_file::{AgentFile, ProviderKind, ProviderPlace, ProviderSection, TokensField};
 use crate::args::{Args, USAGE};
 use crate::script::ThreadScript;
 use crate::tools;
@@ -163,48 +163,114 @@ fn expand_env(value: &str, what: &str) -> Result<String> {
     Ok(out)
 }
 
-/// The OpenAI-compatible executor the agent file's `[provider]` describes. The environment
-/// gives the key (`api_key_env`, default `OPENAI_API_KEY`) and, when the file has none, the
-/// base URL (`AWAKEN_BASE_URL`).
-fn openai_executor(file: &AgentFile, purpose: Purpose) -> Result<(Arc<dyn LlmExecutor>, String)> {
-    let section = &file.provider;
-    let shown = file.path.display();
-    let base = section
+/// The base URL of a provider table: its own, else (for the main `[provider]` only)
+/// `AWAKEN_BASE_URL`, else `default`.
+fn base_url(section: &ProviderSection, place: &ProviderPlace, default: &str) -> String {
+    let from_env = || match place {
+        ProviderPlace::Main => std::env::var("AWAKEN_BASE_URL")
+            .ok()
+            .filter(|u| !u.is_empty()),
+        ProviderPlace::Entry { .. } => None,
+    };
+    section
         .base_url
         .clone()
-        .or_else(|| {
-            std::env::var("AWAKEN_BASE_URL")
-                .ok()
-                .filter(|u| !u.is_empty())
-        })
-        .unwrap_or_else(|| "https://api.openai.com/v1".to_owned());
-    let mut config = OpenAiConfig::new(base.clone());
-    let key_env = section.api_key_env.as_deref().unwrap_or("OPENAI_API_KEY");
+        .or_else(from_env)
+        .unwrap_or_else(|| default.to_owned())
+}
+
+/// What every HTTP provider takes from a provider table: where it is, its key, its extra
+/// headers (`${VAR}` read from the environment for a run) and its timeouts.
+struct HttpSettings {
+    base: String,
+    key: Option<String>,
+    headers: Vec<(String, String)>,
+    connect_timeout: Option<std::time::Duration>,
+    first_byte_timeout: Option<std::time::Duration>,
+    idle_timeout: Option<std::time::Duration>,
+}
+
+/// The [`HttpSettings`] of a provider table: the key from `api_key_env` (else `key_env`), the
+/// base URL from the table (else `default_base`, see [`base_url`]). A run without a key against
+/// `official_host` is refused before anything is sent.
+fn http_settings(
+    file: &AgentFile,
+    section: &ProviderSection,
+    place: &ProviderPlace,
+    purpose: Purpose,
+    (default_base, key_env, official_host): (&str, &str, &str),
+) -> Result<HttpSettings> {
+    let shown = file.path.display();
+    let base = base_url(section, place, default_base);
+    let key_env = section.api_key_env.as_deref().unwrap_or(key_env);
+    let mut key = None;
     if purpose == Purpose::Run {
         match std::env::var(key_env).ok().filter(|k| !k.is_empty()) {
-            Some(key) => config = config.with_api_key(key),
-            None if base.contains("api.openai.com") => bail!(
+            Some(k) => key = Some(k),
+            None if base.contains(official_host) => bail!(
                 "{shown}: the provider at {base} needs an API key: set {key_env} \
-                 (or point [provider] base_url or AWAKEN_BASE_URL at a local server)"
+                 (or point {} at a local server)",
+                local_server_hint(place)
             ),
             None => {}
         }
     }
+    let mut headers = Vec::with_capacity(section.headers.len());
     for (name, value) in &section.headers {
         let value = match purpose {
-            Purpose::Run => expand_env(value, &format!("{shown}: [provider] headers.{name}"))?,
+            Purpose::Run => expand_env(
+                value,
+                &format!("{shown}: {}", place.field(&format!("headers.{name}"))),
+            )?,
             Purpose::Validate => value.clone(),
         };
-        config = config.with_header(name.clone(), value);
+        headers.push((name.clone(), value));
     }
-    if let Some(t) = section.connect_timeout {
-        config = config.with_connect_timeout(t.get());
+    Ok(HttpSettings {
+        base,
+        key,
+        headers,
+        connect_timeout: section.connect_timeout.map(|t| t.get()),
+        first_byte_timeout: section.first_byte_timeout.map(|t| t.get()),
+        idle_timeout: section.idle_timeout.map(|t| t.get()),
+    })
+}
+
+/// The OpenAI-compatible executor a provider table of the agent file describes (without its
+/// retries). The environment gives the key (`api_key_env`, default `OPENAI_API_KEY`) and,
+/// when the main `[provider]` has none, the base URL (`AWAKEN_BASE_URL`).
+fn openai_executor(
+    file: &AgentFile,
+    section: &ProviderSection,
+    place: &ProviderPlace,
+    purpose: Purpose,
+) -> Result<(Arc<dyn LlmExecutor>, String)> {
+    let http = http_settings(
+        file,
+        section,
+        place,
+        purpose,
+        (
+            "https://api.openai.com/v1",
+            "OPENAI_API_KEY",
+            "api.openai.com",
+        ),
+    )?;
+    let mut config = OpenAiConfig::new(http.base.clone());
+    if let Some(key) = http.key {
+        config = config.with_api_key(key);
     }
-    if let Some(t) = section.first_byte_timeout {
-        config = config.with_request_timeout(t.get());
+    for (name, value) in http.headers {
+        config = config.with_header(name, value);
     }
-    if let Some(t) = section.idle_timeout {
-        config = config.with_stream_idle_timeout(t.get());
+    if let Some(t) = http.connect_timeout {
+        config = config.with_connect_timeout(t);
+    }
+    if let Some(t) = http.first_byte_timeout {
+        config = config.with_request_timeout(t);
+    }
+    if let Some(t) = http.idle_timeout {
+        config = config.with_stream_idle_timeout(t);
     }
     if let Some(field) = section.max_tokens_field {
         config = config.with_max_tokens_field(match field {
@@ -218,69 +284,79 @@ fn openai_executor(file: &AgentFile, purpose: Purpose) -> Result<(Arc<dyn LlmExe
     if let Some(usage) = section.include_usage {
         config = config.with_include_usage(usage);
     }
-    let executor: Arc<dyn LlmExecutor> =
-        Arc::new(OpenAiExecutor::new(config).map_err(|e| anyhow!("{shown}: [provider]: {e}"))?);
-    Ok((with_retry(file, executor), base))
+    let executor: Arc<dyn LlmExecutor> = Arc::new(
+        OpenAiExecutor::new(config)
+            .map_err(|e| anyhow!("{}: {}: {e}", file.path.display(), place.table()))?,
+    );
+    Ok((executor, http.base))
 }
 
-/// The Anthropic Messages executor the agent file's `[provider]` describes. The environment
-/// gives the key (`api_key_env`, default `ANTHROPIC_API_KEY`) and, when the file has none, the
-/// base URL (`AWAKEN_BASE_URL`).
+/// Where a key-less run is told to point instead: the table's `base_url`, or for the main
+/// `[provider]` also `AWAKEN_BASE_URL`.
+fn local_server_hint(place: &ProviderPlace) -> String {
+    match place {
+        ProviderPlace::Main => "[provider] base_url or AWAKEN_BASE_URL".to_owned(),
+        ProviderPlace::Entry { .. } => place.field("base_url"),
+    }
+}
+
+/// The Anthropic Messages executor a provider table of the agent file describes (without its
+/// retries). The environment gives the key (`api_key_env`, default `ANTHROPIC_API_KEY`) and,
+/// when the main `[provider]` has none, the base URL (`AWAKEN_BASE_URL`).
 fn anthropic_executor(
     file: &AgentFile,
+    section: &ProviderSection,
+    place: &ProviderPlace,
     purpose: Purpose,
 ) -> Result<(Arc<dyn LlmExecutor>, String)> {
-    let section = &file.provider;
-    let shown = file.path.display();
-    let base = section
-        .base_url
-        .clone()
-        .or_else(|| {
-            std::env::var("AWAKEN_BASE_URL")
-                .ok()
-                .filter(|u| !u.is_empty())
-        })
-        .unwrap_or_else(|| "https://api.anthropic.com".to_owned());
-    let mut config = AnthropicConfig::new(base.clone());
-    let key_env = section
-        .api_key_env
-        .as_deref()
-        .unwrap_or("ANTHROPIC_API_KEY");
-    if purpose == Purpose::Run {
-        match std::env::var(key_env).ok().filter(|k| !k.is_empty()) {
-            Some(key) => config = config.with_api_key(key),
-            None if base.contains("api.anthropic.com") => bail!(
-                "{shown}: the provider at {base} needs an API key: set {key_env} \
-                 (or point [provider] base_url or AWAKEN_BASE_URL at a local server)"
-            ),
-            None => {}
-        }
+    let http = http_settings(
+        file,
+        section,
+        place,
+        purpose,
+        (
+            "https://api.anthropic.com",
+            "ANTHROPIC_API_KEY",
+            "api.anthropic.com",
+        ),
+    )?;
+    let mut config = AnthropicConfig::new(http.base.clone());
+    if let Some(key) = http.key {
+        config = config.with_api_key(key);
     }
-    for (name, value) in &section.headers {
-        let value = match purpose {
-            Purpose::Run => expand_env(value, &format!("{shown}: [provider] headers.{name}"))?,
-            Purpose::Validate => value.clone(),
-        };
-        config = config.with_header(name.clone(), value);
+    for (name, value) in http.headers {
+        config = config.with_header(name, value);
     }
-    if let Some(t) = section.connect_timeout {
-        config = config.with_connect_timeout(t.get());
+    if let Some(t) = http.connect_timeout {
+        config = config.with_connect_timeout(t);
     }
-    if let Some(t) = section.first_byte_timeout {
-        config = config.with_request_timeout(t.get());
+    if let Some(t) = http.first_byte_timeout {
+        config = config.with_request_timeout(t);
     }
-    if let Some(t) = section.idle_timeout {
-        config = config.with_stream_idle_timeout(t.get());
+    if let Some(t) = http.idle_timeout {
+        config = config.with_stream_idle_timeout(t);
     }
-    let executor: Arc<dyn LlmExecutor> =
-        Arc::new(AnthropicExecutor::new(config).map_err(|e| anyhow!("{shown}: [provider]: {e}"))?);
-    Ok((with_retry(file, executor), base))
+    let executor: Arc<dyn LlmExecutor> = Arc::new(
+        AnthropicExecutor::new(config)
+            .map_err(|e| anyhow!("{}: {}: {e}", file.path.display(), place.table()))?,
+    );
+    Ok((executor, http.base))
 }
 
-/// `executor` wrapped in the provider's retry policy. An `[agent.sections.retry]` is applied by
-/// the runtime itself, so then the executor is left as it is.
-fn with_retry(file: &AgentFile, executor: Arc<dyn LlmExecutor>) -> Arc<dyn LlmExecutor> {
-    match (&file.provider.retry, file.agent.sections.get(RETRY_SECTION)) {
+/// `executor` of model `model_id` wrapped in its provider table's retry policy. An
+/// `[agent.sections.retry]` is applied by the runtime itself, and a member of the agent's model
+/// pool is retried as the pool (around it, by the runtime), so then the executor is left as it
+/// is.
+fn with_retry(
+    file: &AgentFile,
+    section: &ProviderSection,
+    model_id: &str,
+    executor: Arc<dyn LlmExecutor>,
+) -> Arc<dyn LlmExecutor> {
+    if file.in_agent_pool(model_id) {
+        return executor;
+    }
+    match (&section.retry, file.agent.sections.get(RETRY_SECTION)) {
         (_, Some(_)) => executor,
         (Some(retry), None) if retry.max_retries == 0 => executor,
         (retry, None) => Arc::new(RetryingExecutor::new(
@@ -290,8 +366,34 @@ fn with_retry(file: &AgentFile, executor: Arc<dyn LlmExecutor>) -> Arc<dyn LlmEx
     }
 }
 
-/// The executor and model the agent file asks for: the provider it names, never another.
-/// The scripted provider reads where each thread's run stands from `store`.
+/// The scripted executor: the `--script` file, else the agent file's `[script]`, reading where
+/// each thread's run stands from `store`; and where its script came from.
+fn scripted_executor(
+    file: &AgentFile,
+    args: &Args,
+    store: &Arc<dyn ThreadStore>,
+) -> Result<(Arc<dyn LlmExecutor>, String)> {
+    let script = match &args.script {
+        Some(path) => Script::load(path).map_err(|e| anyhow!("{e}"))?,
+        None => file.script.clone().ok_or_else(|| {
+            anyhow!(
+                "{}: the scripted provider needs a [script] section in the agent file or --script FILE",
+                file.path.display()
+            )
+        })?,
+    };
+    let source = args.script.as_ref().map_or_else(
+        || format!("{}: [script]", file.path.display()),
+        |p| p.display().to_string(),
+    );
+    let executor =
+        ThreadScript::new(script, Arc::clone(store)).map_err(|e| anyhow!("{source}: {e}"))?;
+    Ok((Arc::new(executor), source))
+}
+
+/// The executor and model of the agent file's main model (`[model]` and `[provider]`): the
+/// provider it names, never another. The scripted provider reads where each thread's run
+/// stands from `store`.
 fn provider(
     file: &AgentFile,
     args: &Args,
@@ -299,7 +401,11 @@ fn provider(
     purpose: Purpose,
 ) -> Result<(Arc<dyn LlmExecutor>, ModelSpec)> {
     let kind = file.provider_kind()?;
-    let model_id = file.agent.model.clone();
+    let model_id = file
+        .model
+        .as_ref()
+        .map_or_else(|| file.agent.model.clone(), |m| m.id.clone());
+    let place = ProviderPlace::Main;
     let (executor, upstream): (Arc<dyn LlmExecutor>, String) = match kind {
         ProviderKind::Openai => {
             let upstream = args
@@ -308,9 +414,12 @@ fn provider(
                 .or_else(|| file.provider.model.clone())
                 .or_else(|| file.model.as_ref().map(|m| m.upstream_model.clone()))
                 .unwrap_or_else(|| "gpt-4o-mini".into());
-            let (executor, base) = openai_executor(file, purpose)?;
+            let (executor, base) = openai_executor(file, &file.provider, &place, purpose)?;
             tracing::info!(provider = "openai", base_url = %base, model = %upstream, "provider");
-            (executor, upstream)
+            (
+                with_retry(file, &file.provider, &model_id, executor),
+                upstream,
+            )
         }
         ProviderKind::Anthropic => {
             let upstream = args
@@ -319,28 +428,17 @@ fn provider(
                 .or_else(|| file.provider.model.clone())
                 .or_else(|| file.model.as_ref().map(|m| m.upstream_model.clone()))
                 .unwrap_or_else(|| "claude-haiku-4-5".into());
-            let (executor, base) = anthropic_executor(file, purpose)?;
+            let (executor, base) = anthropic_executor(file, &file.provider, &place, purpose)?;
             tracing::info!(provider = "anthropic", base_url = %base, model = %upstream, "provider");
-            (executor, upstream)
+            (
+                with_retry(file, &file.provider, &model_id, executor),
+                upstream,
+            )
         }
         ProviderKind::Scripted => {
-            let script = match &args.script {
-                Some(path) => Script::load(path).map_err(|e| anyhow!("{e}"))?,
-                None => file.script.clone().ok_or_else(|| {
-                    anyhow!(
-                        "{}: the scripted provider needs a [script] section in the agent file or --script FILE",
-                        file.path.display()
-                    )
-                })?,
-            };
-            let source = args.script.as_ref().map_or_else(
-                || format!("{}: [script]", file.path.display()),
-                |p| p.display().to_string(),
-            );
-            let executor = ThreadScript::new(script, Arc::clone(store))
-                .map_err(|e| anyhow!("{source}: {e}"))?;
+            let (executor, source) = scripted_executor(file, args, store)?;
             tracing::info!(provider = "scripted", script = %source, "provider");
-            (Arc::new(executor), "scripted".to_owned())
+            (executor, "scripted".to_owned())
         }
     };
     let model = file
@@ -355,6 +453,65 @@ fn provider(
             ..model
         },
     ))
+}
+
+/// The models an agent file declares, each with its executor, its model pools, and its agent
+/// as the runtime gets it.
+struct FileModels {
+    /// Each model (its `provider` is the provider id the executor is registered under).
+    models: Vec<(ModelSpec, Arc<dyn LlmExecutor>)>,
+    /// The pools.
+    pools: Vec<ModelPoolSpec>,
+    /// The agent; one whose model is a pool and who sets no `retry` section gets the default
+    /// policy there, so that the runtime retries the pool as the command retries a model.
+    agent: AgentSpec,
+}
+
+/// The main model (when the file registers it) and every `[[models]]` entry with its
+/// executor (an entry's provider id is `model:ID`), and the file's pools.
+fn file_models(
+    file: &AgentFile,
+    args: &Args,
+    store: &Arc<dyn ThreadStore>,
+    purpose: Purpose,
+) -> Result<FileModels> {
+    let mut models = Vec::with_capacity(1 + file.models.len());
+    if file.has_main_model() {
+        let (executor, model) = provider(file, args, store, purpose)?;
+        models.push((model, executor));
+    }
+    for (index, entry) in file.models.iter().enumerate() {
+        let place = ProviderPlace::Entry {
+            index,
+            id: entry.id.clone(),
+        };
+        let executor = match entry.kind() {
+            ProviderKind::Openai => {
+                let (executor, base) = openai_executor(file, &entry.provider, &place, purpose)?;
+                tracing::info!(provider = "openai", model_id = %entry.id, base_url = %base, "provider");
+                with_retry(file, &entry.provider, &entry.id, executor)
+            }
+            ProviderKind::Anthropic => {
+                let (executor, base) = anthropic_executor(file, &entry.provider, &place, purpose)?;
+                tracing::info!(provider = "anthropic", model_id = %entry.id, base_url = %base, "provider");
+                with_retry(file, &entry.provider, &entry.id, executor)
+            }
+            ProviderKind::Scripted => scripted_executor(file, args, store)?.0,
+        };
+        models.push((entry.spec(&format!("model:{}", entry.id)), executor));
+    }
+    let mut agent = file.agent.clone();
+    if file.agent_pool().is_some() && agent.sections.get(RETRY_SECTION).is_none() {
+        agent.sections.insert(
+            RETRY_SECTION,
+            serde_json::json!({"max_retries": default_retry().max_retries}),
+        );
+    }
+    Ok(FileModels {
+        models,
+        pools: file.model_pools.clone(),
+        agent,
+    })
 }
 
 /// This process's worker identity in run leases.
@@ -387,11 +544,21 @@ pub(crate) fn runtime(
     store: Arc<dyn ThreadStore>,
     purpose: Purpose,
 ) -> Result<AgentRuntime> {
-    let (executor, model) = provider(file, args, &store, purpose)?;
-    let mut builder = runtime_builder(store)?
-        .with_model(model.clone())
-        .with_provider(model.provider.clone(), executor)
-        .with_agent_spec(file.agent.clone());
+    let FileModels {
+        models,
+        pools,
+        agent,
+    } = file_models(file, args, &store, purpose)?;
+    let mut builder = runtime_builder(store)?;
+    for (model, executor) in models {
+        builder = builder
+            .with_provider(model.provider.clone(), executor)
+            .with_model(model);
+    }
+    for pool in pools {
+        builder = builder.with_model_pool(pool);
+    }
+    builder = builder.with_agent_spec(agent);
     for tool in builtin_tools(file)? {
         builder = builder.with_tool(tool.tool);
     }
@@ -409,10 +576,10 @@ pub(crate) fn runtime(
 /// with its model and provider, the built-in tools and the plugin directories, each agent
 /// resolved once here. One file gives the same runtime as [`runtime`].
 ///
-/// With several files, each file's provider is registered under its own id
+/// With several files, each file's providers are registered under ids of their own
 /// (`PROVIDER:AGENT`, such as `scripted:assistant`), so two scripted files keep their own
-/// scripts; a model id an earlier file registered already is taken as `MODEL:AGENT` by the
-/// later one. A built-in tool several files configure is registered once and must have the same
+/// scripts; a model or pool id an earlier file registered already is taken as `ID:AGENT` by
+/// the later one (its pools' members, its agent's model and summary model follow). A built-in tool several files configure is registered once and must have the same
 /// settings in each; an agent does not see the built-in tools only other files configure. Two
 /// files defining the same agent id are refused, naming both.
 pub(crate) fn runtime_of_files(
@@ -465,28 +632,61 @@ pub(crate) fn runtime_of_files(
     let mut builder = runtime_builder(store.clone())?;
     let mut model_ids: Vec<String> = Vec::new();
     for (file, tools) in files.iter().zip(&builtins) {
-        let (executor, mut model) = provider(file, args, &store, purpose)?;
-        let mut agent = file.agent.clone();
-        let provider_id = format!("{}:{}", model.provider, agent.id);
-        model.provider.clone_from(&provider_id);
-        if model_ids.contains(&model.id) {
-            let id = format!("{}:{}", model.id, agent.id);
-            if agent.model == model.id {
-                agent.model.clone_from(&id);
+        let FileModels {
+            models,
+            mut pools,
+            mut agent,
+        } = file_models(file, args, &store, purpose)?;
+        // The file's model and pool ids that an earlier file took, and what they become.
+        let mut renamed: Vec<(String, String)> = Vec::new();
+        let mut take = |id: &mut String| {
+            if model_ids.contains(id) {
+                let new = format!("{id}:{}", agent.id);
+                renamed.push((std::mem::replace(id, new.clone()), new));
             }
-            model.id = id;
+            model_ids.push(id.clone());
+        };
+        let mut registered = Vec::with_capacity(models.len());
+        for (mut model, executor) in models {
+            let provider_id = format!("{}:{}", model.provider, agent.id);
+            model.provider.clone_from(&provider_id);
+            take(&mut model.id);
+            registered.push((model, provider_id, executor));
         }
-        model_ids.push(model.id.clone());
+        for pool in &mut pools {
+            take(&mut pool.id);
+        }
+        let follow = |id: &mut String| {
+            if let Some((_, new)) = renamed.iter().find(|(old, _)| old == id) {
+                id.clone_from(new);
+            }
+        };
+        for member in pools.iter_mut().flat_map(|p| p.members.iter_mut()) {
+            follow(&mut member.model);
+        }
+        follow(&mut agent.model);
+        if let Some(summary) = agent
+            .context_policy
+            .as_mut()
+            .and_then(|p| p.summary_model.as_mut())
+        {
+            follow(summary);
+        }
         // Each agent sees the built-in tools its own file configures, not the others' ones.
         for (_, tool) in &shared {
             if !tools.iter().any(|t| t.id == tool.id) {
                 agent.excluded_tools.push(tool.id.clone());
             }
         }
-        builder = builder
-            .with_model(model)
-            .with_provider(provider_id, executor)
-            .with_agent_spec(agent);
+        for (model, provider_id, executor) in registered {
+            builder = builder
+                .with_model(model)
+                .with_provider(provider_id, executor);
+        }
+        for pool in pools {
+            builder = builder.with_model_pool(pool);
+        }
+        builder = builder.with_agent_spec(agent);
     }
     for (_, tool) in shared {
         builder = builder.with_tool(tool.tool);
@@ -506,9 +706,11 @@ pub(crate) fn runtime_of_files(
 fn runtime_builder(store: Arc<dyn ThreadStore>) -> Result<AgentRuntimeBuilder> {
     // Every run this process drives holds a lease (renewed while it lives), so another
     // process never takes it over, recovers it or supersedes it while it is alive.
+    // Message content goes on spans only when they are exported and the variable asks.
     Ok(AgentRuntime::builder()
         .with_worker(worker_id(), lease_duration()?)
-        .with_store(store))
+        .with_store(store)
+        .with_span_content(crate::log::span_content()))
 }
 
 /// A built-in tool as an agent file configures it.

@@ -899,3 +899,174 @@ fn agent_files_that_cannot_share_a_runtime_are_refused_naming_both() {
     expect!["agent `a` is defined by two files, <dir>/a.toml and <dir>/other/a.toml: the agents of one server need distinct ids"].assert_eq(&err);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn model_entries_and_pools_are_checked_naming_the_field() {
+    let dir = temp_dir("pool-fields");
+    let path = dir.join("a.toml");
+    let check = |body: &str| -> String {
+        std::fs::write(
+            &path,
+            format!("[agent]\nid = \"a\"\nmodel = \"smart\"\n{body}"),
+        )
+        .expect("write");
+        match AgentFile::load(&path) {
+            Ok(_) => "ok".to_owned(),
+            Err(e) => e.to_string().replace(&path.display().to_string(), "<file>"),
+        }
+    };
+    let two = "[[models]]\nid = \"x\"\n[[models]]\nid = \"y\"\n";
+    let pool = |members: &str| format!("[[model_pools]]\nid = \"smart\"\nmembers = [{members}]\n");
+    let lines = [
+        check(&format!(
+            "{two}{}",
+            pool("{ model = \"x\" }, { model = \"y\", fallback_only = true }")
+        )),
+        check(&format!(
+            "{two}{}",
+            pool("{ model = \"x\" }, { model = \"ghost\" }")
+        )),
+        check(&format!(
+            "{two}{}[[model_pools]]\nid = \"other\"\nmembers = [{{ model = \"smart\" }}]\n",
+            pool("{ model = \"x\" }")
+        )),
+        check(&format!("{two}{}", pool("{ model = \"x\", weight = 0 }"))),
+        check(&format!("{two}{}", pool(""))),
+        check(&format!(
+            "{two}[[model_pools]]\nid = \"y\"\nmembers = [{{ model = \"x\" }}]\n"
+        )),
+        check("[[models]]\nid = \"x\"\n[[models]]\nid = \"x\"\n"),
+        check("[[models]]\nid = \"x\"\n[models.provider]\nkind = \"openai\"\n"),
+        check(
+            "[[models]]\nid = \"x\"\nupstream_model = \"u\"\n[models.provider]\nkind = \"openai\"\nmodel = \"u\"\n",
+        ),
+        check("[[models]]\nid = \"x\"\ncontext_window = 0\n"),
+        check(&format!(
+            "[[models]]\nid = \"x\"\nupstream_model = \"u\"\n[models.provider]\nkind = \"openai\"\n[models.provider.retry]\nmax_retries = 1\n{}",
+            pool("{ model = \"x\" }")
+        )),
+        check(&format!(
+            "[[models]]\nid = \"x\"\nupstream_model = \"u\"\n[models.provider]\nkind = \"anthropic\"\nstream = false\n{}",
+            pool("{ model = \"x\" }")
+        )),
+        check("[[models]]\nid = \"x\"\ncontext = 8\n"),
+        // The single-model form's model (the agent's model id) may be a member of another pool.
+        check(
+            "[[models]]\nid = \"x\"\n[[model_pools]]\nid = \"spare\"\nmembers = [{ model = \"smart\" }, { model = \"x\" }]\n",
+        ),
+    ];
+    expect![[r#"
+        ok
+        <file>: model_pools[0].members[1].model: `ghost` is not a model of this file (its models: `x`, `y`)
+        <file>: model_pools[1].members[0].model: `smart` is a model pool; a pool's members are models
+        <file>: model_pools[0].members[0].weight: must be at least 1
+        <file>: model_pools[0].members: must list at least one member
+        <file>: model_pools[0].id: `y` is declared twice (models[1] and model_pools[0]); model and pool ids share one namespace
+        <file>: models[1].id: model `x` is declared twice (models[0] and models[1])
+        <file>: models[0].upstream_model: required for kind = "openai" (the model's name at the provider)
+        <file>: models[0].provider.model: a model entry names its provider-side model with models[0].upstream_model
+        <file>: models[0].context_window: must be at least 1
+        <file>: models[0].provider.retry: model `x` is a member of model pool `smart`, and a member's retries would delay the pool's failover; retry the pool with [agent.sections.retry]
+        <file>: models[0].provider.stream applies to kind = "openai" only (the anthropic provider always streams and reports usage)
+        <file>:6: invalid TOML at line 6, column 1: TOML parse error at line 6, column 1
+          |
+        6 | context = 8
+          | ^^^^^^^
+        unknown field `context`, expected one of `id`, `upstream_model`, `context_window`, `max_output_tokens`, `provider`
+
+        ok"#]].assert_eq(&lines.join("\n"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// An agent file in `dir` whose agent `agent` runs on the pool `smart` of two scripted models
+/// `a` and `b`, answering `reply`.
+fn pooled_file(dir: &Path, agent: &str, reply: &str) -> AgentFile {
+    let path = dir.join(format!("{agent}.toml"));
+    std::fs::write(
+        &path,
+        format!(
+            "[agent]\nid = \"{agent}\"\nmodel = \"smart\"\n\n[[script.turns]]\ntext = {reply:?}\n\n\
+             [[models]]\nid = \"a\"\n[[models]]\nid = \"b\"\n\n\
+             [[model_pools]]\nid = \"smart\"\nmembers = [{{ model = \"a\" }}, {{ model = \"b\" }}]\n"
+        ),
+    )
+    .expect("write the agent");
+    AgentFile::load(&path).expect("loads")
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn agent_files_with_the_same_pool_and_model_ids_share_a_runtime() {
+    let dir = temp_dir("many-pools");
+    let files = [
+        pooled_file(&dir, "one", "From one."),
+        pooled_file(&dir, "two", "From two."),
+    ];
+    let runtime = runtime_of(&files).expect("one runtime");
+    let mut shown = String::new();
+    for file in &files {
+        let agent = &file.agent.id;
+        let resolved = runtime.resolver().resolve(agent).expect("resolves");
+        let pool = resolved.pool.as_deref().expect("a pool");
+        let members: Vec<&str> = pool.members.iter().map(|m| m.model.as_str()).collect();
+        let outcome = runtime
+            .run(
+                awaken::runtime::RunActivation::new(
+                    ThreadId::new(format!("t-{agent}")).expect("thread"),
+                    agent.clone(),
+                )
+                .with_user_message("hi"),
+                &awaken::event::NullSink,
+            )
+            .await
+            .expect("runs");
+        shown.push_str(&format!(
+            "{agent}: pool {} of [{}], retry section {}, answers {:?}\n",
+            resolved.model.id,
+            members.join(", "),
+            resolved
+                .spec
+                .sections
+                .get("retry")
+                .expect("the default retry"),
+            outcome.response.unwrap_or_default()
+        ));
+    }
+    expect![[r#"
+        one: pool smart of [a, b], retry section {"max_retries":3}, answers "From one."
+        two: pool smart:two of [a:two, b:two], retry section {"max_retries":3}, answers "From two."
+    "#]]
+    .assert_eq(&shown);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn an_agent_may_name_a_model_entry_and_then_the_main_model_is_not_registered() {
+    let dir = temp_dir("model-entry");
+    let path = dir.join("entry.toml");
+    std::fs::write(
+        &path,
+        "[agent]\nid = \"a\"\nmodel = \"x\"\n\n[[script.turns]]\ntext = \"From x.\"\n\n\
+         [[models]]\nid = \"x\"\ncontext_window = 4096\n",
+    )
+    .expect("write the agent");
+    let file = AgentFile::load(&path).expect("loads");
+    assert!(!file.has_main_model());
+    let runtime = runtime_of(&[file]).expect("runtime");
+    let resolved = runtime.resolver().resolve("a").expect("resolves");
+    assert_eq!(
+        (
+            resolved.model.id.as_str(),
+            resolved.model.provider.as_str(),
+            resolved.model.upstream_model.as_str(),
+            resolved.model.context_window
+        ),
+        ("x", "model:x", "scripted", Some(4096))
+    );
+    assert!(resolved.pool.is_none());
+    let registries = runtime.resolver().registries();
+    assert!(
+        registries.model("default").is_none() && registries.provider("scripted").is_none(),
+        "the main model and its provider are not registered"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -16,10 +16,12 @@ use crate::transform::ContextTransformPlugin;
 /// Where the summary model and its executor are found (the runtime implements it over its
 /// registries).
 pub trait SummaryModels {
-    /// The model registered as `id`.
+    /// The model registered as `id` (for a model pool's id, the spec the pool is resolved
+    /// to).
     fn model(&self, id: &str) -> Option<ModelSpec>;
-    /// The executor registered as provider `provider_id`.
-    fn executor(&self, provider_id: &str) -> Option<Arc<dyn LlmExecutor>>;
+    /// The executor that serves `model`: its provider's (`None` when that provider is not
+    /// registered), or, for a model pool's spec, the pool.
+    fn executor(&self, model: &ModelSpec) -> Option<Arc<dyn LlmExecutor>>;
 }
 
 /// Builds the context-transform and compaction plugins of one agent. They share a cache of
@@ -101,7 +103,7 @@ impl ContextPlugins {
             }
         };
         let config = ContextConfig::from_policy(policy, model, &summary_model)?;
-        let mut executor = models.executor(&summary_model.provider).ok_or_else(|| {
+        let mut executor = models.executor(&summary_model).ok_or_else(|| {
             ContextConfigError::SummaryProviderNotFound {
                 model_id: summary_model.id.clone(),
                 provider_id: summary_model.provider.clone(),

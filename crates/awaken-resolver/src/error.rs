@@ -1,5 +1,6 @@
 //! Resolution errors, warnings and registration errors.
 
+use awaken_llm::PoolError;
 use awaken_plugin::{EnvError, RegistryError, SectionViolation};
 use awaken_spec::SpecError;
 use awaken_tool::ToolRegistrationError;
@@ -60,6 +61,15 @@ pub enum ResolveError {
         model_id: String,
         /// The provider id.
         provider_id: String,
+    },
+    /// The agent's model is a model pool that cannot be built (see [`ModelPoolError`]).
+    #[error("agent `{agent_id}`: {source}")]
+    ModelPool {
+        /// The agent.
+        agent_id: String,
+        /// What is wrong with the pool.
+        #[source]
+        source: ModelPoolError,
     },
     /// A plugin the agent lists is not in the plugin source.
     #[error("agent `{agent_id}` lists plugin `{plugin_id}`, which is not registered")]
@@ -145,6 +155,133 @@ pub enum ResolveError {
         /// The second source.
         second: String,
     },
+}
+
+/// Why a model pool could not be built from the registries.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ModelPoolError {
+    /// The pool's spec does not validate.
+    #[error("model pool `{pool_id}`: {source}")]
+    InvalidSpec {
+        /// The pool.
+        pool_id: String,
+        /// The validation error, naming the field.
+        #[source]
+        source: SpecError,
+    },
+    /// A member names no registered model.
+    #[error("model pool `{pool_id}`: member `{member}` is not a registered model")]
+    MemberNotFound {
+        /// The pool.
+        pool_id: String,
+        /// The member's model id.
+        member: String,
+    },
+    /// A member names another pool: pools do not nest.
+    #[error(
+        "model pool `{pool_id}`: member `{member}` is itself a model pool; a pool's members are models"
+    )]
+    NestedPool {
+        /// The pool.
+        pool_id: String,
+        /// The member's id (a pool id).
+        member: String,
+    },
+    /// A member model's provider is not registered.
+    #[error(
+        "model pool `{pool_id}`: member `{member}` is served by provider `{provider_id}`, which is not registered"
+    )]
+    ProviderNotFound {
+        /// The pool.
+        pool_id: String,
+        /// The member's model id.
+        member: String,
+        /// The provider id the member model names.
+        provider_id: String,
+    },
+    /// The members share no modality, so no request suits all of them.
+    #[error("model pool `{pool_id}`: its members support no modality in common")]
+    NoCommonModality {
+        /// The pool.
+        pool_id: String,
+    },
+    /// The pool refused its members (a member model's `upstream_model` is blank, ...).
+    #[error("{source}")]
+    Build {
+        /// The pool.
+        pool_id: String,
+        /// The pool's refusal (its message names the pool and the member).
+        #[source]
+        source: PoolError,
+    },
+    /// A resumed or recovered run started with a member that is no longer a registered model.
+    #[error(
+        "model pool `{pool_id}`: the run started with member `{member}`, which is no longer a registered model"
+    )]
+    RecordedMemberNotFound {
+        /// The pool.
+        pool_id: String,
+        /// The recorded member's model id.
+        member: String,
+    },
+}
+
+impl ModelPoolError {
+    /// The pool the error is about.
+    pub fn pool_id(&self) -> &str {
+        match self {
+            Self::InvalidSpec { pool_id, .. }
+            | Self::MemberNotFound { pool_id, .. }
+            | Self::NestedPool { pool_id, .. }
+            | Self::ProviderNotFound { pool_id, .. }
+            | Self::NoCommonModality { pool_id }
+            | Self::Build { pool_id, .. }
+            | Self::RecordedMemberNotFound { pool_id, .. } => pool_id,
+        }
+    }
+}
+
+/// Why a model id (a model's or a pool's) could not be resolved to a spec and an executor.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ModelResolveError {
+    /// No model or pool has this id.
+    #[error("model `{model_id}` is not registered")]
+    ModelNotFound {
+        /// The id.
+        model_id: String,
+    },
+    /// The model's provider is not registered.
+    #[error("model `{model_id}` is served by provider `{provider_id}`, which is not registered")]
+    ProviderNotFound {
+        /// The model.
+        model_id: String,
+        /// The provider id.
+        provider_id: String,
+    },
+    /// The id names a pool that cannot be built.
+    #[error(transparent)]
+    Pool(#[from] ModelPoolError),
+}
+
+impl ModelResolveError {
+    /// The same failure as a resolution error of agent `agent_id`.
+    pub(crate) fn for_agent(self, agent_id: &str) -> ResolveError {
+        let agent_id = agent_id.to_owned();
+        match self {
+            Self::ModelNotFound { model_id } => ResolveError::ModelNotFound { agent_id, model_id },
+            Self::ProviderNotFound {
+                model_id,
+                provider_id,
+            } => ResolveError::ProviderNotFound {
+                agent_id,
+                model_id,
+                provider_id,
+            },
+            Self::Pool(source) => ResolveError::ModelPool { agent_id, source },
+        }
+    }
 }
 
 /// Something resolution noticed that does not stop it.
@@ -263,7 +400,8 @@ pub enum RegistrationError {
     /// An id registered twice in one registry.
     #[error("{kind} `{id}` is registered twice")]
     Duplicate {
-        /// `agent`, `tool`, `model`, `provider` or `plugin`.
+        /// `agent`, `tool`, `model` (model and pool ids share one namespace), `provider` or
+        /// `plugin`.
         kind: &'static str,
         /// The id.
         id: String,
@@ -300,4 +438,7 @@ pub enum ValidationProblem {
     /// An agent that fails a dry resolution.
     #[error(transparent)]
     Agent(ResolveError),
+    /// A registered model pool that cannot be built (whether an agent uses it or not).
+    #[error(transparent)]
+    ModelPool(ModelPoolError),
 }

@@ -1,5 +1,6 @@
 //! The five registries (agents, tools, models, providers, plugins) as traits with map-backed
-//! implementations, and [`Registries`], which collects them with deferred errors.
+//! implementations, and [`Registries`], which collects them with deferred errors, along with
+//! the model pools (whose ids share the namespace of model ids).
 
 use std::collections::BTreeMap;
 
@@ -7,14 +8,17 @@ use std::collections::BTreeMap;
 /// plugin up; ids come from the application's own configuration, so SipHash's protection
 /// against chosen keys buys nothing here).
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use awaken_llm::LlmExecutor;
 use awaken_plugin::{Plugin, PluginRegistry};
-use awaken_spec::{AgentSpec, ModelSpec};
+use awaken_spec::{AgentSpec, ModelPoolSpec, ModelSpec};
 use awaken_tool::{RegisteredTool, Tool};
 
-use crate::error::RegistrationError;
+use crate::error::{ModelPoolError, ModelResolveError, RegistrationError};
+use crate::pools::{
+    BuiltPool, MemberParts, PoolEntry, PoolMembership, RecordedMember, ResolvedModel, build_pool,
+};
 
 /// Agent specs by id.
 pub trait AgentSpecRegistry: Send + Sync {
@@ -131,11 +135,19 @@ impl AgentSpecRegistry for PluginRegistry {
 
 /// The five registries, collected with deferred errors: a duplicate id (or an invalid global
 /// tool) is recorded, not returned, and reported by [`Registries::errors`] and by validation.
+///
+/// Model pools are registered beside the models, under ids of the same namespace. Each pool is
+/// built once, when a resolution first needs it, and kept for the registries' lifetime, so its
+/// breakers see every run; a pool rebuilt from a membership a run recorded is kept likewise,
+/// one per distinct membership.
 #[derive(Clone, Default)]
 pub struct Registries {
     pub(crate) agents: MapAgentSpecRegistry,
     pub(crate) tools: MapToolRegistry,
     pub(crate) models: MapModelRegistry,
+    pub(crate) pools: HashMap<String, PoolEntry>,
+    /// Pools rebuilt from a membership a run recorded, by that membership.
+    pub(crate) pinned: Arc<Mutex<HashMap<PoolMembership, BuiltPool>>>,
     pub(crate) providers: MapProviderRegistry,
     pub(crate) plugins: MapPluginSource,
     /// Ids of the disabled plugins added directly (held back from the plugin source).
@@ -158,6 +170,7 @@ impl std::fmt::Debug for Registries {
                     .collect::<Vec<_>>(),
             )
             .field("models", &self.models.0.keys().collect::<Vec<_>>())
+            .field("model_pools", &self.pools.keys().collect::<Vec<_>>())
             .field("providers", &self.providers.0.keys().collect::<Vec<_>>())
             .field("plugins", &self.plugins.0.keys().collect::<Vec<_>>())
             .field("disabled_plugins", &self.disabled_plugins)
@@ -227,13 +240,41 @@ impl Registries {
         self
     }
 
-    /// Adds a model spec in place.
+    /// Adds a model spec in place (its id must be no other model's or pool's).
     pub fn add_model(&mut self, model: ModelSpec) {
-        if self.models.0.contains_key(&model.id) {
+        if self.model_id_taken(&model.id) {
             self.duplicate("model", &model.id);
         } else {
             self.models.0.insert(model.id.clone(), Arc::new(model));
         }
+    }
+
+    /// Adds a model pool: agents (and context policies) name it like a model.
+    pub fn with_model_pool(mut self, pool: ModelPoolSpec) -> Self {
+        self.add_model_pool(pool);
+        self
+    }
+
+    /// Adds a model pool in place. Its id shares the namespace of model ids: an id a model or
+    /// another pool has is recorded as a duplicate `model`. The pool is checked (its spec, its
+    /// members) by validation and by the first resolution that needs it.
+    pub fn add_model_pool(&mut self, pool: ModelPoolSpec) {
+        if self.model_id_taken(&pool.id) {
+            self.duplicate("model", &pool.id);
+        } else {
+            self.pools.insert(
+                pool.id.clone(),
+                PoolEntry {
+                    spec: Arc::new(pool),
+                    built: OnceLock::new(),
+                },
+            );
+        }
+    }
+
+    /// Whether a model or a pool has this id.
+    fn model_id_taken(&self, id: &str) -> bool {
+        self.models.0.contains_key(id) || self.pools.contains_key(id)
     }
 
     /// Adds an executor under a provider id.
@@ -376,9 +417,158 @@ impl Registries {
                     .any(|r| r.snapshot().disabled_plugin_ids().iter().any(|d| d == id)))
     }
 
-    /// The model with this id.
+    /// The model with this id (a model's own spec; a pool's id gives `None`, see
+    /// [`Registries::resolve_model`]).
     pub fn model(&self, id: &str) -> Option<Arc<ModelSpec>> {
         self.models.get_model(id)
+    }
+
+    /// The model pool with this id.
+    pub fn model_pool(&self, id: &str) -> Option<Arc<ModelPoolSpec>> {
+        self.pools.get(id).map(|p| Arc::clone(&p.spec))
+    }
+
+    /// Every model pool id, sorted.
+    pub fn model_pool_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.pools.keys().cloned().collect();
+        ids.sort();
+        ids
+    }
+
+    /// What the model id `id` resolves to: a model's spec and its provider's executor, or a
+    /// pool's derived spec and the pool (the same pool, and so the same breakers, for every
+    /// resolution).
+    pub fn resolve_model(&self, id: &str) -> Result<ResolvedModel, ModelResolveError> {
+        self.resolve_model_with_pool(id, None)
+    }
+
+    /// [`Registries::resolve_model`] for a run that recorded `recorded` when it started: when
+    /// `id` is the pool `recorded` names and its members have changed since, the result is a
+    /// pool of the recorded members (each still a registered model with its provider; its
+    /// requests carry the recorded upstream models) under the pool's breaker policy of now.
+    /// Otherwise, and when the members are unchanged, the pool of now.
+    pub fn resolve_model_with_pool(
+        &self,
+        id: &str,
+        recorded: Option<&PoolMembership>,
+    ) -> Result<ResolvedModel, ModelResolveError> {
+        let Some(entry) = self.pools.get(id) else {
+            let model = self
+                .model(id)
+                .ok_or_else(|| ModelResolveError::ModelNotFound {
+                    model_id: id.to_owned(),
+                })?;
+            let executor = self.provider(&model.provider).ok_or_else(|| {
+                ModelResolveError::ProviderNotFound {
+                    model_id: model.id.clone(),
+                    provider_id: model.provider.clone(),
+                }
+            })?;
+            return Ok(ResolvedModel {
+                spec: model,
+                executor,
+                pool: None,
+            });
+        };
+        let current = self.current_pool(entry)?;
+        match recorded {
+            Some(recorded) if recorded.pool == id && *recorded != *current.membership => {
+                Ok(self.pinned_pool(&entry.spec, recorded)?.resolved())
+            }
+            _ => Ok(current.resolved()),
+        }
+    }
+
+    /// The pool of `entry`, built on first use.
+    fn current_pool<'a>(&self, entry: &'a PoolEntry) -> Result<&'a BuiltPool, ModelPoolError> {
+        if let Some(built) = entry.built.get() {
+            return Ok(built);
+        }
+        let spec = &entry.spec;
+        let pool_id = || spec.id.clone();
+        spec.validate()
+            .map_err(|source| ModelPoolError::InvalidSpec {
+                pool_id: pool_id(),
+                source,
+            })?;
+        let mut members = Vec::with_capacity(spec.members.len());
+        for member in &spec.members {
+            if self.pools.contains_key(&member.model) {
+                return Err(ModelPoolError::NestedPool {
+                    pool_id: pool_id(),
+                    member: member.model.clone(),
+                });
+            }
+            let model =
+                self.model(&member.model)
+                    .ok_or_else(|| ModelPoolError::MemberNotFound {
+                        pool_id: pool_id(),
+                        member: member.model.clone(),
+                    })?;
+            let recorded = RecordedMember {
+                model: member.model.clone(),
+                upstream_model: model.upstream_model.clone(),
+                weight: member.weight,
+                fallback_only: member.fallback_only,
+            };
+            members.push(self.member_parts(spec, recorded, model)?);
+        }
+        let built = build_pool(spec, members)?;
+        // Two first resolutions at once may both build; the first one stored is kept by all.
+        Ok(entry.built.get_or_init(|| built))
+    }
+
+    /// The pool of `spec` over the members `recorded` lists, built once per membership.
+    fn pinned_pool(
+        &self,
+        spec: &ModelPoolSpec,
+        recorded: &PoolMembership,
+    ) -> Result<BuiltPool, ModelPoolError> {
+        if let Some(built) = self.pinned_lock().get(recorded) {
+            return Ok(built.clone());
+        }
+        let mut members = Vec::with_capacity(recorded.members.len());
+        for member in &recorded.members {
+            // A member that is now a pool, or nothing, is no longer a registered model.
+            let model = self.model(&member.model).ok_or_else(|| {
+                ModelPoolError::RecordedMemberNotFound {
+                    pool_id: spec.id.clone(),
+                    member: member.model.clone(),
+                }
+            })?;
+            members.push(self.member_parts(spec, member.clone(), model)?);
+        }
+        let built = build_pool(spec, members)?;
+        Ok(self
+            .pinned_lock()
+            .entry(recorded.clone())
+            .or_insert(built)
+            .clone())
+    }
+
+    fn pinned_lock(&self) -> std::sync::MutexGuard<'_, HashMap<PoolMembership, BuiltPool>> {
+        self.pinned.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A member of pool `spec` with the executor of `model`'s provider.
+    fn member_parts(
+        &self,
+        spec: &ModelPoolSpec,
+        recorded: RecordedMember,
+        model: Arc<ModelSpec>,
+    ) -> Result<MemberParts, ModelPoolError> {
+        let executor =
+            self.provider(&model.provider)
+                .ok_or_else(|| ModelPoolError::ProviderNotFound {
+                    pool_id: spec.id.clone(),
+                    member: model.id.clone(),
+                    provider_id: model.provider.clone(),
+                })?;
+        Ok(MemberParts {
+            recorded,
+            model,
+            executor,
+        })
     }
 
     /// The executor with this provider id.

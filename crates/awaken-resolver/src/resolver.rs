@@ -16,8 +16,10 @@ use serde_json::json;
 use crate::catalog::filter_catalog;
 use crate::cycles::delegation_cycles;
 use crate::error::{
-    ResolveError, ResolveWarning, ValidationFailed, ValidationProblem, ValidationWarning,
+    ModelResolveError, ResolveError, ResolveWarning, ValidationFailed, ValidationProblem,
+    ValidationWarning,
 };
+use crate::pools::{PoolMembership, digest_lines};
 use crate::registries::Registries;
 
 /// The plugin id under which the resolver claims the `retry` section.
@@ -149,18 +151,23 @@ pub struct ResolvedTool {
 pub struct ResolvedAgent {
     /// The spec.
     pub spec: Arc<AgentSpec>,
-    /// Its model (shared with the model registry).
+    /// Its model (shared with the model registry); for a model pool, the spec derived from
+    /// its members.
     pub model: Arc<ModelSpec>,
-    /// The executor (wrapped in `RetryingExecutor` when the `retry` section asks).
+    /// The executor: the model's provider or the model pool, wrapped in `RetryingExecutor`
+    /// when the `retry` section asks (around the pool, never around its members).
     pub executor: Arc<dyn LlmExecutor>,
+    /// The membership of the model pool the agent's model names (`None` for a model): what a
+    /// run records, so that its resume or recovery runs on the same members.
+    pub pool: Option<Arc<PoolMembership>>,
     /// The execution environment.
     pub env: ExecutionEnv,
     /// The final tool set, in source order, after the catalog filter.
     pub tools: Vec<ResolvedTool>,
     /// Warnings found on the way.
     pub warnings: Vec<ResolveWarning>,
-    /// Digest of the resolved spec (spec, model, plugins with versions, tool ids), stable
-    /// across processes.
+    /// Digest of the resolved spec (spec, model, a pool's membership, plugins with versions,
+    /// tool ids), stable across processes.
     pub spec_digest: Arc<str>,
 }
 
@@ -170,6 +177,7 @@ impl std::fmt::Debug for ResolvedAgent {
             .field("agent", &self.spec.id)
             .field("model", &self.model.id)
             .field("executor", &self.executor.name())
+            .field("pool", &self.pool)
             .field("env", &self.env)
             .field(
                 "tools",
@@ -303,9 +311,25 @@ impl Resolver {
 
     /// The run plan for `agent_id`: local, or the backend that claims its endpoint.
     pub fn plan(&self, agent_id: &str) -> Result<ResolvedRunPlan, ResolveError> {
+        self.plan_with_pool(agent_id, None)
+    }
+
+    /// [`Resolver::plan`] for a run that recorded the membership `recorded` of its model pool
+    /// when it started (a resume or a recovery): when the agent still names that pool and its
+    /// members have changed since, the agent runs on a pool of the recorded members
+    /// ([`Registries::resolve_model_with_pool`]; a recorded member that is no longer a
+    /// registered model is [`crate::ModelPoolError::RecordedMemberNotFound`]), and its digest
+    /// is the one of those members.
+    pub fn plan_with_pool(
+        &self,
+        agent_id: &str,
+        recorded: Option<&PoolMembership>,
+    ) -> Result<ResolvedRunPlan, ResolveError> {
         let spec = self.lookup(agent_id)?;
         match &spec.endpoint {
-            None => Ok(ResolvedRunPlan::Local(Box::new(self.resolve_spec(spec)?))),
+            None => Ok(ResolvedRunPlan::Local(Box::new(
+                self.resolve_spec(spec, recorded)?,
+            ))),
             Some(endpoint) => {
                 let backend = self
                     .backends
@@ -327,10 +351,14 @@ impl Resolver {
     /// Resolves `agent_id` for the local loop, all or nothing.
     pub fn resolve(&self, agent_id: &str) -> Result<ResolvedAgent, ResolveError> {
         let spec = self.lookup(agent_id)?;
-        self.resolve_spec(spec)
+        self.resolve_spec(spec, None)
     }
 
-    fn resolve_spec(&self, spec: Arc<AgentSpec>) -> Result<ResolvedAgent, ResolveError> {
+    fn resolve_spec(
+        &self,
+        spec: Arc<AgentSpec>,
+        recorded: Option<&PoolMembership>,
+    ) -> Result<ResolvedAgent, ResolveError> {
         // For the errors (the spec is shared, not copied, by a resolution that succeeds).
         let agent_id = &spec.id;
         if let Some(endpoint) = &spec.endpoint {
@@ -340,21 +368,14 @@ impl Resolver {
             });
         }
 
-        // Stage 1: model, executor, retry.
-        let model =
-            self.registries
-                .model(&spec.model)
-                .ok_or_else(|| ResolveError::ModelNotFound {
-                    agent_id: agent_id.clone(),
-                    model_id: spec.model.clone(),
-                })?;
-        let mut executor = self.registries.provider(&model.provider).ok_or_else(|| {
-            ResolveError::ProviderNotFound {
-                agent_id: agent_id.clone(),
-                model_id: model.id.clone(),
-                provider_id: model.provider.clone(),
-            }
-        })?;
+        // Stage 1: model (or pool), executor, retry.
+        let resolved_model = self
+            .registries
+            .resolve_model_with_pool(&spec.model, recorded)
+            .map_err(|e| e.for_agent(agent_id))?;
+        let model = resolved_model.spec;
+        let pool = resolved_model.pool;
+        let mut executor = resolved_model.executor;
         let retry = spec.retry().map_err(|source| ResolveError::InvalidSpec {
             agent_id: agent_id.clone(),
             source,
@@ -498,11 +519,12 @@ impl Resolver {
         for w in &warnings {
             tracing::warn!(agent = %spec.id, warning = %w, "resolution warning");
         }
-        let spec_digest = self.digest(&spec, &model, digest_tail(&env, &tools));
+        let spec_digest = self.digest(&spec, &model, digest_tail(pool.as_deref(), &env, &tools));
         Ok(ResolvedAgent {
             spec,
             model,
             executor,
+            pool,
             env,
             tools,
             warnings,
@@ -538,10 +560,12 @@ impl Resolver {
         digest
     }
 
-    /// Reports every recorded registration problem and every agent that fails a dry
-    /// resolution (its plan, for endpoint-backed agents), all of them. Of an agent that fails,
-    /// every id it names that no registry holds (its model or the model's provider, plugins,
-    /// delegates) is reported, not only the one its resolution stopped at.
+    /// Reports every recorded registration problem, every model pool that cannot be built
+    /// (its spec, a member that is no registered model or is a pool, a member whose provider
+    /// is missing), and every agent that fails a dry resolution (its plan, for endpoint-backed
+    /// agents), all of them. Of an agent that fails, every id it names that no registry holds
+    /// (its model or the model's provider, plugins, delegates) is reported, not only the one
+    /// its resolution stopped at.
     pub fn validate(&self) -> Result<(), ValidationFailed> {
         let mut problems: Vec<ValidationProblem> = self
             .registries
@@ -549,6 +573,11 @@ impl Resolver {
             .into_iter()
             .map(ValidationProblem::Registration)
             .collect();
+        for pool_id in self.registries.model_pool_ids() {
+            if let Err(ModelResolveError::Pool(e)) = self.registries.resolve_model(&pool_id) {
+                problems.push(ValidationProblem::ModelPool(e));
+            }
+        }
         for id in self.registries.agent_ids() {
             let Err(e) = self.plan(&id) else { continue };
             // The resolution stopped at its first failure; the other ids it would have looked
@@ -594,7 +623,10 @@ impl Resolver {
             return Vec::new();
         }
         let mut missing = Vec::new();
+        // A pool's own problems are reported with the pool.
+        let pool = self.registries.model_pool(&spec.model).is_some();
         match self.registries.model(&spec.model) {
+            None if pool => {}
             None => missing.push(ResolveError::ModelNotFound {
                 agent_id: spec.id.clone(),
                 model_id: spec.model.clone(),
@@ -661,9 +693,17 @@ fn digest_input(spec: &AgentSpec, model: &ModelSpec, tail: &[u8]) -> Vec<u8> {
     w
 }
 
-/// The digest's lines for the plugins (id and version, in order) and the tools (ids, sorted).
-fn digest_tail(env: &ExecutionEnv, tools: &[ResolvedTool]) -> Vec<u8> {
+/// The digest's lines for a model pool's membership (when the model is a pool), the plugins
+/// (id and version, in order) and the tools (ids, sorted).
+fn digest_tail(
+    pool: Option<&PoolMembership>,
+    env: &ExecutionEnv,
+    tools: &[ResolvedTool],
+) -> Vec<u8> {
     let mut w = Vec::with_capacity(256);
+    if let Some(pool) = pool {
+        digest_lines(pool, &mut w);
+    }
     for p in env.plugins() {
         let m = p.manifest();
         w.extend_from_slice(b"\nplugin ");

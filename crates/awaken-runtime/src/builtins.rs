@@ -17,6 +17,28 @@ use serde::{Deserialize, Serialize};
 pub const LOOP_ACTIONS_PLUGIN: &str = "awaken.loop_actions";
 /// Id of the stop-conditions plugin.
 pub const STOP_CONDITIONS_PLUGIN: &str = "awaken.stop_conditions";
+/// Id of the plugin holding the model pool a run started on (only agents on a pool have it).
+pub const MODEL_POOL_PLUGIN: &str = "awaken.model_pool";
+
+/// Registers [`crate::pool::ModelPoolKey`]: a built-in of agents whose model is a pool only, so
+/// other runs' state has one key fewer to index.
+struct ModelPoolPlugin {
+    manifest: PluginManifest,
+}
+
+impl Plugin for ModelPoolPlugin {
+    fn manifest(&self) -> &PluginManifest {
+        &self.manifest
+    }
+
+    fn lifecycle_hooks(&self) -> LifecycleHooks {
+        LifecycleHooks::NONE
+    }
+
+    fn register(&self, r: &mut PluginRegistrar) -> Result<(), PluginError> {
+        r.register_key::<crate::pool::ModelPoolKey>(KeyOptions::new().with_scope(KeyScope::Run))
+    }
+}
 
 /// What `BeforeInference` actions asked for the current step. Directives of an earlier step
 /// are discarded by the reducer, so nothing leaks into the next step.
@@ -426,6 +448,7 @@ impl Plugin for StopConditionsPlugin {
 pub struct RuntimeBuiltins {
     loop_actions: Arc<dyn Plugin>,
     stop_conditions: Arc<dyn Plugin>,
+    model_pool: Arc<dyn Plugin>,
     /// Where a context policy's summary model and its provider are looked up (none: a policy
     /// with a compaction threshold fails resolution).
     registries: Option<Arc<awaken_resolver::Registries>>,
@@ -438,6 +461,9 @@ impl Default for RuntimeBuiltins {
         Self {
             loop_actions: Arc::new(LoopActionsPlugin::default()),
             stop_conditions: Arc::new(StopConditionsPlugin::default()),
+            model_pool: Arc::new(ModelPoolPlugin {
+                manifest: PluginManifest::new(MODEL_POOL_PLUGIN),
+            }),
             registries: None,
             estimator: Arc::new(awaken_context::DefaultEstimator),
         }
@@ -461,16 +487,29 @@ impl RuntimeBuiltins {
     }
 }
 
-/// The summary models of a context policy, looked up in the runtime's registries.
+/// The summary models of a context policy, looked up in the runtime's registries: a model, or
+/// a model pool (resolved as for an agent, to the same pool).
 struct SummaryModelsIn<'a>(Option<&'a awaken_resolver::Registries>);
 
 impl awaken_context::SummaryModels for SummaryModelsIn<'_> {
     fn model(&self, id: &str) -> Option<ModelSpec> {
-        self.0?.model(id).map(|m| (*m).clone())
+        let registries = self.0?;
+        match registries.model_pool(id) {
+            // A pool that cannot be built is reported by validation with its reason.
+            Some(_) => registries
+                .resolve_model(id)
+                .ok()
+                .map(|resolved| (*resolved.spec).clone()),
+            None => registries.model(id).map(|m| (*m).clone()),
+        }
     }
 
-    fn executor(&self, provider_id: &str) -> Option<Arc<dyn awaken_llm::LlmExecutor>> {
-        self.0?.provider(provider_id)
+    fn executor(&self, model: &ModelSpec) -> Option<Arc<dyn awaken_llm::LlmExecutor>> {
+        let registries = self.0?;
+        match registries.model_pool(&model.id) {
+            Some(_) => registries.resolve_model(&model.id).ok().map(|r| r.executor),
+            None => registries.provider(&model.provider),
+        }
     }
 }
 
@@ -481,6 +520,11 @@ impl BuiltinPlugins for RuntimeBuiltins {
         model: &ModelSpec,
     ) -> Result<Vec<Arc<dyn Plugin>>, String> {
         let mut plugins = vec![self.loop_actions.clone(), self.stop_conditions.clone()];
+        if let Some(registries) = &self.registries
+            && registries.model_pool(&model.id).is_some()
+        {
+            plugins.push(self.model_pool.clone());
+        }
         if spec.context_policy.is_some() {
             let models = SummaryModelsIn(self.registries.as_deref());
             let context = awaken_context::ContextPlugins::for_agent(

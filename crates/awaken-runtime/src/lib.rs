@@ -18,7 +18,8 @@
 //! leases; delegates run as child runs; endpoint-backed agents run through their execution
 //! backend. A run with a profile id sees the profile's keys and writes them with version
 //! guards; a write refused because another thread changed the key is redone on the fresh
-//! value.
+//! value. A run on a model pool records the pool's members ([`ModelPoolKey`]), and its resume
+//! or recovery runs on those members even when the pool has changed since.
 //!
 //! The code follows an activation's stages: `activation` loads the stored thread, decides
 //! between a new run, a resume and a recovery, and builds the run; `run` drives it (the step
@@ -43,6 +44,7 @@ mod inner;
 mod intercept;
 mod outcome;
 mod permission;
+mod pool;
 mod progress;
 mod repair;
 mod request;
@@ -67,6 +69,7 @@ pub use ids::{IdSource, SequentialIds, SystemIds};
 pub use intercept::{CallIntercept, CallInterceptKey, InterceptHandler, InterceptToolCall};
 pub use outcome::{RecoveredRun, RunOutcome};
 pub use permission::{PERMISSION_PLUGIN, PermissionGate, PermissionPlugin, PermissionRefusal};
+pub use pool::ModelPoolKey;
 pub use request::{RecoverConfig, RunActivation};
 pub use resume::{DecisionError, DecisionsUpdate, Resume, ResumeDecisionsKey};
 pub use runtime::AgentRuntime;

@@ -1,8 +1,8 @@
-//! What users configure, as serde data: [`AgentSpec`], [`ModelSpec`], [`ContextPolicy`],
-//! [`InferenceOverride`] with its layered merge, stop conditions, tool catalog rules,
-//! [`PermissionConfig`] (the `permission` section's typed form), [`RetryConfig`] and config
-//! [`Sections`]. Every struct rejects unknown fields; validation names the field that is wrong.
-//! TOML and JSON both parse.
+//! What users configure, as serde data: [`AgentSpec`], [`ModelSpec`], [`ModelPoolSpec`],
+//! [`ContextPolicy`], [`InferenceOverride`] with its layered merge, stop conditions, tool
+//! catalog rules, [`PermissionConfig`] (the `permission` section's typed form), [`RetryConfig`]
+//! and config [`Sections`]. Every struct rejects unknown fields; validation names the field
+//! that is wrong. TOML and JSON both parse.
 //!
 //! This crate must never execute anything or do IO: it is data, parsing and validation.
 
@@ -14,6 +14,7 @@ mod glob;
 mod inference;
 mod model;
 mod permission;
+mod pool;
 mod sections;
 
 pub use agent::{AgentSpec, DEFAULT_MAX_ROUNDS, EndpointSpec, StopConditionSpec};
@@ -26,5 +27,8 @@ pub use model::{KnowledgeCutoff, Modality, ModelSpec, TokenPrices};
 pub use permission::{
     ArgMatcher, Comparison, PERMISSION_SECTION, PermissionConfig, PermissionDecision,
     PermissionRule, json_equal,
+};
+pub use pool::{
+    DEFAULT_COOL_DOWN, DEFAULT_FAILURES_TO_OPEN, ModelPoolSpec, PoolBreakerSpec, PoolMemberSpec,
 };
 pub use sections::{RETRY_SECTION, RetryConfig, Sections};

@@ -894,3 +894,112 @@ fn the_anthropic_example_validates_without_a_key_and_sends_nothing() {
     );
     assert_never_contacted(&listener);
 }
+
+/// An agent file in `dir` whose agent runs on the pool `smart` of two OpenAI-compatible
+/// models, `first` at `first_url` and `second` (fallback-only, so always tried second) at
+/// `second_url`; `member` is the pool's second member entry.
+fn pool_agent(dir: &Path, first_url: &str, second_url: &str, member: &str) -> PathBuf {
+    let path = dir.join("pool.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[agent]\nid = \"pooled\"\nmodel = \"smart\"\n\n\
+             [[models]]\nid = \"first\"\nupstream_model = \"model-one\"\n\
+             [models.provider]\nkind = \"openai\"\nbase_url = {first_url:?}\n\n\
+             [[models]]\nid = \"second\"\nupstream_model = \"model-two\"\n\
+             [models.provider]\nkind = \"openai\"\nbase_url = {second_url:?}\n\n\
+             [[model_pools]]\nid = \"smart\"\n\
+             members = [{{ model = \"first\" }}, {member}]\n"
+        ),
+    )
+    .expect("write the agent");
+    path
+}
+
+#[test]
+fn a_pool_answers_from_its_second_server_when_the_first_is_rate_limited() {
+    let dir = temp_dir("providers-pool");
+    let rate_limited = http_status(
+        "429 Too Many Requests",
+        "",
+        "application/json",
+        r#"{"error":{"message":"slow down","type":"rate_limit_error"}}"#,
+    );
+    let (first, first_requests) = serve(vec![rate_limited]);
+    let (second, second_requests) = serve(vec![sse_text("From the second server.")]);
+    let agent = pool_agent(
+        &dir,
+        &format!("{first}/v1"),
+        &format!("{second}/v1"),
+        "{ model = \"second\", fallback_only = true }",
+    );
+    let out = output_guarded(run_command(&agent));
+    expect_code(&out, 0);
+    assert!(
+        text(&out.stdout).contains("From the second server."),
+        "{}",
+        text(&out.stdout)
+    );
+    // Each server was asked once, for its own model; the 429 was not retried on the first
+    // server but failed over at once.
+    let model = |r: &Received| {
+        serde_json::from_str::<Value>(&r.body).expect("a JSON body")["model"].clone()
+    };
+    let first_requests = received(&first_requests);
+    let second_requests = received(&second_requests);
+    assert_eq!(first_requests.len(), 1);
+    assert_eq!(model(&first_requests[0]), "model-one");
+    assert_eq!(second_requests.len(), 1);
+    assert_eq!(model(&second_requests[0]), "model-two");
+    let stderr = text(&out.stderr);
+    let failover = stderr
+        .lines()
+        .find(|l| l.contains("model pool member failed; trying the next"))
+        .unwrap_or_else(|| panic!("a failover warning: {stderr}"));
+    assert!(
+        failover.contains("member=first") && failover.contains("slow down"),
+        "{failover}"
+    );
+    assert!(!stderr.contains("retrying inference"), "{stderr}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn validate_names_the_file_and_field_of_a_pool_member_that_is_no_model() {
+    let dir = temp_dir("providers-pool-validate");
+    let agent = pool_agent(
+        &dir,
+        "http://127.0.0.1:9/v1",
+        "http://127.0.0.1:9/v1",
+        "{ model = \"ghost\" }",
+    );
+    let out = awaken(&["validate", "--agent", path_str(&agent)]);
+    expect_code(&out, 2);
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "{}: model_pools[0].members[1].model: `ghost` is not a model of this file (its models: `first`, `second`)",
+            agent.display()
+        )),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn the_pool_example_validates_offline() {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    let url = format!("http://{}", listener.local_addr().expect("address"));
+    let agent = repo().join("examples/agents/pool.toml");
+    let out = awaken_env(
+        &["validate", "--agent", path_str(&agent)],
+        &[("HTTP_PROXY", &url), ("HTTPS_PROXY", &url)],
+    );
+    expect_code(&out, 0);
+    assert!(
+        text(&out.stdout).starts_with("agent `pooled` resolves"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_never_contacted(&listener);
+}

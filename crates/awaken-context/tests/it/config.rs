@@ -22,8 +22,8 @@ impl SummaryModels for Models {
             _ => None,
         }
     }
-    fn executor(&self, provider_id: &str) -> Option<Arc<dyn LlmExecutor>> {
-        (provider_id == "scripted").then(|| {
+    fn executor(&self, model: &ModelSpec) -> Option<Arc<dyn LlmExecutor>> {
+        (model.provider == "scripted").then(|| {
             Arc::new(ScriptedExecutor::from_turns([]).expect("script")) as Arc<dyn LlmExecutor>
         })
     }

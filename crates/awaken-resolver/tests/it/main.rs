@@ -2,5 +2,6 @@
 
 mod catalog;
 mod cycles;
+mod pools;
 mod resolve;
 mod support;

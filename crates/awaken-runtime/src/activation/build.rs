@@ -22,6 +22,7 @@ use crate::durable::profile::ProfileJournal;
 use crate::error::RunError;
 use crate::inner::RuntimeInner;
 use crate::outcome::RunOutcome;
+use crate::pool::{ModelPoolKey, recorded_pool};
 use crate::repair::repair_history;
 use crate::run::lifecycle::Opening;
 use crate::run::{Run, RunParts};
@@ -61,7 +62,21 @@ pub(super) async fn build<'a>(
         parent_run_id,
         lease,
     } = decide(rt, *start, &thread_id, &mut stored, &mut notes).await?;
-    let resolved = match rt.resolver.plan(&agent_id)? {
+    // A continued run keeps the model pool members it started with; a run that has none
+    // recorded records the members it resolves to. (In a block: the recorded members are not
+    // held across the activation's awaits.)
+    let (plan, records_pool) = {
+        let recorded = match &continued {
+            Some(c) => recorded_pool(&c.run_state).map_err(|source| RunError::State {
+                thread_id: thread_id.clone(),
+                source,
+            })?,
+            None => None,
+        };
+        let plan = rt.resolver.plan_with_pool(&agent_id, recorded.as_ref())?;
+        (plan, recorded.is_none())
+    };
+    let resolved = match plan {
         ResolvedRunPlan::Local(agent) => agent,
         ResolvedRunPlan::Backend(b) if continued.is_none() => {
             // An endpoint-backed agent: its backend runs the activation (and keeps its thread).
@@ -205,6 +220,15 @@ pub(super) async fn build<'a>(
                 source,
             })?;
     }
+    if records_pool && let Some(pool) = &resolved.pool {
+        // After the commit writer's baseline too: the run's next commit records the members.
+        state
+            .update::<ModelPoolKey>((**pool).clone())
+            .map_err(|source| RunError::State {
+                thread_id: identity.thread_id.clone(),
+                source,
+            })?;
+    }
     let engine = PhaseEngine::new(state, resolved.env.phase_env().clone());
     if resumed {
         // Actions queued before the wait whose handler the re-resolved agent no longer has.
@@ -234,6 +258,7 @@ pub(super) async fn build<'a>(
         messages,
         run_override: inference,
         lifecycle: rt.lifecycle.clone(),
+        span_content: rt.span_content,
         durable,
         batch,
         resume: how,

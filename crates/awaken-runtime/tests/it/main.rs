@@ -21,6 +21,7 @@ mod lifecycle;
 mod one_run;
 mod permission;
 mod plugin_panics;
+mod pools;
 mod profile;
 mod recovery;
 mod scenarios;

@@ -3,3 +3,4 @@
 mod agent;
 mod merge;
 mod permission;
+mod pool;
