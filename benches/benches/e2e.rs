@@ -8,15 +8,19 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a benchmark program reports on stdout
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use awaken_benches::{LoopModel, activation, agent_builder, loop_spec, throughput};
+use awaken_benches::{LoopModel, OtlpSink, activation, agent_builder, loop_spec, throughput};
 use awaken_phase::{FnHook, Phase, PhaseContext};
 use awaken_plugin::{Plugin, PluginError, PluginManifest, PluginRegistrar};
 use awaken_runtime::AgentRuntime;
 use awaken_state::{KeyOptions, StateCommand, StateError, StateKey};
 use awaken_store::{SqliteConfig, SqliteStore, Synchronous, ThreadStore};
+use prost::Message as _;
 use serde_json::{Value, json};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::{Layer, Registry};
 
 macro_rules! keys {
     ($($name:ident = $key:literal),*) => {
@@ -147,6 +151,85 @@ fn us_per_step(
     }
 }
 
+/// What [`otel_us_per_step`] measured.
+struct Exported {
+    /// The median window's microseconds per step, with the export installed.
+    us_per_step: f64,
+    /// The spans a step makes (under the export's filter).
+    spans_per_step: f64,
+    /// The spans the receiver got, and the spans the runs made.
+    received: usize,
+    made: usize,
+}
+
+/// Counts the spans created while it is the default subscriber.
+struct SpanCount(Arc<AtomicUsize>);
+
+impl<S: tracing::Subscriber> Layer<S> for SpanCount {
+    fn on_new_span(
+        &self,
+        _attrs: &tracing::span::Attributes<'_>,
+        _id: &tracing::span::Id,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// [`us_per_step`] with the OTLP export as the default subscriber (the layer under
+/// `awaken_otel::default_filter`, as the command installs it), its batches sent to an OTLP
+/// receiver on loopback; with the spans a step makes and how many the receiver got.
+fn otel_us_per_step(
+    rt: &tokio::runtime::Runtime,
+    runtime: &AgentRuntime,
+    n: usize,
+    runs: usize,
+    windows: usize,
+) -> Exported {
+    let counted = Arc::new(AtomicUsize::new(0));
+    {
+        let counter = SpanCount(counted.clone()).with_filter(awaken_otel::default_filter());
+        let _default = tracing::subscriber::set_default(Registry::default().with(counter));
+        rt.block_on(runtime.run_to_completion(activation()))
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let per_run = counted.load(Ordering::Relaxed);
+    let sink = OtlpSink::start();
+    let config = awaken_otel::OtelConfig::new(&sink.endpoint).unwrap_or_else(|e| panic!("{e}"));
+    let (layer, guard) = awaken_otel::layer::<Registry>(&config).unwrap_or_else(|e| panic!("{e}"));
+    let measured = {
+        let subscriber = Registry::default().with(layer.with_filter(awaken_otel::default_filter()));
+        let _default = tracing::subscriber::set_default(subscriber);
+        us_per_step(rt, runtime, n, runs, windows)
+    };
+    guard.shutdown().unwrap_or_else(|e| panic!("{e}"));
+    // The callsites cached the export's interest; the workloads after this one run without.
+    tracing::callsite::rebuild_interest_cache();
+    let received = sink
+        .take_traces()
+        .iter()
+        .map(|body| {
+            let request = opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest::decode(
+                body.as_slice(),
+            )
+            .unwrap_or_else(|e| panic!("a traces request decodes: {e}"));
+            request
+                .resource_spans
+                .iter()
+                .flat_map(|r| &r.scope_spans)
+                .map(|s| s.spans.len())
+                .sum::<usize>()
+        })
+        .sum();
+    Exported {
+        us_per_step: measured.us_per_step,
+        spans_per_step: per_run as f64 / n as f64,
+        received,
+        // The measured runs and the warm-up run.
+        made: per_run * (runs * windows + 1),
+    }
+}
+
 /// The process's minor page faults so far (`/proc/self/stat`, the tenth field).
 fn minor_faults() -> Option<u64> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
@@ -176,13 +259,32 @@ fn main() {
     let want = |name: &str| name.starts_with(only.as_str());
 
     let loop5 = runtime(5, 0, None);
+    // The figure without the export, for the cost per exported span.
+    let mut loop5_plain = None;
     if want("e2e/loop5_us_per_step") {
         let loop5_seq = us_per_step(&current, &loop5, 5, scale(2000, 20), windows);
         add("e2e/loop5_us_per_step", loop5_seq.us_per_step, "us");
+        loop5_plain = Some(loop5_seq.us_per_step);
         // A diagnostic figure without a target: heap faulted in a page at a time, a cost no
         // instruction count shows.
         if let Some(f) = loop5_seq.faults_per_run {
             add("e2e/loop5_page_faults_per_run", f, "faults");
+        }
+    }
+    if want("e2e/loop5_us_per_step_otel") {
+        let otel = otel_us_per_step(&current, &loop5, 5, scale(2000, 20), windows);
+        add("e2e/loop5_us_per_step_otel", otel.us_per_step, "us");
+        println!(
+            "  (spans per step: {:.1}; received {} of {} spans)",
+            otel.spans_per_step, otel.received, otel.made
+        );
+        if let Some(plain) = loop5_plain {
+            println!(
+                "  (cost per exported span: {:.2} us = (otel - plain) us per step / spans per step; \
+                 {:.2}x the figure without the export)",
+                (otel.us_per_step - plain) / otel.spans_per_step,
+                otel.us_per_step / plain
+            );
         }
     }
     if want("e2e/loop257_us_per_step") {

@@ -238,3 +238,88 @@ pub fn throughput(runtime: &AgentRuntime, inflight: usize, total: usize) -> Thro
         peak_inflight: peak as usize,
     }
 }
+
+/// An OTLP/HTTP receiver on 127.0.0.1 for the export benchmark: a thread of its own answers
+/// every request 200 over keep-alive connections and keeps the bodies of `/v1/traces` (read
+/// after the measurement, so decoding takes no time from it).
+pub struct OtlpSink {
+    /// `http://127.0.0.1:<port>`: the base URL of both signals.
+    pub endpoint: String,
+    traces: Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
+}
+
+impl OtlpSink {
+    /// Starts the receiver (it lives as long as the process).
+    pub fn start() -> OtlpSink {
+        let traces: Arc<std::sync::Mutex<Vec<Vec<u8>>>> = Arc::default();
+        let kept = traces.clone();
+        let (bound_tx, bound_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap_or_else(|e| panic!("{e}"));
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+                let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+                let _ = bound_tx.send(addr);
+                while let Ok((socket, _)) = listener.accept().await {
+                    tokio::spawn(answer(socket, kept.clone()));
+                }
+            });
+        });
+        let addr = bound_rx.recv().unwrap_or_else(|e| panic!("{e}"));
+        OtlpSink {
+            endpoint: format!("http://{addr}"),
+            traces,
+        }
+    }
+
+    /// The bodies of the traces requests received so far, taken out.
+    pub fn take_traces(&self) -> Vec<Vec<u8>> {
+        std::mem::take(&mut *self.traces.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// Answers the requests of one connection: reads each head and `content-length` body, keeps
+/// the traces bodies, answers 200 with no body.
+async fn answer(mut socket: tokio::net::TcpStream, traces: Arc<std::sync::Mutex<Vec<Vec<u8>>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
+    loop {
+        let head_end = loop {
+            if let Some(i) = memchr::memmem::find(&buf, b"\r\n\r\n") {
+                break i + 4;
+            }
+            match socket.read_buf(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+        let traces_request = head.starts_with("post /v1/traces ");
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        while buf.len() < head_end + length {
+            match socket.read_buf(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+        if traces_request {
+            let body = buf[head_end..head_end + length].to_vec();
+            traces.lock().unwrap_or_else(|e| e.into_inner()).push(body);
+        }
+        buf.drain(..head_end + length);
+        let ok =
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
+        if socket.write_all(ok).await.is_err() {
+            return;
+        }
+    }
+}

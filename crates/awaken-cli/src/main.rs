@@ -81,7 +81,8 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    log::init(&args);
+    // Kept to the end of the command: dropping it sends the spans not exported yet.
+    let _telemetry = log::init(&args);
     let result = (|| -> Result<u8, Exit> {
         // The server answers requests while runs go on, so it gets worker threads; the other
         // commands drive one activation at a time.

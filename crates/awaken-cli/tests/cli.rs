@@ -14,6 +14,9 @@ use serde_json::Value;
 
 #[path = "cli/commands.rs"]
 mod commands;
+#[cfg(feature = "otel")]
+#[path = "cli/otel.rs"]
+mod otel;
 #[path = "cli/providers.rs"]
 mod providers;
 #[path = "cli/serve.rs"]

@@ -8,7 +8,7 @@ use awaken_plugin::{LifecycleDispatcher, Plugin, PluginRegistry};
 use awaken_resolver::{
     ExecutionBackend, RegistrationError, Registries, Resolver, ValidationFailed,
 };
-use awaken_spec::{AgentSpec, ModelSpec};
+use awaken_spec::{AgentSpec, ModelPoolSpec, ModelSpec};
 use awaken_store::{MemoryStore, ThreadStore};
 use awaken_tool::Tool;
 
@@ -48,6 +48,8 @@ pub struct AgentRuntimeBuilder {
     worker: Option<Worker>,
     /// The deepest a delegate's child run may be below its root run.
     max_delegation_depth: u32,
+    /// Whether `chat` spans record message content.
+    span_content: bool,
 }
 
 impl Default for AgentRuntimeBuilder {
@@ -71,6 +73,7 @@ impl AgentRuntimeBuilder {
             backends: Vec::new(),
             worker: None,
             max_delegation_depth: DEFAULT_MAX_DELEGATION_DEPTH,
+            span_content: false,
         }
     }
 
@@ -97,6 +100,14 @@ impl AgentRuntimeBuilder {
     /// Adds a model.
     pub fn with_model(mut self, model: ModelSpec) -> Self {
         self.registries.add_model(model);
+        self
+    }
+
+    /// Adds a model pool: agents and context policies name it like a model. It is built once,
+    /// so its breakers see every run of the runtime; a run records its members when it starts,
+    /// and its resume or recovery runs on those members even if the pool has changed since.
+    pub fn with_model_pool(mut self, pool: ModelPoolSpec) -> Self {
+        self.registries.add_model_pool(pool);
         self
     }
 
@@ -146,6 +157,16 @@ impl AgentRuntimeBuilder {
     /// the limit. 0 turns delegation off.
     pub fn with_max_delegation_depth(mut self, depth: u32) -> Self {
         self.max_delegation_depth = depth;
+        self
+    }
+
+    /// Makes each inference's `chat` span record the messages sent and received, as the
+    /// OpenTelemetry GenAI conventions' `gen_ai.input.messages`, `gen_ai.output.messages` and
+    /// `gen_ai.system_instructions` (JSON). Off by default: message content (the user's, the
+    /// model's, tool arguments and results, the system prompt) is then on no span, and costs
+    /// nothing. Turn on only where the spans' destination may hold that content.
+    pub fn with_span_content(mut self, on: bool) -> Self {
+        self.span_content = on;
         self
     }
 
@@ -216,6 +237,7 @@ impl AgentRuntimeBuilder {
             lifecycle: LifecycleDispatcher::default(),
             active: Arc::default(),
             worker: self.worker,
+            span_content: self.span_content,
         });
         delegates.bind(&inner);
         AgentRuntime::from_inner(inner)

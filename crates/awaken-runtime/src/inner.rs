@@ -24,6 +24,8 @@ pub(crate) struct RuntimeInner {
     pub(crate) active: Arc<ActiveRuns>,
     /// This runtime's worker identity: set, every run it drives holds a lease.
     pub(crate) worker: Option<Worker>,
+    /// Whether `chat` spans record message content (`with_span_content`).
+    pub(crate) span_content: bool,
 }
 
 /// A worker identity for leases.

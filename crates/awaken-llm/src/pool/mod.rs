@@ -16,6 +16,7 @@ use std::time::Duration;
 use futures_core::Stream;
 use futures_util::StreamExt;
 use futures_util::stream;
+use tracing::Instrument;
 
 use crate::error::InferenceExecutionError;
 use crate::event::{LlmEventStream, LlmStreamEvent};
@@ -239,6 +240,12 @@ pub fn pool_context_window(member_windows: impl IntoIterator<Item = Option<u64>>
 ///
 /// Retrying belongs around the pool ([`crate::RetryingExecutor`] wrapping it), not around its
 /// members: a member that retries delays the failover by its backoffs.
+///
+/// In a pool of several members, each member tried gets a `chat` span inside the caller's
+/// (`otel.name` = `chat {upstream model}`, `gen_ai.provider.name` = the member executor's
+/// name, `gen_ai.request.model` = its upstream model, `awaken.pool.member` = its id, and
+/// `error.type` when its attempt failed): the answering member's span lasts until its stream
+/// ends. Nothing is recorded when no subscriber listens.
 pub struct ModelPool {
     shared: Arc<Shared>,
     clock: Arc<dyn PoolClock>,
@@ -416,6 +423,8 @@ impl LlmExecutor for ModelPool {
         let shared = Arc::clone(&self.shared);
         let clock = Arc::clone(&self.clock);
         let first = async move {
+            // One member: its attempt is the whole request, already the caller's span.
+            let several = shared.members.len() > 1;
             let mut failed_over = Vec::new();
             let mut last_error = None;
             let mut reopens_in: Option<Duration> = None;
@@ -441,8 +450,13 @@ impl LlmExecutor for ModelPool {
                     admission,
                     settled: false,
                 };
+                let span = if several {
+                    attempt_span(member)
+                } else {
+                    tracing::Span::none()
+                };
                 let mut attempt = member.executor.execute_stream(member.request_for(&request));
-                let error = match attempt.next().await {
+                let error = match attempt.next().instrument(span.clone()).await {
                     Some(Ok(event)) => {
                         let route = PoolRoute {
                             pool: Arc::clone(&shared.id),
@@ -456,6 +470,7 @@ impl LlmExecutor for ModelPool {
                             rest: attempt,
                             ticket,
                             done: false,
+                            span,
                         }
                         .boxed();
                     }
@@ -466,6 +481,8 @@ impl LlmExecutor for ModelPool {
                     )),
                 };
                 drop(attempt);
+                span.record("error.type", attempt_error_type(&error));
+                drop(span);
                 if !is_failover_error(&error) {
                     // The request's own fault or a cancellation: the member is not to blame,
                     // and another member would answer the same.
@@ -492,6 +509,43 @@ impl LlmExecutor for ModelPool {
             stream::once(async move { Err(error) }).boxed()
         };
         stream::once(first).flatten().boxed()
+    }
+}
+
+/// The span of one member's attempt (see [`ModelPool`]).
+fn attempt_span(member: &PoolMember) -> tracing::Span {
+    let model = &*member.upstream_model;
+    tracing::info_span!(
+        "chat",
+        otel.name = %format_args!("chat {model}"),
+        gen_ai.operation.name = "chat",
+        gen_ai.provider.name = member.executor.name(),
+        gen_ai.request.model = model,
+        awaken.pool.member = &*member.id,
+        error.type = tracing::field::Empty,
+    )
+}
+
+/// The `error.type` of a failed attempt: the kind of error, in snake case.
+fn attempt_error_type(error: &InferenceExecutionError) -> &'static str {
+    use InferenceExecutionError as E;
+    match error {
+        E::RateLimited { .. } => "rate_limited",
+        E::Overloaded { .. } => "overloaded",
+        E::Timeout { .. } => "timeout",
+        E::StreamInterrupted { .. } => "stream_interrupted",
+        E::ServerError { .. } => "server_error",
+        E::Connection { .. } => "connection",
+        E::InvalidRequest { .. } => "invalid_request",
+        E::Unauthorized { .. } => "unauthorized",
+        E::ModelNotFound { .. } => "model_not_found",
+        E::EndpointNotFound { .. } => "endpoint_not_found",
+        E::ContextOverflow { .. } => "context_overflow",
+        E::ContentFiltered { .. } => "content_filtered",
+        E::MalformedResponse { .. } => "malformed_response",
+        E::ScriptExhausted { .. } => "script_exhausted",
+        E::Config { .. } => "config",
+        E::Cancelled => "cancelled",
     }
 }
 
@@ -557,6 +611,8 @@ struct RoutedStream {
     rest: LlmEventStream,
     ticket: Ticket,
     done: bool,
+    /// The member's attempt span: entered while its stream is polled, closed with it.
+    span: tracing::Span,
 }
 
 impl Stream for RoutedStream {
@@ -572,7 +628,7 @@ impl Stream for RoutedStream {
         }
         let item = match this.first.take() {
             Some(event) => Some(Ok(event)),
-            None => match this.rest.as_mut().poll_next(cx) {
+            None => match this.span.in_scope(|| this.rest.as_mut().poll_next(cx)) {
                 Poll::Ready(item) => item,
                 Poll::Pending => return Poll::Pending,
             },
@@ -581,7 +637,10 @@ impl Stream for RoutedStream {
             Some(Ok(LlmStreamEvent::Stop(_))) => this.ticket.settle(Outcome::Success),
             Some(Ok(_)) => {}
             Some(Err(error)) if error.is_cancelled() => this.ticket.settle(Outcome::Neutral),
-            Some(Err(_)) => this.ticket.settle(Outcome::Failure),
+            Some(Err(error)) => {
+                this.span.record("error.type", attempt_error_type(error));
+                this.ticket.settle(Outcome::Failure);
+            }
             None => {
                 this.done = true;
                 // Ended without a stop: interrupted (a no-op when it did stop).

@@ -935,3 +935,144 @@ proptest! {
         }
     }
 }
+
+/// What a span layer saw, as a log: spans opened (with their parent and fields), fields
+/// recorded later, and spans closed, by name and pool member.
+#[derive(Clone, Default)]
+struct SpanLog(Arc<Mutex<Vec<String>>>);
+
+struct Fields(String);
+
+impl tracing::field::Visit for Fields {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        let _ = write!(self.0, " {}={value}", field.name());
+    }
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        let _ = write!(self.0, " {}={value:?}", field.name());
+    }
+}
+
+impl SpanLog {
+    fn push(&self, line: String) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+    }
+
+    fn render(&self) -> String {
+        let lines = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        lines.iter().map(|l| format!("{l}\n")).collect()
+    }
+}
+
+/// Names a span by its name and, for an attempt, its member.
+fn label<S>(span: &tracing_subscriber::registry::SpanRef<'_, S>) -> String
+where
+    S: for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    let member = span.extensions().get::<Member>().map(|m| m.0.clone());
+    match member {
+        Some(m) => format!("{} ({m})", span.name()),
+        None => span.name().to_owned(),
+    }
+}
+
+/// The pool member an attempt span is for.
+struct Member(String);
+
+impl<S> tracing_subscriber::Layer<S> for SpanLog
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let mut fields = Fields(String::new());
+        attrs.record(&mut fields);
+        let Some(span) = ctx.span(id) else { return };
+        if let Some(m) = fields.0.split(" awaken.pool.member=").nth(1) {
+            let m = m.split(' ').next().unwrap_or_default().to_owned();
+            span.extensions_mut().insert(Member(m));
+        }
+        let parent = span.parent().map_or("-".to_owned(), |p| label(&p));
+        self.push(format!("open {} <- {parent}:{}", span.name(), fields.0));
+    }
+
+    fn on_record(
+        &self,
+        id: &tracing::span::Id,
+        values: &tracing::span::Record<'_>,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let mut fields = Fields(String::new());
+        values.record(&mut fields);
+        if let Some(span) = ctx.span(id) {
+            self.push(format!("record {}:{}", label(&span), fields.0));
+        }
+    }
+
+    fn on_close(&self, id: tracing::span::Id, ctx: tracing_subscriber::layer::Context<'_, S>) {
+        if let Some(span) = ctx.span(&id) {
+            self.push(format!("close {}", label(&span)));
+        }
+    }
+}
+
+/// Drains `pool`'s answer to `req` inside a `caller` span with [`SpanLog`] as the default
+/// subscriber; the items rendered, then the span log.
+async fn traced_run(pool: &ModelPool, req: InferenceRequest) -> String {
+    use tracing::Instrument;
+    use tracing_subscriber::layer::SubscriberExt;
+    let log = SpanLog::default();
+    let _default =
+        tracing::subscriber::set_default(tracing_subscriber::Registry::default().with(log.clone()));
+    // A call site first reached by a test beside this one while the subscriber was being set
+    // may be cached as disabled: asked again, it is enabled for this thread.
+    tracing::callsite::rebuild_interest_cache();
+    let items = render_run(pool, req)
+        .instrument(tracing::info_span!("caller"))
+        .await;
+    format!("{items}--\n{}", log.render())
+}
+
+#[tokio::test]
+async fn each_attempt_of_a_pool_of_several_members_is_a_child_span() {
+    let limited = Failing::new(rate_limited_429);
+    let members = vec![
+        member("a", limited),
+        scripted_member("b", &texts("answer", 1)).fallback_only(),
+    ];
+    let pool = make_pool(members, BreakerPolicy::default());
+    expect_test::expect![[r#"
+        routed b model=b-model | passed a: Retryable rate limited by the provider: slow down
+        text "answer"
+        stop EndTurn
+        --
+        open caller <- -:
+        open chat <- caller: otel.name=chat a-model gen_ai.operation.name=chat gen_ai.provider.name=failing gen_ai.request.model=a-model awaken.pool.member=a
+        record chat (a): error.type=rate_limited
+        close chat (a)
+        open chat <- caller: otel.name=chat b-model gen_ai.operation.name=chat gen_ai.provider.name=scripted gen_ai.request.model=b-model awaken.pool.member=b
+        close chat (b)
+        close caller
+    "#]]
+    .assert_eq(&traced_run(&pool, keyed("thread-1")).await);
+}
+
+#[tokio::test]
+async fn a_pool_of_one_member_adds_no_span() {
+    let pool = make_pool(
+        vec![scripted_member("only", &texts("answer", 1))],
+        BreakerPolicy::default(),
+    );
+    expect_test::expect![[r#"
+        routed only model=only-model
+        text "answer"
+        stop EndTurn
+        --
+        open caller <- -:
+        close caller
+    "#]]
+    .assert_eq(&traced_run(&pool, keyed("thread-1")).await);
+}

@@ -47,12 +47,12 @@ impl Start {
     }
 
     /// The activation's span, `invoke_agent` with the OpenTelemetry GenAI attributes (the run
-    /// id, and the agent of a resumed or recovered run, recorded once known).
+    /// id, and the agent of a resumed or recovered run, recorded once the run is built).
     pub(super) fn span(&self) -> tracing::Span {
-        let (activation, agent, run_id) = match self {
-            Start::Fresh(act) => ("run", Some(&*act.agent_id), None),
-            Start::Resume(_) => ("resume", None, None),
-            Start::Recover(claimed, _) => ("recover", None, Some(&claimed.run_id)),
+        let (activation, agent) = match self {
+            Start::Fresh(act) => ("run", Some(&*act.agent_id)),
+            Start::Resume(_) => ("resume", None),
+            Start::Recover(..) => ("recover", None),
         };
         tracing::info_span!(
             "invoke_agent",
@@ -61,7 +61,7 @@ impl Start {
             gen_ai.agent.name = agent,
             gen_ai.conversation.id = %self.thread_id(),
             awaken.activation = activation,
-            run_id = run_id.map(tracing::field::display),
+            run_id = tracing::field::Empty,
         )
     }
 

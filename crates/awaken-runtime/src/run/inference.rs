@@ -6,14 +6,15 @@
 use std::sync::Arc;
 
 use awaken_event::{
-    AgentEvent, EventSink, History, InferenceResponse, Message, StopReason, ToolCallState,
-    ToolDescriptor, ToolResult,
+    AgentEvent, ContentBlock, EventSink, History, InferenceResponse, Message, Role, StopReason,
+    ToolCallState, ToolDescriptor, ToolResult,
 };
 use awaken_llm::{
     CancellableStream, ErrorClass, InferenceExecutionError, InferenceRequest, LlmStreamEvent,
 };
 use awaken_state::Snapshot;
 use futures_util::StreamExt;
+use serde_json::{Value, json};
 use tracing::Instrument;
 
 use crate::builtins::StepDirectives;
@@ -105,7 +106,8 @@ impl Run<'_> {
     }
 
     /// [`Run::stream_inference`] in a `chat` span with the OpenTelemetry GenAI attributes: the
-    /// provider and model asked, and the usage and finish reason of the answer.
+    /// provider and model asked, and the usage and finish reason of the answer; with the
+    /// runtime's `with_span_content`, the messages sent and received too.
     pub(super) async fn infer(
         &mut self,
         request: InferenceRequest,
@@ -124,7 +126,26 @@ impl Run<'_> {
             gen_ai.usage.output_tokens = tracing::field::Empty,
             gen_ai.conversation.id = %self.identity.thread_id,
             error.type = tracing::field::Empty,
+            gen_ai.system_instructions = tracing::field::Empty,
+            gen_ai.input.messages = tracing::field::Empty,
+            gen_ai.output.messages = tracing::field::Empty,
         );
+        // Rendered only when asked for and someone listens: no cost otherwise.
+        let content = self.span_content && !span.is_disabled();
+        if content {
+            if let Some(system) = &request.system_prompt {
+                let instructions = json!([{"type": "text", "content": &**system}]);
+                span.record(
+                    "gen_ai.system_instructions",
+                    instructions.to_string().as_str(),
+                );
+            }
+            let input: Vec<Value> = request.messages.iter().map(message_json).collect();
+            span.record(
+                "gen_ai.input.messages",
+                Value::Array(input).to_string().as_str(),
+            );
+        }
         let response = self
             .stream_inference(request)
             .instrument(span.clone())
@@ -138,6 +159,14 @@ impl Run<'_> {
             );
             span.record("gen_ai.usage.input_tokens", r.usage.input_tokens);
             span.record("gen_ai.usage.output_tokens", r.usage.output_tokens);
+            if content {
+                let mut output = message_json(&r.message);
+                output["finish_reason"] = finish_reason(r.stop_reason).into();
+                span.record(
+                    "gen_ai.output.messages",
+                    Value::Array(vec![output]).to_string().as_str(),
+                );
+            }
         }
         response
     }
@@ -308,6 +337,63 @@ fn finish_reason(reason: StopReason) -> &'static str {
         StopReason::ContentFiltered => "content_filter",
         StopReason::Other => "other",
     }
+}
+
+/// `message` in the shape of the GenAI conventions' message content: its role and its parts
+/// (text, reasoning, images by URI, tool calls, and a tool message's result as one
+/// `tool_call_response`).
+fn message_json(message: &Message) -> Value {
+    let role = match message.role {
+        Role::System => "system",
+        Role::User => "user",
+        Role::Assistant => "assistant",
+        Role::Tool => "tool",
+    };
+    let mut parts: Vec<Value> = Vec::new();
+    if message.role == Role::Tool {
+        let response = match &*message.content {
+            [ContentBlock::Json { value }] => (**value).clone(),
+            [ContentBlock::Text { text }] => Value::String(text.clone()),
+            blocks => Value::Array(blocks.iter().filter_map(part_json).collect()),
+        };
+        parts.push(json!({
+            "type": "tool_call_response",
+            "id": message.tool_call_id.as_ref().map(|id| id.as_str()),
+            "response": response,
+        }));
+    } else {
+        parts.extend(message.content.iter().filter_map(part_json));
+        for call in message.tool_calls.iter() {
+            let arguments = match &call.invalid_arguments {
+                Some(raw) => Value::String(raw.clone()),
+                None => (*call.arguments).clone(),
+            };
+            parts.push(json!({
+                "type": "tool_call",
+                "id": call.id.as_str(),
+                "name": call.name,
+                "arguments": arguments,
+            }));
+        }
+    }
+    json!({"role": role, "parts": parts})
+}
+
+/// One content block as a message part (`None` for what carries no content).
+fn part_json(block: &ContentBlock) -> Option<Value> {
+    Some(match block {
+        ContentBlock::Text { text } => json!({"type": "text", "content": text}),
+        ContentBlock::Reasoning { text } => json!({"type": "reasoning", "content": text}),
+        ContentBlock::Image { url, media_type } => {
+            let mut part = json!({"type": "uri", "modality": "image", "uri": url});
+            if let Some(media_type) = media_type {
+                part["mime_type"] = media_type.as_str().into();
+            }
+            part
+        }
+        ContentBlock::Json { value } => json!({"type": "json", "content": &**value}),
+        _ => return None,
+    })
 }
 
 /// The `error.type` of a failed inference: its class (`cancelled`, `retryable`, `permanent`).

@@ -55,6 +55,8 @@ pub(crate) struct Run<'a> {
     /// The agent's sections, shared by every phase context of the run.
     sections: Arc<Sections>,
     lifecycle: LifecycleDispatcher,
+    /// Whether the `chat` spans record message content.
+    span_content: bool,
     step: u32,
     /// The step count when this activation began (a resumed run continues its numbering).
     first_step: u32,
@@ -120,6 +122,8 @@ pub(crate) struct RunParts<'a> {
     pub(crate) messages: Vec<Message>,
     pub(crate) run_override: Option<Box<InferenceOverride>>,
     pub(crate) lifecycle: LifecycleDispatcher,
+    /// Whether the `chat` spans record message content.
+    pub(crate) span_content: bool,
     pub(crate) durable: Durable,
     /// The stored batch of the run it continues.
     pub(crate) batch: Option<ToolBatch>,
@@ -144,6 +148,7 @@ impl<'a> Run<'a> {
             messages,
             run_override,
             lifecycle,
+            span_content,
             durable,
             batch,
             resume,
@@ -195,6 +200,7 @@ impl<'a> Run<'a> {
             gates,
             sections,
             lifecycle,
+            span_content,
             step: 0,
             first_step: 0,
             response: None,
@@ -227,10 +233,13 @@ impl<'a> Run<'a> {
         run.first_step = run.step;
         let span = tracing::Span::current();
         if !span.is_disabled() {
-            let agent = &*run.identity.agent_id;
             span.record("run_id", tracing::field::display(&run.identity.run_id));
-            span.record("gen_ai.agent.name", agent);
-            span.record("otel.name", format!("invoke_agent {agent}").as_str());
+            if resumed {
+                // A fresh run's span was named with its agent when it began.
+                let agent = &*run.identity.agent_id;
+                span.record("gen_ai.agent.name", agent);
+                span.record("otel.name", format!("invoke_agent {agent}").as_str());
+            }
         }
         for message in messages {
             run.push_message(message);

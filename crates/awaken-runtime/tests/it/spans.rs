@@ -251,3 +251,70 @@ async fn a_step_answered_by_a_pool_member_records_that_member() {
         "{rendered}"
     );
 }
+
+/// The fields of the `chat` spans of a run with a tool call, with `with_span_content(content)`.
+async fn chat_fields(content: bool) -> Vec<BTreeMap<String, String>> {
+    let executor = ScriptedExecutor::from_turns(vec![
+        ScriptTurn::text("").with_tool_call(
+            ScriptToolCall::new("echo", json!({"text": "secret words"})).with_id("c1"),
+        ),
+        ScriptTurn::text("all done, secretly"),
+    ])
+    .expect("script");
+    let runtime = AgentRuntime::builder()
+        .with_ids(Arc::new(SequentialIds::default()))
+        .with_model(ModelSpec::new("model", "scripted", "upstream-model"))
+        .with_provider("scripted", Arc::new(executor))
+        .with_tool(Arc::new(Echo))
+        .with_agent_spec(AgentSpec::new("agent", "model").with_system_prompt("Be brief."))
+        .with_span_content(content)
+        .build()
+        .expect("runtime");
+    let (spans, _collecting) = collect();
+    let activation =
+        RunActivation::new(ThreadId::new("thread").expect("id"), "agent").with_user_message("hi");
+    let out = runtime
+        .run_to_completion(activation)
+        .await
+        .expect("the run starts");
+    assert_eq!(out.steps, 2);
+    let seen = spans.0.lock().expect("spans");
+    seen.iter()
+        .filter(|s| s.name == "chat")
+        .map(|s| s.fields.clone())
+        .collect()
+}
+
+#[tokio::test]
+async fn message_content_is_on_chat_spans_only_with_the_opt_in() {
+    let keys = [
+        "gen_ai.input.messages",
+        "gen_ai.output.messages",
+        "gen_ai.system_instructions",
+    ];
+    for fields in chat_fields(false).await {
+        for key in keys {
+            assert!(
+                !fields.contains_key(key),
+                "{key} recorded without the opt-in"
+            );
+        }
+    }
+    let chats = chat_fields(true).await;
+    assert_eq!(chats.len(), 2);
+    let mut out = String::new();
+    for (i, fields) in chats.iter().enumerate() {
+        for key in keys {
+            let _ = writeln!(out, "chat {i} {key}: {}", fields[key]);
+        }
+    }
+    expect_test::expect![[r#"
+        chat 0 gen_ai.input.messages: [{"parts":[{"content":"hi","type":"text"}],"role":"user"}]
+        chat 0 gen_ai.output.messages: [{"finish_reason":"tool_calls","parts":[{"arguments":{"text":"secret words"},"id":"c1","name":"echo","type":"tool_call"}],"role":"assistant"}]
+        chat 0 gen_ai.system_instructions: [{"content":"Be brief.","type":"text"}]
+        chat 1 gen_ai.input.messages: [{"parts":[{"content":"hi","type":"text"}],"role":"user"},{"parts":[{"arguments":{"text":"secret words"},"id":"c1","name":"echo","type":"tool_call"}],"role":"assistant"},{"parts":[{"id":"c1","response":{"echoed":"secret words"},"type":"tool_call_response"}],"role":"tool"}]
+        chat 1 gen_ai.output.messages: [{"finish_reason":"stop","parts":[{"content":"all done, secretly","type":"text"}],"role":"assistant"}]
+        chat 1 gen_ai.system_instructions: [{"content":"Be brief.","type":"text"}]
+    "#]]
+    .assert_eq(&out);
+}
