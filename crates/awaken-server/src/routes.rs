@@ -311,8 +311,17 @@ async fn get_thread(
     let thread = thread_id(&raw)?;
     let runtime = &server.shared.runtime;
     let store = runtime.store();
+    // The runs first, then the checkpoint, whose latest run record was read with its messages
+    // in one transaction and replaces the listed one: a commit between the two reads cannot
+    // show new messages beside an old record of the same run.
+    let mut runs = store.list_runs(&thread).await.map_err(store_failed)?;
     let checkpoint = stored_thread(&server, &thread).await?;
-    let runs = store.list_runs(&thread).await.map_err(store_failed)?;
+    if let Some(latest) = &checkpoint.run {
+        match runs.iter_mut().find(|r| r.run_id == latest.run_id) {
+            Some(listed) => *listed = latest.clone(),
+            None => runs.push(latest.clone()),
+        }
+    }
     let waiting = runtime
         .waiting_calls(&thread)
         .await

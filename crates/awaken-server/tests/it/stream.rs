@@ -253,3 +253,30 @@ async fn the_server_streams_what_the_runtime_emits_in_process() {
         normalised(&local.store.stored("t").await)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thread_is_shown_as_one_commit_left_it_even_when_its_runs_are_read_before_it() {
+    let mut answer = vec![Piece::Hold];
+    answer.extend(text_turn(&["Done"]));
+    let rig = Rig::memory(vec![answer]).with_ids(Ids::Sequential);
+    let server = TestServer::start(rig.runtime(), config()).await;
+    let sse = server.start_run("t", "hi").await;
+    rig.model.wait_holds(1).await;
+    // The runs as they were while the run went on; then the run ends.
+    rig.store.freeze_runs("t").await;
+    rig.model.release(1);
+    let frames = sse.rest().await;
+    assert!(frames.iter().any(|f| f.is("run_finish")));
+    let thread: Value = server
+        .get("/v1/threads/t")
+        .await
+        .json()
+        .await
+        .expect("JSON");
+    // The messages and the latest run record come from one read of the store.
+    assert_eq!(thread["runs"][0]["status"], "done", "{thread}");
+    assert_eq!(
+        thread["messages"][1]["content"][0]["text"], "Done",
+        "{thread}"
+    );
+}

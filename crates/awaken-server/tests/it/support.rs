@@ -341,6 +341,8 @@ pub struct Watched {
     commits_open: watch::Sender<bool>,
     /// How many commits waited for the gate so far.
     held_commits: watch::Sender<usize>,
+    /// The run records `list_runs` answers instead of the store's (a reader that lags behind).
+    frozen_runs: Mutex<Option<Vec<RunRecord>>>,
 }
 
 impl Watched {
@@ -351,7 +353,15 @@ impl Watched {
             claims_open: watch::channel(true).0,
             commits_open: watch::channel(true).0,
             held_commits: watch::channel(0).0,
+            frozen_runs: Mutex::new(None),
         }
+    }
+
+    /// Makes `list_runs` answer the thread's run records as they are now, whatever is
+    /// committed later: a read that lags behind the commits.
+    pub async fn freeze_runs(&self, thread: &str) {
+        let runs = self.inner.list_runs(&tid(thread)).await.expect("runs");
+        *self.frozen_runs.lock().expect("frozen runs") = Some(runs);
     }
 
     /// Makes commits wait (a store that does not answer).
@@ -442,7 +452,11 @@ impl ThreadStore for Watched {
         self.inner.list_threads().await
     }
     async fn list_runs(&self, t: &ThreadId) -> Result<Vec<RunRecord>, StoreError> {
-        self.inner.list_runs(t).await
+        let frozen = self.frozen_runs.lock().expect("frozen runs").clone();
+        match frozen {
+            Some(runs) => Ok(runs),
+            None => self.inner.list_runs(t).await,
+        }
     }
     async fn load_events(&self, t: &ThreadId, since: u64) -> Result<Vec<StoredEvent>, StoreError> {
         self.inner.load_events(t, since).await
