@@ -112,8 +112,8 @@ impl Run<'_> {
         &mut self,
         request: InferenceRequest,
     ) -> Result<InferenceResponse, Failure> {
-        let model = request.effective_model_shared();
-        let model = &*model;
+        let asked = request.effective_model_shared();
+        let model = &*asked;
         let span = tracing::info_span!(
             "chat",
             otel.name = %format_args!("chat {model}"),
@@ -147,7 +147,7 @@ impl Run<'_> {
             );
         }
         let response = self
-            .stream_inference(request)
+            .stream_inference(request, Arc::clone(&asked))
             .instrument(span.clone())
             .await;
         if let Ok(r) = &response
@@ -174,11 +174,13 @@ impl Run<'_> {
     /// Streams `request` to the agent's model: text, reasoning and tool-call deltas relayed as
     /// events as they come, the response collected. A cancelled stream keeps the text written
     /// so far as an incomplete assistant message; the calls a failed stream began are closed.
+    /// `model` is the model asked (`request.effective_model_shared()`), until a pool names the
+    /// member that answers.
     async fn stream_inference(
         &mut self,
         request: InferenceRequest,
+        mut model: Arc<str>,
     ) -> Result<InferenceResponse, Failure> {
-        let mut model = request.effective_model_shared();
         let started = tokio::time::Instant::now();
         // The run's one wait for its cancellation, lent to each inference's stream: its waker
         // is registered with the token once per run, not once per inference.
