@@ -150,7 +150,7 @@ pub enum ResolveError {
     ToolIdConflict {
         /// The id.
         id: String,
-        /// The first source (`global`, `delegate:<agent>`, `plugin:<id>`).
+        /// The first source (`global`, `delegate:<agent>`, `plugin:<id>`, `provider:<id>`).
         first: String,
         /// The second source.
         second: String,

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use awaken_llm::LlmExecutor;
 use awaken_plugin::{Plugin, PluginRegistry};
 use awaken_spec::{AgentSpec, ModelPoolSpec, ModelSpec};
-use awaken_tool::{RegisteredTool, Tool};
+use awaken_tool::{RegisteredTool, Tool, ToolProvider};
 
 use crate::error::{ModelPoolError, ModelResolveError, RegistrationError};
 use crate::pools::{
@@ -144,6 +144,8 @@ impl AgentSpecRegistry for PluginRegistry {
 pub struct Registries {
     pub(crate) agents: MapAgentSpecRegistry,
     pub(crate) tools: MapToolRegistry,
+    /// Tool sets asked for their tools at each resolution, in registration order.
+    pub(crate) tool_providers: Vec<Arc<dyn ToolProvider>>,
     pub(crate) models: MapModelRegistry,
     pub(crate) pools: HashMap<String, PoolEntry>,
     /// Pools rebuilt from a membership a run recorded, by that membership.
@@ -167,6 +169,14 @@ impl std::fmt::Debug for Registries {
                     .0
                     .iter()
                     .map(|t| t.id().to_owned())
+                    .collect::<Vec<_>>(),
+            )
+            .field(
+                "tool_providers",
+                &self
+                    .tool_providers
+                    .iter()
+                    .map(|p| p.id())
                     .collect::<Vec<_>>(),
             )
             .field("models", &self.models.0.keys().collect::<Vec<_>>())
@@ -231,6 +241,22 @@ impl Registries {
             Err(e) => self
                 .errors
                 .push(RegistrationError::InvalidTool(e.to_string())),
+        }
+    }
+
+    /// Adds a tool provider, whose tools each resolution takes as they are then.
+    pub fn with_tool_provider(mut self, provider: Arc<dyn ToolProvider>) -> Self {
+        self.add_tool_provider(provider);
+        self
+    }
+
+    /// Adds a tool provider in place (a second one with the same id is recorded as a
+    /// duplicate).
+    pub fn add_tool_provider(&mut self, provider: Arc<dyn ToolProvider>) {
+        if self.tool_providers.iter().any(|p| p.id() == provider.id()) {
+            self.duplicate("tool provider", provider.id());
+        } else {
+            self.tool_providers.push(provider);
         }
     }
 
@@ -579,6 +605,11 @@ impl Registries {
     /// The global tools, in order.
     pub fn global_tools(&self) -> &[RegisteredTool] {
         &self.tools.0
+    }
+
+    /// The tool providers, in order.
+    pub fn tool_providers(&self) -> &[Arc<dyn ToolProvider>] {
+        &self.tool_providers
     }
 
     /// Registration problems to report at validation: recorded errors, agents defined both

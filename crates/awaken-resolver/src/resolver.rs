@@ -123,6 +123,8 @@ pub enum ToolSource {
     Delegate(String),
     /// A plugin's tool.
     Plugin(String),
+    /// A tool of a [`awaken_tool::ToolProvider`] (an MCP server's), by the provider's id.
+    Provider(String),
 }
 
 impl std::fmt::Display for ToolSource {
@@ -131,6 +133,7 @@ impl std::fmt::Display for ToolSource {
             ToolSource::Global => f.write_str("global"),
             ToolSource::Delegate(a) => write!(f, "delegate:{a}"),
             ToolSource::Plugin(p) => write!(f, "plugin:{p}"),
+            ToolSource::Provider(p) => write!(f, "provider:{p}"),
         }
     }
 }
@@ -444,6 +447,17 @@ impl Resolver {
                 source: ToolSource::Global,
             })
             .collect();
+        for provider in self.registries.tool_providers() {
+            for tool in provider.tools().iter() {
+                push_unique(
+                    &mut collected,
+                    ResolvedTool {
+                        tool: tool.clone(),
+                        source: ToolSource::Provider(provider.id().to_owned()),
+                    },
+                )?;
+            }
+        }
         for delegate_id in &spec.delegates {
             let delegate = self.registries.agent(delegate_id).ok_or_else(|| {
                 ResolveError::DelegateNotFound {

@@ -10,7 +10,7 @@ use awaken_resolver::{
 };
 use awaken_spec::{AgentSpec, ModelPoolSpec, ModelSpec};
 use awaken_store::{MemoryStore, ThreadStore};
-use awaken_tool::Tool;
+use awaken_tool::{Tool, ToolProvider};
 
 use crate::builtins::RuntimeBuiltins;
 use crate::delegate::{DEFAULT_MAX_DELEGATION_DEPTH, DelegateFactory};
@@ -94,6 +94,13 @@ impl AgentRuntimeBuilder {
     /// Adds a global tool.
     pub fn with_tool(mut self, tool: Arc<dyn Tool>) -> Self {
         self.registries.add_tool(tool);
+        self
+    }
+
+    /// Adds a tool provider (the tools of an MCP server): each run takes its tools as they
+    /// are when the run is resolved.
+    pub fn with_tool_provider(mut self, provider: Arc<dyn ToolProvider>) -> Self {
+        self.registries.add_tool_provider(provider);
         self
     }
 

@@ -1,5 +1,5 @@
 //! What users configure, as serde data: [`AgentSpec`], [`ModelSpec`], [`ModelPoolSpec`],
-//! [`ContextPolicy`], [`InferenceOverride`] with its layered merge, stop conditions, tool
+//! [`ContextPolicy`], [`McpServerSpec`], [`InferenceOverride`] with its layered merge, stop conditions, tool
 //! catalog rules, [`PermissionConfig`] (the `permission` section's typed form), [`RetryConfig`]
 //! and config [`Sections`]. Every struct rejects unknown fields; validation names the field
 //! that is wrong. TOML and JSON both parse.
@@ -12,6 +12,7 @@ mod duration;
 mod error;
 mod glob;
 mod inference;
+mod mcp;
 mod model;
 mod permission;
 mod pool;
@@ -23,6 +24,7 @@ pub use duration::DurationSpec;
 pub use error::{SpecError, SpecFormat, parse_json, parse_toml};
 pub use glob::Glob;
 pub use inference::{InferenceOverride, ReasoningEffort};
+pub use mcp::{DEFAULT_MCP_TIMEOUT, McpServerSpec, McpTransportSpec};
 pub use model::{KnowledgeCutoff, Modality, ModelSpec, TokenPrices};
 pub use permission::{
     ArgMatcher, Comparison, PERMISSION_SECTION, PermissionConfig, PermissionDecision,

@@ -1,8 +1,9 @@
 //! Awaken's tool contract: the [`Tool`] trait and its [`ToolCallContext`], argument validation
 //! against each tool's JSON Schema with a validator compiled once per tool
 //! ([`RegisteredTool`]), a typed helper for tools with serde argument and output structs
-//! ([`TypedTool`]), tool-gate decisions and the priority that resolves them
-//! ([`ToolInterceptPayload`], [`PolicyDecision`], [`resolve_gate_decisions`]), the canonical
+//! ([`TypedTool`]), sets of tools that change while the process runs ([`ToolProvider`]),
+//! tool-gate decisions and the priority that resolves them ([`ToolInterceptPayload`],
+//! [`PolicyDecision`], [`resolve_gate_decisions`]), the canonical
 //! argument digest that suspension tickets and resume decisions carry ([`argument_digest`]),
 //! the [`ToolBatch`] whose calls move only as [`is_allowed_transition`] allows, and the
 //! [`recovery_action`] that decides, as a pure function, what happens to an unfinished call
@@ -21,6 +22,7 @@ mod digest;
 mod error;
 mod execute;
 mod gate;
+mod provider;
 mod recovery;
 mod schema_cost;
 mod tool;
@@ -38,6 +40,7 @@ pub use gate::{
     GateConflict, GateDecision, GateResolution, InterceptKind, PolicyDecision,
     ToolInterceptPayload, call_digest, resolve_gate_decisions, suspension_id,
 };
+pub use provider::ToolProvider;
 pub use recovery::{RecoveryAction, ToolRecoveryPolicy, recovery_action};
 pub use tool::{Tool, ToolOutput, check_writes};
 pub use typed::{TypedOutput, TypedTool, TypedToolAdapter};

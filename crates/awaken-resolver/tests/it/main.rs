@@ -3,5 +3,6 @@
 mod catalog;
 mod cycles;
 mod pools;
+mod providers;
 mod resolve;
 mod support;
