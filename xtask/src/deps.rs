@@ -106,6 +106,19 @@ const TABLE: &[Row] = &[
         ],
     },
     Row {
+        name: "awaken-mcp",
+        forbid: Forbid::Nothing,
+        never: &[
+            "awaken-phase",
+            "awaken-llm",
+            "awaken-net",
+            "awaken-plugin",
+            "awaken-context",
+            "awaken-resolver",
+            "awaken-store",
+        ],
+    },
+    Row {
         name: "awaken-runtime",
         forbid: Forbid::Nothing,
         never: &[],
@@ -135,6 +148,7 @@ const TABLE: &[Row] = &[
             "awaken-context",
             "awaken-resolver",
             "awaken-store",
+            "awaken-mcp",
             "awaken-runtime",
             "awaken-server",
             "awaken",

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use awaken::llm::Script;
 use awaken::spec::{
-    AgentSpec, DurationSpec, ModelPoolSpec, ModelSpec, RETRY_SECTION, RetryConfig, SpecError,
-    parse_toml,
+    AgentSpec, DurationSpec, McpServerSpec, ModelPoolSpec, ModelSpec, RETRY_SECTION, RetryConfig,
+    SpecError, parse_toml,
 };
 use awaken_net::{HostAllowList, IpRange};
 use serde::Deserialize;
@@ -246,6 +246,9 @@ pub(crate) struct AgentFile {
     pub(crate) tools: ToolsSection,
     #[serde(default)]
     pub(crate) plugins: PluginsSection,
+    /// MCP servers whose tools the agent uses.
+    #[serde(default)]
+    pub(crate) mcp_servers: Vec<McpServerSpec>,
 }
 
 impl AgentFile {
@@ -311,6 +314,27 @@ impl AgentFile {
             anchor(&mut af.root);
         }
         file.plugins.dirs.iter_mut().for_each(anchor);
+        for (i, server) in file.mcp_servers.iter().enumerate() {
+            server.validate().map_err(|e| {
+                anyhow::anyhow!("{}: [[mcp_servers]] #{}: {e}", path.display(), i + 1)
+            })?;
+            if file.mcp_servers[..i].iter().any(|s| s.name == server.name) {
+                anyhow::bail!(
+                    "{}: [[mcp_servers]] #{}: the name `{}` is taken by an earlier entry",
+                    path.display(),
+                    i + 1,
+                    server.name
+                );
+            }
+        }
+        // A stdio server's directory is relative to the agent file, as other paths are.
+        for server in &mut file.mcp_servers {
+            if let Some(cwd) = &mut server.cwd
+                && Path::new(cwd.as_str()).is_relative()
+            {
+                *cwd = base.join(cwd.as_str()).display().to_string();
+            }
+        }
         Ok(file)
     }
 

@@ -24,6 +24,7 @@ commands:
   show       print a thread's transcript
   validate   check an agent file without running it (offline)
   plugins    list and check declarative plugin manifests
+  mcp list   connect to an agent file's MCP servers and list their state and tools
   init       write a starter agent file and a plugin directory
 
 global options:
@@ -121,6 +122,15 @@ usage: awaken validate --agent FILE [--script FILE] [--model NAME]
 
 Checks the agent file and resolves its agent, offline: no request is sent and no API key is
 needed (the key is checked when a run starts)."
+        }
+        "mcp" => {
+            "\
+usage: awaken mcp list --agent FILE [--json]
+
+Connects to each MCP server of the agent file ([[mcp_servers]]) and lists it with its transport,
+its state and the tools it offers (id, effect class, description), or the cause it could not be
+connected. --json prints one JSON object per server. Exit 1 when a server could not be
+connected."
         }
         "plugins" => {
             "\
@@ -284,6 +294,7 @@ fn accepted(command: &str) -> Option<(&'static [&'static str], std::ops::RangeIn
         "show" => (&["--store", "--json"], 1..=1),
         "validate" => (&["--agent", "--script", "--model"], 0..=0),
         "plugins" => (&["--dir"], 0..=0),
+        "mcp list" => (&["--agent", "--json"], 0..=0),
         "init" => (&[], 0..=1),
         _ => return None,
     })
@@ -323,6 +334,18 @@ pub(crate) fn parse_args(raw: Vec<String>) -> Result<Parsed> {
         && let Some(sub) = it.next_if(|w| w == "rm" || w == "prune")
     {
         command = format!("threads {sub}");
+    }
+    if command == "mcp" {
+        match it.next() {
+            Some(sub) if sub == "list" => command = "mcp list".to_owned(),
+            Some(sub) if sub == "-h" || sub == "--help" => {
+                return Ok(Parsed::Help(usage_of("mcp")));
+            }
+            other => bail!(
+                "`awaken mcp` takes a subcommand, `list`; got {other:?}\n\n{}",
+                usage_of("mcp")
+            ),
+        }
     }
     let Some((flags, positional)) = accepted(&command) else {
         bail!("unknown command `{command}`\n\n{USAGE}");

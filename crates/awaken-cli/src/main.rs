@@ -107,8 +107,9 @@ fn main() -> ExitCode {
             "threads rm" => rt.block_on(inspect::threads_rm(args)),
             "threads prune" => rt.block_on(inspect::threads_prune(args)),
             "show" => rt.block_on(inspect::show(args)),
-            "validate" => rt.block_on(async { inspect::validate(args) }),
+            "validate" => rt.block_on(inspect::validate(args)),
             "plugins" => inspect::plugins(args),
+            "mcp list" => rt.block_on(inspect::mcp_list(args)),
             "init" => init::init(args),
             other => Err(bad_input(anyhow!(
                 "unknown command `{other}`\n\n{}",

@@ -15,7 +15,7 @@ use crate::agent_file::AgentFile;
 use crate::args::Args;
 use crate::output::{Printer, shell_word, waiting_instructions};
 use crate::setup::{
-    Open, Purpose, is_memory_store, lease_duration, open_failed, open_store, runtime,
+    Open, Purpose, is_memory_store, lease_duration, mcp_servers, open_failed, open_store, runtime,
     stored_thread, worker_id,
 };
 use crate::term::{self, err, errln};
@@ -178,7 +178,10 @@ pub(crate) async fn start(args: &Args) -> Result<(AgentFile, AgentRuntime, Threa
     let store = open_store(args.store.as_deref(), Open::Create)
         .await
         .map_err(open_failed)?;
-    let runtime = runtime(&file, args, store, Purpose::Run).map_err(bad_input)?;
+    let mcp = mcp_servers(std::slice::from_ref(&file))
+        .await
+        .map_err(bad_input)?;
+    let runtime = runtime(&file, args, store, Purpose::Run, &mcp).map_err(bad_input)?;
     let thread = match &args.thread {
         Some(t) => ThreadId::new(t).map_err(|e| bad_input(anyhow!("--thread: {e}")))?,
         None => new_thread_id()?,
@@ -199,7 +202,10 @@ pub(crate) async fn resume(args: Args) -> Result<u8, Exit> {
             continue_command(&args, &thread, false)
         )));
     }
-    let runtime = runtime(&file, &args, store, Purpose::Run).map_err(bad_input)?;
+    let mcp = mcp_servers(std::slice::from_ref(&file))
+        .await
+        .map_err(bad_input)?;
+    let runtime = runtime(&file, &args, store, Purpose::Run, &mcp).map_err(bad_input)?;
     let tickets = runtime
         .waiting_calls(&thread)
         .await
@@ -268,7 +274,10 @@ pub(crate) async fn recover(args: Args) -> Result<u8, Exit> {
     let store = open_store(args.store.as_deref(), Open::Existing)
         .await
         .map_err(open_failed)?;
-    let runtime = runtime(&file, &args, store.clone(), Purpose::Run).map_err(bad_input)?;
+    let mcp = mcp_servers(std::slice::from_ref(&file))
+        .await
+        .map_err(bad_input)?;
+    let runtime = runtime(&file, &args, store.clone(), Purpose::Run, &mcp).map_err(bad_input)?;
     let mut config = RecoverConfig::new(worker_id());
     config.lease_duration = lease_duration().map_err(bad_input)?;
     let sink = Printer::for_args(&args);

@@ -12,7 +12,8 @@ use tokio::sync::oneshot;
 use crate::agent_file::AgentFile;
 use crate::args::{self, Args, Secret};
 use crate::setup::{
-    Open, Purpose, lease_duration, open_failed, open_store, runtime_of_files, worker_id,
+    Open, Purpose, lease_duration, mcp_servers, open_failed, open_store, runtime_of_files,
+    worker_id,
 };
 use crate::term::errln;
 use crate::{Exit, bad_input};
@@ -47,7 +48,8 @@ pub(crate) async fn serve(args: Args) -> Result<u8, Exit> {
     let store = open_store(args.store.as_deref(), Open::Create)
         .await
         .map_err(open_failed)?;
-    let runtime = runtime_of_files(&files, &args, store, Purpose::Run).map_err(bad_input)?;
+    let mcp = mcp_servers(&files).await.map_err(bad_input)?;
+    let runtime = runtime_of_files(&files, &args, store, Purpose::Run, &mcp).map_err(bad_input)?;
     let agents = runtime.resolver().registries().agent_ids();
     let mut config = ServerConfig::default()
         .with_worker(worker_id(), lease_duration().map_err(bad_input)?)

@@ -10,9 +10,12 @@ use awaken::event::ThreadId;
 use awaken::llm::anthropic::{AnthropicConfig, AnthropicExecutor};
 use awaken::llm::openai::{MaxTokensField, OpenAiConfig, OpenAiExecutor};
 use awaken::llm::{LlmExecutor, RetryingExecutor, Script};
+use awaken::mcp::McpServer;
 use awaken::plugin::PluginRegistry;
 use awaken::runtime::{AgentRuntime, AgentRuntimeBuilder};
-use awaken::spec::{AgentSpec, ModelPoolSpec, ModelSpec, RETRY_SECTION, RetryConfig};
+use awaken::spec::{
+    AgentSpec, Glob, McpServerSpec, ModelPoolSpec, ModelSpec, RETRY_SECTION, RetryConfig,
+};
 use awaken::tool::Tool;
 use awaken_store::{
     Checkpoint, MemoryStore, PostgresConfig, PostgresStore, SqliteConfig, SqliteStore, StoreError,
@@ -543,6 +546,7 @@ pub(crate) fn runtime(
     args: &Args,
     store: Arc<dyn ThreadStore>,
     purpose: Purpose,
+    mcp: &[McpServer],
 ) -> Result<AgentRuntime> {
     let FileModels {
         models,
@@ -561,6 +565,9 @@ pub(crate) fn runtime(
     builder = builder.with_agent_spec(agent);
     for tool in builtin_tools(file)? {
         builder = builder.with_tool(tool.tool);
+    }
+    for server in mcp {
+        builder = builder.with_tool_provider(Arc::new(server.clone()));
     }
     if let Some(registry) = plugin_registry(std::slice::from_ref(file))? {
         builder = builder.with_plugin_registry(registry);
@@ -587,9 +594,10 @@ pub(crate) fn runtime_of_files(
     args: &Args,
     store: Arc<dyn ThreadStore>,
     purpose: Purpose,
+    mcp: &[McpServer],
 ) -> Result<AgentRuntime> {
     if let [file] = files {
-        return runtime(file, args, store, purpose);
+        return runtime(file, args, store, purpose, mcp);
     }
     for (i, file) in files.iter().enumerate() {
         if let Some(earlier) = files[..i].iter().find(|e| e.agent.id == file.agent.id) {
@@ -672,10 +680,19 @@ pub(crate) fn runtime_of_files(
         {
             follow(summary);
         }
-        // Each agent sees the built-in tools its own file configures, not the others' ones.
+        // Each agent sees the built-in tools its own file configures, not the others' ones;
+        // likewise the tools of MCP servers (by their id prefix: their lists may change).
         for (_, tool) in &shared {
             if !tools.iter().any(|t| t.id == tool.id) {
                 agent.excluded_tools.push(tool.id.clone());
+            }
+        }
+        for server in mcp {
+            if !file.mcp_servers.iter().any(|s| s.name == server.name()) {
+                let prefix = server.spec().tool_prefix();
+                agent
+                    .excluded_tool_patterns
+                    .push(Glob::new(format!("{prefix}*")).map_err(|e| anyhow!("{e}"))?);
             }
         }
         for (model, provider_id, executor) in registered {
@@ -691,6 +708,9 @@ pub(crate) fn runtime_of_files(
     for (_, tool) in shared {
         builder = builder.with_tool(tool.tool);
     }
+    for server in mcp {
+        builder = builder.with_tool_provider(Arc::new(server.clone()));
+    }
     if let Some(registry) = plugin_registry(files)? {
         builder = builder.with_plugin_registry(registry);
     }
@@ -700,6 +720,47 @@ pub(crate) fn runtime_of_files(
     })?;
     resolve_agents(&runtime, files)?;
     Ok(runtime)
+}
+
+/// The MCP servers the files name, connected: a server several files name (with the same
+/// settings) is connected once. Every server that cannot be connected is reported, each with
+/// its file, its name and the cause.
+pub(crate) async fn mcp_servers(files: &[AgentFile]) -> Result<Vec<McpServer>> {
+    let mut specs: Vec<(&AgentFile, &McpServerSpec)> = Vec::new();
+    for file in files {
+        for spec in &file.mcp_servers {
+            match specs.iter().find(|(_, s)| s.name == spec.name) {
+                Some((first, s)) if *s != spec => bail!(
+                    "{} and {} configure MCP server `{}` differently: the agents of one server \
+                     share it, so give it the same settings in both",
+                    first.path.display(),
+                    file.path.display(),
+                    spec.name
+                ),
+                Some(_) => {}
+                None => specs.push((file, spec)),
+            }
+        }
+    }
+    let tasks: Vec<_> = specs
+        .iter()
+        .map(|(_, spec)| tokio::spawn(McpServer::connect((*spec).clone())))
+        .collect();
+    let mut servers = Vec::with_capacity(tasks.len());
+    let mut failures = Vec::new();
+    for ((file, _), task) in specs.iter().zip(tasks) {
+        match task
+            .await
+            .map_err(|e| anyhow!("an MCP connection task failed: {e}"))?
+        {
+            Ok(server) => servers.push(server),
+            Err(e) => failures.push(format!("{}: {e}", file.path.display())),
+        }
+    }
+    if !failures.is_empty() {
+        bail!("{}", failures.join("\n"));
+    }
+    Ok(servers)
 }
 
 /// The builder every runtime starts from: this process's worker identity and the store.

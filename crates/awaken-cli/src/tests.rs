@@ -445,11 +445,12 @@ fn an_anthropic_agent_file_names_its_provider_and_refuses_openai_settings() {
             std::slice::from_ref(&file),
             &Args::default(),
             store(),
-            Purpose::Validate
+            Purpose::Validate,
+            &[]
         )
         .is_ok()
     );
-    let error = runtime_of_files(&[file], &Args::default(), store(), Purpose::Run)
+    let error = runtime_of_files(&[file], &Args::default(), store(), Purpose::Run, &[])
         .err()
         .map(|e| e.to_string())
         .unwrap_or_default();
@@ -805,6 +806,7 @@ fn runtime_of(files: &[AgentFile]) -> Result<awaken::runtime::AgentRuntime> {
         &Args::default(),
         std::sync::Arc::new(awaken_store::MemoryStore::new()),
         Purpose::Run,
+        &[],
     )
 }
 

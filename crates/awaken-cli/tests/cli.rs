@@ -14,6 +14,8 @@ use serde_json::Value;
 
 #[path = "cli/commands.rs"]
 mod commands;
+#[path = "cli/mcp.rs"]
+mod mcp;
 #[cfg(feature = "otel")]
 #[path = "cli/otel.rs"]
 mod otel;

@@ -11,7 +11,8 @@
 //! Messages executor), `sqlite` (default; the
 //! embedded [`store::SqliteStore`]) and `postgres` ([`store::PostgresStore`], several workers on
 //! one database), `server` (`awaken::server`: the HTTP server with its `/v1` API and resumable
-//! event streams). Without a store feature, runs are kept in [`store::MemoryStore`].
+//! event streams), `mcp` (`awaken::mcp`: the tools of MCP servers, registered with
+//! `AgentRuntimeBuilder::with_tool_provider`). Without a store feature, runs are kept in [`store::MemoryStore`].
 //!
 //! # A plugin with a key and a hook
 //!
@@ -156,6 +157,8 @@
 pub use awaken_context as context;
 pub use awaken_event as event;
 pub use awaken_llm as llm;
+#[cfg(feature = "mcp")]
+pub use awaken_mcp as mcp;
 #[cfg(feature = "net")]
 pub use awaken_net as net;
 pub use awaken_phase as phase;

@@ -1,0 +1,134 @@
+//! An agent file with an MCP server: `awaken run` calls the server's tool end to end, `awaken
+//! mcp list` shows its tools, and a server that cannot start is named by `mcp list` and
+//! `validate`.
+
+use std::io::Write as _;
+use std::process::Output;
+
+use serde_json::Value;
+
+use crate::{command, repo, temp_dir, text};
+
+/// Whether the reference MCP server is installed (with `AWAKEN_REQUIRE_MCP_PEERS=1`, it must
+/// be).
+fn peer_installed() -> bool {
+    let script = repo()
+        .join("tests/node/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    if script.exists() {
+        return true;
+    }
+    assert!(
+        std::env::var("AWAKEN_REQUIRE_MCP_PEERS").as_deref() != Ok("1"),
+        "{} is missing: run `npm ci --prefix tests/node`",
+        script.display()
+    );
+    // Straight to stderr: the test harness does not capture it, so the skip shows.
+    let _ = writeln!(
+        std::io::stderr(),
+        "skipped: the MCP reference server is not installed"
+    );
+    false
+}
+
+/// The binary run from the repository root (the example's server path is relative to it).
+fn awaken_in_repo(args: &[&str]) -> Output {
+    command()
+        .current_dir(repo())
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+#[test]
+fn run_calls_the_mcp_servers_tool_and_mcp_list_shows_it() {
+    if !peer_installed() {
+        return;
+    }
+    let out = awaken_in_repo(&[
+        "run",
+        "--agent",
+        "examples/agents/mcp.toml",
+        "--store",
+        "memory",
+        "--json",
+        "Say hello",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let events: Vec<awaken::event::AgentEvent> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each line is an event"))
+        .collect();
+    awaken::event::check_activation(&events).expect("one well-formed activation");
+    let lines: Vec<Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json"))
+        .collect();
+    let result = lines
+        .iter()
+        .find(|e| e["type"] == "tool_call_done")
+        .unwrap_or_else(|| panic!("no tool result: {}", text(&out.stdout)));
+    assert!(
+        result.to_string().contains("Echo: hello"),
+        "the server's answer is the result: {result}"
+    );
+
+    let out = awaken_in_repo(&["mcp", "list", "--agent", "examples/agents/mcp.toml"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let listed = text(&out.stdout);
+    assert!(
+        listed.starts_with("everything (stdio: node) ready, 2 tool(s)"),
+        "{listed}"
+    );
+    assert!(listed.contains("everything__echo  read_only"), "{listed}");
+    assert!(
+        listed.contains("everything__get-sum  read_only"),
+        "{listed}"
+    );
+}
+
+#[test]
+fn a_server_that_cannot_start_is_named_by_mcp_list_and_validate() {
+    let dir = temp_dir("mcp-ghost");
+    let file = dir.join("ghost.toml");
+    std::fs::write(
+        &file,
+        r#"
+[agent]
+id = "ghostly"
+model = "default"
+
+[model]
+id = "default"
+provider = "scripted"
+upstream_model = "scripted"
+context_window = 32000
+
+[[mcp_servers]]
+name = "ghost"
+command = "/nonexistent/mcp-server"
+
+[[script.turns]]
+deltas = ["hi"]
+"#,
+    )
+    .expect("write the agent");
+    let path = file.to_str().expect("utf-8");
+    let out = awaken_in_repo(&["mcp", "list", "--agent", path]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).starts_with(
+            "ghost (stdio: /nonexistent/mcp-server) failed: MCP server `ghost`: cannot start `/nonexistent/mcp-server`:"
+        ),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = awaken_in_repo(&["validate", "--agent", path]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains(&format!(
+            "{path}: MCP server `ghost`: cannot start `/nonexistent/mcp-server`"
+        )),
+        "{}",
+        text(&out.stderr)
+    );
+}
