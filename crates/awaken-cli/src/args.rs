@@ -24,7 +24,8 @@ commands:
   show       print a thread's transcript
   validate   check an agent file without running it (offline)
   plugins    list and check declarative plugin manifests
-  mcp list   connect to an agent file's MCP servers and list their state and tools
+  mcp list   connect to an agent file's MCP servers (or one --url) and list their tools
+  mcp call   call one tool of an MCP server with KEY=VALUE arguments and print its result
   init       write a starter agent file and a plugin directory
 
 global options:
@@ -125,12 +126,22 @@ needed (the key is checked when a run starts)."
         }
         "mcp" => {
             "\
-usage: awaken mcp list --agent FILE [--json]
+usage: awaken mcp list (--agent FILE | --url URL) [--json]
+       awaken mcp call TOOL [KEY=VALUE]... (--url URL | --agent FILE --server NAME) [--json]
 
-Connects to each MCP server of the agent file ([[mcp_servers]]) and lists it with its transport,
-its state and the tools it offers (id, effect class, description), or the cause it could not be
-connected. --json prints one JSON object per server. Exit 1 when a server could not be
-connected."
+`list` connects to each MCP server of the agent file ([[mcp_servers]]), or to the one
+streamable HTTP server at URL (named `url`), and lists it with its transport, its state and the
+tools it offers (id, effect class, description), or the cause it could not be connected. --json
+prints one JSON object per server. Exit 1 when a server could not be connected.
+
+`call` connects to the server at URL, or to the agent file's server NAME, and calls its tool
+TOOL (its MCP name, or its id as `list` shows it). Each KEY=VALUE is one argument: VALUE is
+taken as JSON when it parses as JSON (a=5 is the number 5, tags='[\"x\"]' an array, s='\"5\"' the
+text 5), else as text (name=Ada). The arguments are checked against the tool's schema before
+the server is called. Prints the result (text as it is, anything else as JSON; --json: one JSON
+object with the result or the error). Exit 0 on success, 1 when the tool failed or the server
+could not be reached, 2 on bad input (an unknown tool, arguments the schema refuses), 4 when
+Ctrl-C cancelled the call."
         }
         "plugins" => {
             "\
@@ -212,6 +223,10 @@ pub(crate) struct Args {
     pub(crate) supersede: bool,
     pub(crate) decisions: Vec<DecisionArg>,
     pub(crate) dirs: Vec<PathBuf>,
+    /// `mcp list` / `mcp call --url`: a streamable HTTP MCP server.
+    pub(crate) url: Option<String>,
+    /// `mcp call --server`: the agent file's MCP server.
+    pub(crate) server: Option<String>,
     pub(crate) older_than: Option<Duration>,
     pub(crate) dry_run: bool,
     /// `serve --listen`.
@@ -294,7 +309,8 @@ fn accepted(command: &str) -> Option<(&'static [&'static str], std::ops::RangeIn
         "show" => (&["--store", "--json"], 1..=1),
         "validate" => (&["--agent", "--script", "--model"], 0..=0),
         "plugins" => (&["--dir"], 0..=0),
-        "mcp list" => (&["--agent", "--json"], 0..=0),
+        "mcp list" => (&["--agent", "--url", "--json"], 0..=0),
+        "mcp call" => (&["--agent", "--url", "--server", "--json"], 1..=usize::MAX),
         "init" => (&[], 0..=1),
         _ => return None,
     })
@@ -337,12 +353,12 @@ pub(crate) fn parse_args(raw: Vec<String>) -> Result<Parsed> {
     }
     if command == "mcp" {
         match it.next() {
-            Some(sub) if sub == "list" => command = "mcp list".to_owned(),
+            Some(sub) if sub == "list" || sub == "call" => command = format!("mcp {sub}"),
             Some(sub) if sub == "-h" || sub == "--help" => {
                 return Ok(Parsed::Help(usage_of("mcp")));
             }
             other => bail!(
-                "`awaken mcp` takes a subcommand, `list`; got {other:?}\n\n{}",
+                "`awaken mcp` takes a subcommand, `list` or `call`; got {other:?}\n\n{}",
                 usage_of("mcp")
             ),
         }
@@ -389,6 +405,21 @@ pub(crate) fn parse_args(raw: Vec<String>) -> Result<Parsed> {
             "--dir" => {
                 args.dirs.push(value("--dir")?.into());
                 "--dir"
+            }
+            "--url" => {
+                let url = value("--url")?;
+                let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+                if !matches!(scheme.as_deref(), Some("http" | "https")) {
+                    bail!(
+                        "--url {url:?}: expected the http:// or https:// URL of a streamable HTTP MCP endpoint"
+                    );
+                }
+                args.url = Some(url);
+                "--url"
+            }
+            "--server" => {
+                args.server = Some(value("--server")?);
+                "--server"
             }
             "--older-than" => {
                 let text = value("--older-than")?;
@@ -507,6 +538,7 @@ pub(crate) fn parse_args(raw: Vec<String>) -> Result<Parsed> {
             "resume" | "show" => "one THREAD".to_owned(),
             "threads rm" => "one or more THREADs".to_owned(),
             "init" => "at most one DIR".to_owned(),
+            "mcp call" => "a TOOL, then KEY=VALUE arguments".to_owned(),
             _ => "no positional arguments".to_owned(),
         };
         bail!(
@@ -521,10 +553,35 @@ pub(crate) fn parse_args(raw: Vec<String>) -> Result<Parsed> {
     if args.command == "threads prune" && args.older_than.is_none() {
         bail!("`awaken threads prune` needs --older-than AGE (e.g. 30d)\n\n{usage}");
     }
+    if args.command.starts_with("mcp ") {
+        mcp_target(&args, usage)?;
+    }
     if args.quiet && args.json {
         bail!("--quiet and --json exclude each other (--json prints every event)");
     }
     Ok(Parsed::Command(Box::new(args)))
+}
+
+/// Checks that an `mcp` command names its server one way: `--url URL`, or `--agent FILE` (with
+/// `--server NAME` for `mcp call`).
+fn mcp_target(args: &Args, usage: &str) -> Result<()> {
+    let call = args.command == "mcp call";
+    match (&args.url, &args.agent, &args.server) {
+        (Some(_), Some(_), _) => bail!("--url and --agent exclude each other\n\n{usage}"),
+        (Some(_), None, Some(_)) => {
+            bail!("--server names a server of the agent file; with --url leave it out\n\n{usage}")
+        }
+        (None, None, _) if call => {
+            bail!("`awaken mcp call` needs --url URL, or --agent FILE --server NAME\n\n{usage}")
+        }
+        (None, None, _) => bail!("`awaken mcp list` needs --agent FILE or --url URL\n\n{usage}"),
+        (None, Some(_), None) if call => {
+            bail!(
+                "`awaken mcp call --agent FILE` needs --server NAME (one of the file's [[mcp_servers]])\n\n{usage}"
+            )
+        }
+        _ => Ok(()),
+    }
 }
 
 /// A global option taken from the words.

@@ -5,10 +5,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::anyhow;
-use awaken::event::{ContentBlock, EffectClass, Message, Role, ThreadId, ToolCallState};
-use awaken::mcp::{McpServer, McpServerStatus};
+use awaken::event::{ContentBlock, Message, Role, ThreadId, ToolCallState};
 use awaken::plugin::{DeclarativePlugin, Plugin, PluginRegistry};
-use awaken::spec::McpTransportSpec;
 use awaken_store::{MemoryStore, RunRecord, RunStatus, ThreadStore, ThreadSummary};
 use serde_json::{Value, json};
 
@@ -574,108 +572,5 @@ fn list(items: &[String]) -> String {
         "-".to_owned()
     } else {
         items.join(", ")
-    }
-}
-
-/// `awaken mcp list --agent FILE [--json]`: connects to each MCP server of the file at once and
-/// prints it with its transport, state and tools, or why it could not be connected. Exit 1 when
-/// a server could not be connected.
-pub(crate) async fn mcp_list(args: Args) -> Result<u8, Exit> {
-    let file = load_file(&args)?;
-    if file.mcp_servers.is_empty() {
-        outln!("{}: no [[mcp_servers]]", file.path.display());
-        return Ok(0);
-    }
-    let tasks: Vec<_> = file
-        .mcp_servers
-        .iter()
-        .map(|spec| tokio::spawn(McpServer::connect(spec.clone())))
-        .collect();
-    let mut failed = 0usize;
-    for (spec, task) in file.mcp_servers.iter().zip(tasks) {
-        let connected = task
-            .await
-            .map_err(|e| anyhow!("an MCP connection task failed: {e}"))?;
-        let transport = match spec.transport() {
-            McpTransportSpec::Stdio { command } => format!("stdio: {command}"),
-            McpTransportSpec::Http { url } => format!("http: {url}"),
-        };
-        match connected {
-            Ok(server) => {
-                let status = server.status();
-                server.shutdown().await;
-                if args.json {
-                    outln!("{}", status_json(&status));
-                    continue;
-                }
-                outln!(
-                    "{} ({}) {}, {} tool(s)",
-                    status.name,
-                    status.transport,
-                    status.state,
-                    status.tools.len()
-                );
-                for tool in &status.tools {
-                    outln!(
-                        "  {}  {}  {}",
-                        tool.id,
-                        effect_name(tool.effect),
-                        clip(&tool.description, 100)
-                    );
-                }
-                for skipped in &status.skipped {
-                    outln!("  left out: {}: {}", skipped.mcp_name, skipped.reason);
-                }
-            }
-            Err(e) => {
-                failed += 1;
-                if args.json {
-                    outln!(
-                        "{}",
-                        json!({ "name": spec.name, "transport": transport, "state": "failed", "error": e.to_string() })
-                    );
-                } else {
-                    outln!("{} ({transport}) failed: {e}", spec.name);
-                }
-            }
-        }
-    }
-    Ok(u8::from(failed > 0))
-}
-
-/// A connected server as one JSON object.
-fn status_json(status: &McpServerStatus) -> Value {
-    let tools: Vec<Value> = status
-        .tools
-        .iter()
-        .map(|t| {
-            json!({
-                "id": t.id,
-                "mcp_name": t.mcp_name,
-                "effect": effect_name(t.effect),
-                "description": t.description,
-            })
-        })
-        .collect();
-    let skipped: Vec<Value> = status
-        .skipped
-        .iter()
-        .map(|s| json!({ "mcp_name": s.mcp_name, "reason": s.reason }))
-        .collect();
-    json!({
-        "name": status.name,
-        "transport": status.transport,
-        "state": status.state.to_string(),
-        "tools": tools,
-        "skipped": skipped,
-    })
-}
-
-/// An effect class as the agent file and the JSON forms spell it.
-fn effect_name(effect: EffectClass) -> &'static str {
-    match effect {
-        EffectClass::ReadOnly => "read_only",
-        EffectClass::Idempotent => "idempotent",
-        EffectClass::SideEffecting => "side_effecting",
     }
 }

@@ -18,6 +18,7 @@ mod chat;
 mod init;
 mod inspect;
 mod log;
+mod mcp;
 mod output;
 mod run;
 mod script;
@@ -109,7 +110,8 @@ fn main() -> ExitCode {
             "show" => rt.block_on(inspect::show(args)),
             "validate" => rt.block_on(inspect::validate(args)),
             "plugins" => inspect::plugins(args),
-            "mcp list" => rt.block_on(inspect::mcp_list(args)),
+            "mcp list" => rt.block_on(mcp::mcp_list(args)),
+            "mcp call" => rt.block_on(mcp::mcp_call(args)),
             "init" => init::init(args),
             other => Err(bad_input(anyhow!(
                 "unknown command `{other}`\n\n{}",

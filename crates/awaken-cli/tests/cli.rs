@@ -14,8 +14,12 @@ use serde_json::Value;
 
 #[path = "cli/commands.rs"]
 mod commands;
+#[path = "cli/conformance.rs"]
+mod conformance;
 #[path = "cli/mcp.rs"]
 mod mcp;
+#[path = "cli/mcp_call.rs"]
+mod mcp_call;
 #[cfg(feature = "otel")]
 #[path = "cli/otel.rs"]
 mod otel;

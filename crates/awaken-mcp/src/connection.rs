@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use rmcp::service::{Peer, RoleClient};
+use tokio::sync::watch;
 
 use crate::error::McpError;
 use crate::handler::ProgressRoutes;
@@ -45,6 +46,8 @@ pub(crate) struct Connection {
     pub(crate) timeout: Duration,
     pub(crate) progress: Arc<ProgressRoutes>,
     pub(crate) live: Mutex<Live>,
+    /// The state, for those who wait on its changes.
+    pub(crate) states: watch::Sender<McpServerState>,
 }
 
 pub(crate) struct Live {
@@ -92,6 +95,8 @@ impl Connection {
         if let McpServerState::Reconnecting { attempt, cause } = &state {
             tracing::warn!(server = %self.name, attempt, %cause, "MCP server unavailable, reconnecting");
         }
-        *self.live.lock().unwrap_or_else(PoisonError::into_inner) = Live { peer, state };
+        let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        self.states.send_replace(state.clone());
+        *live = Live { peer, state };
     }
 }

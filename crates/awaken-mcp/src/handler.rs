@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use rmcp::ClientHandler;
 use rmcp::model::{
     ClientCapabilities, ClientConfig, Implementation, ProgressNotificationParam, ProgressToken,
+    ProtocolVersion,
 };
 use rmcp::service::{NotificationContext, RoleClient};
 use serde_json::{Value, json};
@@ -113,9 +114,12 @@ impl ClientHandler for Handler {
     }
 
     fn get_info(&self) -> ClientConfig {
+        // rmcp's default is its newest version, which servers and the official conformance
+        // suite do not accept yet; 2025-11-25 is the newest that begins with `initialize`.
         ClientConfig::new(
             ClientCapabilities::default(),
             Implementation::new("awaken", env!("CARGO_PKG_VERSION")),
         )
+        .with_protocol_version(ProtocolVersion::V_2025_11_25)
     }
 }

@@ -20,3 +20,4 @@ mod tool;
 pub use connection::McpServerState;
 pub use error::McpError;
 pub use server::{McpServer, McpServerStatus, McpToolInfo, SkippedTool};
+pub use tool::IDEMPOTENCY_META_KEY;

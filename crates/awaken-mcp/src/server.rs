@@ -176,6 +176,11 @@ impl McpServer {
         self.server.listings.subscribe()
     }
 
+    /// The connection's state, as it changes (ready, reconnecting with the cause, stopped).
+    pub fn state_changes(&self) -> watch::Receiver<McpServerState> {
+        self.server.connection.states.subscribe()
+    }
+
     /// Closes the connection for good (a stdio server's process is stopped) and waits until
     /// it is closed. Calls made after fail.
     pub async fn shutdown(&self) {
@@ -231,17 +236,19 @@ struct Server {
 
 impl Server {
     fn new(spec: McpServerSpec) -> Self {
+        let not_yet = McpServerState::Reconnecting {
+            attempt: 0,
+            cause: "not connected yet".to_owned(),
+        };
         let connection = Arc::new(Connection {
             name: spec.name.clone(),
             timeout: spec.timeout().get(),
             progress: Arc::default(),
             live: Mutex::new(Live {
                 peer: None,
-                state: McpServerState::Reconnecting {
-                    attempt: 0,
-                    cause: "not connected yet".to_owned(),
-                },
+                state: not_yet.clone(),
             }),
+            states: watch::Sender::new(not_yet),
         });
         Self {
             spec,
@@ -421,7 +428,11 @@ impl Server {
                 .or(tool.title.as_deref())
                 .unwrap_or_default()
                 .to_owned();
-            let effect = effect_of(tool.annotations.as_ref());
+            let effect = if self.spec.trust_annotations {
+                effect_of(tool.annotations.as_ref())
+            } else {
+                EffectClass::SideEffecting
+            };
             let descriptor = ToolDescriptor::new(id.clone(), description.clone())
                 .with_parameters(serde_json::Value::Object((*tool.input_schema).clone()))
                 .with_effect(effect);

@@ -8,13 +8,16 @@ use awaken_event::{EffectClass, ToolDescriptor};
 use awaken_tool::{Tool, ToolCallContext, ToolError, ToolOutput};
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotificationParam,
-    ClientRequest, ServerResult, ToolAnnotations,
+    ClientRequest, RequestMetaObject, ServerResult, ToolAnnotations,
 };
 use rmcp::service::{PeerRequestOptions, ServiceError};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::connection::Connection;
+
+/// The `_meta` key under which each call carries its idempotency key.
+pub const IDEMPOTENCY_META_KEY: &str = "awaken/idempotency-key";
 
 /// A tool the server lists, called by its MCP name.
 pub(crate) struct McpTool {
@@ -102,6 +105,14 @@ impl Tool for McpTool {
             Value::Object(map) => Some(map.clone()),
             _ => None,
         };
+        // The same key on every attempt of this call: a server that honours it can make a
+        // re-run after a crash harmless.
+        let mut meta = serde_json::Map::with_capacity(1);
+        meta.insert(
+            IDEMPOTENCY_META_KEY.to_owned(),
+            Value::String(ctx.idempotency_key().as_str().to_owned()),
+        );
+        params.meta = Some(RequestMetaObject::from(meta));
         let timeout = self.connection.timeout();
         let options = PeerRequestOptions::with_timeout(timeout);
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));

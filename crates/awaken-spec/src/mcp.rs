@@ -56,6 +56,19 @@ pub struct McpServerSpec {
     /// None of the tools whose MCP name matches one of these patterns.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exclude: Vec<Glob>,
+    /// Whether the tools' annotations (`readOnlyHint`, `idempotentHint`, `destructiveHint`)
+    /// decide their effect class (default true). False for a server whose hints are not to be
+    /// relied on: every tool is then side-effecting, so recovery never re-runs a call.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub trust_annotations: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(value: &bool) -> bool {
+    *value
 }
 
 /// How an [`McpServerSpec`] reaches its server.
@@ -108,6 +121,7 @@ impl McpServerSpec {
             tool_prefix: None,
             include: Vec::new(),
             exclude: Vec::new(),
+            trust_annotations: true,
         }
     }
 
@@ -144,6 +158,12 @@ impl McpServerSpec {
     /// Leaves out the tools matching `pattern`.
     pub fn with_exclude(mut self, pattern: Glob) -> Self {
         self.exclude.push(pattern);
+        self
+    }
+
+    /// Sets whether the tools' annotations decide their effect class.
+    pub fn with_trusted_annotations(mut self, trust: bool) -> Self {
+        self.trust_annotations = trust;
         self
     }
 

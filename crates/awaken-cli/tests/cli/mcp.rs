@@ -2,8 +2,9 @@
 //! mcp list` shows its tools, and a server that cannot start is named by `mcp list` and
 //! `validate`.
 
-use std::io::Write as _;
-use std::process::Output;
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::process::{Output, Stdio};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -131,4 +132,114 @@ deltas = ["hi"]
         "{}",
         text(&out.stderr)
     );
+}
+
+/// Runs an agent whose MCP call (the reference server's long-running operation) is killed with
+/// SIGKILL once it is executing (its first progress event), waits out the run's lease, and
+/// recovers the run; returns what the recovery printed (`--json`) and the thread's transcript.
+fn kill_during_the_call_then_recover(name: &str, trust_annotations: bool) -> (String, String) {
+    let dir = temp_dir(name);
+    let script = repo()
+        .join("tests/node/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    let agent = dir.join("slow.toml");
+    std::fs::write(
+        &agent,
+        format!(
+            r#"
+[agent]
+id = "slow"
+model = "default"
+max_rounds = 4
+
+[model]
+id = "default"
+provider = "scripted"
+upstream_model = "scripted"
+context_window = 32000
+
+[[mcp_servers]]
+name = "everything"
+command = "node"
+args = [{script:?}, "stdio"]
+timeout = "30s"
+include = ["trigger-long-running-operation"]
+trust_annotations = {trust_annotations}
+
+[[script.turns]]
+tool_calls = [{{ id = "call_1", name = "everything__trigger-long-running-operation", arguments = {{ duration = 1, steps = 10 }} }}]
+
+[[script.turns]]
+deltas = ["Recovered."]
+"#,
+            script = script.display().to_string()
+        ),
+    )
+    .expect("write the agent");
+    let agent = agent.to_str().expect("utf-8");
+    let store = format!("sqlite:{}", dir.join("awaken.db").display());
+    let mut child = command()
+        .args([
+            "run", "--agent", agent, "--store", &store, "--thread", "k", "--json", "Go",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the run");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let progressed =
+        lines.any(|line| line.is_ok_and(|l| l.contains("\"type\":\"tool_call_progress\"")));
+    assert!(
+        progressed,
+        "the call reported progress before the run ended"
+    );
+    child.kill().expect("SIGKILL");
+    let _ = child.wait();
+    // The dead process's lease runs out a second after its last heartbeat.
+    std::thread::sleep(Duration::from_millis(1500));
+    let recovered = command()
+        .args(["recover", "--agent", agent, "--store", &store, "--json"])
+        .output()
+        .expect("recover runs");
+    assert_eq!(
+        recovered.status.code(),
+        Some(0),
+        "{}\n{}",
+        text(&recovered.stderr),
+        text(&recovered.stdout)
+    );
+    let shown = command()
+        .args(["show", "k", "--store", &store])
+        .output()
+        .expect("show runs");
+    let _ = std::fs::remove_dir_all(&dir);
+    (text(&recovered.stdout), text(&shown.stdout))
+}
+
+#[test]
+fn a_read_only_mcp_call_killed_while_executing_is_run_again_by_recovery() {
+    if !peer_installed() {
+        return;
+    }
+    let (recovered, shown) = kill_during_the_call_then_recover("mcp-kill-ro", true);
+    assert!(
+        recovered.contains("Long running operation completed"),
+        "the read-only call ran again: {recovered}"
+    );
+    assert!(!recovered.contains("outcome unknown"), "{recovered}");
+    assert!(shown.contains("Recovered."), "{shown}");
+}
+
+#[test]
+fn a_side_effecting_mcp_call_killed_while_executing_is_closed_as_outcome_unknown() {
+    if !peer_installed() {
+        return;
+    }
+    let (recovered, shown) = kill_during_the_call_then_recover("mcp-kill-se", false);
+    assert!(
+        !recovered.contains("Long running operation completed"),
+        "the side-effecting call did not run again: {recovered}"
+    );
+    assert!(shown.contains("outcome unknown"), "{shown}");
+    assert!(shown.contains("Recovered."), "{shown}");
 }

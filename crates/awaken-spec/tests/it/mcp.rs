@@ -61,12 +61,30 @@ tool_prefix = "web_"
     );
     assert_eq!(spec.timeout(), DurationSpec::from_secs(5));
     assert_eq!(spec.tool_prefix(), "web_");
+    assert!(spec.trust_annotations, "annotations are trusted by default");
     assert_eq!(
         spec,
         McpServerSpec::http("search", "http://127.0.0.1:3001/mcp")
             .with_header("Authorization", "Bearer ${SEARCH_TOKEN}")
             .with_timeout(DurationSpec::from_secs(5))
             .with_tool_prefix("web_")
+    );
+}
+
+#[test]
+fn annotations_can_be_distrusted() {
+    let spec =
+        McpServerSpec::from_toml_str("name = \"s\"\ncommand = \"x\"\ntrust_annotations = false\n")
+            .expect("valid");
+    assert!(!spec.trust_annotations);
+    let text = serde_json::to_string(&spec).expect("ser");
+    assert_eq!(
+        text,
+        r#"{"name":"s","command":"x","trust_annotations":false}"#
+    );
+    assert_eq!(
+        spec,
+        McpServerSpec::stdio("s", "x", [""; 0]).with_trusted_annotations(false)
     );
 }
 
