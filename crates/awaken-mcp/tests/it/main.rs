@@ -5,3 +5,4 @@
 mod calls;
 mod failures;
 mod peers;
+mod runtime;
