@@ -163,12 +163,15 @@ async fn a_changed_tool_list_reaches_the_tools_and_filters_apply() {
     let mut listings = server.tool_listings();
     tokio::time::timeout(
         Duration::from_secs(20),
-        listings.wait_for(|_| {
-            server
-                .status()
-                .tools
-                .iter()
-                .any(|t| t.mcp_name == "simulate-research-query")
+        // The first listing is made at connection; a second one only because the server said
+        // its list changed.
+        listings.wait_for(|n| {
+            *n >= 2
+                && server
+                    .status()
+                    .tools
+                    .iter()
+                    .any(|t| t.mcp_name == "simulate-research-query")
         }),
     )
     .await
