@@ -9,7 +9,7 @@ use awaken_spec::{Glob, McpServerSpec};
 use awaken_tool::ToolError;
 use serde_json::json;
 
-use crate::peers::{context, everything, http_server, stdio_spec, tool};
+use crate::peers::{changing_tools, context, everything, http_server, listening, stdio_spec, tool};
 
 /// Lists, calls and the error of a failed call, the same over either transport.
 async fn lists_and_calls(server: &McpServer) {
@@ -185,4 +185,55 @@ async fn a_changed_tool_list_reaches_the_tools_and_filters_apply() {
         status.tools
     );
     assert!(status.tools.iter().any(|t| t.id == "x_echo"));
+}
+
+/// A tool the server adds when asked reaches the tool list, and can be called.
+async fn a_new_tool_is_listed_and_called(server: &McpServer) {
+    let prefix = format!("{}__", server.name());
+    let mut listings = server.tool_listings();
+    let before = *listings.borrow_and_update();
+    let (ctx, _) = context("call-add");
+    let out = tool(server, &format!("{prefix}add_tool"))
+        .tool()
+        .execute(&json!({"name": "fresh"}), &ctx)
+        .await
+        .expect("add_tool answers");
+    assert_eq!(*out.result.content, json!("added fresh"));
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        listings.wait_for(|n| {
+            *n > before && server.status().tools.iter().any(|t| t.mcp_name == "fresh")
+        }),
+    )
+    .await
+    .expect("the new list is read after the server said it changed")
+    .expect("the server is still supervised");
+    let out = tool(server, &format!("{prefix}fresh"))
+        .tool()
+        .execute(&json!({}), &ctx)
+        .await
+        .expect("the new tool answers");
+    assert_eq!(*out.result.content, json!("fresh called"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_the_server_adds_reaches_the_tools_over_stdio() {
+    let Some(script) = changing_tools() else {
+        return;
+    };
+    let spec = McpServerSpec::stdio("changing", "node", [script.as_str(), "stdio"]);
+    let server = McpServer::connect(spec).await.expect("connects");
+    a_new_tool_is_listed_and_called(&server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_the_server_adds_reaches_the_tools_over_http() {
+    let Some(script) = changing_tools() else {
+        return;
+    };
+    let (_child, url) = listening(&[script.as_str(), "http"]).await;
+    let server = McpServer::connect(McpServerSpec::http("changing", url))
+        .await
+        .expect("connects");
+    a_new_tool_is_listed_and_called(&server).await;
 }

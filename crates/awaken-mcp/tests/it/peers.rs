@@ -53,17 +53,34 @@ pub fn stdio_spec(name: &str, script: &str) -> McpServerSpec {
 /// The reference server over streamable HTTP on a port of 127.0.0.1 the system picks; the
 /// process is killed when the returned child is dropped.
 pub async fn http_server(script: &str) -> (tokio::process::Child, String) {
+    let preload = node_dir().join("loopback.mjs").display().to_string();
+    listening(&["--import", &preload, script, "streamableHttp"]).await
+}
+
+/// The server whose tool list changes on demand (`tests/node/changing-tools.mjs`), or `None`
+/// when the official SDK is not installed (a failure with `AWAKEN_REQUIRE_MCP_PEERS=1`).
+pub fn changing_tools() -> Option<String> {
+    everything()?;
+    let sdk = node_dir().join("node_modules/@modelcontextprotocol/sdk/package.json");
+    assert!(
+        sdk.exists(),
+        "{} is missing: run `npm ci --prefix tests/node`",
+        sdk.display()
+    );
+    Some(node_dir().join("changing-tools.mjs").display().to_string())
+}
+
+/// `node` with `args`, once it says on stderr `LISTENING HOST:PORT`; its `/mcp` URL. The
+/// process is killed when the returned child is dropped.
+pub async fn listening(args: &[&str]) -> (tokio::process::Child, String) {
     let mut child = tokio::process::Command::new("node")
-        .arg("--import")
-        .arg(node_dir().join("loopback.mjs"))
-        .arg(script)
-        .arg("streamableHttp")
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .expect("start the reference server");
+        .expect("start the server");
     let stderr = child.stderr.take().expect("stderr is piped");
     let mut lines = tokio::io::BufReader::new(stderr).lines();
     let address = loop {
