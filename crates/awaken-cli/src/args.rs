@@ -22,7 +22,7 @@ commands:
   serve      serve agents over HTTP: the /v1 API, with resumable event streams
   threads    list the stored threads; `threads rm`, `threads prune` delete them
   show       print a thread's transcript
-  validate   check an agent file without running it (offline)
+  validate   check an agent file without running it (no model request)
   plugins    list and check declarative plugin manifests
   mcp list   connect to an agent file's MCP servers (or one --url) and list their tools
   mcp call   call one tool of an MCP server with KEY=VALUE arguments and print its result
@@ -121,8 +121,9 @@ answer them. --json prints the stored checkpoint, runs and events as JSON lines.
             "\
 usage: awaken validate --agent FILE [--script FILE] [--model NAME]
 
-Checks the agent file and resolves its agent, offline: no request is sent and no API key is
-needed (the key is checked when a run starts)."
+Checks the agent file and resolves its agent without a model request: no API key is needed
+(the key is checked when a run starts). The file's MCP servers ([[mcp_servers]]) are started
+and listed, so one that cannot be connected is reported with its cause."
         }
         "mcp" => {
             "\
