@@ -33,6 +33,7 @@ use crate::request::InferenceRequest;
 /// [[turns]]
 /// deltas = ["Found ", "it."]
 /// usage = { input_tokens = 12, output_tokens = 3 }
+/// delay_ms = 50            # a slow model: a pause before each streamed event
 ///
 /// [[turns]]
 /// error = { kind = "rate_limited", retry_after_ms = 200 }
@@ -90,6 +91,9 @@ pub struct ScriptTurn {
     /// [`InferenceExecutionError::Cancelled`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub wait_for_cancel: bool,
+    /// A pause, in milliseconds, before each streamed event of the turn (a slow model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<u64>,
     /// The turn played instead of this one when the request answers a tool call that failed
     /// or was refused (denied by a human, blocked by a gate, ...). TOML: a `[turns.if_refused]`
     /// table under the turn, or `if_refused = { text = "..." }`. It cannot have an
@@ -671,24 +675,32 @@ impl LlmExecutor for ScriptedExecutor {
             let played = {
                 let mut state = this.lock();
                 let n = state.next;
-                let played = state
-                    .turns
-                    .get(n)
-                    .map(|turn| play(turn.for_request(&request), n + 1));
+                let played = state.turns.get(n).map(|turn| {
+                    let turn = turn.for_request(&request);
+                    (play(turn, n + 1), turn.delay_ms)
+                });
                 if played.is_some() {
                     state.next += 1;
                 }
                 state.requests.push(request);
                 played
             };
-            let Some((events, ending)) = played else {
+            let Some(((events, ending), delay)) = played else {
                 let turns = this.lock().turns.len();
                 return stream::once(async move {
                     Err(InferenceExecutionError::ScriptExhausted { turns })
                 })
                 .boxed();
             };
-            let head = stream::iter(events.into_iter().map(Ok));
+            let head = match delay {
+                Some(ms) if ms > 0 => stream::iter(events)
+                    .then(move |e| async move {
+                        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                        Ok(e)
+                    })
+                    .boxed(),
+                _ => stream::iter(events.into_iter().map(Ok)).boxed(),
+            };
             match ending {
                 Ending::Stop => head.boxed(),
                 Ending::Error(e) => head.chain(stream::once(async move { Err(e) })).boxed(),

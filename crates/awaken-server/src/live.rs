@@ -100,6 +100,17 @@ pub(crate) struct Frame {
     pub(crate) bytes: Bytes,
 }
 
+impl Frame {
+    /// The frame's event, read back from its `data` line (`None` for the error put in place of
+    /// an event that could not be written).
+    pub(crate) fn event(&self) -> Option<AgentEvent> {
+        let text = self.bytes.as_ref();
+        let at = text.windows(7).position(|w| w == b"\ndata: ")? + 7;
+        let data = text[at..].strip_suffix(b"\n\n")?;
+        serde_json::from_slice(data).ok()
+    }
+}
+
 /// The SSE frame of `event`: `id`, `event` (its type name) and `data` (its JSON form, one
 /// line).
 pub(crate) fn frame(id: EventId, event: &AgentEvent) -> Frame {

@@ -30,7 +30,7 @@ use tower_http::trace::TraceLayer;
 use crate::app::AgentServer;
 use crate::error::ApiError;
 use crate::live::{EventId, LiveRun, LiveSink};
-use crate::sse::event_stream;
+use crate::sse::{Encoder, encoded_stream, event_stream};
 
 type ApiResult<T = Response> = Result<T, ApiError>;
 
@@ -191,7 +191,7 @@ async fn readyz(State(server): State<AgentServer>) -> Response {
 // ---- request parsing ----
 
 /// The thread named in the path, or 400.
-fn thread_id(raw: &str) -> ApiResult<ThreadId> {
+pub(crate) fn thread_id(raw: &str) -> ApiResult<ThreadId> {
     ThreadId::new(raw).map_err(|e| {
         ApiError::bad_field(
             "invalid_thread_id",
@@ -202,7 +202,7 @@ fn thread_id(raw: &str) -> ApiResult<ThreadId> {
 }
 
 /// A JSON body, or 400 (malformed, wrong fields) or 413 (too large).
-fn json_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> ApiResult<T> {
+pub(crate) fn json_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> ApiResult<T> {
     let body = body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::new(
@@ -473,11 +473,16 @@ async fn start_run(
         activation = activation.with_profile(profile);
     }
     let cancel = activation.cancel.clone();
-    launch(&server, &thread, cancel, Job::Run(activation), stream).await
+    launch(&server, &thread, cancel, Job::Run(activation), answer(stream)).await
+}
+
+/// The native answer: the event stream, or the outcome when the run ends.
+fn answer(stream: bool) -> Answer {
+    if stream { Answer::Native } else { Answer::Outcome }
 }
 
 /// The agent a request names, else the configured default, else the server's only agent.
-fn pick_agent(server: &AgentServer, named: Option<&str>) -> ApiResult<String> {
+pub(crate) fn pick_agent(server: &AgentServer, named: Option<&str>) -> ApiResult<String> {
     let registries = server.shared.runtime.resolver().registries();
     match named {
         Some(id) if registries.agent(id).is_some() => Ok(id.to_owned()),
@@ -509,21 +514,22 @@ fn pick_agent(server: &AgentServer, named: Option<&str>) -> ApiResult<String> {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DecisionsBody {
-    decisions: Vec<DecisionBody>,
+    decisions: Vec<Decision>,
 }
 
-#[derive(Deserialize)]
+/// A decision on a waiting call, as a client gives it.
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct DecisionBody {
-    call_id: String,
-    decision: ResumeDecision,
+pub(crate) struct Decision {
+    pub(crate) call_id: String,
+    pub(crate) decision: ResumeDecision,
     /// The digest of the arguments the decision was made on (from the call's suspension
     /// event); when given, a call whose arguments differ is refused.
     #[serde(default)]
-    argument_digest: Option<String>,
+    pub(crate) argument_digest: Option<String>,
     /// An answer, checked against the ticket's response schema.
     #[serde(default)]
-    payload: Option<Value>,
+    pub(crate) payload: Option<Value>,
 }
 
 async fn decide(
@@ -535,7 +541,19 @@ async fn decide(
     let thread = thread_id(&raw)?;
     let stream = streams(query)?;
     let request: DecisionsBody = json_body(body)?;
-    if request.decisions.is_empty() {
+    let resume = resume_of(&server, &thread, request.decisions).await?;
+    let cancel = resume.cancel.clone();
+    launch(&server, &thread, cancel, Job::Resume(resume), answer(stream)).await
+}
+
+/// The resume of `thread`'s waiting calls with `decisions`, checked: 400 for none, a duplicate
+/// or a call that does not wait; 404 for an unknown thread; 409 when nothing waits.
+pub(crate) async fn resume_of(
+    server: &AgentServer,
+    thread: &ThreadId,
+    decisions: Vec<Decision>,
+) -> ApiResult<Resume> {
+    if decisions.is_empty() {
         return Err(ApiError::bad_field(
             "no_decisions",
             "decisions",
@@ -543,9 +561,9 @@ async fn decide(
         ));
     }
     let runtime = &server.shared.runtime;
-    stored_thread(&server, &thread).await?;
+    stored_thread(server, thread).await?;
     let tickets = runtime
-        .waiting_calls(&thread)
+        .waiting_calls(thread)
         .await
         .map_err(ApiError::from)?;
     if tickets.is_empty() {
@@ -562,7 +580,7 @@ async fn decide(
             .join(", ")
     };
     let mut resume = Resume::new(thread.clone());
-    for d in request.decisions {
+    for d in decisions {
         if resume
             .decisions
             .iter()
@@ -600,8 +618,7 @@ async fn decide(
         }
         resume = resume.with_decision(decision);
     }
-    let cancel = resume.cancel.clone();
-    launch(&server, &thread, cancel, Job::Resume(resume), stream).await
+    Ok(resume)
 }
 
 async fn cancel(State(server): State<AgentServer>, Path(raw): Path<String>) -> ApiResult {
@@ -640,20 +657,29 @@ async fn cancel(State(server): State<AgentServer>, Path(raw): Path<String>) -> A
 }
 
 /// What a launched task runs.
-enum Job {
+pub(crate) enum Job {
     Run(RunActivation),
     Resume(Resume),
 }
 
-/// Starts `job` on its own task (it goes on whatever its client does) and answers with its
-/// event stream, or with its outcome when it ends (`stream` false); a run that could not start
-/// answers with why.
-async fn launch(
+/// How a launched job is answered.
+pub(crate) enum Answer {
+    /// The native event stream.
+    Native,
+    /// The outcome, when the run ends.
+    Outcome,
+    /// The activation's events (from its start to its end) as this encoder writes them.
+    Encoded(Box<dyn Encoder>),
+}
+
+/// Starts `job` on its own task (it goes on whatever its client does) and answers as asked; a
+/// run that could not start answers with why.
+pub(crate) async fn launch(
     server: &AgentServer,
     thread: &ThreadId,
     cancel: awaken_event::CancellationToken,
     job: Job,
-    stream: bool,
+    answer: Answer,
 ) -> ApiResult {
     let shared = &server.shared;
     if shared.closing.is_cancelled() {
@@ -702,15 +728,24 @@ async fn launch(
         },
         () = closing.cancelled() => return Err(shutting_down()),
     }
-    if !stream {
-        return tokio::select! {
+    match answer {
+        Answer::Outcome => tokio::select! {
             ended = live.ended() => ended.map(|v| Json(v).into_response()),
             () = closing.cancelled() => Err(shutting_down()),
-        };
-    }
-    event_stream(server.stream_context(), thread.clone(), Some(live), None)
+        },
+        Answer::Native => event_stream(server.stream_context(), thread.clone(), Some(live), None)
+            .await
+            .map_err(store_failed),
+        Answer::Encoded(encoder) => encoded_stream(
+            server.stream_context(),
+            thread.clone(),
+            Some(live),
+            None,
+            encoder,
+        )
         .await
-        .map_err(store_failed)
+        .map_err(store_failed),
+    }
 }
 
 /// Runs `job` to its end, writing its events to `live`.

@@ -17,6 +17,51 @@ use tokio::sync::broadcast;
 
 use crate::live::{EventId, Frame, LiveRun, frame};
 
+/// Turns a thread's event stream into a wire protocol's bytes: the native stream sends each
+/// frame as it is; a protocol edge translates the frames' events.
+pub(crate) trait Encoder: Send + Sync + 'static {
+    /// The bytes for one event of the thread's log.
+    fn frame(&mut self, frame: &Frame, out: &mut VecDeque<Bytes>);
+    /// A notice outside the log (`lagged`, `shutdown`, `error`) with its JSON data.
+    fn notice(&mut self, kind: &str, data: &serde_json::Value, out: &mut VecDeque<Bytes>);
+    /// Once, when the stream ends: a last chunk such as `data: [DONE]`.
+    fn end(&mut self, out: &mut VecDeque<Bytes>) {
+        let _ = out;
+    }
+    /// Whether the stream is complete (checked after each frame and notice): then `end`, and
+    /// nothing more.
+    fn complete(&self) -> bool {
+        false
+    }
+}
+
+impl Encoder for Box<dyn Encoder> {
+    fn frame(&mut self, frame: &Frame, out: &mut VecDeque<Bytes>) {
+        (**self).frame(frame, out);
+    }
+    fn notice(&mut self, kind: &str, data: &serde_json::Value, out: &mut VecDeque<Bytes>) {
+        (**self).notice(kind, data, out);
+    }
+    fn end(&mut self, out: &mut VecDeque<Bytes>) {
+        (**self).end(out);
+    }
+    fn complete(&self) -> bool {
+        (**self).complete()
+    }
+}
+
+/// The native stream: each event's frame as it is (`id`, `event`, `data`).
+pub(crate) struct Native;
+
+impl Encoder for Native {
+    fn frame(&mut self, frame: &Frame, out: &mut VecDeque<Bytes>) {
+        out.push_back(frame.bytes.clone());
+    }
+    fn notice(&mut self, kind: &str, data: &serde_json::Value, out: &mut VecDeque<Bytes>) {
+        out.push_back(notice(kind, data));
+    }
+}
+
 /// What a stream needs besides its thread and position.
 #[derive(Clone)]
 pub(crate) struct StreamContext {
@@ -25,13 +70,24 @@ pub(crate) struct StreamContext {
     pub(crate) closing: CancellationToken,
 }
 
-/// The stream of `thread_id` for a client positioned after `after` (`None`: from the live
-/// run's activation start, or from the thread's first event when none is live).
+/// The native stream of `thread_id` for a client positioned after `after` (`None`: from the
+/// live run's activation start, or from the thread's first event when none is live).
 pub(crate) async fn event_stream(
     ctx: StreamContext,
     thread_id: ThreadId,
     live: Option<Arc<LiveRun>>,
     after: Option<EventId>,
+) -> Result<Response, StoreError> {
+    encoded_stream(ctx, thread_id, live, after, Native).await
+}
+
+/// The stream of `thread_id` for a client positioned after `after`, as `encoder` writes it.
+pub(crate) async fn encoded_stream<E: Encoder>(
+    ctx: StreamContext,
+    thread_id: ThreadId,
+    live: Option<Arc<LiveRun>>,
+    after: Option<EventId>,
+    encoder: E,
 ) -> Result<Response, StoreError> {
     let keep_alive = ctx.keep_alive;
     let mut stream = EventStream {
@@ -43,6 +99,8 @@ pub(crate) async fn event_stream(
         rx: None,
         idle: Box::pin(tokio::time::sleep(keep_alive)),
         sent: false,
+        encoder,
+        ended: false,
     };
     stream.catch_up(after).await?;
     let body = Body::from_stream(futures_util::stream::unfold(stream, |mut s| async move {
@@ -60,7 +118,7 @@ pub(crate) async fn event_stream(
     Ok(response)
 }
 
-struct EventStream {
+struct EventStream<E> {
     ctx: StreamContext,
     thread_id: ThreadId,
     live: Option<Arc<LiveRun>>,
@@ -73,9 +131,12 @@ struct EventStream {
     idle: Pin<Box<tokio::time::Sleep>>,
     /// Whether something was sent since the last tick.
     sent: bool,
+    encoder: E,
+    /// Whether the encoder's `end` was queued.
+    ended: bool,
 }
 
-impl EventStream {
+impl<E: Encoder> EventStream<E> {
     /// Queues what the client misses after `after`, and attaches it to the live run.
     async fn catch_up(&mut self, after: Option<EventId>) -> Result<(), StoreError> {
         let Some(live) = self.live.clone() else {
@@ -115,7 +176,7 @@ impl EventStream {
                     if a.key() < first.key() && (first.sub > 0 || first.seq > a.seq + 1) =>
                 {
                     if attached.kept_from.is_some() {
-                        self.queue.push_back(lagged(a, first));
+                        self.notice("lagged", &lagged(a, first));
                     }
                     self.queue_stored(a, Some(first)).await?;
                 }
@@ -177,9 +238,36 @@ impl EventStream {
     }
 
     fn push(&mut self, f: Frame) {
+        if self.ended {
+            return;
+        }
         if self.last.is_none_or(|l| f.id.key() > l.key()) {
             self.last = Some(f.id);
-            self.queue.push_back(f.bytes);
+            self.encoder.frame(&f, &mut self.queue);
+            self.check_complete();
+        }
+    }
+
+    fn notice(&mut self, kind: &str, data: &serde_json::Value) {
+        if !self.ended {
+            self.encoder.notice(kind, data, &mut self.queue);
+            self.check_complete();
+        }
+    }
+
+    /// Ends the stream once the encoder says it is complete.
+    fn check_complete(&mut self) {
+        if self.encoder.complete() {
+            self.finish();
+        }
+    }
+
+    /// Queues the encoder's end; nothing is received after it.
+    fn finish(&mut self) {
+        if !self.ended {
+            self.ended = true;
+            self.rx = None;
+            self.encoder.end(&mut self.queue);
         }
     }
 
@@ -190,7 +278,13 @@ impl EventStream {
                 self.sent = true;
                 return Some(b);
             }
-            let rx = self.rx.as_mut()?;
+            let Some(rx) = self.rx.as_mut() else {
+                if self.ended {
+                    return None;
+                }
+                self.finish();
+                continue;
+            };
             tokio::select! {
                 biased;
                 received = rx.recv() => match received {
@@ -198,22 +292,23 @@ impl EventStream {
                     Err(broadcast::error::RecvError::Lagged(_)) => {
                         self.rx = None;
                         if let Err(e) = self.catch_up(self.last).await {
-                            self.queue.push_back(notice(
+                            self.notice(
                                 "error",
                                 &serde_json::json!({"message": format!("the stream cannot catch up: {e}")}),
-                            ));
+                            );
                         }
                     }
                     Err(broadcast::error::RecvError::Closed) => self.rx = None,
                 },
                 () = self.ctx.closing.cancelled() => {
                     self.rx = None;
-                    return Some(notice(
+                    self.notice(
                         "shutdown",
                         &serde_json::json!({
                             "message": "the server is shutting down; the run goes on from its last checkpoint when it restarts: reconnect with Last-Event-ID",
                         }),
-                    ));
+                    );
+                    self.finish();
                 }
                 () = self.idle.as_mut() => {
                     let next = tokio::time::Instant::now() + self.ctx.keep_alive;
@@ -235,13 +330,10 @@ fn notice(event: &str, data: &serde_json::Value) -> Bytes {
 
 /// Tells a client that the streamed deltas between `after` and `first` are gone from memory:
 /// it gets the stored events of that stretch, not its text deltas.
-fn lagged(after: EventId, first: EventId) -> Bytes {
-    notice(
-        "lagged",
-        &serde_json::json!({
-            "message": "the client fell behind: the streamed deltas between these events are gone; the stored events follow",
-            "after": after.to_string(),
-            "resumed_at": first.to_string(),
-        }),
-    )
+fn lagged(after: EventId, first: EventId) -> serde_json::Value {
+    serde_json::json!({
+        "message": "the client fell behind: the streamed deltas between these events are gone; the stored events follow",
+        "after": after.to_string(),
+        "resumed_at": first.to_string(),
+    })
 }

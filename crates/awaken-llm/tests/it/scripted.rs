@@ -166,6 +166,34 @@ async fn a_waiting_turn_stays_pending_until_dropped() {
     assert_eq!(exec.dropped_waits(), 1, "dropping the stream ends the wait");
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_delayed_turn_pauses_before_each_event() {
+    let exec = ScriptedExecutor::from_turns([ScriptTurn {
+        delay_ms: Some(100),
+        ..ScriptTurn::deltas(["a", "b"])
+    }])
+    .expect("valid");
+    let started = tokio::time::Instant::now();
+    let mut stream = exec.execute_stream(request("x"));
+    assert!(
+        stream.next().now_or_never().is_none(),
+        "the first delta waits for its pause"
+    );
+    let mut texts = Vec::new();
+    while let Some(event) = stream.next().await {
+        if let Ok(LlmStreamEvent::TextDelta(t)) = event {
+            texts.push((t, started.elapsed()));
+        }
+    }
+    assert_eq!(
+        texts,
+        [
+            ("a".to_owned(), Duration::from_millis(100)),
+            ("b".to_owned(), Duration::from_millis(200)),
+        ]
+    );
+}
+
 #[tokio::test]
 async fn cancel_waiting_ends_a_waiting_turn_with_cancelled() {
     let exec = ScriptedExecutor::from_turns([ScriptTurn::wait_for_cancel()]).expect("valid");
