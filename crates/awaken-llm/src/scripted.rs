@@ -692,15 +692,12 @@ impl LlmExecutor for ScriptedExecutor {
                 })
                 .boxed();
             };
-            let head = match delay {
-                Some(ms) if ms > 0 => stream::iter(events)
-                    .then(move |e| async move {
-                        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
-                        Ok(e)
-                    })
-                    .boxed(),
-                _ => stream::iter(events.into_iter().map(Ok)).boxed(),
-            };
+            let head = stream::iter(events).then(move |e| async move {
+                if let Some(ms) = delay.filter(|&ms| ms > 0) {
+                    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                }
+                Ok(e)
+            });
             match ending {
                 Ending::Stop => head.boxed(),
                 Ending::Error(e) => head.chain(stream::once(async move { Err(e) })).boxed(),
