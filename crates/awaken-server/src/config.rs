@@ -40,6 +40,8 @@ pub struct ServerConfig {
     pub cancel_wait: Duration,
     /// Origins allowed by CORS (`*` allows any); empty: no CORS headers.
     pub cors_origins: Vec<String>,
+    /// Serve the chat page at `/` (its API calls need the token like any other client's).
+    pub chat_page: bool,
     /// On shutdown, how long runs in flight get to end by themselves before they are stopped
     /// at their last checkpoint.
     pub shutdown_grace: Duration,
@@ -68,6 +70,7 @@ impl Default for ServerConfig {
             keep_alive: Duration::from_secs(15),
             cancel_wait: Duration::from_secs(30),
             cors_origins: Vec::new(),
+            chat_page: true,
             shutdown_grace: Duration::from_secs(10),
             worker_id: format!("awaken-server-{}", std::process::id()),
             lease_duration: Duration::from_secs(30),
@@ -111,6 +114,12 @@ impl ServerConfig {
     pub fn with_worker(mut self, worker_id: impl Into<String>, lease: Duration) -> Self {
         self.worker_id = worker_id.into();
         self.lease_duration = lease;
+        self
+    }
+
+    /// Turns the chat page at `/` on or off.
+    pub fn with_chat_page(mut self, on: bool) -> Self {
+        self.chat_page = on;
         self
     }
 

@@ -9,14 +9,19 @@
 //! held in a concurrent registry, each with a bounded broadcast that a slow client never holds
 //! up.
 //!
-//! The server translates the runtime's neutral events at the edge; it never changes what the
-//! runtime emits. It must never know terminal UI, and the library installs no log subscriber.
+//! Besides the native API it speaks two front-end protocols, AG-UI and the AI SDK's UI message
+//! stream, and serves a chat page at `/`. The server translates the runtime's neutral events at
+//! the edge; it never changes what the runtime emits. It must never know terminal UI, and the library installs no log subscriber.
 
+mod agui;
+mod ai_sdk;
 mod app;
 mod config;
 mod error;
 mod live;
+mod page;
 mod routes;
+mod runs;
 mod serve;
 mod sse;
 

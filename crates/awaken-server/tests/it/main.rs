@@ -1,8 +1,11 @@
 //! Integration tests of awaken-server: real HTTP on 127.0.0.1 with a real client, runs driven
 //! by a model the tests hold and release, streams read as Server-Sent Events.
 
+mod agui;
+mod ai_sdk;
 mod cancel;
 mod decisions;
+mod page;
 mod reconnect;
 mod refusals;
 mod shutdown;

@@ -1,0 +1,328 @@
+//! Starting and resuming runs, shared by the native routes and the protocol edges: request
+//! parsing, decisions checked against the waiting calls, and `launch`, which drives a run on its
+//! own task and answers natively, with its outcome, or through an encoder.
+
+use std::sync::Arc;
+use std::task::Poll;
+
+use awaken_event::{ResumeDecision, ThreadId, ToolCallResume};
+use awaken_runtime::{Resume, RunActivation, RunOutcome};
+use awaken_store::Checkpoint;
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use crate::app::AgentServer;
+use crate::error::ApiError;
+use crate::live::{LiveRun, LiveSink};
+use crate::sse::{Encoder, encoded_stream, event_stream};
+
+type ApiResult<T = Response> = Result<T, ApiError>;
+
+/// The thread named in the path, or 400.
+pub(crate) fn thread_id(raw: &str) -> ApiResult<ThreadId> {
+    ThreadId::new(raw).map_err(|e| {
+        ApiError::bad_field(
+            "invalid_thread_id",
+            "thread",
+            format!("invalid thread id: {e}"),
+        )
+    })
+}
+
+/// A JSON body, or 400 (malformed, wrong fields) or 413 (too large).
+pub(crate) fn json_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> ApiResult<T> {
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                "the request body is over the server's limit",
+            )
+        } else {
+            ApiError::bad_field("unreadable_body", "body", e.body_text())
+        }
+    })?;
+    serde_json::from_slice(&body).map_err(|e| {
+        if e.is_data() {
+            ApiError::bad_field("invalid_body", "body", e.to_string())
+        } else {
+            ApiError::bad_field(
+                "malformed_json",
+                "body",
+                format!("the body is not JSON: {e}"),
+            )
+        }
+    })
+}
+
+/// The store failed: 500, with its message.
+pub(crate) fn store_failed(e: impl std::fmt::Display) -> ApiError {
+    ApiError::internal("store_failed", format!("the thread store failed: {e}"))
+}
+
+/// The thread as stored, or 404.
+pub(crate) async fn stored_thread(
+    server: &AgentServer,
+    thread: &ThreadId,
+) -> ApiResult<Checkpoint> {
+    server
+        .shared
+        .runtime
+        .store()
+        .load_checkpoint(thread)
+        .await
+        .map_err(store_failed)?
+        .ok_or_else(|| ApiError::not_found("unknown_thread", format!("no thread `{thread}`")))
+}
+
+/// The agent a request names, else the configured default, else the server's only agent.
+pub(crate) fn pick_agent(server: &AgentServer, named: Option<&str>) -> ApiResult<String> {
+    let registries = server.shared.runtime.resolver().registries();
+    match named {
+        Some(id) if registries.agent(id).is_some() => Ok(id.to_owned()),
+        Some(id) => Err(ApiError::bad_field(
+            "unknown_agent",
+            "agent",
+            format!(
+                "no agent `{id}` (this server has: {})",
+                registries.agent_ids().join(", ")
+            ),
+        )),
+        None if server.shared.config.default_agent.is_some() => Ok(server
+            .shared
+            .config
+            .default_agent
+            .clone()
+            .unwrap_or_default()),
+        None => match registries.agent_ids().as_slice() {
+            [only] => Ok(only.clone()),
+            ids => Err(ApiError::bad_field(
+                "agent_required",
+                "agent",
+                format!("name the agent: this server has {}", ids.join(", ")),
+            )),
+        },
+    }
+}
+
+/// A decision on a waiting call, as a client gives it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Decision {
+    pub(crate) call_id: String,
+    pub(crate) decision: ResumeDecision,
+    /// The digest of the arguments the decision was made on (from the call's suspension
+    /// event); when given, a call whose arguments differ is refused.
+    #[serde(default)]
+    pub(crate) argument_digest: Option<String>,
+    /// An answer, checked against the ticket's response schema.
+    #[serde(default)]
+    pub(crate) payload: Option<Value>,
+}
+
+/// The resume of `thread`'s waiting calls with `decisions`, checked: 400 for none, a duplicate
+/// or a call that does not wait; 404 for an unknown thread; 409 when nothing waits.
+pub(crate) async fn resume_of(
+    server: &AgentServer,
+    thread: &ThreadId,
+    decisions: Vec<Decision>,
+) -> ApiResult<Resume> {
+    if decisions.is_empty() {
+        return Err(ApiError::bad_field(
+            "no_decisions",
+            "decisions",
+            "give a decision for at least one waiting call",
+        ));
+    }
+    let runtime = &server.shared.runtime;
+    stored_thread(server, thread).await?;
+    let tickets = runtime
+        .waiting_calls(thread)
+        .await
+        .map_err(ApiError::from)?;
+    if tickets.is_empty() {
+        return Err(ApiError::conflict(
+            "not_waiting",
+            format!("thread `{thread}` has no call waiting for a decision"),
+        ));
+    }
+    let waiting = || {
+        tickets
+            .iter()
+            .map(|t| t.call.call_id.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut resume = Resume::new(thread.clone());
+    for d in decisions {
+        if resume
+            .decisions
+            .iter()
+            .any(|r| r.call_id.as_str() == d.call_id)
+        {
+            return Err(ApiError::bad_field(
+                "duplicate_decision",
+                "decisions",
+                format!("call {} has two decisions", d.call_id),
+            ));
+        }
+        let Some(ticket) = tickets
+            .iter()
+            .find(|t| t.call.call_id.as_str() == d.call_id)
+        else {
+            return Err(ApiError::bad_field(
+                "unknown_call",
+                "decisions",
+                format!(
+                    "call {} is not waiting for a decision on thread `{thread}` (waiting: {})",
+                    d.call_id,
+                    waiting()
+                ),
+            ));
+        };
+        let mut decision = match d.decision {
+            ResumeDecision::Approve => ToolCallResume::approve(&ticket.call),
+            ResumeDecision::Deny => ToolCallResume::deny(&ticket.call),
+        };
+        if let Some(digest) = d.argument_digest {
+            decision.argument_digest = digest;
+        }
+        if let Some(payload) = d.payload {
+            decision = decision.with_payload(payload);
+        }
+        resume = resume.with_decision(decision);
+    }
+    Ok(resume)
+}
+
+/// What a launched task runs.
+pub(crate) enum Job {
+    Run(RunActivation),
+    Resume(Resume),
+}
+
+/// How a launched job is answered.
+pub(crate) enum Answer {
+    /// The native event stream.
+    Native,
+    /// The outcome, when the run ends.
+    Outcome,
+    /// The activation's events (from its start to its end) as this encoder writes them.
+    Encoded(Box<dyn Encoder>),
+}
+
+/// Starts `job` on its own task (it goes on whatever its client does) and answers as asked; a
+/// run that could not start answers with why.
+pub(crate) async fn launch(
+    server: &AgentServer,
+    thread: &ThreadId,
+    cancel: awaken_event::CancellationToken,
+    job: Job,
+    answer: Answer,
+) -> ApiResult {
+    let shared = &server.shared;
+    if shared.closing.is_cancelled() {
+        return Err(ApiError::unavailable(
+            "shutting_down",
+            "the server is shutting down",
+            shared.config.retry_after,
+        ));
+    }
+    let permit = shared.admission.clone().try_acquire_owned().map_err(|_| {
+        ApiError::unavailable(
+            "too_many_runs",
+            format!(
+                "the server already runs {} runs, its limit",
+                shared.config.max_runs_in_flight
+            ),
+            shared.config.retry_after,
+        )
+    })?;
+    let live = shared.live.begin(thread, Some(cancel)).map_err(|_| {
+        ApiError::conflict(
+            "thread_busy",
+            format!("thread `{thread}` has a run in flight in this server"),
+        )
+    })?;
+    // The run's first steps run here, up to where it first waits, so its first events are
+    // buffered before the answer starts (no trip through the scheduler); the rest runs on its
+    // own task. Nothing awaits between the two, so a client going away cannot drop the run.
+    let mut run = Box::pin(drive(server.clone(), Arc::clone(&live), permit, job));
+    if std::future::poll_fn(|cx| Poll::Ready(run.as_mut().poll(cx).is_pending())).await {
+        live.set_task(tokio::spawn(run));
+    }
+    let closing = &shared.closing;
+    let shutting_down = || {
+        ApiError::unavailable(
+            "shutting_down",
+            format!(
+                "the server is shutting down; the run goes on from its last checkpoint when it starts again (GET /v1/threads/{thread} shows it)"
+            ),
+            shared.config.retry_after,
+        )
+    };
+    tokio::select! {
+        started = live.started() => if let Some(Err(e)) = started {
+            return Err(e);
+        },
+        () = closing.cancelled() => return Err(shutting_down()),
+    }
+    match answer {
+        Answer::Outcome => tokio::select! {
+            ended = live.ended() => ended.map(|v| Json(v).into_response()),
+            () = closing.cancelled() => Err(shutting_down()),
+        },
+        Answer::Native => event_stream(server.stream_context(), thread.clone(), Some(live), None)
+            .await
+            .map_err(store_failed),
+        Answer::Encoded(encoder) => encoded_stream(
+            server.stream_context(),
+            thread.clone(),
+            Some(live),
+            None,
+            encoder,
+        )
+        .await
+        .map_err(store_failed),
+    }
+}
+
+/// Runs `job` to its end, writing its events to `live`.
+async fn drive(
+    server: AgentServer,
+    live: Arc<LiveRun>,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    job: Job,
+) {
+    let sink = LiveSink(Arc::clone(&live));
+    let runtime = &server.shared.runtime;
+    let result = match job {
+        Job::Run(activation) => runtime.run(activation, &sink).await,
+        Job::Resume(resume) => runtime.resume(resume, &sink).await,
+    };
+    drop(permit);
+    let failed_unseen = result.is_err() && !live.has_events();
+    live.end(result.map(|o| outcome_json(&o)).map_err(ApiError::from));
+    if !failed_unseen {
+        server.shared.live.linger(&live);
+    } else {
+        server.shared.live.remove(&live);
+    }
+}
+
+/// A run's outcome as answered to `?stream=false`.
+pub(crate) fn outcome_json(o: &RunOutcome) -> Value {
+    json!({
+        "run_id": o.run_id,
+        "termination": o.termination,
+        "response": o.response,
+        "steps": o.steps,
+        "usage": o.usage,
+    })
+}
