@@ -84,11 +84,12 @@ decision), each with the agent file's agent."
             "\
 usage: awaken serve --agent FILE [--agent FILE ...] [--store SPEC] [--listen ADDR]
                     [--auth-token TOKEN] [--insecure-no-auth] [--cors ORIGIN ...] [--max-runs N]
-                    [--shutdown-grace SECS]
+                    [--shutdown-grace SECS] [--no-chat-page]
 
 Serves the agents of the files over HTTP: /healthz, /readyz and the /v1 API (agents, threads,
 runs whose events stream as Server-Sent Events resumable with Last-Event-ID, decisions,
-cancel). The files' agents, models and providers share one runtime over one store; runs left
+cancel), the AG-UI and AI SDK front-end protocols under /v1, and a chat page at / to try the
+agents in a browser (--no-chat-page leaves it out). The files' agents, models and providers share one runtime over one store; runs left
 unfinished in the store (by a process that was killed) are continued. --listen is IP:PORT
 (default 127.0.0.1:8080; port 0 picks a free port, printed on start). With a token (--auth-token
 TOKEN, or the environment variable AWAKEN_API_TOKEN, which other users cannot read from the
@@ -236,6 +237,8 @@ pub(crate) struct Args {
     pub(crate) auth_token: Option<Secret>,
     /// `serve --insecure-no-auth`.
     pub(crate) insecure_no_auth: bool,
+    /// `serve --no-chat-page`.
+    pub(crate) no_chat_page: bool,
     /// `serve --cors`, each origin.
     pub(crate) cors: Vec<String>,
     /// `serve --max-runs`.
@@ -301,6 +304,7 @@ fn accepted(command: &str) -> Option<(&'static [&'static str], std::ops::RangeIn
                 "--cors",
                 "--max-runs",
                 "--shutdown-grace",
+                "--no-chat-page",
             ],
             0..=0,
         ),
@@ -456,6 +460,10 @@ pub(crate) fn parse_args(raw: Vec<String>) -> Result<Parsed> {
             "--insecure-no-auth" => {
                 args.insecure_no_auth = true;
                 "--insecure-no-auth"
+            }
+            "--no-chat-page" => {
+                args.no_chat_page = true;
+                "--no-chat-page"
             }
             "--cors" => {
                 let origin = value("--cors")?;

@@ -54,6 +54,7 @@ pub(crate) async fn serve(args: Args) -> Result<u8, Exit> {
     let mut config = ServerConfig::default()
         .with_worker(worker_id(), lease_duration().map_err(bad_input)?)
         .with_cors_origins(args.cors.iter().cloned())
+        .with_chat_page(!args.no_chat_page)
         .with_shutdown_grace(
             args.shutdown_grace
                 .map_or(SHUTDOWN_GRACE, Duration::from_secs),
@@ -83,6 +84,9 @@ pub(crate) async fn serve(args: Args) -> Result<u8, Exit> {
             "awaken: serving {} agent(s) on http://{bound}",
             agents.len()
         );
+        if !args.no_chat_page {
+            errln!("awaken: chat page at http://{bound}/ (open it in a browser)");
+        }
     }
     match serve_http(AgentServer::new(runtime, config), listener, shutdown).await {
         Ok(()) => Ok(0),

@@ -144,6 +144,7 @@ fn serve_takes_several_agents_and_its_own_flags_and_never_shows_the_token() {
         "--max-runs",
         "8",
         "--insecure-no-auth",
+        "--no-chat-page",
     ])
     .expect("parses");
     assert_eq!(
@@ -152,7 +153,7 @@ fn serve_takes_several_agents_and_its_own_flags_and_never_shows_the_token() {
             args.listen.map(|a| a.to_string()),
             args.cors,
             args.max_runs,
-            args.insecure_no_auth
+            args.insecure_no_auth && args.no_chat_page
         ),
         (
             vec![PathBuf::from("a.toml"), PathBuf::from("b.toml")],

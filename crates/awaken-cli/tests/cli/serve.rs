@@ -6,7 +6,11 @@ use super::*;
 
 /// A started `awaken serve` (standard error read as it arrives) and the address it printed,
 /// having said it serves `agents` agents.
-fn start_serving(args: &[&str], env: &[(&str, &str)], agents: usize) -> (Watched, Stream, String) {
+pub(super) fn start_serving(
+    args: &[&str],
+    env: &[(&str, &str)],
+    agents: usize,
+) -> (Watched, Stream, String) {
     let mut process = Watched::spawn(
         command()
             .arg("serve")
@@ -23,6 +27,45 @@ fn start_serving(args: &[&str], env: &[(&str, &str)], agents: usize) -> (Watched
     );
     let addr = stderr.until("\n").trim_end().to_owned();
     (process, stderr, addr)
+}
+
+/// Serves the agent files `files` (memory store, a free port of 127.0.0.1), runs the Node
+/// script `script` (in `tests/node`) with the server's address and `args`, then stops the server
+/// with SIGTERM; checks that the script succeeded and printed `passed`, and that the server
+/// exited 0.
+pub(super) fn node_against_served(
+    script: &Path,
+    files: &[String],
+    args: &[&std::ffi::OsStr],
+    env: &[(&str, &std::ffi::OsStr)],
+    passed: &str,
+) {
+    let mut serve = vec!["--store", "memory", "--listen", "127.0.0.1:0"];
+    for f in files {
+        serve.extend(["--agent", f.as_str()]);
+    }
+    let (process, mut stderr, addr) = start_serving(&serve, &[], files.len());
+    let out = node()
+        .arg(script)
+        .arg(format!("http://{addr}"))
+        .args(args)
+        .envs(env.iter().copied())
+        .current_dir(repo().join("tests/node"))
+        .output()
+        .expect("node runs");
+    process.signal("-TERM");
+    let status = process.wait();
+    let served = stderr.rest();
+    assert!(
+        out.status.success(),
+        "{} failed ({:?}):\n{}{}\nserver:\n{served}",
+        script.display(),
+        out.status.code(),
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert!(text(&out.stdout).contains(passed), "{}", text(&out.stdout));
+    assert_eq!(status.code(), Some(0), "server:\n{served}");
 }
 
 /// Sends one HTTP/1.1 request (`Connection: close`) to `addr` and reads the response to its
@@ -366,6 +409,11 @@ fn the_readmes_curl_session_works_as_written() {
     let mut stderr = Stream::new(process.child.stderr.take().expect("piped stderr"));
     stderr.until(" on http://");
     let addr = stderr.until("\n").trim_end().to_owned();
+    // The address the README tells a reader to open.
+    assert_eq!(
+        stderr.until("\n").trim_end(),
+        format!("awaken: chat page at http://{addr}/ (open it in a browser)")
+    );
 
     let (path, body) = readme_curl("/runs");
     let (status, events) = request(&addr, "POST", &path, &[], &body);
