@@ -8,7 +8,7 @@
 //! (and prints it, with what the scheduler counted of both processes per call).
 //! `AWAKEN_BENCH_QUICK=1` makes fewer calls. Without node or the reference server
 //! (`npm ci --prefix tests/node`) it prints why and writes no figure, unless
-//! `AWAKEN_REQUIRE_MCP_PEERS=1` asks for them, as CI does.
+//! `AWAKEN_REQUIRE_NODE_PEERS=1` asks for them, as CI does.
 
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a benchmark program reports on stdout
 
@@ -234,7 +234,7 @@ impl Tool for NativeEcho {
 }
 
 /// The reference server's entry point, or `None` (with the reason printed) when node or the
-/// server is not installed; with `AWAKEN_REQUIRE_MCP_PEERS=1` a missing peer fails instead.
+/// server is not installed; with `AWAKEN_REQUIRE_NODE_PEERS=1` a missing peer fails instead.
 fn everything() -> Option<String> {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../tests/node/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
@@ -253,7 +253,7 @@ fn everything() -> Option<String> {
         script.exists()
     );
     assert!(
-        std::env::var("AWAKEN_REQUIRE_MCP_PEERS").as_deref() != Ok("1"),
+        std::env::var("AWAKEN_REQUIRE_NODE_PEERS").as_deref() != Ok("1"),
         "{why}"
     );
     println!("mcp: no MCP figures: {why}");

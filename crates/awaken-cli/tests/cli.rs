@@ -12,6 +12,10 @@ use std::time::Duration;
 use awaken::event::AgentEvent;
 use serde_json::Value;
 
+#[path = "cli/agui.rs"]
+mod agui;
+#[path = "cli/ai_sdk.rs"]
+mod ai_sdk;
 #[path = "cli/commands.rs"]
 mod commands;
 #[path = "cli/conformance.rs"]
@@ -23,25 +27,30 @@ mod mcp_call;
 #[cfg(feature = "otel")]
 #[path = "cli/otel.rs"]
 mod otel;
+#[path = "cli/page.rs"]
+mod page;
 #[path = "cli/providers.rs"]
 mod providers;
 #[path = "cli/serve.rs"]
 mod serve;
 
+/// The variables that would send a child's requests through a proxy.
+const PROXY_VARS: [&str; 6] = [
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "all_proxy",
+];
+
 /// The binary with a clean environment: no provider settings, no proxies (loopback only).
 fn command() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_awaken"));
-    for var in [
-        "OPENAI_API_KEY",
-        "ANTHROPIC_API_KEY",
-        "AWAKEN_BASE_URL",
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "ALL_PROXY",
-        "http_proxy",
-        "https_proxy",
-        "all_proxy",
-    ] {
+    for var in ["OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AWAKEN_BASE_URL"]
+        .iter()
+        .chain(&PROXY_VARS)
+    {
         c.env_remove(var);
     }
     c.stdin(Stdio::null());
@@ -65,6 +74,107 @@ fn awaken_env(args: &[&str], env: &[(&str, &str)]) -> Output {
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The binary run from the repository root (the example's server path is relative to it).
+fn awaken_in_repo(args: &[&str]) -> Output {
+    command()
+        .current_dir(repo())
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+/// The scripted model section the front-end tests' agent files share.
+const SCRIPTED_MODEL: &str = "[model]\nid = \"default\"\nprovider = \"scripted\"\nupstream_model = \"scripted\"\ncontext_window = 32000\n";
+
+/// An agent whose `append_file` call (`call_1`, the line "buy milk" to `notes/todo.txt`) waits
+/// for approval (the permission plugin asks), then answers `Added "buy milk".`.
+const SCRIBE: &str = r#"[agent]
+id = "scribe"
+model = "default"
+plugin_ids = ["awaken.permission"]
+
+[agent.sections.permission]
+default = "allow"
+rules = [{ tool = "append_file", decision = "ask" }]
+
+[tools.append_file]
+root = "notes"
+
+[[script.turns]]
+text = "I'll add that."
+tool_calls = [{ id = "call_1", name = "append_file", arguments = { path = "todo.txt", line = "buy milk" } }]
+
+[[script.turns]]
+text = "Added \"buy milk\"."
+"#;
+
+/// An agent whose model fails with `the scripted model fails`.
+const BROKEN: &str = r#"[agent]
+id = "broken"
+model = "default"
+
+[[script.turns]]
+error = { kind = "invalid_request", message = "the scripted model fails" }
+"#;
+
+/// Writes the agent files `(name, body)` to `dir`, each with [`SCRIPTED_MODEL`]; their paths.
+fn write_scripted_agents(dir: &Path, files: &[(&str, &str)]) -> Vec<String> {
+    files
+        .iter()
+        .map(|(name, agent)| {
+            let path = dir.join(name);
+            std::fs::write(&path, format!("{agent}\n{SCRIPTED_MODEL}")).expect("write the agent");
+            path_str(&path).to_owned()
+        })
+        .collect()
+}
+
+/// `node` with no proxy to use (loopback only) and no standard input.
+fn node() -> Command {
+    let mut node = Command::new("node");
+    node.stdin(Stdio::null());
+    for var in PROXY_VARS {
+        node.env_remove(var);
+    }
+    node
+}
+
+/// The variable that makes a missing Node peer (`npm ci --prefix tests/node`) a failure.
+const REQUIRE_NODE_PEERS: &str = "AWAKEN_REQUIRE_NODE_PEERS";
+
+/// Whether a peer program a test drives is there: `node` (when `node` is set) and every file of
+/// `files`. When it is not, the test is skipped with the reason on standard error, unless the
+/// variable `require` is `1`, which makes it a failure.
+fn peer_present(what: &str, node: bool, files: &[PathBuf], require: &str) -> bool {
+    let node_found = !node
+        || Command::new("node")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+    let missing: Vec<String> = files
+        .iter()
+        .filter(|f| !f.exists())
+        .map(|f| f.display().to_string())
+        .collect();
+    if node_found && missing.is_empty() {
+        return true;
+    }
+    let why = format!(
+        "{what} is not installed (node found: {node_found}; missing: {}); run `npm ci --prefix tests/node`{}",
+        missing.join(", "),
+        if require == REQUIRE_NODE_PEERS {
+            ""
+        } else {
+            " and install Chromium"
+        },
+    );
+    assert!(std::env::var(require).as_deref() != Ok("1"), "{why}");
+    // Straight to stderr: the test harness does not capture it, so the skip shows.
+    let _ = writeln!(std::io::stderr(), "skipped: {why}");
+    false
 }
 
 /// A fresh directory for one test.

@@ -5,12 +5,11 @@
 //! show. The suite's servers listen on 127.0.0.1 only ([`LOOPBACK`]).
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::sync::Mutex;
 
-use crate::{repo, text};
+use crate::{REQUIRE_NODE_PEERS, node, peer_present, repo, text};
 
 /// Preloaded into the suite: every server it starts listens on 127.0.0.1, bound at once as a
 /// `listen()` without a host is (the suite reads `server.address()` right after `listen()`).
@@ -61,50 +60,27 @@ fn client_words(scenario: &str) -> &'static str {
     }
 }
 
-/// The suite's entry point, when it is installed (with `AWAKEN_REQUIRE_MCP_PEERS=1` it must be).
+/// The suite's entry point, when it is installed.
 fn suite() -> Option<PathBuf> {
     let script =
         repo().join("tests/node/node_modules/@modelcontextprotocol/conformance/dist/index.js");
-    let node = Command::new("node")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if node && script.exists() {
-        return Some(script);
-    }
-    let why = format!(
-        "the MCP conformance suite is not installed (node found: {node}; {} exists: {}); run `npm ci --prefix tests/node`",
-        script.display(),
-        script.exists()
-    );
-    assert!(
-        std::env::var("AWAKEN_REQUIRE_MCP_PEERS").as_deref() != Ok("1"),
-        "{why}"
-    );
-    // Straight to stderr: the test harness does not capture it, so the skip shows.
-    let _ = writeln!(std::io::stderr(), "skipped: {why}");
-    None
+    peer_present(
+        "the MCP conformance suite",
+        true,
+        std::slice::from_ref(&script),
+        REQUIRE_NODE_PEERS,
+    )
+    .then_some(script)
 }
 
 /// The suite with `args`, its servers on 127.0.0.1, and no proxy for the client to use.
 fn run_suite(script: &PathBuf, args: &[&str]) -> Output {
-    let mut node = Command::new("node");
-    node.args(["--import", LOOPBACK])
+    node()
+        .args(["--import", LOOPBACK])
         .arg(script)
         .args(args)
-        .stdin(Stdio::null());
-    for var in [
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "ALL_PROXY",
-        "http_proxy",
-        "https_proxy",
-        "all_proxy",
-    ] {
-        node.env_remove(var);
-    }
-    node.output().expect("the conformance suite runs")
+        .output()
+        .expect("the conformance suite runs")
 }
 
 /// How one scenario went: passed (the suite exited 0), and what the suite printed.

@@ -2,42 +2,24 @@
 //! mcp list` shows its tools, and a server that cannot start is named by `mcp list` and
 //! `validate`.
 
-use std::io::{BufRead as _, BufReader, Write as _};
-use std::process::{Output, Stdio};
+use std::io::{BufRead as _, BufReader};
+use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::{command, repo, temp_dir, text};
+use crate::{REQUIRE_NODE_PEERS, awaken_in_repo, command, peer_present, repo, temp_dir, text};
 
-/// Whether the reference MCP server is installed (with `AWAKEN_REQUIRE_MCP_PEERS=1`, it must
-/// be).
+/// Whether the reference MCP server is installed.
 fn peer_installed() -> bool {
     let script = repo()
         .join("tests/node/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
-    if script.exists() {
-        return true;
-    }
-    assert!(
-        std::env::var("AWAKEN_REQUIRE_MCP_PEERS").as_deref() != Ok("1"),
-        "{} is missing: run `npm ci --prefix tests/node`",
-        script.display()
-    );
-    // Straight to stderr: the test harness does not capture it, so the skip shows.
-    let _ = writeln!(
-        std::io::stderr(),
-        "skipped: the MCP reference server is not installed"
-    );
-    false
-}
-
-/// The binary run from the repository root (the example's server path is relative to it).
-fn awaken_in_repo(args: &[&str]) -> Output {
-    command()
-        .current_dir(repo())
-        .args(args)
-        .output()
-        .expect("the binary runs")
+    peer_present(
+        "the MCP reference server",
+        false,
+        &[script],
+        REQUIRE_NODE_PEERS,
+    )
 }
 
 #[test]

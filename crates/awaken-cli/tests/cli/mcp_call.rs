@@ -2,42 +2,25 @@
 //! streamable HTTP on 127.0.0.1 and, through an agent file, over stdio; the arguments checked
 //! against the tool's schema, and each kind of bad input named.
 
-use std::io::{BufRead, BufReader, Write as _};
+use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 
 use serde_json::{Value, json};
 
-use crate::{command, expect_code, repo, text};
+use crate::{REQUIRE_NODE_PEERS, awaken_in_repo, expect_code, peer_present, repo, text};
 
-/// The reference server's entry point, when it is installed (with `AWAKEN_REQUIRE_MCP_PEERS=1`
-/// it must be).
+/// The reference server's entry point, when it is installed.
 fn everything() -> Option<PathBuf> {
     let script = repo()
         .join("tests/node/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
-    if script.exists() {
-        return Some(script);
-    }
-    assert!(
-        std::env::var("AWAKEN_REQUIRE_MCP_PEERS").as_deref() != Ok("1"),
-        "{} is missing: run `npm ci --prefix tests/node`",
-        script.display()
-    );
-    // Straight to stderr: the test harness does not capture it, so the skip shows.
-    let _ = writeln!(
-        std::io::stderr(),
-        "skipped: the MCP reference server is not installed"
-    );
-    None
-}
-
-/// The binary run from the repository root (the example's server path is relative to it).
-fn awaken_in_repo(args: &[&str]) -> Output {
-    command()
-        .current_dir(repo())
-        .args(args)
-        .output()
-        .expect("the binary runs")
+    peer_present(
+        "the MCP reference server",
+        false,
+        std::slice::from_ref(&script),
+        REQUIRE_NODE_PEERS,
+    )
+    .then_some(script)
 }
 
 /// The reference server over streamable HTTP on a port of 127.0.0.1 the system picks (the

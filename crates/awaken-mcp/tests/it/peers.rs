@@ -19,7 +19,7 @@ pub fn node_dir() -> PathBuf {
 }
 
 /// The reference server's entry point, or `None` (with the reason printed) when it is not
-/// installed; with `AWAKEN_REQUIRE_MCP_PEERS=1` a missing peer fails the test instead.
+/// installed; with `AWAKEN_REQUIRE_NODE_PEERS=1` a missing peer fails the test instead.
 pub fn everything() -> Option<String> {
     let script =
         node_dir().join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
@@ -37,7 +37,7 @@ pub fn everything() -> Option<String> {
         script.exists()
     );
     assert!(
-        std::env::var("AWAKEN_REQUIRE_MCP_PEERS").as_deref() != Ok("1"),
+        std::env::var("AWAKEN_REQUIRE_NODE_PEERS").as_deref() != Ok("1"),
         "{why}"
     );
     // Straight to stderr: the test harness does not capture it, so the skip shows.
@@ -58,7 +58,7 @@ pub async fn http_server(script: &str) -> (tokio::process::Child, String) {
 }
 
 /// The server whose tool list changes on demand (`tests/node/changing-tools.mjs`), or `None`
-/// when the official SDK is not installed (a failure with `AWAKEN_REQUIRE_MCP_PEERS=1`).
+/// when the official SDK is not installed (a failure with `AWAKEN_REQUIRE_NODE_PEERS=1`).
 pub fn changing_tools() -> Option<String> {
     everything()?;
     let sdk = node_dir().join("node_modules/@modelcontextprotocol/sdk/package.json");
