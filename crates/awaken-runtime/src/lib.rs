@@ -51,6 +51,7 @@ mod request;
 mod resume;
 mod run;
 mod runtime;
+mod shown;
 mod turns;
 
 pub use active::ShutdownMode;

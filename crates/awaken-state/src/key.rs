@@ -158,10 +158,14 @@ pub struct KeyOptions {
     pub scope: KeyScope,
     /// How parallel writers combine; default [`MergeStrategy::Exclusive`].
     pub merge: MergeStrategy,
+    /// Shown to clients: runs report the key's value in `StateSnapshot` and `StateDelta`
+    /// events. Default `false`.
+    #[serde(default)]
+    pub visible: bool,
 }
 
 impl KeyOptions {
-    /// Default options: `Run` scope, `Exclusive` merge.
+    /// Default options: `Run` scope, `Exclusive` merge, not visible.
     pub fn new() -> Self {
         Self::default()
     }
@@ -175,6 +179,12 @@ impl KeyOptions {
     /// With the given merge strategy.
     pub fn with_merge(mut self, merge: MergeStrategy) -> Self {
         self.merge = merge;
+        self
+    }
+
+    /// Shown to clients or not (see [`visible`](Self::visible)).
+    pub fn with_visible(mut self, visible: bool) -> Self {
+        self.visible = visible;
         self
     }
 }
@@ -205,6 +215,8 @@ pub struct KeyRegistry {
     /// The same indexes by key type: typed reads and updates find their key without hashing
     /// its name (a key type has one name, so its type identifies it). Built with `by_name`.
     by_type: HashMap<TypeId, u32, BuildTypeHasher>,
+    /// How many keys are [`KeyOptions::visible`], counted as they are registered.
+    visible: u32,
 }
 
 /// Up to this many keys, a registry finds a key by scanning its entries.
@@ -224,6 +236,7 @@ impl KeyRegistry {
             entries: Vec::with_capacity(keys),
             by_name: HashMap::with_capacity_and_hasher(indexed, BuildNameHasher),
             by_type: HashMap::with_capacity_and_hasher(indexed, BuildTypeHasher),
+            visible: 0,
         }
     }
 
@@ -309,6 +322,19 @@ impl KeyRegistry {
         self.entries.is_empty()
     }
 
+    /// Whether some key is [`KeyOptions::visible`]: one stored count, no scan.
+    pub fn has_visible_keys(&self) -> bool {
+        self.visible > 0
+    }
+
+    /// The keys shown to clients ([`KeyOptions::visible`]), in registration order.
+    pub fn visible_keys(&self) -> impl Iterator<Item = KeyInfo> + '_ {
+        self.entries
+            .iter()
+            .filter(|e| e.options.visible)
+            .map(KeyEntry::info)
+    }
+
     /// Whether a write of `name` conflicts with a parallel write of the same key: true for
     /// `Exclusive` keys and for unregistered names (which a commit rejects anyway).
     pub fn is_exclusive(&self, name: &str) -> bool {
@@ -325,6 +351,7 @@ impl KeyRegistry {
             reason: "too many state keys".to_owned(),
         })?;
         let (name, key_type) = (entry.name, entry.key_type);
+        self.visible += u32::from(entry.options.visible);
         self.entries.push(entry);
         if self.entries.len() == SMALL_REGISTRY + 1 {
             // Past the small size: index every key.

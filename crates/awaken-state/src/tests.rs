@@ -207,12 +207,41 @@ fn registry_reports_options() {
     check(
         format!("{r:?}"),
         expect![[
-            r#"[KeyInfo { name: "test.counter", type_name: "awaken_state::tests::Counter", options: KeyOptions { scope: Run, merge: Commutative } }, KeyInfo { name: "test.log", type_name: "awaken_state::tests::Log", options: KeyOptions { scope: Thread, merge: Exclusive } }, KeyInfo { name: "test.mode", type_name: "awaken_state::tests::Mode", options: KeyOptions { scope: Ephemeral, merge: Exclusive } }, KeyInfo { name: "test.quota", type_name: "awaken_state::tests::Quota", options: KeyOptions { scope: Profile, merge: Exclusive } }]"#
+            r#"[KeyInfo { name: "test.counter", type_name: "awaken_state::tests::Counter", options: KeyOptions { scope: Run, merge: Commutative, visible: false } }, KeyInfo { name: "test.log", type_name: "awaken_state::tests::Log", options: KeyOptions { scope: Thread, merge: Exclusive, visible: false } }, KeyInfo { name: "test.mode", type_name: "awaken_state::tests::Mode", options: KeyOptions { scope: Ephemeral, merge: Exclusive, visible: false } }, KeyInfo { name: "test.quota", type_name: "awaken_state::tests::Quota", options: KeyOptions { scope: Profile, merge: Exclusive, visible: false } }]"#
         ]],
     );
     assert!(r.is_exclusive("test.log"));
     assert!(!r.is_exclusive("test.counter"));
     assert!(r.is_exclusive("not.registered"));
+}
+
+#[test]
+fn visible_keys_are_counted_as_registered_and_listed_in_order() {
+    let mut r = registry();
+    assert!(!r.has_visible_keys());
+    assert_eq!(r.visible_keys().count(), 0);
+    let mut shown = KeyRegistry::new();
+    shown
+        .register_key::<Tally>(KeyOptions::new().with_visible(true))
+        .unwrap();
+    // A rejected registration counts nothing.
+    let again = shown.register_key::<Tally>(KeyOptions::new().with_visible(true));
+    assert!(again.is_err());
+    r.extend(&shown).unwrap();
+    assert!(r.has_visible_keys());
+    let names: Vec<_> = r.visible_keys().map(|k| k.name).collect();
+    assert_eq!(names, [<Tally as StateKey>::KEY]);
+    assert!(!KeyOptions::new().visible);
+    assert!(
+        !KeyOptions::new()
+            .with_visible(true)
+            .with_visible(false)
+            .visible
+    );
+    // Options stored before the field existed read as not visible.
+    let old: KeyOptions =
+        serde_json::from_str(r#"{"scope":"thread","merge":"exclusive"}"#).unwrap();
+    assert_eq!(old, KeyOptions::new().with_scope(KeyScope::Thread));
 }
 
 #[test]

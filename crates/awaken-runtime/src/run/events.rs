@@ -5,10 +5,14 @@ use awaken_event::{AgentEvent, Message, TerminationReason, ToolCallId, ToolCallS
 
 use crate::durable::{BatchChange, CheckpointError};
 use crate::run::{Failure, Run};
+use crate::shown::ChangesFirst;
 
 impl Run<'_> {
     /// An event emitted now (stored with the next commit when it is a lifecycle event).
     pub(super) fn note(&mut self, event: AgentEvent) {
+        if self.visible.is_some() {
+            self.show_changes();
+        }
         self.durable.note(event, self.sink);
     }
 
@@ -96,13 +100,23 @@ impl Run<'_> {
     /// commit reports it as the run's): the run's state, statistics and batch handed to
     /// `Durable::commit`, which builds, writes and retries the commit.
     pub(super) async fn commit(&mut self, batch: BatchChange) -> Result<(), CheckpointError> {
+        // With visible keys, the state's changes are shown before the commit's events.
+        let changes_first;
+        let sink: &dyn awaken_event::EventSink = match self.visible.as_deref() {
+            None => self.sink,
+            Some(visible) => {
+                visible.emit_changes(self.sink, &mut self.durable);
+                changes_first = ChangesFirst::new(self.sink, visible);
+                &changes_first
+            }
+        };
         self.durable
             .commit(
                 self.engine.store(),
                 self.stats_at,
                 batch,
                 &mut self.batch,
-                self.sink,
+                sink,
             )
             .await
     }

@@ -82,6 +82,8 @@ impl Run<'_> {
             self.release_lease(rt, heartbeat).await;
             return Err(e);
         }
+        // `RunStart` is out: the visible state follows it.
+        self.show_state();
         if !opening.resumed && !claimed_already {
             heartbeat = self.hold_lease(rt).await?;
         }
@@ -199,8 +201,12 @@ impl Run<'_> {
         self.close_batch(&termination);
         if let Err(e) = self.checkpoint(BatchChange::Write).await {
             tracing::error!(error = %e.message(), "the run's last commit failed");
+            if self.visible.is_some() {
+                self.show_changes();
+            }
             self.durable.flush_uncommitted(self.sink);
         }
+        self.stop_showing_state();
         termination
     }
 }

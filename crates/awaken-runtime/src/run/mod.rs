@@ -3,8 +3,8 @@
 //! `lifecycle` (opening and the one exit path) with `lease`, `step` (the step loop), `resumed`
 //! (the first step of a resumed or recovered run), `inference`, `calls` and `concurrent` (the
 //! tool calls), `invoke` (one tool's invocation), `stop` (stop conditions), `phase` (phases and
-//! commands) and `events` (events, open calls, messages and checkpoints). This file names none
-//! of them: they add `impl Run` blocks.
+//! commands), `events` (events, open calls, messages and checkpoints) and `visible` (the state
+//! shown to clients). This file names none of them: they add `impl Run` blocks.
 
 use std::sync::Arc;
 
@@ -36,6 +36,7 @@ mod phase;
 mod resumed;
 mod step;
 mod stop;
+mod visible;
 
 /// A run being driven: what every step needs, kept for the activation's whole life (in the box
 /// the activation built it in).
@@ -107,6 +108,9 @@ pub(crate) struct Run<'a> {
     /// message right after another, results in call order; a request looks only past them, see
     /// `Run::alternating`).
     alternating: u32,
+    /// The watch of the agent's visible state keys (boxed: most agents have none, and then
+    /// nothing watches the run's commits).
+    visible: Option<Box<crate::shown::Visible>>,
 }
 
 /// What a run is built from: everything the activation decided.
@@ -189,6 +193,7 @@ impl<'a> Run<'a> {
         let stop_at = registry.handle::<StopRequestKey>();
         let directives_at = registry.handle::<StepDirectivesKey>();
         let intercept_at = registry.handle::<CallInterceptKey>();
+        let visible = crate::shown::Visible::of(registry);
         let mut run = Run {
             sink,
             resolved,
@@ -223,6 +228,7 @@ impl<'a> Run<'a> {
             inference_waiter: None,
             open_calls: Vec::new(),
             alternating: 0,
+            visible,
         };
         (run.seen_fallbacks, run.step) = run.engine.store().read(|s| {
             (

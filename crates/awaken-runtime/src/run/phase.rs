@@ -68,6 +68,9 @@ impl Run<'_> {
                 futures_util::future::Either::Right(((), _)) => return Err(Failure::Cancelled),
             }
         };
+        if self.visible.is_some() {
+            self.show_changes();
+        }
         self.report(&report)
     }
 

@@ -28,3 +28,4 @@ mod scenarios;
 mod spans;
 mod support;
 mod tools;
+mod visible_state;

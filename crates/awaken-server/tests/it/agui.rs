@@ -601,3 +601,125 @@ async fn bad_input_is_refused_naming_the_field() {
         )
     );
 }
+
+/// The notes a run took: shown to clients.
+struct Notes;
+
+impl awaken_state::StateKey for Notes {
+    const KEY: &'static str = "notes.items";
+    type Value = Vec<String>;
+    type Update = String;
+    fn apply(value: &mut Vec<String>, note: String) -> Result<(), awaken_state::StateError> {
+        value.push(note);
+        Ok(())
+    }
+}
+
+/// Registers [`Notes`] as a visible thread key and notes each step's start and end.
+struct NoteTaker(awaken_plugin::PluginManifest);
+
+impl awaken_plugin::Plugin for NoteTaker {
+    fn manifest(&self) -> &awaken_plugin::PluginManifest {
+        &self.0
+    }
+    fn register(
+        &self,
+        r: &mut awaken_plugin::PluginRegistrar,
+    ) -> Result<(), awaken_plugin::PluginError> {
+        use awaken_phase::{FnHook, Phase, PhaseContext};
+        use awaken_state::{KeyOptions, KeyScope, StateCommand};
+        r.register_key::<Notes>(
+            KeyOptions::new()
+                .with_scope(KeyScope::Thread)
+                .with_visible(true),
+        )?;
+        for (phase, what) in [(Phase::StepStart, "start"), (Phase::StepEnd, "end")] {
+            r.register_phase_hook(
+                phase,
+                what,
+                Arc::new(FnHook(move |ctx: &PhaseContext| {
+                    let note = format!("{what} {}", ctx.step);
+                    Ok(StateCommand::new().with_update::<Notes>(note))
+                })),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Applies a JSON Patch of top-level `add`, `replace` and `remove` operations (what the edge
+/// sends for state keys) to `state`.
+fn apply_patch(state: &mut Value, ops: &Value) {
+    let state = state.as_object_mut().expect("the state is an object");
+    for op in ops.as_array().expect("a patch is an array") {
+        let path = op["path"].as_str().expect("a path");
+        let key = path
+            .strip_prefix('/')
+            .filter(|k| !k.contains('/'))
+            .unwrap_or_else(|| panic!("not a top-level path: {path}"))
+            .replace("~1", "/")
+            .replace("~0", "~");
+        match op["op"].as_str() {
+            Some("add") => {
+                state.insert(key, op["value"].clone());
+            }
+            Some("replace") => {
+                assert!(state.contains_key(&key), "replace of a missing {key}: {op}");
+                state.insert(key, op["value"].clone());
+            }
+            Some("remove") => {
+                assert!(
+                    state.remove(&key).is_some(),
+                    "remove of a missing {key}: {op}"
+                );
+            }
+            _ => panic!("an operation this edge does not send: {op}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_visible_state_key_streams_as_a_snapshot_and_patches() {
+    let store = Arc::new(MemoryStore::new());
+    let executor = ScriptedExecutor::from_turns([ScriptTurn::text("Noted.")]).expect("script");
+    let runtime = AgentRuntime::builder()
+        .with_store(store.clone())
+        .with_model(ModelSpec::new("model", "scripted", "scripted"))
+        .with_provider("scripted", Arc::new(executor))
+        .with_plugin(Arc::new(NoteTaker(awaken_plugin::PluginManifest::new(
+            "notes",
+        ))))
+        .with_agent_spec(AgentSpec::new("agent", "model").with_plugin("notes"))
+        .build()
+        .expect("runtime");
+    let server = TestServer::start(runtime, config()).await;
+
+    let events = run(&server, "agent", &input("t-state", "run-s", "Take notes")).await;
+    let state_events: Vec<String> = events
+        .iter()
+        .filter(|e| matches!(e["type"].as_str(), Some("STATE_SNAPSHOT" | "STATE_DELTA")))
+        .map(|e| e.to_string())
+        .collect();
+    expect![[r#"
+        {"snapshot":{"notes.items":[]},"type":"STATE_SNAPSHOT"}
+        {"delta":[{"op":"replace","path":"/notes.items","value":["start 1"]}],"type":"STATE_DELTA"}
+        {"delta":[{"op":"replace","path":"/notes.items","value":["start 1","end 1"]}],"type":"STATE_DELTA"}"#]]
+    .assert_eq(&state_events.join("\n"));
+    // The snapshot comes right after RUN_STARTED, before the first step.
+    assert_eq!(events[1]["type"], "STATE_SNAPSHOT", "{events:#?}");
+
+    // The snapshot patched in order gives the value the thread kept.
+    let mut state = events[1]["snapshot"].clone();
+    for e in events.iter().filter(|e| e["type"] == "STATE_DELTA") {
+        apply_patch(&mut state, &e["delta"]);
+    }
+    let thread = awaken_event::ThreadId::new("t-state").expect("id");
+    let kept = awaken_store::ThreadStore::load_checkpoint(&*store, &thread)
+        .await
+        .expect("loads")
+        .expect("stored")
+        .thread_state
+        .values;
+    assert_eq!(state, json!({"notes.items": kept["notes.items"]}));
+    assert_eq!(state, json!({"notes.items": ["start 1", "end 1"]}));
+}
