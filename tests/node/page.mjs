@@ -1,6 +1,6 @@
 // Drives the chat page of `awaken serve` in headless Chromium: a turn whose tool call waits for
-// approval, approved from the page; a reload that keeps the thread; a slow answer in a new thread
-// reloaded while it streams; back to the first thread. Any console error, page error or failed request fails the run.
+// approval, approved from the page; a reload that keeps the thread; a second such turn denied in a
+// new thread; a slow answer in a new thread reloaded while it streams; back to the first thread. Any console error, page error or failed request fails the run.
 //
 //   node page.mjs http://127.0.0.1:PORT SCREENSHOT.png
 //
@@ -23,6 +23,7 @@ const chromium = process.env.AWAKEN_CHROMIUM || "/usr/bin/chromium";
 // What the scripted agent says (the Rust test writes the same words into the agent file).
 const FIRST = "I'll add that to your list.";
 const SECOND = 'Added "buy milk" to todo.txt.';
+const REFUSED = "I did not add it: the append was refused.";
 const SLOW = "Counting slowly: one, two, three, four, five, six, seven, eight.";
 const USAGE = "30 input · 12 output tokens";
 
@@ -146,6 +147,23 @@ try {
       (ids) => ids.length === 1 && ids[0] === thread,
     ),
   );
+
+  step = "denying a call in a new thread";
+  await page.click("#new-thread");
+  await page.waitForFunction((old) => decodeURIComponent(location.hash.slice(1)) !== old, {}, thread);
+  await page.waitForSelector("#transcript .empty");
+  await page.focus("#message");
+  await page.keyboard.type("Remind me to buy eggs");
+  await page.keyboard.press("Enter");
+  await page.waitForSelector(".tool-ask:not([hidden]) button.deny");
+  await page.click(".tool-ask button.deny");
+  await page.waitForSelector('.turn.assistant:last-of-type .run-end[data-termination="natural_end"]');
+  const refused = await lastAnswer();
+  for (const want of [REFUSED, "denied"]) {
+    if (!refused.includes(want)) fail(`the denied call's thread shows ${JSON.stringify(want)}; it shows:\n${refused}`);
+  }
+  if (refused.includes(SECOND)) fail(`a denied call's thread does not show the approved answer:\n${refused}`);
+  await check("the approval prompt is gone", page.$(".tool-ask:not([hidden])").then((n) => n === null));
 
   step = "starting a new thread with the counter agent";
   await page.click("#new-thread");

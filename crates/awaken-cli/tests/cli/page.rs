@@ -1,6 +1,6 @@
 //! The chat page of `awaken serve` in a real browser: `tests/node/page.mjs` drives headless
 //! Chromium through `puppeteer-core` (pinned by `tests/node/package-lock.json`) to approve a
-//! call, reload a finished and a streaming thread, and take a screenshot of the page.
+//! call, deny another, reload a finished and a streaming thread, and take a screenshot of the page.
 
 use std::path::{Path, PathBuf};
 
@@ -8,7 +8,7 @@ use super::serve::node_against_served;
 use crate::{path_str, peer_present, repo, temp_dir};
 
 /// The agents the page talks to. `scribe`: turn 1 calls `append_file`, which the permission
-/// plugin asks about; turn 2 answers. `counter`: one answer streamed slowly.
+/// plugin asks about; turn 2 answers (another answer when the call was denied). `counter`: one answer streamed slowly.
 const AGENTS: [(&str, &str); 2] = [
     (
         "scribe.toml",
@@ -41,6 +41,10 @@ usage = { input_tokens = 10, output_tokens = 5 }
 [[script.turns]]
 text = "Added \"buy milk\" to todo.txt."
 usage = { input_tokens = 20, output_tokens = 7 }
+
+[script.turns.if_refused]
+text = "I did not add it: the append was refused."
+usage = { input_tokens = 20, output_tokens = 9 }
 "#,
     ),
     (
@@ -83,7 +87,7 @@ fn browser_test() -> Option<PathBuf> {
 }
 
 #[test]
-fn the_chat_page_approves_a_call_and_keeps_the_thread_across_reloads() {
+fn the_chat_page_approves_and_denies_calls_and_keeps_threads_across_reloads() {
     let Some(script) = browser_test() else {
         return;
     };
