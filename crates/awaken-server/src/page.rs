@@ -4,7 +4,7 @@
 use std::sync::LazyLock;
 
 use axum::Router;
-use axum::extract::{Path, State};
+use axum::extract::Path;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -68,23 +68,18 @@ pub(crate) fn routes() -> Router<AgentServer> {
         .route("/assets/{name}", get(asset))
 }
 
-async fn index(State(server): State<AgentServer>, headers: HeaderMap) -> Response {
-    serve_asset(&server, "index.html", &headers)
+async fn index(headers: HeaderMap) -> Response {
+    serve_asset("index.html", &headers)
 }
 
-async fn asset(
-    State(server): State<AgentServer>,
-    Path(name): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    serve_asset(&server, &name, &headers)
+async fn asset(Path(name): Path<String>, headers: HeaderMap) -> Response {
+    serve_asset(&name, &headers)
 }
 
-/// The asset named `name` (304 when the client's copy is current), or 404 for an unknown one
-/// or when the page is turned off.
-fn serve_asset(server: &AgentServer, name: &str, headers: &HeaderMap) -> Response {
-    let found = ASSETS.iter().position(|a| a.name == name);
-    let Some(at) = found.filter(|_| server.shared.config.chat_page) else {
+/// The asset named `name` (304 when the client's copy is current), or 404 for an unknown one.
+/// (With the page turned off, the router has none of these routes.)
+fn serve_asset(name: &str, headers: &HeaderMap) -> Response {
+    let Some(at) = ASSETS.iter().position(|a| a.name == name) else {
         return ApiError::not_found("not_found", "no such route").into_response();
     };
     let asset = &ASSETS[at];

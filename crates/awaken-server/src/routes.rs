@@ -60,8 +60,11 @@ fn router(server: AgentServer) -> Router {
     let mut app = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .nest("/v1", v1)
-        .merge(crate::page::routes())
+        .nest("/v1", v1);
+    if config.chat_page {
+        app = app.merge(crate::page::routes());
+    }
+    let mut app = app
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(config.max_body_bytes))

@@ -323,6 +323,11 @@ impl<E: Encoder> EventStream<E> {
     }
 }
 
+/// One SSE event of `value`'s JSON in a `data` line alone (the protocol edges' form).
+pub(crate) fn data(value: &serde_json::Value) -> Bytes {
+    Bytes::from(format!("data: {value}\n\n"))
+}
+
 /// An SSE event outside the thread's event log (no `id`, so a reconnect is not moved by it).
 fn notice(event: &str, data: &serde_json::Value) -> Bytes {
     Bytes::from(format!("event: {event}\ndata: {data}\n\n"))

@@ -12,7 +12,7 @@ use axum::body::Bytes;
 use serde_json::{Map, Value, json};
 
 use crate::live::Frame;
-use crate::sse::Encoder;
+use crate::sse::{self, Encoder};
 
 /// The `reason` of an interrupt that waits for a decision on a tool call.
 pub(crate) const TOOL_APPROVAL: &str = "tool_approval";
@@ -552,7 +552,7 @@ impl AguiEncoder {
 
     fn flush(&mut self, out: &mut VecDeque<Bytes>) {
         for event in self.buf.drain(..) {
-            out.push_back(Bytes::from(format!("data: {event}\n\n")));
+            out.push_back(sse::data(&event));
         }
     }
 }

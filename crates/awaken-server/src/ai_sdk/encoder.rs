@@ -11,7 +11,7 @@ use axum::body::Bytes;
 use serde_json::{Value, json};
 
 use crate::live::Frame;
-use crate::sse::Encoder;
+use crate::sse::{self, Encoder};
 
 /// The response header that marks a UI message stream.
 pub(crate) const STREAM_HEADER: &str = "x-vercel-ai-ui-message-stream";
@@ -325,7 +325,7 @@ impl Encoder for UiMessageEncoder {
 
 /// Writes one chunk as an SSE `data` line.
 fn chunk(out: &mut VecDeque<Bytes>, value: &Value) {
-    out.push_back(Bytes::from(format!("data: {value}\n\n")));
+    out.push_back(sse::data(value));
 }
 
 /// The AI SDK's finish reason for an activation that ended as `termination`, the model having
