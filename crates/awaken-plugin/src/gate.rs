@@ -210,7 +210,7 @@ pub async fn evaluate_gates(
             }
         }
     }
-    let span = tracing::error_span!("tool_gate", call_id = %call_id);
+    let span = tracing::info_span!("tool_gate", call_id = %call_id);
     let _entered = span.enter();
     Ok(resolve_gate_decisions(decisions))
 }
