@@ -54,7 +54,10 @@ pub use memory::MemoryStore;
 #[doc(hidden)]
 pub use memory::fuzzing;
 #[cfg(feature = "postgres")]
-pub use postgres::{PostgresConfig, PostgresStore};
+pub use postgres::{
+    ClaimedJob, DeadJob, Enqueued, FleetListener, FleetWake, JobBeat, JobId, JobLease, JobState,
+    NewJob, PostgresConfig, PostgresStore, QueueDepth, QueueError, Retried, RunQueue,
+};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteConfig, SqliteStore, Synchronous};
 pub use store::{

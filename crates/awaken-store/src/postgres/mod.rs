@@ -24,9 +24,17 @@ use crate::store::{
 };
 
 mod commit;
+mod listen;
 mod load;
 mod pool;
+mod queue;
 mod schema;
+
+pub use listen::FleetListener;
+pub use queue::{
+    ClaimedJob, DeadJob, Enqueued, FleetWake, JobBeat, JobId, JobLease, JobState, NewJob,
+    QueueDepth, QueueError, Retried, RunQueue,
+};
 
 use pool::Pool;
 

@@ -11,7 +11,7 @@ use crate::error::StoreError;
 /// A small pool: at most `permits` connections, idle ones kept for reuse.
 #[derive(Debug)]
 pub(super) struct Pool {
-    config: tokio_postgres::Config,
+    pub(super) config: tokio_postgres::Config,
     pub(super) schema: Option<String>,
     idle: Mutex<Vec<Client>>,
     permits: Semaphore,

@@ -5,8 +5,12 @@ use crate::error::{Database, StoreError};
 
 use super::pool::Pool;
 
-/// The schema, one entry per version; never edit a released entry, append a new one.
-pub(super) const MIGRATIONS: &[&str] = &[r#"
+/// The schema, one entry per version; never edit a released entry, append a new one. Version 2
+/// is the run queue: its hot table keeps only queued and claimed jobs (a finished job's row is
+/// deleted, a dead one moved out), with room on each page for the lease updates to stay
+/// heap-only, and vacuumed after a few hundred dead rows rather than a fraction of the table.
+pub(super) const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE threads (
     thread_id      TEXT PRIMARY KEY,
     message_count  BIGINT NOT NULL,
@@ -69,7 +73,41 @@ CREATE TABLE events (
     body      TEXT NOT NULL,
     PRIMARY KEY (thread_id, seq)
 );
-"#];
+"#,
+    r#"
+CREATE TABLE run_queue (
+    job_id           BIGSERIAL PRIMARY KEY,
+    thread_id        TEXT NOT NULL UNIQUE,
+    run_id           TEXT NOT NULL,
+    agent_id         TEXT NOT NULL,
+    payload          TEXT NOT NULL,
+    priority         INTEGER NOT NULL,
+    not_before       BIGINT NOT NULL,
+    enqueued_at      BIGINT NOT NULL,
+    attempts         INTEGER NOT NULL DEFAULT 0,
+    claims           INTEGER NOT NULL DEFAULT 0,
+    max_attempts     INTEGER NOT NULL,
+    lease_owner      TEXT,
+    lease_expires_at BIGINT,
+    cancel_requested BOOLEAN NOT NULL DEFAULT FALSE,
+    last_error       TEXT
+) WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 200);
+CREATE INDEX run_queue_order ON run_queue (priority DESC, job_id);
+CREATE TABLE run_queue_dead (
+    job_id      BIGINT PRIMARY KEY,
+    thread_id   TEXT NOT NULL,
+    run_id      TEXT NOT NULL,
+    agent_id    TEXT NOT NULL,
+    payload     TEXT NOT NULL,
+    priority    INTEGER NOT NULL,
+    attempts    INTEGER NOT NULL,
+    enqueued_at BIGINT NOT NULL,
+    died_at     BIGINT NOT NULL,
+    last_error  TEXT NOT NULL
+);
+CREATE INDEX run_queue_dead_by_thread ON run_queue_dead (thread_id, job_id);
+"#,
+];
 
 /// Advisory lock key of schema migrations (any constant shared by every build).
 const MIGRATION_LOCK: i64 = 0x6177_616b_656e;

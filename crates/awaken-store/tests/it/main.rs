@@ -5,5 +5,7 @@ mod backends;
 mod conformance;
 #[cfg(feature = "postgres")]
 mod postgres_only;
+#[cfg(feature = "postgres")]
+mod queue;
 #[cfg(feature = "sqlite")]
 mod sqlite_only;
