@@ -15,10 +15,11 @@
 //! (calls whose tools declare overlapping writes still one after another, in call order).
 //! A suspended call parks the run until [`AgentRuntime::resume`] (in any process on the same
 //! store); [`AgentRuntime::recover`] continues runs a crash cut short, through the store's
-//! leases; delegates run as child runs; endpoint-backed agents run through their execution
-//! backend. A run with a profile id sees the profile's keys and writes them with version
-//! guards; a write refused because another thread changed the key is redone on the fresh
-//! value. A run on a model pool records the pool's members ([`ModelPoolKey`]), and its resume
+//! leases, and [`AgentRuntime::take_over`] the one of a given thread (a queued run, started
+//! with the id [`RunActivation::with_run_id`] gave it); delegates run as child runs;
+//! endpoint-backed agents run through their execution backend. A run with a profile id sees
+//! the profile's keys and writes them with version guards; a write refused because another
+//! thread changed the key is redone on the fresh value. A run on a model pool records the pool's members ([`ModelPoolKey`]), and its resume
 //! or recovery runs on those members even when the pool has changed since.
 //!
 //! The code follows an activation's stages: `activation` loads the stored thread, decides
@@ -68,7 +69,7 @@ pub use error::RunError;
 pub use handle::RunHandle;
 pub use ids::{IdSource, SequentialIds, SystemIds};
 pub use intercept::{CallIntercept, CallInterceptKey, InterceptHandler, InterceptToolCall};
-pub use outcome::{RecoveredRun, RunOutcome};
+pub use outcome::{RecoveredRun, RunOutcome, Takeover};
 pub use permission::{PERMISSION_PLUGIN, PermissionGate, PermissionPlugin, PermissionRefusal};
 pub use pool::ModelPoolKey;
 pub use request::{RecoverConfig, RunActivation};

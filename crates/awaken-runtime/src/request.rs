@@ -1,5 +1,5 @@
 //! What a caller asks of a runtime: [`RunActivation`], a run of an agent on a thread, and
-//! [`RecoverConfig`], how `recover` claims unfinished runs.
+//! [`RecoverConfig`], how `recover` and `take_over` claim unfinished runs.
 
 use awaken_event::{CancellationToken, Message, ProfileId, RunId, ThreadId};
 use awaken_spec::InferenceOverride;
@@ -24,7 +24,8 @@ pub struct RunActivation {
     /// On a thread waiting for decisions: close its suspended calls as cancelled and start
     /// this run instead of refusing it.
     pub supersede: bool,
-    /// The run's id, when the caller derives it (a delegate's child run); else the id source's.
+    /// The run's id, when the caller chose it (`with_run_id`) or derives it (a delegate's child
+    /// run); else the id source's.
     pub(crate) run_id: Option<RunId>,
     /// The parent run of a delegate's child run.
     pub(crate) parent_run_id: Option<RunId>,
@@ -79,13 +80,24 @@ impl RunActivation {
         self
     }
 
+    /// Gives the run `run_id` instead of an id from the runtime's id source, for a caller that
+    /// must know the run's id before it starts (a queued run, whose id is chosen when it is
+    /// enqueued; [`AgentRuntime::next_run_id`](crate::AgentRuntime::next_run_id) makes one).
+    /// An id some run of the thread already has is refused with `RunError::RunIdTaken`; one a
+    /// run of another thread has, by the store (`RunError::Commit`). An endpoint-backed agent's
+    /// run gets the id too.
+    pub fn with_run_id(mut self, run_id: RunId) -> Self {
+        self.run_id = Some(run_id);
+        self
+    }
+
     /// A handle that cancels this run.
     pub fn handle(&self) -> RunHandle {
         RunHandle::new(self.cancel.clone())
     }
 }
 
-/// How `AgentRuntime::recover` claims runs.
+/// How `AgentRuntime::recover` and `AgentRuntime::take_over` claim runs.
 #[derive(Debug, Clone)]
 pub struct RecoverConfig {
     /// This worker's id (names the lease holder).

@@ -1,21 +1,21 @@
-//! [`AgentRuntime`]: the façade callers run agents through (run, resume, recover, start,
-//! shutdown, reload), over what its clones share.
+//! [`AgentRuntime`]: the façade callers run agents through (run, resume, recover, take over,
+//! start, shutdown, reload), over what its clones share.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use awaken_event::{EventSink, Message, NullSink, SuspendTicket, ThreadId};
+use awaken_event::{EventSink, Message, NullSink, RunId, SuspendTicket, ThreadId};
 use awaken_plugin::{
     HookStats, LifecycleEvent, LifecycleHook, PluginError, RegistryError, ReloadOutcome,
 };
 use awaken_resolver::Resolver;
-use awaken_store::{RunStatus, StoreError, ThreadStore};
+use awaken_store::{ClaimedRun, RunRecord, RunStatus, StoreError, ThreadStore};
 
 use crate::activation::{self, Start};
 use crate::active::ShutdownMode;
 use crate::error::RunError;
 use crate::inner::RuntimeInner;
-use crate::outcome::{RecoveredRun, RunOutcome};
+use crate::outcome::{RecoveredRun, RunOutcome, Takeover};
 use crate::request::{RecoverConfig, RunActivation};
 use crate::resume::{Resume, recorded_decisions, suspended_calls};
 
@@ -88,6 +88,12 @@ impl AgentRuntime {
             .worker
             .as_ref()
             .map(|w| (w.id.as_str(), w.lease_duration))
+    }
+
+    /// A new run id from the runtime's id source, for a run started later with
+    /// [`RunActivation::with_run_id`] (a queued run, whose id is known when it is enqueued).
+    pub fn next_run_id(&self) -> RunId {
+        self.inner.ids.next_run_id()
     }
 
     /// How many activations are running now.
@@ -190,41 +196,77 @@ impl AgentRuntime {
             .map_err(RunError::Store)?;
         let mut recovered = Vec::with_capacity(claims.len());
         for claimed in claims {
-            let lease = claimed.lease.clone();
             let foreign = config
                 .agents
                 .as_ref()
                 .is_some_and(|a| !a.iter().any(|id| **id == *claimed.run.agent_id));
-            // A human's decision resumes a waiting run, not a recovery; another worker serves
-            // a foreign agent; a delegate's child run is continued by its parent's call (the
-            // delegate tool re-run with the same key); a cancelled recovery starts nothing.
-            if claimed.run.status == RunStatus::Waiting
-                || foreign
-                || claimed.run.parent_run_id.is_some()
-                || config.cancel.is_cancelled()
-            {
-                self.inner.release(&lease).await;
+            // A run `continuable` leaves out is released at once; another worker serves a
+            // foreign agent; a cancelled recovery starts nothing.
+            if !continuable(&claimed.run) || foreign || config.cancel.is_cancelled() {
+                self.inner.release(&claimed.lease).await;
                 continue;
             }
-            let thread_id = claimed.thread_id.clone();
-            let run_id = claimed.run.run_id.clone();
-            let cancel = config.cancel.child_token();
-            let heartbeat =
-                self.inner
-                    .spawn_heartbeat(lease.clone(), config.lease_duration, cancel.clone());
-            let outcome =
-                activation::activate(&self.inner, Start::Recover(claimed.into(), cancel), sink)
-                    .await;
-            heartbeat.stop();
-            // A finished run's last commit released the lease; a waiting or failed one did not.
-            self.inner.release(&lease).await;
-            recovered.push(RecoveredRun {
-                thread_id,
-                run_id,
-                outcome,
-            });
+            recovered.push(self.continue_claimed(claimed, config, sink).await);
         }
         Ok(recovered)
+    }
+
+    /// Continues the unfinished run of one thread whose worker is gone, the way `recover`
+    /// continues a run it claimed: for a worker that takes over a queued job naming the thread.
+    ///
+    /// When the thread's latest run is `Running` (not waiting for decisions, not a delegate's
+    /// child run), claims its lease for `config.worker_id`; once claimed, keeps the lease with a
+    /// heartbeat while the run is driven from its last checkpoint (streamed to `sink`), releases
+    /// it at the end, and returns [`Takeover::Recovered`]. While another worker holds the lease
+    /// (the run is live, or its worker died and the lease has not expired) nothing is run:
+    /// [`Takeover::Held`], to try again later. Anything else is [`Takeover::Nothing`] with the
+    /// latest run's record. `config.limit` and `config.agents` do not apply (the caller names
+    /// the thread); a `config.cancel` cancelled before the claim starts nothing, and one
+    /// cancelled later ends the run `Cancelled` with its checkpoint.
+    pub async fn take_over(
+        &self,
+        thread_id: &ThreadId,
+        config: &RecoverConfig,
+        sink: &dyn EventSink,
+    ) -> Result<Takeover, RunError> {
+        let latest = self.latest_run(thread_id).await?;
+        let run_id = match &latest {
+            Some(run) if continuable(run) && !config.cancel.is_cancelled() => run.run_id.clone(),
+            _ => return Ok(Takeover::Nothing { latest }),
+        };
+        let claimed = self
+            .inner
+            .store
+            .claim_run(
+                &run_id,
+                &config.worker_id,
+                config.lease_duration,
+                self.inner.ids.timestamp(),
+            )
+            .await
+            .map_err(RunError::Store)?;
+        match claimed {
+            // The run's worker suspended it (or it was superseded) since it was read.
+            Some(claimed) if !continuable(&claimed.run) => {
+                self.inner.release(&claimed.lease).await;
+                Ok(Takeover::Nothing {
+                    latest: Some(claimed.run),
+                })
+            }
+            Some(claimed) => Ok(Takeover::Recovered(
+                self.continue_claimed(claimed, config, sink).await,
+            )),
+            None => {
+                // Refused: another worker holds the lease, or the run ended since it was read.
+                let latest = self.latest_run(thread_id).await?;
+                match latest {
+                    Some(run) if run.run_id == run_id && continuable(&run) => {
+                        Ok(Takeover::Held { run_id })
+                    }
+                    latest => Ok(Takeover::Nothing { latest }),
+                }
+            }
+        }
     }
 
     /// The tickets of the calls the thread's run still waits on: suspended and not decided by
@@ -262,4 +304,51 @@ impl AgentRuntime {
             })
             .unwrap_or_default())
     }
+}
+
+impl AgentRuntime {
+    /// Continues the run whose lease `claimed` holds, from its last checkpoint: keeps the
+    /// lease with a heartbeat while the run is driven, and releases it at the end.
+    async fn continue_claimed(
+        &self,
+        claimed: ClaimedRun,
+        config: &RecoverConfig,
+        sink: &dyn EventSink,
+    ) -> RecoveredRun {
+        let lease = claimed.lease.clone();
+        let thread_id = claimed.thread_id.clone();
+        let run_id = claimed.run.run_id.clone();
+        let cancel = config.cancel.child_token();
+        let heartbeat =
+            self.inner
+                .spawn_heartbeat(lease.clone(), config.lease_duration, cancel.clone());
+        let outcome =
+            activation::activate(&self.inner, Start::Recover(claimed.into(), cancel), sink).await;
+        heartbeat.stop();
+        // A finished run's last commit released the lease; a waiting or failed one did not.
+        self.inner.release(&lease).await;
+        RecoveredRun {
+            thread_id,
+            run_id,
+            outcome,
+        }
+    }
+
+    /// The thread's latest run (`None`: the thread has none, or is unknown).
+    async fn latest_run(&self, thread_id: &ThreadId) -> Result<Option<RunRecord>, RunError> {
+        Ok(self
+            .inner
+            .store
+            .load_checkpoint(thread_id)
+            .await
+            .map_err(RunError::Store)?
+            .and_then(|cp| cp.run))
+    }
+}
+
+/// Whether a recovery continues the unfinished run `run`: it is `Running`, not waiting for a
+/// human's decision (a resume continues that), and not a delegate's child run (its parent's
+/// call continues it, the delegate tool re-run with the same key).
+fn continuable(run: &RunRecord) -> bool {
+    run.status == RunStatus::Running && run.parent_run_id.is_none()
 }

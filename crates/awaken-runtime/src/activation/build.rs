@@ -80,7 +80,7 @@ pub(super) async fn build<'a>(
         ResolvedRunPlan::Local(agent) => agent,
         ResolvedRunPlan::Backend(b) if continued.is_none() => {
             // An endpoint-backed agent: its backend runs the activation (and keeps its thread).
-            let run_id = rt.ids.next_run_id();
+            let run_id = run_id.unwrap_or_else(|| rt.ids.next_run_id());
             let request = BackendRequest {
                 thread_id,
                 run_id: run_id.clone(),

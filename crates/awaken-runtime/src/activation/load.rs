@@ -50,9 +50,25 @@ pub(super) enum Latest {
     },
 }
 
-/// Loads the thread `start` runs on and classifies its latest run.
+/// Loads the thread `start` runs on and classifies its latest run. A new run given an id some
+/// run of the thread has is refused (`RunError::RunIdTaken`).
 pub(super) async fn load(store: &dyn ThreadStore, start: &Start) -> Result<Stored, RunError> {
     let thread_id = start.thread_id();
+    // An id the caller chose may be any earlier run's (the id source's ids are checked against
+    // the latest run's, in `build`; a delegate tool checks its child thread's runs itself).
+    // Read before the checkpoint, so that no part of it is held across this read.
+    if let Start::Fresh(act) = start
+        && let Some(run_id) = &act.run_id
+        && act.parent_run_id.is_none()
+    {
+        let runs = store.list_runs(thread_id).await.map_err(RunError::Store)?;
+        if runs.iter().any(|r| r.run_id == *run_id) {
+            return Err(RunError::RunIdTaken {
+                thread_id: thread_id.clone(),
+                run_id: run_id.clone(),
+            });
+        }
+    }
     let Some(cp) = store
         .load_checkpoint(thread_id)
         .await

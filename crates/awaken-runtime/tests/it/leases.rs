@@ -271,7 +271,7 @@ async fn two_workers_share_twenty_runs_and_one_takes_over_a_dead_workers_lease()
 
 /// A runtime with a worker identity over `store`, whose agent asks for approval of `gate`
 /// calls when `approval` is set.
-fn worker_runtime(
+pub(crate) fn worker_runtime(
     store: Arc<dyn ThreadStore>,
     worker: &str,
     gate: crate::lifecycle::Gate,
@@ -317,7 +317,7 @@ impl awaken_llm::LlmExecutor for GateModel {
     }
 }
 
-fn notifies() -> (Arc<tokio::sync::Notify>, Arc<tokio::sync::Notify>) {
+pub(crate) fn notifies() -> (Arc<tokio::sync::Notify>, Arc<tokio::sync::Notify>) {
     (
         Arc::new(tokio::sync::Notify::new()),
         Arc::new(tokio::sync::Notify::new()),

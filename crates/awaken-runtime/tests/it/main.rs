@@ -27,5 +27,6 @@ mod recovery;
 mod scenarios;
 mod spans;
 mod support;
+mod take_over;
 mod tools;
 mod visible_state;

@@ -1,6 +1,7 @@
 //! A run interrupted at each of its commits (the store stops accepting writes there, as if
-//! the process had died) and recovered by a fresh runtime ends in the history and statistics
-//! of an uninterrupted run — on the memory store and on SQLite.
+//! the process had died) and recovered by a fresh runtime (`recover`, or `take_over` of its
+//! thread once the dead worker's lease expired) ends in the history and statistics of an
+//! uninterrupted run — on the memory store and on SQLite.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -8,10 +9,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use async_trait::async_trait;
 use awaken_event::{Message, Role, TerminationReason, ThreadId, VecSink, check_activation};
 use awaken_llm::{InferenceRequest, LlmEventStream, LlmExecutor};
-use awaken_runtime::{AgentRuntime, RecoverConfig, RunActivation, RunStatsKey, SequentialIds};
+use awaken_runtime::{
+    AgentRuntime, RecoverConfig, RunActivation, RunOutcome, RunStatsKey, SequentialIds, Takeover,
+};
 use awaken_spec::{AgentSpec, ModelSpec};
 use awaken_state::StateKey;
-use awaken_store::{MemoryStore, SqliteConfig, SqliteStore, ThreadStore};
+use awaken_store::{MemoryStore, SqliteConfig, SqliteStore, ThreadStore, Timestamp};
 
 use awaken_tool::{Tool, ToolCallContext, ToolError, ToolOutput};
 
@@ -66,7 +69,7 @@ impl LlmExecutor for HistoryModel {
     }
 }
 
-fn runtime(store: Arc<dyn ThreadStore>) -> AgentRuntime {
+pub(crate) fn runtime(store: Arc<dyn ThreadStore>) -> AgentRuntime {
     runtime_with(store, Arc::new(Echo))
 }
 
@@ -128,7 +131,7 @@ async fn a_recovered_re_run_validates_its_arguments_against_the_tools_schema_of_
     );
 }
 
-fn thread() -> ThreadId {
+pub(crate) fn thread() -> ThreadId {
     ThreadId::new("t").expect("id")
 }
 
@@ -177,9 +180,68 @@ fn counting(store: Arc<dyn ThreadStore>) -> (Arc<Intercepted>, Arc<AtomicUsize>)
     (Arc::new(counting), commits)
 }
 
+/// How a fresh runtime continues the run a dead process left unfinished.
+#[derive(Clone, Copy)]
+enum Continuation {
+    /// `recover`, claiming every unfinished run.
+    Recover,
+    /// `take_over` of the run's thread, once the dead process's lease on the run expired.
+    TakeOver,
+}
+
+/// Continues the one unfinished run of `store` through a fresh runtime, `via` either way, and
+/// returns its outcome; `at` names the interruption in failure messages.
+async fn continue_run(store: &Arc<dyn ThreadStore>, via: Continuation, at: &str) -> RunOutcome {
+    let rt = runtime(store.clone());
+    match via {
+        Continuation::Recover => {
+            let recovered = rt
+                .recover(&RecoverConfig::new("w2"), &awaken_event::NullSink)
+                .await
+                .expect("recover");
+            assert_eq!(recovered.len(), 1, "{at}");
+            let run = recovered.into_iter().next().expect("one");
+            run.outcome.expect("recovered")
+        }
+        Continuation::TakeOver => {
+            // The dead process held the run's lease, claimed before the runtime's clock began
+            // and expired since.
+            let run = store
+                .load_checkpoint(&thread())
+                .await
+                .expect("load")
+                .and_then(|c| c.run)
+                .expect("the run");
+            store
+                .claim_run(
+                    &run.run_id,
+                    "dead",
+                    std::time::Duration::from_secs(30),
+                    Timestamp::from_unix_millis(-60_000),
+                )
+                .await
+                .expect("claim")
+                .expect("the dead process's lease");
+            let sink = VecSink::new();
+            let taken = rt
+                .take_over(&thread(), &RecoverConfig::new("w2"), &sink)
+                .await
+                .expect("take over");
+            let Takeover::Recovered(recovered) = taken else {
+                panic!("{at}: not taken over: {taken:?}");
+            };
+            assert_eq!(recovered.run_id, run.run_id, "{at}");
+            if let Err(v) = check_activation(&sink.events()) {
+                panic!("{at}: the continuation's events: {v}");
+            }
+            recovered.outcome.expect("taken over")
+        }
+    }
+}
+
 /// `immediate`: the dying store writes through the runtime's immediate path (`commit_now`), not
-/// the awaited one.
-async fn matrix(fresh: impl AsyncFn() -> Arc<dyn ThreadStore>, immediate: bool) {
+/// the awaited one. `via`: how the fresh runtime continues the run.
+async fn matrix(fresh: impl AsyncFn() -> Arc<dyn ThreadStore>, immediate: bool, via: Continuation) {
     // The uninterrupted run, and how many commits it makes.
     let store = fresh().await;
     let (counting, commits) = counting(store.clone());
@@ -220,18 +282,8 @@ async fn matrix(fresh: impl AsyncFn() -> Arc<dyn ThreadStore>, immediate: bool) 
                 "after {alive} commits: {first:?}"
             );
         }
-        // A fresh runtime recovers the run.
-        let recovered = runtime(store.clone())
-            .recover(&RecoverConfig::new("w2"), &awaken_event::NullSink)
-            .await
-            .expect("recover");
-        assert_eq!(recovered.len(), 1, "after {alive} commits");
-        let outcome = recovered
-            .into_iter()
-            .next()
-            .expect("one")
-            .outcome
-            .expect("recovered");
+        // A fresh runtime continues the run.
+        let outcome = continue_run(&store, via, &format!("after {alive} commits")).await;
         assert_eq!(
             outcome.termination,
             TerminationReason::NaturalEnd,
@@ -257,14 +309,25 @@ async fn recovery_from_each_commit_matches_the_uninterrupted_run_on_memory() {
         matrix(
             async || Arc::new(MemoryStore::new()) as Arc<dyn ThreadStore>,
             immediate,
+            Continuation::Recover,
         )
         .await;
     }
 }
 
 #[tokio::test]
-async fn recovery_from_each_commit_matches_the_uninterrupted_run_on_sqlite() {
-    let dir = crate::support::fresh_dir("recovery-matrix");
+async fn take_over_from_each_commit_matches_the_uninterrupted_run_on_memory() {
+    matrix(
+        async || Arc::new(MemoryStore::new()) as Arc<dyn ThreadStore>,
+        false,
+        Continuation::TakeOver,
+    )
+    .await;
+}
+
+/// [`matrix`] on a fresh SQLite database file for each run, in a directory named `name`.
+async fn sqlite_matrix(name: &str, via: Continuation) {
+    let dir = crate::support::fresh_dir(name);
     let n = AtomicUsize::new(0);
     matrix(
         async || {
@@ -277,8 +340,19 @@ async fn recovery_from_each_commit_matches_the_uninterrupted_run_on_sqlite() {
             ) as Arc<dyn ThreadStore>
         },
         false,
+        via,
     )
     .await;
+}
+
+#[tokio::test]
+async fn recovery_from_each_commit_matches_the_uninterrupted_run_on_sqlite() {
+    sqlite_matrix("recovery-matrix", Continuation::Recover).await;
+}
+
+#[tokio::test]
+async fn take_over_from_each_commit_matches_the_uninterrupted_run_on_sqlite() {
+    sqlite_matrix("take-over-matrix", Continuation::TakeOver).await;
 }
 
 #[tokio::test]
