@@ -20,6 +20,7 @@ commands:
   resume     answer a run that waits for a decision (approve or deny its tool calls)
   recover    continue the runs a killed process left unfinished
   serve      serve agents over HTTP: the /v1 API, with resumable event streams
+  worker     drive the runs a fleet's front ends queue in PostgreSQL (`serve --queue`)
   threads    list the stored threads; `threads rm`, `threads prune` delete them
   show       print a thread's transcript
   validate   check an agent file without running it (no model request)
@@ -84,7 +85,7 @@ decision), each with the agent file's agent."
             "\
 usage: awaken serve --agent FILE [--agent FILE ...] [--store SPEC] [--listen ADDR]
                     [--auth-token TOKEN] [--insecure-no-auth] [--cors ORIGIN ...] [--max-runs N]
-                    [--shutdown-grace SECS] [--no-chat-page]
+                    [--shutdown-grace SECS] [--no-chat-page] [--queue]
 
 Serves the agents of the files over HTTP: /healthz, /readyz and the /v1 API (agents, threads,
 runs whose events stream as Server-Sent Events resumable with Last-Event-ID, decisions,
@@ -98,7 +99,26 @@ loopback needs one, or --insecure-no-auth. --cors lets browser pages of ORIGIN c
 any origin); --max-runs caps the runs in flight (a run past the cap is refused with 503).
 SIGTERM or Ctrl-C stops accepting requests, gives runs in flight 10 s (--shutdown-grace SECS) to
 end (the others stop at their last checkpoint and continue on the next start) and exits 0; a
-second signal exits at once."
+second signal exits at once.
+
+--queue (with --store postgres://...) makes this server a front end of a fleet: it runs nothing
+itself but queues each run for the `awaken worker` processes on the same database, and streams
+the run's stored events to its client whichever worker drives it; cancels and decisions reach
+the run on its worker."
+        }
+        "worker" => {
+            "\
+usage: awaken worker --agent FILE [--agent FILE ...] --store postgres://URL [--concurrency N]
+                     [--shutdown-grace SECS]
+
+Claims the runs that `awaken serve --queue` front ends queue in the PostgreSQL database, up to
+N at once (default 16), and drives them with the agents of the files (only the runs of those
+agents). Each claim is a lease kept by a heartbeat; a worker that stops (killed, or cut off
+from the database) loses it, and another worker continues its runs from their last checkpoint
+once it expires (AWAKEN_LEASE_SECS, default 15). A run that keeps failing is retried with
+backoff and dead-lettered after 3 attempts. SIGTERM or Ctrl-C stops claiming, gives the runs
+held 10 s (--shutdown-grace SECS) to end, stops the others at their last checkpoint, gives them
+back to the queue and exits 0; a second signal exits at once."
         }
         "threads" => {
             "\
@@ -243,6 +263,10 @@ pub(crate) struct Args {
     pub(crate) cors: Vec<String>,
     /// `serve --max-runs`.
     pub(crate) max_runs: Option<usize>,
+    /// `serve --queue`.
+    pub(crate) queue: bool,
+    /// `worker --concurrency`.
+    pub(crate) concurrency: Option<usize>,
     /// `serve --shutdown-grace`, in whole seconds.
     pub(crate) shutdown_grace: Option<u64>,
     /// `-v` counted.
@@ -305,7 +329,12 @@ fn accepted(command: &str) -> Option<(&'static [&'static str], std::ops::RangeIn
                 "--max-runs",
                 "--shutdown-grace",
                 "--no-chat-page",
+                "--queue",
             ],
+            0..=0,
+        ),
+        "worker" => (
+            &["--agent", "--store", "--concurrency", "--shutdown-grace"],
             0..=0,
         ),
         "threads" => (&["--store", "--json"], 0..=0),
@@ -487,6 +516,22 @@ pub(crate) fn parse_args(raw: Vec<String>) -> Result<Parsed> {
                     })?;
                 args.max_runs = Some(limit);
                 "--max-runs"
+            }
+            "--queue" => {
+                args.queue = true;
+                "--queue"
+            }
+            "--concurrency" => {
+                let text = value("--concurrency")?;
+                let n = text
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=1024).contains(n))
+                    .ok_or_else(|| {
+                        anyhow!("--concurrency {text:?}: expected a whole number from 1 to 1024")
+                    })?;
+                args.concurrency = Some(n);
+                "--concurrency"
             }
             "--shutdown-grace" => {
                 let text = value("--shutdown-grace")?;

@@ -28,6 +28,7 @@ mod term;
 #[cfg(test)]
 mod tests;
 mod tools;
+mod worker;
 
 use std::process::ExitCode;
 
@@ -85,9 +86,10 @@ fn main() -> ExitCode {
     // Kept to the end of the command: dropping it sends the spans not exported yet.
     let _telemetry = log::init(&args);
     let result = (|| -> Result<u8, Exit> {
-        // The server answers requests while runs go on, so it gets worker threads; the other
+        // The server answers requests while runs go on, and a worker drives many runs at once,
+        // so they get worker threads; the other
         // commands drive one activation at a time.
-        let rt = if args.command == "serve" {
+        let rt = if args.command == "serve" || args.command == "worker" {
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
@@ -104,6 +106,7 @@ fn main() -> ExitCode {
             "resume" => rt.block_on(run::resume(args)),
             "recover" => rt.block_on(run::recover(args)),
             "serve" => rt.block_on(serve::serve(args)),
+            "worker" => rt.block_on(worker::worker(args)),
             "threads" => rt.block_on(inspect::threads(args)),
             "threads rm" => rt.block_on(inspect::threads_rm(args)),
             "threads prune" => rt.block_on(inspect::threads_prune(args)),

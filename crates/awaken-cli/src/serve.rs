@@ -5,15 +5,17 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::Duration;
 
 use anyhow::anyhow;
-use awaken::server::{AgentServer, ServeError, ServerConfig, serve as serve_http};
+use std::sync::Arc;
+
+use awaken::server::{AgentServer, QueueConfig, ServeError, ServerConfig, serve as serve_http};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
 use crate::agent_file::AgentFile;
 use crate::args::{self, Args, Secret};
 use crate::setup::{
-    Open, Purpose, lease_duration, mcp_servers, open_failed, open_store, runtime_of_files,
-    worker_id,
+    Open, Purpose, lease_duration, mcp_servers, open_failed, open_fleet_store, open_store,
+    runtime_of_files, worker_id,
 };
 use crate::term::errln;
 use crate::{Exit, bad_input};
@@ -24,6 +26,10 @@ const DEFAULT_LISTEN: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LO
 /// How long runs in flight get to end by themselves after a shutdown signal, unless
 /// `--shutdown-grace` says otherwise (the usage text says so).
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// The PostgreSQL connections of a fleet's front end (reads of the stored events it follows,
+/// and the queue).
+const FRONT_CONNECTIONS: usize = 8;
 
 /// The environment variable that gives the token when `--auth-token` is not given.
 const TOKEN_ENV: &str = "AWAKEN_API_TOKEN";
@@ -45,9 +51,21 @@ pub(crate) async fn serve(args: Args) -> Result<u8, Exit> {
         .map(|path| AgentFile::load(path))
         .collect::<anyhow::Result<Vec<_>>>()
         .map_err(bad_input)?;
-    let store = open_store(args.store.as_deref(), Open::Create)
-        .await
-        .map_err(open_failed)?;
+    let (store, queue) = if args.queue {
+        let store = open_fleet_store(args.store.as_deref(), "serve --queue", FRONT_CONNECTIONS)
+            .await
+            .map_err(open_failed)?;
+        let queue = store.queue();
+        (
+            Arc::new(store) as Arc<dyn awaken::store::ThreadStore>,
+            Some(queue),
+        )
+    } else {
+        let store = open_store(args.store.as_deref(), Open::Create)
+            .await
+            .map_err(open_failed)?;
+        (store, None)
+    };
     let mcp = mcp_servers(&files).await.map_err(bad_input)?;
     let runtime = runtime_of_files(&files, &args, store, Purpose::Run, &mcp).map_err(bad_input)?;
     let agents = runtime.resolver().registries().agent_ids();
@@ -87,8 +105,15 @@ pub(crate) async fn serve(args: Args) -> Result<u8, Exit> {
         if !args.no_chat_page {
             errln!("awaken: chat page at http://{bound}/ (open it in a browser)");
         }
+        if queue.is_some() {
+            errln!("awaken: queueing runs for the fleet's workers (`awaken worker`)");
+        }
     }
-    match serve_http(AgentServer::new(runtime, config), listener, shutdown).await {
+    let server = match queue {
+        Some(queue) => AgentServer::queued(runtime, config, queue, QueueConfig::default()),
+        None => AgentServer::new(runtime, config),
+    };
+    match serve_http(server, listener, shutdown).await {
         Ok(()) => Ok(0),
         Err(e @ ServeError::Unauthenticated { .. }) => Err(bad_input(anyhow!("{e}"))),
         Err(e) => Err(anyhow!("{e}").into()),
@@ -121,7 +146,7 @@ fn refuse_unauthenticated(addr: SocketAddr, token: bool, insecure: bool) -> Resu
 
 /// A future that completes on the first SIGTERM or Ctrl-C; a second one exits the process at
 /// once (130). The handlers are installed before this returns.
-fn shutdown_on_signal() -> Result<impl Future<Output = ()> + Send + 'static, Exit> {
+pub(crate) fn shutdown_on_signal() -> Result<impl Future<Output = ()> + Send + 'static, Exit> {
     let mut signals = Signals::new()?;
     let (begin, begun) = oneshot::channel::<()>();
     tokio::spawn(async move {

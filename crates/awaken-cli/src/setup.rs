@@ -47,13 +47,7 @@ pub(crate) async fn open_store(spec: Option<&str>, open: Open) -> Result<Arc<dyn
     if spec == "memory" {
         return Ok(Arc::new(MemoryStore::new()));
     }
-    // `postgres:URL`, or the URL itself.
-    let postgres = if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
-        Some(spec)
-    } else {
-        spec.strip_prefix("postgres:")
-    };
-    if let Some(url) = postgres {
+    if let Some(url) = postgres_url(spec) {
         let store = PostgresStore::connect(PostgresConfig::new(url))
             .await
             .context("cannot open the PostgreSQL store")?;
@@ -84,6 +78,32 @@ pub(crate) async fn open_store(spec: Option<&str>, open: Open) -> Result<Arc<dyn
             anyhow::Error::new(e).context(what)
         })?;
     Ok(Arc::new(store))
+}
+
+/// The URL of a PostgreSQL store spec: `postgres:URL`, or the URL itself.
+fn postgres_url(spec: &str) -> Option<&str> {
+    if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
+        Some(spec)
+    } else {
+        spec.strip_prefix("postgres:")
+    }
+}
+
+/// The PostgreSQL store of a fleet (`serve --queue`, `worker`), with `connections` pooled
+/// connections: `command` names what needs it when `spec` is not a PostgreSQL store.
+pub(crate) async fn open_fleet_store(
+    spec: Option<&str>,
+    command: &str,
+    connections: usize,
+) -> Result<PostgresStore> {
+    let Some(url) = spec.and_then(postgres_url) else {
+        bail!(
+            "{command} needs the fleet's PostgreSQL store: --store postgres://USER@HOST:PORT/DATABASE"
+        );
+    };
+    PostgresStore::connect(PostgresConfig::new(url).with_max_connections(connections))
+        .await
+        .context("cannot open the PostgreSQL store")
 }
 
 /// The exit of a command whose store could not be opened: 1 when the store itself failed (a

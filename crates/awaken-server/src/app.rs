@@ -8,7 +8,10 @@ use awaken_event::CancellationToken;
 use awaken_runtime::AgentRuntime;
 use tokio::sync::Semaphore;
 
+use awaken_store::RunQueue;
+
 use crate::config::ServerConfig;
+use crate::fleet::{Front, QueueConfig};
 use crate::live::LiveRuns;
 use crate::sse::StreamContext;
 
@@ -28,6 +31,8 @@ pub(crate) struct Shared {
     pub(crate) closing: CancellationToken,
     /// Set once recovery of unfinished runs has been started.
     pub(crate) ready: AtomicBool,
+    /// The run queue, for a front end of a fleet: activations are queued, not driven here.
+    pub(crate) front: Option<Arc<Front>>,
 }
 
 impl std::fmt::Debug for AgentServer {
@@ -39,6 +44,26 @@ impl std::fmt::Debug for AgentServer {
 impl AgentServer {
     /// A server of `runtime`'s agents.
     pub fn new(runtime: AgentRuntime, config: ServerConfig) -> Self {
+        Self::with_front(runtime, config, None)
+    }
+
+    /// A front end of a fleet: runs are queued in `queue` for the workers, and each one's
+    /// stored events are streamed to its clients from the store, whichever worker drives it.
+    /// `runtime` resolves the agents and reads the store (the queue's); it drives nothing.
+    pub fn queued(
+        runtime: AgentRuntime,
+        config: ServerConfig,
+        queue: RunQueue,
+        queue_config: QueueConfig,
+    ) -> Self {
+        Self::with_front(
+            runtime,
+            config,
+            Some(Arc::new(Front::new(queue, queue_config))),
+        )
+    }
+
+    fn with_front(runtime: AgentRuntime, config: ServerConfig, front: Option<Arc<Front>>) -> Self {
         Self {
             shared: Arc::new(Shared {
                 live: Arc::new(LiveRuns::new(&config)),
@@ -47,8 +72,14 @@ impl AgentServer {
                 config,
                 closing: CancellationToken::new(),
                 ready: AtomicBool::new(false),
+                front,
             }),
         }
+    }
+
+    /// Whether runs are queued for a fleet's workers rather than driven here.
+    pub fn is_queued(&self) -> bool {
+        self.shared.front.is_some()
     }
 
     /// The runtime.

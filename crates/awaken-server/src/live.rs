@@ -349,6 +349,12 @@ impl LiveRun {
         }
     }
 
+    /// Pushes a stored event (one read back from the store, followed from another process).
+    pub(crate) fn push_stored(&self, seq: u64, event: &AgentEvent) {
+        self.committed(seq);
+        self.push(Some(seq), event);
+    }
+
     fn committed(&self, last_seq: u64) {
         let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
         log.durable = log.durable.max(last_seq);

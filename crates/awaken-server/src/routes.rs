@@ -342,7 +342,7 @@ async fn thread_events(
     let Query(query) =
         query.map_err(|e| ApiError::bad_field("invalid_query", "query", e.body_text()))?;
     let after = position(query.after.as_deref(), &headers)?.unwrap_or_default();
-    let live = server.shared.live.get(&thread);
+    let live = crate::fleet::live_or_follow(&server, &thread, after.seq).await?;
     if live.is_none() {
         stored_thread(&server, &thread).await?;
     }
@@ -482,6 +482,21 @@ async fn cancel(State(server): State<AgentServer>, Path(raw): Path<String>) -> A
             )
                 .into_response(),
         });
+    }
+    // A queued or claimed job this front end does not follow: the queue tells its worker.
+    if let Some(front) = &server.shared.front
+        && front
+            .queue
+            .request_cancel(&thread)
+            .await
+            .map_err(store_failed)?
+            .is_some()
+    {
+        return Ok((
+            StatusCode::ACCEPTED,
+            Json(json!({"cancelled": true, "outcome": null})),
+        )
+            .into_response());
     }
     let checkpoint = stored_thread(&server, &thread).await?;
     let status = checkpoint.run.as_ref().map(|r| r.status.to_string());

@@ -244,18 +244,30 @@ pub(crate) async fn launch(
             shared.config.retry_after,
         )
     })?;
-    let live = shared.live.begin(thread, Some(cancel)).map_err(|_| {
-        ApiError::conflict(
-            "thread_busy",
-            format!("thread `{thread}` has a run in flight in this server"),
-        )
-    })?;
-    // The run's first steps run here, up to where it first waits, so its first events are
-    // buffered before the answer starts (no trip through the scheduler); the rest runs on its
-    // own task. Nothing awaits between the two, so a client going away cannot drop the run.
-    let mut run = Box::pin(drive(server.clone(), Arc::clone(&live), permit, job));
-    if std::future::poll_fn(|cx| Poll::Ready(run.as_mut().poll(cx).is_pending())).await {
-        live.set_task(tokio::spawn(run));
+    let live = shared
+        .live
+        .begin(thread, Some(cancel.clone()))
+        .map_err(|_| {
+            ApiError::conflict(
+                "thread_busy",
+                format!("thread `{thread}` has a run in flight in this server"),
+            )
+        })?;
+    if let Some(front) = &shared.front {
+        if let Err(e) = crate::fleet::enqueue(server, front, &live, permit, cancel, job).await {
+            live.end(Err(e.clone()));
+            shared.live.remove(&live);
+            return Err(e);
+        }
+    } else {
+        // The run's first steps run here, up to where it first waits, so its first events are
+        // buffered before the answer starts (no trip through the scheduler); the rest runs on
+        // its own task. Nothing awaits between the two, so a client going away cannot drop the
+        // run.
+        let mut run = Box::pin(drive(server.clone(), Arc::clone(&live), permit, job));
+        if std::future::poll_fn(|cx| Poll::Ready(run.as_mut().poll(cx).is_pending())).await {
+            live.set_task(tokio::spawn(run));
+        }
     }
     let closing = &shared.closing;
     let shutting_down = || {

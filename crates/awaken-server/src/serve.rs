@@ -30,7 +30,8 @@ pub enum ServeError {
 
 /// Serves `server` on `listener` until `shutdown` completes.
 ///
-/// On start it continues the store's unfinished runs (claimed through their leases, as
+/// On start it continues the store's unfinished runs (unless it is a front end of a fleet,
+/// [`AgentServer::queued`], whose workers do) (claimed through their leases, as
 /// `AgentRuntime::recover` does; runs waiting for a decision stay waiting), answers `/readyz`,
 /// and looks again every `recover_interval` for runs whose process went away. Recovery needs a
 /// runtime whose runs hold leases (`AgentRuntimeBuilder::with_worker`): without one, a claim
@@ -57,7 +58,10 @@ pub async fn serve(
     let stop_recovery = CancellationToken::new();
     // A runtime whose runs hold no lease cannot recover while it serves: a claim could take one
     // of its own runs in flight.
-    let recovery = if server.runtime().worker().is_some() {
+    let recovery = if server.is_queued() {
+        // The fleet's workers continue unfinished runs; a front end drives none.
+        None
+    } else if server.runtime().worker().is_some() {
         Some(tokio::spawn(recover_loop(
             server.clone(),
             stop_recovery.clone(),

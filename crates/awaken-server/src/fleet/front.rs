@@ -1,0 +1,345 @@
+//! A front end of the fleet: the server queues its activations in the run queue instead of
+//! driving them, and follows each one's stored events into a live run of its own, so the
+//! streams, `Last-Event-ID` reconnection, the protocol edges and cancel work as they do for a
+//! run in this process, whichever worker drives it.
+
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
+
+use awaken_event::{AgentEvent, CancellationToken, RunId, ThreadId};
+use awaken_store::{Enqueued, FleetWake, JobId, JobState, NewJob, RunQueue, RunStatus, Timestamp};
+use dashmap::DashMap;
+use serde_json::json;
+use tokio::sync::{Notify, OwnedSemaphorePermit};
+
+use super::job::JobPayload;
+use crate::app::AgentServer;
+use crate::error::ApiError;
+use crate::live::LiveRun;
+use crate::runs::{Job, store_failed};
+
+/// How a front end queues runs.
+#[derive(Debug, Clone)]
+pub struct QueueConfig {
+    /// Claims after which a job that keeps failing is dead-lettered (default 3).
+    pub max_attempts: u32,
+    /// How often a followed run's events and job are read when no notification came
+    /// (default 1 s).
+    pub poll_interval: Duration,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        Self {
+            max_attempts: 3,
+            poll_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// The queue a server front end hands its activations to, and the wake-ups of the runs it
+/// follows (one per thread).
+pub(crate) struct Front {
+    pub(crate) queue: RunQueue,
+    config: QueueConfig,
+    waiters: DashMap<ThreadId, Arc<Notify>>,
+    listening: OnceLock<()>,
+}
+
+impl Front {
+    pub(crate) fn new(queue: RunQueue, config: QueueConfig) -> Self {
+        Self {
+            queue,
+            config,
+            waiters: DashMap::new(),
+            listening: OnceLock::new(),
+        }
+    }
+
+    /// The wake-up of `thread`'s follower; starts listening to the queue's notifications on
+    /// first use.
+    fn waiter(self: &Arc<Self>, thread: &ThreadId, closing: &CancellationToken) -> Arc<Notify> {
+        self.listening.get_or_init(|| {
+            tokio::spawn(listen(Arc::downgrade(self), closing.clone()));
+        });
+        self.waiters.entry(thread.clone()).or_default().clone()
+    }
+}
+
+/// Wakes the followers of the threads the queue's notifications name (all of them after a
+/// lost connection), until the server closes or the front end is gone.
+async fn listen(front: Weak<Front>, closing: CancellationToken) {
+    let Some(mut listener) = front.upgrade().map(|f| f.queue.listen()) else {
+        return;
+    };
+    // What was announced before the listening began is read by a look now.
+    tokio::select! {
+        () = listener.ready() => {}
+        () = closing.cancelled() => return,
+    }
+    if let Some(front) = front.upgrade() {
+        front.waiters.iter().for_each(|w| w.notify_one());
+    }
+    loop {
+        let wake = tokio::select! {
+            wake = listener.recv() => wake,
+            () = closing.cancelled() => return,
+        };
+        let Some(front) = front.upgrade() else {
+            return;
+        };
+        match wake {
+            FleetWake::Events(thread) | FleetWake::Done(thread) => {
+                if let Some(waiter) = front.waiters.get(&thread) {
+                    waiter.notify_one();
+                }
+            }
+            FleetWake::Lost => front.waiters.iter().for_each(|w| w.notify_one()),
+            _ => {}
+        }
+    }
+}
+
+/// Queues `job` for `live`'s thread and follows it into `live`: 409 when the thread already
+/// has a queued or claimed job, or waits for decisions and the run does not supersede them.
+pub(crate) async fn enqueue(
+    server: &AgentServer,
+    front: &Arc<Front>,
+    live: &Arc<LiveRun>,
+    permit: OwnedSemaphorePermit,
+    cancel: CancellationToken,
+    job: Job,
+) -> Result<(), ApiError> {
+    let thread = &live.thread_id;
+    let runtime = &server.shared.runtime;
+    let checkpoint = runtime
+        .store()
+        .load_checkpoint(thread)
+        .await
+        .map_err(store_failed)?;
+    let after = checkpoint.as_ref().map_or(0, |c| c.last_event_seq);
+    let latest = checkpoint.as_ref().and_then(|c| c.run.as_ref());
+    let (run_id, agent, payload) = match &job {
+        Job::Run(activation) => {
+            if latest.is_some_and(|r| r.status == RunStatus::Waiting) && !activation.supersede {
+                return Err(ApiError::conflict(
+                    "thread_waiting",
+                    format!(
+                        "thread `{thread}` waits for decisions on its calls: decide them, or start a run with `supersede`"
+                    ),
+                ));
+            }
+            (
+                runtime.next_run_id(),
+                activation.agent_id.clone(),
+                JobPayload::of_run(activation),
+            )
+        }
+        Job::Resume(resume) => {
+            let Some(run) = latest else {
+                return Err(ApiError::conflict(
+                    "not_waiting",
+                    format!("thread `{thread}` has no run waiting for a decision"),
+                ));
+            };
+            (
+                run.run_id.clone(),
+                run.agent_id.to_string(),
+                JobPayload::of_resume(resume),
+            )
+        }
+    };
+    let payload = serde_json::to_value(&payload)
+        .map_err(|e| ApiError::internal("unqueueable", format!("the run cannot be queued: {e}")))?;
+    let mut new = NewJob::new(thread.clone(), run_id.clone(), agent, payload);
+    new.max_attempts = front.config.max_attempts;
+    let now = Timestamp::from_system_time(std::time::SystemTime::now());
+    match front.queue.enqueue(&new, now).await.map_err(store_failed)? {
+        Enqueued::Queued(job_id) => {
+            tracing::debug!(%thread, %job_id, %run_id, "run queued");
+            let follower = Follower {
+                server: server.clone(),
+                front: Arc::clone(front),
+                live: Arc::clone(live),
+                job_id,
+                run_id,
+                after,
+                cancel,
+            };
+            live.set_task(tokio::spawn(follower.follow(Some(permit))));
+            Ok(())
+        }
+        Enqueued::ThreadBusy(job_id) => Err(ApiError::conflict(
+            "thread_busy",
+            format!("thread `{thread}` has a queued or running run ({job_id})"),
+        )),
+    }
+}
+
+/// The live run of `thread` in this front end: the one it follows, or a new follower of the
+/// thread's queued or claimed job (from stored event `after` on); `None` when it has neither.
+pub(crate) async fn live_or_follow(
+    server: &AgentServer,
+    thread: &ThreadId,
+    after: u64,
+) -> Result<Option<Arc<LiveRun>>, ApiError> {
+    let shared = &server.shared;
+    let local = shared.live.get(thread);
+    let Some(front) = &shared.front else {
+        return Ok(local);
+    };
+    if local.as_ref().is_some_and(|r| !r.is_ended()) {
+        return Ok(local);
+    }
+    let Some((job_id, run_id)) = front
+        .queue
+        .job_of_thread(thread)
+        .await
+        .map_err(store_failed)?
+    else {
+        return Ok(local);
+    };
+    let cancel = CancellationToken::new();
+    let live = match shared.live.begin(thread, Some(cancel.clone())) {
+        Ok(live) => live,
+        // Another request began following it meanwhile.
+        Err(running) => return Ok(Some(running)),
+    };
+    let follower = Follower {
+        server: server.clone(),
+        front: Arc::clone(front),
+        live: Arc::clone(&live),
+        job_id,
+        run_id,
+        after,
+        cancel,
+    };
+    live.set_task(tokio::spawn(follower.follow(None)));
+    Ok(Some(live))
+}
+
+/// Follows one queued job's stored events into its live run.
+struct Follower {
+    server: AgentServer,
+    front: Arc<Front>,
+    live: Arc<LiveRun>,
+    job_id: JobId,
+    /// The job's run: its `RunFinish` ends the activation.
+    run_id: RunId,
+    /// The last stored event already followed.
+    after: u64,
+    /// Cancelled by the cancel route: asks the queue to cancel the job.
+    cancel: CancellationToken,
+}
+
+impl Follower {
+    /// Reads the job's new events whenever the thread's notification comes (or every poll
+    /// interval) until its run's `RunFinish`, its dead-lettering, or the server's shutdown.
+    async fn follow(mut self, permit: Option<OwnedSemaphorePermit>) {
+        let server = self.server.clone();
+        let shared = &server.shared;
+        let thread = self.live.thread_id.clone();
+        let waiter = self.front.waiter(&thread, &shared.closing);
+        let mut cancel_asked = false;
+        // Once the job is gone, the events are read once more before giving up on its end.
+        let mut gone = false;
+        let result = loop {
+            match self.read().await {
+                Ok(Progress::Finished(outcome)) => break Ok(outcome),
+                Ok(Progress::Moved) => gone = false,
+                // Nothing new: the job may have ended without its run's end.
+                Ok(Progress::Still) => match self.front.queue.job_state(self.job_id).await {
+                    Ok(JobState::Dead { error, attempts }) => {
+                        break Err(ApiError::internal(
+                            "run_failed",
+                            format!("the run failed after {attempts} attempt(s): {error}"),
+                        ));
+                    }
+                    Ok(JobState::Gone) if gone => {
+                        break Err(ApiError::internal(
+                            "run_lost",
+                            format!("{} ended without its run finishing", self.job_id),
+                        ));
+                    }
+                    Ok(JobState::Gone) => {
+                        gone = true;
+                        continue;
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(%thread, error = %e, "cannot read a queued job"),
+                },
+                Err(e) => tracing::warn!(%thread, error = %e, "cannot read a queued run's events"),
+            }
+            tokio::select! {
+                () = waiter.notified() => {}
+                () = tokio::time::sleep(self.front.config.poll_interval) => {}
+                () = self.cancel.cancelled(), if !cancel_asked => {
+                    cancel_asked = true;
+                    if let Err(e) = self.front.queue.request_cancel(&thread).await {
+                        tracing::warn!(%thread, error = %e, "cannot ask the queue to cancel a run");
+                    }
+                }
+                () = shared.closing.cancelled() => break Err(ApiError::unavailable(
+                    "shutting_down",
+                    "the server is shutting down; the run goes on in the fleet",
+                    shared.config.retry_after,
+                )),
+            }
+        };
+        self.front
+            .waiters
+            .remove_if(&thread, |_, w| Arc::strong_count(w) <= 2);
+        drop(waiter);
+        drop(permit);
+        self.live.end(result);
+        shared.live.linger(&self.live);
+    }
+
+    /// Pushes the thread's stored events after the last one followed.
+    async fn read(&mut self) -> Result<Progress, awaken_store::StoreError> {
+        let thread = &self.live.thread_id;
+        let events = self
+            .server
+            .shared
+            .runtime
+            .store()
+            .load_events(thread, self.after)
+            .await?;
+        let moved = !events.is_empty();
+        for stored in events {
+            self.after = stored.seq;
+            self.live.push_stored(stored.seq, &stored.event);
+            if let AgentEvent::RunFinish {
+                run_id,
+                termination,
+                response,
+                usage,
+                ..
+            } = &stored.event
+                && *run_id == self.run_id
+            {
+                return Ok(Progress::Finished(json!({
+                    "run_id": run_id,
+                    "termination": termination,
+                    "response": response,
+                    "usage": usage,
+                })));
+            }
+        }
+        Ok(if moved {
+            Progress::Moved
+        } else {
+            Progress::Still
+        })
+    }
+}
+
+/// What one read of a followed run's events found.
+enum Progress {
+    /// Its run finished: the outcome, as `?stream=false` answers it.
+    Finished(serde_json::Value),
+    /// New events, not the end yet.
+    Moved,
+    /// Nothing new.
+    Still,
+}

@@ -1,0 +1,671 @@
+//! [`Worker`]: claims queued jobs and drives them through its runtime, up to a concurrency
+//! limit, under a lease it keeps with a heartbeat.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use awaken_event::{AgentEvent, CancellationToken, EventSink, ThreadId};
+use awaken_runtime::{AgentRuntime, RecoverConfig, RunError, ShutdownMode, Takeover};
+use awaken_store::{
+    ClaimedJob, FleetWake, JobLease, QueueError, Retried, RunQueue, RunStatus, Timestamp,
+};
+use dashmap::DashMap;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+
+use super::job::{Activation, JobPayload};
+
+/// How a [`Worker`] claims and drives jobs.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Jobs driven at once (default 16).
+    pub concurrency: usize,
+    /// How often the queue is read when no notification came (default 1 s); a job due or a
+    /// lease expiring sooner is looked for at its time.
+    pub poll_interval: Duration,
+    /// The wait before a failed job's next attempt, doubled per attempt (default 1 s, at most
+    /// 60 s).
+    pub retry_backoff: Duration,
+    /// On shutdown, how long the jobs held get to end by themselves before they are stopped at
+    /// their last checkpoint and given back (default 10 s).
+    pub drain_grace: Duration,
+    /// Only jobs of these agents (none: every agent).
+    pub agents: Option<Vec<String>>,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            concurrency: 16,
+            poll_interval: Duration::from_secs(1),
+            retry_backoff: Duration::from_secs(1),
+            drain_grace: Duration::from_secs(10),
+            agents: None,
+        }
+    }
+}
+
+/// Why a [`Worker`] cannot be made.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkerError {
+    /// The runtime has no worker identity, so its runs would hold no lease and a dead
+    /// worker's runs could not be taken over.
+    #[error(
+        "the runtime has no worker identity (AgentRuntimeBuilder::with_worker): a fleet worker's runs must hold leases"
+    )]
+    NoLease,
+}
+
+/// What a worker did, counted since it started.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkerReport {
+    /// Jobs whose activation ended (finished, suspended or cancelled).
+    pub completed: u64,
+    /// Jobs given back after a failed attempt, to be tried again.
+    pub retried: u64,
+    /// Jobs dead-lettered.
+    pub dead: u64,
+    /// Jobs given back unfinished on shutdown.
+    pub released: u64,
+    /// Jobs whose lease was lost (another worker took them over).
+    pub lost: u64,
+}
+
+/// Claims jobs from a [`RunQueue`] and drives them: a new run, decisions for a waiting run, or
+/// the continuation of a run whose worker stopped (through the runtime's recovery: a
+/// `Requested` call is gated again, an `Executing` side-effecting call is closed as outcome
+/// unknown). Its runtime's worker identity names the job leases and the run leases.
+pub struct Worker {
+    runtime: AgentRuntime,
+    queue: RunQueue,
+    config: WorkerConfig,
+    worker_id: String,
+    lease: Duration,
+    /// Milliseconds from each claim to its run's first stored event, most recent last.
+    start_latencies: Arc<Mutex<Vec<u32>>>,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("worker_id", &self.worker_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How often a job looks again at a run whose lease another worker holds.
+const HELD_RETRY: Duration = Duration::from_millis(100);
+
+/// The most claim-to-start latencies a worker keeps.
+const LATENCIES_KEPT: usize = 100_000;
+
+impl Worker {
+    /// A worker driving `queue`'s jobs through `runtime`, which must have a worker identity.
+    pub fn new(
+        runtime: AgentRuntime,
+        queue: RunQueue,
+        config: WorkerConfig,
+    ) -> Result<Self, WorkerError> {
+        let (worker_id, lease) = runtime
+            .worker()
+            .map(|(id, lease)| (id.to_owned(), lease))
+            .ok_or(WorkerError::NoLease)?;
+        Ok(Self {
+            runtime,
+            queue,
+            config,
+            worker_id,
+            lease,
+            start_latencies: Arc::default(),
+        })
+    }
+
+    /// The milliseconds from claiming each job to its run's first stored event, as measured
+    /// so far (at most the latest 100,000).
+    pub fn claim_to_start_ms(&self) -> Vec<u32> {
+        self.start_latencies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Claims and drives jobs until `shutdown` completes, then drains: claims no more, gives
+    /// the jobs held `drain_grace` to end, stops the others at their last checkpoint and gives
+    /// their leases back (the next worker continues them at once).
+    pub async fn run(&self, shutdown: impl Future<Output = ()>) -> WorkerReport {
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut listener = self.queue.listen();
+        // Listening before the first claim: a job queued after it is announced, not missed.
+        tokio::select! {
+            () = listener.ready() => {}
+            () = &mut shutdown => return WorkerReport::default(),
+        }
+        let notifier = Notifier::start(self.queue.clone());
+        let held: Arc<DashMap<ThreadId, CancellationToken>> = Arc::default();
+        let stop = CancellationToken::new();
+        let mut jobs: JoinSet<JobEnd> = JoinSet::new();
+        let mut report = WorkerReport::default();
+        let mut failures = 0u32;
+        loop {
+            let free = self.config.concurrency.saturating_sub(jobs.len());
+            let mut wait = self.config.poll_interval;
+            if free > 0 {
+                let now = now();
+                match self.claim(now, free).await {
+                    Ok(claimed) => {
+                        failures = 0;
+                        let all = claimed.len() == free;
+                        for job in claimed {
+                            let cancel = CancellationToken::new();
+                            held.insert(job.thread_id.clone(), cancel.clone());
+                            let drive = Drive {
+                                worker: self.clone_parts(),
+                                notifier: notifier.clone(),
+                                held: Arc::clone(&held),
+                                cancel,
+                                stop: stop.clone(),
+                                claimed_at: Instant::now(),
+                            };
+                            jobs.spawn(drive.job(job));
+                        }
+                        if all {
+                            continue;
+                        }
+                        wait = self.until_due(now).await;
+                    }
+                    Err(e) => {
+                        failures = failures.saturating_add(1);
+                        tracing::warn!(error = %e, "run queue: cannot claim jobs");
+                        wait = backoff(Duration::from_millis(100), failures)
+                            .min(Duration::from_secs(5));
+                    }
+                }
+            }
+            tokio::select! {
+                () = &mut shutdown => break,
+                wake = listener.recv() => {
+                    if let FleetWake::Cancel(thread) = wake
+                        && let Some(cancel) = held.get(&thread)
+                    {
+                        tracing::info!(%thread, "cancel requested: cancelling the run");
+                        cancel.cancel();
+                    }
+                }
+                Some(end) = jobs.join_next(), if !jobs.is_empty() => report.count(end),
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+        tracing::info!(jobs = jobs.len(), "draining: claiming no more jobs");
+        let drained = tokio::time::timeout(self.config.drain_grace, async {
+            while let Some(end) = jobs.join_next().await {
+                report.count(end);
+            }
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                jobs = jobs.len(),
+                "grace period over: stopping the jobs held at their last checkpoint"
+            );
+            stop.cancel();
+            while let Some(end) = jobs.join_next().await {
+                report.count(end);
+            }
+        }
+        self.runtime.shutdown(ShutdownMode::Wait).await;
+        report
+    }
+
+    async fn claim(
+        &self,
+        now: Timestamp,
+        free: usize,
+    ) -> Result<Vec<ClaimedJob>, awaken_store::StoreError> {
+        self.queue
+            .claim(
+                &self.worker_id,
+                self.lease,
+                now,
+                free,
+                self.config.agents.as_deref(),
+            )
+            .await
+    }
+
+    /// How long to wait for the next job: until the soonest one not claimable now becomes so,
+    /// at most the poll interval.
+    async fn until_due(&self, now: Timestamp) -> Duration {
+        let poll = self.config.poll_interval;
+        match self
+            .queue
+            .next_due(now, self.config.agents.as_deref())
+            .await
+        {
+            Ok(Some(due)) => {
+                let ms = due.as_unix_millis().saturating_sub(now.as_unix_millis());
+                // A job due now was taken by another worker between the two reads: look again
+                // soon rather than at once.
+                Duration::from_millis(u64::try_from(ms).unwrap_or(0).max(5)).min(poll)
+            }
+            Ok(None) => poll,
+            Err(e) => {
+                tracing::warn!(error = %e, "run queue: cannot read when the next job is due");
+                poll
+            }
+        }
+    }
+
+    fn clone_parts(&self) -> Parts {
+        Parts {
+            runtime: self.runtime.clone(),
+            queue: self.queue.clone(),
+            worker_id: self.worker_id.clone(),
+            lease: self.lease,
+            retry_backoff: self.config.retry_backoff,
+            start_latencies: Arc::clone(&self.start_latencies),
+        }
+    }
+}
+
+impl WorkerReport {
+    fn count(&mut self, end: Result<JobEnd, tokio::task::JoinError>) {
+        match end {
+            Ok(JobEnd::Completed) => self.completed += 1,
+            Ok(JobEnd::Retried) => self.retried += 1,
+            Ok(JobEnd::Dead) => self.dead += 1,
+            Ok(JobEnd::Released) => self.released += 1,
+            Ok(JobEnd::Lost) => self.lost += 1,
+            // A job task that panicked: its lease expires and another worker takes it over.
+            Err(e) => {
+                tracing::error!(error = %e, "a job's task failed");
+                self.lost += 1;
+            }
+        }
+    }
+}
+
+/// The current time.
+fn now() -> Timestamp {
+    Timestamp::from_system_time(std::time::SystemTime::now())
+}
+
+/// `base` doubled `n - 1` times.
+fn backoff(base: Duration, n: u32) -> Duration {
+    base.saturating_mul(1u32 << n.saturating_sub(1).min(16))
+}
+
+/// What a job task needs of its worker.
+#[derive(Clone)]
+struct Parts {
+    runtime: AgentRuntime,
+    queue: RunQueue,
+    worker_id: String,
+    lease: Duration,
+    retry_backoff: Duration,
+    start_latencies: Arc<Mutex<Vec<u32>>>,
+}
+
+/// How a job's task ended.
+enum JobEnd {
+    Completed,
+    Retried,
+    Dead,
+    Released,
+    Lost,
+}
+
+/// One claimed job being driven.
+struct Drive {
+    worker: Parts,
+    notifier: Notifier,
+    held: Arc<DashMap<ThreadId, CancellationToken>>,
+    /// Cancels the job's run (a cancel request).
+    cancel: CancellationToken,
+    /// Stops the job at its last checkpoint (the worker's drain).
+    stop: CancellationToken,
+    claimed_at: Instant,
+}
+
+/// How an attempt ended, before the queue is told.
+enum Attempt {
+    /// The activation ended (or had already): the job is done.
+    Done,
+    /// It failed: try again later, or dead-letter it when `fatal`.
+    Failed { error: String, fatal: bool },
+}
+
+impl Drive {
+    /// Drives `job` with its lease kept alive; tells the queue how it ended.
+    async fn job(self, job: ClaimedJob) -> JobEnd {
+        let lease = job.lease.clone();
+        let thread = job.thread_id.clone();
+        let lost = CancellationToken::new();
+        let beat = tokio::spawn(heartbeat(
+            self.worker.queue.clone(),
+            lease.clone(),
+            self.worker.lease,
+            self.cancel.clone(),
+            lost.clone(),
+        ));
+        let _beat = AbortOnDrop(beat);
+        let end = tokio::select! {
+            attempt = self.attempt(&job) => Some(attempt),
+            () = lost.cancelled() => None,
+            () = self.stop.cancelled() => {
+                self.held.remove(&thread);
+                return match self.worker.queue.release(&lease).await {
+                    Ok(_) => JobEnd::Released,
+                    Err(e) => {
+                        tracing::warn!(%thread, error = %e, "cannot give a job back; its lease expires instead");
+                        JobEnd::Released
+                    }
+                };
+            }
+        };
+        self.held.remove(&thread);
+        let Some(attempt) = end else {
+            tracing::warn!(%thread, job = %lease.job_id, "job lease lost: another worker has it");
+            return JobEnd::Lost;
+        };
+        let queue = &self.worker.queue;
+        let told = match attempt {
+            Attempt::Done => queue.complete(&lease).await.map(|()| JobEnd::Completed),
+            Attempt::Failed { error, fatal: true } => {
+                tracing::warn!(%thread, job = %lease.job_id, %error, "job failed: dead-lettered");
+                queue
+                    .dead_letter(&lease, &error, now())
+                    .await
+                    .map(|()| JobEnd::Dead)
+            }
+            Attempt::Failed {
+                error,
+                fatal: false,
+            } => {
+                let due = now().saturating_add(
+                    backoff(self.worker.retry_backoff, lease.attempt).min(Duration::from_secs(60)),
+                );
+                let retried = queue.retry(&lease, &error, due, now()).await;
+                match &retried {
+                    Ok(Retried::Requeued(_)) => {
+                        tracing::warn!(%thread, job = %lease.job_id, %error, "job failed: retried later")
+                    }
+                    Ok(Retried::Dead) => {
+                        tracing::warn!(%thread, job = %lease.job_id, %error, "job failed its last attempt: dead-lettered")
+                    }
+                    Err(_) => {}
+                }
+                retried.map(|r| match r {
+                    Retried::Requeued(_) => JobEnd::Retried,
+                    Retried::Dead => JobEnd::Dead,
+                })
+            }
+        };
+        match told {
+            Ok(end) => end,
+            Err(QueueError::Lost { .. }) => JobEnd::Lost,
+            // The job stays claimed until its lease expires; then it is taken over, and its
+            // run's checkpoint says what is left.
+            Err(QueueError::Backend(e)) => {
+                tracing::warn!(%thread, error = %e, "cannot record a job's end; it is taken over after its lease");
+                JobEnd::Lost
+            }
+        }
+    }
+
+    /// One attempt at `job`: first continues the thread's unfinished run if its worker is gone
+    /// (the job's own run, or one left before it), then starts the job's activation unless its
+    /// run already had it.
+    async fn attempt(&self, job: &ClaimedJob) -> Attempt {
+        if job.attempts > job.max_attempts {
+            return Attempt::Failed {
+                error: format!(
+                    "gave up after {} attempts; last: {}",
+                    job.max_attempts,
+                    job.last_error.as_deref().unwrap_or("its worker stopped")
+                ),
+                fatal: true,
+            };
+        }
+        let payload: JobPayload = match serde_json::from_value(job.payload.clone()) {
+            Ok(p) => p,
+            Err(e) => {
+                return Attempt::Failed {
+                    error: format!("the job's payload does not decode: {e}"),
+                    fatal: true,
+                };
+            }
+        };
+        if job.cancel_requested {
+            self.cancel.cancel();
+        }
+        let runtime = &self.worker.runtime;
+        let sink = FleetSink {
+            notifier: &self.notifier,
+            thread: &job.thread_id,
+            claimed_at: self.claimed_at,
+            started: std::sync::atomic::AtomicBool::new(false),
+            latencies: &self.worker.start_latencies,
+        };
+        let recover = RecoverConfig::new(self.worker.worker_id.clone())
+            .with_lease_duration(self.worker.lease)
+            .with_cancel(self.cancel.clone());
+        let latest = loop {
+            match runtime.take_over(&job.thread_id, &recover, &sink).await {
+                Ok(Takeover::Recovered(run)) => {
+                    if run.run_id == job.run_id {
+                        return attempt_of(run.outcome.map(|_| ()));
+                    }
+                    if let Err(e) = run.outcome {
+                        return attempt_of(Err(e));
+                    }
+                }
+                Ok(Takeover::Held { .. }) => {
+                    // Its worker drives it, or died and its lease has not expired yet: claims
+                    // are cheap, so look again shortly.
+                    tokio::time::sleep(HELD_RETRY).await;
+                }
+                Ok(Takeover::Nothing { latest }) => break latest,
+                Ok(_) => {
+                    return Attempt::Failed {
+                        error: "unexpected takeover outcome".to_owned(),
+                        fatal: false,
+                    };
+                }
+                Err(e) => return attempt_of(Err(e)),
+            }
+        };
+        let ran = latest.as_ref().is_some_and(|r| r.run_id == job.run_id);
+        match payload.activation(
+            job.thread_id.clone(),
+            job.run_id.clone(),
+            &job.agent_id,
+            self.cancel.clone(),
+        ) {
+            // The run exists: an earlier attempt started it, and it ended or waits.
+            Activation::Run(_) if ran => Attempt::Done,
+            Activation::Run(activation) => {
+                attempt_of(runtime.run(activation, &sink).await.map(|_| ()))
+            }
+            Activation::Resume(mut resume) => {
+                let waiting = latest
+                    .as_ref()
+                    .is_some_and(|r| r.run_id == job.run_id && r.status == RunStatus::Waiting);
+                if !waiting {
+                    // An earlier attempt applied the decisions (the run went on from there).
+                    return Attempt::Done;
+                }
+                let still = match runtime.waiting_calls(&job.thread_id).await {
+                    Ok(t) => t,
+                    Err(e) => return attempt_of(Err(e)),
+                };
+                resume
+                    .decisions
+                    .retain(|d| still.iter().any(|t| t.call.call_id == d.call_id));
+                if resume.decisions.is_empty() {
+                    return Attempt::Done;
+                }
+                attempt_of(runtime.resume(resume, &sink).await.map(|_| ()))
+            }
+        }
+    }
+}
+
+/// An attempt's end from the runtime's answer: a store that failed or a run held elsewhere is
+/// tried again; anything else fails the same way every time.
+fn attempt_of(result: Result<(), RunError>) -> Attempt {
+    match result {
+        Ok(()) => Attempt::Done,
+        Err(e) => {
+            let fatal = !matches!(
+                e,
+                RunError::Store(_)
+                    | RunError::TakenOver { .. }
+                    | RunError::ThreadBusy { .. }
+                    | RunError::ShuttingDown
+            ) && !matches!(&e, RunError::Commit { source, .. } if !source.is_refusal());
+            Attempt::Failed {
+                error: e.to_string(),
+                fatal,
+            }
+        }
+    }
+}
+
+/// Renews `lease` every third of its duration: a requested cancel cancels `cancel`; a lost
+/// lease cancels `lost` (the job is another worker's now).
+async fn heartbeat(
+    queue: RunQueue,
+    lease: JobLease,
+    duration: Duration,
+    cancel: CancellationToken,
+    lost: CancellationToken,
+) {
+    let every = (duration / 3).max(Duration::from_millis(10));
+    loop {
+        tokio::time::sleep(every).await;
+        match queue.heartbeat(&lease, duration, now()).await {
+            Ok(beat) => {
+                if beat.cancel_requested && !cancel.is_cancelled() {
+                    tracing::info!(job = %lease.job_id, "cancel requested: cancelling the run");
+                    cancel.cancel();
+                }
+            }
+            Err(QueueError::Lost { .. }) => {
+                lost.cancel();
+                return;
+            }
+            Err(e) => tracing::warn!(job = %lease.job_id, error = %e, "job heartbeat failed"),
+        }
+    }
+}
+
+/// Aborts the task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The sink of a job's run: announces the thread's commits to the front ends following it,
+/// and measures the claim-to-start latency.
+struct FleetSink<'a> {
+    notifier: &'a Notifier,
+    thread: &'a ThreadId,
+    claimed_at: Instant,
+    started: std::sync::atomic::AtomicBool,
+    latencies: &'a Mutex<Vec<u32>>,
+}
+
+impl EventSink for FleetSink<'_> {
+    fn emit(&self, _event: &AgentEvent) {}
+
+    fn emit_stored(&self, _event: &AgentEvent, _seq: u64) {
+        if !self
+            .started
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            let ms = u32::try_from(self.claimed_at.elapsed().as_millis()).unwrap_or(u32::MAX);
+            let mut kept = self.latencies.lock().unwrap_or_else(|e| e.into_inner());
+            if kept.len() >= LATENCIES_KEPT {
+                kept.remove(0);
+            }
+            kept.push(ms);
+        }
+    }
+
+    fn committed(&self, _last_seq: u64) {
+        self.notifier.touch(self.thread);
+    }
+}
+
+/// Announces the threads with new commits, in batches: one statement for every thread touched
+/// while the previous one was sent. Stops when the last clone is dropped.
+#[derive(Clone)]
+struct Notifier {
+    inner: Arc<NotifierInner>,
+}
+
+struct NotifierInner {
+    pending: Arc<Pending>,
+    stop: CancellationToken,
+}
+
+/// The threads touched since the last announcement, and the wake-up of the task sending it.
+#[derive(Default)]
+struct Pending {
+    threads: Mutex<HashSet<ThreadId>>,
+    wake: Notify,
+}
+
+impl Drop for NotifierInner {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl Notifier {
+    fn start(queue: RunQueue) -> Self {
+        let pending = Arc::new(Pending::default());
+        let stop = CancellationToken::new();
+        let (task_pending, task_stop) = (Arc::clone(&pending), stop.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = task_pending.wake.notified() => {}
+                    () = task_stop.cancelled() => return,
+                }
+                let threads: Vec<ThreadId> = task_pending
+                    .threads
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .drain()
+                    .collect();
+                // A lost announcement costs a follower one poll interval, nothing more.
+                let Some(first) = threads.first() else {
+                    continue;
+                };
+                if let Err(e) = queue
+                    .notify(&FleetWake::Events(first.clone()), &threads)
+                    .await
+                {
+                    tracing::debug!(error = %e, "cannot announce new events");
+                }
+            }
+        });
+        Self {
+            inner: Arc::new(NotifierInner { pending, stop }),
+        }
+    }
+
+    fn touch(&self, thread: &ThreadId) {
+        let pending = &self.inner.pending;
+        let mut threads = pending.threads.lock().unwrap_or_else(|e| e.into_inner());
+        if threads.insert(thread.clone()) && threads.len() == 1 {
+            pending.wake.notify_one();
+        }
+    }
+}
