@@ -85,7 +85,7 @@ decision), each with the agent file's agent."
             "\
 usage: awaken serve --agent FILE [--agent FILE ...] [--store SPEC] [--listen ADDR]
                     [--auth-token TOKEN] [--insecure-no-auth] [--cors ORIGIN ...] [--max-runs N]
-                    [--shutdown-grace SECS] [--no-chat-page] [--queue]
+                    [--shutdown-grace SECS] [--no-chat-page] [--queue [--max-attempts N]]
 
 Serves the agents of the files over HTTP: /healthz, /readyz and the /v1 API (agents, threads,
 runs whose events stream as Server-Sent Events resumable with Last-Event-ID, decisions,
@@ -104,7 +104,8 @@ second signal exits at once.
 --queue (with --store postgres://...) makes this server a front end of a fleet: it runs nothing
 itself but queues each run for the `awaken worker` processes on the same database, and streams
 the run's stored events to its client whichever worker drives it; cancels and decisions reach
-the run on its worker."
+the run on its worker. A run that keeps failing is dead-lettered after 3 attempts
+(--max-attempts N)."
         }
         "worker" => {
             "\
@@ -116,7 +117,7 @@ N at once (default 16), and drives them with the agents of the files (only the r
 agents). Each claim is a lease kept by a heartbeat; a worker that stops (killed, or cut off
 from the database) loses it, and another worker continues its runs from their last checkpoint
 once it expires (AWAKEN_LEASE_SECS, default 15). A run that keeps failing is retried with
-backoff and dead-lettered after 3 attempts. SIGTERM or Ctrl-C stops claiming, gives the runs
+backoff and dead-lettered after its attempts (the front end's --max-attempts). SIGTERM or Ctrl-C stops claiming, gives the runs
 held 10 s (--shutdown-grace SECS) to end, stops the others at their last checkpoint, gives them
 back to the queue and exits 0; a second signal exits at once."
         }
@@ -265,6 +266,8 @@ pub(crate) struct Args {
     pub(crate) max_runs: Option<usize>,
     /// `serve --queue`.
     pub(crate) queue: bool,
+    /// `serve --queue --max-attempts`.
+    pub(crate) max_attempts: Option<u32>,
     /// `worker --concurrency`.
     pub(crate) concurrency: Option<usize>,
     /// `serve --shutdown-grace`, in whole seconds.
@@ -330,6 +333,7 @@ fn accepted(command: &str) -> Option<(&'static [&'static str], std::ops::RangeIn
                 "--shutdown-grace",
                 "--no-chat-page",
                 "--queue",
+                "--max-attempts",
             ],
             0..=0,
         ),
@@ -520,6 +524,18 @@ pub(crate) fn parse_args(raw: Vec<String>) -> Result<Parsed> {
             "--queue" => {
                 args.queue = true;
                 "--queue"
+            }
+            "--max-attempts" => {
+                let text = value("--max-attempts")?;
+                let n = text
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|n| (1..=100).contains(n))
+                    .ok_or_else(|| {
+                        anyhow!("--max-attempts {text:?}: expected a whole number from 1 to 100")
+                    })?;
+                args.max_attempts = Some(n);
+                "--max-attempts"
             }
             "--concurrency" => {
                 let text = value("--concurrency")?;

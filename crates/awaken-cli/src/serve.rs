@@ -51,6 +51,11 @@ pub(crate) async fn serve(args: Args) -> Result<u8, Exit> {
         .map(|path| AgentFile::load(path))
         .collect::<anyhow::Result<Vec<_>>>()
         .map_err(bad_input)?;
+    if args.max_attempts.is_some() && !args.queue {
+        return Err(bad_input(anyhow!(
+            "--max-attempts applies to queued runs: add --queue (with --store postgres://...)"
+        )));
+    }
     let (store, queue) = if args.queue {
         let store = open_fleet_store(args.store.as_deref(), "serve --queue", FRONT_CONNECTIONS)
             .await
@@ -110,7 +115,13 @@ pub(crate) async fn serve(args: Args) -> Result<u8, Exit> {
         }
     }
     let server = match queue {
-        Some(queue) => AgentServer::queued(runtime, config, queue, QueueConfig::default()),
+        Some(queue) => {
+            let mut queue_config = QueueConfig::default();
+            if let Some(n) = args.max_attempts {
+                queue_config.max_attempts = n;
+            }
+            AgentServer::queued(runtime, config, queue, queue_config)
+        }
         None => AgentServer::new(runtime, config),
     };
     match serve_http(server, listener, shutdown).await {
