@@ -285,6 +285,19 @@ impl LiveRun {
         self.status.send_replace(Status::Ended(result));
     }
 
+    /// Counts the run as started before its first event: a follower of a run driven in
+    /// another process, whose clients attach at once (from the store) rather than when the
+    /// next event is stored.
+    pub(crate) fn mark_started(&self) {
+        self.status.send_if_modified(|s| {
+            let first = matches!(s, Status::Starting);
+            if first {
+                *s = Status::Running;
+            }
+            first
+        });
+    }
+
     /// Whether the activation emitted any event.
     pub(crate) fn has_events(&self) -> bool {
         self.started.load(Ordering::Acquire)

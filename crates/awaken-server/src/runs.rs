@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::task::Poll;
 
 use awaken_event::{ResumeDecision, ThreadId, ToolCallResume};
-use awaken_runtime::{Resume, RunActivation, RunOutcome};
+use awaken_runtime::{DecisionError, Resume, RunActivation, RunOutcome};
 use awaken_store::Checkpoint;
 use axum::Json;
 use axum::body::Bytes;
@@ -191,6 +191,20 @@ pub(crate) async fn resume_of(
             ResumeDecision::Deny => ToolCallResume::deny(&ticket.call),
         };
         if let Some(digest) = d.argument_digest {
+            // Refused here as the runtime would refuse it: a queued resume is checked by its
+            // worker only once claimed, too late to answer the request with why.
+            if digest != ticket.call.argument_digest {
+                let refused = DecisionError::ArgumentsDiffer {
+                    call_id: ticket.call.call_id.clone(),
+                    expected: ticket.call.argument_digest.clone(),
+                    given: digest,
+                };
+                return Err(ApiError::bad_field(
+                    "invalid_decision",
+                    "decisions",
+                    refused.to_string(),
+                ));
+            }
             decision.argument_digest = digest;
         }
         if let Some(payload) = d.payload {

@@ -205,6 +205,8 @@ pub(crate) async fn live_or_follow(
         // Another request began following it meanwhile.
         Err(running) => return Ok(Some(running)),
     };
+    // Its clients come with a position and attach now, whenever its next event is stored.
+    live.mark_started();
     let follower = Follower {
         server: server.clone(),
         front: Arc::clone(front),

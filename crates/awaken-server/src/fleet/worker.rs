@@ -148,7 +148,7 @@ impl Worker {
         let mut jobs: JoinSet<JobEnd> = JoinSet::new();
         let mut report = WorkerReport::default();
         let mut failures = 0u32;
-        loop {
+        'claiming: loop {
             let free = self.config.concurrency.saturating_sub(jobs.len());
             let mut wait = self.config.poll_interval;
             if free > 0 {
@@ -183,18 +183,29 @@ impl Worker {
                     }
                 }
             }
-            tokio::select! {
-                () = &mut shutdown => break,
-                wake = listener.recv() => {
-                    if let FleetWake::Cancel(thread) = wake
-                        && let Some(cancel) = held.get(&thread)
-                    {
-                        tracing::info!(%thread, "cancel requested: cancelling the run");
-                        cancel.cancel();
+            // The queue is read again for a job announced (or announcements maybe missed), a
+            // job's end or the time one is due; not for the stream of other threads' events
+            // every commit in the fleet announces, which would make each a claim per worker.
+            let until = tokio::time::Instant::now() + wait;
+            loop {
+                tokio::select! {
+                    () = &mut shutdown => break 'claiming,
+                    wake = listener.recv() => match wake {
+                        FleetWake::Cancel(thread) => {
+                            if let Some(cancel) = held.get(&thread) {
+                                tracing::info!(%thread, "cancel requested: cancelling the run");
+                                cancel.cancel();
+                            }
+                        }
+                        FleetWake::Events(_) | FleetWake::Done(_) => {}
+                        _ => break,
+                    },
+                    Some(end) = jobs.join_next(), if !jobs.is_empty() => {
+                        report.count(end);
+                        break;
                     }
+                    () = tokio::time::sleep_until(until) => break,
                 }
-                Some(end) = jobs.join_next(), if !jobs.is_empty() => report.count(end),
-                () = tokio::time::sleep(wait) => {}
             }
         }
         tracing::info!(jobs = jobs.len(), "draining: claiming no more jobs");

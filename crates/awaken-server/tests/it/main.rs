@@ -5,6 +5,7 @@ mod agui;
 mod ai_sdk;
 mod cancel;
 mod decisions;
+mod fleet;
 mod page;
 mod reconnect;
 mod refusals;

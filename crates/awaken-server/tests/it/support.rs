@@ -18,12 +18,12 @@ use awaken_llm::{InferenceRequest, LlmEventStream, LlmExecutor, LlmStreamEvent};
 use awaken_phase::PhaseContext;
 use awaken_plugin::{FnGate, Plugin, PluginError, PluginManifest, PluginRegistrar};
 use awaken_runtime::{AgentRuntime, IdSource, SequentialIds, SystemIds};
-use awaken_server::{AgentServer, EventId, ServeError, ServerConfig, serve};
+use awaken_server::{AgentServer, EventId, QueueConfig, ServeError, ServerConfig, serve};
 use awaken_spec::{AgentSpec, ModelSpec};
 use awaken_store::{
     ClaimedRun, CommitError, CommitReceipt, LeaseError, LeaseToken, MemoryStore, ProfileState,
-    RunRecord, SqliteConfig, SqliteStore, StoreError, StoredEvent, ThreadCommit, ThreadStore,
-    ThreadSummary, Timestamp,
+    RunQueue, RunRecord, SqliteConfig, SqliteStore, StoreError, StoredEvent, ThreadCommit,
+    ThreadStore, ThreadSummary, Timestamp,
 };
 use awaken_tool::{
     Tool, ToolCallContext, ToolError, ToolInterceptPayload, ToolOutput, pending_call,
@@ -255,6 +255,10 @@ pub struct Rig {
     pub ids: Ids,
     /// The worker id the runtime's runs hold leases under, if any.
     pub worker: Option<String>,
+    /// The duration of those leases.
+    pub lease: Duration,
+    /// The id of the runtime's agent.
+    pub agent: String,
 }
 
 impl Rig {
@@ -271,12 +275,26 @@ impl Rig {
             counted: Arc::new(AtomicUsize::new(0)),
             ids: Ids::System,
             worker: None,
+            lease: LEASE,
+            agent: "agent".into(),
         }
     }
 
     /// Gives the runtime the worker identity `id`: its runs hold leases.
     pub fn with_worker(mut self, id: &str) -> Self {
         self.worker = Some(id.into());
+        self
+    }
+
+    /// Makes the leases of the worker's runs last `lease` (instead of [`LEASE`]).
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Names the runtime's agent `agent` (instead of `agent`).
+    pub fn with_agent(mut self, agent: &str) -> Self {
+        self.agent = agent.into();
         self
     }
 
@@ -291,8 +309,8 @@ impl Rig {
         self
     }
 
-    /// The runtime: agent `agent` on the held model, with `echo`, `guarded` (behind the
-    /// approval gate) and `count`.
+    /// The runtime: its agent (`agent` unless renamed) on the held model, with `echo`,
+    /// `guarded` (behind the approval gate) and `count`.
     pub fn runtime(&self) -> AgentRuntime {
         let ids: Arc<dyn IdSource> = match self.ids {
             Ids::Sequential => Arc::new(SequentialIds::default()),
@@ -300,7 +318,7 @@ impl Rig {
         };
         let mut builder = AgentRuntime::builder();
         if let Some(worker) = &self.worker {
-            builder = builder.with_worker(worker.clone(), LEASE);
+            builder = builder.with_worker(worker.clone(), self.lease);
         }
         builder
             .with_ids(ids)
@@ -312,7 +330,7 @@ impl Rig {
             .with_tool(Arc::new(Count(self.counted.clone())))
             .with_plugin(Arc::new(Approval(PluginManifest::new("approval"))))
             .with_agent_spec(
-                AgentSpec::new("agent", "model")
+                AgentSpec::new(self.agent.as_str(), "model")
                     .with_description("The test agent")
                     .with_plugin("approval"),
             )
@@ -527,11 +545,25 @@ pub struct TestServer {
 impl TestServer {
     /// Serves `runtime` with `config` on 127.0.0.1.
     pub async fn start(runtime: AgentRuntime, config: ServerConfig) -> Self {
+        Self::serving(AgentServer::new(runtime, config)).await
+    }
+
+    /// Serves a front end of a fleet on 127.0.0.1: its runs are queued in `queue`.
+    pub async fn queued(
+        runtime: AgentRuntime,
+        config: ServerConfig,
+        queue: RunQueue,
+        queue_config: QueueConfig,
+    ) -> Self {
+        Self::serving(AgentServer::queued(runtime, config, queue, queue_config)).await
+    }
+
+    /// Serves `server` on 127.0.0.1.
+    pub async fn serving(server: AgentServer) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("address");
-        let server = AgentServer::new(runtime, config);
         let (shutdown, signal) = oneshot::channel::<()>();
         let task = tokio::spawn(serve(server.clone(), listener, async move {
             let _ = signal.await;
@@ -735,8 +767,13 @@ impl Sse {
         }
     }
 
-    /// The next frame (keep-alive comments skipped); `None` when the stream ended.
+    /// The next frame (keep-alive comments skipped); `None` when the stream ended. Fails the
+    /// test when neither comes within [`GUARD`], keep-alives or not.
     pub async fn next(&mut self) -> Option<Frame> {
+        guarded("the next SSE frame", self.next_frame()).await
+    }
+
+    async fn next_frame(&mut self) -> Option<Frame> {
         loop {
             if let Some(end) = self.buf.windows(2).position(|w| w == b"\n\n") {
                 let block: Vec<u8> = self.buf.drain(..end + 2).collect();
@@ -754,7 +791,7 @@ impl Sse {
                 );
                 return None;
             }
-            match guarded("the next SSE chunk", self.body.next()).await {
+            match self.body.next().await {
                 Some(chunk) => self.buf.extend_from_slice(chunk.expect("body").as_ref()),
                 None => self.ended = true,
             }

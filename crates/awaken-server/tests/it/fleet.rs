@@ -1,0 +1,858 @@
+//! A fleet on PostgreSQL in one process: front ends (`AgentServer::queued`) on loopback ports
+//! and workers on runtimes of their own, each over its own connections to one schema per test.
+//! A run posted to a front end is driven by a worker and streamed from the store; a client
+//! reconnects across front ends; decisions, cancels and refusals go through the queue; a job
+//! that cannot run is dead-lettered; a dead worker's run is taken over and a draining worker's
+//! run is given back, and another worker finishes each.
+//!
+//! Skipped (with one note) unless `AWAKEN_TEST_POSTGRES_URL` is set; `AWAKEN_REQUIRE_POSTGRES=1`
+//! makes a missing server a failure.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use awaken_event::{AgentEvent, StopReason, SuspendTicket, TerminationReason};
+use awaken_server::{EventId, QueueConfig, Worker, WorkerConfig, WorkerReport};
+use awaken_store::{
+    FleetWake, JobState, PostgresConfig, PostgresStore, QueueDepth, RunQueue, RunStatus, Timestamp,
+};
+use expect_test::expect;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+use crate::support::*;
+
+/// The lease of a worker that dies or drains in a test: short, so another worker takes its
+/// run over soon after.
+const SHORT_LEASE: Duration = Duration::from_secs(2);
+
+/// The lease of the other workers: long enough that none expires within a test.
+const WORKER_LEASE: Duration = Duration::from_secs(30);
+
+/// The URL of the test server; `None` (the test is skipped) when it is not configured and not
+/// required.
+fn postgres_url() -> Option<String> {
+    let required = std::env::var("AWAKEN_REQUIRE_POSTGRES").is_ok_and(|v| v == "1");
+    match std::env::var("AWAKEN_TEST_POSTGRES_URL") {
+        Ok(url) if !url.trim().is_empty() => Some(url),
+        _ => {
+            assert!(
+                !required,
+                "AWAKEN_REQUIRE_POSTGRES=1 but AWAKEN_TEST_POSTGRES_URL is not set"
+            );
+            use std::io::Write as _;
+            static ONCE: std::sync::Once = std::sync::Once::new();
+            // Written to the stderr handle directly, so the harness does not capture it.
+            ONCE.call_once(|| {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "awaken-server: fleet tests SKIPPED (AWAKEN_TEST_POSTGRES_URL is not set); \
+                     set AWAKEN_REQUIRE_POSTGRES=1 to make a missing server fail"
+                );
+            });
+            None
+        }
+    }
+}
+
+/// One test's fleet: a fresh schema that its front ends and workers share.
+struct Fleet {
+    url: String,
+    schema: String,
+}
+
+/// A front end on a loopback port, with the rig of its runtime (whose store is the fleet's).
+struct FrontEnd {
+    server: TestServer,
+    rig: Rig,
+    queue: RunQueue,
+}
+
+/// A worker running on its own task until stopped.
+struct RunningWorker {
+    rig: Rig,
+    worker: Arc<Worker>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<WorkerReport>>,
+}
+
+/// A worker in a runtime of its own, as in a process of its own: killing it stops its tasks
+/// where they are (no more heartbeats, commits or notifications).
+struct Process {
+    rig: Rig,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Fleet {
+    /// The fleet of `test`, in schema `awaken_fleet_<test>` dropped first; `None` when the
+    /// test is skipped.
+    async fn new(test: &str) -> Option<Self> {
+        let url = postgres_url()?;
+        let schema = format!("awaken_fleet_{test}");
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap_or_else(|e| panic!("AWAKEN_TEST_POSTGRES_URL is set but unreachable: {e}"));
+        let conn = tokio::spawn(connection);
+        client
+            .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+            .await
+            .expect("drop the test schema");
+        drop(client);
+        let _ = conn.await;
+        Some(Self { url, schema })
+    }
+
+    /// A store of its own on the fleet's schema.
+    async fn store(&self) -> PostgresStore {
+        PostgresStore::connect(
+            PostgresConfig::new(self.url.clone())
+                .with_schema(self.schema.clone())
+                .with_max_connections(4),
+        )
+        .await
+        .expect("connect the postgres store")
+    }
+
+    /// A front end: a server whose runtime has no worker identity and drives nothing.
+    async fn front(&self) -> FrontEnd {
+        let store = self.store().await;
+        let queue = store.queue();
+        let rig = Rig::on(Arc::new(store), Vec::new());
+        let queue_config = QueueConfig {
+            poll_interval: Duration::from_millis(200),
+            ..QueueConfig::default()
+        };
+        let server = TestServer::queued(rig.runtime(), config(), queue.clone(), queue_config).await;
+        FrontEnd { server, rig, queue }
+    }
+
+    /// A worker `id` whose model answers `turns`, with `rig` adjusting its runtime.
+    async fn worker_with(
+        &self,
+        id: &str,
+        turns: Vec<Vec<Piece>>,
+        worker_config: WorkerConfig,
+        rig: impl FnOnce(Rig) -> Rig,
+    ) -> RunningWorker {
+        let store = self.store().await;
+        let queue = store.queue();
+        let rig = rig(Rig::on(Arc::new(store), turns)
+            .with_worker(id)
+            .with_lease(WORKER_LEASE));
+        let worker = Arc::new(Worker::new(rig.runtime(), queue, worker_config).expect("a worker"));
+        let (stop, stopped) = oneshot::channel::<()>();
+        let running = Arc::clone(&worker);
+        let task = tokio::spawn(async move {
+            running
+                .run(async move {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        RunningWorker {
+            rig,
+            worker,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// A worker `id` whose model answers `turns`.
+    async fn worker(&self, id: &str, turns: Vec<Vec<Piece>>) -> RunningWorker {
+        self.worker_with(id, turns, worker_config(), |rig| rig)
+            .await
+    }
+
+    /// A worker `id` whose model answers `turns`, with a short lease, in a runtime of its own.
+    async fn process(
+        &self,
+        id: &str,
+        turns: Vec<Vec<Piece>>,
+        counted: &Arc<AtomicUsize>,
+    ) -> Process {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        // Connected from the process's runtime: its connections go when it is killed.
+        let config = PostgresConfig::new(self.url.clone())
+            .with_schema(self.schema.clone())
+            .with_max_connections(4);
+        let store = runtime
+            .spawn(PostgresStore::connect(config))
+            .await
+            .expect("connecting ran")
+            .expect("connect the postgres store");
+        let queue = store.queue();
+        let rig = Rig::on(Arc::new(store), turns)
+            .with_worker(id)
+            .with_lease(SHORT_LEASE)
+            .counting(counted);
+        let worker = Worker::new(rig.runtime(), queue, worker_config()).expect("a worker");
+        runtime.spawn(async move { worker.run(std::future::pending()).await });
+        Process {
+            rig,
+            runtime: Some(runtime),
+        }
+    }
+}
+
+/// How the workers of the tests claim: often, with quick retries.
+fn worker_config() -> WorkerConfig {
+    WorkerConfig {
+        concurrency: 4,
+        poll_interval: Duration::from_millis(100),
+        retry_backoff: Duration::from_millis(20),
+        ..WorkerConfig::default()
+    }
+}
+
+impl RunningWorker {
+    /// Stops claiming, drains, and returns what the worker did.
+    async fn stop(mut self) -> WorkerReport {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let task = self.task.take().expect("running");
+        guarded("the worker to stop", task)
+            .await
+            .expect("the worker ran")
+    }
+}
+
+impl Drop for RunningWorker {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+impl Process {
+    /// Stops the process's tasks where they are, as a crash would.
+    fn kill(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+impl FrontEnd {
+    /// Posts `body` to `path` on a task of its own: its answer comes once a worker drives the
+    /// run.
+    fn post_later(&self, path: &str, body: Value) -> tokio::task::JoinHandle<reqwest::Response> {
+        let request = self.server.client.post(self.server.url(path)).json(&body);
+        tokio::spawn(async move { request.send().await.expect("request") })
+    }
+}
+
+/// Listens to the fleet's notifications (from when this returns).
+async fn listening(queue: &RunQueue) -> awaken_store::FleetListener {
+    let mut listener = queue.listen();
+    guarded("the listener", listener.ready()).await;
+    listener
+}
+
+/// Waits for a `FleetWake::Job` (a job was queued or given back).
+async fn job_announced(listener: &mut awaken_store::FleetListener) {
+    guarded("a job to be announced", async {
+        while listener.recv().await != FleetWake::Job {}
+    })
+    .await;
+}
+
+fn now() -> Timestamp {
+    Timestamp::from_system_time(std::time::SystemTime::now())
+}
+
+/// The termination of the activation `frames` end with.
+fn termination(frames: &[Frame]) -> TerminationReason {
+    match frames.last().map(Frame::agent_event) {
+        Some((_, AgentEvent::RunFinish { termination, .. })) => *termination,
+        _ => panic!("the stream ends with run_finish: {frames:#?}"),
+    }
+}
+
+/// The ticket of the suspended call among `events`.
+fn ticket(events: &[(EventId, AgentEvent)]) -> SuspendTicket {
+    events
+        .iter()
+        .find_map(|(_, e)| match e {
+            AgentEvent::ToolCallSuspended { ticket, .. } => Some((**ticket).clone()),
+            _ => None,
+        })
+        .expect("a suspended call")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_drives_a_posted_run_and_the_front_end_streams_its_stored_events() {
+    let Some(fleet) = Fleet::new("stream").await else {
+        return;
+    };
+    let front = fleet.front().await;
+    let worker = fleet
+        .worker(
+            "w1",
+            vec![
+                call_turn("c1", "echo", json!({"text": "a"})),
+                text_turn(&["Hel", "lo"]),
+                text_turn(&["the outcome"]),
+            ],
+        )
+        .await;
+
+    let frames = front.server.start_run("t", "hi").await.rest().await;
+    let events = checked_activation(&frames);
+    // Only stored events, each under its number in the store.
+    assert_eq!(events, front.rig.store.stored("t").await);
+    expect![[r#"
+        1 run_start resumed=false
+        2 step_start 1
+        3 tool_call_start c1 echo
+        4 inference_complete
+        5 tool_call_ready c1 {"text":"a"}
+        6 tool_call_done c1 succeeded {"echoed":"a"}
+        7 step_end 1
+        8 step_start 2
+        9 inference_complete
+        10 step_end 2
+        11 run_finish natural_end response=Some("Hello")
+    "#]]
+    .assert_eq(&render(&events));
+    let record = front.rig.store.last_run("t").await;
+    assert_eq!(record.status, RunStatus::Done);
+    assert_eq!(record.termination, Some(TerminationReason::NaturalEnd));
+
+    // `?stream=false` answers the outcome when the run ends.
+    let response = front
+        .server
+        .post("/v1/threads/u/runs?stream=false", json!({"message": "hi"}))
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let outcome: Value = response.json().await.expect("JSON");
+    let record = front.rig.store.last_run("u").await;
+    assert_eq!(outcome["run_id"], record.run_id.as_str(), "{outcome}");
+    assert_eq!(outcome["termination"]["kind"], "natural_end", "{outcome}");
+    assert_eq!(outcome["response"], "the outcome", "{outcome}");
+    assert_eq!(record.status, RunStatus::Done);
+
+    assert_eq!(worker.rig.model.requests(), 3);
+    assert_eq!(worker.worker.claim_to_start_ms().len(), 2);
+    let report = worker.stop().await;
+    assert_eq!(
+        report,
+        WorkerReport {
+            completed: 2,
+            ..WorkerReport::default()
+        }
+    );
+    assert_eq!(
+        front.queue.depth(now()).await.expect("depth"),
+        QueueDepth::default()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_reconnects_to_another_front_end_and_gets_every_stored_event_once() {
+    let Some(fleet) = Fleet::new("reconnect").await else {
+        return;
+    };
+    let a = fleet.front().await;
+    let b = fleet.front().await;
+    let mut first = vec![Piece::Hold];
+    first.extend(call("c1", "echo", json!({"text": "a"})));
+    first.push(stop(StopReason::ToolCalls));
+    let worker = fleet
+        .worker(
+            "w1",
+            vec![
+                first,
+                vec![Piece::Hold, text("Done"), stop(StopReason::EndTurn)],
+            ],
+        )
+        .await;
+
+    let mut leaving = a.server.start_run("t", "hi").await;
+    // A client attached from the start, staying to the end.
+    let stayed = a.server.events_after("t", "0").await;
+    // While the model is held, only the run's start is stored.
+    let part = leaving.until(|f| f.is("run_start")).await;
+    worker.rig.model.wait_holds(1).await;
+    drop(leaving);
+    let last = part.last().and_then(|f| f.id.clone()).expect("an id");
+
+    // Front end B follows the thread from the client's position at once, though nothing new
+    // is stored until the model goes on.
+    let mut back = b.server.reconnect("t", &last).await;
+    worker.rig.model.release(1);
+    let missed = back.until(|f| f.is("step_end")).await;
+    worker.rig.model.wait_holds(2).await;
+    drop(back);
+    let last = missed.last().and_then(|f| f.id.clone()).expect("an id");
+
+    // And back to front end A, which still follows the run it started.
+    let again = a.server.reconnect("t", &last).await;
+    worker.rig.model.release(1);
+    let tail = again.rest().await;
+
+    let joined: Vec<Frame> = part.iter().chain(&missed).chain(&tail).cloned().collect();
+    let events = checked_activation(&joined);
+    assert_eq!(
+        events,
+        a.rig.store.stored("t").await,
+        "no gap, no duplicate"
+    );
+    assert_eq!(stayed.rest().await, joined);
+    assert_eq!(termination(&joined), TerminationReason::NaturalEnd);
+
+    // After the end, either front end answers the same events after the same position.
+    for front in [&a, &b] {
+        assert_eq!(front.server.reconnect("t", &last).await.rest().await, tail);
+    }
+    assert_eq!(worker.stop().await.completed, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_posted_to_another_front_end_continues_the_run_on_another_worker() {
+    let Some(fleet) = Fleet::new("decide").await else {
+        return;
+    };
+    let a = fleet.front().await;
+    let b = fleet.front().await;
+    let w1 = fleet
+        .worker("w1", vec![call_turn("c1", "guarded", json!({"text": "a"}))])
+        .await;
+    let frames = a.server.start_run("t", "hi").await.rest().await;
+    let events = checked_activation(&frames);
+    assert_eq!(termination(&frames), TerminationReason::Suspended);
+    let stored = a.rig.store.stored("t").await;
+    assert_eq!(events, stored);
+    let ticket = ticket(&events);
+    assert_eq!(w1.stop().await.completed, 1);
+
+    // Refused: a call that does not wait, a digest other than the one shown, a new run on the
+    // waiting thread without `supersede`. Nothing of them is queued.
+    let unknown = b
+        .server
+        .post(
+            "/v1/threads/t/decisions",
+            json!({"decisions": [{"call_id": "nope", "decision": "approve"}]}),
+        )
+        .await;
+    assert_eq!(
+        refusal(unknown).await,
+        (
+            StatusCode::BAD_REQUEST,
+            "unknown_call".into(),
+            Some("decisions".into())
+        )
+    );
+    let digest = b
+        .server
+        .post(
+            "/v1/threads/t/decisions",
+            json!({"decisions": [{"call_id": "c1", "decision": "approve", "argument_digest": "other"}]}),
+        )
+        .await;
+    assert_eq!(refusal(digest).await.1, "invalid_decision");
+    let waiting = b
+        .server
+        .post("/v1/threads/t/runs", json!({"message": "again"}))
+        .await;
+    assert_eq!(
+        refusal(waiting).await,
+        (StatusCode::CONFLICT, "thread_waiting".into(), None)
+    );
+    assert_eq!(b.queue.job_of_thread(&tid("t")).await.expect("job"), None);
+    assert_eq!(
+        b.queue.depth(now()).await.expect("depth"),
+        QueueDepth::default()
+    );
+    assert_eq!(a.rig.store.stored("t").await, stored);
+
+    // Another worker continues the run with the decision, streamed by front end B.
+    let w2 = fleet.worker("w2", vec![text_turn(&["approved"])]).await;
+    let response = b
+        .server
+        .post(
+            "/v1/threads/t/decisions",
+            json!({"decisions": [{
+                "call_id": "c1",
+                "decision": "approve",
+                "argument_digest": ticket.call.argument_digest,
+            }]}),
+        )
+        .await;
+    let frames = Sse::new(response).await.rest().await;
+    let events = checked_activation(&frames);
+    assert_eq!(events, a.rig.store.stored("t").await[stored.len()..]);
+    expect![[r#"
+        9 run_start resumed=true
+        10 step_start 2
+        11 tool_call_resumed c1 Approve
+        12 tool_call_ready c1 {"text":"a"}
+        13 tool_call_done c1 succeeded {"echoed":"a"}
+        14 step_end 2
+        15 step_start 3
+        16 inference_complete
+        17 step_end 3
+        18 run_finish natural_end response=Some("approved")
+    "#]]
+    .assert_eq(&render(&events));
+    let record = a.rig.store.last_run("t").await;
+    assert_eq!(record.status, RunStatus::Done);
+    assert_eq!(w2.rig.model.requests(), 1);
+    assert_eq!(w2.stop().await.completed, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_on_the_front_end_ends_a_run_held_on_a_worker() {
+    let Some(fleet) = Fleet::new("cancel_held").await else {
+        return;
+    };
+    let front = fleet.front().await;
+    let worker = fleet
+        .worker(
+            "w1",
+            vec![vec![
+                text("Hel"),
+                Piece::Hold,
+                text("lo"),
+                stop(StopReason::EndTurn),
+            ]],
+        )
+        .await;
+    let mut sse = front.server.start_run("t", "hi").await;
+    let part = sse.until(|f| f.is("run_start")).await;
+    worker.rig.model.wait_holds(1).await;
+
+    let response = front.server.post("/v1/threads/t/cancel", json!({})).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let answer: Value = response.json().await.expect("JSON");
+    assert_eq!(answer["cancelled"], true, "{answer}");
+    assert_eq!(
+        answer["outcome"]["termination"]["kind"], "cancelled",
+        "{answer}"
+    );
+
+    let frames: Vec<Frame> = part.into_iter().chain(sse.rest().await).collect();
+    let events = checked_activation(&frames);
+    assert_eq!(termination(&frames), TerminationReason::Cancelled);
+    assert_eq!(events, front.rig.store.stored("t").await);
+    let record = front.rig.store.last_run("t").await;
+    assert_eq!(record.status, RunStatus::Done);
+    assert_eq!(record.termination, Some(TerminationReason::Cancelled));
+    assert_eq!(answer["outcome"]["run_id"], record.run_id.as_str());
+    assert_eq!(worker.rig.model.requests(), 1);
+    assert_eq!(worker.stop().await.completed, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_cancelled_before_any_worker_claims_it_ends_cancelled() {
+    let Some(fleet) = Fleet::new("cancel_queued").await else {
+        return;
+    };
+    let a = fleet.front().await;
+    let b = fleet.front().await;
+    let mut listener = listening(&a.queue).await;
+    let posted = a.post_later("/v1/threads/t/runs", json!({"message": "hi"}));
+    job_announced(&mut listener).await;
+    assert!(
+        a.queue
+            .job_of_thread(&tid("t"))
+            .await
+            .expect("job")
+            .is_some()
+    );
+
+    // Front end B does not follow the run: it asks the queue.
+    let response = b.server.post("/v1/threads/t/cancel", json!({})).await;
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    let answer: Value = response.json().await.expect("JSON");
+    assert_eq!(answer, json!({"cancelled": true, "outcome": null}));
+
+    let worker = fleet.worker("w1", vec![text_turn(&["never"])]).await;
+    // The worker starts the run and it ends at once, cancelled, its model never asked; the
+    // client's stream ends with it.
+    let response = guarded("the run's answer", posted).await.expect("posted");
+    let frames = Sse::new(response).await.rest().await;
+    let events = checked_activation(&frames);
+    expect![[r#"
+        1 run_start resumed=false
+        2 run_finish cancelled response=None
+    "#]]
+    .assert_eq(&render(&events));
+    assert_eq!(events, a.rig.store.stored("t").await);
+    let record = a.rig.store.last_run("t").await;
+    assert_eq!(record.status, RunStatus::Done);
+    assert_eq!(record.termination, Some(TerminationReason::Cancelled));
+    assert_eq!(worker.rig.model.requests(), 0);
+    assert_eq!(
+        worker.stop().await,
+        WorkerReport {
+            completed: 1,
+            ..WorkerReport::default()
+        }
+    );
+    assert_eq!(
+        a.queue.depth(now()).await.expect("depth"),
+        QueueDepth::default()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thread_with_a_queued_job_refuses_another_run() {
+    let Some(fleet) = Fleet::new("busy").await else {
+        return;
+    };
+    let a = fleet.front().await;
+    let b = fleet.front().await;
+    let mut listener = listening(&a.queue).await;
+    let posted = a.post_later("/v1/threads/t/runs", json!({"message": "hi"}));
+    job_announced(&mut listener).await;
+
+    for front in [&a, &b] {
+        let again = front
+            .server
+            .post("/v1/threads/t/runs", json!({"message": "again"}))
+            .await;
+        assert_eq!(
+            refusal(again).await,
+            (StatusCode::CONFLICT, "thread_busy".into(), None)
+        );
+    }
+    assert_eq!(
+        a.queue.depth(now()).await.expect("depth"),
+        QueueDepth {
+            queued: 1,
+            ..QueueDepth::default()
+        }
+    );
+
+    // The queued run goes on once a worker runs.
+    let worker = fleet.worker("w1", vec![text_turn(&["first"])]).await;
+    let response = guarded("the run's answer", posted).await.expect("posted");
+    let frames = Sse::new(response).await.rest().await;
+    checked_activation(&frames);
+    assert_eq!(termination(&frames), TerminationReason::NaturalEnd);
+    assert_eq!(worker.rig.model.requests(), 1);
+    assert_eq!(worker.stop().await.completed, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_no_worker_can_run_is_dead_lettered_and_its_client_told() {
+    let Some(fleet) = Fleet::new("dead").await else {
+        return;
+    };
+    let front = fleet.front().await;
+    // The worker serves another agent than the front end's.
+    let worker = fleet
+        .worker_with("w1", Vec::new(), worker_config(), |rig| {
+            rig.with_agent("other")
+        })
+        .await;
+    let response = front
+        .server
+        .post("/v1/threads/t/runs", json!({"message": "hi"}))
+        .await;
+    assert_eq!(
+        refusal(response).await,
+        (StatusCode::INTERNAL_SERVER_ERROR, "run_failed".into(), None)
+    );
+    let response = front
+        .server
+        .post("/v1/threads/u/runs?stream=false", json!({"message": "hi"}))
+        .await;
+    assert_eq!(
+        refusal(response).await,
+        (StatusCode::INTERNAL_SERVER_ERROR, "run_failed".into(), None)
+    );
+    let dead = front.queue.dead_letters(10).await.expect("dead letters");
+    let mut threads: Vec<&str> = dead.iter().map(|j| j.thread_id.as_str()).collect();
+    threads.sort_unstable();
+    assert_eq!(threads, ["t", "u"], "{dead:#?}");
+    for job in &dead {
+        // Not retried: the failure is the same every time.
+        assert_eq!(job.attempts, 1, "{job:?}");
+        assert_eq!(job.error, "agent `agent` is not registered", "{job:?}");
+    }
+    let report = worker.stop().await;
+    assert_eq!(
+        report,
+        WorkerReport {
+            dead: 2,
+            ..WorkerReport::default()
+        }
+    );
+    assert_eq!(
+        front.queue.depth(now()).await.expect("depth"),
+        QueueDepth {
+            dead: 2,
+            ..QueueDepth::default()
+        }
+    );
+}
+
+/// A step that runs `count`, then an answer held before its first delta.
+fn count_then_held() -> Vec<Vec<Piece>> {
+    vec![
+        call_turn("c1", "count", json!({})),
+        vec![Piece::Hold, text("never"), stop(StopReason::EndTurn)],
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_worker_takes_over_the_run_of_a_dead_one() {
+    let Some(fleet) = Fleet::new("takeover").await else {
+        return;
+    };
+    let front = fleet.front().await;
+    let counted = Arc::new(AtomicUsize::new(0));
+    let mut w1 = fleet.process("w1", count_then_held(), &counted).await;
+    let mut sse = front.server.start_run("t", "hi").await;
+    let part = sse.until(|f| f.is("tool_call_done")).await;
+    w1.rig.model.wait_holds(1).await;
+    let (job, _) = front
+        .queue
+        .job_of_thread(&tid("t"))
+        .await
+        .expect("job")
+        .expect("a job");
+    assert_eq!(
+        front.queue.job_state(job).await.expect("job state"),
+        JobState::Pending {
+            attempts: 1,
+            claimed_by: Some("w1".into()),
+            last_error: None
+        }
+    );
+    // The new worker claims the job once the dead one's lease expired (its heartbeats
+    // stopped), then continues the run from its last checkpoint.
+    w1.kill();
+
+    let w2 = fleet
+        .worker_with("w2", vec![text_turn(&["Done"])], worker_config(), |rig| {
+            rig.counting(&counted)
+        })
+        .await;
+    let frames: Vec<Frame> = part.into_iter().chain(sse.rest().await).collect();
+    let events = agent_events(&frames);
+    assert_eq!(events, front.rig.store.stored("t").await);
+    let resumed = events
+        .iter()
+        .position(|(_, e)| matches!(e, AgentEvent::RunStart { resumed: true, .. }))
+        .unwrap_or_else(|| panic!("the recovered activation: {frames:#?}"));
+    checked_activation(&frames[resumed..]);
+    assert_ids_increase(&events);
+    expect![[r#"
+        1 run_start resumed=false
+        2 step_start 1
+        3 tool_call_start c1 count
+        4 inference_complete
+        5 tool_call_ready c1 {}
+        6 tool_call_done c1 succeeded {"count":1}
+        7 step_end 1
+        8 run_start resumed=true
+        9 step_start 2
+        10 inference_complete
+        11 step_end 2
+        12 run_finish natural_end response=Some("Done")
+    "#]]
+    .assert_eq(&render(&events));
+    assert_eq!(termination(&frames), TerminationReason::NaturalEnd);
+    // The tool ran once in all; the dead worker asked twice, the new one once.
+    assert_eq!(counted.load(Ordering::SeqCst), 1);
+    assert_eq!(w1.rig.model.requests(), 2);
+    assert_eq!(w2.rig.model.requests(), 1);
+    assert_eq!(front.rig.store.last_run("t").await.status, RunStatus::Done);
+    assert_eq!(
+        w2.stop().await,
+        WorkerReport {
+            completed: 1,
+            ..WorkerReport::default()
+        }
+    );
+    assert_eq!(
+        front.queue.depth(now()).await.expect("depth"),
+        QueueDepth::default()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_worker_gives_its_held_run_back_and_another_finishes_it() {
+    let Some(fleet) = Fleet::new("drain").await else {
+        return;
+    };
+    let front = fleet.front().await;
+    let counted = Arc::new(AtomicUsize::new(0));
+    let w1 = fleet
+        .worker_with(
+            "w1",
+            count_then_held(),
+            WorkerConfig {
+                drain_grace: Duration::from_millis(100),
+                ..worker_config()
+            },
+            |rig| rig.with_lease(SHORT_LEASE).counting(&counted),
+        )
+        .await;
+    let mut sse = front.server.start_run("t", "hi").await;
+    let part = sse.until(|f| f.is("tool_call_done")).await;
+    w1.rig.model.wait_holds(1).await;
+    let model = Arc::clone(&w1.rig.model);
+    assert_eq!(
+        w1.stop().await,
+        WorkerReport {
+            released: 1,
+            ..WorkerReport::default()
+        }
+    );
+    // The job is queued again at once, the attempt not counted.
+    let (job, _) = front
+        .queue
+        .job_of_thread(&tid("t"))
+        .await
+        .expect("job")
+        .expect("a job");
+    assert_eq!(
+        front.queue.job_state(job).await.expect("job state"),
+        JobState::Pending {
+            attempts: 0,
+            claimed_by: None,
+            last_error: None
+        }
+    );
+
+    let w2 = fleet
+        .worker_with("w2", vec![text_turn(&["Done"])], worker_config(), |rig| {
+            rig.counting(&counted)
+        })
+        .await;
+    let frames: Vec<Frame> = part.into_iter().chain(sse.rest().await).collect();
+    let events = agent_events(&frames);
+    assert_eq!(events, front.rig.store.stored("t").await);
+    let resumed = events
+        .iter()
+        .position(|(_, e)| matches!(e, AgentEvent::RunStart { resumed: true, .. }))
+        .unwrap_or_else(|| panic!("the continued activation: {frames:#?}"));
+    checked_activation(&frames[resumed..]);
+    assert_ids_increase(&events);
+    assert_eq!(termination(&frames), TerminationReason::NaturalEnd);
+    assert_eq!(counted.load(Ordering::SeqCst), 1);
+    assert_eq!(model.requests(), 2);
+    assert_eq!(w2.rig.model.requests(), 1);
+    assert_eq!(w2.stop().await.completed, 1);
+    assert_eq!(
+        front.queue.depth(now()).await.expect("depth"),
+        QueueDepth::default()
+    );
+}
