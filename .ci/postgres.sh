@@ -2,6 +2,7 @@
 # A throwaway PostgreSQL cluster on loopback for the awaken-store conformance suite.
 #
 #   eval "$(bash .ci/postgres.sh start)"   # exports AWAKEN_TEST_POSTGRES_URL and AWAKEN_TEST_POSTGRES_DIR
+#   bash .ci/postgres.sh restart "$AWAKEN_TEST_POSTGRES_DIR"   # a fast restart, same options
 #   bash .ci/postgres.sh stop "$AWAKEN_TEST_POSTGRES_DIR"   # stops the cluster, removes its files
 #
 # `start` installs Debian's `postgresql` package when no `initdb` is found, creates a cluster
@@ -63,6 +64,18 @@ start() {
   echo "export AWAKEN_TEST_POSTGRES_DIR='$dir'"
 }
 
+restart() {
+  local dir=${1:-${AWAKEN_TEST_POSTGRES_DIR:-}}
+  [[ -n "$dir" && -d "$dir/data" ]] || { log "nothing to restart (no cluster dir given)"; exit 1; }
+  local bin
+  bin=$(find_bin)
+  [[ -n "$bin" ]] || { log "pg_ctl not found"; exit 1; }
+  # Fast: open sessions are cut off. pg_ctl starts the server again with the options it was
+  # started with (postmaster.opts); its output goes on to the same log file.
+  as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -m fast -w -t 60 restart >&2 \
+    || { tail -n 20 "$dir/server.log" >&2; exit 1; }
+}
+
 stop() {
   local dir=${1:-${AWAKEN_TEST_POSTGRES_DIR:-}}
   [[ -n "$dir" && -d "$dir/data" ]] || { log "nothing to stop (no cluster dir given)"; return 0; }
@@ -74,6 +87,7 @@ stop() {
 
 case "${1:-start}" in
   start) start ;;
+  restart) restart "${2:-}" ;;
   stop) stop "${2:-}" ;;
-  *) log "usage: $0 start | stop [dir]"; exit 2 ;;
+  *) log "usage: $0 start | restart [dir] | stop [dir]"; exit 2 ;;
 esac

@@ -1,6 +1,7 @@
 //! End-to-end tests of the `awaken` binary: each example agent, the approval flow across two
 //! invocations, a new run on a waiting thread, Ctrl-C, the built-in tools, declarative plugins,
-//! the README's commands and `awaken serve` over HTTP. Nothing here reaches beyond 127.0.0.1.
+//! the README's commands, `awaken serve` over HTTP, and a fleet of `serve --queue` front ends
+//! and `awaken worker` processes on PostgreSQL. Nothing here reaches beyond 127.0.0.1.
 
 use std::io::{BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -20,6 +21,8 @@ mod ai_sdk;
 mod commands;
 #[path = "cli/conformance.rs"]
 mod conformance;
+#[path = "cli/fleet.rs"]
+mod fleet;
 #[path = "cli/mcp.rs"]
 mod mcp;
 #[path = "cli/mcp_call.rs"]
@@ -1203,9 +1206,9 @@ fn plugins_lists_the_examples_and_names_the_line_of_a_broken_file() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// The PostgreSQL URL of the test server: `None` (the test is skipped, with a note) when it is
-/// not configured, a failure when `AWAKEN_REQUIRE_POSTGRES=1` (as in CI).
-fn postgres_url() -> Option<String> {
+/// The PostgreSQL URL of the test server: `None` (the test `what` is skipped, with a note)
+/// when it is not configured, a failure when `AWAKEN_REQUIRE_POSTGRES=1` (as in CI).
+fn postgres_url(what: &str) -> Option<String> {
     match std::env::var("AWAKEN_TEST_POSTGRES_URL") {
         Ok(url) if !url.trim().is_empty() => Some(url),
         _ => {
@@ -1215,7 +1218,7 @@ fn postgres_url() -> Option<String> {
             );
             let _ = writeln!(
                 std::io::stderr(),
-                "awaken-cli: the PostgreSQL approval test is SKIPPED (AWAKEN_TEST_POSTGRES_URL is not set)"
+                "awaken-cli: {what} is SKIPPED (AWAKEN_TEST_POSTGRES_URL is not set)"
             );
             None
         }
@@ -1224,7 +1227,7 @@ fn postgres_url() -> Option<String> {
 
 #[test]
 fn the_approval_flow_works_on_postgres_too() {
-    let Some(url) = postgres_url() else {
+    let Some(url) = postgres_url("the PostgreSQL approval test") else {
         return;
     };
     let dir = temp_dir("postgres");

@@ -126,11 +126,17 @@ pub(super) struct Watched {
 
 impl Watched {
     pub(super) fn spawn(command: &mut Command) -> Self {
+        Self::spawn_for(command, STUCK)
+    }
+
+    /// Like [`Watched::spawn`], killed after `limit` instead of [`STUCK`] (a process that
+    /// serves a long test).
+    pub(super) fn spawn_for(command: &mut Command, limit: Duration) -> Self {
         let child = command.spawn().expect("start awaken");
         let pid = child.id().to_string();
         let (done, guard) = mpsc::channel::<()>();
         let watchdog = std::thread::spawn(move || {
-            if let Err(mpsc::RecvTimeoutError::Timeout) = guard.recv_timeout(STUCK) {
+            if let Err(mpsc::RecvTimeoutError::Timeout) = guard.recv_timeout(limit) {
                 let _ = Command::new("kill").args(["-KILL", &pid]).status();
             }
         });
@@ -155,6 +161,25 @@ impl Watched {
         let status = self.child.wait().expect("wait for awaken");
         self.stop_watching();
         status
+    }
+
+    /// Its exit status once it ended within `limit`; panics (and the drop kills it) when it is
+    /// still running then.
+    #[track_caller]
+    pub(super) fn wait_within(mut self, limit: Duration) -> ExitStatus {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for awaken") {
+                self.stop_watching();
+                return status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "awaken (pid {}) still runs after {limit:?}",
+                self.child.id()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     fn stop_watching(&mut self) {

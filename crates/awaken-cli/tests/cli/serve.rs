@@ -11,13 +11,24 @@ pub(super) fn start_serving(
     env: &[(&str, &str)],
     agents: usize,
 ) -> (Watched, Stream, String) {
-    let mut process = Watched::spawn(
+    serve_for(args, env, agents, STUCK)
+}
+
+/// [`start_serving`] with a server killed after `limit` rather than [`STUCK`].
+pub(super) fn serve_for(
+    args: &[&str],
+    env: &[(&str, &str)],
+    agents: usize,
+    limit: Duration,
+) -> (Watched, Stream, String) {
+    let mut process = Watched::spawn_for(
         command()
             .arg("serve")
             .args(args)
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped()),
+        limit,
     );
     let mut stderr = Stream::new(process.child.stderr.take().expect("piped stderr"));
     let before = stderr.until(" on http://");
@@ -70,11 +81,27 @@ pub(super) fn node_against_served(
 
 /// Sends one HTTP/1.1 request (`Connection: close`) to `addr` and reads the response to its
 /// end; returns the status line and the body (a chunked body decoded).
-fn request(addr: &str, method: &str, path: &str, headers: &[&str], body: &str) -> (String, String) {
+pub(super) fn request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[&str],
+    body: &str,
+) -> (String, String) {
+    request_within(addr, method, path, headers, body, STUCK)
+}
+
+/// [`request`], waiting up to `wait` (rather than [`STUCK`]) for each read of the response.
+pub(super) fn request_within(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[&str],
+    body: &str,
+    wait: Duration,
+) -> (String, String) {
     let mut socket = TcpStream::connect(addr).expect("connect to the server");
-    socket
-        .set_read_timeout(Some(STUCK))
-        .expect("a read timeout");
+    socket.set_read_timeout(Some(wait)).expect("a read timeout");
     let mut head = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
          Content-Length: {}\r\nConnection: close\r\n",
