@@ -1,6 +1,9 @@
-//! Shared helpers of the benches: the scripted loop agent that the end-to-end and the server
-//! programs both run, the in-process throughput workload they compare, readings of the
-//! process's memory, and a runtime-free `block_on` for the micro-benchmarks.
+//! Shared helpers of the benches: the scripted loop agent that the end-to-end, the server and
+//! the fleet programs run, the in-process throughput workload they compare, readings of the
+//! process's memory, a runtime-free `block_on` for the micro-benchmarks, and the step commit
+//! every store benchmark measures ([`step_commit`]).
+
+pub mod step_commit;
 
 use std::future::Future;
 use std::pin::pin;
