@@ -11,7 +11,7 @@ use tokio::sync::Semaphore;
 use awaken_store::RunQueue;
 
 use crate::config::ServerConfig;
-use crate::fleet::{Front, QueueConfig};
+use crate::fleet::queued::{Front, QueueConfig};
 use crate::live::LiveRuns;
 use crate::sse::StreamContext;
 

@@ -118,3 +118,8 @@ impl From<RunError> for ApiError {
         }
     }
 }
+
+/// The store failed: 500, with its message.
+pub(crate) fn store_failed(e: impl std::fmt::Display) -> ApiError {
+    ApiError::internal("store_failed", format!("the thread store failed: {e}"))
+}

@@ -19,6 +19,7 @@ mod app;
 mod config;
 mod error;
 mod fleet;
+mod job;
 mod live;
 mod page;
 mod routes;

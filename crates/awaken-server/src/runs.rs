@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::task::Poll;
 
 use awaken_event::{ResumeDecision, ThreadId, ToolCallResume};
-use awaken_runtime::{DecisionError, Resume, RunActivation, RunOutcome};
+use awaken_runtime::{DecisionError, Resume, RunOutcome};
 use awaken_store::Checkpoint;
 use axum::Json;
 use axum::body::Bytes;
@@ -19,6 +19,8 @@ use serde_json::{Value, json};
 
 use crate::app::AgentServer;
 use crate::error::ApiError;
+pub(crate) use crate::error::store_failed;
+pub(crate) use crate::job::Job;
 use crate::live::{LiveRun, LiveSink};
 use crate::sse::{Encoder, encoded_stream, event_stream};
 
@@ -59,11 +61,6 @@ pub(crate) fn json_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>
             )
         }
     })
-}
-
-/// The store failed: 500, with its message.
-pub(crate) fn store_failed(e: impl std::fmt::Display) -> ApiError {
-    ApiError::internal("store_failed", format!("the thread store failed: {e}"))
 }
 
 /// The thread as stored, or 404.
@@ -215,12 +212,6 @@ pub(crate) async fn resume_of(
     Ok(resume)
 }
 
-/// What a launched task runs.
-pub(crate) enum Job {
-    Run(RunActivation),
-    Resume(Resume),
-}
-
 /// How a launched job is answered.
 pub(crate) enum Answer {
     /// The native event stream.
@@ -268,7 +259,9 @@ pub(crate) async fn launch(
             )
         })?;
     if let Some(front) = &shared.front {
-        if let Err(e) = crate::fleet::enqueue(server, front, &live, permit, cancel, job).await {
+        if let Err(e) =
+            crate::fleet::front::enqueue(server, front, &live, permit, cancel, job).await
+        {
             live.end(Err(e.clone()));
             shared.live.remove(&live);
             return Err(e);

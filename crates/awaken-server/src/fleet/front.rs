@@ -3,102 +3,20 @@
 //! streams, `Last-Event-ID` reconnection, the protocol edges and cancel work as they do for a
 //! run in this process, whichever worker drives it.
 
-use std::sync::{Arc, OnceLock, Weak};
-use std::time::Duration;
+use std::sync::Arc;
 
 use awaken_event::{AgentEvent, CancellationToken, RunId, ThreadId};
-use awaken_store::{Enqueued, FleetWake, JobId, JobState, NewJob, RunQueue, RunStatus, Timestamp};
-use dashmap::DashMap;
+use awaken_store::{Enqueued, JobId, JobState, NewJob, RunStatus, Timestamp};
 use serde_json::json;
-use tokio::sync::{Notify, OwnedSemaphorePermit};
+use tokio::sync::OwnedSemaphorePermit;
 
 use super::job::JobPayload;
+use super::queued::Front;
 use crate::app::AgentServer;
 use crate::error::ApiError;
+use crate::error::store_failed;
+use crate::job::Job;
 use crate::live::LiveRun;
-use crate::runs::{Job, store_failed};
-
-/// How a front end queues runs.
-#[derive(Debug, Clone)]
-pub struct QueueConfig {
-    /// Claims after which a job that keeps failing is dead-lettered (default 3).
-    pub max_attempts: u32,
-    /// How often a followed run's events and job are read when no notification came
-    /// (default 1 s).
-    pub poll_interval: Duration,
-}
-
-impl Default for QueueConfig {
-    fn default() -> Self {
-        Self {
-            max_attempts: 3,
-            poll_interval: Duration::from_secs(1),
-        }
-    }
-}
-
-/// The queue a server front end hands its activations to, and the wake-ups of the runs it
-/// follows (one per thread).
-pub(crate) struct Front {
-    pub(crate) queue: RunQueue,
-    config: QueueConfig,
-    waiters: DashMap<ThreadId, Arc<Notify>>,
-    listening: OnceLock<()>,
-}
-
-impl Front {
-    pub(crate) fn new(queue: RunQueue, config: QueueConfig) -> Self {
-        Self {
-            queue,
-            config,
-            waiters: DashMap::new(),
-            listening: OnceLock::new(),
-        }
-    }
-
-    /// The wake-up of `thread`'s follower; starts listening to the queue's notifications on
-    /// first use.
-    fn waiter(self: &Arc<Self>, thread: &ThreadId, closing: &CancellationToken) -> Arc<Notify> {
-        self.listening.get_or_init(|| {
-            tokio::spawn(listen(Arc::downgrade(self), closing.clone()));
-        });
-        self.waiters.entry(thread.clone()).or_default().clone()
-    }
-}
-
-/// Wakes the followers of the threads the queue's notifications name (all of them after a
-/// lost connection), until the server closes or the front end is gone.
-async fn listen(front: Weak<Front>, closing: CancellationToken) {
-    let Some(mut listener) = front.upgrade().map(|f| f.queue.listen()) else {
-        return;
-    };
-    // What was announced before the listening began is read by a look now.
-    tokio::select! {
-        () = listener.ready() => {}
-        () = closing.cancelled() => return,
-    }
-    if let Some(front) = front.upgrade() {
-        front.waiters.iter().for_each(|w| w.notify_one());
-    }
-    loop {
-        let wake = tokio::select! {
-            wake = listener.recv() => wake,
-            () = closing.cancelled() => return,
-        };
-        let Some(front) = front.upgrade() else {
-            return;
-        };
-        match wake {
-            FleetWake::Events(thread) | FleetWake::Done(thread) => {
-                if let Some(waiter) = front.waiters.get(&thread) {
-                    waiter.notify_one();
-                }
-            }
-            FleetWake::Lost => front.waiters.iter().for_each(|w| w.notify_one()),
-            _ => {}
-        }
-    }
-}
 
 /// Queues `job` for `live`'s thread and follows it into `live`: 409 when the thread already
 /// has a queued or claimed job, or waits for decisions and the run does not supersede them.

@@ -11,10 +11,11 @@
 //!
 //! [`AgentServer::queued`]: crate::AgentServer::queued
 
-mod front;
+pub(crate) mod front;
 mod job;
+pub(crate) mod queued;
 mod worker;
 
-pub use front::QueueConfig;
-pub(crate) use front::{Front, enqueue, live_or_follow};
+pub(crate) use front::live_or_follow;
+pub use queued::QueueConfig;
 pub use worker::{Worker, WorkerConfig, WorkerError, WorkerReport};

@@ -128,6 +128,11 @@ impl PostgresStore {
         Ok(store)
     }
 
+    /// The run queue in this store's database and schema.
+    pub fn queue(&self) -> RunQueue {
+        RunQueue::new(Arc::clone(&self.pool), self.database.clone())
+    }
+
     /// The newest schema version this build knows.
     pub fn schema_version() -> i64 {
         schema::MIGRATIONS.len() as i64

@@ -5,7 +5,7 @@
 //! across the fleet. Workers claim jobs with `FOR UPDATE SKIP LOCKED` under a lease they renew
 //! with a heartbeat; a finished job's row is deleted and a dead one moved to `run_queue_dead`,
 //! so the claimed table stays small. Every change a worker or a front end waits for is also
-//! announced on one `LISTEN`/`NOTIFY` channel ([`FleetListener`]); polling covers a lost one.
+//! announced on one `LISTEN`/`NOTIFY` channel ([`FleetListener`](super::FleetListener)); polling covers a lost one.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +13,6 @@ use std::time::Duration;
 use awaken_event::{RunId, ThreadId};
 use tokio_postgres::Row;
 
-use super::PostgresStore;
 use super::pool::Pool;
 use crate::commit::Timestamp;
 use crate::error::{Database, InDatabase, StoreError};
@@ -227,7 +226,7 @@ impl InDatabase for QueueError {
     }
 }
 
-/// What a [`FleetListener`] was told.
+/// What a [`FleetListener`](super::FleetListener) was told.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum FleetWake {
@@ -267,21 +266,18 @@ impl FleetWake {
     }
 }
 
-/// The run queue of a [`PostgresStore`]'s database and schema (see the module's doc). Cheap to
-/// clone; it shares the store's connections.
+/// The run queue of a PostgreSQL store's database and schema (`PostgresStore::queue`; see the
+/// module's doc). Cheap to clone; it shares the store's connections.
 #[derive(Debug, Clone)]
 pub struct RunQueue {
     pub(super) pool: Arc<Pool>,
     database: Database,
 }
 
-impl PostgresStore {
-    /// The run queue in this store's database and schema.
-    pub fn queue(&self) -> RunQueue {
-        RunQueue {
-            pool: Arc::clone(&self.pool),
-            database: self.database.clone(),
-        }
+impl RunQueue {
+    /// The queue in the database and schema of `pool`, its errors naming `database`.
+    pub(super) fn new(pool: Arc<Pool>, database: Database) -> Self {
+        Self { pool, database }
     }
 }
 
