@@ -70,7 +70,7 @@ restart() {
   local bin
   bin=$(find_bin)
   [[ -n "$bin" ]] || { log "pg_ctl not found"; exit 1; }
-  # Fast: open sessions are cut off. pg_ctl starts the server again with the options it was
+  # Fast: open connections are cut off. pg_ctl starts the server again with the options it was
   # started with (postmaster.opts); its output goes on to the same log file.
   as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -m fast -w -t 60 restart >&2 \
     || { tail -n 20 "$dir/server.log" >&2; exit 1; }

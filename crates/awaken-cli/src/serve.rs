@@ -39,18 +39,7 @@ pub(crate) async fn serve(args: Args) -> Result<u8, Exit> {
     let addr = args.listen.unwrap_or(DEFAULT_LISTEN);
     let token = token(&args);
     refuse_unauthenticated(addr, token.is_some(), args.insecure_no_auth)?;
-    if args.agents.is_empty() {
-        return Err(bad_input(anyhow!(
-            "--agent FILE is required (once per agent)\n\n{}",
-            args::command_usage("serve").unwrap_or(args::USAGE)
-        )));
-    }
-    let files = args
-        .agents
-        .iter()
-        .map(|path| AgentFile::load(path))
-        .collect::<anyhow::Result<Vec<_>>>()
-        .map_err(bad_input)?;
+    let files = agent_files(&args)?;
     if args.max_attempts.is_some() && !args.queue {
         return Err(bad_input(anyhow!(
             "--max-attempts applies to queued runs: add --queue (with --store postgres://...)"
@@ -129,6 +118,22 @@ pub(crate) async fn serve(args: Args) -> Result<u8, Exit> {
         Err(e @ ServeError::Unauthenticated { .. }) => Err(bad_input(anyhow!("{e}"))),
         Err(e) => Err(anyhow!("{e}").into()),
     }
+}
+
+/// Every `--agent FILE` of a command that serves several (`serve`, `worker`), loaded; at least
+/// one is required.
+pub(crate) fn agent_files(args: &Args) -> Result<Vec<AgentFile>, Exit> {
+    if args.agents.is_empty() {
+        return Err(bad_input(anyhow!(
+            "--agent FILE is required (once per agent)\n\n{}",
+            args::command_usage(&args.command).unwrap_or(args::USAGE)
+        )));
+    }
+    args.agents
+        .iter()
+        .map(|path| AgentFile::load(path))
+        .collect::<anyhow::Result<Vec<_>>>()
+        .map_err(bad_input)
 }
 
 /// The token: `--auth-token`, else a non-empty `AWAKEN_API_TOKEN`.

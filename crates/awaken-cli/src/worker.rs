@@ -7,9 +7,8 @@ use std::time::Duration;
 use anyhow::anyhow;
 use awaken::server::{Worker, WorkerConfig};
 
-use crate::agent_file::AgentFile;
-use crate::args::{self, Args};
-use crate::serve::shutdown_on_signal;
+use crate::args::Args;
+use crate::serve::{agent_files, shutdown_on_signal};
 use crate::setup::{Purpose, mcp_servers, open_failed, open_fleet_store, runtime_of_files};
 use crate::term::errln;
 use crate::{Exit, bad_input};
@@ -24,18 +23,7 @@ const DRAIN_GRACE: Duration = Duration::from_secs(10);
 /// `awaken worker --agent FILE... --store postgres://...`: claims and drives queued runs until
 /// a signal, then drains (exit 0).
 pub(crate) async fn worker(args: Args) -> Result<u8, Exit> {
-    if args.agents.is_empty() {
-        return Err(bad_input(anyhow!(
-            "--agent FILE is required (once per agent)\n\n{}",
-            args::command_usage("worker").unwrap_or(args::USAGE)
-        )));
-    }
-    let files = args
-        .agents
-        .iter()
-        .map(|path| AgentFile::load(path))
-        .collect::<anyhow::Result<Vec<_>>>()
-        .map_err(bad_input)?;
+    let files = agent_files(&args)?;
     let concurrency = args.concurrency.unwrap_or(CONCURRENCY);
     // A connection per run in flight at most, plus the queue's own reads; the database's CPU,
     // not the pool, is what a larger pool would wait on.

@@ -39,7 +39,7 @@ const BOUNDARIES: [&str; 4] = [
 /// The pause before each event of the slow agent's model turn, in milliseconds.
 const SLOW_MS: u64 = 20_000;
 
-/// A database of its own on the test server, dropped (its sessions cut off) when the test
+/// A database of its own on the test server, dropped (its connections cut off) when the test
 /// ends.
 struct TestDatabase {
     /// A URL of the server's database the test server was configured with.
@@ -905,7 +905,7 @@ impl PrivateCluster {
         })
     }
 
-    /// A fast restart: every session is cut off.
+    /// A fast restart: every connection is cut off.
     fn restart(&self) {
         let out = postgres_script(&["restart", &self.dir]);
         assert!(out.status.success(), "{}", text(&out.stderr));

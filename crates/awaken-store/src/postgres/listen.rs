@@ -12,7 +12,7 @@ impl RunQueue {
     /// lost, with [`FleetWake::Lost`] after each reconnection), from when
     /// [`FleetListener::ready`] returns. The listening ends when the listener is dropped. The
     /// connection's `application_name` is `awaken-fleet-listener:` and the schema's name (to
-    /// tell it among the database's sessions). Must be called within a tokio runtime.
+    /// tell it among the database's connections). Must be called within a tokio runtime.
     pub fn listen(&self) -> FleetListener {
         let (tx, rx) = mpsc::channel(LISTEN_BUFFER);
         let (ready_tx, ready) = watch::channel(false);
