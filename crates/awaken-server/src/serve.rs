@@ -6,10 +6,23 @@ use std::sync::Mutex;
 
 use awaken_event::CancellationToken;
 use awaken_runtime::{RecoverConfig, ShutdownMode};
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 
 use crate::app::AgentServer;
 use crate::live::RecoverySink;
+
+/// hyper's initial read buffer, and the most a connection's buffer may hold.
+const READ_BUFFER: usize = 8 * 1024;
+
+/// How long a client may take to send a request's head once it has started one.
+const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The pause after an accept error that is not one connection's (out of descriptors).
+const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Why [`serve`] could not serve.
 #[derive(Debug, thiserror::Error)]
@@ -74,21 +87,7 @@ pub async fn serve(
     };
     server.set_ready();
     tracing::info!(%addr, "serving");
-    let closing = server.clone();
-    // Events go out as they happen: without NODELAY a frame written behind an unacknowledged
-    // one waits for the client's delayed acknowledgement (40 ms).
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY on a connection");
-        }
-    });
-    axum::serve(listener, server.router().into_make_service())
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            tracing::info!("shutting down: no new requests; telling open streams");
-            closing.begin_shutdown();
-        })
-        .await?;
+    accept(&server, listener, shutdown).await?;
     stop_recovery.cancel();
     let runtime = server.runtime().clone();
     let grace = server.config().shutdown_grace;
@@ -117,6 +116,69 @@ pub async fn serve(
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Accepts connections until `shutdown` completes, then tells open streams to end and waits
+/// for every connection to close.
+///
+/// Each connection is hyper's HTTP/1 connection with its read buffer held to its initial
+/// 8 KiB (a request head or body larger than that is read in several pieces), so an idle
+/// stream holds one buffer of that size rather than a grown one.
+async fn accept(
+    server: &AgentServer,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let mut http = http1::Builder::new();
+    http.max_buf_size(READ_BUFFER)
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    let connections = GracefulShutdown::new();
+    let router = server.router();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let tcp = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _)) => tcp,
+                Err(e) if is_connection_error(&e) => continue,
+                Err(e) => {
+                    // Out of descriptors or memory: wait for connections to close.
+                    tracing::warn!(error = %e, "cannot accept a connection");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        // Events go out as they happen: without NODELAY a frame written behind an
+        // unacknowledged one waits for the client's delayed acknowledgement (40 ms).
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY on a connection");
+        }
+        let connection = connections.watch(
+            http.serve_connection(TokioIo::new(tcp), TowerToHyperService::new(router.clone())),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    tracing::info!("shutting down: no new requests; telling open streams");
+    server.begin_shutdown();
+    connections.shutdown().await;
+    Ok(())
+}
+
+/// Whether an accept error concerns one connection only (the next accept may succeed at once).
+fn is_connection_error(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::ConnectionRefused
+            | std::io::ErrorKind::ConnectionAborted
+            | std::io::ErrorKind::ConnectionReset
+    )
 }
 
 /// Continues unfinished runs, one claim at a time (so each has its own cancel token), until
