@@ -55,8 +55,8 @@ pub use memory::MemoryStore;
 pub use memory::fuzzing;
 #[cfg(feature = "postgres")]
 pub use postgres::{
-    ClaimedJob, DeadJob, Enqueued, FleetListener, FleetWake, JobBeat, JobId, JobLease, JobState,
-    NewJob, PostgresConfig, PostgresStore, QueueDepth, QueueError, Retried, RunQueue,
+    ClaimedJob, DeadJob, Enqueued, FleetListener, FleetWake, Hear, JobBeat, JobId, JobLease,
+    JobState, NewJob, PostgresConfig, PostgresStore, QueueDepth, QueueError, Retried, RunQueue,
 };
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteConfig, SqliteStore, Synchronous};

@@ -5,7 +5,7 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use awaken_event::{CancellationToken, ThreadId};
-use awaken_store::{FleetWake, RunQueue};
+use awaken_store::{FleetWake, Hear, RunQueue};
 use dashmap::DashMap;
 use tokio::sync::Notify;
 
@@ -64,7 +64,7 @@ impl Front {
 /// Wakes the followers of the threads the queue's notifications name (all of them after a
 /// lost connection), until the server closes or the front end is gone.
 async fn listen(front: Weak<Front>, closing: CancellationToken) {
-    let Some(mut listener) = front.upgrade().map(|f| f.queue.listen()) else {
+    let Some(mut listener) = front.upgrade().map(|f| f.queue.listen(Hear::Runs)) else {
         return;
     };
     // What was announced before the listening began is read by a look now.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use awaken_event::{AgentEvent, CancellationToken, EventSink, ThreadId};
 use awaken_runtime::{AgentRuntime, RecoverConfig, RunError, ShutdownMode, Takeover};
 use awaken_store::{
-    ClaimedJob, FleetWake, JobLease, QueueError, Retried, RunQueue, RunStatus, Timestamp,
+    ClaimedJob, FleetWake, Hear, JobLease, QueueError, Retried, RunQueue, RunStatus, Timestamp,
 };
 use dashmap::DashMap;
 use tokio::sync::Notify;
@@ -136,7 +136,7 @@ impl Worker {
     /// their leases back (the next worker continues them at once).
     pub async fn run(&self, shutdown: impl Future<Output = ()>) -> WorkerReport {
         let mut shutdown = std::pin::pin!(shutdown);
-        let mut listener = self.queue.listen();
+        let mut listener = self.queue.listen(Hear::Jobs);
         // Listening before the first claim: a job queued after it is announced, not missed.
         tokio::select! {
             () = listener.ready() => {}

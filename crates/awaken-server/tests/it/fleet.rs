@@ -257,7 +257,7 @@ impl FrontEnd {
 
 /// Listens to the fleet's notifications (from when this returns).
 async fn listening(queue: &RunQueue) -> awaken_store::FleetListener {
-    let mut listener = queue.listen();
+    let mut listener = queue.listen(awaken_store::Hear::Jobs);
     guarded("the listener", listener.ready()).await;
     listener
 }

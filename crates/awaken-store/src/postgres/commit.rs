@@ -1,11 +1,19 @@
 //! A commit as one PostgreSQL transaction: it locks the thread row (`SELECT … FOR UPDATE`) and
 //! the run row, so concurrent writers of a thread serialize and the checks hold until `COMMIT`;
 //! then the writes, messages appended by index and only changed keys upserted.
+//!
+//! Every statement is prepared once per connection ([`Statements`]); the three that lock are
+//! sent together, and the writes (each table's rows from arrays) are one statement, so a
+//! commit costs a handful of statements and round trips whatever it holds.
 
 use std::collections::BTreeMap;
 
 use awaken_event::{ProfileId, RunId};
+use awaken_state::DeltaValues;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Transaction};
+
+use super::pool::Statements;
 
 use crate::codec;
 use crate::commit::{BatchWrite, RunStatus, ThreadCommit};
@@ -18,11 +26,12 @@ use crate::store::CommitReceipt;
 /// Writes `c` in one transaction on `client`, or nothing (`fp` may fail it between two writes).
 pub(super) async fn write(
     client: &mut Client,
+    statements: &mut Statements,
     c: &ThreadCommit,
     fp: &Failpoints,
 ) -> Result<CommitReceipt, CommitError> {
     let tx = client.transaction().await?;
-    match write_tx(&tx, c, fp).await {
+    match write_tx(&tx, statements, c, fp).await {
         Ok(receipt) => {
             tx.commit().await?;
             Ok(receipt)
@@ -36,8 +45,57 @@ pub(super) async fn write(
     }
 }
 
+const ENSURE_THREAD: &str = "INSERT INTO threads (thread_id, message_count, event_count, \
+         latest_run_id, state_revision, created_at, updated_at) \
+     VALUES ($1, 0, 0, NULL, 0, $2, $2) ON CONFLICT (thread_id) DO NOTHING";
+const LOCK_THREAD: &str = "SELECT message_count, event_count, state_revision FROM threads \
+     WHERE thread_id = $1 FOR UPDATE";
+const LOCK_RUN: &str = "SELECT thread_id, lease_owner, lease_epoch, batch, status FROM runs \
+     WHERE run_id = $1 FOR UPDATE";
+const LOCK_PROFILE_KEY: &str =
+    "SELECT version FROM profile_state WHERE profile_id = $1 AND key = $2 FOR UPDATE";
+/// Every write of a commit but the profile's, in one statement: messages, events and changed
+/// keys from arrays, the thread's counters, and the run's row, whose upsert returns nothing when
+/// the run is another thread's.
+const WRITE: &str = "WITH \
+     messages_written AS (INSERT INTO messages (thread_id, idx, body) \
+         SELECT $2, m.idx, m.body FROM UNNEST($16::BIGINT[], $17::TEXT[]) AS m(idx, body)), \
+     events_written AS (INSERT INTO events (thread_id, seq, run_id, body) \
+         SELECT $2, e.seq, $1, e.body FROM UNNEST($18::BIGINT[], $19::TEXT[]) AS e(seq, body)), \
+     run_state_written AS (INSERT INTO run_state (run_id, key, value) \
+         SELECT $1, s.key, s.value FROM UNNEST($20::TEXT[], $21::TEXT[]) AS s(key, value) \
+         ON CONFLICT (run_id, key) DO UPDATE SET value = excluded.value), \
+     thread_state_written AS (INSERT INTO thread_state (thread_id, key, value) \
+         SELECT $2, s.key, s.value FROM UNNEST($22::TEXT[], $23::TEXT[]) AS s(key, value) \
+         ON CONFLICT (thread_id, key) DO UPDATE SET value = excluded.value), \
+     thread_written AS (UPDATE threads SET message_count = $24, event_count = $25, \
+         latest_run_id = $1, state_revision = $26, updated_at = $12 WHERE thread_id = $2) \
+     INSERT INTO runs (run_id, thread_id, parent_run_id, agent_id, profile_id, status, \
+         termination, steps, usage, spec_digest, created_at, updated_at, state_revision, batch) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, COALESCE($13::BIGINT, 0), $14) \
+     ON CONFLICT (run_id) DO UPDATE SET \
+         parent_run_id = excluded.parent_run_id, agent_id = excluded.agent_id, \
+         profile_id = excluded.profile_id, status = excluded.status, \
+         termination = excluded.termination, steps = excluded.steps, usage = excluded.usage, \
+         spec_digest = excluded.spec_digest, updated_at = excluded.updated_at, \
+         state_revision = COALESCE($13::BIGINT, runs.state_revision), \
+         batch = CASE $15::BIGINT WHEN 0 THEN runs.batch WHEN 1 THEN excluded.batch \
+             ELSE NULL END, \
+         lease_owner = CASE WHEN excluded.status = 'done' THEN NULL \
+             ELSE runs.lease_owner END, \
+         lease_expires_at = CASE WHEN excluded.status = 'done' THEN NULL \
+             ELSE runs.lease_expires_at END \
+     WHERE runs.thread_id = excluded.thread_id";
+const RUN_THREAD: &str = "SELECT thread_id FROM runs WHERE run_id = $1";
+const UPSERT_PROFILE_KEY: &str = "INSERT INTO profile_state (profile_id, key, value, version) \
+     VALUES ($1, $2, $3, 1) \
+     ON CONFLICT (profile_id, key) DO UPDATE SET value = excluded.value, \
+         version = profile_state.version + 1 \
+     WHERE profile_state.version = $4";
+
 async fn write_tx(
     tx: &Transaction<'_>,
+    st: &mut Statements,
     c: &ThreadCommit,
     fp: &Failpoints,
 ) -> Result<CommitReceipt, CommitError> {
@@ -45,21 +103,19 @@ async fn write_tx(
     let rid = c.run.run_id.as_str();
     let now = c.run.updated_at.as_unix_millis();
 
-    // Lock the thread row (creating a placeholder that the rollback removes on failure).
-    tx.execute(
-        "INSERT INTO threads (thread_id, message_count, event_count, latest_run_id, \
-             state_revision, created_at, updated_at) VALUES ($1, 0, 0, NULL, 0, $2, $2) \
-         ON CONFLICT (thread_id) DO NOTHING",
-        &[&tid, &now],
-    )
-    .await?;
-    let row = tx
-        .query_one(
-            "SELECT message_count, event_count, state_revision FROM threads \
-             WHERE thread_id = $1 FOR UPDATE",
-            &[&tid],
-        )
-        .await?;
+    // Lock the thread row (creating a placeholder that the rollback removes on failure), then
+    // the run's; the three statements go out together and run in this order.
+    let ensure_thread = st.get(tx, ENSURE_THREAD).await?;
+    let lock_thread = st.get(tx, LOCK_THREAD).await?;
+    let lock_run = st.get(tx, LOCK_RUN).await?;
+    let ensure_params: [&(dyn ToSql + Sync); 2] = [&tid, &now];
+    let thread_params: [&(dyn ToSql + Sync); 1] = [&tid];
+    let run_params: [&(dyn ToSql + Sync); 1] = [&rid];
+    let (_, row, run) = tokio::try_join!(
+        tx.execute(&ensure_thread, &ensure_params),
+        tx.query_one(&lock_thread, &thread_params),
+        tx.query_opt(&lock_run, &run_params),
+    )?;
     let message_count: i64 = row.try_get(0)?;
     let event_count: i64 = row.try_get(1)?;
     let thread_revision: i64 = row.try_get(2)?;
@@ -70,13 +126,6 @@ async fn write_tx(
             actual,
         });
     }
-    let run = tx
-        .query_opt(
-            "SELECT thread_id, lease_owner, lease_epoch, batch, status FROM runs \
-             WHERE run_id = $1 FOR UPDATE",
-            &[&rid],
-        )
-        .await?;
     if let Some(run) = &run {
         let stored_tid: String = run.try_get(0)?;
         if stored_tid != tid {
@@ -109,7 +158,8 @@ async fn write_tx(
     if one_run::must_check(stored_status) {
         // Every commit of the thread locked its row above, and READ COMMITTED reads what was
         // committed before this statement: a run another commit started or finished is seen.
-        if let Some(holder) = tx.query_opt(one_run::HOLDER_QUERY, &[&tid]).await? {
+        let holder = st.get(tx, one_run::HOLDER_QUERY).await?;
+        if let Some(holder) = tx.query_opt(&holder, &[&tid]).await? {
             return Err(one_run::busy(
                 &c.thread_id,
                 codec::run_id(holder.try_get(0)?)?,
@@ -129,11 +179,7 @@ async fn write_tx(
     if let Some(pid) = profile_id
         && !c.profile_versions.is_empty()
     {
-        let stmt = tx
-            .prepare(
-                "SELECT version FROM profile_state WHERE profile_id = $1 AND key = $2 FOR UPDATE",
-            )
-            .await?;
+        let stmt = st.get(tx, LOCK_PROFILE_KEY).await?;
         for (key, read) in &c.profile_versions {
             let current: i64 = match tx.query_opt(&stmt, &[&pid, key]).await? {
                 Some(row) => row.try_get(0)?,
@@ -146,18 +192,27 @@ async fn write_tx(
     }
 
     // Writes.
-    if !c.messages.is_empty() {
-        let stmt = tx
-            .prepare("INSERT INTO messages (thread_id, idx, body) VALUES ($1, $2, $3)")
-            .await?;
-        for (i, m) in c.messages.iter().enumerate() {
-            let body = codec::to_json("message", m)?;
-            let idx = message_count + i as i64;
-            tx.execute(&stmt, &[&tid, &idx, &body]).await?;
-        }
-    }
-    fp.check(FailPoint::AfterMessages)?;
-
+    let indexes: Vec<i64> = (message_count..).take(c.messages.len()).collect();
+    let messages = c
+        .messages
+        .iter()
+        .map(|m| codec::to_json("message", m))
+        .collect::<Result<Vec<_>, _>>()?;
+    let seq = event_count + c.events.len() as i64;
+    let seqs: Vec<i64> = (event_count + 1..=seq).collect();
+    let events = c
+        .events
+        .iter()
+        .map(|e| codec::to_json("event", e))
+        .collect::<Result<Vec<_>, _>>()?;
+    let (run_keys, run_values) = state_rows("run state", &c.run_state.values)?;
+    let (thread_keys, thread_values) = state_rows("thread state", &c.thread_state.values)?;
+    let thread_revision = if c.thread_state.values.is_empty() {
+        thread_revision
+    } else {
+        codec::int(c.thread_state.revision)
+    };
+    let new_count = codec::int(c.message_count_after());
     let enc = codec::encode_run(&c.run)?;
     let (batch_mode, batch): (i64, Option<String>) = match &c.batch {
         BatchWrite::Keep => (0, None),
@@ -168,96 +223,63 @@ async fn write_tx(
     let parent = c.run.parent_run_id.as_ref().map(RunId::as_str);
     let steps = i64::from(c.run.steps);
     let created = c.run.created_at.as_unix_millis();
-    let written = tx.execute(
-        "INSERT INTO runs (run_id, thread_id, parent_run_id, agent_id, profile_id, status, \
-             termination, steps, usage, spec_digest, created_at, updated_at, state_revision, batch) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, COALESCE($13::BIGINT, 0), $14) \
-         ON CONFLICT (run_id) DO UPDATE SET \
-             parent_run_id = excluded.parent_run_id, agent_id = excluded.agent_id, \
-             profile_id = excluded.profile_id, status = excluded.status, \
-             termination = excluded.termination, steps = excluded.steps, usage = excluded.usage, \
-             spec_digest = excluded.spec_digest, updated_at = excluded.updated_at, \
-             state_revision = COALESCE($13::BIGINT, runs.state_revision), \
-             batch = CASE $15::BIGINT WHEN 0 THEN runs.batch WHEN 1 THEN excluded.batch \
-                 ELSE NULL END, \
-             lease_owner = CASE WHEN excluded.status = 'done' THEN NULL \
-                 ELSE runs.lease_owner END, \
-             lease_expires_at = CASE WHEN excluded.status = 'done' THEN NULL \
-                 ELSE runs.lease_expires_at END \
-         WHERE runs.thread_id = excluded.thread_id",
-        &[
-            &rid,
-            &tid,
-            &parent,
-            &&*c.run.agent_id,
-            &profile_id,
-            &c.run.status.as_str(),
-            &enc.termination,
-            &steps,
-            &enc.usage,
-            &&*c.run.spec_digest,
-            &created,
-            &now,
-            &run_revision,
-            &batch,
-            &batch_mode,
-        ],
-    )
-    .await?;
+    let write = st.get(tx, WRITE).await?;
+    let written = tx
+        .execute(
+            &write,
+            &[
+                &rid,
+                &tid,
+                &parent,
+                &&*c.run.agent_id,
+                &profile_id,
+                &c.run.status.as_str(),
+                &enc.termination,
+                &steps,
+                &enc.usage,
+                &&*c.run.spec_digest,
+                &created,
+                &now,
+                &run_revision,
+                &batch,
+                &batch_mode,
+                &indexes,
+                &messages,
+                &seqs,
+                &events,
+                &run_keys,
+                &run_values,
+                &thread_keys,
+                &thread_values,
+                &new_count,
+                &seq,
+                &thread_revision,
+            ],
+        )
+        .await?;
     if written == 0 {
         // The run was not there when checked, and another transaction has since put it on
         // another thread (the check's row lock cannot lock a row that does not exist yet).
-        let stored: String = tx
-            .query_one("SELECT thread_id FROM runs WHERE run_id = $1", &[&rid])
-            .await?
-            .try_get(0)?;
+        let run_thread = st.get(tx, RUN_THREAD).await?;
+        let stored: String = tx.query_one(&run_thread, &[&rid]).await?.try_get(0)?;
         return Err(CommitError::RunOnOtherThread {
             run_id: c.run.run_id.clone(),
             thread_id: c.thread_id.clone(),
             stored_thread_id: codec::thread_id(&stored)?,
         });
     }
+    // The writes above are one statement: a failure injected after any of them is one after
+    // all, and the rollback takes them back alike.
+    fp.check(FailPoint::AfterMessages)?;
     fp.check(FailPoint::AfterRun)?;
 
-    if !c.run_state.values.is_empty() {
-        let stmt = tx
-            .prepare(
-                "INSERT INTO run_state (run_id, key, value) VALUES ($1, $2, $3) \
-                 ON CONFLICT (run_id, key) DO UPDATE SET value = excluded.value",
-            )
-            .await?;
-        for (k, v) in &c.run_state.values {
-            let v = codec::state_text("run state", v)?;
-            tx.execute(&stmt, &[&rid, k, &v]).await?;
-        }
-    }
-    if !c.thread_state.values.is_empty() {
-        let stmt = tx
-            .prepare(
-                "INSERT INTO thread_state (thread_id, key, value) VALUES ($1, $2, $3) \
-                 ON CONFLICT (thread_id, key) DO UPDATE SET value = excluded.value",
-            )
-            .await?;
-        for (k, v) in &c.thread_state.values {
-            let v = codec::state_text("thread state", v)?;
-            tx.execute(&stmt, &[&tid, k, &v]).await?;
-        }
-    }
     let mut profile_versions = BTreeMap::new();
     if let Some(pid) = profile_id
         && !c.profile_state.values.is_empty()
     {
         // The version condition also catches a concurrent first insert of the same key, which
         // the `FOR UPDATE` above cannot lock.
-        let stmt = tx
-            .prepare(
-                "INSERT INTO profile_state (profile_id, key, value, version) \
-                 VALUES ($1, $2, $3, 1) \
-                 ON CONFLICT (profile_id, key) DO UPDATE SET value = excluded.value, \
-                     version = profile_state.version + 1 \
-                 WHERE profile_state.version = $4",
-            )
-            .await?;
+        let stmt = st.get(tx, UPSERT_PROFILE_KEY).await?;
         // In key order, like the `FOR UPDATE` above: two commits writing the same new keys of
         // one profile take their row locks in one order (a conflict, retried, not a deadlock).
         let mut written: Vec<_> = c.profile_state.values.iter().collect();
@@ -273,35 +295,24 @@ async fn write_tx(
         }
     }
     fp.check(FailPoint::AfterState)?;
-
-    let mut seq = event_count;
-    if !c.events.is_empty() {
-        let stmt = tx
-            .prepare("INSERT INTO events (thread_id, seq, run_id, body) VALUES ($1, $2, $3, $4)")
-            .await?;
-        for e in c.events.iter() {
-            seq += 1;
-            let body = codec::to_json("event", e)?;
-            tx.execute(&stmt, &[&tid, &seq, &rid, &body]).await?;
-        }
-    }
     fp.check(FailPoint::AfterEvents)?;
-
-    let thread_revision = if c.thread_state.values.is_empty() {
-        thread_revision
-    } else {
-        codec::int(c.thread_state.revision)
-    };
-    let new_count = codec::int(c.message_count_after());
-    tx.execute(
-        "UPDATE threads SET message_count = $2, event_count = $3, latest_run_id = $4, \
-             state_revision = $5, updated_at = $6 WHERE thread_id = $1",
-        &[&tid, &new_count, &seq, &rid, &thread_revision, &now],
-    )
-    .await?;
     Ok(CommitReceipt {
         message_count: c.message_count_after(),
         last_event_seq: codec::count("event count", seq)?,
         profile_versions,
     })
+}
+
+/// A state write's keys and encoded values, as two arrays for one statement.
+fn state_rows<'a>(
+    what: &'static str,
+    values: &'a DeltaValues,
+) -> Result<(Vec<&'a str>, Vec<String>), CommitError> {
+    let mut keys = Vec::with_capacity(values.len());
+    let mut encoded = Vec::with_capacity(values.len());
+    for (k, v) in values.iter() {
+        keys.push(&**k);
+        encoded.push(codec::state_text(what, v)?);
+    }
+    Ok((keys, encoded))
 }

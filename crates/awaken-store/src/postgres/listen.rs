@@ -5,21 +5,44 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio_postgres::{AsyncMessage, NoTls};
 
-use super::queue::{CHANNEL, FleetWake, RunQueue};
+use super::queue::{FleetWake, JOBS_CHANNEL, RUNS_CHANNEL, RunQueue};
+
+/// Which of the fleet's notifications a [`FleetListener`] hears.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Hear {
+    /// Jobs to claim and cancels ([`FleetWake::Job`], [`FleetWake::Cancel`]): a worker's.
+    Jobs,
+    /// Runs' new events and ends ([`FleetWake::Events`], [`FleetWake::Done`]): a front end's.
+    Runs,
+    /// Both.
+    All,
+}
+
+impl Hear {
+    /// The statement that listens on its channels.
+    fn statement(self) -> String {
+        match self {
+            Hear::Jobs => format!("LISTEN {JOBS_CHANNEL}"),
+            Hear::Runs => format!("LISTEN {RUNS_CHANNEL}"),
+            Hear::All => format!("LISTEN {JOBS_CHANNEL}; LISTEN {RUNS_CHANNEL}"),
+        }
+    }
+}
 
 impl RunQueue {
-    /// Listens for the fleet's notifications on a connection of its own (reconnected when
+    /// Listens for the fleet's notifications that `hear` names on a connection of its own (reconnected when
     /// lost, with [`FleetWake::Lost`] after each reconnection), from when
     /// [`FleetListener::ready`] returns. The listening ends when the listener is dropped. The
     /// connection's `application_name` is `awaken-fleet-listener:` and the schema's name (to
     /// tell it among the database's connections). Must be called within a tokio runtime.
-    pub fn listen(&self) -> FleetListener {
+    pub fn listen(&self, hear: Hear) -> FleetListener {
         let (tx, rx) = mpsc::channel(LISTEN_BUFFER);
         let (ready_tx, ready) = watch::channel(false);
         let schema = self.pool.schema.clone().unwrap_or_default();
         let mut config = self.pool.config.clone();
         config.application_name(format!("{LISTENER_NAME}:{schema}"));
-        tokio::spawn(listen_loop(config, schema, tx, ready_tx));
+        tokio::spawn(listen_loop(config, hear, schema, tx, ready_tx));
         FleetListener { rx, ready }
     }
 }
@@ -58,6 +81,7 @@ impl FleetListener {
 /// reconnects (100 ms doubling to 5 s) and sends `Lost`. Ends when `tx` is closed.
 async fn listen_loop(
     config: tokio_postgres::Config,
+    hear: Hear,
     schema: String,
     tx: mpsc::Sender<FleetWake>,
     ready: watch::Sender<bool>,
@@ -65,7 +89,7 @@ async fn listen_loop(
     let mut backoff = Duration::from_millis(100);
     let mut first = true;
     while !tx.is_closed() {
-        match listen_once(&config, &schema, &tx, &ready, first).await {
+        match listen_once(&config, hear, &schema, &tx, &ready, first).await {
             Ok(()) => backoff = Duration::from_millis(100),
             Err(e) => tracing::warn!(error = %e, "run queue: cannot listen; retrying"),
         }
@@ -81,6 +105,7 @@ async fn listen_loop(
 /// One listening connection, until it is lost (`Ok`) or cannot be set up (`Err`).
 async fn listen_once(
     config: &tokio_postgres::Config,
+    hear: Hear,
     schema: &str,
     tx: &mpsc::Sender<FleetWake>,
     ready: &watch::Sender<bool>,
@@ -107,7 +132,7 @@ async fn listen_once(
         }
     });
     let _stop_driver = AbortOnDrop(driver);
-    client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
+    client.batch_execute(&hear.statement()).await?;
     ready.send_replace(true);
     let mut missed = false;
     if !first {

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 
 use awaken_event::{ProfileId, ThreadId};
 use awaken_state::PersistedState;
-use tokio_postgres::{Client, IsolationLevel, Row, Transaction};
+use tokio_postgres::{Client, GenericClient, IsolationLevel, Row, Transaction};
+
+use super::pool::{Prepared, Statements};
 
 use crate::codec::{self, RUN_COLUMNS, RawRun};
 use crate::commit::{RunRecord, Timestamp};
@@ -31,7 +33,7 @@ pub(super) fn raw_run(row: &Row, at: usize) -> Result<RawRun, tokio_postgres::Er
 
 /// A state's keys and values, read by `sql` for `id` (`what` names it in the error).
 async fn state_map(
-    tx: &Transaction<'_>,
+    tx: &mut Prepared<'_, Transaction<'_>>,
     sql: &str,
     id: &str,
     what: &'static str,
@@ -46,8 +48,8 @@ async fn state_map(
 }
 
 /// See `ThreadStore::load_profile`.
-pub(super) async fn profile(
-    client: &Client,
+pub(super) async fn profile<C: GenericClient + Sync>(
+    client: &mut Prepared<'_, C>,
     profile_id: &ProfileId,
 ) -> Result<ProfileState, StoreError> {
     let mut keys = BTreeMap::new();
@@ -72,6 +74,7 @@ pub(super) async fn profile(
 /// See `ThreadStore::load_checkpoint`: one read-only, repeatable-read transaction.
 pub(super) async fn checkpoint(
     client: &mut Client,
+    statements: &mut Statements,
     thread_id: &ThreadId,
 ) -> Result<Option<Checkpoint>, StoreError> {
     let tx = client
@@ -80,13 +83,20 @@ pub(super) async fn checkpoint(
         .read_only(true)
         .start()
         .await?;
-    let checkpoint = checkpoint_tx(&tx, thread_id).await?;
+    let checkpoint = checkpoint_tx(
+        &mut Prepared {
+            client: &tx,
+            statements,
+        },
+        thread_id,
+    )
+    .await?;
     tx.commit().await?;
     Ok(checkpoint)
 }
 
 async fn checkpoint_tx(
-    tx: &Transaction<'_>,
+    tx: &mut Prepared<'_, Transaction<'_>>,
     thread_id: &ThreadId,
 ) -> Result<Option<Checkpoint>, StoreError> {
     let tid = thread_id.as_str();
@@ -165,7 +175,7 @@ async fn checkpoint_tx(
         };
         checkpoint.batch = batch.as_deref().map(codec::batch).transpose()?;
         if let Some(pid) = &run.profile_id {
-            checkpoint.profile = Some(profile(tx.client(), pid).await?);
+            checkpoint.profile = Some(profile(tx, pid).await?);
         }
         checkpoint.run = Some(run);
     }
@@ -173,7 +183,9 @@ async fn checkpoint_tx(
 }
 
 /// See `ThreadStore::list_threads`.
-pub(super) async fn threads(client: &Client) -> Result<Vec<ThreadSummary>, StoreError> {
+pub(super) async fn threads(
+    client: &mut Prepared<'_, Client>,
+) -> Result<Vec<ThreadSummary>, StoreError> {
     let rows = client
         .query(
             "SELECT thread_id, message_count, latest_run_id, created_at, updated_at \
@@ -197,7 +209,7 @@ pub(super) async fn threads(client: &Client) -> Result<Vec<ThreadSummary>, Store
 
 /// See `ThreadStore::list_runs`.
 pub(super) async fn runs(
-    client: &Client,
+    client: &mut Prepared<'_, Client>,
     thread_id: &ThreadId,
 ) -> Result<Vec<RunRecord>, StoreError> {
     let rows = client
@@ -218,7 +230,7 @@ pub(super) async fn runs(
 
 /// See `ThreadStore::load_events`.
 pub(super) async fn events(
-    client: &Client,
+    client: &mut Prepared<'_, Client>,
     thread_id: &ThreadId,
     since: u64,
 ) -> Result<Vec<StoredEvent>, StoreError> {

@@ -30,7 +30,7 @@ mod pool;
 mod queue;
 mod schema;
 
-pub use listen::FleetListener;
+pub use listen::{FleetListener, Hear};
 pub use queue::{
     ClaimedJob, DeadJob, Enqueued, FleetWake, JobBeat, JobId, JobLease, JobState, NewJob,
     QueueDepth, QueueError, Retried, RunQueue,
@@ -214,7 +214,8 @@ impl ThreadStore for PostgresStore {
                 .validate()
                 .map_err(|v| CommitError::invalid(&commit.thread_id, v))?;
             let mut conn = self.pool.get().await?;
-            commit::write(&mut conn, commit, &self.failpoints).await
+            let (client, statements) = conn.split();
+            commit::write(client, statements, commit, &self.failpoints).await
         })
         .await
     }
@@ -225,7 +226,8 @@ impl ThreadStore for PostgresStore {
     ) -> Result<Option<Checkpoint>, StoreError> {
         self.named(async {
             let mut conn = self.pool.get().await?;
-            load::checkpoint(&mut conn, thread_id).await
+            let (client, statements) = conn.split();
+            load::checkpoint(client, statements, thread_id).await
         })
         .await
         .map_err(|e| e.of_thread(thread_id))
@@ -233,24 +235,24 @@ impl ThreadStore for PostgresStore {
 
     async fn load_profile(&self, profile_id: &ProfileId) -> Result<ProfileState, StoreError> {
         self.named(async {
-            let conn = self.pool.get().await?;
-            load::profile(&conn, profile_id).await
+            let mut conn = self.pool.get().await?;
+            load::profile(&mut conn.prepared(), profile_id).await
         })
         .await
     }
 
     async fn list_threads(&self) -> Result<Vec<ThreadSummary>, StoreError> {
         self.named(async {
-            let conn = self.pool.get().await?;
-            load::threads(&conn).await
+            let mut conn = self.pool.get().await?;
+            load::threads(&mut conn.prepared()).await
         })
         .await
     }
 
     async fn list_runs(&self, thread_id: &ThreadId) -> Result<Vec<RunRecord>, StoreError> {
         self.named(async {
-            let conn = self.pool.get().await?;
-            load::runs(&conn, thread_id).await
+            let mut conn = self.pool.get().await?;
+            load::runs(&mut conn.prepared(), thread_id).await
         })
         .await
         .map_err(|e| e.of_thread(thread_id))
@@ -262,8 +264,8 @@ impl ThreadStore for PostgresStore {
         since: u64,
     ) -> Result<Vec<StoredEvent>, StoreError> {
         self.named(async {
-            let conn = self.pool.get().await?;
-            load::events(&conn, thread_id, since).await
+            let mut conn = self.pool.get().await?;
+            load::events(&mut conn.prepared(), thread_id, since).await
         })
         .await
         .map_err(|e| e.of_thread(thread_id))
@@ -314,8 +316,9 @@ impl ThreadStore for PostgresStore {
         self.named(async {
             lease::check_worker(worker_id)?;
             let expires_at = now.saturating_add(lease_duration);
-            let conn = self.pool.get().await?;
+            let mut conn = self.pool.get().await?;
             let rows = conn
+                .prepared()
                 .query(
                     &format!(
                         "UPDATE runs SET lease_owner = $1, lease_epoch = lease_epoch + 1, \
@@ -353,8 +356,9 @@ impl ThreadStore for PostgresStore {
         self.named(async {
             lease::check_worker(worker_id)?;
             let expires_at = now.saturating_add(lease_duration);
-            let conn = self.pool.get().await?;
+            let mut conn = self.pool.get().await?;
             let row = conn
+                .prepared()
                 .query_opt(
                     &format!(
                         "UPDATE runs SET lease_owner = $1, lease_epoch = lease_epoch + 1, \
@@ -387,8 +391,9 @@ impl ThreadStore for PostgresStore {
     ) -> Result<Timestamp, LeaseError> {
         self.named(async {
             let expires_at = now.saturating_add(lease_duration);
-            let conn = self.pool.get().await?;
+            let mut conn = self.pool.get().await?;
             let renewed = conn
+                .prepared()
                 .execute(
                     "UPDATE runs SET lease_expires_at = $1 WHERE run_id = $2 \
                      AND lease_owner = $3 AND lease_epoch = $4",
@@ -413,8 +418,9 @@ impl ThreadStore for PostgresStore {
 
     async fn release(&self, lease: &LeaseToken) -> Result<bool, StoreError> {
         self.named(async {
-            let conn = self.pool.get().await?;
+            let mut conn = self.pool.get().await?;
             let n = conn
+                .prepared()
                 .execute(
                     "UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL \
                      WHERE run_id = $1 AND lease_owner = $2 AND lease_epoch = $3",

@@ -1,10 +1,12 @@
 //! The store's own small connection pool.
 
+use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use std::sync::Mutex;
 
 use tokio::sync::{Semaphore, SemaphorePermit};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, GenericClient, NoTls, Row, Statement};
 
 use crate::error::StoreError;
 
@@ -13,13 +15,35 @@ use crate::error::StoreError;
 pub(super) struct Pool {
     pub(super) config: tokio_postgres::Config,
     pub(super) schema: Option<String>,
-    idle: Mutex<Vec<Client>>,
+    idle: Mutex<Vec<(Client, Statements)>>,
     permits: Semaphore,
+}
+
+/// The statements prepared on one connection, by their text: a statement is parsed and
+/// planned once per connection instead of at every use (one round trip instead of two).
+#[derive(Debug, Default)]
+pub(super) struct Statements(HashMap<Box<str>, Statement>);
+
+impl Statements {
+    /// `sql` prepared on `client`'s connection (on first use).
+    pub(super) async fn get(
+        &mut self,
+        client: &impl GenericClient,
+        sql: &str,
+    ) -> Result<Statement, tokio_postgres::Error> {
+        if let Some(statement) = self.0.get(sql) {
+            return Ok(statement.clone());
+        }
+        let statement = client.prepare(sql).await?;
+        self.0.insert(sql.into(), statement.clone());
+        Ok(statement)
+    }
 }
 
 /// A pooled connection, returned to the pool on drop unless it closed.
 pub(super) struct PooledClient<'a> {
     client: Option<Client>,
+    statements: Statements,
     pool: &'a Pool,
     _permit: SemaphorePermit<'a>,
 }
@@ -49,16 +73,17 @@ impl Pool {
         let reused = loop {
             let next = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
             match next {
-                Some(c) if c.is_closed() => continue,
+                Some((c, _)) if c.is_closed() => continue,
                 other => break other,
             }
         };
-        let client = match reused {
-            Some(c) => c,
-            None => self.connect().await?,
+        let (client, statements) = match reused {
+            Some(reused) => reused,
+            None => (self.connect().await?, Statements::default()),
         };
         Ok(PooledClient {
             client: Some(client),
+            statements,
             pool: self,
             _permit: permit,
         })
@@ -77,6 +102,72 @@ impl Pool {
                 .await?;
         }
         Ok(client)
+    }
+}
+
+impl PooledClient<'_> {
+    /// The connection and its prepared statements, to use both inside a transaction.
+    pub(super) fn split(&mut self) -> (&mut Client, &mut Statements) {
+        let client = self.client.as_mut().unwrap_or_else(|| unreachable!());
+        (client, &mut self.statements)
+    }
+}
+
+type Params<'p> = &'p [&'p (dyn ToSql + Sync)];
+
+/// A client or a transaction whose statements, given by their text, are prepared once per
+/// connection.
+pub(super) struct Prepared<'a, C> {
+    pub(super) client: &'a C,
+    pub(super) statements: &'a mut Statements,
+}
+
+impl<C: GenericClient + Sync> Prepared<'_, C> {
+    pub(super) async fn query(
+        &mut self,
+        sql: &str,
+        params: Params<'_>,
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        let statement = self.statements.get(self.client, sql).await?;
+        self.client.query(&statement, params).await
+    }
+
+    pub(super) async fn query_opt(
+        &mut self,
+        sql: &str,
+        params: Params<'_>,
+    ) -> Result<Option<Row>, tokio_postgres::Error> {
+        let statement = self.statements.get(self.client, sql).await?;
+        self.client.query_opt(&statement, params).await
+    }
+
+    pub(super) async fn query_one(
+        &mut self,
+        sql: &str,
+        params: Params<'_>,
+    ) -> Result<Row, tokio_postgres::Error> {
+        let statement = self.statements.get(self.client, sql).await?;
+        self.client.query_one(&statement, params).await
+    }
+
+    pub(super) async fn execute(
+        &mut self,
+        sql: &str,
+        params: Params<'_>,
+    ) -> Result<u64, tokio_postgres::Error> {
+        let statement = self.statements.get(self.client, sql).await?;
+        self.client.execute(&statement, params).await
+    }
+}
+
+impl PooledClient<'_> {
+    /// The connection, its statements prepared once.
+    pub(super) fn prepared(&mut self) -> Prepared<'_, Client> {
+        let (client, statements) = self.split();
+        Prepared {
+            client: &*client,
+            statements,
+        }
     }
 }
 
@@ -103,7 +194,7 @@ impl Drop for PooledClient<'_> {
                 .idle
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .push(client);
+                .push((client, std::mem::take(&mut self.statements)));
         }
     }
 }

@@ -19,7 +19,12 @@ use crate::error::{Database, InDatabase, StoreError};
 use crate::lease;
 
 /// The notification channel of every fleet on a database (payloads name the schema).
-pub(super) const CHANNEL: &str = "awaken_fleet";
+/// The channel of what workers wait for: jobs to claim, cancels.
+pub(super) const JOBS_CHANNEL: &str = "awaken_fleet_jobs";
+
+/// The channel of what front ends following runs wait for: new events, ends. Apart from the
+/// jobs' so that workers, which never follow a run, are not woken by every step's events.
+pub(super) const RUNS_CHANNEL: &str = "awaken_fleet_runs";
 
 /// A job's number in the queue, given at enqueue and never reused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -244,6 +249,14 @@ pub enum FleetWake {
 }
 
 impl FleetWake {
+    /// The channel it is announced on.
+    fn channel(&self) -> &'static str {
+        match self {
+            FleetWake::Job | FleetWake::Cancel(_) | FleetWake::Lost => JOBS_CHANNEL,
+            FleetWake::Events(_) | FleetWake::Done(_) => RUNS_CHANNEL,
+        }
+    }
+
     fn kind(&self) -> &'static str {
         match self {
             FleetWake::Job => "job",
@@ -353,11 +366,12 @@ impl RunQueue {
                     what: "queued job's payload",
                     source: e,
                 })?;
-            let conn = self.pool.get().await?;
+            let mut conn = self.pool.get().await?;
             let wake = self.payload(&FleetWake::Job, "");
             // Up to a few tries: a busy thread's job may end between the insert and the read.
             for _ in 0..3 {
                 let row = conn
+                    .prepared()
                     .query_opt(
                         "WITH j AS (INSERT INTO run_queue (thread_id, run_id, agent_id, payload, \
                              priority, not_before, enqueued_at, max_attempts) \
@@ -373,7 +387,7 @@ impl RunQueue {
                             &job.not_before.as_unix_millis(),
                             &now.as_unix_millis(),
                             &attempt(job.max_attempts.max(1)),
-                            &CHANNEL,
+                            &JOBS_CHANNEL,
                             &wake,
                         ],
                     )
@@ -382,6 +396,7 @@ impl RunQueue {
                     return Ok(Enqueued::Queued(JobId(row.try_get(0)?)));
                 }
                 let held = conn
+                    .prepared()
                     .query_opt(
                         "SELECT job_id FROM run_queue WHERE thread_id = $1",
                         &[&job.thread_id.as_str()],
@@ -416,8 +431,9 @@ impl RunQueue {
             lease::check_worker(worker_id)?;
             let expires_at = now.saturating_add(lease_duration);
             let agents: Option<Vec<&str>> = agents.map(|a| a.iter().map(String::as_str).collect());
-            let conn = self.pool.get().await?;
+            let mut conn = self.pool.get().await?;
             let rows = conn
+                .prepared()
                 .query(
                     &format!(
                         "UPDATE run_queue SET lease_owner = $1, lease_expires_at = $2, \
@@ -461,8 +477,9 @@ impl RunQueue {
     ) -> Result<Option<Timestamp>, StoreError> {
         self.named(async {
             let agents: Option<Vec<&str>> = agents.map(|a| a.iter().map(String::as_str).collect());
-            let conn = self.pool.get().await?;
+            let mut conn = self.pool.get().await?;
             let row = conn
+                .prepared()
                 .query_one(
                     "SELECT MIN(CASE WHEN lease_owner IS NULL OR lease_expires_at <= $1 \
                          THEN not_before ELSE GREATEST(not_before, lease_expires_at) END) \
@@ -486,8 +503,9 @@ impl RunQueue {
     ) -> Result<JobBeat, QueueError> {
         self.named(async {
             let expires_at = now.saturating_add(lease_duration);
-            let conn = self.pool.get().await.map_err(QueueError::Backend)?;
+            let mut conn = self.pool.get().await.map_err(QueueError::Backend)?;
             let row = conn
+                .prepared()
                 .query_opt(
                     "UPDATE run_queue SET lease_expires_at = $1 \
                      WHERE job_id = $2 AND lease_owner = $3 AND claims = $4 \
@@ -515,8 +533,9 @@ impl RunQueue {
     /// deleted. [`QueueError::Lost`] when `lease` is not its lease any more.
     pub async fn complete(&self, lease: &JobLease) -> Result<(), QueueError> {
         self.named(async {
-            let conn = self.pool.get().await.map_err(QueueError::Backend)?;
+            let mut conn = self.pool.get().await.map_err(QueueError::Backend)?;
             let n = conn
+                .prepared()
                 .execute(
                     "DELETE FROM run_queue WHERE job_id = $1 AND lease_owner = $2 \
                      AND claims = $3",
@@ -543,9 +562,10 @@ impl RunQueue {
         now: Timestamp,
     ) -> Result<Retried, QueueError> {
         self.named(async {
-            let conn = self.pool.get().await.map_err(QueueError::Backend)?;
+            let mut conn = self.pool.get().await.map_err(QueueError::Backend)?;
             let wake = self.payload(&FleetWake::Job, "");
             let row = conn
+                .prepared()
                 .query_opt(
                     "WITH r AS (UPDATE run_queue SET lease_owner = NULL, \
                          lease_expires_at = NULL, not_before = $4, last_error = $5 \
@@ -558,7 +578,7 @@ impl RunQueue {
                         &attempt(lease.attempt),
                         &not_before.as_unix_millis(),
                         &error,
-                        &CHANNEL,
+                        &JOBS_CHANNEL,
                         &wake,
                     ],
                 )
@@ -582,9 +602,10 @@ impl RunQueue {
         now: Timestamp,
     ) -> Result<(), QueueError> {
         self.named(async {
-            let conn = self.pool.get().await.map_err(QueueError::Backend)?;
+            let mut conn = self.pool.get().await.map_err(QueueError::Backend)?;
             let schema = self.pool.schema.as_deref().unwrap_or("");
             let row = conn
+                .prepared()
                 .query_opt(
                     "WITH gone AS (DELETE FROM run_queue WHERE job_id = $1 AND lease_owner = $2 \
                          AND claims = $3 RETURNING *), \
@@ -599,7 +620,7 @@ impl RunQueue {
                         &attempt(lease.attempt),
                         &now.as_unix_millis(),
                         &error,
-                        &CHANNEL,
+                        &RUNS_CHANNEL,
                         &schema,
                     ],
                 )
@@ -618,9 +639,10 @@ impl RunQueue {
     /// at once and the workers are woken. `false` when it was not held any more.
     pub async fn release(&self, lease: &JobLease) -> Result<bool, StoreError> {
         self.named(async {
-            let conn = self.pool.get().await?;
+            let mut conn = self.pool.get().await?;
             let wake = self.payload(&FleetWake::Job, "");
             let row = conn
+                .prepared()
                 .query_opt(
                     "WITH r AS (UPDATE run_queue SET lease_owner = NULL, \
                          lease_expires_at = NULL, attempts = attempts - 1 \
@@ -631,7 +653,7 @@ impl RunQueue {
                         &lease.job_id.0,
                         &lease.worker_id,
                         &attempt(lease.attempt),
-                        &CHANNEL,
+                        &JOBS_CHANNEL,
                         &wake,
                     ],
                 )
@@ -646,14 +668,15 @@ impl RunQueue {
     /// The job, when the thread has one.
     pub async fn request_cancel(&self, thread_id: &ThreadId) -> Result<Option<JobId>, StoreError> {
         self.named(async {
-            let conn = self.pool.get().await?;
+            let mut conn = self.pool.get().await?;
             let wake = self.payload(&FleetWake::Cancel(thread_id.clone()), thread_id.as_str());
             let row = conn
+                .prepared()
                 .query_opt(
                     "WITH c AS (UPDATE run_queue SET cancel_requested = TRUE \
                          WHERE thread_id = $1 RETURNING job_id) \
                      SELECT job_id, pg_notify($2, $3) FROM c",
-                    &[&thread_id.as_str(), &CHANNEL, &wake],
+                    &[&thread_id.as_str(), &JOBS_CHANNEL, &wake],
                 )
                 .await?;
             row.map(|r| r.try_get(0).map(JobId))
@@ -666,8 +689,9 @@ impl RunQueue {
     /// Where `job_id` stands.
     pub async fn job_state(&self, job_id: JobId) -> Result<JobState, StoreError> {
         self.named(async {
-            let conn = self.pool.get().await?;
+            let mut conn = self.pool.get().await?;
             let row = conn
+                .prepared()
                 .query_opt(
                     "SELECT attempts, lease_owner, last_error, FALSE FROM run_queue \
                          WHERE job_id = $1 \
@@ -703,8 +727,9 @@ impl RunQueue {
         thread_id: &ThreadId,
     ) -> Result<Option<(JobId, RunId)>, StoreError> {
         self.named(async {
-            let conn = self.pool.get().await?;
+            let mut conn = self.pool.get().await?;
             let row = conn
+                .prepared()
                 .query_opt(
                     "SELECT job_id, run_id FROM run_queue WHERE thread_id = $1",
                     &[&thread_id.as_str()],
@@ -719,8 +744,9 @@ impl RunQueue {
     /// How many jobs are queued, claimed and dead at `now`.
     pub async fn depth(&self, now: Timestamp) -> Result<QueueDepth, StoreError> {
         self.named(async {
-            let conn = self.pool.get().await?;
+            let mut conn = self.pool.get().await?;
             let row = conn
+                .prepared()
                 .query_one(
                     "SELECT \
                        (SELECT COUNT(*) FROM run_queue \
@@ -746,8 +772,9 @@ impl RunQueue {
     /// The dead-lettered jobs, newest first, at most `limit`.
     pub async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadJob>, StoreError> {
         self.named(async {
-            let conn = self.pool.get().await?;
+            let mut conn = self.pool.get().await?;
             let rows = conn
+                .prepared()
                 .query(
                     "SELECT job_id, thread_id, run_id, agent_id, attempts, enqueued_at, died_at, \
                          last_error FROM run_queue_dead ORDER BY died_at DESC, job_id DESC \
@@ -783,12 +810,13 @@ impl RunQueue {
                 .iter()
                 .map(|t| self.payload(wake, t.as_str()))
                 .collect();
-            let conn = self.pool.get().await?;
-            conn.execute(
-                "SELECT pg_notify($1, p) FROM unnest($2::TEXT[]) AS p",
-                &[&CHANNEL, &payloads],
-            )
-            .await?;
+            let mut conn = self.pool.get().await?;
+            conn.prepared()
+                .execute(
+                    "SELECT pg_notify($1, p) FROM unnest($2::TEXT[]) AS p",
+                    &[&wake.channel(), &payloads],
+                )
+                .await?;
             Ok(())
         })
         .await

@@ -6,8 +6,8 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use awaken_store::{
-    ClaimedJob, DeadJob, Enqueued, FleetListener, FleetWake, JobBeat, JobId, JobState, NewJob,
-    PostgresConfig, PostgresStore, QueueDepth, QueueError, Retried, RunQueue,
+    ClaimedJob, DeadJob, Enqueued, FleetListener, FleetWake, Hear, JobBeat, JobId, JobState,
+    NewJob, PostgresConfig, PostgresStore, QueueDepth, QueueError, Retried, RunQueue,
 };
 use expect_test::expect;
 use serde_json::json;
@@ -705,7 +705,7 @@ async fn the_listener_hears_its_schemas_notifications() {
     };
     let queue = store.queue();
     let other = elsewhere.queue();
-    let mut listener = queue.listen();
+    let mut listener = queue.listen(Hear::All);
     listener.ready().await;
 
     enqueue(&queue, &job("t1"), 1_000).await;
@@ -759,13 +759,39 @@ async fn the_listener_hears_its_schemas_notifications() {
     assert_eq!(next(&mut listener).await, FleetWake::Done(tid("marker")));
 
     // Its own listener hears the other schema.
-    let mut theirs = other.listen();
+    let mut theirs = other.listen(Hear::All);
     theirs.ready().await;
     other
         .notify(&FleetWake::Cancel(tid("t1")), &[tid("t9")])
         .await
         .expect("notify");
     assert_eq!(next(&mut theirs).await, FleetWake::Cancel(tid("t9")));
+
+    // A worker's listener hears jobs and cancels only; a front end's, events and ends only.
+    let mut jobs = queue.listen(Hear::Jobs);
+    let mut runs = queue.listen(Hear::Runs);
+    jobs.ready().await;
+    runs.ready().await;
+    queue
+        .notify(&FleetWake::Events(tid("t1")), &[tid("e1")])
+        .await
+        .expect("notify");
+    queue
+        .notify(&FleetWake::Cancel(tid("t1")), &[tid("c1")])
+        .await
+        .expect("notify");
+    queue
+        .notify(&FleetWake::Done(tid("t1")), &[tid("d1")])
+        .await
+        .expect("notify");
+    queue
+        .notify(&FleetWake::Job, &[tid("j1")])
+        .await
+        .expect("notify");
+    assert_eq!(next(&mut jobs).await, FleetWake::Cancel(tid("c1")));
+    assert_eq!(next(&mut jobs).await, FleetWake::Job);
+    assert_eq!(next(&mut runs).await, FleetWake::Events(tid("e1")));
+    assert_eq!(next(&mut runs).await, FleetWake::Done(tid("d1")));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -774,7 +800,7 @@ async fn the_listener_reconnects_and_says_it_lost_notifications() {
         return;
     };
     let queue = store.queue();
-    let mut listener = queue.listen();
+    let mut listener = queue.listen(Hear::All);
     listener.ready().await;
 
     let url = postgres_url().expect("url is set when the store exists");
