@@ -124,6 +124,11 @@ const TABLE: &[Row] = &[
         never: &[],
     },
     Row {
+        name: "awaken-a2a",
+        forbid: Forbid::Nothing,
+        never: &["awaken-runtime"],
+    },
+    Row {
         name: "awaken-server",
         forbid: Forbid::Nothing,
         never: &[],
@@ -150,6 +155,7 @@ const TABLE: &[Row] = &[
             "awaken-store",
             "awaken-mcp",
             "awaken-runtime",
+            "awaken-a2a",
             "awaken-server",
             "awaken",
         ],

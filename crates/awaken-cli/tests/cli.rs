@@ -1,7 +1,8 @@
 //! End-to-end tests of the `awaken` binary: each example agent, the approval flow across two
 //! invocations, a new run on a waiting thread, Ctrl-C, the built-in tools, declarative plugins,
-//! the README's commands, `awaken serve` over HTTP, and a fleet of `serve --queue` front ends
-//! and `awaken worker` processes on PostgreSQL. Nothing here reaches beyond 127.0.0.1.
+//! the README's commands, `awaken serve` over HTTP (and over A2A with the official SDK), and a
+//! fleet of `serve --queue` front ends and `awaken worker` processes on PostgreSQL. Nothing here
+//! reaches beyond 127.0.0.1.
 
 use std::io::{BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -13,6 +14,8 @@ use std::time::Duration;
 use awaken::event::AgentEvent;
 use serde_json::Value;
 
+#[path = "cli/a2a.rs"]
+mod a2a;
 #[path = "cli/agui.rs"]
 mod agui;
 #[path = "cli/ai_sdk.rs"]

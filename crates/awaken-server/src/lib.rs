@@ -10,9 +10,11 @@
 //! up.
 //!
 //! Besides the native API it speaks two front-end protocols, AG-UI and the AI SDK's UI message
-//! stream, and serves a chat page at `/`. The server translates the runtime's neutral events at
+//! stream, serves every agent over the Agent2Agent protocol (A2A 1.0, HTTP+JSON binding) and a
+//! chat page at `/`. The server translates the runtime's neutral events at
 //! the edge; it never changes what the runtime emits. It must never know terminal UI, and the library installs no log subscriber.
 
+mod a2a;
 mod agui;
 mod ai_sdk;
 mod app;

@@ -1,5 +1,6 @@
-//! The HTTP API: `/healthz`, `/readyz` and the `/v1` routes, with the layers every request
-//! passes (authentication, header and body limits, CORS, compression, request tracing).
+//! The HTTP API: `/healthz`, `/readyz`, the `/v1` routes and the A2A routes, with the layers
+//! every request passes (authentication, header and body limits, CORS, compression, request
+//! tracing).
 
 use std::sync::atomic::Ordering;
 
@@ -34,8 +35,9 @@ use crate::sse::event_stream;
 type ApiResult<T = Response> = Result<T, ApiError>;
 
 impl AgentServer {
-    /// The router: `/healthz`, `/readyz` and the `/v1` API, with the configured limits,
-    /// authentication, CORS, compression and request tracing.
+    /// The router: `/healthz`, `/readyz`, the `/v1` API and the A2A binding (`/a2a/{agent}`,
+    /// the host's agent card), with the configured limits, authentication, CORS, compression
+    /// and request tracing.
     pub fn router(&self) -> Router {
         router(self.clone())
     }
@@ -57,10 +59,15 @@ fn router(server: AgentServer) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(server.clone(), authenticate));
+    let a2a = crate::a2a::routes().layer(middleware::from_fn_with_state(
+        server.clone(),
+        authenticate_a2a,
+    ));
     let mut app = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .nest("/v1", v1);
+        .nest("/v1", v1)
+        .merge(a2a);
     if config.chat_page {
         app = app.merge(crate::page::routes());
     }
@@ -94,6 +101,7 @@ fn router(server: AgentServer) -> Router {
                     header::AUTHORIZATION,
                     header::CONTENT_TYPE,
                     "last-event-id".parse().unwrap_or(header::ACCEPT),
+                    "a2a-version".parse().unwrap_or(header::ACCEPT),
                 ]),
         );
     }
@@ -104,22 +112,40 @@ fn router(server: AgentServer) -> Router {
 
 /// Refuses a `/v1` request without the configured bearer token (compared in constant time).
 async fn authenticate(State(server): State<AgentServer>, request: Request, next: Next) -> Response {
-    if let Some(token) = &server.shared.config.auth_token {
-        let given = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if !given.is_some_and(|g| same_token(g, token)) {
-            return ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "this server needs `Authorization: Bearer <token>`",
-            )
-            .into_response();
-        }
+    if !authorized(&server, request.headers()) {
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "this server needs `Authorization: Bearer <token>`",
+        )
+        .into_response();
     }
     next.run(request).await
+}
+
+/// [`authenticate`] for the A2A routes, refusing with the A2A binding's error body.
+async fn authenticate_a2a(
+    State(server): State<AgentServer>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if !authorized(&server, request.headers()) {
+        return crate::a2a::unauthorized();
+    }
+    next.run(request).await
+}
+
+/// Whether the request carries the configured bearer token (any request does when none is
+/// configured).
+fn authorized(server: &AgentServer, headers: &HeaderMap) -> bool {
+    let Some(token) = &server.shared.config.auth_token else {
+        return true;
+    };
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|g| same_token(g, token))
 }
 
 /// Whether two tokens are equal, in time that does not depend on where they differ (their

@@ -231,6 +231,47 @@ pub(crate) async fn launch(
     job: Job,
     answer: Answer,
 ) -> ApiResult {
+    let live = start(server, thread, cancel, job).await?;
+    let shared = &server.shared;
+    match answer {
+        Answer::Outcome => tokio::select! {
+            ended = live.ended() => ended.map(|v| Json(v).into_response()),
+            () = shared.closing.cancelled() => Err(shutting_down(server, thread)),
+        },
+        Answer::Native => event_stream(server.stream_context(), thread.clone(), Some(live), None)
+            .await
+            .map_err(store_failed),
+        Answer::Encoded(encoder) => encoded_stream(
+            server.stream_context(),
+            thread.clone(),
+            Some(live),
+            None,
+            encoder,
+        )
+        .await
+        .map_err(store_failed),
+    }
+}
+
+/// 503: the server shuts down while a client waits on `thread`'s run.
+pub(crate) fn shutting_down(server: &AgentServer, thread: &ThreadId) -> ApiError {
+    ApiError::unavailable(
+        "shutting_down",
+        format!(
+            "the server is shutting down; the run goes on from its last checkpoint when it starts again (GET /v1/threads/{thread} shows it)"
+        ),
+        server.shared.config.retry_after,
+    )
+}
+
+/// Starts `job` on its own task (it goes on whatever its client does) and returns its live run
+/// once it emitted its first event; a run that could not start answers with why.
+pub(crate) async fn start(
+    server: &AgentServer,
+    thread: &ThreadId,
+    cancel: awaken_event::CancellationToken,
+    job: Job,
+) -> ApiResult<Arc<LiveRun>> {
     let shared = &server.shared;
     if shared.closing.is_cancelled() {
         return Err(ApiError::unavailable(
@@ -276,40 +317,13 @@ pub(crate) async fn launch(
             live.set_task(tokio::spawn(run));
         }
     }
-    let closing = &shared.closing;
-    let shutting_down = || {
-        ApiError::unavailable(
-            "shutting_down",
-            format!(
-                "the server is shutting down; the run goes on from its last checkpoint when it starts again (GET /v1/threads/{thread} shows it)"
-            ),
-            shared.config.retry_after,
-        )
-    };
     tokio::select! {
         started = live.started() => if let Some(Err(e)) = started {
             return Err(e);
         },
-        () = closing.cancelled() => return Err(shutting_down()),
+        () = shared.closing.cancelled() => return Err(shutting_down(server, thread)),
     }
-    match answer {
-        Answer::Outcome => tokio::select! {
-            ended = live.ended() => ended.map(|v| Json(v).into_response()),
-            () = closing.cancelled() => Err(shutting_down()),
-        },
-        Answer::Native => event_stream(server.stream_context(), thread.clone(), Some(live), None)
-            .await
-            .map_err(store_failed),
-        Answer::Encoded(encoder) => encoded_stream(
-            server.stream_context(),
-            thread.clone(),
-            Some(live),
-            None,
-            encoder,
-        )
-        .await
-        .map_err(store_failed),
-    }
+    Ok(live)
 }
 
 /// Runs `job` to its end, writing its events to `live`.

@@ -4,8 +4,9 @@
 //! Each test starts `fakellm serve --host 127.0.0.1 --port 0 --config FILE` as a child process
 //! (killed when the test ends) and waits for uvicorn's `Uvicorn running on http://HOST:PORT`
 //! line, which is printed once the socket listens and names the port it got. When the command
-//! is missing the tests are skipped with a notice on stderr, unless `AWAKEN_REQUIRE_FAKELLM=1`,
-//! which makes a missing `fakellm` a failure.
+//! is missing the tests are skipped with a notice on stderr, unless
+//! `AWAKEN_REQUIRE_PYTHON_PEERS=1` (which covers every Python peer of the tests), which makes a
+//! missing `fakellm` a failure.
 
 use std::io::{BufRead, BufReader, Write as _};
 use std::path::PathBuf;
@@ -62,7 +63,7 @@ impl Drop for FakeLlm {
 }
 
 /// Starts `fakellm` with [`RULES`]; `None` (after a notice) when the command is missing and
-/// `AWAKEN_REQUIRE_FAKELLM` is not `1`.
+/// `AWAKEN_REQUIRE_PYTHON_PEERS` is not `1`.
 fn start(test: &str) -> Option<FakeLlm> {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
     let config = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
@@ -83,8 +84,8 @@ fn start(test: &str) -> Option<FakeLlm> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let _ = std::fs::remove_file(&config);
             assert!(
-                std::env::var("AWAKEN_REQUIRE_FAKELLM").as_deref() != Ok("1"),
-                "AWAKEN_REQUIRE_FAKELLM=1 but the `fakellm` command is not installed (pip install fakellm)"
+                std::env::var("AWAKEN_REQUIRE_PYTHON_PEERS").as_deref() != Ok("1"),
+                "AWAKEN_REQUIRE_PYTHON_PEERS=1 but the `fakellm` command is not installed (pip install fakellm)"
             );
             // Straight to stderr: the test harness does not capture it, so the skip shows.
             let _ = writeln!(

@@ -1,6 +1,7 @@
 //! Integration tests of awaken-server: real HTTP on 127.0.0.1 with a real client, runs driven
 //! by a model the tests hold and release, streams read as Server-Sent Events.
 
+mod a2a;
 mod agui;
 mod ai_sdk;
 mod cancel;
