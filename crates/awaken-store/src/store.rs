@@ -191,6 +191,18 @@ pub trait ThreadStore: Send + Sync {
     /// The runs of a thread, oldest first (by creation time, then run id).
     async fn list_runs(&self, thread_id: &ThreadId) -> Result<Vec<RunRecord>, StoreError>;
 
+    /// The thread of run `run_id`, if it is stored. The default looks through every thread's
+    /// runs; the stores answer from their index of runs.
+    async fn run_thread(&self, run_id: &RunId) -> Result<Option<ThreadId>, StoreError> {
+        for thread in self.list_threads().await? {
+            let runs = self.list_runs(&thread.thread_id).await?;
+            if runs.iter().any(|r| r.run_id == *run_id) {
+                return Ok(Some(thread.thread_id));
+            }
+        }
+        Ok(None)
+    }
+
     /// The thread's stored events with a sequence number above `since` (0: all), in order.
     async fn load_events(
         &self,
@@ -272,6 +284,10 @@ impl<T: ThreadStore + ?Sized> ThreadStore for std::sync::Arc<T> {
 
     async fn list_runs(&self, thread_id: &ThreadId) -> Result<Vec<RunRecord>, StoreError> {
         (**self).list_runs(thread_id).await
+    }
+
+    async fn run_thread(&self, run_id: &RunId) -> Result<Option<ThreadId>, StoreError> {
+        (**self).run_thread(run_id).await
     }
 
     async fn load_events(

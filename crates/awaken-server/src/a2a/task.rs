@@ -223,8 +223,8 @@ pub(crate) struct Located {
     pub(crate) record: RunRecord,
 }
 
-/// Finds task `task_id` of `agent`: a run of that id, on any thread (the threads whose latest
-/// run it is are looked at first). Another agent's run is not found.
+/// Finds task `task_id` of `agent`: the run of that id, through the store's index of runs.
+/// Another agent's run is not found.
 pub(crate) async fn locate(server: &AgentServer, agent: &str, task_id: &str) -> A2aResult<Located> {
     let not_found = || A2aError::TaskNotFound {
         task_id: task_id.to_owned(),
@@ -233,22 +233,14 @@ pub(crate) async fn locate(server: &AgentServer, agent: &str, task_id: &str) -> 
         return Err(not_found().into());
     };
     let store = server.shared.runtime.store();
-    let mut threads = store.list_threads().await.map_err(store_error)?;
-    // The latest runs first: a task asked about is most often its thread's latest run.
-    threads.sort_by_key(|t| t.latest_run_id.as_ref() != Some(&run_id));
-    for t in threads {
-        let runs = store.list_runs(&t.thread_id).await.map_err(store_error)?;
-        if let Some(record) = runs.into_iter().find(|r| r.run_id == run_id) {
-            if *record.agent_id != *agent {
-                return Err(not_found().into());
-            }
-            return Ok(Located {
-                thread: t.thread_id,
-                record,
-            });
-        }
+    let Some(thread) = store.run_thread(&run_id).await.map_err(store_error)? else {
+        return Err(not_found().into());
+    };
+    let runs = store.list_runs(&thread).await.map_err(store_error)?;
+    match runs.into_iter().find(|r| r.run_id == run_id) {
+        Some(record) if *record.agent_id == *agent => Ok(Located { thread, record }),
+        _ => Err(not_found().into()),
     }
-    Err(not_found().into())
 }
 
 /// The task of a located run as it stands now (its waiting calls from the runtime when it is

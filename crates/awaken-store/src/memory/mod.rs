@@ -111,6 +111,10 @@ impl ThreadStore for MemoryStore {
             .map_err(|e| e.of_thread(thread_id))
     }
 
+    async fn run_thread(&self, run_id: &RunId) -> Result<Option<ThreadId>, StoreError> {
+        Ok(self.tables.run_index(run_id).get(run_id).cloned())
+    }
+
     async fn load_events(
         &self,
         thread_id: &ThreadId,

@@ -258,6 +258,24 @@ impl ThreadStore for PostgresStore {
         .map_err(|e| e.of_thread(thread_id))
     }
 
+    async fn run_thread(&self, run_id: &RunId) -> Result<Option<ThreadId>, StoreError> {
+        self.named(async {
+            let mut conn = self.pool.get().await?;
+            let row = conn
+                .prepared()
+                .query_opt(
+                    "SELECT thread_id FROM runs WHERE run_id = $1",
+                    &[&run_id.as_str()],
+                )
+                .await?;
+            match row {
+                Some(row) => Ok(Some(codec::thread_id(row.try_get(0)?)?)),
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
     async fn load_events(
         &self,
         thread_id: &ThreadId,

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use awaken_event::{ProfileId, ThreadId};
+use awaken_event::{ProfileId, RunId, ThreadId};
 use awaken_state::PersistedState;
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -219,4 +219,16 @@ pub(super) fn events(
         });
     }
     Ok(out)
+}
+
+/// See `ThreadStore::run_thread`.
+pub(super) fn run_thread(
+    conn: &Connection,
+    run_id: &RunId,
+) -> Result<Option<ThreadId>, StoreError> {
+    let mut stmt = conn.prepare_cached("SELECT thread_id FROM runs WHERE run_id = ?1")?;
+    let thread: Option<String> = stmt
+        .query_row([run_id.as_str()], |row| row.get(0))
+        .optional()?;
+    thread.as_deref().map(codec::thread_id).transpose()
 }

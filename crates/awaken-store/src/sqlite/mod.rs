@@ -426,6 +426,12 @@ impl ThreadStore for SqliteStore {
             .map_err(|e| e.of_thread(thread_id))
     }
 
+    async fn run_thread(&self, run_id: &RunId) -> Result<Option<ThreadId>, StoreError> {
+        let run = run_id.clone();
+        self.with_conn(move |conn, _| load::run_thread(conn, &run))
+            .await
+    }
+
     async fn load_events(
         &self,
         thread_id: &ThreadId,

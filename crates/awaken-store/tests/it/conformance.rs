@@ -738,8 +738,16 @@ pub async fn list_and_delete(h: &Harness) {
         vec!["r1", "r1-child"]
     );
     assert_eq!(runs[1].parent_run_id, Some(rid("r1")));
+    for (run, thread) in [("r1-child", Some("t1")), ("r2", Some("t2")), ("r9", None)] {
+        assert_eq!(
+            s.run_thread(&rid(run)).await.expect("run's thread"),
+            thread.map(tid),
+            "the thread of {run}"
+        );
+    }
     assert!(s.delete_thread(&tid("t1")).await.expect("delete"));
     assert!(!s.delete_thread(&tid("t1")).await.expect("delete again"));
+    assert_eq!(s.run_thread(&rid("r1")).await.expect("deleted run"), None);
     assert!(s.load_checkpoint(&tid("t1")).await.expect("load").is_none());
     assert!(s.list_runs(&tid("t1")).await.expect("runs").is_empty());
     assert!(
