@@ -23,7 +23,7 @@ mod tests;
 
 use awaken_a2a::{
     A2A_JSON_MEDIA_TYPE, A2aError, ListTasksRequest, ListTasksResponse, SendMessageRequest,
-    SendMessageResponse, Task, TaskState, VERSION_HEADER,
+    SendMessageResponse, StreamResponse, Task, TaskState, VERSION_HEADER,
 };
 use awaken_event::ThreadId;
 use awaken_runtime::RunActivation;
@@ -33,6 +33,7 @@ use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, Uri, header};
+use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use serde::Serialize;
 
@@ -202,6 +203,14 @@ fn card_of(server: &AgentServer, agent: &str, headers: &HeaderMap) -> A2aResult 
 
 // ---- send ----
 
+/// What a send request led to.
+enum Sent {
+    /// A task started or resumed, whose live run the client follows.
+    Begun(Begun),
+    /// The message was sent before (its id on its context): the task it started, not run again.
+    Repeated(task::Located),
+}
+
 /// A started or resumed task whose live run a client follows.
 struct Begun {
     live: std::sync::Arc<crate::live::LiveRun>,
@@ -213,13 +222,14 @@ struct Begun {
     return_immediately: bool,
 }
 
-/// Reads a send request and starts its run, or resumes the run it answers.
+/// Reads a send request and starts its run, or resumes the run it answers; a message sent again
+/// finds the task it started.
 async fn begin(
     server: &AgentServer,
     agent: &str,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> A2aResult<Begun> {
+) -> A2aResult<Sent> {
     check_version(headers)?;
     known_agent(server, agent)?;
     check_content_type(headers)?;
@@ -291,7 +301,20 @@ async fn begin(
             }
             .into());
         }
-        let run_id = runtime.next_run_id();
+        let run_id = task::run_of_message(&thread, &message.message_id);
+        if let Some(at) = task::find(server, &run_id).await? {
+            if *at.record.agent_id != *agent || at.thread != thread {
+                return Err(A2aError::InvalidParams {
+                    field: "message.messageId".to_owned(),
+                    detail: format!(
+                        "message `{}` was sent before, to another agent or context",
+                        message.message_id
+                    ),
+                }
+                .into());
+            }
+            return Ok(Sent::Repeated(at));
+        }
         let activation = RunActivation::new(thread.clone(), agent)
             .with_user_message(input.text)
             .with_run_id(run_id.clone());
@@ -376,14 +399,14 @@ async fn begin(
     let live = start(server, &thread, cancel, job)
         .await
         .map_err(from_api)?;
-    Ok(Begun {
+    Ok(Sent::Begun(Begun {
         live,
         thread,
         task_id,
         resumed,
         message,
         return_immediately: configuration.return_immediately,
-    })
+    }))
 }
 
 async fn send(
@@ -392,7 +415,12 @@ async fn send(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> A2aResult {
-    let begun = begin(&server, &agent, &headers, body).await?;
+    let begun = match begin(&server, &agent, &headers, body).await? {
+        Sent::Begun(begun) => begun,
+        Sent::Repeated(at) => {
+            return ok(&SendMessageResponse::Task(task::load(&server, &at).await?));
+        }
+    };
     if !begun.return_immediately {
         let ended = tokio::select! {
             ended = begun.live.ended() => ended,
@@ -452,7 +480,11 @@ async fn stream(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> A2aResult {
-    let begun = begin(&server, &agent, &headers, body).await?;
+    let begun = match begin(&server, &agent, &headers, body).await? {
+        Sent::Begun(begun) => begun,
+        // The task's live run from where it is, or the task as it ended.
+        Sent::Repeated(at) => return follow(&server, at).await,
+    };
     let initial = if begun.resumed {
         TaskState::Working
     } else {
@@ -565,23 +597,60 @@ async fn cancel(server: &AgentServer, agent: &str, task_id: &str) -> A2aResult {
 
 async fn subscribe(server: &AgentServer, agent: &str, task_id: &str) -> A2aResult {
     let at = task::locate(server, agent, task_id).await?;
-    let live = server
+    match live_task(server, &at) {
+        Some(live) => stream_live(server, at, live).await,
+        None => {
+            let task = task::load(server, &at).await?;
+            Err(A2aError::UnsupportedOperation {
+                operation: "tasks/{id}:subscribe".to_owned(),
+                reason: format!(
+                    "task `{task_id}` is {}: nothing streams (GET tasks/{task_id} shows it)",
+                    task.status.state.as_str()
+                ),
+            }
+            .into())
+        }
+    }
+}
+
+/// The stream answering a message sent again: its task's live run from where it is, or the
+/// task as it stands, alone.
+async fn follow(server: &AgentServer, at: task::Located) -> A2aResult {
+    if let Some(live) = live_task(server, &at) {
+        return stream_live(server, at, live).await;
+    }
+    let task = task::load(server, &at).await?;
+    let frame =
+        serde_json::to_string(&StreamResponse::Task(task)).map_err(|e| A2aError::Internal {
+            detail: format!("a task that does not serialize: {e}"),
+        })?;
+    Ok((
+        [(header::CONTENT_TYPE, "text/event-stream")],
+        format!("data: {frame}\n\n"),
+    )
+        .into_response())
+}
+
+/// The live run of a located task, while it runs.
+fn live_task(
+    server: &AgentServer,
+    at: &task::Located,
+) -> Option<std::sync::Arc<crate::live::LiveRun>> {
+    server
         .shared
         .live
         .get(&at.thread)
-        .filter(|l| !l.is_ended() && at.record.status == RunStatus::Running);
-    let Some(live) = live else {
-        let task = task::load(server, &at).await?;
-        return Err(A2aError::UnsupportedOperation {
-            operation: "tasks/{id}:subscribe".to_owned(),
-            reason: format!(
-                "task `{task_id}` is {}: nothing streams (GET tasks/{task_id} shows it)",
-                task.status.state.as_str()
-            ),
-        }
-        .into());
-    };
-    let encoder = A2aEncoder::new(at.thread.as_str(), task_id, TaskState::Working, Vec::new());
+        .filter(|l| !l.is_ended() && at.record.status == RunStatus::Running)
+}
+
+/// A running task's stream from where its run is.
+async fn stream_live(
+    server: &AgentServer,
+    at: task::Located,
+    live: std::sync::Arc<crate::live::LiveRun>,
+) -> A2aResult {
+    let task_id = at.record.run_id.to_string();
+    let encoder = A2aEncoder::new(at.thread.as_str(), &task_id, TaskState::Working, Vec::new());
     encoded_stream(
         server.stream_context(),
         at.thread,

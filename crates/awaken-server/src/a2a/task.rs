@@ -8,6 +8,7 @@ use awaken_a2a::{A2aError, Artifact, Message, Part, Task, TaskState, TaskStatus,
 use awaken_event::{AgentEvent, RunId, SuspendTicket, TerminationReason, ThreadId};
 use awaken_store::{RunRecord, RunStatus};
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 
 use crate::app::AgentServer;
 
@@ -232,15 +233,37 @@ pub(crate) async fn locate(server: &AgentServer, agent: &str, task_id: &str) -> 
     let Ok(run_id) = RunId::new(task_id) else {
         return Err(not_found().into());
     };
-    let store = server.shared.runtime.store();
-    let Some(thread) = store.run_thread(&run_id).await.map_err(store_error)? else {
-        return Err(not_found().into());
-    };
-    let runs = store.list_runs(&thread).await.map_err(store_error)?;
-    match runs.into_iter().find(|r| r.run_id == run_id) {
-        Some(record) if *record.agent_id == *agent => Ok(Located { thread, record }),
+    match find(server, &run_id).await? {
+        Some(at) if *at.record.agent_id == *agent => Ok(at),
         _ => Err(not_found().into()),
     }
+}
+
+/// The run a message starts on `thread`: named after the message's id on its context, so the
+/// same message sent again (a client retrying after a lost answer or a crash) finds its task
+/// instead of running again.
+pub(crate) fn run_of_message(thread: &ThreadId, message_id: &str) -> RunId {
+    let digest = Sha256::new()
+        .chain_update(thread.as_str())
+        .chain_update([0])
+        .chain_update(message_id)
+        .finalize();
+    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    // Hex digits after a fixed prefix: always a valid id.
+    RunId::new(format!("a2a-{hex}")).unwrap_or_else(|_| unreachable!())
+}
+
+/// The task of run `run_id`, if the store has it (of whichever agent).
+pub(crate) async fn find(server: &AgentServer, run_id: &RunId) -> A2aResult<Option<Located>> {
+    let store = server.shared.runtime.store();
+    let Some(thread) = store.run_thread(run_id).await.map_err(store_error)? else {
+        return Ok(None);
+    };
+    let runs = store.list_runs(&thread).await.map_err(store_error)?;
+    Ok(runs
+        .into_iter()
+        .find(|r| r.run_id == *run_id)
+        .map(|record| Located { thread, record }))
 }
 
 /// The task of a located run as it stands now (its waiting calls from the runtime when it is

@@ -273,6 +273,42 @@ async fn send_answers_the_completed_task_which_get_and_list_show() {
 }
 
 #[tokio::test]
+async fn a_message_sent_again_finds_its_task_and_runs_once() {
+    // One scripted answer: a second run would find the model's script empty and fail.
+    let (_rig, server) = rig_server(vec![text_turn(&["Once."])]).await;
+    let first = send(&server, message("hi", "t-again", None)).await;
+    assert_eq!(first["status"]["state"], "TASK_STATE_COMPLETED", "{first}");
+    let again = send(&server, message("hi", "t-again", None)).await;
+    assert_eq!(again["id"], first["id"], "{again}");
+    assert_eq!(again["status"]["state"], "TASK_STATE_COMPLETED", "{again}");
+    // Streamed again: the task as it ended, alone.
+    let streamed = rest_of(
+        Sse::new(
+            post(
+                &server,
+                "/message:stream",
+                &json!({"message": message("hi", "t-again", None)}),
+            )
+            .await,
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(streamed.len(), 1, "{streamed:?}");
+    assert_eq!(streamed[0]["task"]["id"], first["id"]);
+    let listed = json_of(get(&server, "/tasks?contextId=t-again").await).await;
+    assert_eq!(listed["totalSize"], 1, "{listed}");
+    // The same message id in another context is another message.
+    let other = post(
+        &server,
+        "/message:send",
+        &json!({"message": message("hi", "t-other", None)}),
+    )
+    .await;
+    assert_ne!(json_of(other).await["id"], first["id"]);
+}
+
+#[tokio::test]
 async fn a_context_id_is_made_when_absent() {
     let (_rig, server) = rig_server(vec![text_turn(&["Hi."])]).await;
     let mut m = message("hi", "unused", None);
