@@ -4,10 +4,13 @@
 //! errors ([`A2aError`]). The JSON is the protocol's own (the protobuf JSON form: camelCase
 //! fields, enum values such as `TASK_STATE_INPUT_REQUIRED`).
 //!
-//! A server binding and a client both speak through these types. This crate must never know
-//! the agent loop's internals or an HTTP server framework: it is data, with no IO.
+//! A server binding and a client both speak through these types. The client is here too:
+//! [`A2aBackend`] runs an agent whose endpoint speaks A2A as an `ExecutionBackend`, so a local
+//! agent delegates to a remote one as to a local one. This crate must never know the agent
+//! loop's internals or an HTTP server framework.
 
 mod card;
+mod client;
 mod error;
 mod message;
 mod request;
@@ -20,6 +23,10 @@ mod tests;
 pub use card::{
     AgentCapabilities, AgentCard, AgentInterface, AgentProvider, AgentSkill,
     HttpAuthSecurityScheme, SecurityRequirement, SecurityScheme, StringList,
+};
+pub use client::{
+    A2A_BACKEND_ID, A2A_ENDPOINT_PROTOCOL, A2aBackend, ClientBuildError, DiscoverError,
+    DiscoveredAgent,
 };
 pub use error::{A2aError, ErrorBody, ErrorDetail, ErrorStatus};
 pub use message::{Message, Part, PartContent, Role};

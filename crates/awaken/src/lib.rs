@@ -12,7 +12,9 @@
 //! embedded [`store::SqliteStore`]) and `postgres` ([`store::PostgresStore`], several workers on
 //! one database), `server` (`awaken::server`: the HTTP server with its `/v1` API and resumable
 //! event streams), `mcp` (`awaken::mcp`: the tools of MCP servers, registered with
-//! `AgentRuntimeBuilder::with_tool_provider`). Without a store feature, runs are kept in [`store::MemoryStore`].
+//! `AgentRuntimeBuilder::with_tool_provider`), `a2a` (`awaken::a2a`: remote agents over the
+//! Agent2Agent protocol, registered with `AgentRuntimeBuilder::with_backend`). Without a store
+//! feature, runs are kept in [`store::MemoryStore`].
 //!
 //! # A plugin with a key and a hook
 //!
@@ -154,6 +156,8 @@
 //! # }
 //! ```
 
+#[cfg(feature = "a2a")]
+pub use awaken_a2a as a2a;
 pub use awaken_context as context;
 pub use awaken_event as event;
 pub use awaken_llm as llm;
