@@ -264,6 +264,11 @@ impl AgentFile {
         file.agent
             .validate()
             .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        if file.agent.endpoint.is_some() {
+            file.check_remote()
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            return Ok(file);
+        }
         if let Some(model) = &file.model {
             model
                 .validate()
@@ -342,6 +347,9 @@ impl AgentFile {
     /// file has a `[model]` table, or when the agent's model names no `[[models]]` entry and no
     /// `[[model_pools]]` entry (the single-model form, whose model id is the agent's model).
     pub(crate) fn has_main_model(&self) -> bool {
+        if self.agent.endpoint.is_some() {
+            return false;
+        }
         self.model.is_some()
             || !(self.models.iter().any(|m| m.id == self.agent.model)
                 || self.model_pools.iter().any(|p| p.id == self.agent.model))
@@ -426,6 +434,39 @@ impl AgentFile {
             }
         }
         Ok(())
+    }
+
+    /// A remote agent (`[agent.endpoint]`) runs on its host: the file configures nothing that
+    /// would run here.
+    fn check_remote(&self) -> Result<()> {
+        let local = [
+            ("[model]", self.model.is_some()),
+            (
+                "[provider]",
+                self.provider.kind.is_some()
+                    || self.provider.base_url.is_some()
+                    || self.provider.model.is_some()
+                    || self.provider.api_key_env.is_some(),
+            ),
+            ("[[models]]", !self.models.is_empty()),
+            ("[[model_pools]]", !self.model_pools.is_empty()),
+            ("[script]", self.script.is_some()),
+            (
+                "[tools]",
+                self.tools.read_file.is_some()
+                    || self.tools.append_file.is_some()
+                    || self.tools.http_get.is_some(),
+            ),
+            ("[plugins]", !self.plugins.dirs.is_empty()),
+            ("[[mcp_servers]]", !self.mcp_servers.is_empty()),
+        ];
+        match local.iter().find(|(_, given)| *given) {
+            Some((section, _)) => anyhow::bail!(
+                "agent `{}` runs at its endpoint: {section} has no use in its file",
+                self.agent.id
+            ),
+            None => Ok(()),
+        }
     }
 
     /// Checks `[[models]]` and `[[model_pools]]`: each entry and its provider, every id

@@ -14,8 +14,8 @@ use tokio::sync::oneshot;
 use crate::agent_file::AgentFile;
 use crate::args::{self, Args, Secret};
 use crate::setup::{
-    Open, Purpose, lease_duration, mcp_servers, open_failed, open_fleet_store, open_store,
-    runtime_of_files, worker_id,
+    Open, Purpose, check_remote_agents, lease_duration, mcp_servers, open_failed, open_fleet_store,
+    open_store, runtime_of_files, worker_id,
 };
 use crate::term::errln;
 use crate::{Exit, bad_input};
@@ -61,6 +61,7 @@ pub(crate) async fn serve(args: Args) -> Result<u8, Exit> {
         (store, None)
     };
     let mcp = mcp_servers(&files).await.map_err(bad_input)?;
+    check_remote_agents(&files).await.map_err(bad_input)?;
     let runtime = runtime_of_files(&files, &args, store, Purpose::Run, &mcp).map_err(bad_input)?;
     let agents = runtime.resolver().registries().agent_ids();
     let mut config = ServerConfig::default()

@@ -6,6 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow, bail};
+use awaken::a2a::A2aBackend;
 use awaken::event::ThreadId;
 use awaken::llm::anthropic::{AnthropicConfig, AnthropicExecutor};
 use awaken::llm::openai::{MaxTokensField, OpenAiConfig, OpenAiExecutor};
@@ -592,6 +593,9 @@ pub(crate) fn runtime(
     if let Some(registry) = plugin_registry(std::slice::from_ref(file))? {
         builder = builder.with_plugin_registry(registry);
     }
+    if let Some(backend) = remote_backend(std::slice::from_ref(file))? {
+        builder = builder.with_backend(backend);
+    }
     let runtime = builder
         .build_unchecked()
         .map_err(|e| anyhow!("{}: {e}", file.path.display()))?;
@@ -733,6 +737,9 @@ pub(crate) fn runtime_of_files(
     }
     if let Some(registry) = plugin_registry(files)? {
         builder = builder.with_plugin_registry(registry);
+    }
+    if let Some(backend) = remote_backend(files)? {
+        builder = builder.with_backend(backend);
     }
     let runtime = builder.build_unchecked().map_err(|e| {
         let shown: Vec<String> = files.iter().map(|f| f.path.display().to_string()).collect();
@@ -882,10 +889,39 @@ fn plugin_registry(files: &[AgentFile]) -> Result<Option<Arc<PluginRegistry>>> {
 /// Resolves each file's agent, so a bad one fails before anything runs.
 fn resolve_agents(runtime: &AgentRuntime, files: &[AgentFile]) -> Result<()> {
     for file in files {
-        runtime
-            .resolver()
-            .resolve(&file.agent.id)
-            .map_err(|e| anyhow!("{}: agent `{}`: {e}", file.path.display(), file.agent.id))?;
+        // A remote agent is planned onto the backend that claims its endpoint.
+        let resolved = if file.agent.endpoint.is_some() {
+            runtime.resolver().plan(&file.agent.id).map(drop)
+        } else {
+            runtime.resolver().resolve(&file.agent.id).map(drop)
+        };
+        resolved.map_err(|e| anyhow!("{}: agent `{}`: {e}", file.path.display(), file.agent.id))?;
+    }
+    Ok(())
+}
+
+/// The A2A backend of the remote agents among `files` (`[agent.endpoint]` with protocol
+/// `a2a`), when there is one.
+fn remote_backend(files: &[AgentFile]) -> Result<Option<Arc<A2aBackend>>> {
+    if !files.iter().any(|f| f.agent.endpoint.is_some()) {
+        return Ok(None);
+    }
+    let backend = A2aBackend::new().map_err(|e| anyhow!("{e}"))?;
+    Ok(Some(Arc::new(backend)))
+}
+
+/// Fetches and checks the agent card of each remote agent among `files` (reachable, the A2A
+/// HTTP+JSON binding 1.0, streaming), before a runtime is built on them.
+pub(crate) async fn check_remote_agents(files: &[AgentFile]) -> Result<()> {
+    if !files.iter().any(|f| f.agent.endpoint.is_some()) {
+        return Ok(());
+    }
+    let backend = A2aBackend::new().map_err(|e| anyhow!("{e}"))?;
+    for file in files.iter().filter(|f| f.agent.endpoint.is_some()) {
+        backend
+            .discover([&file.agent])
+            .await
+            .map_err(|e| anyhow!("{}: {e}", file.path.display()))?;
     }
     Ok(())
 }

@@ -1073,3 +1073,45 @@ fn an_agent_may_name_a_model_entry_and_then_the_main_model_is_not_registered() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_remote_agent_file_names_its_endpoint_and_nothing_that_runs_here() {
+    let dir = temp_dir("remote-agent");
+    let load = |name: &str, extra: &str| {
+        let path = dir.join(name);
+        std::fs::write(
+            &path,
+            format!(
+                "{extra}\n[agent]\nid = \"far\"\ndescription = \"Elsewhere\"\n\n\
+                 [agent.endpoint]\nurl = \"http://127.0.0.1:9/a2a/far\"\nprotocol = \"a2a\"\n"
+            ),
+        )
+        .expect("write");
+        AgentFile::load(&path).map_err(|e| e.to_string())
+    };
+    let file = load("plain.toml", "").expect("a remote agent's file loads");
+    assert!(!file.has_main_model(), "a remote agent has no model here");
+    for (name, extra, section) in [
+        (
+            "model.toml",
+            "[model]\nid = \"m\"\nprovider = \"scripted\"\nupstream_model = \"s\"\n",
+            "[model]",
+        ),
+        (
+            "provider.toml",
+            "[provider]\nkind = \"openai\"\n",
+            "[provider]",
+        ),
+        ("tools.toml", "[tools.read_file]\nroot = \".\"\n", "[tools]"),
+        ("plugins.toml", "[plugins]\ndirs = [\"p\"]\n", "[plugins]"),
+    ] {
+        let error = load(name, extra).expect_err(name);
+        assert!(
+            error.contains(&format!(
+                "agent `far` runs at its endpoint: {section} has no use in its file"
+            )) && error.contains(name),
+            "{error}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

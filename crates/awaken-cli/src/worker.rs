@@ -9,7 +9,9 @@ use awaken::server::{Worker, WorkerConfig};
 
 use crate::args::Args;
 use crate::serve::{agent_files, shutdown_on_signal};
-use crate::setup::{Purpose, mcp_servers, open_failed, open_fleet_store, runtime_of_files};
+use crate::setup::{
+    Purpose, check_remote_agents, mcp_servers, open_failed, open_fleet_store, runtime_of_files,
+};
 use crate::term::errln;
 use crate::{Exit, bad_input};
 
@@ -33,6 +35,7 @@ pub(crate) async fn worker(args: Args) -> Result<u8, Exit> {
         .map_err(open_failed)?;
     let queue = store.queue();
     let mcp = mcp_servers(&files).await.map_err(bad_input)?;
+    check_remote_agents(&files).await.map_err(bad_input)?;
     let runtime =
         runtime_of_files(&files, &args, Arc::new(store), Purpose::Run, &mcp).map_err(bad_input)?;
     let agents = runtime.resolver().registries().agent_ids();

@@ -5,7 +5,7 @@
 
 use std::process::{Command, Stdio};
 
-use super::serve::start_serving;
+use super::serve::{request, start_serving};
 use crate::{PROXY_VARS, path_str, repo, temp_dir, text};
 
 /// The variable that makes a missing Python peer (`pip install -r .ci/requirements.txt`) a
@@ -164,5 +164,119 @@ fn a2a_sdk_discovers_sends_streams_cancels_and_answers_approvals() {
     // The approved append ran; the denied one did not.
     let todo = std::fs::read_to_string(dir.join("notes/todo.txt")).expect("the approved append");
     assert_eq!(todo.trim(), "buy milk");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The lead agent, whose delegate `helper` is another server's agent (`{url}`).
+const LEAD: &str = r#"[agent]
+id = "lead"
+description = "Hands questions to the helper"
+model = "default"
+delegates = ["helper"]
+
+[model]
+id = "default"
+provider = "scripted"
+upstream_model = "scripted"
+context_window = 32000
+
+[[script.turns]]
+tool_calls = [{ id = "call_1", name = "delegate_helper", arguments = { task = "Say hello" } }]
+
+[[script.turns]]
+text = "The helper has answered."
+"#;
+
+/// Two `awaken serve` processes: the lead of one delegates to the helper of the other, which
+/// its file names by its A2A endpoint; the remote answer is the delegate call's result, and the
+/// remote server ran the task once.
+#[test]
+fn a_served_agent_delegates_to_another_servers_agent_over_a2a() {
+    let dir = temp_dir("a2a-delegate");
+    let helper = dir.join("helper.toml");
+    std::fs::write(&helper, AGENTS[0].1).expect("write the helper");
+    let (remote, mut remote_err, remote_addr) = start_serving(
+        &[
+            "--store",
+            "memory",
+            "--listen",
+            "127.0.0.1:0",
+            "--agent",
+            path_str(&helper),
+        ],
+        &[],
+        1,
+    );
+    let lead = dir.join("lead.toml");
+    std::fs::write(&lead, LEAD).expect("write the lead");
+    let remote_helper = dir.join("remote-helper.toml");
+    std::fs::write(
+        &remote_helper,
+        format!(
+            "[agent]\nid = \"helper\"\ndescription = \"The helper of another server\"\n\n\
+             [agent.endpoint]\nurl = \"http://{remote_addr}/a2a/helper\"\nprotocol = \"a2a\"\n"
+        ),
+    )
+    .expect("write the remote helper");
+    let (local, mut local_err, local_addr) = start_serving(
+        &[
+            "--store",
+            "memory",
+            "--listen",
+            "127.0.0.1:0",
+            "--agent",
+            path_str(&lead),
+            "--agent",
+            path_str(&remote_helper),
+        ],
+        &[],
+        2,
+    );
+    let (status, body) = request(
+        &local_addr,
+        "POST",
+        "/v1/threads/main/runs?stream=false",
+        &[],
+        r#"{"message": "Ask the helper", "agent": "lead"}"#,
+    );
+    let (_, thread) = request(&local_addr, "GET", "/v1/threads/main", &[], "");
+    let (_, remote_threads) = request(&remote_addr, "GET", "/v1/threads", &[], "");
+    local.signal("-TERM");
+    remote.signal("-TERM");
+    let (local_status, remote_status) = (local.wait(), remote.wait());
+    let logs = format!(
+        "local:\n{}\nremote:\n{}",
+        local_err.rest(),
+        remote_err.rest()
+    );
+    assert!(status.contains("200"), "{status} {body}\n{logs}");
+    let outcome: serde_json::Value = serde_json::from_str(&body).expect("the outcome");
+    assert_eq!(
+        outcome["response"], "The helper has answered.",
+        "{body}\n{logs}"
+    );
+    let thread: serde_json::Value = serde_json::from_str(&thread).expect("the thread");
+    let results: Vec<&serde_json::Value> = thread["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .collect();
+    assert_eq!(results.len(), 1, "{thread}");
+    assert!(
+        results[0].to_string().contains("Hello from Awaken."),
+        "the remote answer is the call's result: {}\n{logs}",
+        results[0]
+    );
+    // The remote server ran one task, on the thread the delegate's request named.
+    let remote_threads: serde_json::Value =
+        serde_json::from_str(&remote_threads).expect("the remote threads");
+    let listed = remote_threads["threads"]
+        .as_array()
+        .or_else(|| remote_threads.as_array())
+        .unwrap_or_else(|| panic!("no threads in {remote_threads}"));
+    assert_eq!(listed.len(), 1, "{remote_threads}\n{logs}");
+    assert_eq!(local_status.code(), Some(0), "{logs}");
+    assert_eq!(remote_status.code(), Some(0), "{logs}");
     let _ = std::fs::remove_dir_all(dir);
 }
