@@ -25,7 +25,7 @@ use awaken_a2a::{
     A2A_JSON_MEDIA_TYPE, A2aError, ListTasksRequest, ListTasksResponse, SendMessageRequest,
     SendMessageResponse, StreamResponse, Task, TaskState, VERSION_HEADER,
 };
-use awaken_event::ThreadId;
+use awaken_event::{RunId, ThreadId};
 use awaken_runtime::RunActivation;
 use awaken_store::RunStatus;
 use axum::Router;
@@ -39,7 +39,7 @@ use serde::Serialize;
 
 use crate::app::AgentServer;
 use crate::runs::{Decision, Job, resume_of, shutting_down, start};
-use crate::sse::encoded_stream;
+use crate::sse::{data, encoded_stream};
 
 use encoder::A2aEncoder;
 pub(crate) use failure::unauthorized;
@@ -215,7 +215,7 @@ enum Sent {
 struct Begun {
     live: std::sync::Arc<crate::live::LiveRun>,
     thread: ThreadId,
-    task_id: String,
+    task_id: RunId,
     resumed: bool,
     /// The client's message, as the task's history shows it.
     message: awaken_a2a::Message,
@@ -319,7 +319,7 @@ async fn begin(
             .with_user_message(input.text)
             .with_run_id(run_id.clone());
         let cancel = activation.cancel.clone();
-        (Job::Run(activation), cancel, run_id.to_string(), false)
+        (Job::Run(activation), cancel, run_id, false)
     } else {
         // The waiting run: the thread's latest.
         let checkpoint = runtime
@@ -392,10 +392,10 @@ async fn begin(
                 from_api(e)
             })?;
         let cancel = resume.cancel.clone();
-        (Job::Resume(resume), cancel, run.run_id.to_string(), true)
+        (Job::Resume(resume), cancel, run.run_id.clone(), true)
     };
     message.context_id = Some(thread.to_string());
-    message.task_id = Some(task_id.clone());
+    message.task_id = Some(task_id.to_string());
     let live = start(server, &thread, cancel, job)
         .await
         .map_err(from_api)?;
@@ -430,10 +430,10 @@ async fn send(
         };
         // A run whose activation failed outside the run (its commit) may have left no end.
         if let Err(e) = ended {
-            let mut task = current_task(&server, &agent, &begun).await?;
+            let mut task = current_task(&server, &begun).await?;
             if !task.status.state.is_terminal() && !task.status.state.is_interrupted() {
                 task.status = task::status(
-                    (begun.thread.as_str(), &begun.task_id),
+                    (begun.thread.as_str(), begun.task_id.as_str()),
                     TaskState::Failed,
                     Some(&awaken_event::TerminationReason::Error { message: e.message }),
                     None,
@@ -447,7 +447,7 @@ async fn send(
     let task = if begun.return_immediately {
         // (The task as it stands once its run started, without a trip to the store.)
         Task {
-            id: begun.task_id.clone(),
+            id: begun.task_id.to_string(),
             context_id: begun.thread.to_string(),
             status: awaken_a2a::TaskStatus {
                 state: TaskState::Working,
@@ -457,14 +457,20 @@ async fn send(
             ..Task::default()
         }
     } else {
-        current_task(&server, &agent, &begun).await?
+        current_task(&server, &begun).await?
     };
     ok(&SendMessageResponse::Task(with_history(task, &begun)))
 }
 
 /// The begun task as the store has it now.
-async fn current_task(server: &AgentServer, agent: &str, begun: &Begun) -> A2aResult<Task> {
-    let at = task::locate(server, agent, &begun.task_id).await?;
+async fn current_task(server: &AgentServer, begun: &Begun) -> A2aResult<Task> {
+    // The task's thread is known: its runs are read without the index.
+    let Some(at) = task::on_thread(server, begun.thread.clone(), &begun.task_id).await? else {
+        return Err(A2aError::TaskNotFound {
+            task_id: begun.task_id.to_string(),
+        }
+        .into());
+    };
     task::load(server, &at).await
 }
 
@@ -492,7 +498,7 @@ async fn stream(
     };
     let encoder = A2aEncoder::new(
         begun.thread.as_str(),
-        &begun.task_id,
+        begun.task_id.as_str(),
         initial,
         vec![begun.message.clone()],
     );
@@ -621,14 +627,10 @@ async fn follow(server: &AgentServer, at: task::Located) -> A2aResult {
     }
     let task = task::load(server, &at).await?;
     let frame =
-        serde_json::to_string(&StreamResponse::Task(task)).map_err(|e| A2aError::Internal {
+        serde_json::to_value(StreamResponse::Task(task)).map_err(|e| A2aError::Internal {
             detail: format!("a task that does not serialize: {e}"),
         })?;
-    Ok((
-        [(header::CONTENT_TYPE, "text/event-stream")],
-        format!("data: {frame}\n\n"),
-    )
-        .into_response())
+    Ok(([(header::CONTENT_TYPE, "text/event-stream")], data(&frame)).into_response())
 }
 
 /// The live run of a located task, while it runs.
@@ -649,8 +651,12 @@ async fn stream_live(
     at: task::Located,
     live: std::sync::Arc<crate::live::LiveRun>,
 ) -> A2aResult {
-    let task_id = at.record.run_id.to_string();
-    let encoder = A2aEncoder::new(at.thread.as_str(), &task_id, TaskState::Working, Vec::new());
+    let encoder = A2aEncoder::new(
+        at.thread.as_str(),
+        at.record.run_id.as_str(),
+        TaskState::Working,
+        Vec::new(),
+    );
     encoded_stream(
         server.stream_context(),
         at.thread,

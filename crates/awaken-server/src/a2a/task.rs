@@ -256,9 +256,19 @@ pub(crate) fn run_of_message(thread: &ThreadId, message_id: &str) -> RunId {
 /// The task of run `run_id`, if the store has it (of whichever agent).
 pub(crate) async fn find(server: &AgentServer, run_id: &RunId) -> A2aResult<Option<Located>> {
     let store = server.shared.runtime.store();
-    let Some(thread) = store.run_thread(run_id).await.map_err(store_error)? else {
-        return Ok(None);
-    };
+    match store.run_thread(run_id).await.map_err(store_error)? {
+        Some(thread) => on_thread(server, thread, run_id).await,
+        None => Ok(None),
+    }
+}
+
+/// The task of run `run_id` on `thread`, if the thread has that run.
+pub(crate) async fn on_thread(
+    server: &AgentServer,
+    thread: ThreadId,
+    run_id: &RunId,
+) -> A2aResult<Option<Located>> {
+    let store = server.shared.runtime.store();
     let runs = store.list_runs(&thread).await.map_err(store_error)?;
     Ok(runs
         .into_iter()
