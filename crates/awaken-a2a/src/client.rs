@@ -174,6 +174,7 @@ impl A2aBackend {
 
     /// Sends `Authorization: Bearer <token>` on every call for `agent_id`, the token read from
     /// the environment variable `variable` at each call. A call whose variable is unset fails.
+    /// An endpoint's own `bearer_token_env` takes precedence.
     pub fn with_bearer_token_env(
         mut self,
         agent_id: impl Into<String>,
@@ -232,7 +233,7 @@ impl A2aBackend {
             .timeout(SHORT_CALL_TIMEOUT)
             .header(VERSION_HEADER, PROTOCOL_VERSION)
             .header(ACCEPT, "application/json");
-        let request = self.authorize(&agent.id, request).map_err(|variable| {
+        let request = self.authorize(agent, request).map_err(|variable| {
             DiscoverError::MissingCredential {
                 agent_id: agent.id.clone(),
                 variable,
@@ -294,14 +295,19 @@ impl A2aBackend {
         })
     }
 
-    /// Adds the agent's bearer token to `request`, if one is configured; `Err` names the
+    /// Adds the agent's bearer token to `request`, if one is configured (its endpoint's
+    /// `bearer_token_env`, else [`A2aBackend::with_bearer_token_env`]); `Err` names the
     /// configured variable that is not set.
     fn authorize(
         &self,
-        agent_id: &str,
+        agent: &AgentSpec,
         request: reqwest::RequestBuilder,
     ) -> Result<reqwest::RequestBuilder, String> {
-        let Some(variable) = self.bearer_token_env.get(agent_id) else {
+        let named = agent
+            .endpoint
+            .as_ref()
+            .and_then(|e| e.bearer_token_env.as_ref());
+        let Some(variable) = named.or_else(|| self.bearer_token_env.get(&agent.id)) else {
             return Ok(request);
         };
         let token = (self.env)(variable)

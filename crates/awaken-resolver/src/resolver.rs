@@ -74,6 +74,10 @@ pub struct BackendRequest {
     pub overrides: Option<InferenceOverride>,
     /// Cancellation of the run.
     pub cancel: CancellationToken,
+    /// Set when this request answers a remote run that waits for input: the handle an earlier
+    /// outcome gave ([`BackendOutcome::waiting`]); the last user message is the answer. With
+    /// its cancellation already fired, the request cancels that remote run instead.
+    pub answering: Option<String>,
 }
 
 /// What a backend run produced.
@@ -85,6 +89,10 @@ pub struct BackendOutcome {
     pub response: Option<String>,
     /// Token usage.
     pub usage: TokenUsage,
+    /// Set when the remote run waits for input (`termination` is `Suspended`, the question in
+    /// `response`): the remote side's handle on it (an A2A task id), which the request that
+    /// answers passes in [`BackendRequest::answering`].
+    pub waiting: Option<String>,
 }
 
 /// A backend failure.

@@ -10,7 +10,9 @@ use awaken_phase::{ActionHandler, HookError, Phase, PhaseContext, ScheduledActio
 use awaken_plugin::{LifecycleHooks, Plugin, PluginError, PluginManifest, PluginRegistrar};
 use awaken_resolver::BuiltinPlugins;
 use awaken_spec::{AgentSpec, InferenceOverride, ModelSpec};
-use awaken_state::{KeyHandle, KeyOptions, KeyScope, Snapshot, StateCommand, StateError, StateKey};
+use awaken_state::{
+    KeyHandle, KeyOptions, KeyScope, MergeStrategy, Snapshot, StateCommand, StateError, StateKey,
+};
 use serde::{Deserialize, Serialize};
 
 /// Id of the loop-actions plugin.
@@ -190,6 +192,11 @@ impl Plugin for LoopActionsPlugin {
         )?;
         r.register_key::<crate::delegate::child::DelegationDepthKey>(
             KeyOptions::new().with_scope(KeyScope::Run),
+        )?;
+        r.register_key::<crate::delegate::remote::RemoteWaitsKey>(
+            KeyOptions::new()
+                .with_scope(KeyScope::Run)
+                .with_merge(MergeStrategy::Commutative),
         )?;
         r.register_scheduled_action::<crate::intercept::InterceptToolCall, _>(
             crate::intercept::InterceptHandler,

@@ -64,7 +64,10 @@ pub use builtins::{
     StatsUpdate, StepDirectives, StepDirectivesKey, StopConditionsPlugin, StopRequest,
     StopRequestKey,
 };
-pub use delegate::{DEFAULT_MAX_DELEGATION_DEPTH, DelegationDepthKey, delegate_tool_id};
+pub use delegate::{
+    DEFAULT_MAX_DELEGATION_DEPTH, DelegationDepthKey, RemoteWait, RemoteWaitUpdate, RemoteWaitsKey,
+    delegate_tool_id,
+};
 pub use error::RunError;
 pub use handle::RunHandle;
 pub use ids::{IdSource, SequentialIds, SystemIds};

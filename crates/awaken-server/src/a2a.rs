@@ -38,7 +38,7 @@ use axum::routing::{get, post};
 use serde::Serialize;
 
 use crate::app::AgentServer;
-use crate::runs::{Decision, Job, resume_of, shutting_down, start};
+use crate::runs::{Job, resume_of, shutting_down, start};
 use crate::sse::{data, encoded_stream};
 
 use encoder::A2aEncoder;
@@ -358,14 +358,9 @@ async fn begin(
         }
         let mut decisions = input.decisions.clone();
         if decisions.is_empty() {
-            match (waiting.as_slice(), input.yes_or_no()) {
-                ([only], Some(decision)) => decisions.push(Decision {
-                    call_id: only.call.call_id.to_string(),
-                    decision,
-                    argument_digest: None,
-                    payload: None,
-                }),
-                _ => {
+            match input.decision_on(&waiting) {
+                Some(decision) => decisions.push(decision),
+                None => {
                     let calls: Vec<String> = waiting
                         .iter()
                         .map(|t| format!("`{}` ({})", t.call.call_id, t.call.tool_name))

@@ -26,6 +26,10 @@ pub struct EndpointSpec {
     /// endpoints by protocol or URL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<String>,
+    /// The environment variable holding the bearer token sent to this endpoint (read when a
+    /// request is sent, never stored; the token of a server serving this agent is never sent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bearer_token_env: Option<String>,
 }
 
 /// A condition that ends a run as `Stopped` (besides `max_rounds`, which is a field of its own).

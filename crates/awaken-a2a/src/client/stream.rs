@@ -3,9 +3,11 @@
 //! (`RunStart`, one step holding the answer's text, `RunFinish`), and the outcome.
 //!
 //! Completed is the answer (the artifacts' text, else the final status message's); input or
-//! authentication required suspends the run with the remote agent's question as its response;
+//! authentication required suspends the run with the remote agent's question as its response
+//! and the task's id as its handle (a request answering it sends its message into that task);
 //! failed, rejected, an HTTP error or a stream that is not well-formed is a [`BackendError`]
-//! saying what and where. A cancelled run asks the remote host to cancel the task.
+//! saying what and where. A cancelled run asks the remote host to cancel the task (the one it
+//! answers, when it was cancelled before its message went out).
 
 use std::future::Future;
 use std::pin::pin;
@@ -96,6 +98,8 @@ enum RunFailure {
         state: TaskState,
         message: String,
     },
+    #[error("the remote agent asked for input ({}) without naming its task", state.as_str())]
+    NoTaskId { state: TaskState },
     #[error("the stream of POST {url} ended before the task finished (last state: {})",
         last.map_or("none", TaskState::as_str))]
     EndedEarly {
@@ -108,8 +112,8 @@ enum RunFailure {
 enum Ended {
     /// The task completed (or the agent answered directly) with this text.
     Completed(String),
-    /// The task waits for the client; the agent's question.
-    Interrupted(String),
+    /// The task waits for the client: its id and the agent's question.
+    Interrupted { task_id: String, question: String },
     /// The task was canceled (by this run's cancellation or by the remote side).
     Canceled,
 }
@@ -149,9 +153,13 @@ async fn run_in_span(
     let ended = exchange(backend, agent, &request, sink).await;
     sink.emit(&AgentEvent::StepEnd { step: STEP });
     let (termination, response, result) = match ended {
-        Ok(Ended::Completed(text)) => (TerminationReason::NaturalEnd, Some(text), Ok(())),
-        Ok(Ended::Interrupted(question)) => (TerminationReason::Suspended, Some(question), Ok(())),
-        Ok(Ended::Canceled) => (TerminationReason::Cancelled, None, Ok(())),
+        Ok(Ended::Completed(text)) => (TerminationReason::NaturalEnd, Some(text), Ok(None)),
+        Ok(Ended::Interrupted { task_id, question }) => (
+            TerminationReason::Suspended,
+            Some(question),
+            Ok(Some(task_id)),
+        ),
+        Ok(Ended::Canceled) => (TerminationReason::Cancelled, None, Ok(None)),
         Err(failure) => {
             let message = format!("agent `{}`: {failure}", agent.id);
             tracing::warn!(agent = %agent.id, run_id = %request.run_id, "{message}");
@@ -173,10 +181,11 @@ async fn run_in_span(
         usage: Box::default(),
     });
     match result {
-        Ok(()) => Ok(BackendOutcome {
+        Ok(waiting) => Ok(BackendOutcome {
             termination,
             response,
             usage: TokenUsage::default(),
+            waiting,
         }),
         Err(message) => Err(BackendError {
             backend: A2A_BACKEND_ID.to_owned(),
@@ -206,6 +215,7 @@ async fn exchange(
         .ok_or(RunFailure::NoUserMessage)?;
     let mut message = Message::user_text(A2aBackend::message_id(&request.run_id), text);
     message.context_id = Some(A2aBackend::context_id(&request.thread_id));
+    message.task_id.clone_from(&request.answering);
     let body = serde_json::to_vec(&SendMessageRequest {
         message,
         ..SendMessageRequest::default()
@@ -221,12 +231,15 @@ async fn exchange(
         .header(ACCEPT, "text/event-stream")
         .body(body);
     let call = backend
-        .authorize(&agent.id, call)
+        .authorize(agent, call)
         .map_err(|variable| RunFailure::MissingCredential { variable })?;
+    // A cancelled request sends nothing; one answering a waiting task cancels that task.
     if request.cancel.is_cancelled() {
+        cancel_remote(backend, agent, base, request.answering.as_deref()).await;
         return Ok(Ended::Canceled);
     }
     let Some(response) = or_cancel(&request.cancel, call.send()).await else {
+        cancel_remote(backend, agent, base, request.answering.as_deref()).await;
         return Ok(Ended::Canceled);
     };
     let response = response.map_err(|source| RunFailure::Unreachable {
@@ -264,7 +277,8 @@ async fn exchange(
     let mut seen = 0usize;
     loop {
         let Some(next) = or_cancel(&request.cancel, bytes.next()).await else {
-            cancel_remote(backend, agent, base, task.id.as_deref()).await;
+            let task_id = task.id.as_deref().or(request.answering.as_deref());
+            cancel_remote(backend, agent, base, task_id).await;
             return Ok(Ended::Canceled);
         };
         let Some(chunk) = next else {
@@ -413,7 +427,15 @@ impl TaskProgress {
             }
             TaskState::InputRequired | TaskState::AuthRequired => {
                 emit_text(sink, &said);
-                Ok(Some(Ended::Interrupted(said)))
+                let Some(task_id) = self.id.clone() else {
+                    return Err(RunFailure::NoTaskId {
+                        state: status.state,
+                    });
+                };
+                Ok(Some(Ended::Interrupted {
+                    task_id,
+                    question: said,
+                }))
             }
             TaskState::Canceled => Ok(Some(Ended::Canceled)),
             TaskState::Failed | TaskState::Rejected => Err(RunFailure::TaskFailed {
@@ -479,7 +501,7 @@ async fn cancel_remote(backend: &A2aBackend, agent: &AgentSpec, base: &str, task
         .header(VERSION_HEADER, PROTOCOL_VERSION)
         .header(CONTENT_TYPE, "application/json")
         .body("{}");
-    let call = match backend.authorize(&agent.id, call) {
+    let call = match backend.authorize(agent, call) {
         Ok(call) => call,
         Err(variable) => {
             tracing::warn!(agent = %agent.id, %url, "no cancel sent: `{variable}` is not set");

@@ -19,6 +19,7 @@ pub(crate) fn remote_agent(id: &str, url: &str) -> AgentSpec {
     AgentSpec::new(id, "").with_endpoint(EndpointSpec {
         url: url.to_owned(),
         protocol: Some("a2a".to_owned()),
+        bearer_token_env: None,
     })
 }
 
@@ -37,6 +38,7 @@ pub(crate) fn request(run: &str, text: &str) -> BackendRequest {
         ],
         overrides: None,
         cancel: CancellationToken::new(),
+        answering: None,
     }
 }
 
@@ -262,6 +264,7 @@ async fn a_streamed_answer_becomes_the_outcome_and_the_events() {
             termination: TerminationReason::NaturalEnd,
             response: Some("Hello, world".to_owned()),
             usage: Default::default(),
+            waiting: None,
         })
     );
     let requests = server.requests();
@@ -462,9 +465,14 @@ async fn input_required_suspends_the_run_with_the_remote_question() {
             run_finish suspended response=Some("Which city?")
         "#]],
     );
+    // The waiting task's id is the handle an answer is sent into.
     assert_eq!(
-        outcome.map(|o| (o.termination, o.response)),
-        Ok((TerminationReason::Suspended, Some("Which city?".to_owned())))
+        outcome.map(|o| (o.termination, o.response, o.waiting)),
+        Ok((
+            TerminationReason::Suspended,
+            Some("Which city?".to_owned()),
+            Some("task-1".to_owned())
+        ))
     );
 }
 
@@ -587,14 +595,23 @@ async fn the_bearer_token_is_sent_only_for_the_agent_it_is_configured_for() {
     .await;
     let secured = remote_agent("secured", &server.url);
     let open = remote_agent("open", &server.url);
+    // The variable named by the agent's endpoint (as an agent file names it).
+    let mut named = remote_agent("named", &server.url);
+    if let Some(endpoint) = named.endpoint.as_mut() {
+        endpoint.bearer_token_env = Some("NAMED_TOKEN".to_owned());
+    }
     let backend = backend()
         .with_bearer_token_env("secured", "SECURED_TOKEN")
-        .with_env_lookup(|name| (name == "SECURED_TOKEN").then(|| "s3cret".to_owned()));
+        .with_env_lookup(|name| match name {
+            "SECURED_TOKEN" => Some("s3cret".to_owned()),
+            "NAMED_TOKEN" => Some("n4med".to_owned()),
+            _ => None,
+        });
     backend
-        .discover([&secured, &open])
+        .discover([&secured, &open, &named])
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    for agent in [&secured, &open] {
+    for agent in [&secured, &open, &named] {
         let sink = VecSink::new();
         backend
             .run(agent, request("r-1", "hi"), &sink)
@@ -607,13 +624,19 @@ async fn the_bearer_token_is_sent_only_for_the_agent_it_is_configured_for() {
         .map(|r| (r.path.clone(), r.header("authorization").map(str::to_owned)))
         .collect();
     let token = Some("Bearer s3cret".to_owned());
+    let named_token = Some("Bearer n4med".to_owned());
     assert_eq!(
         seen,
         [
             ("/.well-known/agent-card.json".to_owned(), token.clone()),
             ("/.well-known/agent-card.json".to_owned(), None),
+            (
+                "/.well-known/agent-card.json".to_owned(),
+                named_token.clone()
+            ),
             ("/message:stream".to_owned(), token),
             ("/message:stream".to_owned(), None),
+            ("/message:stream".to_owned(), named_token),
         ]
     );
 
@@ -645,6 +668,7 @@ fn the_backend_claims_only_a2a_endpoints() {
     let endpoint = |protocol: Option<&str>| EndpointSpec {
         url: "http://127.0.0.1:1".to_owned(),
         protocol: protocol.map(str::to_owned),
+        bearer_token_env: None,
     };
     assert!(backend.claims(&endpoint(Some("a2a"))));
     assert!(backend.claims(&endpoint(Some("A2A"))));

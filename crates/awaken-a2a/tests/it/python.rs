@@ -12,12 +12,14 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use awaken_event::{TerminationReason, VecSink, check_activation};
+use awaken_event::{TerminationReason, ToolCallResume, VecSink, check_activation};
 use awaken_resolver::ExecutionBackend;
+use awaken_runtime::Resume;
 use expect_test::expect;
 use serde_json::Value;
 
 use crate::client::{CancelOnText, backend, remote_agent, render, request};
+use crate::runtime::{asked, tool_result};
 
 /// The running SDK server; killed when dropped.
 struct SdkServer {
@@ -133,20 +135,26 @@ async fn the_sdk_agents_cards_pass_and_the_echo_answer_is_streamed_back() {
     assert_eq!(outcome.termination, TerminationReason::NaturalEnd);
 }
 
+/// The SDK's asker as a lead's delegate: its question suspends the lead's call, and the
+/// lead's resume answers it in the same remote task.
 #[tokio::test]
-async fn an_sdk_agent_asking_for_input_suspends_the_run() {
-    let Some(server) = start("an_sdk_agent_asking_for_input_suspends_the_run") else {
+async fn an_sdk_agents_question_round_trips_through_the_parents_resume() {
+    let Some(server) = start("an_sdk_agents_question_round_trips_through_the_parents_resume")
+    else {
         return;
     };
-    let asker = remote_agent("asker", &format!("{}/asker", server.url));
-    let outcome = backend()
-        .run(&asker, request("child-2", "weather"), &VecSink::new())
+    let (rt, thread, ticket) = asked(&format!("{}/asker", server.url)).await;
+    assert_eq!(ticket.message, "[remote] Which city?");
+    let answer = ToolCallResume::approve(&ticket.call).with_payload(Value::from("Paris"));
+    let sink = VecSink::new();
+    let outcome = rt
+        .resume(Resume::new(thread.clone()).with_decision(answer), &sink)
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(
-        (outcome.termination, outcome.response),
-        (TerminationReason::Suspended, Some("Which city?".to_owned()))
-    );
+        .unwrap_or_else(|e| panic!("resume: {e}"));
+    assert_eq!(outcome.termination, TerminationReason::NaturalEnd);
+    check_activation(&sink.events()).unwrap_or_else(|e| panic!("{e}"));
+    expect![[r#"{"agent":"remote","answer":"forecast for Paris"}"#]]
+        .assert_eq(&tool_result(&rt, &thread).await);
 }
 
 #[tokio::test]

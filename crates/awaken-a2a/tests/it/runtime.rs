@@ -4,9 +4,12 @@
 use std::sync::Arc;
 
 use awaken_a2a::A2aBackend;
-use awaken_event::{Role, TerminationReason, ThreadId};
+use awaken_event::{
+    AgentEvent, Role, SuspendTicket, TerminationReason, ThreadId, ToolCallResume, VecSink,
+    check_activation,
+};
 use awaken_llm::{ScriptToolCall, ScriptTurn, ScriptedExecutor};
-use awaken_runtime::{AgentRuntime, RunActivation, SequentialIds};
+use awaken_runtime::{AgentRuntime, Resume, RunActivation, SequentialIds};
 use awaken_spec::{AgentSpec, ModelSpec};
 use serde_json::{Value, json};
 
@@ -102,24 +105,132 @@ async fn a_remote_delegates_failure_is_an_error_result_for_the_model() {
         TerminationReason::NaturalEnd,
         "the lead goes on"
     );
-    expect_test::expect!["error: the child run could not go on: execution backend `a2a` failed: agent `remote`: remote task `task-1` ended TASK_STATE_FAILED: out of paper"].assert_eq(&result);
+    expect_test::expect!["error: the remote agent `remote` failed: execution backend `a2a` failed: agent `remote`: remote task `task-1` ended TASK_STATE_FAILED: out of paper"].assert_eq(&result);
 }
 
-/// A backend's suspension carries no ticket and leaves nothing in the child thread for the
-/// delegate tool to ask the parent with, so the delegate call fails: this pins that edge until
-/// the backend interface can carry the remote agent's question.
-#[tokio::test]
-async fn a_remote_delegate_asking_for_input_is_an_error_result_for_now() {
-    let server = Loopback::start(|_| {
-        Reply::Sse(stream(&[
+/// The loopback agent's replies: its question on a new task, then the answer to what the
+/// message continuing `task-1` says.
+fn asker(request: &crate::server::Recorded) -> Reply {
+    let message = &request.json()["message"];
+    if request.path.ends_with(":cancel") {
+        let task = json!({"id": "task-1", "contextId": "main/call-1",
+            "status": {"state": "TASK_STATE_CANCELED"}});
+        return Reply::Json(200, task.to_string());
+    }
+    if message["taskId"].is_null() {
+        return Reply::Sse(stream(&[
             json!({"task": {"id": "task-1", "contextId": "main/call-1", "status": {"state": "TASK_STATE_WORKING"}}}),
             json!({"statusUpdate": {"taskId": "task-1", "contextId": "main/call-1",
                 "status": {"state": "TASK_STATE_INPUT_REQUIRED", "message": {"messageId": "m", "role": "ROLE_AGENT", "parts": [{"text": "Which city?"}]}}}}),
-        ]))
-    })
-    .await;
-    let (termination, result) = lead_run(&server).await;
-    assert_eq!(termination, TerminationReason::NaturalEnd);
-    expect_test::expect!["error: the child run is suspended but waits on no call"]
-        .assert_eq(&result);
+        ]));
+    }
+    let city = message["parts"][0]["text"].as_str().unwrap_or_default();
+    Reply::Sse(stream(&[
+        json!({"statusUpdate": {"taskId": "task-1", "contextId": "main/call-1", "status": {"state": "TASK_STATE_WORKING"}}}),
+        json!({"artifactUpdate": {"taskId": "task-1", "contextId": "main/call-1",
+            "artifact": {"artifactId": "a", "parts": [{"text": format!("Sunny in {city}")}]}}}),
+        json!({"statusUpdate": {"taskId": "task-1", "contextId": "main/call-1", "status": {"state": "TASK_STATE_COMPLETED"}}}),
+    ]))
+}
+
+/// Runs the lead (its remote delegate at `url`) until the remote agent's question suspends it; the runtime and the ticket.
+pub(crate) async fn asked(url: &str) -> (AgentRuntime, ThreadId, SuspendTicket) {
+    let rt = runtime(url, backend());
+    let thread = ThreadId::new("main").unwrap_or_else(|e| panic!("{e}"));
+    let out = rt
+        .run_to_completion(RunActivation::new(thread.clone(), "lead").with_user_message("go"))
+        .await
+        .unwrap_or_else(|e| panic!("run: {e}"));
+    assert_eq!(out.termination, TerminationReason::Suspended);
+    let waiting = rt
+        .waiting_calls(&thread)
+        .await
+        .unwrap_or_else(|e| panic!("waiting: {e}"));
+    let [ticket] = <[SuspendTicket; 1]>::try_from(waiting)
+        .unwrap_or_else(|w| panic!("one waiting call, not {w:?}"));
+    (rt, thread, ticket)
+}
+
+/// The delegate call's result as the model saw it.
+pub(crate) async fn tool_result(rt: &AgentRuntime, thread: &ThreadId) -> String {
+    let history = rt
+        .history(thread)
+        .await
+        .unwrap_or_else(|e| panic!("history: {e}"));
+    history
+        .iter()
+        .find(|m| m.role == Role::Tool)
+        .map(awaken_event::Message::content_as_text)
+        .unwrap_or_else(|| panic!("no tool result in {history:?}"))
+}
+
+#[tokio::test]
+async fn a_remote_delegates_question_suspends_the_call_and_the_answer_continues_its_task() {
+    let server = Loopback::start(asker).await;
+    let (rt, thread, ticket) = asked(&server.url).await;
+    assert_eq!(ticket.message, "[remote] Which city?");
+    assert_eq!(ticket.call.call_id.as_str(), "call-1");
+    assert_eq!(ticket.call.tool_name, "delegate_remote");
+
+    // An approval without an answer is refused; nothing is sent.
+    let unanswered = ToolCallResume::approve(&ticket.call);
+    let refused = rt
+        .resume_to_completion(Resume::new(thread.clone()).with_decision(unanswered))
+        .await;
+    assert!(
+        matches!(&refused, Err(e) if e.to_string().contains("does not match its schema")),
+        "{refused:?}"
+    );
+    assert_eq!(server.requests().len(), 1);
+
+    let answer = ToolCallResume::approve(&ticket.call).with_payload(json!("Paris"));
+    let sink = VecSink::new();
+    let out = rt
+        .resume(Resume::new(thread.clone()).with_decision(answer), &sink)
+        .await
+        .unwrap_or_else(|e| panic!("resume: {e}"));
+    assert_eq!(out.termination, TerminationReason::NaturalEnd);
+    check_activation(&sink.events()).unwrap_or_else(|e| panic!("{e}"));
+    // The remote agent's streamed text is the call's progress.
+    assert!(
+        sink.events().iter().any(|e| matches!(e,
+            AgentEvent::ToolCallProgress { progress, .. } if progress["text"] == "Sunny in Paris")),
+        "{:?}",
+        sink.events()
+    );
+    expect_test::expect![[r#"{"agent":"remote","answer":"Sunny in Paris"}"#]]
+        .assert_eq(&tool_result(&rt, &thread).await);
+
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2);
+    let (first, second) = (
+        &requests[0].json()["message"],
+        &requests[1].json()["message"],
+    );
+    // The answer goes into the waiting task, in its context, under a message id of its own.
+    assert_eq!(second["taskId"], "task-1");
+    assert_eq!(second["contextId"], first["contextId"]);
+    assert_eq!(second["parts"], json!([{"text": "Paris"}]));
+    assert_ne!(second["messageId"], first["messageId"]);
+}
+
+#[tokio::test]
+async fn declining_a_remote_delegates_question_cancels_its_task() {
+    let server = Loopback::start(asker).await;
+    let (rt, thread, ticket) = asked(&server.url).await;
+    let out = rt
+        .resume_to_completion(
+            Resume::new(thread.clone()).with_decision(ToolCallResume::deny(&ticket.call)),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("resume: {e}"));
+    assert_eq!(out.termination, TerminationReason::NaturalEnd);
+    expect_test::expect![
+        "error: the user declined to answer `remote`'s question; its remote task was asked to cancel"
+    ]
+    .assert_eq(&tool_result(&rt, &thread).await);
+    let requests = server.requests();
+    let paths: Vec<&str> = requests.iter().map(|r| r.path.as_str()).collect();
+    assert_eq!(paths.len(), 2, "{paths:?}");
+    assert!(paths[1].ends_with("/tasks/task-1:cancel"), "{paths:?}");
 }

@@ -86,6 +86,7 @@ fn chains_diamonds_and_endpoint_agents_are_no_cycle() {
             .with_endpoint(EndpointSpec {
                 url: "echo://remote".into(),
                 protocol: None,
+                bearer_token_env: None,
             })
             .with_delegate("local"),
     );

@@ -210,6 +210,7 @@ fn every_resolve_error_variant() {
             base().with_agent_spec(AgentSpec::new("remote", "").with_endpoint(EndpointSpec {
                 url: "echo://x".into(),
                 protocol: None,
+                bearer_token_env: None,
             })),
             "remote",
             "agent `remote` is served by endpoint `echo://x` and cannot be resolved for the local loop",
@@ -321,6 +322,7 @@ fn every_resolve_error_variant() {
         base().with_agent_spec(AgentSpec::new("r", "").with_endpoint(EndpointSpec {
             url: "a2a://far".into(),
             protocol: None,
+            bearer_token_env: None,
         })),
     );
     assert!(matches!(
@@ -366,6 +368,7 @@ async fn an_endpoint_agent_plans_onto_its_backend() {
         base().with_agent_spec(AgentSpec::new("remote", "").with_endpoint(EndpointSpec {
             url: "echo://x".into(),
             protocol: None,
+            bearer_token_env: None,
         })),
     );
     let Ok(ResolvedRunPlan::Backend(plan)) = r.plan("remote") else {
@@ -383,6 +386,7 @@ async fn an_endpoint_agent_plans_onto_its_backend() {
                 messages: vec![Message::user("ping")],
                 overrides: None,
                 cancel: Default::default(),
+                answering: None,
             },
             &sink,
         )

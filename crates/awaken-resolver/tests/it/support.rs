@@ -147,6 +147,7 @@ impl ExecutionBackend for EchoBackend {
             termination: TerminationReason::NaturalEnd,
             response,
             usage: TokenUsage::default(),
+            waiting: None,
         })
     }
 }

@@ -87,6 +87,7 @@ pub(super) async fn build<'a>(
                 messages,
                 overrides: inference.map(|i| *i),
                 cancel,
+                answering: None,
             };
             let outcome = b
                 .backend

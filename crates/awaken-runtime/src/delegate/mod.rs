@@ -4,7 +4,8 @@
 //! instead of starting another). The child's final answer is the call's result; a child failure
 //! is an error result; a child waiting for a human suspends the parent's call with the child's
 //! question, and the parent's decision is forwarded to the child; cancelling the parent cancels
-//! the child.
+//! the child. A remote delegate (an agent with an endpoint) has no local child run: its
+//! backend runs the task remotely (see `remote`).
 //!
 //! Delegation is bounded in depth: a child run is its parent's depth + 1 (a root run is 0,
 //! kept in the run's state), and a call that would start a child deeper than the runtime's
@@ -17,7 +18,7 @@ use awaken_event::{
     EffectClass, NullSink, ResumeMode, SuspendTicket, TerminationReason, ThreadId, ToolCallResume,
     ToolDescriptor, ToolResult,
 };
-use awaken_resolver::DelegateToolFactory;
+use awaken_resolver::{DelegateToolFactory, ResolvedRunPlan};
 use awaken_spec::AgentSpec;
 use awaken_store::RunStatus;
 use awaken_tool::{Tool, ToolCallContext, ToolError, ToolOutput};
@@ -32,9 +33,11 @@ use crate::resume::Resume;
 use crate::runtime::AgentRuntime;
 
 pub(crate) mod child;
+pub(crate) mod remote;
 
 pub use child::{DelegationDepthKey, delegate_tool_id};
 use child::{child_run_id, child_thread_id};
+pub use remote::{RemoteWait, RemoteWaitUpdate, RemoteWaitsKey};
 
 /// How deep below its root run a delegate's child run may be unless the runtime's builder sets
 /// another limit (`AgentRuntimeBuilder::with_max_delegation_depth`): a root run, its child, and
@@ -93,6 +96,7 @@ impl DelegateToolFactory for DelegateFactory {
                 .with_effect(EffectClass::Idempotent),
             runtime: self.runtime.clone(),
             max_depth: self.max_depth,
+            remote: delegate.endpoint.is_some(),
         }))
     }
 }
@@ -104,6 +108,8 @@ struct DelegateTool {
     runtime: Arc<OnceLock<Weak<RuntimeInner>>>,
     /// The deepest a child run may be.
     max_depth: u32,
+    /// Whether the delegate is a remote agent (an endpoint run by an execution backend).
+    remote: bool,
 }
 
 #[async_trait]
@@ -121,6 +127,20 @@ impl Tool for DelegateTool {
             .ok_or_else(|| ToolError::Execution {
                 message: "the runtime that owns this delegate is gone".into(),
             })?;
+        if self.remote {
+            return match rt.resolver().plan(&self.agent_id) {
+                Ok(ResolvedRunPlan::Backend(remote)) => remote::delegate(&remote, args, ctx).await,
+                Ok(ResolvedRunPlan::Local(_)) => Err(ToolError::Execution {
+                    message: format!(
+                        "no execution backend runs the remote agent `{}`",
+                        self.agent_id
+                    ),
+                }),
+                Err(e) => Err(ToolError::Execution {
+                    message: format!("the remote agent `{}` cannot be run: {e}", self.agent_id),
+                }),
+            };
+        }
         let run_id = child_run_id(ctx.idempotency_key().as_str())?;
         let thread_id = child_thread_id(ctx.thread_id(), ctx.call_id(), &run_id)?;
         let checkpoint =

@@ -57,6 +57,7 @@ impl ExecutionBackend for Forward {
             termination: out.termination,
             response: out.response,
             usage: out.usage,
+            waiting: None,
         })
     }
 }
@@ -92,6 +93,7 @@ fn client(backend: Forward) -> AgentRuntime {
             AgentSpec::new("helper", "model").with_endpoint(EndpointSpec {
                 url: "local://worker".into(),
                 protocol: None,
+                bearer_token_env: None,
             }),
         )
         .build()

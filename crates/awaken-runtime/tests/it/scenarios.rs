@@ -707,14 +707,38 @@ fn every_commutative_builtin_key_has_a_property_test() {
         .filter(|k| k.options.merge == MergeStrategy::Commutative)
         .map(|k| k.name)
         .collect();
-    // Keys with a `check_commutative` test in this file (none of the built-ins is commutative
-    // today: their updates are ordered by the loop).
-    let tested: Vec<&str> = Vec::new();
+    // Keys with a `check_commutative` test in this file.
+    let tested = [<awaken_runtime::RemoteWaitsKey as awaken_state::StateKey>::KEY];
     assert_eq!(commutative, tested);
     assert!(
         env.keys()
             .contains(<RunStatsKey as awaken_state::StateKey>::KEY)
     );
+}
+
+/// The remote waits of concurrent delegate calls commute: each call writes only its own entry
+/// (the call ids are drawn from a space where two calls never share one).
+#[test]
+fn remote_waits_of_distinct_calls_commute() {
+    use awaken_runtime::{RemoteWait, RemoteWaitUpdate, RemoteWaitsKey};
+    use proptest::prelude::*;
+    let update = (any::<u64>(), any::<bool>(), 0u32..3).prop_map(|(call, waits, answers)| {
+        let call = format!("call-{call}");
+        if waits {
+            RemoteWaitUpdate::Wait {
+                call,
+                wait: RemoteWait {
+                    handle: format!("task-{answers}"),
+                    question: "Which city?".to_owned(),
+                    answers,
+                },
+            }
+        } else {
+            RemoteWaitUpdate::Done { call }
+        }
+    });
+    awaken_state::testing::check_commutative::<RemoteWaitsKey>(update)
+        .unwrap_or_else(|v| panic!("{v}"));
 }
 
 /// A tool that signals it started, then waits until the run is cancelled.

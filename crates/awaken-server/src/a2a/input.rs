@@ -5,10 +5,11 @@
 //! `callId`; `"decision": "approve" | "deny"` instead of `approve`; an optional
 //! `argument_digest` and `payload`), or, when exactly one call waits, as the message's whole
 //! text: `yes`, `y`, `ok`, `approve`, `approved` approve it; `no`, `n`, `deny`, `denied`,
-//! `reject` deny it (any case, trailing `.` or `!` ignored).
+//! `reject` deny it (any case, trailing `.` or `!` ignored). When that one call asks for a text
+//! answer (a remote agent's question), the whole text is the answer instead.
 
 use awaken_a2a::{A2aError, Message, PartContent, Role};
-use awaken_event::ResumeDecision;
+use awaken_event::{ResumeDecision, SuspendTicket};
 use serde_json::{Map, Value};
 
 use crate::runs::Decision;
@@ -56,6 +57,31 @@ impl Input {
         }
         input.text = lines.join("\n");
         Ok(input)
+    }
+
+    /// The decision the text gives on the one call of `waiting`: the answer itself when the
+    /// call asks for a text answer, else a yes or a no.
+    pub(crate) fn decision_on(&self, waiting: &[SuspendTicket]) -> Option<Decision> {
+        let [only] = waiting else {
+            return None;
+        };
+        let decision = |decision, payload| Decision {
+            call_id: only.call.call_id.to_string(),
+            decision,
+            argument_digest: None,
+            payload,
+        };
+        let wants_text = only
+            .response_schema
+            .as_ref()
+            .and_then(|schema| schema.get("type"))
+            .and_then(Value::as_str)
+            == Some("string");
+        if wants_text && !self.text.trim().is_empty() {
+            let answer = Value::String(self.text.clone());
+            return Some(decision(ResumeDecision::Approve, Some(answer)));
+        }
+        self.yes_or_no().map(|d| decision(d, None))
     }
 
     /// The decision the text gives, read as a yes or a no.

@@ -234,6 +234,45 @@ fn a_lone_yes_or_no_is_a_decision() {
 }
 
 #[test]
+fn a_text_answers_the_one_call_that_asks_for_text() {
+    let ticket = |schema: Option<serde_json::Value>| SuspendTicket {
+        suspension_id: "s".to_owned(),
+        call: PendingCall {
+            call_id: ToolCallId::new("c1").expect("an id"),
+            tool_name: "delegate_remote".to_owned(),
+            arguments: json!({}),
+            argument_digest: "d".to_owned(),
+        },
+        message: "[remote] Which city?".to_owned(),
+        response_schema: schema,
+        resume_mode: ResumeMode::PassDecisionToTool,
+    };
+    let on = |text: &str, waiting: &[SuspendTicket]| {
+        Input::read(&message(vec![Part::text(text)])).map(|i| {
+            i.decision_on(waiting)
+                .map(|d| (d.call_id, d.decision, d.payload))
+        })
+    };
+    let asks = ticket(Some(json!({"type": "string", "minLength": 1})));
+    let approve = |payload| Ok(Some(("c1".to_owned(), ResumeDecision::Approve, payload)));
+    assert_eq!(
+        on("Paris", std::slice::from_ref(&asks)),
+        approve(Some(json!("Paris")))
+    );
+    // Even a yes is the answer to a question.
+    assert_eq!(
+        on("yes", std::slice::from_ref(&asks)),
+        approve(Some(json!("yes")))
+    );
+    // A call asking for approval takes a yes or a no only.
+    let approval = ticket(None);
+    assert_eq!(on("yes", std::slice::from_ref(&approval)), approve(None));
+    assert_eq!(on("Paris", std::slice::from_ref(&approval)), Ok(None));
+    // Two waiting calls: the text alone decides neither.
+    assert_eq!(on("Paris", &[asks.clone(), asks]), Ok(None));
+}
+
+#[test]
 fn a_bad_message_names_the_part_at_fault() {
     let refused = |m: Message| match Input::read(&m) {
         Err(e) => format!("{}: {e}", e.reason()),

@@ -152,6 +152,7 @@ fn validation_names_the_field() {
     let remote = AgentSpec::new("r", "").with_endpoint(EndpointSpec {
         url: "a2a://x".into(),
         protocol: None,
+        bearer_token_env: None,
     });
     assert!(remote.validate().is_ok());
 }
