@@ -195,11 +195,65 @@ async fn run_in_span(
 }
 
 /// Sends the message and follows the task's stream to its end, its cancellation or a failure.
+/// Dropped before then with its cancellation fired (a runtime drops the future of a call it
+/// cancels), it has the remote task cancelled in the background. Dropped otherwise (a process
+/// stopping its runs at their last checkpoint), the task goes on for the run's recovery to
+/// find again.
 async fn exchange(
     backend: &A2aBackend,
     agent: &AgentSpec,
     request: &BackendRequest,
     sink: &dyn EventSink,
+) -> Result<Ended, RunFailure> {
+    let mut abandoned = Abandoned {
+        backend,
+        agent,
+        cancel: &request.cancel,
+        task_id: request.answering.clone(),
+        armed: true,
+    };
+    let ended = follow(backend, agent, request, sink, &mut abandoned.task_id).await;
+    abandoned.armed = false;
+    ended
+}
+
+/// The remote task of an exchange in flight, cancelled if the exchange is dropped unfinished
+/// after its run's cancellation.
+struct Abandoned<'a> {
+    backend: &'a A2aBackend,
+    agent: &'a AgentSpec,
+    cancel: &'a CancellationToken,
+    /// The task, once known (the answered one, or the one the stream names).
+    task_id: Option<String>,
+    /// Cleared when the exchange finished.
+    armed: bool,
+}
+
+impl Drop for Abandoned<'_> {
+    fn drop(&mut self) {
+        if !self.armed || !self.cancel.is_cancelled() {
+            return;
+        }
+        let (Some(task_id), Some(endpoint), Ok(runtime)) = (
+            self.task_id.take(),
+            self.agent.endpoint.as_ref(),
+            tokio::runtime::Handle::try_current(),
+        ) else {
+            return;
+        };
+        let (backend, agent) = (self.backend.clone(), self.agent.clone());
+        let base = base_url(endpoint).to_owned();
+        runtime.spawn(async move { cancel_remote(&backend, &agent, &base, Some(&task_id)).await });
+    }
+}
+
+/// [`exchange`]'s work; `known` is kept up to date with the remote task's id.
+async fn follow(
+    backend: &A2aBackend,
+    agent: &AgentSpec,
+    request: &BackendRequest,
+    sink: &dyn EventSink,
+    known: &mut Option<String>,
 ) -> Result<Ended, RunFailure> {
     let Some(endpoint) = agent.endpoint.as_ref() else {
         // The resolver hands a backend only agents with an endpoint.
@@ -318,7 +372,11 @@ async fn exchange(
                     source,
                 },
             })?;
-            if let Some(ended) = task.apply(event, sink)? {
+            let ended = task.apply(event, sink)?;
+            if known.is_none() {
+                known.clone_from(&task.id);
+            }
+            if let Some(ended) = ended {
                 return Ok(ended);
             }
         }

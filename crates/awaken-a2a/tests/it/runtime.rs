@@ -201,6 +201,24 @@ async fn a_remote_delegates_question_suspends_the_call_and_the_answer_continues_
     expect_test::expect![[r#"{"agent":"remote","answer":"Sunny in Paris"}"#]]
         .assert_eq(&tool_result(&rt, &thread).await);
 
+    // The history the next provider request carries: one result for the one call, after it.
+    let history = rt
+        .history(&thread)
+        .await
+        .unwrap_or_else(|e| panic!("history: {e}"));
+    let shape: Vec<(Role, usize)> = history
+        .iter()
+        .map(|m| (m.role, m.tool_calls.len()))
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            (Role::User, 0),
+            (Role::Assistant, 1),
+            (Role::Tool, 0),
+            (Role::Assistant, 0)
+        ]
+    );
     let requests = server.requests();
     assert_eq!(requests.len(), 2);
     let (first, second) = (
@@ -233,4 +251,58 @@ async fn declining_a_remote_delegates_question_cancels_its_task() {
     let paths: Vec<&str> = requests.iter().map(|r| r.path.as_str()).collect();
     assert_eq!(paths.len(), 2, "{paths:?}");
     assert!(paths[1].ends_with("/tasks/task-1:cancel"), "{paths:?}");
+}
+
+/// Cancels the run at the delegate call's first progress report.
+struct CancelOnProgress {
+    events: VecSink,
+    cancel: awaken_event::CancellationToken,
+}
+
+impl awaken_event::EventSink for CancelOnProgress {
+    fn emit(&self, event: &AgentEvent) {
+        if matches!(event, AgentEvent::ToolCallProgress { .. }) {
+            self.cancel.cancel();
+        }
+        self.events.emit(event);
+    }
+}
+
+#[tokio::test]
+async fn cancelling_the_parent_while_its_remote_delegate_streams_cancels_the_remote_task() {
+    let (cancelled, mut cancel_seen) = tokio::sync::mpsc::unbounded_channel();
+    let server = Loopback::start(move |r| {
+        if r.path.ends_with(":cancel") {
+            let _ = cancelled.send(r.path.clone());
+            let task = json!({"id": "task-1", "contextId": "main/call-1",
+                "status": {"state": "TASK_STATE_CANCELED"}});
+            return Reply::Json(200, task.to_string());
+        }
+        Reply::SseHeld(stream(&[
+            json!({"task": {"id": "task-1", "contextId": "main/call-1", "status": {"state": "TASK_STATE_WORKING"}}}),
+            json!({"artifactUpdate": {"taskId": "task-1", "contextId": "main/call-1",
+                "artifact": {"artifactId": "a", "parts": [{"text": "partial"}]}}}),
+        ]))
+    })
+    .await;
+    let rt = runtime(&server.url, backend());
+    let thread = ThreadId::new("main").unwrap_or_else(|e| panic!("{e}"));
+    let activation = RunActivation::new(thread.clone(), "lead").with_user_message("go");
+    let sink = CancelOnProgress {
+        events: VecSink::new(),
+        cancel: activation.cancel.clone(),
+    };
+    let out = rt
+        .run(activation, &sink)
+        .await
+        .unwrap_or_else(|e| panic!("run: {e}"));
+    assert_eq!(out.termination, TerminationReason::Cancelled);
+    check_activation(&sink.events.events()).unwrap_or_else(|e| panic!("{e}"));
+    // The runtime dropped the call's future; the remote task is cancelled in the background.
+    let cancel = tokio::time::timeout(std::time::Duration::from_secs(10), cancel_seen.recv())
+        .await
+        .unwrap_or_else(|_| panic!("no cancel reached the remote host: {:?}", server.requests()));
+    assert_eq!(cancel.as_deref(), Some("/tasks/task-1:cancel"));
+    let paths: Vec<String> = server.requests().iter().map(|r| r.path.clone()).collect();
+    assert_eq!(paths, ["/message:stream", "/tasks/task-1:cancel"]);
 }
