@@ -124,15 +124,7 @@ fn us_per_step(
         let mut measured = Vec::with_capacity(windows);
         let faults_before = minor_faults();
         for _ in 0..windows {
-            let started = Instant::now();
-            for _ in 0..runs {
-                let out = runtime
-                    .run_to_completion(activation())
-                    .await
-                    .unwrap_or_else(|e| panic!("{e}"));
-                assert_eq!(out.steps as usize, n, "loop-{n} takes {n} steps");
-            }
-            measured.push(started.elapsed().as_secs_f64() * 1e6 / (runs * n) as f64);
+            measured.push(window(runtime, n, runs).await);
         }
         if let (Some(before), Some(after)) = (faults_before, minor_faults()) {
             faults = Some(after.saturating_sub(before) as f64 / (runs * windows) as f64);
@@ -144,17 +136,38 @@ fn us_per_step(
     if let Some(f) = faults {
         println!("  (minor page faults per run: {f:.2})");
     }
-    measured.sort_by(f64::total_cmp);
     Sequential {
-        us_per_step: measured[measured.len() / 2],
+        us_per_step: median(&mut measured),
         faults_per_run: faults,
     }
+}
+
+/// Microseconds per step over `runs` sequential runs of loop-`n`.
+async fn window(runtime: &AgentRuntime, n: usize, runs: usize) -> f64 {
+    let started = Instant::now();
+    for _ in 0..runs {
+        let out = runtime
+            .run_to_completion(activation())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(out.steps as usize, n, "loop-{n} takes {n} steps");
+    }
+    started.elapsed().as_secs_f64() * 1e6 / (runs * n) as f64
+}
+
+/// The middle of `values` (sorted here).
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
 }
 
 /// What [`otel_us_per_step`] measured.
 struct Exported {
     /// The median window's microseconds per step, with the export installed.
     us_per_step: f64,
+    /// The median of the windows' ratios: each export window over the window without the
+    /// export just before it.
+    ratio: f64,
     /// The spans a step makes (under the export's filter).
     spans_per_step: f64,
     /// The spans the receiver got, and the spans the runs made.
@@ -179,6 +192,12 @@ impl<S: tracing::Subscriber> Layer<S> for SpanCount {
 /// [`us_per_step`] with the OTLP export as the default subscriber (the layer under
 /// `awaken_otel::default_filter`, as the command installs it), its batches sent to an OTLP
 /// receiver on loopback; with the spans a step makes and how many the receiver got.
+///
+/// Each window with the export follows one without any subscriber, and the ratio is taken
+/// window by window: the host's speed drifts more between two phases of the program than
+/// between neighbouring windows. Each export window has a pipeline of its own, started (and
+/// warmed by one run) before its clock starts and shut down after it stops, so the windows
+/// without it run as the plain figure does, with no subscriber alive.
 fn otel_us_per_step(
     rt: &tokio::runtime::Runtime,
     runtime: &AgentRuntime,
@@ -193,18 +212,39 @@ fn otel_us_per_step(
         rt.block_on(runtime.run_to_completion(activation()))
             .unwrap_or_else(|e| panic!("{e}"));
     }
+    // The callsites cached the counter's interest; the windows without the export run without.
+    tracing::callsite::rebuild_interest_cache();
     let per_run = counted.load(Ordering::Relaxed);
     let sink = OtlpSink::start();
     let config = awaken_otel::OtelConfig::new(&sink.endpoint).unwrap_or_else(|e| panic!("{e}"));
-    let (layer, guard) = awaken_otel::layer::<Registry>(&config).unwrap_or_else(|e| panic!("{e}"));
-    let measured = {
-        let subscriber = Registry::default().with(layer.with_filter(awaken_otel::default_filter()));
-        let _default = tracing::subscriber::set_default(subscriber);
-        us_per_step(rt, runtime, n, runs, windows)
+    let (mut plain, mut exported) = (Vec::new(), Vec::new());
+    for _ in 0..windows {
+        plain.push(rt.block_on(window(runtime, n, runs)));
+        let (layer, guard) =
+            awaken_otel::layer::<Registry>(&config).unwrap_or_else(|e| panic!("{e}"));
+        {
+            let subscriber =
+                Registry::default().with(layer.with_filter(awaken_otel::default_filter()));
+            let _default = tracing::subscriber::set_default(subscriber);
+            rt.block_on(runtime.run_to_completion(activation()))
+                .unwrap_or_else(|e| panic!("{e}")); // warm up
+            exported.push(rt.block_on(window(runtime, n, runs)));
+        }
+        guard.shutdown().unwrap_or_else(|e| panic!("{e}"));
+        tracing::callsite::rebuild_interest_cache();
+    }
+    let shown = |w: &[f64]| {
+        w.iter()
+            .map(|w| format!("{w:.2}"))
+            .collect::<Vec<_>>()
+            .join(" ")
     };
-    guard.shutdown().unwrap_or_else(|e| panic!("{e}"));
-    // The callsites cached the export's interest; the workloads after this one run without.
-    tracing::callsite::rebuild_interest_cache();
+    println!(
+        "  (us per step in each window, without / with the export: {} / {})",
+        shown(&plain),
+        shown(&exported)
+    );
+    let mut ratios: Vec<f64> = exported.iter().zip(&plain).map(|(e, p)| e / p).collect();
     let received = sink
         .take_traces()
         .iter()
@@ -222,11 +262,12 @@ fn otel_us_per_step(
         })
         .sum();
     Exported {
-        us_per_step: measured.us_per_step,
+        us_per_step: median(&mut exported),
+        ratio: median(&mut ratios),
         spans_per_step: per_run as f64 / n as f64,
         received,
-        // The measured runs and the warm-up run.
-        made: per_run * (runs * windows + 1),
+        // Each window's measured runs and its warm-up run.
+        made: per_run * windows * (runs + 1),
     }
 }
 
@@ -259,12 +300,9 @@ fn main() {
     let want = |name: &str| name.starts_with(only.as_str());
 
     let loop5 = runtime(5, 0, None);
-    // The figure without the export, for the cost per exported span.
-    let mut loop5_plain = None;
     if want("e2e/loop5_us_per_step") {
         let loop5_seq = us_per_step(&current, &loop5, 5, scale(2000, 20), windows);
         add("e2e/loop5_us_per_step", loop5_seq.us_per_step, "us");
-        loop5_plain = Some(loop5_seq.us_per_step);
         // A diagnostic figure without a target: heap faulted in a page at a time, a cost no
         // instruction count shows.
         if let Some(f) = loop5_seq.faults_per_run {
@@ -274,18 +312,15 @@ fn main() {
     if want("e2e/loop5_us_per_step_otel") {
         let otel = otel_us_per_step(&current, &loop5, 5, scale(2000, 20), windows);
         add("e2e/loop5_us_per_step_otel", otel.us_per_step, "us");
+        add("e2e/loop5_otel_ratio", otel.ratio, "x");
         println!(
-            "  (spans per step: {:.1}; received {} of {} spans)",
-            otel.spans_per_step, otel.received, otel.made
+            "  (spans per step: {:.1}; received {} of {} spans; cost per exported span: {:.2} us \
+             = the export's us per step x (1 - 1 / ratio) / spans per step)",
+            otel.spans_per_step,
+            otel.received,
+            otel.made,
+            otel.us_per_step * (1.0 - 1.0 / otel.ratio) / otel.spans_per_step
         );
-        if let Some(plain) = loop5_plain {
-            println!(
-                "  (cost per exported span: {:.2} us = (otel - plain) us per step / spans per step; \
-                 {:.2}x the figure without the export)",
-                (otel.us_per_step - plain) / otel.spans_per_step,
-                otel.us_per_step / plain
-            );
-        }
     }
     if want("e2e/loop257_us_per_step") {
         let loop257 = runtime(257, 0, None);
