@@ -291,7 +291,9 @@ impl<E: Encoder> EventStream<E> {
                     Ok(f) => self.push(f),
                     Err(broadcast::error::RecvError::Lagged(_)) => {
                         self.rx = None;
-                        if let Err(e) = self.catch_up(self.last).await {
+                        // Boxed: every idle stream's future would otherwise hold room for
+                        // this rare path's store reads (about 440 bytes).
+                        if let Err(e) = Box::pin(self.catch_up(self.last)).await {
                             self.notice(
                                 "error",
                                 &serde_json::json!({"message": format!("the stream cannot catch up: {e}")}),
