@@ -913,10 +913,9 @@ fn remote_backend(files: &[AgentFile]) -> Result<Option<Arc<A2aBackend>>> {
 /// Fetches and checks the agent card of each remote agent among `files` (reachable, the A2A
 /// HTTP+JSON binding 1.0, streaming), before a runtime is built on them.
 pub(crate) async fn check_remote_agents(files: &[AgentFile]) -> Result<()> {
-    if !files.iter().any(|f| f.agent.endpoint.is_some()) {
+    let Some(backend) = remote_backend(files)? else {
         return Ok(());
-    }
-    let backend = A2aBackend::new().map_err(|e| anyhow!("{e}"))?;
+    };
     for file in files.iter().filter(|f| f.agent.endpoint.is_some()) {
         backend
             .discover([&file.agent])

@@ -14,8 +14,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::commands::{STUCK, Stream, Watched};
-use super::serve::{request, start_serving};
-use crate::{PROXY_VARS, path_str, repo, temp_dir, temp_store, text};
+use super::serve::{client_against_served, request, start_serving};
+use crate::{PROXY_VARS, path_str, repo, temp_dir, temp_store};
 
 /// The variable that makes a missing Python peer (`pip install -r .ci/requirements.txt`) a
 /// failure.
@@ -149,35 +149,18 @@ fn a2a_sdk_discovers_sends_streams_cancels_and_answers_approvals() {
             path_str(&path).to_owned()
         })
         .collect();
-    let mut serve = vec!["--store", "memory", "--listen", "127.0.0.1:0"];
-    for f in &files {
-        serve.extend(["--agent", f.as_str()]);
-    }
-    let (process, mut stderr, addr) = start_serving(&serve, &[], files.len());
-    let script = repo().join("tests/python/a2a_client.py");
-    let out = python()
-        .arg(&script)
-        .arg(format!("http://{addr}"))
-        .current_dir(&dir)
-        .output()
-        .expect("python3 runs");
-    process.signal("-TERM");
-    let status = process.wait();
-    let served = stderr.rest();
-    assert!(
-        out.status.success(),
-        "{} failed ({:?}):\n{}{}\nserver:\n{served}",
-        script.display(),
-        out.status.code(),
-        text(&out.stdout),
-        text(&out.stderr)
+    client_against_served(
+        &files,
+        |url| {
+            let mut client = python();
+            client
+                .arg(repo().join("tests/python/a2a_client.py"))
+                .arg(url)
+                .current_dir(&dir);
+            client
+        },
+        "ok: the A2A SDK works against awaken serve",
     );
-    assert!(
-        text(&out.stdout).contains("ok: the A2A SDK works against awaken serve"),
-        "{}",
-        text(&out.stdout)
-    );
-    assert_eq!(status.code(), Some(0), "server:\n{served}");
     // The approved append ran; the denied one did not.
     let todo = std::fs::read_to_string(dir.join("notes/todo.txt")).expect("the approved append");
     assert_eq!(todo.trim(), "buy milk");

@@ -42,8 +42,7 @@ pub(super) fn serve_for(
 
 /// Serves the agent files `files` (memory store, a free port of 127.0.0.1), runs the Node
 /// script `script` (in `tests/node`) with the server's address and `args`, then stops the server
-/// with SIGTERM; checks that the script succeeded and printed `passed`, and that the server
-/// exited 0.
+/// with SIGTERM; checks as [`client_against_served`] does.
 pub(super) fn node_against_served(
     script: &Path,
     files: &[String],
@@ -51,26 +50,43 @@ pub(super) fn node_against_served(
     env: &[(&str, &std::ffi::OsStr)],
     passed: &str,
 ) {
+    client_against_served(
+        files,
+        |url| {
+            let mut client = node();
+            client
+                .arg(script)
+                .arg(url)
+                .args(args)
+                .envs(env.iter().copied())
+                .current_dir(repo().join("tests/node"));
+            client
+        },
+        passed,
+    );
+}
+
+/// Serves the agent files `files` (memory store, a free port of 127.0.0.1), runs the client
+/// `client` makes for the server's URL, then stops the server with SIGTERM; checks that the
+/// client succeeded and printed `passed`, and that the server exited 0.
+pub(super) fn client_against_served(
+    files: &[String],
+    client: impl FnOnce(&str) -> Command,
+    passed: &str,
+) {
     let mut serve = vec!["--store", "memory", "--listen", "127.0.0.1:0"];
     for f in files {
         serve.extend(["--agent", f.as_str()]);
     }
     let (process, mut stderr, addr) = start_serving(&serve, &[], files.len());
-    let out = node()
-        .arg(script)
-        .arg(format!("http://{addr}"))
-        .args(args)
-        .envs(env.iter().copied())
-        .current_dir(repo().join("tests/node"))
-        .output()
-        .expect("node runs");
+    let mut client = client(&format!("http://{addr}"));
+    let out = client.output().expect("the client runs");
     process.signal("-TERM");
     let status = process.wait();
     let served = stderr.rest();
     assert!(
         out.status.success(),
-        "{} failed ({:?}):\n{}{}\nserver:\n{served}",
-        script.display(),
+        "{client:?} failed ({:?}):\n{}{}\nserver:\n{served}",
         out.status.code(),
         text(&out.stdout),
         text(&out.stderr)

@@ -114,23 +114,23 @@ pub(super) async fn delegate(
     let key = ctx.idempotency_key().as_str();
     let first = child_run_id(key)?;
     let thread_id = child_thread_id(ctx.thread_id(), ctx.call_id(), &first)?;
-    // Each answer is a request of its own: a run id (and so an A2A message id) of its own.
-    let (run_id, text, answering, answers, cancel) = match ask {
-        Ask::Task(task) => (first, task, None, 0, ctx.cancel_token().clone()),
+    let (text, answering, answers, cancel) = match ask {
+        Ask::Task(task) => (task, None, 0, ctx.cancel_token().clone()),
         Ask::Answer { wait, text } => {
-            let answers = wait.answers + 1;
-            let run_id = child_run_id(&format!("{key}-{answers}"))?;
             let cancel = ctx.cancel_token().clone();
-            (run_id, text, Some(wait.handle), answers, cancel)
+            (text, Some(wait.handle), wait.answers + 1, cancel)
         }
         Ask::Decline(wait) => {
             // A request with its cancellation fired cancels the task it answers.
             let cancel = ctx.cancel_token().child_token();
             cancel.cancel();
-            let answers = wait.answers + 1;
-            let run_id = child_run_id(&format!("{key}-{answers}"))?;
-            (run_id, String::new(), Some(wait.handle), answers, cancel)
+            (String::new(), Some(wait.handle), wait.answers + 1, cancel)
         }
+    };
+    // Each answer is a request of its own: a run id (and so an A2A message id) of its own.
+    let run_id = match answers {
+        0 => first,
+        n => child_run_id(&format!("{key}-{n}"))?,
     };
     let request = BackendRequest {
         thread_id,

@@ -308,19 +308,9 @@ pub(crate) async fn load(server: &AgentServer, at: &Located) -> A2aResult<Task> 
 
 /// Re-reads a located run's record (after it moved on).
 pub(crate) async fn refresh(server: &AgentServer, at: &Located) -> A2aResult<Located> {
-    let runs = server
-        .shared
-        .runtime
-        .store()
-        .list_runs(&at.thread)
-        .await
-        .map_err(store_error)?;
-    let record = runs
-        .into_iter()
-        .find(|r| r.run_id == at.record.run_id)
-        .unwrap_or_else(|| at.record.clone());
-    Ok(Located {
+    let found = on_thread(server, at.thread.clone(), &at.record.run_id).await?;
+    Ok(found.unwrap_or_else(|| Located {
         thread: at.thread.clone(),
-        record,
-    })
+        record: at.record.clone(),
+    }))
 }

@@ -86,7 +86,7 @@ const WRITE: &str = "WITH \
          lease_expires_at = CASE WHEN excluded.status = 'done' THEN NULL \
              ELSE runs.lease_expires_at END \
      WHERE runs.thread_id = excluded.thread_id";
-const RUN_THREAD: &str = "SELECT thread_id FROM runs WHERE run_id = $1";
+pub(super) const RUN_THREAD: &str = "SELECT thread_id FROM runs WHERE run_id = $1";
 const UPSERT_PROFILE_KEY: &str = "INSERT INTO profile_state (profile_id, key, value, version) \
      VALUES ($1, $2, $3, 1) \
      ON CONFLICT (profile_id, key) DO UPDATE SET value = excluded.value, \

@@ -263,10 +263,7 @@ impl ThreadStore for PostgresStore {
             let mut conn = self.pool.get().await?;
             let row = conn
                 .prepared()
-                .query_opt(
-                    "SELECT thread_id FROM runs WHERE run_id = $1",
-                    &[&run_id.as_str()],
-                )
+                .query_opt(commit::RUN_THREAD, &[&run_id.as_str()])
                 .await?;
             match row {
                 Some(row) => Ok(Some(codec::thread_id(row.try_get(0)?)?)),
