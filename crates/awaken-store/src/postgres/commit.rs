@@ -2,7 +2,7 @@
 //! the run row, so concurrent writers of a thread serialize and the checks hold until `COMMIT`;
 //! then the writes, messages appended by index and only changed keys upserted.
 //!
-//! Every statement is prepared once per connection ([`Statements`]); the three that lock are
+//! Every statement is prepared once per connection ([`Statements`]); the ones that lock are
 //! sent together, and the writes (each table's rows from arrays) are one statement, so a
 //! commit costs a handful of statements and round trips whatever it holds.
 
@@ -10,10 +10,10 @@ use std::collections::BTreeMap;
 
 use awaken_event::{ProfileId, RunId};
 use awaken_state::DeltaValues;
+use tokio_postgres::Client;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, Transaction};
 
-use super::pool::Statements;
+use super::pool::{End, PooledClient, Statements};
 
 use crate::codec;
 use crate::commit::{BatchWrite, RunStatus, ThreadCommit};
@@ -23,21 +23,20 @@ use crate::lease;
 use crate::one_run;
 use crate::store::CommitReceipt;
 
-/// Writes `c` in one transaction on `client`, or nothing (`fp` may fail it between two writes).
+/// Writes `c` in one transaction on `conn`, or nothing (`fp` may fail it between two writes).
 pub(super) async fn write(
-    client: &mut Client,
-    statements: &mut Statements,
+    conn: &mut PooledClient<'_>,
     c: &ThreadCommit,
     fp: &Failpoints,
 ) -> Result<CommitReceipt, CommitError> {
-    let tx = client.transaction().await?;
-    match write_tx(&tx, statements, c, fp).await {
+    let (client, statements) = conn.begin();
+    match write_tx(client, statements, c, fp).await {
         Ok(receipt) => {
-            tx.commit().await?;
+            conn.end(End::Commit).await?;
             Ok(receipt)
         }
         Err(e) => {
-            if let Err(error) = tx.rollback().await {
+            if let Err(error) = conn.end(End::Rollback).await {
                 tracing::warn!(%error, "postgres store: rollback failed");
             }
             Err(e)
@@ -54,22 +53,33 @@ const LOCK_RUN: &str = "SELECT thread_id, lease_owner, lease_epoch, batch, statu
      WHERE run_id = $1 FOR UPDATE";
 const LOCK_PROFILE_KEY: &str =
     "SELECT version FROM profile_state WHERE profile_id = $1 AND key = $2 FOR UPDATE";
-/// Every write of a commit but the profile's, in one statement: messages, events and changed
-/// keys from arrays, the thread's counters, and the run's row, whose upsert returns nothing when
-/// the run is another thread's.
-const WRITE: &str = "WITH \
-     messages_written AS (INSERT INTO messages (thread_id, idx, body) \
-         SELECT $2, m.idx, m.body FROM UNNEST($16::BIGINT[], $17::TEXT[]) AS m(idx, body)), \
-     events_written AS (INSERT INTO events (thread_id, seq, run_id, body) \
-         SELECT $2, e.seq, $1, e.body FROM UNNEST($18::BIGINT[], $19::TEXT[]) AS e(seq, body)), \
-     run_state_written AS (INSERT INTO run_state (run_id, key, value) \
-         SELECT $1, s.key, s.value FROM UNNEST($20::TEXT[], $21::TEXT[]) AS s(key, value) \
-         ON CONFLICT (run_id, key) DO UPDATE SET value = excluded.value), \
-     thread_state_written AS (INSERT INTO thread_state (thread_id, key, value) \
-         SELECT $2, s.key, s.value FROM UNNEST($22::TEXT[], $23::TEXT[]) AS s(key, value) \
-         ON CONFLICT (thread_id, key) DO UPDATE SET value = excluded.value), \
-     thread_written AS (UPDATE threads SET message_count = $24, event_count = $25, \
-         latest_run_id = $1, state_revision = $26, updated_at = $12 WHERE thread_id = $2) \
+/// The writes of a commit but the profile's, as one statement: the thread's counters and the
+/// run's row, whose upsert returns nothing when the run is another thread's, then the rows of
+/// the tables the commit has any for (messages, events, changed keys), each from arrays. A
+/// table left out costs the statement nothing, where an empty array's insert would still be
+/// planned and started; so a commit writes with one of sixteen statements.
+///
+/// The parameters: `$1`–`$15` the run's row, `$16`–`$18` the thread's counters and revision,
+/// then two arrays per table written, in the order of [`Rows::tables`].
+fn write_sql(rows: &Rows<'_>) -> String {
+    let mut sql = String::with_capacity(2048);
+    sql.push_str("WITH ");
+    let mut next = 18;
+    for (written, insert, _) in rows.tables() {
+        if written {
+            let (a, b) = (format!("${}", next + 1), format!("${}", next + 2));
+            next += 2;
+            sql.push_str(&insert.replace("{a}", &a).replace("{b}", &b));
+        }
+    }
+    sql.push_str(WRITE_THREAD_AND_RUN);
+    sql
+}
+
+/// The end of every write statement: the thread's counters, then the run's row.
+const WRITE_THREAD_AND_RUN: &str = "thread_written AS (UPDATE threads SET \
+         message_count = $16, event_count = $17, latest_run_id = $1, state_revision = $18, \
+         updated_at = $12 WHERE thread_id = $2) \
      INSERT INTO runs (run_id, thread_id, parent_run_id, agent_id, profile_id, status, \
          termination, steps, usage, spec_digest, created_at, updated_at, state_revision, batch) \
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, COALESCE($13::BIGINT, 0), $14) \
@@ -86,6 +96,57 @@ const WRITE: &str = "WITH \
          lease_expires_at = CASE WHEN excluded.status = 'done' THEN NULL \
              ELSE runs.lease_expires_at END \
      WHERE runs.thread_id = excluded.thread_id";
+
+/// A commit's rows, encoded for the write statement's arrays.
+struct Rows<'a> {
+    indexes: Vec<i64>,
+    messages: Vec<String>,
+    seqs: Vec<i64>,
+    events: Vec<String>,
+    run_keys: Vec<&'a str>,
+    run_values: Vec<String>,
+    thread_keys: Vec<&'a str>,
+    thread_values: Vec<String>,
+}
+
+impl Rows<'_> {
+    /// The tables a commit may write besides the thread's and the run's rows: whether it has
+    /// rows for each, the clause writing them (`{a}` and `{b}` stand for its two arrays'
+    /// parameters) and the two arrays, in the statement's order.
+    fn tables(&self) -> [(bool, &'static str, [&(dyn ToSql + Sync); 2]); 4] {
+        [
+            (
+                !self.messages.is_empty(),
+                "messages_written AS (INSERT INTO messages (thread_id, idx, body) \
+                 SELECT $2, m.idx, m.body FROM UNNEST({a}::BIGINT[], {b}::TEXT[]) \
+                 AS m(idx, body)), ",
+                [&self.indexes, &self.messages],
+            ),
+            (
+                !self.events.is_empty(),
+                "events_written AS (INSERT INTO events (thread_id, seq, run_id, body) \
+                 SELECT $2, e.seq, $1, e.body FROM UNNEST({a}::BIGINT[], {b}::TEXT[]) \
+                 AS e(seq, body)), ",
+                [&self.seqs, &self.events],
+            ),
+            (
+                !self.run_keys.is_empty(),
+                "run_state_written AS (INSERT INTO run_state (run_id, key, value) \
+                 SELECT $1, s.key, s.value FROM UNNEST({a}::TEXT[], {b}::TEXT[]) \
+                 AS s(key, value) ON CONFLICT (run_id, key) DO UPDATE SET value = excluded.value), ",
+                [&self.run_keys, &self.run_values],
+            ),
+            (
+                !self.thread_keys.is_empty(),
+                "thread_state_written AS (INSERT INTO thread_state (thread_id, key, value) \
+                 SELECT $2, s.key, s.value FROM UNNEST({a}::TEXT[], {b}::TEXT[]) \
+                 AS s(key, value) ON CONFLICT (thread_id, key) DO UPDATE SET value = excluded.value), ",
+                [&self.thread_keys, &self.thread_values],
+            ),
+        ]
+    }
+}
+
 pub(super) const RUN_THREAD: &str = "SELECT thread_id FROM runs WHERE run_id = $1";
 const UPSERT_PROFILE_KEY: &str = "INSERT INTO profile_state (profile_id, key, value, version) \
      VALUES ($1, $2, $3, 1) \
@@ -93,8 +154,9 @@ const UPSERT_PROFILE_KEY: &str = "INSERT INTO profile_state (profile_id, key, va
          version = profile_state.version + 1 \
      WHERE profile_state.version = $4";
 
+/// The transaction's statements, from its `BEGIN` (sent with the locks) to its last write.
 async fn write_tx(
-    tx: &Transaction<'_>,
+    tx: &Client,
     st: &mut Statements,
     c: &ThreadCommit,
     fp: &Failpoints,
@@ -103,19 +165,38 @@ async fn write_tx(
     let rid = c.run.run_id.as_str();
     let now = c.run.updated_at.as_unix_millis();
 
-    // Lock the thread row (creating a placeholder that the rollback removes on failure), then
-    // the run's; the three statements go out together and run in this order.
-    let ensure_thread = st.get(tx, ENSURE_THREAD).await?;
+    // Begin, lock the thread row, then the run's; the statements go out together and run in
+    // this order. A thread's first commit (none of its messages expected) first creates a
+    // placeholder row to lock, which the rollback removes on failure; any later commit finds
+    // the row, and a missing one is a thread with no messages, as the count check says.
     let lock_thread = st.get(tx, LOCK_THREAD).await?;
     let lock_run = st.get(tx, LOCK_RUN).await?;
-    let ensure_params: [&(dyn ToSql + Sync); 2] = [&tid, &now];
     let thread_params: [&(dyn ToSql + Sync); 1] = [&tid];
     let run_params: [&(dyn ToSql + Sync); 1] = [&rid];
-    let (_, row, run) = tokio::try_join!(
-        tx.execute(&ensure_thread, &ensure_params),
-        tx.query_one(&lock_thread, &thread_params),
-        tx.query_opt(&lock_run, &run_params),
-    )?;
+    let (row, run) = if c.expected_message_count == 0 {
+        let ensure_thread = st.get(tx, ENSURE_THREAD).await?;
+        let ensure_params: [&(dyn ToSql + Sync); 2] = [&tid, &now];
+        let (_, _, row, run) = tokio::try_join!(
+            tx.batch_execute("BEGIN"),
+            tx.execute(&ensure_thread, &ensure_params),
+            tx.query_one(&lock_thread, &thread_params),
+            tx.query_opt(&lock_run, &run_params),
+        )?;
+        (row, run)
+    } else {
+        let (_, row, run) = tokio::try_join!(
+            tx.batch_execute("BEGIN"),
+            tx.query_opt(&lock_thread, &thread_params),
+            tx.query_opt(&lock_run, &run_params),
+        )?;
+        let Some(row) = row else {
+            return Err(CommitError::VersionConflict {
+                expected: c.expected_message_count,
+                actual: 0,
+            });
+        };
+        (row, run)
+    };
     let message_count: i64 = row.try_get(0)?;
     let event_count: i64 = row.try_get(1)?;
     let thread_revision: i64 = row.try_get(2)?;
@@ -192,21 +273,29 @@ async fn write_tx(
     }
 
     // Writes.
-    let indexes: Vec<i64> = (message_count..).take(c.messages.len()).collect();
-    let messages = c
+    let message_rows = c
         .messages
         .iter()
         .map(|m| codec::to_json("message", m))
         .collect::<Result<Vec<_>, _>>()?;
     let seq = event_count + c.events.len() as i64;
-    let seqs: Vec<i64> = (event_count + 1..=seq).collect();
-    let events = c
+    let event_rows = c
         .events
         .iter()
         .map(|e| codec::to_json("event", e))
         .collect::<Result<Vec<_>, _>>()?;
     let (run_keys, run_values) = state_rows("run state", &c.run_state.values)?;
     let (thread_keys, thread_values) = state_rows("thread state", &c.thread_state.values)?;
+    let rows = Rows {
+        indexes: (message_count..).take(c.messages.len()).collect(),
+        messages: message_rows,
+        seqs: (event_count + 1..=seq).collect(),
+        events: event_rows,
+        run_keys,
+        run_values,
+        thread_keys,
+        thread_values,
+    };
     let thread_revision = if c.thread_state.values.is_empty() {
         thread_revision
     } else {
@@ -223,40 +312,35 @@ async fn write_tx(
     let parent = c.run.parent_run_id.as_ref().map(RunId::as_str);
     let steps = i64::from(c.run.steps);
     let created = c.run.created_at.as_unix_millis();
-    let write = st.get(tx, WRITE).await?;
-    let written = tx
-        .execute(
-            &write,
-            &[
-                &rid,
-                &tid,
-                &parent,
-                &&*c.run.agent_id,
-                &profile_id,
-                &c.run.status.as_str(),
-                &enc.termination,
-                &steps,
-                &enc.usage,
-                &&*c.run.spec_digest,
-                &created,
-                &now,
-                &run_revision,
-                &batch,
-                &batch_mode,
-                &indexes,
-                &messages,
-                &seqs,
-                &events,
-                &run_keys,
-                &run_values,
-                &thread_keys,
-                &thread_values,
-                &new_count,
-                &seq,
-                &thread_revision,
-            ],
-        )
-        .await?;
+    let (agent_id, status, spec_digest) =
+        (&*c.run.agent_id, c.run.status.as_str(), &*c.run.spec_digest);
+    let write = st.get(tx, &write_sql(&rows)).await?;
+    let mut params: Vec<&(dyn ToSql + Sync)> = vec![
+        &rid,
+        &tid,
+        &parent,
+        &agent_id,
+        &profile_id,
+        &status,
+        &enc.termination,
+        &steps,
+        &enc.usage,
+        &spec_digest,
+        &created,
+        &now,
+        &run_revision,
+        &batch,
+        &batch_mode,
+        &new_count,
+        &seq,
+        &thread_revision,
+    ];
+    for (written, _, arrays) in rows.tables() {
+        if written {
+            params.extend(arrays);
+        }
+    }
+    let written = tx.execute(&write, &params).await?;
     if written == 0 {
         // The run was not there when checked, and another transaction has since put it on
         // another thread (the check's row lock cannot lock a row that does not exist yet).

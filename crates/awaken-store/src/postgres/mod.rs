@@ -214,8 +214,7 @@ impl ThreadStore for PostgresStore {
                 .validate()
                 .map_err(|v| CommitError::invalid(&commit.thread_id, v))?;
             let mut conn = self.pool.get().await?;
-            let (client, statements) = conn.split();
-            commit::write(client, statements, commit, &self.failpoints).await
+            commit::write(&mut conn, commit, &self.failpoints).await
         })
         .await
     }

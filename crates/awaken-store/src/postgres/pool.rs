@@ -44,6 +44,8 @@ impl Statements {
 pub(super) struct PooledClient<'a> {
     client: Option<Client>,
     statements: Statements,
+    /// A transaction is open on the connection ([`PooledClient::begin`]).
+    in_transaction: bool,
     pool: &'a Pool,
     _permit: SemaphorePermit<'a>,
 }
@@ -84,6 +86,7 @@ impl Pool {
         Ok(PooledClient {
             client: Some(client),
             statements,
+            in_transaction: false,
             pool: self,
             _permit: permit,
         })
@@ -111,6 +114,34 @@ impl PooledClient<'_> {
         let client = self.client.as_mut().unwrap_or_else(|| unreachable!());
         (client, &mut self.statements)
     }
+
+    /// The connection and its statements for a transaction whose `BEGIN` the caller sends
+    /// with its first statements (saving it a round trip of its own), ended by
+    /// [`end`](Self::end). Until then the connection counts as in a transaction: dropped in
+    /// one, it is closed rather than pooled, and the server rolls the transaction back.
+    pub(super) fn begin(&mut self) -> (&Client, &mut Statements) {
+        self.in_transaction = true;
+        let (client, statements) = self.split();
+        (&*client, statements)
+    }
+
+    /// Ends the transaction opened after [`begin`](Self::begin) with `COMMIT` or `ROLLBACK`.
+    pub(super) async fn end(&mut self, how: End) -> Result<(), tokio_postgres::Error> {
+        let sql = match how {
+            End::Commit => "COMMIT",
+            End::Rollback => "ROLLBACK",
+        };
+        self.batch_execute(sql).await?;
+        self.in_transaction = false;
+        Ok(())
+    }
+}
+
+/// How [`PooledClient::end`] ends a transaction.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum End {
+    Commit,
+    Rollback,
 }
 
 type Params<'p> = &'p [&'p (dyn ToSql + Sync)];
@@ -189,6 +220,7 @@ impl Drop for PooledClient<'_> {
     fn drop(&mut self) {
         if let Some(client) = self.client.take()
             && !client.is_closed()
+            && !self.in_transaction
         {
             self.pool
                 .idle

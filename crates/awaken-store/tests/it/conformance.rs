@@ -301,6 +301,27 @@ pub async fn message_guard_conflict(h: &Harness) {
     ));
     let bare = ThreadCommit::new(tid("t1"), run("r1", 1_500), 2);
     s.commit(&bare).await.expect("a commit without messages");
+    // A thread that does not exist holds no messages, and is not created by the refusal.
+    let before = dump_all(s).await;
+    let err = s
+        .commit(&step("t2", "r2", 2, 2, 2_000))
+        .await
+        .expect_err("a thread that does not exist");
+    assert!(
+        matches!(
+            err,
+            CommitError::VersionConflict {
+                expected: 2,
+                actual: 0
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(
+        dump_all(s).await,
+        before,
+        "the refused commit wrote something"
+    );
 }
 
 pub async fn concurrent_writers_one_wins(h: &Harness) {

@@ -243,3 +243,63 @@ async fn damaged_rows_of_a_thread_are_corrupt_errors_naming_it() {
         stored message of thread t1 in <database> could not be read: expected value at line 1 column 1"#]]
     .assert_eq(&errors.join("\n"));
 }
+
+/// A commit dropped while its transaction is open (here, waiting for a lock another session
+/// holds) leaves no transaction behind on a pooled connection: the thread's next writer, from
+/// another store, is not blocked by it, and the dropped commit wrote nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_dropped_mid_transaction_leaves_no_open_transaction() {
+    let Some(a) = postgres_store("dropped_commit").await else {
+        return;
+    };
+    let url = crate::backends::postgres_url().expect("url is set when the store exists");
+    let b = PostgresStore::connect(
+        PostgresConfig::new(url.clone())
+            .with_schema("awaken_t_dropped_commit")
+            .with_max_connections(1),
+    )
+    .await
+    .expect("second store");
+    a.commit(&step("t1", "r1", 0, 1, 1_000))
+        .await
+        .expect("first commit");
+
+    // Another session holds the thread's row, so the commit waits inside its transaction.
+    let (holder, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    let holder_conn = tokio::spawn(connection);
+    holder
+        .batch_execute(
+            "BEGIN; SELECT 1 FROM awaken_t_dropped_commit.threads \
+             WHERE thread_id = 't1' FOR UPDATE",
+        )
+        .await
+        .expect("hold the thread's row");
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(300),
+        b.commit(&step("t1", "r1", 2, 2, 2_000)),
+    )
+    .await;
+    assert!(dropped.is_err(), "the commit did not wait: {dropped:?}");
+    holder.batch_execute("ROLLBACK").await.expect("release");
+
+    // Had the dropped commit's connection gone back to the pool in its transaction, it would
+    // now hold the row, and this commit would wait for it.
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        a.commit(&step("t1", "r1", 2, 3, 3_000)),
+    )
+    .await
+    .expect("the next writer is not blocked")
+    .expect("commit");
+    // The store whose commit was dropped works on, and sees only the commit that landed.
+    let cp = b
+        .load_checkpoint(&tid("t1"))
+        .await
+        .expect("load")
+        .expect("thread");
+    assert_eq!(cp.messages.len(), 4);
+    drop(holder);
+    let _ = holder_conn.await;
+}
