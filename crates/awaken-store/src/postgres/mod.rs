@@ -331,15 +331,18 @@ impl ThreadStore for PostgresStore {
             lease::check_worker(worker_id)?;
             let expires_at = now.saturating_add(lease_duration);
             let mut conn = self.pool.get().await?;
+            // The claimed ids go to the update as an array, found by key: `IN` over the
+            // subquery would be planned as a join that reads every run ever stored.
             let rows = conn
                 .prepared()
                 .query(
                     &format!(
                         "UPDATE runs SET lease_owner = $1, lease_epoch = lease_epoch + 1, \
                              lease_expires_at = $2 \
-                         WHERE run_id IN (SELECT run_id FROM runs WHERE status = 'running' \
+                         WHERE run_id = ANY(ARRAY(SELECT run_id FROM runs \
+                             WHERE status = 'running' \
                              AND (lease_owner IS NULL OR lease_expires_at <= $3) \
-                             ORDER BY updated_at, run_id LIMIT $4 FOR UPDATE SKIP LOCKED) \
+                             ORDER BY updated_at, run_id LIMIT $4 FOR UPDATE SKIP LOCKED)) \
                          RETURNING thread_id, lease_epoch, {RUN_COLUMNS}"
                     ),
                     &[

@@ -99,11 +99,14 @@ impl Pool {
                 tracing::warn!(%error, "postgres store: connection ended");
             }
         });
+        // Each statement is planned once per connection, not again at every call with its
+        // values: all of them look rows up by key or scan an index in order, and the planning
+        // of a queue claim, redone for each `LIMIT`, cost more than running it.
+        let mut setup = String::from("SET plan_cache_mode = force_generic_plan");
         if let Some(schema) = &self.schema {
-            client
-                .batch_execute(&format!("SET search_path TO \"{schema}\""))
-                .await?;
+            setup.push_str(&format!("; SET search_path TO \"{schema}\""));
         }
+        client.batch_execute(&setup).await?;
         Ok(client)
     }
 }

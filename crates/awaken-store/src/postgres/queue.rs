@@ -432,17 +432,19 @@ impl RunQueue {
             let expires_at = now.saturating_add(lease_duration);
             let agents: Option<Vec<&str>> = agents.map(|a| a.iter().map(String::as_str).collect());
             let mut conn = self.pool.get().await?;
+            // The claimed ids go to the update as an array, found by key: `IN` over the
+            // subquery would be planned as a join that reads the whole queue.
             let rows = conn
                 .prepared()
                 .query(
                     &format!(
                         "UPDATE run_queue SET lease_owner = $1, lease_expires_at = $2, \
                              attempts = attempts + 1, claims = claims + 1 \
-                         WHERE job_id IN (SELECT job_id FROM run_queue \
+                         WHERE job_id = ANY(ARRAY(SELECT job_id FROM run_queue \
                              WHERE not_before <= $3 \
                              AND (lease_owner IS NULL OR lease_expires_at <= $3) \
                              AND ($5::TEXT[] IS NULL OR agent_id = ANY($5)) \
-                             ORDER BY priority DESC, job_id LIMIT $4 FOR UPDATE SKIP LOCKED) \
+                             ORDER BY priority DESC, job_id LIMIT $4 FOR UPDATE SKIP LOCKED)) \
                          RETURNING {JOB_COLUMNS}"
                     ),
                     &[
