@@ -210,10 +210,10 @@ async fn exchange(
         agent,
         cancel: &request.cancel,
         task_id: request.answering.clone(),
-        armed: true,
     };
     let ended = follow(backend, agent, request, sink, &mut abandoned.task_id).await;
-    abandoned.armed = false;
+    // Finished: nothing to cancel when the guard goes.
+    abandoned.task_id = None;
     ended
 }
 
@@ -223,15 +223,14 @@ struct Abandoned<'a> {
     backend: &'a A2aBackend,
     agent: &'a AgentSpec,
     cancel: &'a CancellationToken,
-    /// The task, once known (the answered one, or the one the stream names).
+    /// The task, once known (the answered one, or the one the stream names); cleared when the
+    /// exchange finished.
     task_id: Option<String>,
-    /// Cleared when the exchange finished.
-    armed: bool,
 }
 
 impl Drop for Abandoned<'_> {
     fn drop(&mut self) {
-        if !self.armed || !self.cancel.is_cancelled() {
+        if !self.cancel.is_cancelled() {
             return;
         }
         let (Some(task_id), Some(endpoint), Ok(runtime)) = (

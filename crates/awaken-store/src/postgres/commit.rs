@@ -7,6 +7,7 @@
 //! commit costs a handful of statements and round trips whatever it holds.
 
 use std::collections::BTreeMap;
+use std::sync::LazyLock;
 
 use awaken_event::{ProfileId, RunId};
 use awaken_state::DeltaValues;
@@ -57,24 +58,49 @@ const LOCK_PROFILE_KEY: &str =
 /// run's row, whose upsert returns nothing when the run is another thread's, then the rows of
 /// the tables the commit has any for (messages, events, changed keys), each from arrays. A
 /// table left out costs the statement nothing, where an empty array's insert would still be
-/// planned and started; so a commit writes with one of sixteen statements.
+/// planned and started; so a commit writes with one of sixteen statements, made once.
 ///
 /// The parameters: `$1`–`$15` the run's row, `$16`–`$18` the thread's counters and revision,
-/// then two arrays per table written, in the order of [`Rows::tables`].
-fn write_sql(rows: &Rows<'_>) -> String {
-    let mut sql = String::with_capacity(2048);
-    sql.push_str("WITH ");
-    let mut next = 18;
-    for (written, insert, _) in rows.tables() {
-        if written {
-            let (a, b) = (format!("${}", next + 1), format!("${}", next + 2));
-            next += 2;
-            sql.push_str(&insert.replace("{a}", &a).replace("{b}", &b));
-        }
-    }
-    sql.push_str(WRITE_THREAD_AND_RUN);
-    sql
+/// then two arrays per table written, in the order of [`TABLE_CLAUSES`].
+fn write_sql(written: [bool; 4]) -> &'static str {
+    static FORMS: LazyLock<Vec<String>> = LazyLock::new(|| {
+        (0..16usize)
+            .map(|mask| {
+                let mut sql = String::from("WITH ");
+                let mut next = 18;
+                for (i, clause) in TABLE_CLAUSES.iter().enumerate() {
+                    if mask & (1 << i) != 0 {
+                        let (a, b) = (format!("${}", next + 1), format!("${}", next + 2));
+                        next += 2;
+                        sql.push_str(&clause.replace("{a}", &a).replace("{b}", &b));
+                    }
+                }
+                sql.push_str(WRITE_THREAD_AND_RUN);
+                sql
+            })
+            .collect()
+    });
+    let mask = written
+        .iter()
+        .rev()
+        .fold(0, |mask, w| mask << 1 | usize::from(*w));
+    &FORMS[mask]
 }
+
+/// The clauses writing the tables a commit may write besides the thread's and the run's rows,
+/// in the statement's order (`{a}` and `{b}` stand for the clause's two arrays' parameters).
+const TABLE_CLAUSES: [&str; 4] = [
+    "messages_written AS (INSERT INTO messages (thread_id, idx, body) \
+     SELECT $2, m.idx, m.body FROM UNNEST({a}::BIGINT[], {b}::TEXT[]) AS m(idx, body)), ",
+    "events_written AS (INSERT INTO events (thread_id, seq, run_id, body) \
+     SELECT $2, e.seq, $1, e.body FROM UNNEST({a}::BIGINT[], {b}::TEXT[]) AS e(seq, body)), ",
+    "run_state_written AS (INSERT INTO run_state (run_id, key, value) \
+     SELECT $1, s.key, s.value FROM UNNEST({a}::TEXT[], {b}::TEXT[]) AS s(key, value) \
+     ON CONFLICT (run_id, key) DO UPDATE SET value = excluded.value), ",
+    "thread_state_written AS (INSERT INTO thread_state (thread_id, key, value) \
+     SELECT $2, s.key, s.value FROM UNNEST({a}::TEXT[], {b}::TEXT[]) AS s(key, value) \
+     ON CONFLICT (thread_id, key) DO UPDATE SET value = excluded.value), ",
+];
 
 /// The end of every write statement: the thread's counters, then the run's row.
 const WRITE_THREAD_AND_RUN: &str = "thread_written AS (UPDATE threads SET \
@@ -110,37 +136,17 @@ struct Rows<'a> {
 }
 
 impl Rows<'_> {
-    /// The tables a commit may write besides the thread's and the run's rows: whether it has
-    /// rows for each, the clause writing them (`{a}` and `{b}` stand for its two arrays'
-    /// parameters) and the two arrays, in the statement's order.
-    fn tables(&self) -> [(bool, &'static str, [&(dyn ToSql + Sync); 2]); 4] {
+    /// For each of [`TABLE_CLAUSES`]: whether the commit has rows for it, and its two arrays.
+    fn tables(&self) -> [(bool, [&(dyn ToSql + Sync); 2]); 4] {
         [
-            (
-                !self.messages.is_empty(),
-                "messages_written AS (INSERT INTO messages (thread_id, idx, body) \
-                 SELECT $2, m.idx, m.body FROM UNNEST({a}::BIGINT[], {b}::TEXT[]) \
-                 AS m(idx, body)), ",
-                [&self.indexes, &self.messages],
-            ),
-            (
-                !self.events.is_empty(),
-                "events_written AS (INSERT INTO events (thread_id, seq, run_id, body) \
-                 SELECT $2, e.seq, $1, e.body FROM UNNEST({a}::BIGINT[], {b}::TEXT[]) \
-                 AS e(seq, body)), ",
-                [&self.seqs, &self.events],
-            ),
+            (!self.messages.is_empty(), [&self.indexes, &self.messages]),
+            (!self.events.is_empty(), [&self.seqs, &self.events]),
             (
                 !self.run_keys.is_empty(),
-                "run_state_written AS (INSERT INTO run_state (run_id, key, value) \
-                 SELECT $1, s.key, s.value FROM UNNEST({a}::TEXT[], {b}::TEXT[]) \
-                 AS s(key, value) ON CONFLICT (run_id, key) DO UPDATE SET value = excluded.value), ",
                 [&self.run_keys, &self.run_values],
             ),
             (
                 !self.thread_keys.is_empty(),
-                "thread_state_written AS (INSERT INTO thread_state (thread_id, key, value) \
-                 SELECT $2, s.key, s.value FROM UNNEST({a}::TEXT[], {b}::TEXT[]) \
-                 AS s(key, value) ON CONFLICT (thread_id, key) DO UPDATE SET value = excluded.value), ",
                 [&self.thread_keys, &self.thread_values],
             ),
         ]
@@ -314,7 +320,10 @@ async fn write_tx(
     let created = c.run.created_at.as_unix_millis();
     let (agent_id, status, spec_digest) =
         (&*c.run.agent_id, c.run.status.as_str(), &*c.run.spec_digest);
-    let write = st.get(tx, &write_sql(&rows)).await?;
+    let tables = rows.tables();
+    let write = st
+        .get(tx, write_sql(tables.map(|(written, _)| written)))
+        .await?;
     let mut params: Vec<&(dyn ToSql + Sync)> = vec![
         &rid,
         &tid,
@@ -335,7 +344,7 @@ async fn write_tx(
         &seq,
         &thread_revision,
     ];
-    for (written, _, arrays) in rows.tables() {
+    for (written, arrays) in tables {
         if written {
             params.extend(arrays);
         }

@@ -8,19 +8,25 @@ use awaken_store::{CommitError, PostgresConfig, PostgresStore, ThreadStore};
 use crate::backends::postgres_store;
 use crate::conformance::{at, corrupt_batch_errors, rid, step, tid};
 
+/// Another store (another worker's pool of `max_connections`) on the schema of `test`'s store
+/// from `postgres_store`.
+async fn second_store(test: &str, max_connections: usize) -> PostgresStore {
+    let url = crate::backends::postgres_url().expect("url is set when the first store exists");
+    PostgresStore::connect(
+        PostgresConfig::new(url)
+            .with_schema(format!("awaken_t_{test}"))
+            .with_max_connections(max_connections),
+    )
+    .await
+    .expect("second store")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_share_one_database() {
     let Some(a) = postgres_store("two_workers").await else {
         return;
     };
-    let url = crate::backends::postgres_url().expect("url is set when the store exists");
-    let b = PostgresStore::connect(
-        PostgresConfig::new(url)
-            .with_schema("awaken_t_two_workers")
-            .with_max_connections(2),
-    )
-    .await
-    .expect("second worker");
+    let b = second_store("two_workers", 2).await;
     for i in 0..8i64 {
         a.commit(&step(&format!("t{i}"), &format!("r{i}"), 0, 1, 1_000 + i))
             .await
@@ -244,7 +250,7 @@ async fn damaged_rows_of_a_thread_are_corrupt_errors_naming_it() {
     .assert_eq(&errors.join("\n"));
 }
 
-/// A commit dropped while its transaction is open (here, waiting for a lock another session
+/// A commit dropped while its transaction is open (here, waiting for a lock another connection
 /// holds) leaves no transaction behind on a pooled connection: the thread's next writer, from
 /// another store, is not blocked by it, and the dropped commit wrote nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -253,18 +259,12 @@ async fn a_commit_dropped_mid_transaction_leaves_no_open_transaction() {
         return;
     };
     let url = crate::backends::postgres_url().expect("url is set when the store exists");
-    let b = PostgresStore::connect(
-        PostgresConfig::new(url.clone())
-            .with_schema("awaken_t_dropped_commit")
-            .with_max_connections(1),
-    )
-    .await
-    .expect("second store");
+    let b = second_store("dropped_commit", 1).await;
     a.commit(&step("t1", "r1", 0, 1, 1_000))
         .await
         .expect("first commit");
 
-    // Another session holds the thread's row, so the commit waits inside its transaction.
+    // Another connection holds the thread's row, so the commit waits inside its transaction.
     let (holder, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
         .await
         .expect("connect");
