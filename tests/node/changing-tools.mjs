@@ -2,7 +2,8 @@
 // its tool `add_tool` registers a tool named by its argument, and the SDK then sends
 // `notifications/tools/list_changed`. The tests use it to see that change reach a client over
 // stdio and over streamable HTTP (`node changing-tools.mjs stdio|http`; over HTTP it listens on
-// 127.0.0.1 at a port the system picks and prints `LISTENING 127.0.0.1:PORT` on stderr).
+// 127.0.0.1 at a port the system picks and prints `LISTENING 127.0.0.1:PORT` on stderr, and
+// answers the GET for its own stream half a second late).
 import http from "node:http";
 import { randomUUID } from "node:crypto";
 import { McpServer } from "@modelcontextprotocol/sdk/server/mcp.js";
@@ -34,7 +35,14 @@ if (process.argv[2] === "http") {
       res.writeHead(404).end();
       return;
     }
-    transport.handleRequest(req, res);
+    // The GET that opens the stream for the server's own messages is answered late, so a
+    // client that does not wait for it misses the list change a call right after connecting
+    // makes (the SDK drops such a message while no stream is open).
+    if (req.method === "GET") {
+      setTimeout(() => transport.handleRequest(req, res), 500);
+    } else {
+      transport.handleRequest(req, res);
+    }
   });
   listener.listen(0, "127.0.0.1", () => {
     const { address, port } = listener.address();

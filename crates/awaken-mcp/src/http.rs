@@ -24,6 +24,7 @@ use rmcp::transport::streamable_http_client::{
     StreamableHttpResponseLimits,
 };
 use sse_stream::{Sse, SseStream};
+use tokio::sync::watch;
 
 /// Same-origin redirects followed for one request.
 const MAX_REDIRECTS: usize = 10;
@@ -62,6 +63,14 @@ pub(crate) enum HttpError {
     OversizedEventAhead { event_id: String },
 }
 
+/// The GET requests for the stream a server sends its own messages on (a tool-list change,
+/// say): how many were answered, and how many of those opened a stream.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ServerStreams {
+    pub(crate) answered: u64,
+    pub(crate) opened: u64,
+}
+
 /// A reqwest client speaking MCP's streamable HTTP for [`transport`]: the configured headers go
 /// with every request, and the transport's response limits are enforced while reading.
 #[derive(Clone, Debug)]
@@ -70,6 +79,9 @@ pub(crate) struct HttpClient {
     /// Event ids followed by an oversized event. rmcp resumes a broken stream from its last id,
     /// which would fetch that event again and again, so those resumes are refused.
     oversized_after: Arc<Mutex<HashSet<String>>>,
+    /// Counts the GET streams, for those who must know one is open: a server drops what it
+    /// sends on its own while no such stream is open.
+    server_streams: Arc<watch::Sender<ServerStreams>>,
 }
 
 impl HttpClient {
@@ -108,7 +120,14 @@ impl HttpClient {
         Ok(Self {
             inner,
             oversized_after: Arc::default(),
+            server_streams: Arc::new(watch::Sender::new(ServerStreams::default())),
         })
+    }
+
+    /// The count of GET streams answered and opened, as it changes. The sender goes when the
+    /// last clone of this client does, which ends the receiver's `changed()`.
+    pub(crate) fn server_streams(&self) -> watch::Receiver<ServerStreams> {
+        self.server_streams.subscribe()
     }
 
     /// A request carrying the session, bearer token and per-request headers rmcp passes (the
@@ -373,52 +392,61 @@ impl StreamableHttpClient for HttpClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> Result<Events, Error> {
-        if let Some(id) = &last_event_id
-            && self
-                .oversized_after
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .contains(id)
-        {
-            let event_id = id.clone();
-            return Err(StreamableHttpError::Client(
-                HttpError::OversizedEventAhead { event_id },
-            ));
+        // The GET's outcome is counted, whichever way it ends.
+        let opened = async {
+            if let Some(id) = &last_event_id
+                && self
+                    .oversized_after
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .contains(id)
+            {
+                let event_id = id.clone();
+                return Err(StreamableHttpError::Client(
+                    HttpError::OversizedEventAhead { event_id },
+                ));
+            }
+            let mut request = self
+                .request(
+                    Method::GET,
+                    &uri,
+                    session_id.as_deref(),
+                    auth_header,
+                    custom_headers,
+                )?
+                .header(header::ACCEPT, EVENT_STREAM_MIME_TYPE);
+            if let Some(id) = &last_event_id {
+                request = request.header(HEADER_LAST_EVENT_ID, id.as_str());
+            }
+            let response = send(request).await?;
+            let status = response.status();
+            if status == StatusCode::METHOD_NOT_ALLOWED {
+                return Err(StreamableHttpError::ServerDoesNotSupportSse);
+            }
+            if let Some(error) = auth_error(&response) {
+                return Err(error);
+            }
+            if status == StatusCode::NOT_FOUND && session_id.is_some() {
+                return Err(StreamableHttpError::SessionExpired);
+            }
+            if !status.is_success() {
+                return Err(retryable_status(&response)
+                    .map_or_else(|| unexpected_status(status, b""), Error::from));
+            }
+            let content_type = response.headers().get(header::CONTENT_TYPE);
+            if !content_type.is_some_and(|ct| media_type_is(ct, EVENT_STREAM_MIME_TYPE)) {
+                let content_type =
+                    content_type.map(|ct| String::from_utf8_lossy(ct.as_bytes()).into_owned());
+                return Err(StreamableHttpError::UnexpectedContentType(content_type));
+            }
+            Ok(self.events(response, last_event_id, max_sse_event_size))
         }
-        let mut request = self
-            .request(
-                Method::GET,
-                &uri,
-                session_id.as_deref(),
-                auth_header,
-                custom_headers,
-            )?
-            .header(header::ACCEPT, EVENT_STREAM_MIME_TYPE);
-        if let Some(id) = &last_event_id {
-            request = request.header(HEADER_LAST_EVENT_ID, id.as_str());
-        }
-        let response = send(request).await?;
-        let status = response.status();
-        if status == StatusCode::METHOD_NOT_ALLOWED {
-            return Err(StreamableHttpError::ServerDoesNotSupportSse);
-        }
-        if let Some(error) = auth_error(&response) {
-            return Err(error);
-        }
-        if status == StatusCode::NOT_FOUND && session_id.is_some() {
-            return Err(StreamableHttpError::SessionExpired);
-        }
-        if !status.is_success() {
-            return Err(retryable_status(&response)
-                .map_or_else(|| unexpected_status(status, b""), Error::from));
-        }
-        let content_type = response.headers().get(header::CONTENT_TYPE);
-        if !content_type.is_some_and(|ct| media_type_is(ct, EVENT_STREAM_MIME_TYPE)) {
-            let content_type =
-                content_type.map(|ct| String::from_utf8_lossy(ct.as_bytes()).into_owned());
-            return Err(StreamableHttpError::UnexpectedContentType(content_type));
-        }
-        Ok(self.events(response, last_event_id, max_sse_event_size))
+        .await;
+        self.server_streams.send_modify(|streams| {
+            streams.answered += 1;
+            streams.opened += u64::from(opened.is_ok());
+        });
+        opened
     }
 }
 

@@ -17,6 +17,7 @@ use crate::connection::{Connection, Live, McpServerState};
 use crate::env::expand;
 use crate::error::McpError;
 use crate::handler::Handler;
+use crate::http::ServerStreams;
 use crate::tool::{McpTool, effect_of, tool_id};
 
 /// The first wait before reconnecting; it doubles with each failed attempt.
@@ -25,6 +26,9 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(250);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// The longest line of the server's stderr kept to explain a failure.
 const STDERR_LINE: usize = 300;
+/// The longest wait, after an HTTP connection's initialization, for the answer to the GET that
+/// opens the stream the server sends its own messages on.
+const SERVER_STREAM_WAIT: Duration = Duration::from_secs(2);
 
 /// A tool the server offers, as the agent sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,8 +174,9 @@ impl McpServer {
     }
 
     /// Counts the listings of the server's tools (1 after connecting; one more each time the
-    /// server's tool list is read again, after it said the list changed or after a
-    /// reconnection). Wait on it to see a change reach the tools.
+    /// server's tool list is read again: after it said the list changed, after a reconnection,
+    /// or after the stream an HTTP server sends its notifications on was opened anew). Wait on
+    /// it to see a change reach the tools.
     pub fn tool_listings(&self) -> watch::Receiver<u64> {
         self.server.listings.subscribe()
     }
@@ -338,9 +343,13 @@ impl Server {
                         message: e.to_string(),
                     }
                 })?;
+                let streams = client.server_streams();
                 let transport = crate::http::transport(url, client);
                 match tokio::time::timeout(timeout, handler.serve(transport)).await {
-                    Ok(Ok(service)) => Ok(service),
+                    Ok(Ok(service)) => {
+                        self.follow_server_streams(streams).await;
+                        Ok(service)
+                    }
                     Ok(Err(e)) => Err(McpError::Initialize {
                         server: self.name().to_owned(),
                         message: e.to_string(),
@@ -349,6 +358,31 @@ impl Server {
                 }
             }
         }
+    }
+
+    /// Waits (at most [`SERVER_STREAM_WAIT`]) until the GET for the server's own stream is
+    /// answered: a server drops a tool-list change it sends while that stream is not open, so
+    /// the tools are listed only once it is. Each stream opened after that has the tools
+    /// listed again, for a change sent while none was open is lost.
+    async fn follow_server_streams(&self, mut streams: watch::Receiver<ServerStreams>) {
+        let answered = tokio::time::timeout(SERVER_STREAM_WAIT, async {
+            streams.wait_for(|s| s.answered > 0).await.is_ok()
+        })
+        .await;
+        if answered.is_err() {
+            tracing::debug!(server = %self.name(), "MCP server's stream not answered yet");
+        }
+        let tools_changed = self.tools_changed.clone();
+        let mut opened = streams.borrow_and_update().opened;
+        tokio::spawn(async move {
+            while streams.changed().await.is_ok() {
+                let now = streams.borrow_and_update().opened;
+                if now > opened {
+                    opened = now;
+                    tools_changed.notify_one();
+                }
+            }
+        });
     }
 
     /// Logs each line the server's process writes to its stderr and keeps the last one.

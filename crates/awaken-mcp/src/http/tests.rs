@@ -16,7 +16,7 @@ use rmcp::transport::streamable_http_client::{
     StreamableHttpResponseLimits,
 };
 
-use super::{EventLimit, HttpClient, HttpError, challenge_scope};
+use super::{EventLimit, HttpClient, HttpError, ServerStreams, challenge_scope};
 
 type Outcome<T> = Result<T, StreamableHttpError<HttpError>>;
 
@@ -272,6 +272,44 @@ async fn get_and_delete_report_what_the_server_does_not_support() {
     assert!(
         head.starts_with("delete /mcp") && head.contains("mcp-session-id: s-1\r\n"),
         "{head}"
+    );
+}
+
+#[tokio::test]
+async fn each_answered_get_is_counted_and_each_opened_stream_too() {
+    let client = client();
+    let mut streams = client.server_streams();
+    let (url, server) = serve_once(response("405 Method Not Allowed", &[], ""));
+    let refused = client
+        .get_stream(url, Some("s-1".into()), None, None, HashMap::new())
+        .await;
+    assert!(refused.is_err());
+    server.join().expect("server");
+    assert_eq!(
+        *streams.borrow_and_update(),
+        ServerStreams {
+            answered: 1,
+            opened: 0
+        }
+    );
+
+    let (url, server) = serve_once(response("200 OK", &["content-type: text/event-stream"], ""));
+    let opened = client
+        .get_stream(url, Some("s-1".into()), None, None, HashMap::new())
+        .await;
+    assert!(opened.is_ok());
+    server.join().expect("server");
+    assert_eq!(
+        *streams.borrow_and_update(),
+        ServerStreams {
+            answered: 2,
+            opened: 1
+        }
+    );
+    drop((opened, client));
+    assert!(
+        streams.changed().await.is_err(),
+        "the count ends with the client"
     );
 }
 
