@@ -182,7 +182,10 @@ async fn write_tx(
     let (row, run) = if c.expected_message_count == 0 {
         let ensure_thread = st.get(tx, ENSURE_THREAD).await?;
         let ensure_params: [&(dyn ToSql + Sync); 2] = [&tid, &now];
+        // Biased: polled in this order, the first failure reported is the first statement's
+        // (those after it fail only because the transaction was aborted).
         let (_, _, row, run) = tokio::try_join!(
+            biased;
             tx.batch_execute("BEGIN"),
             tx.execute(&ensure_thread, &ensure_params),
             tx.query_one(&lock_thread, &thread_params),
@@ -191,6 +194,7 @@ async fn write_tx(
         (row, run)
     } else {
         let (_, row, run) = tokio::try_join!(
+            biased;
             tx.batch_execute("BEGIN"),
             tx.query_opt(&lock_thread, &thread_params),
             tx.query_opt(&lock_run, &run_params),

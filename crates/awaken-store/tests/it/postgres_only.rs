@@ -250,6 +250,28 @@ async fn damaged_rows_of_a_thread_are_corrupt_errors_naming_it() {
     .assert_eq(&errors.join("\n"));
 }
 
+/// A connection of its own, in a transaction holding the row of `thread` in `test`'s schema
+/// (`ROLLBACK` releases it), and the task driving the connection.
+async fn hold_thread_row(
+    test: &str,
+    thread: &str,
+) -> (tokio_postgres::Client, tokio::task::JoinHandle<()>) {
+    let url = crate::backends::postgres_url().expect("url is set when the store exists");
+    let (holder, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    let driver = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    holder
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM awaken_t_{test}.threads WHERE thread_id = '{thread}' FOR UPDATE"
+        ))
+        .await
+        .expect("hold the thread's row");
+    (holder, driver)
+}
+
 /// A commit dropped while its transaction is open (here, waiting for a lock another connection
 /// holds) leaves no transaction behind on a pooled connection: the thread's next writer, from
 /// another store, is not blocked by it, and the dropped commit wrote nothing.
@@ -258,24 +280,13 @@ async fn a_commit_dropped_mid_transaction_leaves_no_open_transaction() {
     let Some(a) = postgres_store("dropped_commit").await else {
         return;
     };
-    let url = crate::backends::postgres_url().expect("url is set when the store exists");
     let b = second_store("dropped_commit", 1).await;
     a.commit(&step("t1", "r1", 0, 1, 1_000))
         .await
         .expect("first commit");
 
     // Another connection holds the thread's row, so the commit waits inside its transaction.
-    let (holder, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .expect("connect");
-    let holder_conn = tokio::spawn(connection);
-    holder
-        .batch_execute(
-            "BEGIN; SELECT 1 FROM awaken_t_dropped_commit.threads \
-             WHERE thread_id = 't1' FOR UPDATE",
-        )
-        .await
-        .expect("hold the thread's row");
+    let (holder, holder_conn) = hold_thread_row("dropped_commit", "t1").await;
     let dropped = tokio::time::timeout(
         Duration::from_millis(300),
         b.commit(&step("t1", "r1", 2, 2, 2_000)),
@@ -300,6 +311,68 @@ async fn a_commit_dropped_mid_transaction_leaves_no_open_transaction() {
         .expect("load")
         .expect("thread");
     assert_eq!(cp.messages.len(), 4);
+    drop(holder);
+    let _ = holder_conn.await;
+}
+
+/// A commit whose wait for the thread's row is cancelled on the server reports that cancel
+/// (a `Storage` failure naming it), not the aborted transaction the statements sent with it
+/// then meet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_lock_wait_is_reported_as_the_cancel() {
+    let Some(store) = postgres_store("cancelled_lock").await else {
+        return;
+    };
+    store
+        .commit(&step("t1", "r1", 0, 1, 1_000))
+        .await
+        .expect("first commit");
+    let (holder, holder_conn) = hold_thread_row("cancelled_lock", "t1").await;
+    let waiting = {
+        let store = store.clone();
+        tokio::spawn(async move { store.commit(&step("t1", "r1", 2, 2, 2_000)).await })
+    };
+    // The backend waiting behind the holder's lock is the commit's: cancel its statement.
+    let cancelled = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let row = holder
+                .query_one(
+                    "SELECT count(pg_cancel_backend(pid)) FROM pg_stat_activity \
+                     WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))",
+                    &[],
+                )
+                .await
+                .expect("cancel the waiting backend");
+            if row.get::<_, i64>(0) > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(cancelled.is_ok(), "no commit waited for the thread's row");
+    let error = waiting
+        .await
+        .expect("the commit's task")
+        .expect_err("a cancelled commit fails");
+    holder.batch_execute("ROLLBACK").await.expect("release");
+    let CommitError::Backend(error) = &error else {
+        panic!("a backend failure, not {error:?}");
+    };
+    assert_eq!(
+        error.kind(),
+        awaken_store::StoreErrorKind::Storage,
+        "{error}"
+    );
+    assert!(
+        error.to_string().contains("canceling statement"),
+        "the cancel is what is reported: {error}"
+    );
+    // The store goes on: the commit can be made again.
+    store
+        .commit(&step("t1", "r1", 2, 2, 2_000))
+        .await
+        .expect("the commit, tried again");
     drop(holder);
     let _ = holder_conn.await;
 }
