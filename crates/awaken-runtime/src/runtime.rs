@@ -221,8 +221,9 @@ impl AgentRuntime {
     /// (the run is live, or its worker died and the lease has not expired) nothing is run:
     /// [`Takeover::Held`], to try again later. Anything else is [`Takeover::Nothing`] with the
     /// latest run's record. `config.limit` and `config.agents` do not apply (the caller names
-    /// the thread); a `config.cancel` cancelled before the claim starts nothing, and one
-    /// cancelled later ends the run `Cancelled` with its checkpoint.
+    /// the thread). A cancelled `config.cancel` ends the claimed run `Cancelled` with its
+    /// checkpoint, before its next step when it was cancelled before the claim: a cancel of
+    /// the run is never left with the run still `Running` for a later recovery to go on with.
     pub async fn take_over(
         &self,
         thread_id: &ThreadId,
@@ -231,7 +232,7 @@ impl AgentRuntime {
     ) -> Result<Takeover, RunError> {
         let latest = self.latest_run(thread_id).await?;
         let run_id = match &latest {
-            Some(run) if continuable(run) && !config.cancel.is_cancelled() => run.run_id.clone(),
+            Some(run) if continuable(run) => run.run_id.clone(),
             _ => return Ok(Takeover::Nothing { latest }),
         };
         let claimed = self

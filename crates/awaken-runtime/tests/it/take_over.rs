@@ -4,13 +4,16 @@
 
 use std::sync::Arc;
 
-use awaken_event::{RunId, TerminationReason, ThreadId, VecSink};
+use awaken_event::{
+    CancellationToken, RunId, TerminationReason, ThreadId, VecSink, check_activation,
+};
 use awaken_runtime::{RecoverConfig, RunActivation, RunError, Takeover};
-use awaken_store::{MemoryStore, RunStatus, ThreadStore};
+use awaken_store::{MemoryStore, RunStatus, ThreadStore, Timestamp};
 
 use crate::leases::{notifies, worker_runtime};
 use crate::lifecycle::Gate;
 use crate::recovery::{runtime, thread};
+use crate::support::Intercepted;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_runs_lease_is_held_and_take_over_runs_nothing() {
@@ -189,4 +192,73 @@ async fn a_run_gets_the_id_it_was_given_and_a_taken_id_is_refused() {
         .map(|r| format!("{} {:?}", r.run_id, r.status))
         .collect();
     assert_eq!(runs, ["job-7 Done", "run-1 Done"]);
+}
+
+/// A run left unfinished by a dead process, taken over by a caller whose cancel came first
+/// (a queued run cancelled while no worker held it): the run ends `Cancelled` with its
+/// checkpoint, and no step of it runs again.
+#[tokio::test]
+async fn a_cancelled_take_over_ends_the_unfinished_run_cancelled() {
+    let store: Arc<dyn ThreadStore> = Arc::new(MemoryStore::new());
+    // The first process's writes stop after its first two commits: the run stays `Running`.
+    let dying = Arc::new(Intercepted::dies_after(store.clone(), 2));
+    let _ = runtime(dying)
+        .run(
+            RunActivation::new(thread(), "agent").with_user_message("go"),
+            &VecSink::new(),
+        )
+        .await;
+    let run = store
+        .load_checkpoint(&thread())
+        .await
+        .expect("load")
+        .and_then(|c| c.run)
+        .expect("the cut-short run");
+    assert_eq!(run.status, RunStatus::Running);
+    // Its lease, claimed by the dead process, has expired.
+    store
+        .claim_run(
+            &run.run_id,
+            "dead",
+            std::time::Duration::from_secs(30),
+            Timestamp::from_unix_millis(-60_000),
+        )
+        .await
+        .expect("claim")
+        .expect("the dead process's lease");
+
+    let cancel = CancellationToken::new();
+    cancel.cancel();
+    let sink = VecSink::new();
+    let taken = runtime(store.clone())
+        .take_over(
+            &thread(),
+            &RecoverConfig::new("w2").with_cancel(cancel),
+            &sink,
+        )
+        .await
+        .expect("take over");
+    let Takeover::Recovered(recovered) = taken else {
+        panic!("the unfinished run is taken over to be ended: {taken:?}");
+    };
+    assert_eq!(recovered.run_id, run.run_id);
+    let out = recovered.outcome.expect("ended");
+    assert_eq!(out.termination, TerminationReason::Cancelled);
+    if let Err(v) = check_activation(&sink.events()) {
+        panic!("the cancelled continuation's events: {v}");
+    }
+    let stored = store
+        .load_checkpoint(&thread())
+        .await
+        .expect("load")
+        .and_then(|c| c.run)
+        .expect("the run");
+    assert_eq!(stored.status, RunStatus::Done);
+    assert_eq!(stored.termination, Some(TerminationReason::Cancelled));
+    // Nothing is left for a later run to continue.
+    let again = runtime(store.clone())
+        .take_over(&thread(), &RecoverConfig::new("w3"), &VecSink::new())
+        .await
+        .expect("take over");
+    assert!(matches!(again, Takeover::Nothing { .. }), "{again:?}");
 }
