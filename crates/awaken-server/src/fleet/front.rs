@@ -160,10 +160,20 @@ impl Follower {
         let shared = &server.shared;
         let thread = self.live.thread_id.clone();
         let waiter = self.front.waiter(&thread, &shared.closing);
-        let mut cancel_asked = false;
+        // The cancel route cancelled the run, and whether the queue has been told (a store
+        // that failed to take it is asked again at the next wake-up).
+        let (mut cancel_asked, mut cancel_told) = (false, false);
         // Once the job is gone, the events are read once more before giving up on its end.
         let mut gone = false;
         let result = loop {
+            if cancel_asked && !cancel_told {
+                match self.front.queue.request_cancel(&thread).await {
+                    Ok(_) => cancel_told = true,
+                    Err(e) => {
+                        tracing::warn!(%thread, error = %e, "cannot ask the queue to cancel a run");
+                    }
+                }
+            }
             match self.read().await {
                 Ok(Progress::Finished(outcome)) => break Ok(outcome),
                 Ok(Progress::Moved) => gone = false,
@@ -193,12 +203,7 @@ impl Follower {
             tokio::select! {
                 () = waiter.notified() => {}
                 () = tokio::time::sleep(self.front.config.poll_interval) => {}
-                () = self.cancel.cancelled(), if !cancel_asked => {
-                    cancel_asked = true;
-                    if let Err(e) = self.front.queue.request_cancel(&thread).await {
-                        tracing::warn!(%thread, error = %e, "cannot ask the queue to cancel a run");
-                    }
-                }
+                () = self.cancel.cancelled(), if !cancel_asked => cancel_asked = true,
                 () = shared.closing.cancelled() => break Err(ApiError::unavailable(
                     "shutting_down",
                     "the server is shutting down; the run goes on in the fleet",

@@ -143,7 +143,7 @@ impl Worker {
             () = &mut shutdown => return WorkerReport::default(),
         }
         let notifier = Notifier::start(self.queue.clone());
-        let held: Arc<DashMap<ThreadId, CancellationToken>> = Arc::default();
+        let held: Arc<Held> = Arc::default();
         let stop = CancellationToken::new();
         let mut jobs: JoinSet<JobEnd> = JoinSet::new();
         let mut report = WorkerReport::default();
@@ -159,7 +159,7 @@ impl Worker {
                         let all = claimed.len() == free;
                         for job in claimed {
                             let cancel = CancellationToken::new();
-                            held.insert(job.thread_id.clone(), cancel.clone());
+                            held.insert(job.thread_id.clone(), (job.lease.clone(), cancel.clone()));
                             let drive = Drive {
                                 worker: self.clone_parts(),
                                 notifier: notifier.clone(),
@@ -192,9 +192,9 @@ impl Worker {
                     () = &mut shutdown => break 'claiming,
                     wake = listener.recv() => match wake {
                         FleetWake::Cancel(thread) => {
-                            if let Some(cancel) = held.get(&thread) {
+                            if let Some(entry) = held.get(&thread) {
                                 tracing::info!(%thread, "cancel requested: cancelling the run");
-                                cancel.cancel();
+                                entry.1.cancel();
                             }
                         }
                         FleetWake::Events(_) | FleetWake::Done(_) => {}
@@ -331,13 +331,16 @@ enum JobEnd {
 struct Drive {
     worker: Parts,
     notifier: Notifier,
-    held: Arc<DashMap<ThreadId, CancellationToken>>,
+    held: Arc<Held>,
     /// Cancels the job's run (a cancel request).
     cancel: CancellationToken,
     /// Stops the job at its last checkpoint (the worker's drain).
     stop: CancellationToken,
     claimed_at: Instant,
 }
+
+/// The cancel of each job this worker drives, by its thread, with the claim it belongs to.
+type Held = DashMap<ThreadId, (JobLease, CancellationToken)>;
 
 /// How an attempt ended, before the queue is told.
 enum Attempt {
@@ -348,6 +351,12 @@ enum Attempt {
 }
 
 impl Drive {
+    /// Forgets the cancel of `thread`'s job if it is still this claim's: after a lease lost
+    /// to this same worker's next claim of the job, the entry is that claim's.
+    fn unhold(&self, thread: &ThreadId, lease: &JobLease) {
+        self.held.remove_if(thread, |_, (held, _)| held == lease);
+    }
+
     /// Drives `job` with its lease kept alive; tells the queue how it ended.
     async fn job(self, job: ClaimedJob) -> JobEnd {
         let lease = job.lease.clone();
@@ -365,7 +374,7 @@ impl Drive {
             attempt = self.attempt(&job) => Some(attempt),
             () = lost.cancelled() => None,
             () = self.stop.cancelled() => {
-                self.held.remove(&thread);
+                self.unhold(&thread, &lease);
                 return match self.worker.queue.release(&lease).await {
                     Ok(_) => JobEnd::Released,
                     Err(e) => {
@@ -375,7 +384,7 @@ impl Drive {
                 };
             }
         };
-        self.held.remove(&thread);
+        self.unhold(&thread, &lease);
         let Some(attempt) = end else {
             tracing::warn!(%thread, job = %lease.job_id, "job lease lost: another worker has it");
             return JobEnd::Lost;
@@ -428,17 +437,21 @@ impl Drive {
     /// One attempt at `job`: first continues the thread's unfinished run if its worker is gone
     /// (the job's own run, or one left before it), then starts the job's activation unless its
     /// run already had it.
+    ///
+    /// A job claimed again after its last attempt is given up (dead-lettered), after the run
+    /// its last worker left `Running` is ended `Cancelled` at its checkpoint, so no later run
+    /// of the thread goes on with it; if that attempt had in fact ended the activation (its
+    /// worker stopped before telling the queue), the job is done.
     async fn attempt(&self, job: &ClaimedJob) -> Attempt {
-        if job.attempts > job.max_attempts {
-            return Attempt::Failed {
-                error: format!(
-                    "gave up after {} attempts; last: {}",
-                    job.max_attempts,
-                    job.last_error.as_deref().unwrap_or("its worker stopped")
-                ),
-                fatal: true,
-            };
-        }
+        let exhausted = job.attempts > job.max_attempts;
+        let gave_up = || Attempt::Failed {
+            error: format!(
+                "gave up after {} attempts; last: {}",
+                job.max_attempts,
+                job.last_error.as_deref().unwrap_or("its worker stopped")
+            ),
+            fatal: true,
+        };
         let payload: JobPayload = match serde_json::from_value(job.payload.clone()) {
             Ok(p) => p,
             Err(e) => {
@@ -448,7 +461,7 @@ impl Drive {
                 };
             }
         };
-        if job.cancel_requested {
+        if job.cancel_requested || exhausted {
             self.cancel.cancel();
         }
         let runtime = &self.worker.runtime;
@@ -465,6 +478,9 @@ impl Drive {
         let latest = loop {
             match runtime.take_over(&job.thread_id, &recover, &sink).await {
                 Ok(Takeover::Recovered(run)) => {
+                    if run.run_id == job.run_id && exhausted {
+                        return gave_up();
+                    }
                     if run.run_id == job.run_id {
                         return attempt_of(run.outcome.map(|_| ()));
                     }
@@ -496,6 +512,7 @@ impl Drive {
         ) {
             // The run exists: an earlier attempt started it, and it ended or waits.
             Activation::Run(_) if ran => Attempt::Done,
+            _ if exhausted && !ran => gave_up(),
             Activation::Run(activation) => {
                 attempt_of(runtime.run(activation, &sink).await.map(|_| ()))
             }
@@ -516,6 +533,9 @@ impl Drive {
                     .retain(|d| still.iter().any(|t| t.call.call_id == d.call_id));
                 if resume.decisions.is_empty() {
                     return Attempt::Done;
+                }
+                if exhausted {
+                    return gave_up();
                 }
                 attempt_of(runtime.resume(resume, &sink).await.map(|_| ()))
             }

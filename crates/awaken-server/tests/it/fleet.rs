@@ -117,12 +117,17 @@ impl Fleet {
 
     /// A front end: a server whose runtime has no worker identity and drives nothing.
     async fn front(&self) -> FrontEnd {
+        self.front_with(QueueConfig::default().max_attempts).await
+    }
+
+    /// A front end queueing jobs dead-lettered after `max_attempts` claims.
+    async fn front_with(&self, max_attempts: u32) -> FrontEnd {
         let store = self.store().await;
         let queue = store.queue();
         let rig = Rig::on(Arc::new(store), Vec::new());
         let queue_config = QueueConfig {
             poll_interval: Duration::from_millis(200),
-            ..QueueConfig::default()
+            max_attempts,
         };
         let server = TestServer::queued(rig.runtime(), config(), queue.clone(), queue_config).await;
         FrontEnd { server, rig, queue }
@@ -592,21 +597,27 @@ async fn a_job_cancelled_before_any_worker_claims_it_ends_cancelled() {
     "#]]
     .assert_eq(&render(&events));
     assert_eq!(events, a.rig.store.stored("t").await);
-    let record = a.rig.store.last_run("t").await;
+    let completed = WorkerReport {
+        completed: 1,
+        ..WorkerReport::default()
+    };
+    ended_cancelled_unasked(&a, worker, completed, QueueDepth::default()).await;
+}
+
+/// Checks that thread `t`'s last run ended `Cancelled` with `worker`'s model never asked,
+/// then stops the worker: it reports `report`, and the queue is left as `left`.
+async fn ended_cancelled_unasked(
+    front: &FrontEnd,
+    worker: RunningWorker,
+    report: WorkerReport,
+    left: QueueDepth,
+) {
+    let record = front.rig.store.last_run("t").await;
     assert_eq!(record.status, RunStatus::Done);
     assert_eq!(record.termination, Some(TerminationReason::Cancelled));
     assert_eq!(worker.rig.model.requests(), 0);
-    assert_eq!(
-        worker.stop().await,
-        WorkerReport {
-            completed: 1,
-            ..WorkerReport::default()
-        }
-    );
-    assert_eq!(
-        a.queue.depth(now()).await.expect("depth"),
-        QueueDepth::default()
-    );
+    assert_eq!(worker.stop().await, report);
+    assert_eq!(front.queue.depth(now()).await.expect("depth"), left);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -855,4 +866,108 @@ async fn a_draining_worker_gives_its_held_run_back_and_another_finishes_it() {
         front.queue.depth(now()).await.expect("depth"),
         QueueDepth::default()
     );
+}
+
+/// A run on thread `t` whose worker died inside its model, after the run's tool ran: the
+/// front end following it, the stream so far, and the dead worker.
+async fn a_run_whose_worker_died(
+    fleet: &Fleet,
+    max_attempts: u32,
+    counted: &Arc<AtomicUsize>,
+) -> (FrontEnd, Vec<Frame>, Sse, Process) {
+    let front = fleet.front_with(max_attempts).await;
+    let mut w1 = fleet.process("w1", count_then_held(), counted).await;
+    let mut sse = front.server.start_run("t", "hi").await;
+    let part = sse.until(|f| f.is("tool_call_done")).await;
+    w1.rig.model.wait_holds(1).await;
+    w1.kill();
+    (front, part, sse, w1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_cancelled_while_its_worker_is_dead_ends_cancelled_on_the_next() {
+    let Some(fleet) = Fleet::new("cancel_dead").await else {
+        return;
+    };
+    let counted = Arc::new(AtomicUsize::new(0));
+    let (front, part, sse, _w1) = a_run_whose_worker_died(&fleet, 3, &counted).await;
+    // The cancel reaches the queue while no worker holds the job.
+    assert!(
+        front
+            .queue
+            .request_cancel(&tid("t"))
+            .await
+            .expect("request the cancel")
+            .is_some()
+    );
+    let w2 = fleet
+        .worker_with("w2", vec![text_turn(&["never"])], worker_config(), |rig| {
+            rig.counting(&counted)
+        })
+        .await;
+    // The next worker ends the dead one's run cancelled at its checkpoint, asking nothing.
+    let frames: Vec<Frame> = part.into_iter().chain(sse.rest().await).collect();
+    assert_eq!(termination(&frames), TerminationReason::Cancelled);
+    let events = agent_events(&frames);
+    assert_eq!(events, front.rig.store.stored("t").await);
+    let resumed = events
+        .iter()
+        .position(|(_, e)| matches!(e, AgentEvent::RunStart { resumed: true, .. }))
+        .unwrap_or_else(|| panic!("the ending activation: {frames:#?}"));
+    checked_activation(&frames[resumed..]);
+    assert_eq!(counted.load(Ordering::SeqCst), 1);
+    let completed = WorkerReport {
+        completed: 1,
+        ..WorkerReport::default()
+    };
+    ended_cancelled_unasked(&front, w2, completed, QueueDepth::default()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_past_its_attempts_ends_its_run_before_it_is_dead_lettered() {
+    let Some(fleet) = Fleet::new("gave_up").await else {
+        return;
+    };
+    let counted = Arc::new(AtomicUsize::new(0));
+    // One attempt allowed: the dead worker's claim was it.
+    let (front, _part, _sse, _w1) = a_run_whose_worker_died(&fleet, 1, &counted).await;
+    let w2 = fleet
+        .worker_with("w2", vec![text_turn(&["never"])], worker_config(), |rig| {
+            rig.counting(&counted)
+        })
+        .await;
+    let dead = guarded("the job to be dead-lettered", async {
+        loop {
+            let dead = front.queue.dead_letters(10).await.expect("dead letters");
+            if !dead.is_empty() {
+                return dead;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert_eq!(dead.len(), 1, "{dead:#?}");
+    assert!(
+        dead[0].error.starts_with("gave up after 1 attempts"),
+        "{:?}",
+        dead[0].error
+    );
+    assert_eq!(counted.load(Ordering::SeqCst), 1);
+    let frames = front.server.events_after("t", "0").await.rest().await;
+    assert_eq!(termination(&frames), TerminationReason::Cancelled);
+    let resumed = agent_events(&frames)
+        .iter()
+        .position(|(_, e)| matches!(e, AgentEvent::RunStart { resumed: true, .. }))
+        .unwrap_or_else(|| panic!("the ending activation: {frames:#?}"));
+    checked_activation(&frames[resumed..]);
+    // The run is not left `Running` for a later run of the thread to go on with.
+    let dead = WorkerReport {
+        dead: 1,
+        ..WorkerReport::default()
+    };
+    let left = QueueDepth {
+        dead: 1,
+        ..QueueDepth::default()
+    };
+    ended_cancelled_unasked(&front, w2, dead, left).await;
 }
