@@ -300,12 +300,23 @@ pub(crate) async fn start(
             )
         })?;
     if let Some(front) = &shared.front {
-        if let Err(e) =
-            crate::fleet::front::enqueue(server, front, &live, permit, cancel, job).await
-        {
-            live.end(Err(e.clone()));
-            shared.live.remove(&live);
-            return Err(e);
+        // On a task of its own: a client going away while the job is queued drops only the
+        // wait for it, and the live run still ends or gets its follower.
+        let (owner, front, queued) = (server.clone(), Arc::clone(front), Arc::clone(&live));
+        let enqueued = tokio::spawn(async move {
+            let enqueued =
+                crate::fleet::front::enqueue(&owner, &front, &queued, permit, cancel, job).await;
+            if let Err(e) = &enqueued {
+                queued.end(Err(e.clone()));
+                owner.shared.live.remove(&queued);
+            }
+            enqueued
+        });
+        match enqueued.await {
+            Ok(enqueued) => enqueued?,
+            Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+            // The runtime is shutting down.
+            Err(_) => return Err(shutting_down(server, thread)),
         }
     } else {
         // The run's first steps run here, up to where it first waits, so its first events are

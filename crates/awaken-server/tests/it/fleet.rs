@@ -971,3 +971,59 @@ async fn a_job_past_its_attempts_ends_its_run_before_it_is_dead_lettered() {
     };
     ended_cancelled_unasked(&front, w2, dead, left).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_while_its_run_is_queued_leaves_the_thread_usable() {
+    let Some(fleet) = Fleet::new("gone_queued").await else {
+        return;
+    };
+    let front = fleet.front().await;
+    // Another connection holds the queue's table, so the run's job waits to be queued.
+    let (locker, connection) = tokio_postgres::connect(&fleet.url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    let locker_conn = tokio::spawn(connection);
+    locker
+        .batch_execute(&format!(
+            "BEGIN; LOCK TABLE \"{}\".run_queue IN ACCESS EXCLUSIVE MODE",
+            fleet.schema
+        ))
+        .await
+        .expect("lock the queue");
+    // The client gives up meanwhile and closes its connection.
+    let gone = front
+        .server
+        .client
+        .post(front.server.url("/v1/threads/t/runs"))
+        .json(&json!({"message": "hi"}))
+        .timeout(Duration::from_millis(300))
+        .send()
+        .await;
+    assert!(gone.is_err(), "the run was not held up: {gone:?}");
+    locker.batch_execute("ROLLBACK").await.expect("unlock");
+
+    // The job was queued all the same: a worker runs it, and the thread's stream follows it
+    // to its end.
+    let worker = fleet
+        .worker("w1", vec![text_turn(&["first"]), text_turn(&["second"])])
+        .await;
+    let frames = guarded(
+        "the queued run's stream",
+        front.server.events_after("t", "0").await.rest(),
+    )
+    .await;
+    checked_activation(&frames);
+    assert_eq!(termination(&frames), TerminationReason::NaturalEnd);
+    // The thread takes the next run.
+    let response = front
+        .server
+        .post(
+            "/v1/threads/t/runs?stream=false",
+            json!({"message": "again"}),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(worker.stop().await.completed, 2);
+    drop(locker);
+    let _ = locker_conn.await;
+}
