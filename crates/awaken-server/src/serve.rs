@@ -87,11 +87,10 @@ pub async fn serve(
     };
     server.set_ready();
     tracing::info!(%addr, "serving");
-    accept(&server, listener, shutdown).await?;
+    let deadline = accept(&server, listener, shutdown).await?;
     stop_recovery.cancel();
     let runtime = server.runtime().clone();
-    let grace = server.config().shutdown_grace;
-    if tokio::time::timeout(grace, runtime.shutdown(ShutdownMode::Wait))
+    if tokio::time::timeout_at(deadline, runtime.shutdown(ShutdownMode::Wait))
         .await
         .is_err()
     {
@@ -119,7 +118,8 @@ pub async fn serve(
 }
 
 /// Accepts connections until `shutdown` completes, then tells open streams to end and waits
-/// for every connection to close.
+/// for every connection to close, until the end of the grace period it returns (a client that
+/// neither sends its request's body nor reads its answer is not waited for after that).
 ///
 /// Each connection is hyper's HTTP/1 connection with its read buffer held to its initial
 /// 8 KiB (a request head or body larger than that is read in several pieces), so an idle
@@ -128,7 +128,7 @@ async fn accept(
     server: &AgentServer,
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
-) -> std::io::Result<()> {
+) -> std::io::Result<tokio::time::Instant> {
     let mut http = http1::Builder::new();
     http.max_buf_size(READ_BUFFER)
         .timer(TokioTimer::new())
@@ -166,9 +166,15 @@ async fn accept(
     }
     drop(listener);
     tracing::info!("shutting down: no new requests; telling open streams");
+    let deadline = tokio::time::Instant::now() + server.config().shutdown_grace;
     server.begin_shutdown();
-    connections.shutdown().await;
-    Ok(())
+    if tokio::time::timeout_at(deadline, connections.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("grace period over: not waiting for the connections still open");
+    }
+    Ok(deadline)
 }
 
 /// Whether an accept error concerns one connection only (the next accept may succeed at once).

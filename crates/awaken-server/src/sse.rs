@@ -149,8 +149,16 @@ impl<E: Encoder> EventStream<E> {
             return Ok(());
         };
         // Attached once its first event is out: the buffer then holds every event of the
-        // activation not yet stored, and the store every one dropped from the buffer.
-        let _ = live.started().await;
+        // activation not yet stored, and the store every one dropped from the buffer. A run
+        // that has not started by the server's shutdown (a queued one no worker claimed) is
+        // not waited for.
+        tokio::select! {
+            _ = live.started() => {}
+            () = self.ctx.closing.cancelled() => {
+                self.shut();
+                return Ok(());
+            }
+        }
         // A position sent before its event was stored, in another activation than the live
         // one, is checked against the store.
         // Without a position, the client starts at the activation's first event (a start's own
@@ -271,9 +279,26 @@ impl<E: Encoder> EventStream<E> {
         }
     }
 
+    /// Tells the client of the server's shutdown and ends the stream.
+    fn shut(&mut self) {
+        self.rx = None;
+        self.notice(
+            "shutdown",
+            &serde_json::json!({
+                "message": "the server is shutting down; the run goes on from its last checkpoint when it restarts: reconnect with Last-Event-ID",
+            }),
+        );
+        self.finish();
+    }
+
     /// The next bytes to send; `None` ends the stream.
     async fn next(&mut self) -> Option<Bytes> {
         loop {
+            // Checked first: a client slower than its run always has a frame waiting, and
+            // the select below would take that frame every time.
+            if self.rx.is_some() && self.ctx.closing.is_cancelled() {
+                self.shut();
+            }
             if let Some(b) = self.queue.pop_front() {
                 self.sent = true;
                 return Some(b);
@@ -302,16 +327,7 @@ impl<E: Encoder> EventStream<E> {
                     }
                     Err(broadcast::error::RecvError::Closed) => self.rx = None,
                 },
-                () = self.ctx.closing.cancelled() => {
-                    self.rx = None;
-                    self.notice(
-                        "shutdown",
-                        &serde_json::json!({
-                            "message": "the server is shutting down; the run goes on from its last checkpoint when it restarts: reconnect with Last-Event-ID",
-                        }),
-                    );
-                    self.finish();
-                }
+                () = self.ctx.closing.cancelled() => self.shut(),
                 () = self.idle.as_mut() => {
                     let next = tokio::time::Instant::now() + self.ctx.keep_alive;
                     self.idle.as_mut().reset(next);

@@ -462,3 +462,77 @@ async fn a_slow_first_recovery_never_takes_over_a_run_started_meanwhile() {
     assert_eq!(starts, 1);
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_body_never_comes_does_not_hold_up_shutdown() {
+    use tokio::io::AsyncWriteExt as _;
+    let rig = Rig::memory(Vec::new());
+    let mut server = TestServer::start(rig.runtime(), config()).await;
+    // A client sends a request's head and the start of its body, then nothing more.
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    let mut tcp = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    tcp.write_all(
+        b"POST /v1/threads/t/runs HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\n\
+          content-length: 100\r\n\r\n{\"mess",
+    )
+    .await
+    .expect("write the start of a request");
+    // The server has read the head: the ready probe on another connection is answered after.
+    let ready = server
+        .client
+        .get(server.url("/healthz"))
+        .send()
+        .await
+        .expect("healthz");
+    assert_eq!(ready.status(), StatusCode::OK);
+    let started = std::time::Instant::now();
+    server.begin_shutdown();
+    server.stopped().await.expect("served");
+    // The grace period (100 ms in these tests) bounds the wait, not the client.
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(tcp);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_waiting_for_its_runs_first_event_is_told_of_the_shutdown() {
+    let rig = Rig::memory(vec![held_answer()]);
+    let mut server = TestServer::start(rig.runtime(), config()).await;
+    // The store holds the run's first commit back: the run has no event yet.
+    rig.store.close_commits();
+    let start = server
+        .client
+        .post(server.url("/v1/threads/t/runs"))
+        .json(&json!({"message": "hi"}))
+        .send();
+    let start = tokio::spawn(start);
+    rig.store.wait_held_commits(1).await;
+    // A second client follows the thread, waiting for the run's first event.
+    let follow = server.client.get(server.url("/v1/threads/t/events")).send();
+    let follow = tokio::spawn(follow);
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    server.begin_shutdown();
+    let response = guarded("the follower's answer", follow)
+        .await
+        .expect("the follower's task")
+        .expect("an answer");
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = guarded("the follower's stream", response.text())
+        .await
+        .expect("the stream's body");
+    assert!(
+        body.contains("event: shutdown"),
+        "told of the shutdown: {body:?}"
+    );
+    let start = guarded("the start's answer", start)
+        .await
+        .expect("the start's task")
+        .expect("an answer");
+    assert_eq!(start.status(), StatusCode::SERVICE_UNAVAILABLE);
+    server.stopped().await.expect("served");
+}
