@@ -169,6 +169,9 @@ pub(crate) struct LiveRun {
     status: watch::Sender<Status>,
     started: AtomicBool,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The ended run of the thread this one replaced in the registry, until this one's first
+    /// event: a run that fails before any puts it back, so its clients can still reconnect.
+    replaced: Mutex<Option<Arc<LiveRun>>>,
 }
 
 /// What a client attaching to a live run gets: the buffered frames after its position, the
@@ -207,6 +210,7 @@ impl LiveRun {
             status: watch::channel(Status::Starting).0,
             started: AtomicBool::new(false),
             task: Mutex::new(None),
+            replaced: Mutex::new(None),
         }
     }
 
@@ -324,6 +328,10 @@ impl LiveRun {
 
     fn push(&self, seq: Option<u64>, event: &AgentEvent) {
         if !self.started.swap(true, Ordering::AcqRel) {
+            self.replaced
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
             self.status.send_if_modified(|s| {
                 let first = matches!(s, Status::Starting);
                 if first {
@@ -507,7 +515,8 @@ impl LiveRuns {
             Entry::Occupied(o) if !o.get().is_ended() => Err(o.get().clone()),
             Entry::Occupied(mut o) => {
                 let new = run();
-                o.insert(new.clone());
+                let replaced = o.insert(new.clone());
+                *new.replaced.lock().unwrap_or_else(|e| e.into_inner()) = Some(replaced);
                 Ok(new)
             }
             Entry::Vacant(v) => Ok(v.insert(run()).clone()),
@@ -519,10 +528,29 @@ impl LiveRuns {
         self.runs.get(thread_id).map(|r| r.clone())
     }
 
-    /// Removes `run` from the registry now (a run that never started).
+    /// Removes `run` from the registry now (a run that never started), putting back the ended
+    /// run it replaced if that one still lingers.
     pub(crate) fn remove(&self, run: &Arc<LiveRun>) {
+        let removed = self.unregister(run);
+        let replaced = run
+            .replaced
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let (true, Some(replaced)) = (removed, replaced) {
+            // Only while it lingers: once its time is over, nothing would remove it.
+            let ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
+            if ended.iter().any(|(_, r)| Arc::ptr_eq(r, &replaced)) {
+                self.runs.entry(run.thread_id.clone()).or_insert(replaced);
+            }
+        }
+    }
+
+    /// Removes `run` from the registry if it is still its thread's entry.
+    fn unregister(&self, run: &Arc<LiveRun>) -> bool {
         self.runs
-            .remove_if(&run.thread_id, |_, r| Arc::ptr_eq(r, run));
+            .remove_if(&run.thread_id, |_, r| Arc::ptr_eq(r, run))
+            .is_some()
     }
 
     /// Keeps an ended run for reconnecting clients for a while (at most `max_lingering` of
@@ -536,7 +564,7 @@ impl LiveRuns {
             if ended.len() <= self.max_lingering && now.duration_since(*at) < self.linger {
                 break;
             }
-            self.remove(oldest);
+            self.unregister(oldest);
             ended.pop_front();
         }
     }

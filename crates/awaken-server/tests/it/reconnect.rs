@@ -192,3 +192,38 @@ async fn the_stream_of_a_start_holds_every_stored_event_however_late_it_attaches
         render(&rig.store.stored("t").await)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_start_leaves_the_ended_runs_events_to_reconnecting_clients() {
+    // A step that streams two deltas, then calls a tool that waits for a decision.
+    let mut turn = vec![text("Lo"), text("ok")];
+    turn.extend(call("c1", "guarded", json!({"text": "a"})));
+    turn.push(stop(StopReason::ToolCalls));
+    let rig = Rig::memory(vec![turn]);
+    let server = TestServer::start(rig.runtime(), config()).await;
+    let frames = server.start_run("t", "hi").await.rest().await;
+    checked_live(&frames);
+    let first_delta = frames
+        .iter()
+        .find(|f| f.is_text("Lo"))
+        .and_then(|f| f.id.clone())
+        .expect("the first delta's id");
+    let before = server.events_after("t", &first_delta).await.rest().await;
+    assert!(
+        before.iter().any(|f| f.is_text("ok")),
+        "the ended run's deltas are kept for a while: {before:#?}"
+    );
+
+    // A run started on the waiting thread without `supersede` is refused before its first
+    // event.
+    let refused = server
+        .post("/v1/threads/t/runs", json!({"message": "again"}))
+        .await;
+    assert_eq!(refused.status(), reqwest::StatusCode::CONFLICT);
+
+    let after = server.events_after("t", &first_delta).await.rest().await;
+    assert_eq!(
+        after, before,
+        "a reconnect gets what it got before the refusal"
+    );
+}
