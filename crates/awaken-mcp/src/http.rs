@@ -11,7 +11,7 @@ use futures_util::future;
 use futures_util::stream::{self, BoxStream};
 use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
-use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
+use rmcp::model::{ClientJsonRpcMessage, ClientRequest, ServerJsonRpcMessage};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::common::client_side_sse::ExponentialBackoff;
 use rmcp::transport::common::http_header::{
@@ -64,11 +64,13 @@ pub(crate) enum HttpError {
 }
 
 /// The GET requests for the stream a server sends its own messages on (a tool-list change,
-/// say): how many were answered, and how many of those opened a stream.
+/// say): how many were answered, and how many of those opened a stream; and whether the
+/// server answered its last `initialize` without a session, so that no such GET is made.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct ServerStreams {
     pub(crate) answered: u64,
     pub(crate) opened: u64,
+    pub(crate) sessionless: bool,
 }
 
 /// A reqwest client speaking MCP's streamable HTTP for [`transport`]: the configured headers go
@@ -312,6 +314,13 @@ impl StreamableHttpClient for HttpClient {
         }
         let new_session = response.headers().get(HEADER_SESSION_ID);
         let new_session = new_session.and_then(|v| v.to_str().ok()).map(str::to_owned);
+        if is_initialize(&message) {
+            // The transport opens the server's own stream only within a session.
+            let sessionless = new_session.is_none();
+            self.server_streams.send_if_modified(|s| {
+                std::mem::replace(&mut s.sessionless, sessionless) != sessionless
+            });
+        }
         if is(EVENT_STREAM_MIME_TYPE) {
             let events = self.events(response, None, limits.max_sse_event_size);
             return Ok(StreamableHttpPostResponse::Sse(events, new_session));
@@ -464,6 +473,14 @@ pub(crate) fn transport(
     let mut config = StreamableHttpClientTransportConfig::with_uri(url);
     config.retry_config = Arc::new(retry);
     StreamableHttpClientTransport::with_client(client, config)
+}
+
+/// Whether `message` is an `initialize` request.
+fn is_initialize(message: &ClientJsonRpcMessage) -> bool {
+    matches!(
+        message,
+        ClientJsonRpcMessage::Request(r) if matches!(r.request, ClientRequest::InitializeRequest(_))
+    )
 }
 
 /// Sends `request`; the error leaves the URL out (its query may hold a key).

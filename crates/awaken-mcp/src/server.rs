@@ -361,12 +361,16 @@ impl Server {
     }
 
     /// Waits (at most [`SERVER_STREAM_WAIT`]) until the GET for the server's own stream is
-    /// answered: a server drops a tool-list change it sends while that stream is not open, so
+    /// answered, unless the server keeps no session (then no such stream is opened): a server
+    /// drops a tool-list change it sends while that stream is not open, so
     /// the tools are listed only once it is. Each stream opened after that has the tools
     /// listed again, for a change sent while none was open is lost.
     async fn follow_server_streams(&self, mut streams: watch::Receiver<ServerStreams>) {
         let answered = tokio::time::timeout(SERVER_STREAM_WAIT, async {
-            streams.wait_for(|s| s.answered > 0).await.is_ok()
+            streams
+                .wait_for(|s| s.answered > 0 || s.sessionless)
+                .await
+                .is_ok()
         })
         .await;
         if answered.is_err() {

@@ -289,7 +289,7 @@ async fn each_answered_get_is_counted_and_each_opened_stream_too() {
         *streams.borrow_and_update(),
         ServerStreams {
             answered: 1,
-            opened: 0
+            ..ServerStreams::default()
         }
     );
 
@@ -303,7 +303,8 @@ async fn each_answered_get_is_counted_and_each_opened_stream_too() {
         *streams.borrow_and_update(),
         ServerStreams {
             answered: 2,
-            opened: 1
+            opened: 1,
+            ..ServerStreams::default()
         }
     );
     drop((opened, client));
@@ -311,6 +312,37 @@ async fn each_answered_get_is_counted_and_each_opened_stream_too() {
         streams.changed().await.is_err(),
         "the count ends with the client"
     );
+}
+
+#[tokio::test]
+async fn an_initialize_answered_without_a_session_is_marked_sessionless() {
+    let initialize: ClientJsonRpcMessage = serde_json::from_value(serde_json::json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                   "clientInfo": {"name": "test", "version": "1"}}
+    }))
+    .expect("an initialize request");
+    let answer = r#"{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-11-25","capabilities":{},"serverInfo":{"name":"s","version":"1"}}}"#;
+    let client = client();
+    let mut streams = client.server_streams();
+    for (session, sessionless) in [(None, true), (Some("mcp-session-id: s-1"), false)] {
+        let mut headers = vec!["content-type: application/json"];
+        headers.extend(session);
+        let (url, server) = serve_once(response("200 OK", &headers, answer));
+        let posted = client
+            .post_message(url, initialize.clone(), None, None, HashMap::new())
+            .await;
+        assert!(posted.is_ok(), "{}", render(posted));
+        server.join().expect("server");
+        assert_eq!(streams.borrow_and_update().sessionless, sessionless);
+    }
+    // Another request's answer says nothing of the session.
+    let (url, server) = serve_once(response("202 Accepted", &[], ""));
+    let _ = client
+        .post_message(url, initialized(), Some("s-1".into()), None, HashMap::new())
+        .await;
+    server.join().expect("server");
+    assert!(!streams.has_changed().expect("the client is alive"));
 }
 
 #[tokio::test]
