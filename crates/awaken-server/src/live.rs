@@ -293,6 +293,10 @@ impl LiveRun {
     /// another process, whose clients attach at once (from the store) rather than when the
     /// next event is stored.
     pub(crate) fn mark_started(&self) {
+        self.replaced
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         self.status.send_if_modified(|s| {
             let first = matches!(s, Status::Starting);
             if first {
@@ -557,6 +561,10 @@ impl LiveRuns {
     /// them, the oldest going first), then removes it unless a newer run of its thread replaced
     /// it.
     pub(crate) fn linger(&self, run: &Arc<LiveRun>) {
+        run.replaced
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         let now = std::time::Instant::now();
         let mut ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
         ended.push_back((now, Arc::clone(run)));

@@ -166,14 +166,6 @@ impl Follower {
         // Once the job is gone, the events are read once more before giving up on its end.
         let mut gone = false;
         let result = loop {
-            if cancel_asked && !cancel_told {
-                match self.front.queue.request_cancel(&thread).await {
-                    Ok(_) => cancel_told = true,
-                    Err(e) => {
-                        tracing::warn!(%thread, error = %e, "cannot ask the queue to cancel a run");
-                    }
-                }
-            }
             match self.read().await {
                 Ok(Progress::Finished(outcome)) => break Ok(outcome),
                 Ok(Progress::Moved) => gone = false,
@@ -200,10 +192,23 @@ impl Follower {
                 },
                 Err(e) => tracing::warn!(%thread, error = %e, "cannot read a queued run's events"),
             }
+            // After the read: a run found finished is not cancelled (the cancel names the
+            // thread, whose next job it would reach).
+            if cancel_asked && !cancel_told {
+                match self.front.queue.request_cancel(&thread).await {
+                    Ok(_) => cancel_told = true,
+                    Err(e) => {
+                        tracing::warn!(%thread, error = %e, "cannot ask the queue to cancel a run");
+                    }
+                }
+            }
             tokio::select! {
                 () = waiter.notified() => {}
                 () = tokio::time::sleep(self.front.config.poll_interval) => {}
-                () = self.cancel.cancelled(), if !cancel_asked => cancel_asked = true,
+                () = self.cancel.cancelled(), if !cancel_asked => {
+                    cancel_asked = true;
+                    continue;
+                }
                 () = shared.closing.cancelled() => break Err(ApiError::unavailable(
                     "shutting_down",
                     "the server is shutting down; the run goes on in the fleet",

@@ -478,11 +478,12 @@ impl Drive {
         let latest = loop {
             match runtime.take_over(&job.thread_id, &recover, &sink).await {
                 Ok(Takeover::Recovered(run)) => {
-                    if run.run_id == job.run_id && exhausted {
-                        return gave_up();
-                    }
                     if run.run_id == job.run_id {
-                        return attempt_of(run.outcome.map(|_| ()));
+                        return match run.outcome {
+                            // Ended cancelled at its checkpoint: the job can die now.
+                            Ok(_) if exhausted => gave_up(),
+                            outcome => attempt_of(outcome.map(|_| ())),
+                        };
                     }
                     if let Err(e) = run.outcome {
                         return attempt_of(Err(e));

@@ -990,16 +990,30 @@ async fn a_client_gone_while_its_run_is_queued_leaves_the_thread_usable() {
         ))
         .await
         .expect("lock the queue");
-    // The client gives up meanwhile and closes its connection.
-    let gone = front
-        .server
-        .client
-        .post(front.server.url("/v1/threads/t/runs"))
-        .json(&json!({"message": "hi"}))
-        .timeout(Duration::from_millis(300))
-        .send()
-        .await;
-    assert!(gone.is_err(), "the run was not held up: {gone:?}");
+    // The client gives up once its run's job waits for the table, and closes its connection.
+    let post = front.post_later("/v1/threads/t/runs", json!({"message": "hi"}));
+    guarded("the job to wait for the queue's table", async {
+        loop {
+            let waiting: i64 = locker
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))",
+                    &[],
+                )
+                .await
+                .expect("the waiting backends")
+                .get(0);
+            if waiting > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    post.abort();
+    assert!(post.await.is_err_and(|e| e.is_cancelled()));
+    // The server sees the connection closed before the queue takes the job.
+    tokio::time::sleep(Duration::from_millis(100)).await;
     locker.batch_execute("ROLLBACK").await.expect("unlock");
 
     // The job was queued all the same: a worker runs it, and the thread's stream follows it

@@ -479,7 +479,10 @@ async fn a_request_whose_body_never_comes_does_not_hold_up_shutdown() {
     )
     .await
     .expect("write the start of a request");
-    // The server has read the head: the ready probe on another connection is answered after.
+    // Time for the server to read the head (had it not, the shutdown would close the idle
+    // connection, and the test prove nothing); the ready probe on another connection is
+    // answered after.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     let ready = server
         .client
         .get(server.url("/healthz"))
@@ -501,38 +504,48 @@ async fn a_request_whose_body_never_comes_does_not_hold_up_shutdown() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_waiting_for_its_runs_first_event_is_told_of_the_shutdown() {
-    let rig = Rig::memory(vec![held_answer()]);
-    let mut server = TestServer::start(rig.runtime(), config()).await;
-    // The store holds the run's first commit back: the run has no event yet.
-    rig.store.close_commits();
-    let start = server
-        .client
-        .post(server.url("/v1/threads/t/runs"))
-        .json(&json!({"message": "hi"}))
-        .send();
-    let start = tokio::spawn(start);
-    rig.store.wait_held_commits(1).await;
-    // A second client follows the thread, waiting for the run's first event.
-    let follow = server.client.get(server.url("/v1/threads/t/events")).send();
-    let follow = tokio::spawn(follow);
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    server.begin_shutdown();
-    let response = guarded("the follower's answer", follow)
-        .await
-        .expect("the follower's task")
-        .expect("an answer");
-    assert_eq!(response.status(), StatusCode::OK);
-    let body = guarded("the follower's stream", response.text())
-        .await
-        .expect("the stream's body");
-    assert!(
-        body.contains("event: shutdown"),
-        "told of the shutdown: {body:?}"
-    );
-    let start = guarded("the start's answer", start)
-        .await
-        .expect("the start's task")
-        .expect("an answer");
-    assert_eq!(start.status(), StatusCode::SERVICE_UNAVAILABLE);
-    server.stopped().await.expect("served");
+    // The follower's request must be in the server before the shutdown begins, which nothing
+    // shows: it is given longer each time it came too late (its connection closed unanswered).
+    for attempt in 1..=3u32 {
+        let rig = Rig::memory(vec![held_answer()]);
+        let mut server = TestServer::start(rig.runtime(), config()).await;
+        // The store holds the run's first commit back: the run has no event yet.
+        rig.store.close_commits();
+        let start = server
+            .client
+            .post(server.url("/v1/threads/t/runs"))
+            .json(&json!({"message": "hi"}))
+            .send();
+        let start = tokio::spawn(start);
+        rig.store.wait_held_commits(1).await;
+        // A second client follows the thread, waiting for the run's first event.
+        let follow = server.client.get(server.url("/v1/threads/t/events")).send();
+        let follow = tokio::spawn(follow);
+        tokio::time::sleep(std::time::Duration::from_millis(100) * attempt).await;
+        server.begin_shutdown();
+        let answer = guarded("the follower's answer", follow)
+            .await
+            .expect("the follower's task");
+        let response = match answer {
+            Ok(response) => response,
+            // Came too late: again, with more time.
+            Err(_) if attempt < 3 => continue,
+            Err(e) => panic!("the follower was never answered: {e}"),
+        };
+        assert_eq!(response.status(), StatusCode::OK);
+        let body = guarded("the follower's stream", response.text())
+            .await
+            .expect("the stream's body");
+        assert!(
+            body.contains("event: shutdown"),
+            "told of the shutdown: {body:?}"
+        );
+        let start = guarded("the start's answer", start)
+            .await
+            .expect("the start's task")
+            .expect("an answer");
+        assert_eq!(start.status(), StatusCode::SERVICE_UNAVAILABLE);
+        server.stopped().await.expect("served");
+        return;
+    }
 }
