@@ -1028,14 +1028,24 @@ async fn a_client_gone_while_its_run_is_queued_leaves_the_thread_usable() {
     .await;
     checked_activation(&frames);
     assert_eq!(termination(&frames), TerminationReason::NaturalEnd);
-    // The thread takes the next run.
-    let response = front
-        .server
-        .post(
-            "/v1/threads/t/runs?stream=false",
-            json!({"message": "again"}),
-        )
-        .await;
+    // The thread takes the next run once its front end has seen the first one end (its
+    // stream may read the stored end first).
+    let response = guarded("the thread to take the next run", async {
+        loop {
+            let response = front
+                .server
+                .post(
+                    "/v1/threads/t/runs?stream=false",
+                    json!({"message": "again"}),
+                )
+                .await;
+            if response.status() != StatusCode::CONFLICT {
+                return response;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(worker.stop().await.completed, 2);
     drop(locker);
