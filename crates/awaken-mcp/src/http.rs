@@ -65,12 +65,13 @@ pub(crate) enum HttpError {
 
 /// The GET requests for the stream a server sends its own messages on (a tool-list change,
 /// say): how many were answered, and how many of those opened a stream; and whether the
-/// server answered its last `initialize` without a session, so that no such GET is made.
+/// server is stateless (its last `initialize` answer gave the client no id to send back), so
+/// that no such GET is made.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct ServerStreams {
     pub(crate) answered: u64,
     pub(crate) opened: u64,
-    pub(crate) sessionless: bool,
+    pub(crate) stateless: bool,
 }
 
 /// A reqwest client speaking MCP's streamable HTTP for [`transport`]: the configured headers go
@@ -315,11 +316,10 @@ impl StreamableHttpClient for HttpClient {
         let new_session = response.headers().get(HEADER_SESSION_ID);
         let new_session = new_session.and_then(|v| v.to_str().ok()).map(str::to_owned);
         if is_initialize(&message) {
-            // The transport opens the server's own stream only within a session.
-            let sessionless = new_session.is_none();
-            self.server_streams.send_if_modified(|s| {
-                std::mem::replace(&mut s.sessionless, sessionless) != sessionless
-            });
+            // The transport opens the server's own stream only when the answer named an id.
+            let stateless = new_session.is_none();
+            self.server_streams
+                .send_if_modified(|s| std::mem::replace(&mut s.stateless, stateless) != stateless);
         }
         if is(EVENT_STREAM_MIME_TYPE) {
             let events = self.events(response, None, limits.max_sse_event_size);

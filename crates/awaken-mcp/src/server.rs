@@ -361,14 +361,14 @@ impl Server {
     }
 
     /// Waits (at most [`SERVER_STREAM_WAIT`]) until the GET for the server's own stream is
-    /// answered, unless the server keeps no session (then no such stream is opened): a server
+    /// answered, unless the server is stateless (then no such stream is opened): a server
     /// drops a tool-list change it sends while that stream is not open, so
     /// the tools are listed only once it is. Each stream opened after that has the tools
     /// listed again, for a change sent while none was open is lost.
     async fn follow_server_streams(&self, mut streams: watch::Receiver<ServerStreams>) {
         let answered = tokio::time::timeout(SERVER_STREAM_WAIT, async {
             streams
-                .wait_for(|s| s.answered > 0 || s.sessionless)
+                .wait_for(|s| s.answered > 0 || s.stateless)
                 .await
                 .is_ok()
         })

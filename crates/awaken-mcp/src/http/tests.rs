@@ -16,6 +16,8 @@ use rmcp::transport::streamable_http_client::{
     StreamableHttpResponseLimits,
 };
 
+use rmcp::transport::common::http_header::HEADER_SESSION_ID;
+
 use super::{EventLimit, HttpClient, HttpError, ServerStreams, challenge_scope};
 
 type Outcome<T> = Result<T, StreamableHttpError<HttpError>>;
@@ -315,7 +317,7 @@ async fn each_answered_get_is_counted_and_each_opened_stream_too() {
 }
 
 #[tokio::test]
-async fn an_initialize_answered_without_a_session_is_marked_sessionless() {
+async fn an_initialize_answered_without_an_id_marks_the_server_stateless() {
     let initialize: ClientJsonRpcMessage = serde_json::from_value(serde_json::json!({
         "jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"protocolVersion": "2025-11-25", "capabilities": {},
@@ -325,18 +327,19 @@ async fn an_initialize_answered_without_a_session_is_marked_sessionless() {
     let answer = r#"{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-11-25","capabilities":{},"serverInfo":{"name":"s","version":"1"}}}"#;
     let client = client();
     let mut streams = client.server_streams();
-    for (session, sessionless) in [(None, true), (Some("mcp-session-id: s-1"), false)] {
+    let id_header = format!("{HEADER_SESSION_ID}: s-1");
+    for (id, stateless) in [(None, true), (Some(id_header.as_str()), false)] {
         let mut headers = vec!["content-type: application/json"];
-        headers.extend(session);
+        headers.extend(id);
         let (url, server) = serve_once(response("200 OK", &headers, answer));
         let posted = client
             .post_message(url, initialize.clone(), None, None, HashMap::new())
             .await;
         assert!(posted.is_ok(), "{}", render(posted));
         server.join().expect("server");
-        assert_eq!(streams.borrow_and_update().sessionless, sessionless);
+        assert_eq!(streams.borrow_and_update().stateless, stateless);
     }
-    // Another request's answer says nothing of the session.
+    // Another request's answer leaves the mark as it is.
     let (url, server) = serve_once(response("202 Accepted", &[], ""));
     let _ = client
         .post_message(url, initialized(), Some("s-1".into()), None, HashMap::new())

@@ -14,7 +14,7 @@ use awaken_runtime::{
 };
 use awaken_spec::{AgentSpec, ModelSpec};
 use awaken_state::StateKey;
-use awaken_store::{MemoryStore, SqliteConfig, SqliteStore, ThreadStore, Timestamp};
+use awaken_store::{MemoryStore, RunRecord, SqliteConfig, SqliteStore, ThreadStore, Timestamp};
 
 use awaken_tool::{Tool, ToolCallContext, ToolError, ToolOutput};
 
@@ -204,24 +204,7 @@ async fn continue_run(store: &Arc<dyn ThreadStore>, via: Continuation, at: &str)
             run.outcome.expect("recovered")
         }
         Continuation::TakeOver => {
-            // The dead process held the run's lease, claimed before the runtime's clock began
-            // and expired since.
-            let run = store
-                .load_checkpoint(&thread())
-                .await
-                .expect("load")
-                .and_then(|c| c.run)
-                .expect("the run");
-            store
-                .claim_run(
-                    &run.run_id,
-                    "dead",
-                    std::time::Duration::from_secs(30),
-                    Timestamp::from_unix_millis(-60_000),
-                )
-                .await
-                .expect("claim")
-                .expect("the dead process's lease");
+            let run = dead_lease_expired(store.as_ref()).await;
             let sink = VecSink::new();
             let taken = rt
                 .take_over(&thread(), &RecoverConfig::new("w2"), &sink)
@@ -237,6 +220,28 @@ async fn continue_run(store: &Arc<dyn ThreadStore>, via: Continuation, at: &str)
             recovered.outcome.expect("taken over")
         }
     }
+}
+
+/// The thread's unfinished run, once a dead process's lease on it (claimed before the
+/// runtime's clock began) has expired.
+pub(crate) async fn dead_lease_expired(store: &dyn ThreadStore) -> RunRecord {
+    let run = store
+        .load_checkpoint(&thread())
+        .await
+        .expect("load")
+        .and_then(|c| c.run)
+        .expect("the run");
+    store
+        .claim_run(
+            &run.run_id,
+            "dead",
+            std::time::Duration::from_secs(30),
+            Timestamp::from_unix_millis(-60_000),
+        )
+        .await
+        .expect("claim")
+        .expect("the dead process's lease");
+    run
 }
 
 /// `immediate`: the dying store writes through the runtime's immediate path (`commit_now`), not

@@ -8,11 +8,11 @@ use awaken_event::{
     CancellationToken, RunId, TerminationReason, ThreadId, VecSink, check_activation,
 };
 use awaken_runtime::{RecoverConfig, RunActivation, RunError, Takeover};
-use awaken_store::{MemoryStore, RunStatus, ThreadStore, Timestamp};
+use awaken_store::{MemoryStore, RunStatus, ThreadStore};
 
 use crate::leases::{notifies, worker_runtime};
 use crate::lifecycle::Gate;
-use crate::recovery::{runtime, thread};
+use crate::recovery::{dead_lease_expired, runtime, thread};
 use crate::support::Intercepted;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -208,24 +208,8 @@ async fn a_cancelled_take_over_ends_the_unfinished_run_cancelled() {
             &VecSink::new(),
         )
         .await;
-    let run = store
-        .load_checkpoint(&thread())
-        .await
-        .expect("load")
-        .and_then(|c| c.run)
-        .expect("the cut-short run");
+    let run = dead_lease_expired(store.as_ref()).await;
     assert_eq!(run.status, RunStatus::Running);
-    // Its lease, claimed by the dead process, has expired.
-    store
-        .claim_run(
-            &run.run_id,
-            "dead",
-            std::time::Duration::from_secs(30),
-            Timestamp::from_unix_millis(-60_000),
-        )
-        .await
-        .expect("claim")
-        .expect("the dead process's lease");
 
     let cancel = CancellationToken::new();
     cancel.cancel();

@@ -308,11 +308,12 @@ async fn a_request_waiting_for_an_outcome_does_not_hold_up_shutdown() {
     assert_eq!(rig.store.last_run("t").await.status.as_str(), "running");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_start_waiting_for_its_first_event_is_told_of_the_shutdown() {
-    let rig = Rig::memory(vec![held_answer()]);
-    let mut server = TestServer::start(rig.runtime(), config()).await;
-    // The store holds the run's first commit back: its start waits for the first event.
+/// Posts a run on `t` whose first commit `rig`'s store holds back, once it is held: the
+/// request's task, its answer not yet given.
+async fn start_held(
+    rig: &Rig,
+    server: &TestServer,
+) -> tokio::task::JoinHandle<reqwest::Result<reqwest::Response>> {
     rig.store.close_commits();
     let request = server
         .client
@@ -321,6 +322,15 @@ async fn a_start_waiting_for_its_first_event_is_told_of_the_shutdown() {
         .send();
     let pending = tokio::spawn(request);
     rig.store.wait_held_commits(1).await;
+    pending
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_waiting_for_its_first_event_is_told_of_the_shutdown() {
+    let rig = Rig::memory(vec![held_answer()]);
+    let mut server = TestServer::start(rig.runtime(), config()).await;
+    // The store holds the run's first commit back: its start waits for the first event.
+    let pending = start_held(&rig, &server).await;
     server.begin_shutdown();
     let response = guarded("the pending request", pending)
         .await
@@ -510,14 +520,7 @@ async fn a_stream_waiting_for_its_runs_first_event_is_told_of_the_shutdown() {
         let rig = Rig::memory(vec![held_answer()]);
         let mut server = TestServer::start(rig.runtime(), config()).await;
         // The store holds the run's first commit back: the run has no event yet.
-        rig.store.close_commits();
-        let start = server
-            .client
-            .post(server.url("/v1/threads/t/runs"))
-            .json(&json!({"message": "hi"}))
-            .send();
-        let start = tokio::spawn(start);
-        rig.store.wait_held_commits(1).await;
+        let start = start_held(&rig, &server).await;
         // A second client follows the thread, waiting for the run's first event.
         let follow = server.client.get(server.url("/v1/threads/t/events")).send();
         let follow = tokio::spawn(follow);

@@ -82,11 +82,7 @@ async fn a_corrupt_stored_batch_reads_back_as_a_typed_error() {
         .commit(&step("t1", "r1", 0, 1, 1_000))
         .await
         .expect("commit");
-    let url = crate::backends::postgres_url().expect("url is set when the store exists");
-    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .expect("connect");
-    let conn = tokio::spawn(connection);
+    let (client, conn) = raw_connection().await;
     let changed = client
         .execute(
             "UPDATE awaken_t_corrupt_batch.runs SET batch = '{\"calls\": [{\"state\": \"flying\"}]}' \
@@ -250,19 +246,26 @@ async fn damaged_rows_of_a_thread_are_corrupt_errors_naming_it() {
     .assert_eq(&errors.join("\n"));
 }
 
+/// A connection of the test's own to the database, beside the store's pool, and the task
+/// driving it.
+async fn raw_connection() -> (tokio_postgres::Client, tokio::task::JoinHandle<()>) {
+    let url = crate::backends::postgres_url().expect("url is set when the store exists");
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    let driver = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    (client, driver)
+}
+
 /// A connection of its own, in a transaction holding the row of `thread` in `test`'s schema
 /// (`ROLLBACK` releases it), and the task driving the connection.
 async fn hold_thread_row(
     test: &str,
     thread: &str,
 ) -> (tokio_postgres::Client, tokio::task::JoinHandle<()>) {
-    let url = crate::backends::postgres_url().expect("url is set when the store exists");
-    let (holder, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .expect("connect");
-    let driver = tokio::spawn(async move {
-        let _ = connection.await;
-    });
+    let (holder, driver) = raw_connection().await;
     holder
         .batch_execute(&format!(
             "BEGIN; SELECT 1 FROM awaken_t_{test}.threads WHERE thread_id = '{thread}' FOR UPDATE"
