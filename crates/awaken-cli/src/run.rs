@@ -418,12 +418,15 @@ pub(crate) fn interrupts() -> Result<Interrupts, Exit> {
     Ok(Interrupts {})
 }
 
-/// A new thread's id, from the clock.
+/// A new thread's id, from the clock and 32 random bits: two runs started in the same
+/// millisecond, by this process or another, get different threads.
 pub(crate) fn new_thread_id() -> Result<ThreadId, Exit> {
+    use std::hash::{BuildHasher, RandomState};
     let millis = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
-    Ok(ThreadId::new(format!("thread-{millis:x}")).map_err(|e| anyhow!("{e}"))?)
+    let random = RandomState::new().hash_one(std::process::id()) as u32;
+    Ok(ThreadId::new(format!("thread-{millis:x}-{random:08x}")).map_err(|e| anyhow!("{e}"))?)
 }
 
 /// The line that ends a run: how it ended, the thread, steps, tokens and time.

@@ -1,6 +1,7 @@
 //! Where run ids and times come from: the [`IdSource`] a runtime is built with, the system's
 //! and a deterministic one for tests.
 
+use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use awaken_event::RunId;
@@ -38,23 +39,47 @@ impl IdSource for SequentialIds {
 }
 
 /// Run ids from the wall clock and a counter; the system clock.
-#[derive(Debug, Default)]
+///
+/// The counter starts at a random value, so runtimes in different processes (or two in one)
+/// that make an id in the same microsecond still make different ones.
+#[derive(Debug)]
 pub struct SystemIds {
     counter: AtomicU64,
 }
 
+impl Default for SystemIds {
+    fn default() -> Self {
+        Self {
+            counter: AtomicU64::new(random_bits() & COUNTER_START_MASK),
+        }
+    }
+}
+
+/// The counter starts below 2^35: seven base-32 digits, so an id fits in 24 bytes.
+const COUNTER_START_MASK: u64 = (1 << 35) - 1;
+
+/// Bits that differ between processes and between calls in one: the standard library seeds
+/// `RandomState` from the operating system's randomness.
+fn random_bits() -> u64 {
+    RandomState::new().hash_one((std::process::id(), micros_now()))
+}
+
+fn micros_now() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros())
+}
+
 impl IdSource for SystemIds {
     fn next_run_id(&self) -> RunId {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
+        let micros = micros_now();
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
-        // `run-{nanos}-{n}` in base 32, written on the stack rather than grown by `format!`:
+        // `run-{micros}-{n}` in base 32, written on the stack rather than grown by `format!`:
         // base 32 keeps the id short, and every finished run the store keeps holds it.
         let mut id = [0u8; 4 + 26 + 1 + 32];
         id[..4].copy_from_slice(b"run-");
         let mut len = 4;
-        len += push_digits(&mut id[len..], nanos, BASE32);
+        len += push_digits(&mut id[len..], micros, BASE32);
         id[len] = b'-';
         len += 1;
         len += push_digits(&mut id[len..], u128::from(n), BASE32);
@@ -119,6 +144,14 @@ mod tests {
         }
     }
 
+    fn counter_of(id: &RunId) -> u128 {
+        let digits = id.as_str().rsplit('-').next().unwrap_or_default();
+        digits.bytes().fold(0u128, |v, d| {
+            let digit = BASE32.iter().position(|b| *b == d).expect("a base-32 digit");
+            (v << 5) | digit as u128
+        })
+    }
+
     #[test]
     fn system_run_ids_are_distinct_and_shaped() {
         let ids = SystemIds::default();
@@ -129,7 +162,7 @@ mod tests {
             assert_eq!(parts.next(), Some("run"));
             let time = parts.next().unwrap_or_default();
             assert!(
-                time.len() == 13 && time.bytes().all(|c| BASE32.contains(&c)),
+                time.len() == 11 && time.bytes().all(|c| BASE32.contains(&c)),
                 "{id}"
             );
             let n = parts.next().unwrap_or_default();
@@ -140,6 +173,15 @@ mod tests {
             // Short: every run the store keeps holds its id.
             assert!(id.len() <= 24, "{id}");
         }
-        assert!(b.as_str().ends_with("-1"), "{b}");
+        assert_eq!(counter_of(&b), counter_of(&a) + 1, "{a} then {b}");
+    }
+
+    #[test]
+    fn two_sources_made_at_once_make_different_ids() {
+        // Two processes starting together used to make the same first id: the counters
+        // started at zero and the clock reads the same in both.
+        let (one, two) = (SystemIds::default(), SystemIds::default());
+        let (a, b) = (one.next_run_id(), two.next_run_id());
+        assert_ne!(counter_of(&a), counter_of(&b), "{a} and {b}");
     }
 }
