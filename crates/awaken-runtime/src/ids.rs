@@ -147,7 +147,10 @@ mod tests {
     fn counter_of(id: &RunId) -> u128 {
         let digits = id.as_str().rsplit('-').next().unwrap_or_default();
         digits.bytes().fold(0u128, |v, d| {
-            let digit = BASE32.iter().position(|b| *b == d).expect("a base-32 digit");
+            let digit = BASE32
+                .iter()
+                .position(|b| *b == d)
+                .expect("a base-32 digit");
             (v << 5) | digit as u128
         })
     }

@@ -155,6 +155,28 @@ pub struct LeaseToken {
     pub epoch: u64,
 }
 
+/// The lease a commit that creates its run gives its writer
+/// ([`ThreadCommit::with_new_lease`]): the run exists leased from its first commit, so no
+/// recovery can claim it before its worker does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewLease {
+    /// The worker the new run is leased to (not blank).
+    pub worker_id: String,
+    /// When the lease expires unless a heartbeat renews it.
+    pub expires_at: Timestamp,
+}
+
+impl NewLease {
+    /// This lease's token on the run `run_id` it created: the run's first claim, epoch 1.
+    pub fn token(&self, run_id: &RunId) -> LeaseToken {
+        LeaseToken {
+            run_id: run_id.clone(),
+            worker_id: self.worker_id.clone(),
+            epoch: 1,
+        }
+    }
+}
+
 /// What a commit does to the run's active tool batch.
 ///
 /// The batch travels as it is: the memory store keeps a copy of it (its calls and results are
@@ -204,6 +226,10 @@ pub struct ThreadCommit {
     /// `CommitError::LeaseLost` unless it is still the run's current lease. `None`: no lease
     /// check.
     pub lease: Option<LeaseToken>,
+    /// When this commit creates its run, the run starts leased to this worker at epoch 1
+    /// ([`NewLease::token`]). Ignored when the run exists: the token then holds nothing, and
+    /// its holder's commits and heartbeats are refused as a lost lease's.
+    pub new_lease: Option<NewLease>,
 }
 
 /// Why [`ThreadCommit::validate`] rejected a commit (`CommitError::Invalid`). Nothing was
@@ -289,6 +315,7 @@ impl ThreadCommit {
             batch: BatchWrite::Keep,
             events: Vec::new(),
             lease: None,
+            new_lease: None,
         }
     }
 
@@ -345,6 +372,19 @@ impl ThreadCommit {
         self
     }
 
+    /// Leases the run to its writer when this commit creates it.
+    pub fn with_new_lease(mut self, lease: NewLease) -> Self {
+        self.new_lease = Some(lease);
+        self
+    }
+
+    /// The lease this commit gives its run if it creates it: none for a run done at once.
+    pub(crate) fn lease_to_create(&self) -> Option<&NewLease> {
+        self.new_lease
+            .as_ref()
+            .filter(|_| self.run.status != RunStatus::Done)
+    }
+
     /// The thread's message count after this commit.
     pub fn message_count_after(&self) -> u64 {
         self.expected_message_count
@@ -352,7 +392,7 @@ impl ThreadCommit {
     }
 
     /// Rejects an inconsistent commit before anything is written: blank agent id or lease
-    /// worker, a run that is its own parent, a status that disagrees with the termination,
+    /// worker (checked or new), a run that is its own parent, a status that disagrees with the termination,
     /// `updated_at` before `created_at`, profile state without a profile id or a profile key
     /// without its version guard, a non-lifecycle event, a lease for another run, and a `Done`
     /// run whose batch still holds a call that is not closed.
@@ -420,6 +460,13 @@ impl ThreadCommit {
                     lease_run_id: lease.run_id.clone(),
                 });
             }
+        }
+        if let Some(lease) = &self.new_lease
+            && lease.worker_id.chars().all(char::is_whitespace)
+        {
+            return Err(CommitViolation::BlankId {
+                field: "new_lease.worker_id",
+            });
         }
         if let BatchWrite::Set(batch) = &self.batch {
             check_batch(batch, run.status)?;

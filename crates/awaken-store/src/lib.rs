@@ -44,7 +44,8 @@ mod sqlite;
 mod store;
 
 pub use commit::{
-    BatchWrite, CommitViolation, LeaseToken, RunRecord, RunStatus, ThreadCommit, Timestamp,
+    BatchWrite, CommitViolation, LeaseToken, NewLease, RunRecord, RunStatus, ThreadCommit,
+    Timestamp,
 };
 pub use error::{CommitError, Database, LeaseError, StoreError, StoreErrorKind};
 pub use failpoint::FailPoint;

@@ -229,8 +229,9 @@ pub trait ThreadStore: Send + Sync {
         limit: usize,
     ) -> Result<Vec<ClaimedRun>, StoreError>;
 
-    /// Claims one run — the way a worker that starts a run takes its lease, right after the
-    /// run's first commit — for `worker_id` until `now + lease_duration`, if the run is
+    /// Claims one run — the way a worker resuming a waiting run takes its lease (a new run is
+    /// created leased: [`ThreadCommit::new_lease`]) — for `worker_id` until
+    /// `now + lease_duration`, if the run is
     /// unfinished and its lease is free or expired. `None`: another worker holds it, it is
     /// finished, or there is no such run. Increments the lease epoch like `claim_runnable`.
     async fn claim_run(

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use awaken_event::{AgentEvent, EventSink, Message, TerminationReason, ThreadId, TokenUsage};
 use awaken_state::StateError;
 use awaken_store::{
-    CommitError, LeaseToken, RunRecord, RunStatus, StoreError, ThreadCommit, ThreadStore,
+    CommitError, LeaseToken, NewLease, RunRecord, RunStatus, StoreError, ThreadCommit, ThreadStore,
 };
 
 use crate::error::RunError;
@@ -133,6 +133,11 @@ impl Durable {
     /// Carries `lease` in the run's commits from now on.
     pub(crate) fn set_lease(&mut self, lease: Option<LeaseToken>) {
         self.pending.lease = lease;
+    }
+
+    /// Creates the run leased to `lease`'s worker, when the next commit is its first.
+    pub(crate) fn set_new_lease(&mut self, lease: Option<NewLease>) {
+        self.pending.new_lease = lease;
     }
 
     /// A message of the run, written with the next commit.

@@ -70,23 +70,29 @@ impl Run<'_> {
     ) -> Result<(Option<crate::inner::Heartbeat>, RunLifecycle), RunError> {
         // A runtime with a worker identity holds the lease of every run it drives (a
         // recovery's lease comes with its claim): taken before a resume writes anything (so
-        // two processes never continue one waiting run), and right after a new run's first
-        // commit creates it.
+        // two processes never continue one waiting run), and by a new run's first commit, which
+        // creates the run leased (so no recovery claims it before its worker).
         let claimed_already = self.durable.lease().is_some();
         let mut heartbeat = None;
         if opening.resumed && !claimed_already {
             heartbeat = self.hold_lease(rt).await?;
         }
+        let new_lease = (!opening.resumed && !claimed_already)
+            .then(|| self.new_lease(rt))
+            .flatten();
+        self.durable.set_new_lease(new_lease.clone());
         if let Err(e) = self.commit(BatchChange::Keep).await {
             let e = e.into_run_error(&self.identity.thread_id);
             self.release_lease(rt, heartbeat).await;
             return Err(e);
         }
+        self.durable.set_new_lease(None);
+        if let (Some(lease), Some(worker)) = (new_lease, &rt.worker) {
+            let token = lease.token(&self.identity.run_id);
+            heartbeat = Some(self.keep_lease(rt, token, worker.lease_duration));
+        }
         // `RunStart` is out: the visible state follows it.
         self.show_state();
-        if !opening.resumed && !claimed_already {
-            heartbeat = self.hold_lease(rt).await?;
-        }
         for note in opening.notes {
             self.note(note);
         }

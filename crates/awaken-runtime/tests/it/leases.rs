@@ -371,6 +371,51 @@ async fn a_live_run_holds_its_lease_so_recovery_elsewhere_leaves_it_alone() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_run_is_leased_from_its_first_commit() {
+    // Another worker's recovery looks for runs right after each of the run's commits is
+    // written, before the runtime goes on: it must never find the live run, the first commit
+    // included (the run used to be created unleased and claimed just after).
+    let memory: Arc<dyn ThreadStore> = Arc::new(awaken_store::MemoryStore::new());
+    let found = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let store: Arc<dyn ThreadStore> = Arc::new(
+        crate::support::Intercepted::new(memory.clone(), |_| Ok(())).after_commit({
+            let (memory, found) = (memory.clone(), found.clone());
+            move |commit| {
+                let claimed = tokio::task::block_in_place(|| {
+                    tokio::runtime::Handle::current().block_on(memory.claim_runnable(
+                        "other",
+                        Duration::from_secs(30),
+                        commit.run.updated_at,
+                        10,
+                    ))
+                })
+                .expect("claim");
+                found
+                    .lock()
+                    .expect("lock")
+                    .extend(claimed.into_iter().map(|c| c.run.run_id));
+            }
+        }),
+    );
+    let (entered, release) = notifies();
+    release.notify_one();
+    let live = worker_runtime(
+        store,
+        "live",
+        crate::lifecycle::Gate(entered, release),
+        false,
+    );
+    let out = live
+        .run_to_completion(
+            RunActivation::new(ThreadId::new("t").expect("id"), "agent").with_user_message("go"),
+        )
+        .await
+        .expect("run");
+    assert_eq!(out.termination, TerminationReason::NaturalEnd);
+    assert_eq!(*found.lock().expect("lock"), []);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_never_resume_one_waiting_run() {
     let store: Arc<dyn ThreadStore> = Arc::new(awaken_store::MemoryStore::new());
     let thread = ThreadId::new("t").expect("id");

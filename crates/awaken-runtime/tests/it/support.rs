@@ -353,12 +353,14 @@ pub fn kill_child_at(test: &str, dir_var: &str, dir: &Path, at: &str) {
 }
 
 /// A store that shows every commit to `on_commit` first — which may refuse it (nothing is
-/// written) — and otherwise hands everything to `inner`.
+/// written) — and otherwise hands everything to `inner`; `after_commit` sees each commit
+/// written.
 pub struct Intercepted {
     inner: Arc<dyn awaken_store::ThreadStore>,
     on_commit: Box<
         dyn Fn(&awaken_store::ThreadCommit) -> Result<(), awaken_store::CommitError> + Send + Sync,
     >,
+    after_commit: Option<Box<dyn Fn(&awaken_store::ThreadCommit) + Send + Sync>>,
     /// Whether `commit_now` is forwarded (the runtime's immediate path) or every commit is
     /// awaited (`commit`).
     immediate: bool,
@@ -375,8 +377,29 @@ impl Intercepted {
         Self {
             inner,
             on_commit: Box::new(on_commit),
+            after_commit: None,
             immediate: false,
         }
+    }
+
+    /// Shows every written commit to `after`, before the writer hears it was written.
+    pub fn after_commit(
+        mut self,
+        after: impl Fn(&awaken_store::ThreadCommit) + Send + Sync + 'static,
+    ) -> Self {
+        self.after_commit = Some(Box::new(after));
+        self
+    }
+
+    fn written(
+        &self,
+        commit: &awaken_store::ThreadCommit,
+        result: Result<awaken_store::CommitReceipt, awaken_store::CommitError>,
+    ) -> Result<awaken_store::CommitReceipt, awaken_store::CommitError> {
+        if let (Ok(_), Some(after)) = (&result, &self.after_commit) {
+            after(commit);
+        }
+        result
     }
 
     /// Forwards `commit_now` too, for an inner store that writes every commit at once (the
@@ -408,7 +431,8 @@ impl awaken_store::ThreadStore for Intercepted {
         commit: &awaken_store::ThreadCommit,
     ) -> Result<awaken_store::CommitReceipt, awaken_store::CommitError> {
         (self.on_commit)(commit)?;
-        self.inner.commit(commit).await
+        let result = self.inner.commit(commit).await;
+        self.written(commit, result)
     }
     fn commit_now(
         &self,
@@ -421,7 +445,7 @@ impl awaken_store::ThreadStore for Intercepted {
             return Some(Err(e));
         }
         match self.inner.commit_now(commit) {
-            Some(written) => Some(written),
+            Some(written) => Some(self.written(commit, written)),
             // `on_commit` saw it already: writing it through `commit` would show it twice.
             None => panic!("`immediate` needs a store that writes every commit at once"),
         }

@@ -15,7 +15,7 @@ use crate::one_run;
 use crate::store::{CommitReceipt, ProfileEntry};
 
 use super::maps::{HashMap, MapHasher, Profiles, StateKeyName, StateMap, lock};
-use super::runs::{RunRow, RunSlot};
+use super::runs::{Lease, RunRow, RunSlot};
 use super::shards::{Shard, Tables};
 use super::thread::{ThreadData, ThreadRow};
 use super::undo::{CommitIds, RunUndo, Undo, write_record};
@@ -279,6 +279,7 @@ fn apply(
         batch: batch_write,
         ..
     } = c;
+    let new_lease = c.lease_to_create();
     let rid = &record.run_id;
     let now = record.updated_at;
     let status = record.status;
@@ -327,8 +328,13 @@ fn apply(
                     record: record.clone(),
                     state_revision: 0,
                     batch,
-                    lease: None,
-                    lease_epoch: 0,
+                    lease: new_lease.map(|l| {
+                        Box::new(Lease {
+                            owner: l.worker_id.clone(),
+                            expires_at: l.expires_at,
+                        })
+                    }),
+                    lease_epoch: u64::from(new_lease.is_some()),
                     state: StateMap::default(),
                 })),
             );

@@ -61,13 +61,13 @@ const LOCK_PROFILE_KEY: &str =
 /// planned and started; so a commit writes with one of sixteen statements, made once.
 ///
 /// The parameters: `$1`–`$15` the run's row, `$16`–`$18` the thread's counters and revision,
-/// then two arrays per table written, in the order of [`TABLE_CLAUSES`].
+/// `$19`–`$20` the lease a new run is created with, then two arrays per table written, in the order of [`TABLE_CLAUSES`].
 fn write_sql(written: [bool; 4]) -> &'static str {
     static FORMS: LazyLock<Vec<String>> = LazyLock::new(|| {
         (0..16usize)
             .map(|mask| {
                 let mut sql = String::from("WITH ");
-                let mut next = 18;
+                let mut next = 20;
                 for (i, clause) in TABLE_CLAUSES.iter().enumerate() {
                     if mask & (1 << i) != 0 {
                         let (a, b) = (format!("${}", next + 1), format!("${}", next + 2));
@@ -107,8 +107,10 @@ const WRITE_THREAD_AND_RUN: &str = "thread_written AS (UPDATE threads SET \
          message_count = $16, event_count = $17, latest_run_id = $1, state_revision = $18, \
          updated_at = $12 WHERE thread_id = $2) \
      INSERT INTO runs (run_id, thread_id, parent_run_id, agent_id, profile_id, status, \
-         termination, steps, usage, spec_digest, created_at, updated_at, state_revision, batch) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, COALESCE($13::BIGINT, 0), $14) \
+         termination, steps, usage, spec_digest, created_at, updated_at, state_revision, batch, \
+         lease_owner, lease_epoch, lease_expires_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, COALESCE($13::BIGINT, 0), $14, \
+         $19::TEXT, CASE WHEN $19::TEXT IS NULL THEN 0 ELSE 1 END, $20::BIGINT) \
      ON CONFLICT (run_id) DO UPDATE SET \
          parent_run_id = excluded.parent_run_id, agent_id = excluded.agent_id, \
          profile_id = excluded.profile_id, status = excluded.status, \
@@ -324,6 +326,9 @@ async fn write_tx(
     let created = c.run.created_at.as_unix_millis();
     let (agent_id, status, spec_digest) =
         (&*c.run.agent_id, c.run.status.as_str(), &*c.run.spec_digest);
+    let new_lease = c.lease_to_create();
+    let lease_owner = new_lease.map(|l| l.worker_id.as_str());
+    let lease_expires_at = new_lease.map(|l| l.expires_at.as_unix_millis());
     let tables = rows.tables();
     let write = st
         .get(tx, write_sql(tables.map(|(written, _)| written)))
@@ -347,6 +352,8 @@ async fn write_tx(
         &new_count,
         &seq,
         &thread_revision,
+        &lease_owner,
+        &lease_expires_at,
     ];
     for (written, arrays) in tables {
         if written {

@@ -125,10 +125,13 @@ pub(super) fn write(
         BatchWrite::Clear => (2, None),
     };
     let run_revision = (!c.run_state.values.is_empty()).then(|| codec::int(c.run_state.revision));
+    let new_lease = c.lease_to_create();
     tx.prepare_cached(
         "INSERT INTO runs (run_id, thread_id, parent_run_id, agent_id, profile_id, status, \
-             termination, steps, usage, spec_digest, created_at, updated_at, state_revision, batch) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, COALESCE(?13, 0), ?14) \
+             termination, steps, usage, spec_digest, created_at, updated_at, state_revision, batch, \
+             lease_owner, lease_epoch, lease_expires_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, COALESCE(?13, 0), ?14, \
+             ?16, ?16 IS NOT NULL, ?17) \
          ON CONFLICT (run_id) DO UPDATE SET \
              parent_run_id = excluded.parent_run_id, agent_id = excluded.agent_id, \
              profile_id = excluded.profile_id, status = excluded.status, \
@@ -156,6 +159,8 @@ pub(super) fn write(
         run_revision,
         batch,
         batch_mode,
+        new_lease.map(|l| l.worker_id.as_str()),
+        new_lease.map(|l| l.expires_at.as_unix_millis()),
     ])?;
     fp.check(FailPoint::AfterRun)?;
 

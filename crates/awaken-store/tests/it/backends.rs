@@ -160,6 +160,7 @@ every_backend!(
     list_and_delete,
     lease_claim_expiry_takeover,
     claim_one_run,
+    a_run_created_leased_is_its_creators,
     concurrent_claims_never_share,
     failpoint_inside_the_write,
     failed_last_commit_keeps_lease_and_batch,

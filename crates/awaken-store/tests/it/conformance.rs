@@ -11,8 +11,8 @@ use awaken_event::{
 };
 use awaken_state::PersistedState;
 use awaken_store::{
-    BatchWrite, CommitError, CommitViolation, FailPoint, LeaseError, LeaseToken, RunRecord,
-    RunStatus, StoreError, ThreadCommit, ThreadStore, Timestamp,
+    BatchWrite, CommitError, CommitViolation, FailPoint, LeaseError, LeaseToken, NewLease,
+    RunRecord, RunStatus, StoreError, ThreadCommit, ThreadStore, Timestamp,
 };
 use awaken_tool::{ToolBatch, pending_call};
 use serde_json::{Value, json};
@@ -994,6 +994,90 @@ pub async fn claim_one_run(h: &Harness) {
             .expect("claim")
             .is_none()
     );
+}
+
+/// A run's first commit can create it leased: no claim takes it before the lease expires, and
+/// the lease's token (epoch 1) carries the run's commits like a claimed one's.
+pub async fn a_run_created_leased_is_its_creators(h: &Harness) {
+    let s = &*h.store;
+    let lease = Duration::from_secs(30);
+    let new_lease = |worker: &str| NewLease {
+        worker_id: worker.to_owned(),
+        expires_at: at(31_000),
+    };
+    s.commit(&step("t1", "r1", 0, 1, 1_000).with_new_lease(new_lease("w1")))
+        .await
+        .expect("r1");
+    let mine = new_lease("w1").token(&rid("r1"));
+    assert!(
+        s.claim_runnable("w2", lease, at(1_000), 10)
+            .await
+            .expect("claim")
+            .is_empty()
+    );
+    assert!(
+        s.claim_run(&rid("r1"), "w2", lease, at(30_999))
+            .await
+            .expect("claim")
+            .is_none()
+    );
+    assert_eq!(
+        s.heartbeat(&mine, lease, at(2_000)).await.expect("held"),
+        at(32_000)
+    );
+    // A new lease on a commit of a run that exists is no lease: the run stays w1's.
+    s.commit(
+        &step("t1", "r1", 2, 2, 3_000)
+            .with_lease(mine.clone())
+            .with_new_lease(new_lease("w9")),
+    )
+    .await
+    .expect("commit with the lease");
+    assert!(matches!(
+        s.heartbeat(&new_lease("w9").token(&rid("r1")), lease, at(3_000))
+            .await,
+        Err(LeaseError::Lost { .. })
+    ));
+    // Once it expired, a recovery takes the run over and the creator's token is lost.
+    let taken = s
+        .claim_runnable("w2", lease, at(32_000), 10)
+        .await
+        .expect("claim");
+    assert_eq!(
+        taken
+            .iter()
+            .map(|c| (c.run.run_id.as_str(), c.lease.epoch))
+            .collect::<Vec<_>>(),
+        vec![("r1", 2)]
+    );
+    assert!(matches!(
+        s.commit(&step("t1", "r1", 4, 3, 33_000).with_lease(mine))
+            .await,
+        Err(CommitError::LeaseLost { .. })
+    ));
+    // A run done in its first commit holds no lease.
+    let mut done = step("t2", "r2", 0, 1, 1_000).with_new_lease(new_lease("w1"));
+    done.run.status = RunStatus::Done;
+    done.run.termination = Some(TerminationReason::NaturalEnd);
+    s.commit(&done).await.expect("r2");
+    assert!(matches!(
+        s.heartbeat(&new_lease("w1").token(&rid("r2")), lease, at(2_000))
+            .await,
+        Err(LeaseError::Lost { .. })
+    ));
+    // A new lease names its worker.
+    let before = dump_all(s).await;
+    let blank = step("t3", "r3", 0, 1, 1_000).with_new_lease(new_lease(" "));
+    assert!(matches!(
+        s.commit(&blank).await,
+        Err(CommitError::Invalid {
+            violation: CommitViolation::BlankId {
+                field: "new_lease.worker_id"
+            },
+            ..
+        })
+    ));
+    assert_eq!(dump_all(s).await, before);
 }
 
 pub async fn concurrent_claims_never_share(h: &Harness) {
