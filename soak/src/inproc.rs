@@ -184,10 +184,11 @@ impl<S: Armable> InProcess<S> {
                     } else {
                         problems.push(format!("the armed failpoint {point:?} did not fire"));
                     }
-                    let run_id = outcome
-                        .as_ref()
-                        .and_then(|o| o.as_ref().ok())
-                        .map(|o| &o.run_id);
+                    let run_id = match &outcome {
+                        Some(Ok(o)) => Some(&o.run_id),
+                        Some(Err(RunError::EndNotWritten { run_id, .. })) => Some(run_id),
+                        _ => None,
+                    };
                     if let Err(e) = kept(inj.before, inj.after, holding.as_ref(), run_id) {
                         stats.lost_commits += 1;
                         problems.push(e);
@@ -318,6 +319,23 @@ impl<S: Armable> InProcess<S> {
                     problems.push(e);
                 }
             }
+            // The last commit lost: the run had ended as it would have, and says its end was
+            // not written.
+            Err(RunError::EndNotWritten { termination, .. })
+                if matches!(fault, Fault::Store { at_commit, .. }
+                    if self.extent(shape).is_some_and(|e| at_commit == e.commits)) =>
+            {
+                match self.recorder.with_events(check::activation) {
+                    Ok(t) if t != **termination => problems.push(format!(
+                        "run_finish says {t}, the unwritten end {termination}"
+                    )),
+                    Ok(_) => {}
+                    Err(e) => problems.push(e),
+                }
+                if **termination != TerminationReason::NaturalEnd {
+                    problems.push(format!("the unwritten end is {termination}"));
+                }
+            }
             Err(e) => {
                 let first_commit_failed = matches!(fault, Fault::Store { at_commit: 1, .. })
                     && matches!(
@@ -384,6 +402,7 @@ impl<S: Armable> InProcess<S> {
         // finishes its steps.
         let wanted = match outcome {
             Some(Ok(o)) => o.termination.clone(),
+            Some(Err(RunError::EndNotWritten { termination, .. })) => (**termination).clone(),
             _ => TerminationReason::NaturalEnd,
         };
         if continued.termination != wanted {
@@ -420,8 +439,8 @@ fn expected(
         Fault::Retryable { .. } | Fault::Permanent { .. } | Fault::MidStream { .. } => error,
         Fault::Cancel { .. } => natural || *t == TerminationReason::Cancelled,
         Fault::StallCancel { .. } => *t == TerminationReason::Cancelled,
-        // The last commit lost: the run had ended as it would have.
-        Fault::Store { at_commit, .. } if extent.is_some_and(|e| at_commit == e.commits) => natural,
+        // The last commit lost: the run says so (`RunError::EndNotWritten`).
+        Fault::Store { at_commit, .. } if extent.is_some_and(|e| at_commit == e.commits) => false,
         Fault::Store { .. } => error,
         Fault::StallDrop { .. } => false,
     };

@@ -131,8 +131,16 @@ pub(crate) fn changed_under(e: &RunError) -> bool {
 }
 
 /// The exit of an activation that did not start: 3 when the thread changed under it, with what
-/// to do; 1 otherwise, saying so when the store failed.
+/// to do; 1 otherwise, saying so when the store failed. (A run that ended without writing its
+/// end exits 1, saying how to continue it.)
 pub(crate) fn not_started(e: RunError) -> Exit {
+    if matches!(e, RunError::EndNotWritten { .. }) {
+        return anyhow!(
+            "{e}
+`awaken recover` with this agent and store continues it from there"
+        )
+        .into();
+    }
     if let RunError::Commit {
         source:
             CommitError::ThreadBusy {

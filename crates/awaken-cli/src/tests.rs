@@ -738,7 +738,8 @@ fn the_script_goes_on_after_the_turns_of_the_current_prompt() {
 
 /// An activation that did not start because the thread changed under it (another process wrote
 /// to it, or holds its run) exits 3 and says the command can be run again; a failure of the
-/// store exits 1 with the store's own message.
+/// store exits 1 with the store's own message, and a run whose end was not written exits 1
+/// saying how to continue it.
 #[test]
 fn a_thread_changed_under_a_starting_run_exits_3_and_a_store_failure_1() {
     use awaken::runtime::RunError;
@@ -768,6 +769,17 @@ fn a_thread_changed_under_a_starting_run_exits_3_and_a_store_failure_1() {
         RunError::Store(StoreError::Task {
             detail: "the disk went away".into(),
         }),
+        RunError::EndNotWritten {
+            thread_id: ThreadId::new("t1").expect("id"),
+            run_id: RunId::new("r1").expect("id"),
+            termination: Box::new(TerminationReason::NaturalEnd),
+            source: awaken::runtime::CheckpointError::Commit(
+                StoreError::Task {
+                    detail: "the disk went away".into(),
+                }
+                .into(),
+            ),
+        },
     ]
     .into_iter()
     .map(|e| {
@@ -784,7 +796,9 @@ fn a_thread_changed_under_a_starting_run_exits_3_and_a_store_failure_1() {
         the thread changed while this run started (another process wrote to it or holds its run); nothing of the run was written: run the command again
         1 the first commit of a run on thread `t1` was not written: the store's blocking task failed: the disk went away
         the store failed; nothing of the run was written
-        1 the thread store failed: the store's blocking task failed: the disk went away"#]].assert_eq(&exits.join("\n"));
+        1 the thread store failed: the store's blocking task failed: the disk went away
+        1 run `r1` of thread `t1` ended (natural_end) but the store holds it unfinished at its last checkpoint: the commit was not written: the store's blocking task failed: the disk went away
+        `awaken recover` with this agent and store continues it from there"#]].assert_eq(&exits.join("\n"));
 }
 
 /// An agent file in `dir` whose scripted model answers `reply`, with `extra` TOML after it.

@@ -1,13 +1,14 @@
-//! [`RunError`]: why a run could not start, be resumed or be recovered.
+//! [`RunError`]: why a run could not start, be resumed or be recovered, or could not record
+//! its end.
 
-use awaken_event::{RunId, ThreadId};
+use awaken_event::{RunId, TerminationReason, ThreadId};
 use awaken_resolver::ResolveError;
 use awaken_state::StateError;
 use awaken_store::{CommitError, RunStatus, StoreError};
 
 use crate::resume::DecisionError;
 
-/// Why a run could not start (or could not write its first commit).
+/// Why a run could not start (or could not write its first commit or its last).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RunError {
@@ -139,4 +140,38 @@ pub enum RunError {
         #[source]
         source: CommitError,
     },
+    /// The run ended (`termination`, its events emitted up to its `RunFinish`) but its last
+    /// commit was not written: the store holds the run unfinished at its last checkpoint, where
+    /// a recovery or a take-over continues it. `source` is why the commit failed.
+    #[error(
+        "run `{run_id}` of thread `{thread_id}` ended ({termination}) but the store holds it \
+         unfinished at its last checkpoint: {source}"
+    )]
+    EndNotWritten {
+        /// The thread.
+        thread_id: ThreadId,
+        /// The run.
+        run_id: RunId,
+        /// How the run ended in this process.
+        termination: Box<TerminationReason>,
+        /// Why the last commit failed.
+        #[source]
+        source: CheckpointError,
+    },
+}
+
+/// Why a commit of the run failed (nothing of it was written).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckpointError {
+    /// The store refused the commit, or failed.
+    #[error("the commit was not written: {0}")]
+    Commit(#[from] CommitError),
+    /// After a profile conflict: the profile could not be reloaded.
+    #[error("the profile could not be reloaded after a conflict: {0}")]
+    Store(#[from] StoreError),
+    /// After a profile conflict: the run's profile writes could not be redone on the fresh
+    /// values.
+    #[error("the profile writes could not be redone after a conflict: {0}")]
+    State(#[from] StateError),
 }

@@ -68,7 +68,7 @@ pub use delegate::{
     DEFAULT_MAX_DELEGATION_DEPTH, DelegationDepthKey, RemoteWait, RemoteWaitUpdate, RemoteWaitsKey,
     delegate_tool_id,
 };
-pub use error::RunError;
+pub use error::{CheckpointError, RunError};
 pub use handle::RunHandle;
 pub use ids::{IdSource, SequentialIds, SystemIds};
 pub use intercept::{CallIntercept, CallInterceptKey, InterceptHandler, InterceptToolCall};

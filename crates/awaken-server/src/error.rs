@@ -114,6 +114,7 @@ impl From<RunError> for ApiError {
             RunError::Commit { source, .. } if source.is_refusal() => {
                 ApiError::conflict("thread_changed", message)
             }
+            RunError::EndNotWritten { .. } => ApiError::internal("end_not_written", message),
             _ => ApiError::internal("run_failed", message),
         }
     }

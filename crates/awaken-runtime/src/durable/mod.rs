@@ -5,11 +5,9 @@
 use std::sync::Arc;
 
 use awaken_event::{AgentEvent, EventSink, Message, TerminationReason, ThreadId, TokenUsage};
-use awaken_state::StateError;
-use awaken_store::{
-    CommitError, LeaseToken, NewLease, RunRecord, RunStatus, StoreError, ThreadCommit, ThreadStore,
-};
+use awaken_store::{LeaseToken, NewLease, RunRecord, RunStatus, ThreadCommit, ThreadStore};
 
+pub(crate) use crate::error::CheckpointError;
 use crate::error::RunError;
 use crate::ids::IdSource;
 
@@ -17,21 +15,6 @@ mod commit;
 pub(crate) mod profile;
 
 use profile::ProfileJournal;
-
-/// Why a commit of the run failed (nothing of it was written).
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum CheckpointError {
-    /// The store refused the commit, or failed.
-    #[error("the commit was not written: {0}")]
-    Commit(#[from] CommitError),
-    /// After a profile conflict: the profile could not be reloaded.
-    #[error("the profile could not be reloaded after a conflict: {0}")]
-    Store(#[from] StoreError),
-    /// After a profile conflict: the run's profile writes could not be redone on the fresh
-    /// values.
-    #[error("the profile writes could not be redone after a conflict: {0}")]
-    State(#[from] StateError),
-}
 
 impl CheckpointError {
     /// The run's error for a failed first commit of an activation on `thread_id`.

@@ -7,7 +7,7 @@ use awaken_event::{AgentEvent, CancellationToken, RunId, TerminationReason, Warn
 use awaken_phase::Phase;
 use awaken_plugin::{LifecycleEvent, RunLifecycle, isolate};
 
-use crate::durable::BatchChange;
+use crate::durable::{BatchChange, CheckpointError};
 use crate::error::RunError;
 use crate::inner::RuntimeInner;
 use crate::outcome::RunOutcome;
@@ -38,7 +38,7 @@ impl Run<'_> {
             Err(Failure::Cancelled) => TerminationReason::Cancelled,
             Err(Failure::Error(message)) => TerminationReason::Error { message },
         };
-        let termination = self.finish(termination).await;
+        let (termination, end_written) = self.finish(termination).await;
         let event = match &termination {
             TerminationReason::Cancelled => LifecycleEvent::RunCancel(&lifecycle_run),
             TerminationReason::Error { message } => {
@@ -50,6 +50,14 @@ impl Run<'_> {
             .dispatch(self.resolved.env.plugins(), event)
             .await;
         self.release_lease(rt, heartbeat).await;
+        if let Err(e) = end_written {
+            return Err(RunError::EndNotWritten {
+                thread_id: self.identity.thread_id.clone(),
+                run_id: self.identity.run_id.clone(),
+                termination: Box::new(termination),
+                source: *e,
+            });
+        }
         let usage = self.read_stats(|s| s.usage);
         Ok(RunOutcome {
             run_id: self.identity.run_id.clone(),
@@ -117,8 +125,12 @@ impl Run<'_> {
     }
 
     /// The one exit path: `RunEnd` (unless suspended), leftover actions dead-lettered,
-    /// `on_deactivate`, and the last commit, after which `RunFinish` is emitted.
-    async fn finish(&mut self, termination: TerminationReason) -> TerminationReason {
+    /// `on_deactivate`, and the last commit, after which `RunFinish` is emitted (also when the
+    /// commit failed, which the second result says).
+    async fn finish(
+        &mut self,
+        termination: TerminationReason,
+    ) -> (TerminationReason, Result<(), Box<CheckpointError>>) {
         let mut termination = termination;
         if termination != TerminationReason::Suspended && !self.engine.is_idle(Phase::RunEnd) {
             // RunEnd runs even for a cancelled run: give it a fresh token.
@@ -205,14 +217,16 @@ impl Run<'_> {
         });
         // Calls the run will never finish are closed: a finished run holds none open.
         self.close_batch(&termination);
-        if let Err(e) = self.checkpoint(BatchChange::Write).await {
-            tracing::error!(error = %e.message(), "the run's last commit failed");
+        let written = self.commit(BatchChange::Write).await;
+        if let Err(e) = &written {
+            tracing::error!(error = %e, "the run's last commit failed");
             if self.visible.is_some() {
                 self.show_changes();
             }
             self.durable.flush_uncommitted(self.sink);
         }
         self.stop_showing_state();
-        termination
+        // (Boxed: the run's future holds it across the lifecycle hook and the release.)
+        (termination, written.map_err(Box::new))
     }
 }

@@ -319,13 +319,14 @@ async fn recovery_of_an_interrupted_delegate_call_continues_the_same_child() {
     let mut dying = Setup::new(vec![delegate("think")], vec![ScriptTurn::text("thought")]);
     dying.store = Arc::new(crate::support::Intercepted::dies_after(store.clone(), 4));
     dying.system_ids = true;
-    let first = dying
-        .runtime()
-        .run_to_completion(RunActivation::new(thread(), "boss").with_user_message("ask"))
-        .await
-        .expect("started");
+    let first = crate::support::unwritten_end(
+        dying
+            .runtime()
+            .run_to_completion(RunActivation::new(thread(), "boss").with_user_message("ask"))
+            .await,
+    );
     assert!(
-        matches!(first.termination, TerminationReason::Error { .. }),
+        matches!(first, TerminationReason::Error { .. }),
         "{first:?}"
     );
     let child_before = store.list_runs(&child_thread()).await.expect("runs");

@@ -183,11 +183,12 @@ async fn two_workers_share_twenty_runs_and_one_takes_over_a_dead_workers_lease()
         let thread = ThreadId::new(format!("t{i:02}")).expect("id");
         let dying: Arc<dyn ThreadStore> =
             Arc::new(crate::support::Intercepted::dies_after(store.clone(), 1));
-        let out = runtime(dying, &dir)
-            .run_to_completion(RunActivation::new(thread, "agent").with_user_message("book"))
-            .await
-            .expect("started");
-        assert!(matches!(out.termination, TerminationReason::Error { .. }));
+        let out = crate::support::unwritten_end(
+            runtime(dying, &dir)
+                .run_to_completion(RunActivation::new(thread, "agent").with_user_message("book"))
+                .await,
+        );
+        assert!(matches!(out, TerminationReason::Error { .. }));
     }
 
     let spawn = |worker: &str, crash: bool| {

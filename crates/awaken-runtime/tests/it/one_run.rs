@@ -65,11 +65,12 @@ async fn left_running(store: &Arc<dyn ThreadStore>, alive: usize) {
             .with_tool_call(ScriptToolCall::new("echo", json!({"text": "a"})).with_id("c1"))
             .with_tool_call(ScriptToolCall::new("book", json!({})).with_id("c2")),
     ];
-    let out = runtime(dying, turns)
-        .run_to_completion(RunActivation::new(thread(), "agent").with_user_message("first"))
-        .await
-        .expect("started");
-    assert!(matches!(out.termination, TerminationReason::Error { .. }));
+    let out = crate::support::unwritten_end(
+        runtime(dying, turns)
+            .run_to_completion(RunActivation::new(thread(), "agent").with_user_message("first"))
+            .await,
+    );
+    assert!(matches!(out, TerminationReason::Error { .. }));
     let runs = store.list_runs(&thread()).await.expect("runs");
     assert_eq!(runs.last().map(|r| r.status), Some(RunStatus::Running));
 }

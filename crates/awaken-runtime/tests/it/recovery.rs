@@ -111,10 +111,11 @@ async fn a_recovered_re_run_validates_its_arguments_against_the_tools_schema_of_
     let store: Arc<dyn ThreadStore> = Arc::new(MemoryStore::new());
     // The first process stores `c0` as executing (start, requested, executing), then dies.
     let dying = Arc::new(Intercepted::dies_after(store.clone(), 3));
-    runtime(dying)
-        .run_to_completion(RunActivation::new(thread(), "agent").with_user_message("go"))
-        .await
-        .expect("the run started");
+    crate::support::unwritten_end(
+        runtime(dying)
+            .run_to_completion(RunActivation::new(thread(), "agent").with_user_message("go"))
+            .await,
+    );
     let recovered = runtime_with(store.clone(), Arc::new(StricterEcho))
         .recover(&RecoverConfig::new("w2"), &awaken_event::NullSink)
         .await
@@ -269,24 +270,26 @@ async fn matrix(fresh: impl AsyncFn() -> Arc<dyn ThreadStore>, immediate: bool, 
         // The first process: its writes stop after `alive` commits. Its events still make
         // one well-formed activation (the events held back for a failed commit are emitted).
         let sink = VecSink::new();
-        let first = runtime(dying)
-            .run(
-                RunActivation::new(thread(), "agent").with_user_message("go"),
-                &sink,
-            )
-            .await
-            .expect("the run started");
+        let first = crate::support::unwritten_end(
+            runtime(dying)
+                .run(
+                    RunActivation::new(thread(), "agent").with_user_message("go"),
+                    &sink,
+                )
+                .await,
+        );
         if let Err(v) = check_activation(&sink.events()) {
             panic!("after {alive} commits: {v}");
         }
         // It fails where its next commit fails; when only the last commit is lost it has
-        // already decided how it ends (and says so), but the store still holds it running.
-        if alive + 1 < commits {
-            assert!(
-                matches!(first.termination, TerminationReason::Error { .. }),
-                "after {alive} commits: {first:?}"
-            );
-        }
+        // already decided how it ends. Either way it says its end was not written, and the
+        // store still holds it running.
+        let expected_end = if alive + 1 < commits {
+            matches!(first, TerminationReason::Error { .. })
+        } else {
+            first == TerminationReason::NaturalEnd
+        };
+        assert!(expected_end, "after {alive} commits: {first:?}");
         // A fresh runtime continues the run.
         let outcome = continue_run(&store, via, &format!("after {alive} commits")).await;
         assert_eq!(
@@ -364,10 +367,11 @@ async fn take_over_from_each_commit_matches_the_uninterrupted_run_on_sqlite() {
 async fn recovery_leaves_other_agents_runs_and_starts_nothing_once_cancelled() {
     let store: Arc<dyn ThreadStore> = Arc::new(MemoryStore::new());
     let dying: Arc<dyn ThreadStore> = Arc::new(Intercepted::dies_after(store.clone(), 1));
-    runtime(dying)
-        .run_to_completion(RunActivation::new(thread(), "agent").with_user_message("go"))
-        .await
-        .expect("started");
+    crate::support::unwritten_end(
+        runtime(dying)
+            .run_to_completion(RunActivation::new(thread(), "agent").with_user_message("go"))
+            .await,
+    );
     let rt = runtime(store.clone());
     let other = rt
         .recover(
@@ -459,10 +463,12 @@ async fn a_run_stopped_on_a_tool_is_still_stopped_after_losing_its_last_commit()
     let store: Arc<dyn ThreadStore> = Arc::new(MemoryStore::new());
     let dying = Arc::new(Intercepted::dies_after(store.clone(), commits - 1));
     let requests = Arc::new(AtomicUsize::new(0));
-    stop_on_echo(dying, requests.clone())
-        .run_to_completion(RunActivation::new(thread(), "agent").with_user_message("go"))
-        .await
-        .expect("the run started");
+    let ended = crate::support::unwritten_end(
+        stop_on_echo(dying, requests.clone())
+            .run_to_completion(RunActivation::new(thread(), "agent").with_user_message("go"))
+            .await,
+    );
+    assert_eq!(ended, stopped, "it says how it ended");
     let recovered = stop_on_echo(store.clone(), requests.clone())
         .recover(&RecoverConfig::new("w2"), &awaken_event::NullSink)
         .await

@@ -12,7 +12,9 @@ use awaken_event::{
 };
 use awaken_llm::{LlmEventStream, LlmStreamEvent, ScriptTurn, ScriptedExecutor};
 use awaken_plugin::Plugin;
-use awaken_runtime::{AgentRuntime, RecoverConfig, RunActivation, RunOutcome, SequentialIds};
+use awaken_runtime::{
+    AgentRuntime, RecoverConfig, RunActivation, RunError, RunOutcome, SequentialIds,
+};
 use awaken_spec::{AgentSpec, ModelSpec};
 use awaken_tool::{Tool, ToolCallContext, ToolError, ToolOutput};
 use futures_util::StreamExt;
@@ -350,6 +352,15 @@ pub fn kill_child_at(test: &str, dir_var: &str, dir: &Path, at: &str) {
         "the child was killed at {at}: {status:?}"
     );
     assert_eq!(lines(&marker), [at], "the child reached {at}");
+}
+
+/// How a run whose last commit failed ended: its result must be
+/// `RunError::EndNotWritten`.
+pub fn unwritten_end(result: Result<RunOutcome, RunError>) -> TerminationReason {
+    match result {
+        Err(RunError::EndNotWritten { termination, .. }) => *termination,
+        other => panic!("the run's end should be unwritten: {other:?}"),
+    }
 }
 
 /// A store that shows every commit to `on_commit` first — which may refuse it (nothing is

@@ -6,9 +6,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use awaken_event::{AgentEvent, CancellationToken, EventSink, ThreadId};
-use awaken_runtime::{AgentRuntime, RecoverConfig, RunError, ShutdownMode, Takeover};
+use awaken_runtime::{
+    AgentRuntime, CheckpointError, RecoverConfig, RunError, ShutdownMode, Takeover,
+};
 use awaken_store::{
-    ClaimedJob, FleetWake, Hear, JobLease, QueueError, Retried, RunQueue, RunStatus, Timestamp,
+    ClaimedJob, CommitError, FleetWake, Hear, JobLease, QueueError, Retried, RunQueue, RunStatus,
+    Timestamp,
 };
 use dashmap::DashMap;
 use tokio::sync::Notify;
@@ -545,23 +548,36 @@ impl Drive {
 }
 
 /// An attempt's end from the runtime's answer: a store that failed or a run held elsewhere is
-/// tried again; anything else fails the same way every time.
+/// tried again (a run whose end was not written too: the next attempt continues it from its
+/// last checkpoint); anything else fails the same way every time.
 fn attempt_of(result: Result<(), RunError>) -> Attempt {
     match result {
         Ok(()) => Attempt::Done,
-        Err(e) => {
-            let fatal = !matches!(
-                e,
-                RunError::Store(_)
-                    | RunError::TakenOver { .. }
-                    | RunError::ThreadBusy { .. }
-                    | RunError::ShuttingDown
-            ) && !matches!(&e, RunError::Commit { source, .. } if !source.is_refusal());
-            Attempt::Failed {
-                error: e.to_string(),
-                fatal,
-            }
+        Err(e) => Attempt::Failed {
+            fatal: !retried(&e),
+            error: e.to_string(),
+        },
+    }
+}
+
+/// Whether an attempt that failed with `e` is tried again.
+fn retried(e: &RunError) -> bool {
+    match e {
+        RunError::Store(_)
+        | RunError::TakenOver { .. }
+        | RunError::ThreadBusy { .. }
+        | RunError::ShuttingDown => true,
+        RunError::Commit { source, .. } => {
+            !source.is_refusal() || matches!(source, CommitError::LeaseLost { .. })
         }
+        RunError::EndNotWritten { source, .. } => match source {
+            CheckpointError::Commit(c) => {
+                !c.is_refusal() || matches!(c, CommitError::LeaseLost { .. })
+            }
+            CheckpointError::Store(_) => true,
+            _ => false,
+        },
+        _ => false,
     }
 }
 
@@ -698,6 +714,48 @@ impl Notifier {
         let mut threads = pending.threads.lock().unwrap_or_else(|e| e.into_inner());
         if threads.insert(thread.clone()) && threads.len() == 1 {
             pending.wake.notify_one();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use awaken_event::{RunId, TerminationReason};
+    use awaken_store::StoreError;
+
+    use super::*;
+
+    #[test]
+    fn a_run_whose_end_was_not_written_is_tried_again_unless_its_commit_was_refused() {
+        let thread = ThreadId::new("t").expect("id");
+        let unwritten = |source: CheckpointError| RunError::EndNotWritten {
+            thread_id: thread.clone(),
+            run_id: RunId::new("r").expect("id"),
+            termination: Box::new(TerminationReason::NaturalEnd),
+            source,
+        };
+        let failed = || StoreError::Task {
+            detail: "the database went away".into(),
+        };
+        let cases = [
+            (unwritten(CheckpointError::Commit(failed().into())), true),
+            (unwritten(CheckpointError::Store(failed())), true),
+            (
+                unwritten(CheckpointError::Commit(CommitError::LeaseLost {
+                    run_id: RunId::new("r").expect("id"),
+                })),
+                true,
+            ),
+            (
+                unwritten(CheckpointError::Commit(CommitError::VersionConflict {
+                    expected: 1,
+                    actual: 2,
+                })),
+                false,
+            ),
+        ];
+        for (e, again) in cases {
+            assert_eq!(retried(&e), again, "{e}");
         }
     }
 }

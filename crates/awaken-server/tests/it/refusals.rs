@@ -253,3 +253,42 @@ async fn serve_refuses_a_public_address_without_a_token() {
     // Nothing was recovered or served.
     assert_eq!(rig.store.scans(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_whose_end_was_not_written_says_so_and_recovery_finishes_it() {
+    // Runs hold leases, so recovery looks for unfinished runs every `recover_interval`.
+    let rig = Rig::memory(vec![text_turn(&["hello"])]).with_worker("w");
+    rig.store.fail_ends(true);
+    let server = TestServer::start(rig.runtime(), config()).await;
+    let response = server
+        .client
+        .post(server.url("/v1/threads/t/runs?stream=false"))
+        .json(&json!({"message": "hi"}))
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(
+        refusal(response).await,
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "end_not_written".into(),
+            None
+        )
+    );
+    assert_eq!(rig.store.last_run("t").await.status.as_str(), "running");
+    // Once the store takes the end, the server's recovery ends the run as it had ended,
+    // without asking the model again.
+    rig.store.fail_ends(false);
+    guarded("the recovered end", async {
+        while rig.store.last_run("t").await.status.as_str() != "done" {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert_eq!(
+        rig.store.last_run("t").await.termination,
+        Some(awaken_event::TerminationReason::NaturalEnd)
+    );
+    assert_eq!(rig.model.requests(), 1);
+    server.stop().await;
+}

@@ -22,8 +22,8 @@ use awaken_server::{AgentServer, EventId, QueueConfig, ServeError, ServerConfig,
 use awaken_spec::{AgentSpec, ModelSpec};
 use awaken_store::{
     ClaimedRun, CommitError, CommitReceipt, LeaseError, LeaseToken, MemoryStore, ProfileState,
-    RunQueue, RunRecord, SqliteConfig, SqliteStore, StoreError, StoredEvent, ThreadCommit,
-    ThreadStore, ThreadSummary, Timestamp,
+    RunQueue, RunRecord, RunStatus, SqliteConfig, SqliteStore, StoreError, StoredEvent,
+    ThreadCommit, ThreadStore, ThreadSummary, Timestamp,
 };
 use awaken_tool::{
     Tool, ToolCallContext, ToolError, ToolInterceptPayload, ToolOutput, pending_call,
@@ -361,6 +361,8 @@ pub struct Watched {
     held_commits: watch::Sender<usize>,
     /// The run records `list_runs` answers instead of the store's (a reader that lags behind).
     frozen_runs: Mutex<Option<Vec<RunRecord>>>,
+    /// Whether a commit ending its run fails (the database went away at the run's end).
+    failing_ends: std::sync::atomic::AtomicBool,
 }
 
 impl Watched {
@@ -372,7 +374,25 @@ impl Watched {
             commits_open: watch::channel(true).0,
             held_commits: watch::channel(0).0,
             frozen_runs: Mutex::new(None),
+            failing_ends: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Makes every commit that ends its run fail (`true`), writing nothing, or go through.
+    pub fn fail_ends(&self, fail: bool) {
+        self.failing_ends.store(fail, Ordering::SeqCst);
+    }
+
+    /// The refusal of `commit` when it ends its run while ends fail.
+    fn failed_end(&self, commit: &ThreadCommit) -> Option<CommitError> {
+        (self.failing_ends.load(Ordering::SeqCst) && commit.run.status != RunStatus::Running).then(
+            || {
+                StoreError::Task {
+                    detail: "the database went away".into(),
+                }
+                .into()
+            },
+        )
     }
 
     /// Makes `list_runs` answer the thread's run records as they are now, whatever is
@@ -443,6 +463,9 @@ impl Watched {
 #[async_trait]
 impl ThreadStore for Watched {
     async fn commit(&self, commit: &ThreadCommit) -> Result<CommitReceipt, CommitError> {
+        if let Some(e) = self.failed_end(commit) {
+            return Err(e);
+        }
         if !*self.commits_open.borrow() {
             self.held_commits.send_modify(|n| *n += 1);
             let mut open = self.commits_open.subscribe();
@@ -451,8 +474,8 @@ impl ThreadStore for Watched {
         self.inner.commit(commit).await
     }
     fn commit_now(&self, commit: &ThreadCommit) -> Option<Result<CommitReceipt, CommitError>> {
-        // A closed gate sends the commit to `commit`, where it waits.
-        if !*self.commits_open.borrow() {
+        // A closed gate sends the commit to `commit`, where it waits (or fails).
+        if !*self.commits_open.borrow() || self.failed_end(commit).is_some() {
             return None;
         }
         self.inner.commit_now(commit)
