@@ -168,6 +168,9 @@ pub(crate) struct LiveRun {
     capacity: usize,
     status: watch::Sender<Status>,
     started: AtomicBool,
+    /// Whether the activation emitted its `RunFinish`: what is left is its lifecycle hook and
+    /// its lease's release.
+    finishing: AtomicBool,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// The ended run of the thread this one replaced in the registry, until this one's first
     /// event: a run that fails before any puts it back, so its clients can still reconnect.
@@ -209,6 +212,7 @@ impl LiveRun {
             capacity: capacity.max(1),
             status: watch::channel(Status::Starting).0,
             started: AtomicBool::new(false),
+            finishing: AtomicBool::new(false),
             task: Mutex::new(None),
             replaced: Mutex::new(None),
         }
@@ -306,6 +310,11 @@ impl LiveRun {
         });
     }
 
+    /// Whether the activation emitted its `RunFinish` (it may not have ended yet).
+    pub(crate) fn is_finishing(&self) -> bool {
+        self.finishing.load(Ordering::Acquire)
+    }
+
     /// Whether the activation emitted any event.
     pub(crate) fn has_events(&self) -> bool {
         self.started.load(Ordering::Acquire)
@@ -371,6 +380,9 @@ impl LiveRun {
         if let Some(tx) = &log.tx {
             // No receiver attached is fine: the buffer keeps the event.
             let _ = tx.send(frame);
+        }
+        if matches!(event, AgentEvent::RunFinish { .. }) {
+            self.finishing.store(true, Ordering::Release);
         }
     }
 

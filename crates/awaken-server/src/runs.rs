@@ -264,6 +264,10 @@ pub(crate) fn shutting_down(server: &AgentServer, thread: &ThreadId) -> ApiError
     )
 }
 
+/// How long a new run waits for the thread's run that sent its `run_finish` to close before
+/// it is refused as busy.
+const FINISHING_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Starts `job` on its own task (it goes on whatever its client does) and returns its live run
 /// once it emitted its first event; a run that could not start answers with why.
 pub(crate) async fn start(
@@ -290,15 +294,25 @@ pub(crate) async fn start(
             shared.config.retry_after,
         )
     })?;
-    let live = shared
-        .live
-        .begin(thread, Some(cancel.clone()))
-        .map_err(|_| {
-            ApiError::conflict(
-                "thread_busy",
-                format!("thread `{thread}` has a run in flight in this server"),
-            )
-        })?;
+    let busy = || {
+        ApiError::conflict(
+            "thread_busy",
+            format!("thread `{thread}` has a run in flight in this server"),
+        )
+    };
+    let live = loop {
+        match shared.live.begin(thread, Some(cancel.clone())) {
+            Ok(live) => break live,
+            // A run that sent its `run_finish` has only its lifecycle hook and its lease's
+            // release left: a client starting the next run at once waits for it to close.
+            Err(closing) if closing.is_finishing() => tokio::select! {
+                _ = closing.ended() => {}
+                () = tokio::time::sleep(FINISHING_WAIT) => return Err(busy()),
+                () = shared.closing.cancelled() => return Err(shutting_down(server, thread)),
+            },
+            Err(_) => return Err(busy()),
+        }
+    };
     if let Some(front) = &shared.front {
         // On a task of its own: a client going away while the job is queued drops only the
         // wait for it, and the live run still ends or gets its follower.

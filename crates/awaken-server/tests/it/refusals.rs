@@ -292,3 +292,35 @@ async fn a_run_whose_end_was_not_written_says_so_and_recovery_finishes_it() {
     assert_eq!(rig.model.requests(), 1);
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_started_right_after_the_last_ones_finish_waits_for_it_to_close() {
+    let rig = Rig::memory(vec![text_turn(&["one"]), text_turn(&["two"])]).with_worker("w");
+    // The first run's lease release (after its `run_finish`) waits.
+    rig.store.close_releases();
+    let server = TestServer::start(rig.runtime(), config()).await;
+    let mut sse = server.start_run("t", "first").await;
+    sse.until(|f| f.is("run_finish")).await;
+    let second = tokio::spawn(
+        server
+            .client
+            .post(server.url("/v1/threads/t/runs?stream=false"))
+            .json(&json!({"message": "second"}))
+            .send(),
+    );
+    // Not refused as busy: it waits for the first run to close.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !second.is_finished(),
+        "the second start was answered at once"
+    );
+    rig.store.open_releases();
+    let response = guarded("the second run", second)
+        .await
+        .expect("the request task")
+        .expect("an answer");
+    assert_eq!(response.status(), StatusCode::OK);
+    let outcome: serde_json::Value = response.json().await.expect("the outcome");
+    assert_eq!(outcome["response"], "two", "{outcome}");
+    server.stop().await;
+}

@@ -363,6 +363,8 @@ pub struct Watched {
     frozen_runs: Mutex<Option<Vec<RunRecord>>>,
     /// Whether a commit ending its run fails (the database went away at the run's end).
     failing_ends: std::sync::atomic::AtomicBool,
+    /// Whether lease releases go through now (closed: they wait).
+    releases_open: watch::Sender<bool>,
 }
 
 impl Watched {
@@ -375,7 +377,18 @@ impl Watched {
             held_commits: watch::channel(0).0,
             frozen_runs: Mutex::new(None),
             failing_ends: std::sync::atomic::AtomicBool::new(false),
+            releases_open: watch::channel(true).0,
         }
+    }
+
+    /// Makes lease releases wait (a run that sent its `run_finish` has not closed yet).
+    pub fn close_releases(&self) {
+        self.releases_open.send_replace(false);
+    }
+
+    /// Lets lease releases go through.
+    pub fn open_releases(&self) {
+        self.releases_open.send_replace(true);
     }
 
     /// Makes every commit that ends its run fail (`true`), writing nothing, or go through.
@@ -536,6 +549,8 @@ impl ThreadStore for Watched {
         self.inner.heartbeat(lease, duration, now).await
     }
     async fn release(&self, lease: &LeaseToken) -> Result<bool, StoreError> {
+        let mut open = self.releases_open.subscribe();
+        let _ = open.wait_for(|open| *open).await;
         self.inner.release(lease).await
     }
 }
