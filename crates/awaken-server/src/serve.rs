@@ -118,8 +118,9 @@ pub async fn serve(
 }
 
 /// Accepts connections until `shutdown` completes, then tells open streams to end and waits
-/// for every connection to close, until the end of the grace period it returns (a client that
-/// neither sends its request's body nor reads its answer is not waited for after that).
+/// for every connection to close, until the end of the grace period it returns; the
+/// connections still open then (a client that neither sends its request's body nor reads its
+/// answer) are closed, so none outlives the server.
 ///
 /// Each connection is hyper's HTTP/1 connection with its read buffer held to its initial
 /// 8 KiB (a request head or body larger than that is read in several pieces), so an idle
@@ -134,10 +135,13 @@ async fn accept(
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT);
     let connections = GracefulShutdown::new();
+    // The connections' tasks; the ended ones are reaped as the loop goes.
+    let mut tasks = tokio::task::JoinSet::new();
     let router = server.router();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let tcp = tokio::select! {
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
             accepted = listener.accept() => match accepted {
                 Ok((tcp, _)) => tcp,
                 Err(e) if is_connection_error(&e) => continue,
@@ -158,7 +162,7 @@ async fn accept(
         let connection = connections.watch(
             http.serve_connection(TokioIo::new(tcp), TowerToHyperService::new(router.clone())),
         );
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
@@ -172,8 +176,12 @@ async fn accept(
         .await
         .is_err()
     {
-        tracing::warn!("grace period over: not waiting for the connections still open");
+        tracing::warn!(
+            connections = tasks.len(),
+            "grace period over: closing the connections still open"
+        );
     }
+    tasks.shutdown().await;
     Ok(deadline)
 }
 
