@@ -31,7 +31,8 @@ pub struct WorkerConfig {
     /// 60 s).
     pub retry_backoff: Duration,
     /// On shutdown, how long the jobs held get to end by themselves before they are stopped at
-    /// their last checkpoint and given back (default 10 s).
+    /// their last checkpoint and given back (default 10 s); a stop, and the release of the
+    /// runs' leases after it, get as long again before they are abandoned (the leases expire).
     pub drain_grace: Duration,
     /// Only jobs of these agents (none: every agent).
     pub agents: Option<Vec<String>>,
@@ -72,7 +73,8 @@ pub struct WorkerReport {
     pub dead: u64,
     /// Jobs given back unfinished on shutdown.
     pub released: u64,
-    /// Jobs whose lease was lost (another worker took them over).
+    /// Jobs whose lease was lost (another worker took them over), or abandoned on shutdown
+    /// when they did not stop in time (their lease expires, and another worker takes them).
     pub lost: u64,
 }
 
@@ -136,7 +138,9 @@ impl Worker {
 
     /// Claims and drives jobs until `shutdown` completes, then drains: claims no more, gives
     /// the jobs held `drain_grace` to end, stops the others at their last checkpoint and gives
-    /// their leases back (the next worker continues them at once).
+    /// their leases back (the next worker continues them at once). A stop or a release that
+    /// takes longer than `drain_grace` again is abandoned (the leases expire), so the drain
+    /// always ends.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) -> WorkerReport {
         let mut shutdown = std::pin::pin!(shutdown);
         let mut listener = self.queue.listen(Hear::Jobs);
@@ -212,23 +216,33 @@ impl Worker {
             }
         }
         tracing::info!(jobs = jobs.len(), "draining: claiming no more jobs");
-        let drained = tokio::time::timeout(self.config.drain_grace, async {
-            while let Some(end) = jobs.join_next().await {
-                report.count(end);
-            }
-        })
-        .await;
-        if drained.is_err() {
+        let grace = self.config.drain_grace;
+        if !report.count_ends(&mut jobs, grace).await {
             tracing::warn!(
                 jobs = jobs.len(),
                 "grace period over: stopping the jobs held at their last checkpoint"
             );
             stop.cancel();
-            while let Some(end) = jobs.join_next().await {
-                report.count(end);
+            if !report.count_ends(&mut jobs, grace).await {
+                // A store that does not answer: their leases expire instead.
+                tracing::warn!(
+                    jobs = jobs.len(),
+                    "the jobs did not stop in time: abandoning them"
+                );
+                jobs.abort_all();
+                while let Some(end) = jobs.join_next().await {
+                    report.count(end);
+                }
             }
         }
-        self.runtime.shutdown(ShutdownMode::Wait).await;
+        let shut = tokio::time::timeout(
+            self.config.drain_grace,
+            self.runtime.shutdown(ShutdownMode::Wait),
+        )
+        .await;
+        if shut.is_err() {
+            tracing::warn!("the runs' leases were not all released in time: they expire instead");
+        }
         report
     }
 
@@ -284,6 +298,17 @@ impl Worker {
 }
 
 impl WorkerReport {
+    /// Counts the jobs' ends as they come, for at most `within`; whether all ended.
+    async fn count_ends(&mut self, jobs: &mut JoinSet<JobEnd>, within: Duration) -> bool {
+        tokio::time::timeout(within, async {
+            while let Some(end) = jobs.join_next().await {
+                self.count(end);
+            }
+        })
+        .await
+        .is_ok()
+    }
+
     fn count(&mut self, end: Result<JobEnd, tokio::task::JoinError>) {
         match end {
             Ok(JobEnd::Completed) => self.completed += 1,
@@ -291,6 +316,8 @@ impl WorkerReport {
             Ok(JobEnd::Dead) => self.dead += 1,
             Ok(JobEnd::Released) => self.released += 1,
             Ok(JobEnd::Lost) => self.lost += 1,
+            // Abandoned on shutdown: its lease expires and another worker takes it over.
+            Err(e) if e.is_cancelled() => self.lost += 1,
             // A job task that panicked: its lease expires and another worker takes it over.
             Err(e) => {
                 tracing::error!(error = %e, "a job's task failed");

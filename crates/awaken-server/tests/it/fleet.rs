@@ -798,13 +798,13 @@ async fn another_worker_takes_over_the_run_of_a_dead_one() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_draining_worker_gives_its_held_run_back_and_another_finishes_it() {
-    let Some(fleet) = Fleet::new("drain").await else {
-        return;
-    };
-    let front = fleet.front().await;
-    let counted = Arc::new(AtomicUsize::new(0));
+/// A worker `w1` that drains quickly, holding a run of thread `t` (posted to `front`) on its
+/// second inference, after its tool ran; the stream with the frames read so far.
+async fn held_by_a_draining_worker(
+    fleet: &Fleet,
+    front: &FrontEnd,
+    counted: &Arc<AtomicUsize>,
+) -> (RunningWorker, Sse, Vec<Frame>) {
     let w1 = fleet
         .worker_with(
             "w1",
@@ -813,12 +813,47 @@ async fn a_draining_worker_gives_its_held_run_back_and_another_finishes_it() {
                 drain_grace: Duration::from_millis(100),
                 ..worker_config()
             },
-            |rig| rig.with_lease(SHORT_LEASE).counting(&counted),
+            |rig| rig.with_lease(SHORT_LEASE).counting(counted),
         )
         .await;
     let mut sse = front.server.start_run("t", "hi").await;
     let part = sse.until(|f| f.is("tool_call_done")).await;
     w1.rig.model.wait_holds(1).await;
+    (w1, sse, part)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_worker_whose_store_does_not_answer_still_stops() {
+    let Some(fleet) = Fleet::new("drain_hung").await else {
+        return;
+    };
+    let front = fleet.front().await;
+    let (w1, _sse, _) = held_by_a_draining_worker(&fleet, &front, &Arc::default()).await;
+    // The stopped run's lease release never comes back: the drain gives up on it.
+    w1.rig.store.close_releases();
+    let started = std::time::Instant::now();
+    assert_eq!(
+        w1.stop().await,
+        WorkerReport {
+            released: 1,
+            ..WorkerReport::default()
+        }
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_worker_gives_its_held_run_back_and_another_finishes_it() {
+    let Some(fleet) = Fleet::new("drain").await else {
+        return;
+    };
+    let front = fleet.front().await;
+    let counted = Arc::new(AtomicUsize::new(0));
+    let (w1, sse, part) = held_by_a_draining_worker(&fleet, &front, &counted).await;
     let model = Arc::clone(&w1.rig.model);
     assert_eq!(
         w1.stop().await,
