@@ -186,7 +186,7 @@ impl<S: Armable> InProcess<S> {
                     }
                     let run_id = match &outcome {
                         Some(Ok(o)) => Some(&o.run_id),
-                        Some(Err(RunError::EndNotWritten { run_id, .. })) => Some(run_id),
+                        Some(Err(RunError::EndNotWritten { outcome, .. })) => Some(&outcome.run_id),
                         _ => None,
                     };
                     if let Err(e) = kept(inj.before, inj.after, holding.as_ref(), run_id) {
@@ -321,19 +321,21 @@ impl<S: Armable> InProcess<S> {
             }
             // The last commit lost: the run had ended as it would have, and says its end was
             // not written.
-            Err(RunError::EndNotWritten { termination, .. })
+            Err(RunError::EndNotWritten { outcome, .. })
                 if matches!(fault, Fault::Store { at_commit, .. }
                     if self.extent(shape).is_some_and(|e| at_commit == e.commits)) =>
             {
                 match self.recorder.with_events(check::activation) {
-                    Ok(t) if t != **termination => problems.push(format!(
-                        "run_finish says {t}, the unwritten end {termination}"
+                    Ok(t) if t != outcome.termination => problems.push(format!(
+                        "run_finish says {t}, the unwritten end {}",
+                        outcome.termination
                     )),
                     Ok(_) => {}
                     Err(e) => problems.push(e),
                 }
-                if **termination != TerminationReason::NaturalEnd {
-                    problems.push(format!("the unwritten end is {termination}"));
+                // It had ended as it would have.
+                if let Err(e) = expected(Fault::None, shape, outcome, self.extent(shape)) {
+                    problems.push(format!("the unwritten end: {e}"));
                 }
             }
             Err(e) => {
@@ -402,7 +404,7 @@ impl<S: Armable> InProcess<S> {
         // finishes its steps.
         let wanted = match outcome {
             Some(Ok(o)) => o.termination.clone(),
-            Some(Err(RunError::EndNotWritten { termination, .. })) => (**termination).clone(),
+            Some(Err(RunError::EndNotWritten { outcome, .. })) => outcome.termination.clone(),
             _ => TerminationReason::NaturalEnd,
         };
         if continued.termination != wanted {

@@ -13,7 +13,7 @@ use tokio::io::{AsyncBufReadExt, BufReader, Lines, Stdin};
 use crate::Exit;
 use crate::args::Args;
 use crate::output::Printer;
-use crate::run::{Interrupts, changed_under, interrupts, start, summary_line};
+use crate::run::{Interrupts, changed_under, interrupts, start, summary_line, unwritten_end_hint};
 use crate::term::{self, err, errln};
 
 /// Lines of standard input.
@@ -153,7 +153,9 @@ impl Chat<'_> {
                 }
                 Err(e) => {
                     errln!("error: {e}");
-                    if changed_under(&e) {
+                    if matches!(e, RunError::EndNotWritten { .. }) {
+                        errln!("{}", unwritten_end_hint(self.args));
+                    } else if changed_under(&e) {
                         errln!(
                             "the thread changed under the run (another process wrote to it): send again"
                         );

@@ -71,7 +71,7 @@ pub(crate) async fn run(args: Args) -> Result<u8, Exit> {
                 }
             ),
         }),
-        Err(e) => Err(not_started(e)),
+        Err(e) => Err(not_started(e, &args)),
     }
 }
 
@@ -130,16 +130,31 @@ pub(crate) fn changed_under(e: &RunError) -> bool {
     }
 }
 
+/// What to do about a run that ended without writing its end: continue it with
+/// `awaken recover` (nothing, on the memory store, which goes with the process).
+pub(crate) fn unwritten_end_hint(args: &Args) -> String {
+    if args.store.as_deref() == Some("memory") {
+        "the memory store goes with this process: the run is not kept".to_owned()
+    } else {
+        format!("continue it from there with\n  {}", recover_command(args))
+    }
+}
+
 /// The exit of an activation that did not start: 3 when the thread changed under it, with what
 /// to do; 1 otherwise, saying so when the store failed. (A run that ended without writing its
-/// end exits 1, saying how to continue it.)
-pub(crate) fn not_started(e: RunError) -> Exit {
+/// end exits 1, saying how to continue it; one whose lease another process took over exits 3.)
+pub(crate) fn not_started(e: RunError, args: &Args) -> Exit {
     if matches!(e, RunError::EndNotWritten { .. }) {
-        return anyhow!(
-            "{e}
-`awaken recover` with this agent and store continues it from there"
-        )
-        .into();
+        return anyhow!("{e}\n{}", unwritten_end_hint(args)).into();
+    }
+    if matches!(e, RunError::TakenOver { .. }) {
+        return Exit {
+            code: 3,
+            error: anyhow!(
+                "{e}\nanother process holds the run and goes on with it: run the command again \
+                 once it has ended"
+            ),
+        };
     }
     if let RunError::Commit {
         source:
@@ -268,7 +283,7 @@ pub(crate) async fn resume(args: Args) -> Result<u8, Exit> {
                 waiting_instructions(&args, &thread, &open)
             )))
         }
-        Err(e) => Err(not_started(e)),
+        Err(e) => Err(not_started(e, &args)),
     }
 }
 
@@ -332,6 +347,10 @@ pub(crate) async fn recover(args: Args) -> Result<u8, Exit> {
                     TerminationReason::Cancelled => 4,
                     _ => 0,
                 }
+            }
+            Err(e @ RunError::EndNotWritten { .. }) => {
+                errln!("— recovered run {}: {e}", run.run_id);
+                1
             }
             Err(e) => {
                 errln!(

@@ -771,8 +771,13 @@ fn a_thread_changed_under_a_starting_run_exits_3_and_a_store_failure_1() {
         }),
         RunError::EndNotWritten {
             thread_id: ThreadId::new("t1").expect("id"),
-            run_id: RunId::new("r1").expect("id"),
-            termination: Box::new(TerminationReason::NaturalEnd),
+            outcome: Box::new(awaken::runtime::RunOutcome {
+                run_id: RunId::new("r1").expect("id"),
+                termination: TerminationReason::NaturalEnd,
+                response: Some("Hello.".into()),
+                steps: 1,
+                usage: Default::default(),
+            }),
             source: awaken::runtime::CheckpointError::Commit(
                 StoreError::Task {
                     detail: "the disk went away".into(),
@@ -783,7 +788,7 @@ fn a_thread_changed_under_a_starting_run_exits_3_and_a_store_failure_1() {
     ]
     .into_iter()
     .map(|e| {
-        let exit = not_started(e);
+        let exit = not_started(e, &Args::default());
         format!("{} {:#}", exit.code, exit.error)
     })
     .collect();
@@ -793,12 +798,13 @@ fn a_thread_changed_under_a_starting_run_exits_3_and_a_store_failure_1() {
         3 the first commit of a run on thread `t1` was not written: the lease on run r1 was lost
         the thread changed while this run started (another process wrote to it or holds its run); nothing of the run was written: run the command again
         3 run `r1` of thread `t1` is held by another worker
-        the thread changed while this run started (another process wrote to it or holds its run); nothing of the run was written: run the command again
+        another process holds the run and goes on with it: run the command again once it has ended
         1 the first commit of a run on thread `t1` was not written: the store's blocking task failed: the disk went away
         the store failed; nothing of the run was written
         1 the thread store failed: the store's blocking task failed: the disk went away
         1 run `r1` of thread `t1` ended (natural_end) but the store holds it unfinished at its last checkpoint: the commit was not written: the store's blocking task failed: the disk went away
-        `awaken recover` with this agent and store continues it from there"#]].assert_eq(&exits.join("\n"));
+        continue it from there with
+          awaken recover"#]].assert_eq(&exits.join("\n"));
 }
 
 /// An agent file in `dir` whose scripted model answers `reply`, with `extra` TOML after it.

@@ -1,11 +1,12 @@
 //! [`RunError`]: why a run could not start, be resumed or be recovered, or could not record
 //! its end.
 
-use awaken_event::{RunId, TerminationReason, ThreadId};
+use awaken_event::{RunId, ThreadId};
 use awaken_resolver::ResolveError;
 use awaken_state::StateError;
 use awaken_store::{CommitError, RunStatus, StoreError};
 
+use crate::outcome::RunOutcome;
 use crate::resume::DecisionError;
 
 /// Why a run could not start (or could not write its first commit or its last).
@@ -83,7 +84,9 @@ pub enum RunError {
     /// The runtime is shutting down and starts no activation.
     #[error("the runtime is shutting down")]
     ShuttingDown,
-    /// Another worker holds the run's lease (it resumes or recovers the run).
+    /// Another worker holds the run's lease (it resumes or recovers the run): before the
+    /// activation wrote anything, or at its end, when its last commit found the lease taken
+    /// over (its events up to `RunFinish` were emitted).
     #[error("run `{run_id}` of thread `{thread_id}` is held by another worker")]
     TakenOver {
         /// The thread.
@@ -140,20 +143,22 @@ pub enum RunError {
         #[source]
         source: CommitError,
     },
-    /// The run ended (`termination`, its events emitted up to its `RunFinish`) but its last
+    /// The run ended (`outcome`, its events emitted up to its `RunFinish`) but its last
     /// commit was not written: the store holds the run unfinished at its last checkpoint, where
-    /// a recovery or a take-over continues it. `source` is why the commit failed.
+    /// a recovery or a take-over continues it. `source` is why the commit failed. (A last
+    /// commit refused because another worker took the run's lease over is
+    /// [`RunError::TakenOver`]: that worker continues the run.)
     #[error(
-        "run `{run_id}` of thread `{thread_id}` ended ({termination}) but the store holds it \
-         unfinished at its last checkpoint: {source}"
+        "run `{}` of thread `{thread_id}` ended ({}) but the store holds it unfinished at its \
+         last checkpoint: {source}",
+        outcome.run_id,
+        outcome.termination
     )]
     EndNotWritten {
         /// The thread.
         thread_id: ThreadId,
-        /// The run.
-        run_id: RunId,
         /// How the run ended in this process.
-        termination: Box<TerminationReason>,
+        outcome: Box<RunOutcome>,
         /// Why the last commit failed.
         #[source]
         source: CheckpointError,

@@ -53,31 +53,16 @@ impl RuntimeInner {
         duration: std::time::Duration,
         cancel: CancellationToken,
     ) -> Heartbeat {
-        let store = self.store.clone();
-        let ids = self.ids.clone();
-        let beating = lease.clone();
-        let task = tokio::spawn(async move {
-            let lease = beating;
-            let every = (duration / 3).max(std::time::Duration::from_millis(1));
-            loop {
-                tokio::time::sleep(every).await;
-                let now = ids.timestamp();
-                match store.heartbeat(&lease, duration, now).await {
-                    Ok(_) => {}
-                    Err(LeaseError::Lost { .. }) => {
-                        tracing::warn!(run_id = %lease.run_id, "lease lost: cancelling the run");
-                        cancel.cancel();
-                        return;
-                    }
-                    // The store failed: the lease may still be held; the next beat tries again.
-                    Err(e) => {
-                        tracing::warn!(run_id = %lease.run_id, error = %e, "heartbeat failed")
-                    }
-                }
-            }
-        });
+        let mut heartbeat = self.lease_guard(lease);
+        heartbeat.beat(self, duration, cancel, duration / 3);
+        heartbeat
+    }
+
+    /// A [`Heartbeat`] that does not beat yet ([`Heartbeat::beat`] starts it): dropped, it
+    /// gives `lease` up all the same.
+    pub(crate) fn lease_guard(&self, lease: LeaseToken) -> Heartbeat {
         Heartbeat {
-            task: Some(task),
+            task: None,
             lease: Some(lease),
             store: self.store.clone(),
             active: self.active.clone(),
@@ -96,6 +81,45 @@ pub(crate) struct Heartbeat {
 }
 
 impl Heartbeat {
+    /// Starts renewing the lease: first after `first`, then every third of `duration`.
+    pub(crate) fn beat(
+        &mut self,
+        rt: &RuntimeInner,
+        duration: std::time::Duration,
+        cancel: CancellationToken,
+        first: std::time::Duration,
+    ) {
+        let Some(lease) = self.lease.clone() else {
+            return;
+        };
+        let store = rt.store.clone();
+        let ids = rt.ids.clone();
+        let every = (duration / 3).max(std::time::Duration::from_millis(1));
+        let task = tokio::spawn(async move {
+            let mut wait = first;
+            loop {
+                tokio::time::sleep(wait).await;
+                wait = every;
+                let now = ids.timestamp();
+                match store.heartbeat(&lease, duration, now).await {
+                    Ok(_) => {}
+                    Err(LeaseError::Lost { .. }) => {
+                        tracing::warn!(run_id = %lease.run_id, "lease lost: cancelling the run");
+                        cancel.cancel();
+                        return;
+                    }
+                    // The store failed: the lease may still be held; the next beat tries again.
+                    Err(e) => {
+                        tracing::warn!(run_id = %lease.run_id, error = %e, "heartbeat failed")
+                    }
+                }
+            }
+        });
+        if let Some(old) = self.task.replace(task) {
+            old.abort();
+        }
+    }
+
     /// Stops the beat; the caller releases the lease (or its last commit did).
     pub(crate) fn stop(mut self) {
         if let Some(task) = self.task.take() {

@@ -15,7 +15,8 @@ use crate::activation::{self, Start};
 use crate::active::ShutdownMode;
 use crate::error::RunError;
 use crate::inner::RuntimeInner;
-use crate::outcome::{RecoveredRun, RunOutcome, Takeover};
+use crate::outcome::RunOutcome;
+use crate::recovered::{RecoveredRun, Takeover};
 use crate::request::{RecoverConfig, RunActivation};
 use crate::resume::{Resume, recorded_decisions, suspended_calls};
 

@@ -423,10 +423,14 @@ async fn send(
                 return Err(from_api(shutting_down(&server, &begun.thread)));
             }
         };
-        // A run whose activation failed outside the run (its commit) may have left no end.
+        // A run whose activation failed outside the run (its commit) may have left no end. (One
+        // whose end was not written is answered as stored: a recovery brings it to its end.)
         if let Err(e) = ended {
             let mut task = current_task(&server, &begun).await?;
-            if !task.status.state.is_terminal() && !task.status.state.is_interrupted() {
+            if e.code != "end_not_written"
+                && !task.status.state.is_terminal()
+                && !task.status.state.is_interrupted()
+            {
                 task.status = task::status(
                     (begun.thread.as_str(), begun.task_id.as_str()),
                     TaskState::Failed,

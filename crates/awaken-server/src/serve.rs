@@ -215,7 +215,7 @@ async fn recover_loop(server: AgentServer, stop: CancellationToken) {
             .with_lease_duration(config.lease_duration)
             .with_limit(1)
             .with_cancel(cancel);
-        let claimed = match shared.runtime.recover(&recover, &sink).await {
+        let continued = match shared.runtime.recover(&recover, &sink).await {
             Ok(runs) => {
                 for run in &runs {
                     match &run.outcome {
@@ -227,7 +227,9 @@ async fn recover_loop(server: AgentServer, stop: CancellationToken) {
                         }
                     }
                 }
-                !runs.is_empty()
+                // A run that could not continue (its store failing) is looked at again after
+                // the interval, not at once.
+                runs.iter().any(|r| r.outcome.is_ok())
             }
             Err(e) => {
                 tracing::warn!(error = %e, "recovery failed");
@@ -237,7 +239,7 @@ async fn recover_loop(server: AgentServer, stop: CancellationToken) {
         if stop.is_cancelled() {
             return;
         }
-        if !claimed {
+        if !continued {
             tokio::select! {
                 () = stop.cancelled() => return,
                 () = tokio::time::sleep(config.recover_interval) => {}

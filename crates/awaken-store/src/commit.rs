@@ -1,5 +1,6 @@
 //! The unit a store writes: [`ThreadCommit`], its run record and its validation.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
@@ -227,8 +228,9 @@ pub struct ThreadCommit {
     /// check.
     pub lease: Option<LeaseToken>,
     /// When this commit creates its run, the run starts leased to this worker at epoch 1
-    /// ([`NewLease::token`]). Ignored when the run exists: the token then holds nothing, and
-    /// its holder's commits and heartbeats are refused as a lost lease's.
+    /// ([`NewLease::token`]). When the run exists, the commit is checked as if it carried
+    /// that token (`lease` takes precedence): refused with `CommitError::LeaseLost` unless the
+    /// run is still leased to the worker at epoch 1 (the same first commit made again).
     pub new_lease: Option<NewLease>,
 }
 
@@ -376,6 +378,18 @@ impl ThreadCommit {
     pub fn with_new_lease(mut self, lease: NewLease) -> Self {
         self.new_lease = Some(lease);
         self
+    }
+
+    /// The lease the store checks the commit against, given whether the run exists: the
+    /// writer's, or, on a run that exists, the token of the lease the commit would have created
+    /// it with (so only a first commit made again by the writer it leased the run to goes
+    /// through).
+    pub(crate) fn lease_to_check(&self, run_exists: bool) -> Option<Cow<'_, LeaseToken>> {
+        match (&self.lease, &self.new_lease) {
+            (Some(lease), _) => Some(Cow::Borrowed(lease)),
+            (None, Some(new)) if run_exists => Some(Cow::Owned(new.token(&self.run.run_id))),
+            _ => None,
+        }
     }
 
     /// The lease this commit gives its run if it creates it: none for a run done at once.

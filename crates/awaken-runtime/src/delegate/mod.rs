@@ -236,7 +236,17 @@ impl Tool for DelegateTool {
                 }),
             },
         };
-        let outcome = outcome.map_err(execution)?;
+        let outcome = match outcome {
+            // The child ended but its end was not written: its answer is still its answer (a
+            // recovery brings the child's record to the same end).
+            Err(RunError::EndNotWritten {
+                outcome, source, ..
+            }) => {
+                tracing::warn!(run_id = %outcome.run_id, error = %source, "a child run's end was not written");
+                *outcome
+            }
+            other => other.map_err(execution)?,
+        };
         match outcome.termination {
             TerminationReason::Suspended => {
                 let waiting = rt.waiting_calls(&thread_id).await.map_err(execution)?;

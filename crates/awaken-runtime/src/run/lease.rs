@@ -1,7 +1,7 @@
 //! The run's lease, for a runtime with a worker identity: claimed and kept alive by a heartbeat
 //! while the run is driven, given up at its end.
 
-use awaken_store::{LeaseToken, NewLease};
+use awaken_store::NewLease;
 
 use crate::error::RunError;
 use crate::inner::{Heartbeat, RuntimeInner};
@@ -33,10 +33,11 @@ impl Run<'_> {
                 run_id: self.identity.run_id.clone(),
             });
         };
-        Ok(Some(self.keep_lease(
-            rt,
+        self.durable.set_lease(Some(claimed.lease.clone()));
+        Ok(Some(rt.spawn_heartbeat(
             claimed.lease,
             worker.lease_duration,
+            self.cancel.clone(),
         )))
     }
 
@@ -48,18 +49,6 @@ impl Run<'_> {
             worker_id: worker.id.clone(),
             expires_at: rt.ids.timestamp().saturating_add(worker.lease_duration),
         })
-    }
-
-    /// Carries `lease` in the run's commits from now on and keeps it with a heartbeat that
-    /// renews it for `duration` at a time.
-    pub(super) fn keep_lease(
-        &mut self,
-        rt: &RuntimeInner,
-        lease: LeaseToken,
-        duration: std::time::Duration,
-    ) -> Heartbeat {
-        self.durable.set_lease(Some(lease.clone()));
-        rt.spawn_heartbeat(lease, duration, self.cancel.clone())
     }
 
     /// Stops the heartbeat and gives the lease up (a finished run's last commit already did).

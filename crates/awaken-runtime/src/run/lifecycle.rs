@@ -6,6 +6,7 @@
 use awaken_event::{AgentEvent, CancellationToken, RunId, TerminationReason, WarningKind};
 use awaken_phase::Phase;
 use awaken_plugin::{LifecycleEvent, RunLifecycle, isolate};
+use awaken_store::CommitError;
 
 use crate::durable::{BatchChange, CheckpointError};
 use crate::error::RunError;
@@ -50,22 +51,29 @@ impl Run<'_> {
             .dispatch(self.resolved.env.plugins(), event)
             .await;
         self.release_lease(rt, heartbeat).await;
-        if let Err(e) = end_written {
-            return Err(RunError::EndNotWritten {
-                thread_id: self.identity.thread_id.clone(),
-                run_id: self.identity.run_id.clone(),
-                termination: Box::new(termination),
-                source: *e,
-            });
-        }
         let usage = self.read_stats(|s| s.usage);
-        Ok(RunOutcome {
+        let outcome = RunOutcome {
             run_id: self.identity.run_id.clone(),
             termination,
             response: self.response.take(),
             steps: self.step - self.first_step,
             usage,
-        })
+        };
+        match end_written.map_err(|e| *e) {
+            Ok(()) => Ok(outcome),
+            // Another worker took the run over: it continues it, not a recovery of this one.
+            Err(CheckpointError::Commit(CommitError::LeaseLost { .. })) => {
+                Err(RunError::TakenOver {
+                    thread_id: self.identity.thread_id.clone(),
+                    run_id: outcome.run_id,
+                })
+            }
+            Err(source) => Err(RunError::EndNotWritten {
+                thread_id: self.identity.thread_id.clone(),
+                outcome: Box::new(outcome),
+                source,
+            }),
+        }
     }
 
     /// Opens the run: takes its lease, makes its first commit (the activation exists once it
@@ -88,16 +96,31 @@ impl Run<'_> {
         let new_lease = (!opening.resumed && !claimed_already)
             .then(|| self.new_lease(rt))
             .flatten();
-        self.durable.set_new_lease(new_lease.clone());
-        if let Err(e) = self.commit(BatchChange::Keep).await {
+        let set_at = tokio::time::Instant::now();
+        if let Some(lease) = &new_lease {
+            // A run dropped during its first commit, or whose first commit failed but may have
+            // been written (its answer lost), gives the lease up.
+            heartbeat = Some(rt.lease_guard(lease.token(&self.identity.run_id)));
+            self.durable.set_new_lease(Some(lease.clone()));
+        }
+        let written = self.commit(BatchChange::Keep).await;
+        self.durable.set_new_lease(None);
+        // From now on the run's commits carry the lease's token.
+        if let Some(lease) = &new_lease {
+            self.durable
+                .set_lease(Some(lease.token(&self.identity.run_id)));
+        }
+        if let Err(e) = written {
             let e = e.into_run_error(&self.identity.thread_id);
             self.release_lease(rt, heartbeat).await;
             return Err(e);
         }
-        self.durable.set_new_lease(None);
-        if let (Some(lease), Some(worker)) = (new_lease, &rt.worker) {
-            let token = lease.token(&self.identity.run_id);
-            heartbeat = Some(self.keep_lease(rt, token, worker.lease_duration));
+        if let (Some(h), Some(worker), true) = (&mut heartbeat, &rt.worker, new_lease.is_some()) {
+            // Renewed once a third of it is gone, counted from when it was set: a slow first
+            // commit does not let it expire unrenewed.
+            let duration = worker.lease_duration;
+            let first = (duration / 3).saturating_sub(set_at.elapsed());
+            h.beat(rt, duration, self.cancel.clone(), first);
         }
         // `RunStart` is out: the visible state follows it.
         self.show_state();

@@ -325,9 +325,14 @@ pub(crate) fn notifies() -> (Arc<tokio::sync::Notify>, Arc<tokio::sync::Notify>)
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_live_run_holds_its_lease_so_recovery_elsewhere_leaves_it_alone() {
-    let store: Arc<dyn ThreadStore> = Arc::new(awaken_store::MemoryStore::new());
+/// A run of worker `live` on `store`, on thread `t`, held at its gate once this returns; the
+/// gate's release and the run's task.
+async fn held_at_its_gate(
+    store: &Arc<dyn ThreadStore>,
+) -> (
+    Arc<tokio::sync::Notify>,
+    tokio::task::JoinHandle<Result<awaken_runtime::RunOutcome, awaken_runtime::RunError>>,
+) {
     let (entered, release) = notifies();
     let live = worker_runtime(
         store.clone(),
@@ -335,17 +340,20 @@ async fn a_live_run_holds_its_lease_so_recovery_elsewhere_leaves_it_alone() {
         crate::lifecycle::Gate(entered.clone(), release.clone()),
         false,
     );
-    let run = {
-        let live = live.clone();
-        tokio::spawn(async move {
-            live.run_to_completion(
-                RunActivation::new(ThreadId::new("t").expect("id"), "agent")
-                    .with_user_message("go"),
-            )
-            .await
-        })
-    };
+    let run = tokio::spawn(async move {
+        live.run_to_completion(
+            RunActivation::new(ThreadId::new("t").expect("id"), "agent").with_user_message("go"),
+        )
+        .await
+    });
     entered.notified().await;
+    (release, run)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_run_holds_its_lease_so_recovery_elsewhere_leaves_it_alone() {
+    let store: Arc<dyn ThreadStore> = Arc::new(awaken_store::MemoryStore::new());
+    let (release, run) = held_at_its_gate(&store).await;
     let (e2, r2) = notifies();
     let other = worker_runtime(
         store.clone(),
@@ -395,25 +403,85 @@ async fn a_new_run_is_leased_from_its_first_commit() {
                     .lock()
                     .expect("lock")
                     .extend(claimed.into_iter().map(|c| c.run.run_id));
+                Ok(())
             }
         }),
     );
+    let out = open_gate_run(store).await.expect("run");
+    assert_eq!(out.termination, TerminationReason::NaturalEnd);
+    assert_eq!(*found.lock().expect("lock"), []);
+}
+
+/// A run of worker `live` on `store`, on thread `t`, whose gate is open.
+async fn open_gate_run(
+    store: Arc<dyn ThreadStore>,
+) -> Result<awaken_runtime::RunOutcome, awaken_runtime::RunError> {
     let (entered, release) = notifies();
     release.notify_one();
-    let live = worker_runtime(
+    worker_runtime(
         store,
         "live",
         crate::lifecycle::Gate(entered, release),
         false,
+    )
+    .run_to_completion(
+        RunActivation::new(ThreadId::new("t").expect("id"), "agent").with_user_message("go"),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_commit_written_but_answered_as_failed_gives_its_lease_up() {
+    let memory: Arc<dyn ThreadStore> = Arc::new(awaken_store::MemoryStore::new());
+    let store: Arc<dyn ThreadStore> = Arc::new(
+        crate::support::Intercepted::new(memory.clone(), |_| Ok(())).after_commit(|_| {
+            Err(awaken_store::StoreError::Task {
+                detail: "the answer was lost".into(),
+            }
+            .into())
+        }),
     );
-    let out = live
-        .run_to_completion(
-            RunActivation::new(ThreadId::new("t").expect("id"), "agent").with_user_message("go"),
-        )
+    let out = open_gate_run(store).await;
+    assert!(
+        matches!(out, Err(awaken_runtime::RunError::Commit { .. })),
+        "{out:?}"
+    );
+    // The run was written, leased: its lease was given up, so a recovery takes it at once.
+    let now = awaken_store::Timestamp::from_system_time(std::time::SystemTime::now());
+    let claimed = memory
+        .claim_runnable("other", Duration::from_secs(30), now, 10)
         .await
-        .expect("run");
-    assert_eq!(out.termination, TerminationReason::NaturalEnd);
-    assert_eq!(*found.lock().expect("lock"), []);
+        .expect("claim");
+    assert_eq!(claimed.len(), 1, "{claimed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_whose_lease_was_taken_over_says_so_at_its_end() {
+    let store: Arc<dyn ThreadStore> = Arc::new(awaken_store::MemoryStore::new());
+    let (release, run) = held_at_its_gate(&store).await;
+    let thread = ThreadId::new("t").expect("id");
+    // While its tool runs, another worker takes the run's lease over.
+    let run_id = store.list_runs(&thread).await.expect("runs")[0]
+        .run_id
+        .clone();
+    let token = awaken_store::LeaseToken {
+        run_id: run_id.clone(),
+        worker_id: "live".into(),
+        epoch: 1,
+    };
+    assert!(store.release(&token).await.expect("release"));
+    let now = awaken_store::Timestamp::from_system_time(std::time::SystemTime::now());
+    let taken = store
+        .claim_run(&run_id, "other", Duration::from_secs(30), now)
+        .await
+        .expect("claim");
+    assert!(taken.is_some());
+    release.notify_one();
+    let out = run.await.expect("joined");
+    assert!(
+        matches!(&out, Err(awaken_runtime::RunError::TakenOver { run_id: r, .. }) if *r == run_id),
+        "{out:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -358,7 +358,7 @@ pub fn kill_child_at(test: &str, dir_var: &str, dir: &Path, at: &str) {
 /// `RunError::EndNotWritten`.
 pub fn unwritten_end(result: Result<RunOutcome, RunError>) -> TerminationReason {
     match result {
-        Err(RunError::EndNotWritten { termination, .. }) => *termination,
+        Err(RunError::EndNotWritten { outcome, .. }) => outcome.termination,
         other => panic!("the run's end should be unwritten: {other:?}"),
     }
 }
@@ -371,11 +371,15 @@ pub struct Intercepted {
     on_commit: Box<
         dyn Fn(&awaken_store::ThreadCommit) -> Result<(), awaken_store::CommitError> + Send + Sync,
     >,
-    after_commit: Option<Box<dyn Fn(&awaken_store::ThreadCommit) + Send + Sync>>,
+    after_commit: Option<AfterCommit>,
     /// Whether `commit_now` is forwarded (the runtime's immediate path) or every commit is
     /// awaited (`commit`).
     immediate: bool,
 }
+
+/// What sees a written commit; an error is answered instead of the commit's receipt.
+type AfterCommit =
+    Box<dyn Fn(&awaken_store::ThreadCommit) -> Result<(), awaken_store::CommitError> + Send + Sync>;
 
 impl Intercepted {
     pub fn new(
@@ -393,10 +397,14 @@ impl Intercepted {
         }
     }
 
-    /// Shows every written commit to `after`, before the writer hears it was written.
+    /// Shows every written commit to `after`, before the writer hears it was written; an error
+    /// from `after` is answered instead (a commit written whose answer was lost).
     pub fn after_commit(
         mut self,
-        after: impl Fn(&awaken_store::ThreadCommit) + Send + Sync + 'static,
+        after: impl Fn(&awaken_store::ThreadCommit) -> Result<(), awaken_store::CommitError>
+        + Send
+        + Sync
+        + 'static,
     ) -> Self {
         self.after_commit = Some(Box::new(after));
         self
@@ -407,10 +415,10 @@ impl Intercepted {
         commit: &awaken_store::ThreadCommit,
         result: Result<awaken_store::CommitReceipt, awaken_store::CommitError>,
     ) -> Result<awaken_store::CommitReceipt, awaken_store::CommitError> {
-        if let (Ok(_), Some(after)) = (&result, &self.after_commit) {
-            after(commit);
+        match (&result, &self.after_commit) {
+            (Ok(_), Some(after)) => after(commit).and(result),
+            _ => result,
         }
-        result
     }
 
     /// Forwards `commit_now` too, for an inner store that writes every commit at once (the

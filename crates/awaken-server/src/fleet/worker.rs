@@ -597,10 +597,10 @@ fn retried(e: &RunError) -> bool {
         RunError::Commit { source, .. } => {
             !source.is_refusal() || matches!(source, CommitError::LeaseLost { .. })
         }
+        // The run is left unfinished at its checkpoint: the next attempt continues it, unless
+        // its end was refused for good (an invalid commit).
         RunError::EndNotWritten { source, .. } => match source {
-            CheckpointError::Commit(c) => {
-                !c.is_refusal() || matches!(c, CommitError::LeaseLost { .. })
-            }
+            CheckpointError::Commit(c) => !c.is_refusal() || c.is_conflict(),
             CheckpointError::Store(_) => true,
             _ => false,
         },
@@ -748,17 +748,23 @@ impl Notifier {
 #[cfg(test)]
 mod tests {
     use awaken_event::{RunId, TerminationReason};
+    use awaken_runtime::RunOutcome;
     use awaken_store::StoreError;
 
     use super::*;
 
     #[test]
-    fn a_run_whose_end_was_not_written_is_tried_again_unless_its_commit_was_refused() {
+    fn a_run_whose_end_was_not_written_is_tried_again_unless_its_end_is_invalid() {
         let thread = ThreadId::new("t").expect("id");
         let unwritten = |source: CheckpointError| RunError::EndNotWritten {
             thread_id: thread.clone(),
-            run_id: RunId::new("r").expect("id"),
-            termination: Box::new(TerminationReason::NaturalEnd),
+            outcome: Box::new(RunOutcome {
+                run_id: RunId::new("r").expect("id"),
+                termination: TerminationReason::NaturalEnd,
+                response: None,
+                steps: 1,
+                usage: Default::default(),
+            }),
             source,
         };
         let failed = || StoreError::Task {
@@ -768,17 +774,25 @@ mod tests {
             (unwritten(CheckpointError::Commit(failed().into())), true),
             (unwritten(CheckpointError::Store(failed())), true),
             (
-                unwritten(CheckpointError::Commit(CommitError::LeaseLost {
-                    run_id: RunId::new("r").expect("id"),
-                })),
-                true,
-            ),
-            (
                 unwritten(CheckpointError::Commit(CommitError::VersionConflict {
                     expected: 1,
                     actual: 2,
                 })),
+                true,
+            ),
+            (
+                unwritten(CheckpointError::Commit(CommitError::Invalid {
+                    thread_id: thread.clone(),
+                    violation: awaken_store::CommitViolation::ProfileStateWithoutProfile,
+                })),
                 false,
+            ),
+            (
+                RunError::TakenOver {
+                    thread_id: thread.clone(),
+                    run_id: RunId::new("r").expect("id"),
+                },
+                true,
             ),
         ];
         for (e, again) in cases {

@@ -224,8 +224,8 @@ fn check(
             stored_thread_id: run.thread_id.clone(),
         });
     }
-    if let Some(lease) = &c.lease {
-        let held = run.is_some_and(|r| r.held_by(lease));
+    if let Some(lease) = c.lease_to_check(run.is_some()) {
+        let held = run.is_some_and(|r| r.held_by(&lease));
         if !held {
             return Err(CommitError::LeaseLost {
                 run_id: c.run.run_id.clone(),

@@ -229,12 +229,13 @@ async fn write_tx(
             });
         }
     }
-    if let Some(lease) = &c.lease {
+    if let Some(lease) = c.lease_to_check(run.is_some()) {
         let held = match &run {
             Some(run) => {
                 let owner: Option<String> = run.try_get(1)?;
                 let epoch: i64 = run.try_get(2)?;
-                u64::try_from(epoch).is_ok_and(|epoch| lease::holds(owner.as_deref(), epoch, lease))
+                u64::try_from(epoch)
+                    .is_ok_and(|epoch| lease::holds(owner.as_deref(), epoch, &lease))
             }
             None => false,
         };

@@ -58,9 +58,9 @@ pub(super) fn write(
             stored_thread_id: codec::thread_id(stored_tid)?,
         });
     }
-    if let Some(lease) = &c.lease {
+    if let Some(lease) = c.lease_to_check(run.is_some()) {
         let held = run.as_ref().is_some_and(|(_, owner, epoch, ..)| {
-            u64::try_from(*epoch).is_ok_and(|epoch| lease::holds(owner.as_deref(), epoch, lease))
+            u64::try_from(*epoch).is_ok_and(|epoch| lease::holds(owner.as_deref(), epoch, &lease))
         });
         if !held {
             return Err(CommitError::LeaseLost {

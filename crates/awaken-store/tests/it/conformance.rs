@@ -1025,9 +1025,21 @@ pub async fn a_run_created_leased_is_its_creators(h: &Harness) {
         s.heartbeat(&mine, lease, at(2_000)).await.expect("held"),
         at(32_000)
     );
-    // A new lease on a commit of a run that exists is no lease: the run stays w1's.
+    // A new lease on a commit of a run that exists is checked as its token: the creator's
+    // commit goes through (a first commit made again), another worker's is refused, and the
+    // run stays w1's.
+    let before = dump_all(s).await;
+    assert!(matches!(
+        s.commit(&step("t1", "r1", 2, 2, 2_500).with_new_lease(new_lease("w9")))
+            .await,
+        Err(CommitError::LeaseLost { .. })
+    ));
+    assert_eq!(dump_all(s).await, before);
+    s.commit(&step("t1", "r1", 2, 2, 2_500).with_new_lease(new_lease("w1")))
+        .await
+        .expect("the creator's commit");
     s.commit(
-        &step("t1", "r1", 2, 2, 3_000)
+        &step("t1", "r1", 4, 2, 3_000)
             .with_lease(mine.clone())
             .with_new_lease(new_lease("w9")),
     )
@@ -1051,7 +1063,7 @@ pub async fn a_run_created_leased_is_its_creators(h: &Harness) {
         vec![("r1", 2)]
     );
     assert!(matches!(
-        s.commit(&step("t1", "r1", 4, 3, 33_000).with_lease(mine))
+        s.commit(&step("t1", "r1", 6, 3, 33_000).with_lease(mine))
             .await,
         Err(CommitError::LeaseLost { .. })
     ));
