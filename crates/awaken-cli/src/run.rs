@@ -151,8 +151,8 @@ pub(crate) fn not_started(e: RunError, args: &Args) -> Exit {
         return Exit {
             code: 3,
             error: anyhow!(
-                "{e}\nanother process holds the run and goes on with it: run the command again \
-                 once it has ended"
+                "{e}\nanother process holds the run and goes on with it (`awaken threads` shows \
+                 how it ends)"
             ),
         };
     }

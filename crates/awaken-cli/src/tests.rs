@@ -798,7 +798,7 @@ fn a_thread_changed_under_a_starting_run_exits_3_and_a_store_failure_1() {
         3 the first commit of a run on thread `t1` was not written: the lease on run r1 was lost
         the thread changed while this run started (another process wrote to it or holds its run); nothing of the run was written: run the command again
         3 run `r1` of thread `t1` is held by another worker
-        another process holds the run and goes on with it: run the command again once it has ended
+        another process holds the run and goes on with it (`awaken threads` shows how it ends)
         1 the first commit of a run on thread `t1` was not written: the store's blocking task failed: the disk went away
         the store failed; nothing of the run was written
         1 the thread store failed: the store's blocking task failed: the disk went away

@@ -74,6 +74,22 @@ impl AgentRuntime {
     pub async fn shutdown(&self, mode: ShutdownMode) {
         self.inner.active.close(mode);
         self.inner.active.idle().await;
+        self.shutdown_hooks().await;
+    }
+
+    /// [`shutdown`](Self::shutdown), waiting at most `limit` for the activations (and the
+    /// releases of dropped runs' leases) to end; the plugins' shutdown hooks run either way.
+    /// Whether everything ended in time.
+    pub async fn shutdown_within(&self, mode: ShutdownMode, limit: std::time::Duration) -> bool {
+        self.inner.active.close(mode);
+        let idle = tokio::time::timeout(limit, self.inner.active.idle())
+            .await
+            .is_ok();
+        self.shutdown_hooks().await;
+        idle
+    }
+
+    async fn shutdown_hooks(&self) {
         let plugins = self.inner.resolver.registries().plugins();
         self.inner
             .lifecycle

@@ -424,10 +424,11 @@ async fn send(
             }
         };
         // A run whose activation failed outside the run (its commit) may have left no end. (One
-        // whose end was not written is answered as stored: a recovery brings it to its end.)
+        // whose end was not written, or that another worker took over, is answered as stored:
+        // it is unfinished there, for a recovery or that worker to end.)
         if let Err(e) = ended {
             let mut task = current_task(&server, &begun).await?;
-            if e.code != "end_not_written"
+            if !matches!(e.code, "end_not_written" | "thread_busy")
                 && !task.status.state.is_terminal()
                 && !task.status.state.is_interrupted()
             {

@@ -377,12 +377,17 @@ impl LiveRun {
             log.trimmed = true;
         }
         log.frames.push_back(frame.clone());
+        // Before the frame goes out, so a client that saw `run_finish` finds the run finishing.
+        // (A follower reading a thread from an earlier position sees earlier runs' ends: the
+        // next `RunStart` clears it.)
+        match event {
+            AgentEvent::RunFinish { .. } => self.finishing.store(true, Ordering::Release),
+            AgentEvent::RunStart { .. } => self.finishing.store(false, Ordering::Release),
+            _ => {}
+        }
         if let Some(tx) = &log.tx {
             // No receiver attached is fine: the buffer keeps the event.
             let _ = tx.send(frame);
-        }
-        if matches!(event, AgentEvent::RunFinish { .. }) {
-            self.finishing.store(true, Ordering::Release);
         }
     }
 

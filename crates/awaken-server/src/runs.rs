@@ -268,6 +268,29 @@ pub(crate) fn shutting_down(server: &AgentServer, thread: &ThreadId) -> ApiError
 /// it is refused as busy.
 const FINISHING_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// 409: the thread has a run in flight here.
+fn busy(thread: &ThreadId) -> ApiError {
+    ApiError::conflict(
+        "thread_busy",
+        format!("thread `{thread}` has a run in flight in this server"),
+    )
+}
+
+/// Waits until `closing`, a run that sent its `run_finish`, has ended: busy if it has not by
+/// `deadline`, 503 if the server shuts down meanwhile.
+async fn finished(
+    server: &AgentServer,
+    thread: &ThreadId,
+    closing: &LiveRun,
+    deadline: tokio::time::Instant,
+) -> ApiResult<()> {
+    tokio::select! {
+        _ = closing.ended() => Ok(()),
+        () = tokio::time::sleep_until(deadline) => Err(busy(thread)),
+        () = server.shared.closing.cancelled() => Err(shutting_down(server, thread)),
+    }
+}
+
 /// Starts `job` on its own task (it goes on whatever its client does) and returns its live run
 /// once it emitted its first event; a run that could not start answers with why.
 pub(crate) async fn start(
@@ -284,6 +307,13 @@ pub(crate) async fn start(
             shared.config.retry_after,
         ));
     }
+    // A run that sent its `run_finish` has only its lifecycle hook and its lease's release
+    // left: a client starting the next run at once waits for it to close (before taking a
+    // place among the runs in flight, which that run still holds).
+    let deadline = tokio::time::Instant::now() + FINISHING_WAIT;
+    if let Some(closing) = shared.live.get(thread).filter(|r| r.is_finishing()) {
+        finished(server, thread, &closing, deadline).await?;
+    }
     let permit = shared.admission.clone().try_acquire_owned().map_err(|_| {
         ApiError::unavailable(
             "too_many_runs",
@@ -294,23 +324,13 @@ pub(crate) async fn start(
             shared.config.retry_after,
         )
     })?;
-    let busy = || {
-        ApiError::conflict(
-            "thread_busy",
-            format!("thread `{thread}` has a run in flight in this server"),
-        )
-    };
     let live = loop {
         match shared.live.begin(thread, Some(cancel.clone())) {
             Ok(live) => break live,
-            // A run that sent its `run_finish` has only its lifecycle hook and its lease's
-            // release left: a client starting the next run at once waits for it to close.
-            Err(closing) if closing.is_finishing() => tokio::select! {
-                _ = closing.ended() => {}
-                () = tokio::time::sleep(FINISHING_WAIT) => return Err(busy()),
-                () = shared.closing.cancelled() => return Err(shutting_down(server, thread)),
-            },
-            Err(_) => return Err(busy()),
+            Err(closing) if closing.is_finishing() => {
+                finished(server, thread, &closing, deadline).await?;
+            }
+            Err(_) => return Err(busy(thread)),
         }
     };
     if let Some(front) = &shared.front {

@@ -237,8 +237,8 @@ impl Tool for DelegateTool {
             },
         };
         let outcome = match outcome {
-            // The child ended but its end was not written: its answer is still its answer (a
-            // recovery brings the child's record to the same end).
+            // The child ended but its end was not written: its answer is still its answer, and
+            // its record stays unfinished (recovery leaves child runs to their parent's call).
             Err(RunError::EndNotWritten {
                 outcome, source, ..
             }) => {

@@ -111,9 +111,16 @@ impl Run<'_> {
                 .set_lease(Some(lease.token(&self.identity.run_id)));
         }
         if let Err(e) = written {
-            let e = e.into_run_error(&self.identity.thread_id);
-            self.release_lease(rt, heartbeat).await;
-            return Err(e);
+            // A refused commit wrote nothing: the lease it would have created is not this
+            // run's to give up (the same worker id may hold it for another activation).
+            if new_lease.is_some() && matches!(&e, CheckpointError::Commit(c) if c.is_refusal()) {
+                if let Some(h) = heartbeat {
+                    h.stop();
+                }
+            } else {
+                self.release_lease(rt, heartbeat).await;
+            }
+            return Err(e.into_run_error(&self.identity.thread_id));
         }
         if let (Some(h), Some(worker), true) = (&mut heartbeat, &rt.worker, new_lease.is_some()) {
             // Renewed once a third of it is gone, counted from when it was set: a slow first

@@ -235,12 +235,11 @@ impl Worker {
                 }
             }
         }
-        let shut = tokio::time::timeout(
-            self.config.drain_grace,
-            self.runtime.shutdown(ShutdownMode::Wait),
-        )
-        .await;
-        if shut.is_err() {
+        let shut = self
+            .runtime
+            .shutdown_within(ShutdownMode::Wait, self.config.drain_grace)
+            .await;
+        if !shut {
             tracing::warn!("the runs' leases were not all released in time: they expire instead");
         }
         report

@@ -32,7 +32,11 @@ impl Tables {
             .flat_map(|shard| shard.runs.values_mut())
             .filter_map(RunSlot::if_live)
             // A waiting run waits for a decision; its resume claims it (`claim_run`).
-            .filter(|r| r.record.status == RunStatus::Running && r.claimable(now))
+            .filter(|r| {
+                r.record.status == RunStatus::Running
+                    && r.record.parent_run_id.is_none()
+                    && r.claimable(now)
+            })
             .collect();
         free.sort_by(|a, b| lease::claim_order(&a.record).cmp(&lease::claim_order(&b.record)));
         let expires_at = now.saturating_add(lease_duration);

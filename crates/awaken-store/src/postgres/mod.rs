@@ -340,7 +340,7 @@ impl ThreadStore for PostgresStore {
                         "UPDATE runs SET lease_owner = $1, lease_epoch = lease_epoch + 1, \
                              lease_expires_at = $2 \
                          WHERE run_id = ANY(ARRAY(SELECT run_id FROM runs \
-                             WHERE status = 'running' \
+                             WHERE status = 'running' AND parent_run_id IS NULL \
                              AND (lease_owner IS NULL OR lease_expires_at <= $3) \
                              ORDER BY updated_at, run_id LIMIT $4 FOR UPDATE SKIP LOCKED)) \
                          RETURNING thread_id, lease_epoch, {RUN_COLUMNS}"

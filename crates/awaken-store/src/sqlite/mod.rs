@@ -480,6 +480,7 @@ impl ThreadStore for SqliteStore {
                     "UPDATE runs SET lease_owner = ?1, lease_epoch = lease_epoch + 1, \
                          lease_expires_at = ?2 \
                      WHERE run_id IN (SELECT run_id FROM runs WHERE status = 'running' \
+                         AND parent_run_id IS NULL \
                          AND (lease_owner IS NULL OR lease_expires_at <= ?3) \
                          ORDER BY updated_at, run_id LIMIT ?4) \
                      RETURNING thread_id, lease_epoch, {RUN_COLUMNS}"

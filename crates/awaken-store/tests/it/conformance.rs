@@ -808,9 +808,13 @@ pub async fn lease_claim_expiry_takeover(h: &Harness) {
     waiting.run.status = RunStatus::Waiting;
     waiting.run.termination = Some(TerminationReason::Suspended);
     s.commit(&waiting).await.expect("r4 waiting");
+    // The oldest running run is a delegate's child: its parent's call continues it.
+    let mut child = step("t5", "r5", 0, 1, 50);
+    child.run.parent_run_id = Some(rid("r1"));
+    s.commit(&child).await.expect("r5 child");
 
-    // w1 claims one run (the oldest update first), then the other; done and waiting runs are
-    // never claimed.
+    // w1 claims one run (the oldest update first), then the other; done, waiting and child
+    // runs are never claimed.
     let a = s
         .claim_runnable("w1", lease, at(10_000), 1)
         .await
