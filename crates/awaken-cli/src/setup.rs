@@ -538,9 +538,18 @@ fn file_models(
     })
 }
 
-/// This process's worker identity in run leases.
+/// This process's worker identity in run leases: its pid and 32 random bits, the same for the
+/// whole process (pids repeat across machines and containers; two workers must never share
+/// an identity).
 pub(crate) fn worker_id() -> String {
-    format!("awaken-cli-{}", std::process::id())
+    use std::hash::{BuildHasher, RandomState};
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| {
+        let pid = std::process::id();
+        let random = RandomState::new().hash_one(pid) as u32;
+        format!("awaken-cli-{pid}-{random:08x}")
+    })
+    .clone()
 }
 
 /// How long a run's lease outlives its process: `AWAKEN_LEASE_SECS` (whole seconds, at least

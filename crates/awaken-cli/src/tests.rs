@@ -1135,3 +1135,16 @@ fn a_remote_agent_file_names_its_endpoint_and_nothing_that_runs_here() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn the_worker_id_names_the_process_and_is_its_own() {
+    let id = crate::setup::worker_id();
+    assert_eq!(id, crate::setup::worker_id(), "one identity per process");
+    let random = id
+        .strip_prefix(&format!("awaken-cli-{}-", std::process::id()))
+        .unwrap_or_else(|| panic!("{id}"));
+    assert!(
+        random.len() == 8 && random.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{id}"
+    );
+}
