@@ -151,8 +151,7 @@ impl<S: Armable> InProcess<S> {
         }
 
         // The store: finished, after a recovery where the run could not finish itself.
-        let lost_last = matches!(fault, Fault::Store { at_commit, .. }
-            if self.extents[at].is_some_and(|e| at_commit == e.commits));
+        let lost_last = self.loses_last_commit(fault, shape);
         let may_recover = matches!(fault, Fault::StallDrop { .. }) || lost_last;
         // (The events are read back only to compare them with those before a store fault.)
         let events = matches!(fault, Fault::Store { .. });
@@ -305,55 +304,43 @@ impl<S: Armable> InProcess<S> {
             Ended::Dropped => return None,
             Ended::Returned(out) => out,
         };
-        match &out {
-            Ok(outcome) => {
-                match self.recorder.with_events(check::activation) {
-                    Ok(t) if t != outcome.termination => problems.push(format!(
-                        "run_finish says {t}, the outcome {}",
-                        outcome.termination
-                    )),
-                    Ok(_) => {}
-                    Err(e) => problems.push(e),
-                }
-                if let Err(e) = expected(fault, shape, outcome, self.extent(shape)) {
-                    problems.push(e);
-                }
+        // The last commit lost: the run had ended as it would have, and says its end was not
+        // written; any other run that ended is judged by its fault.
+        let lost_last = self.loses_last_commit(fault, shape);
+        let ended = match &out {
+            Ok(outcome) => Some((outcome, fault)),
+            Err(RunError::EndNotWritten { outcome, .. }) if lost_last => {
+                Some((&**outcome, Fault::None))
             }
-            // The last commit lost: the run had ended as it would have, and says its end was
-            // not written.
-            Err(RunError::EndNotWritten { outcome, .. })
-                if matches!(fault, Fault::Store { at_commit, .. }
-                    if self.extent(shape).is_some_and(|e| at_commit == e.commits)) =>
-            {
-                match self.recorder.with_events(check::activation) {
-                    Ok(t) if t != outcome.termination => problems.push(format!(
-                        "run_finish says {t}, the unwritten end {}",
-                        outcome.termination
-                    )),
-                    Ok(_) => {}
-                    Err(e) => problems.push(e),
-                }
-                // It had ended as it would have.
-                if let Err(e) = expected(Fault::None, shape, outcome, self.extent(shape)) {
-                    problems.push(format!("the unwritten end: {e}"));
-                }
+            Err(_) => None,
+        };
+        if let Some((outcome, fault)) = ended {
+            match self.recorder.with_events(check::activation) {
+                Ok(t) if t != outcome.termination => problems.push(format!(
+                    "run_finish says {t}, the outcome {}",
+                    outcome.termination
+                )),
+                Ok(_) => {}
+                Err(e) => problems.push(e),
             }
-            Err(e) => {
-                let first_commit_failed = matches!(fault, Fault::Store { at_commit: 1, .. })
-                    && matches!(
-                        e,
-                        RunError::Commit {
-                            source: CommitError::Backend(StoreError::Injected { .. }),
-                            ..
-                        }
-                    );
-                if !first_commit_failed {
-                    problems.push(format!("the run could not start: {e}"));
-                }
-                let emitted = self.recorder.with_events(<[_]>::len);
-                if emitted > 0 {
-                    problems.push(format!("a run that did not start emitted {emitted} events"));
-                }
+            if let Err(e) = expected(fault, shape, outcome, self.extent(shape)) {
+                problems.push(e);
+            }
+        } else if let Err(e) = &out {
+            let first_commit_failed = matches!(fault, Fault::Store { at_commit: 1, .. })
+                && matches!(
+                    e,
+                    RunError::Commit {
+                        source: CommitError::Backend(StoreError::Injected { .. }),
+                        ..
+                    }
+                );
+            if !first_commit_failed {
+                problems.push(format!("the run could not start: {e}"));
+            }
+            let emitted = self.recorder.with_events(<[_]>::len);
+            if emitted > 0 {
+                problems.push(format!("a run that did not start emitted {emitted} events"));
             }
         }
         Some(out)
@@ -361,6 +348,12 @@ impl<S: Armable> InProcess<S> {
 
     fn extent(&self, shape: Shape) -> Option<Extent> {
         self.extents[shape_index(shape)]
+    }
+
+    /// Whether `fault` fails the last commit of a run of `shape`.
+    fn loses_last_commit(&self, fault: Fault, shape: Shape) -> bool {
+        matches!(fault, Fault::Store { at_commit, .. }
+            if self.extent(shape).is_some_and(|e| at_commit == e.commits))
     }
 
     /// Continues the run the activation left unfinished and checks the continuation.

@@ -542,14 +542,9 @@ fn file_models(
 /// whole process (pids repeat across machines and containers; two workers must never share
 /// an identity).
 pub(crate) fn worker_id() -> String {
-    use std::hash::{BuildHasher, RandomState};
     static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    ID.get_or_init(|| {
-        let pid = std::process::id();
-        let random = RandomState::new().hash_one(pid) as u32;
-        format!("awaken-cli-{pid}-{random:08x}")
-    })
-    .clone()
+    ID.get_or_init(|| awaken::runtime::process_worker_id("awaken-cli"))
+        .clone()
 }
 
 /// How long a run's lease outlives its process: `AWAKEN_LEASE_SECS` (whole seconds, at least

@@ -58,6 +58,13 @@ impl Default for SystemIds {
 /// The counter starts below 2^35: seven base-32 digits, so an id fits in 24 bytes.
 const COUNTER_START_MASK: u64 = (1 << 35) - 1;
 
+/// A worker identity for a process named `name`: `name-<pid>-<8 random hex digits>` (pids
+/// repeat across machines and containers; two workers must never share an identity).
+pub fn process_worker_id(name: &str) -> String {
+    let pid = std::process::id();
+    format!("{name}-{pid}-{:08x}", random_bits() as u32)
+}
+
 /// Bits that differ between processes and between calls in one: the standard library seeds
 /// `RandomState` from the operating system's randomness.
 fn random_bits() -> u64 {

@@ -71,7 +71,7 @@ pub use delegate::{
 };
 pub use error::{CheckpointError, RunError};
 pub use handle::RunHandle;
-pub use ids::{IdSource, SequentialIds, SystemIds};
+pub use ids::{IdSource, SequentialIds, SystemIds, process_worker_id};
 pub use intercept::{CallIntercept, CallInterceptKey, InterceptHandler, InterceptToolCall};
 pub use outcome::RunOutcome;
 pub use permission::{PERMISSION_PLUGIN, PermissionGate, PermissionPlugin, PermissionRefusal};

@@ -72,7 +72,7 @@ impl Default for ServerConfig {
             cors_origins: Vec::new(),
             chat_page: true,
             shutdown_grace: Duration::from_secs(10),
-            worker_id: default_worker_id(),
+            worker_id: awaken_runtime::process_worker_id("awaken-server"),
             lease_duration: Duration::from_secs(30),
             recover_interval: Duration::from_secs(10),
         }
@@ -128,13 +128,4 @@ impl ServerConfig {
         self.shutdown_grace = grace;
         self
     }
-}
-
-/// A worker identity for this server: its pid and 32 random bits (pids repeat across machines
-/// and containers; two workers must never share an identity).
-fn default_worker_id() -> String {
-    use std::hash::{BuildHasher, RandomState};
-    let pid = std::process::id();
-    let random = RandomState::new().hash_one(pid) as u32;
-    format!("awaken-server-{pid}-{random:08x}")
 }

@@ -42,13 +42,14 @@ impl Run<'_> {
     }
 
     /// The lease a new run's first commit creates it with, for the runtime's worker (when it
-    /// has one).
-    pub(super) fn new_lease(&self, rt: &RuntimeInner) -> Option<NewLease> {
+    /// has one), and the lease's duration.
+    pub(super) fn new_lease(&self, rt: &RuntimeInner) -> Option<(NewLease, std::time::Duration)> {
         let worker = rt.worker.as_ref()?;
-        Some(NewLease {
+        let lease = NewLease {
             worker_id: worker.id.clone(),
             expires_at: rt.ids.timestamp().saturating_add(worker.lease_duration),
-        })
+        };
+        Some((lease, worker.lease_duration))
     }
 
     /// Stops the heartbeat and gives the lease up (a finished run's last commit already did).

@@ -10,7 +10,7 @@ use awaken_store::CommitError;
 
 use crate::durable::{BatchChange, CheckpointError};
 use crate::error::RunError;
-use crate::inner::RuntimeInner;
+use crate::inner::{Heartbeat, RuntimeInner};
 use crate::outcome::RunOutcome;
 use crate::run::{Failure, Run};
 
@@ -83,7 +83,7 @@ impl Run<'_> {
         &mut self,
         rt: &RuntimeInner,
         opening: Opening,
-    ) -> Result<(Option<crate::inner::Heartbeat>, RunLifecycle), RunError> {
+    ) -> Result<(Option<Heartbeat>, RunLifecycle), RunError> {
         // A runtime with a worker identity holds the lease of every run it drives (a
         // recovery's lease comes with its claim): taken before a resume writes anything (so
         // two processes never continue one waiting run), and by a new run's first commit, which
@@ -93,39 +93,38 @@ impl Run<'_> {
         if opening.resumed && !claimed_already {
             heartbeat = self.hold_lease(rt).await?;
         }
-        let new_lease = (!opening.resumed && !claimed_already)
+        let created = (!opening.resumed && !claimed_already)
             .then(|| self.new_lease(rt))
             .flatten();
         let set_at = tokio::time::Instant::now();
-        if let Some(lease) = &new_lease {
+        let token = created
+            .as_ref()
+            .map(|(lease, _)| lease.token(&self.identity.run_id));
+        if let (Some((lease, _)), Some(token)) = (&created, &token) {
             // A run dropped during its first commit, or whose first commit failed but may have
             // been written (its answer lost), gives the lease up.
-            heartbeat = Some(rt.lease_guard(lease.token(&self.identity.run_id)));
+            heartbeat = Some(rt.lease_guard(token.clone()));
             self.durable.set_new_lease(Some(lease.clone()));
         }
         let written = self.commit(BatchChange::Keep).await;
-        self.durable.set_new_lease(None);
-        // From now on the run's commits carry the lease's token.
-        if let Some(lease) = &new_lease {
-            self.durable
-                .set_lease(Some(lease.token(&self.identity.run_id)));
+        if token.is_some() {
+            // From now on the run's commits carry the lease's token.
+            self.durable.set_new_lease(None);
+            self.durable.set_lease(token);
         }
         if let Err(e) = written {
-            // A refused commit wrote nothing: the lease it would have created is not this
-            // run's to give up (the same worker id may hold it for another activation).
-            if new_lease.is_some() && matches!(&e, CheckpointError::Commit(c) if c.is_refusal()) {
-                if let Some(h) = heartbeat {
-                    h.stop();
-                }
-            } else {
-                self.release_lease(rt, heartbeat).await;
+            // A refused first commit wrote nothing: the lease it would have created is not
+            // this run's to give up (the same worker id may hold it for another activation).
+            let refused = matches!(&e, CheckpointError::Commit(c) if c.is_refusal());
+            match heartbeat {
+                Some(h) if created.is_some() && refused => h.stop(),
+                heartbeat => self.release_lease(rt, heartbeat).await,
             }
             return Err(e.into_run_error(&self.identity.thread_id));
         }
-        if let (Some(h), Some(worker), true) = (&mut heartbeat, &rt.worker, new_lease.is_some()) {
+        if let (Some(h), Some((_, duration))) = (&mut heartbeat, created) {
             // Renewed once a third of it is gone, counted from when it was set: a slow first
             // commit does not let it expire unrenewed.
-            let duration = worker.lease_duration;
             let first = (duration / 3).saturating_sub(set_at.elapsed());
             h.beat(rt, duration, self.cancel.clone(), first);
         }
