@@ -2,7 +2,7 @@
 //! when a token still holds its run, and in what order claims hand runs out. The memory store
 //! applies them to its rows; the SQL stores apply [`holds`] to a commit's lease and state the
 //! claim rules in their `UPDATE … RETURNING` statements (unfinished, lease free or expired,
-//! `ORDER BY updated_at, run_id`), then sort what they claimed with [`sort_claims`].
+//! `ORDER BY lease_epoch, updated_at, run_id`), then sort what they claimed with [`sort_claims`].
 
 use awaken_event::RunId;
 
@@ -34,13 +34,18 @@ pub(crate) fn claimable(status: RunStatus, expires_at: Option<Timestamp>, now: T
     status != RunStatus::Done && expires_at.is_none_or(|at| at <= now)
 }
 
-/// The order claims hand runs out in: oldest update first, then by run id.
-pub(crate) fn claim_order(run: &RunRecord) -> (Timestamp, &RunId) {
-    (run.updated_at, &run.run_id)
+/// The order claims hand runs out in: the run claimed fewest times first (its lease `epoch`),
+/// then the oldest update, then by run id. A run whose continuation fails before it writes
+/// keeps its update time; its growing epoch puts it behind the others rather than first in
+/// every round.
+pub(crate) fn claim_order(run: &RunRecord, epoch: u64) -> (u64, Timestamp, &RunId) {
+    (epoch, run.updated_at, &run.run_id)
 }
 
-/// Puts `claims` in [`claim_order`].
+/// Puts `claims` in [`claim_order`] (each claim's epoch one more than the run had, for all).
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn sort_claims(claims: &mut [ClaimedRun]) {
-    claims.sort_by(|a, b| claim_order(&a.run).cmp(&claim_order(&b.run)));
+    claims.sort_by(|a, b| {
+        claim_order(&a.run, a.lease.epoch).cmp(&claim_order(&b.run, b.lease.epoch))
+    });
 }

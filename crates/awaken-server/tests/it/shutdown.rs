@@ -262,15 +262,7 @@ async fn a_recovered_run_survives_the_shutdown_of_the_server_that_recovered_it()
     }
 
     // A third finishes it.
-    let rig = Rig::on(sqlite(dir.path()).await, vec![held_answer()])
-        .counting(&counted)
-        .with_worker("third");
-    let server = TestServer::start(rig.runtime(), config()).await;
-    rig.model.wait_holds(1).await;
-    let mut sse = server.events_after("t", "0").await;
-    rig.model.release(1);
-    let frames = sse.until(|f| f.is("run_finish")).await;
-    assert_eq!(finished(&frames), TerminationReason::NaturalEnd);
+    let (rig, server) = recovered_to_its_end(dir.path(), &counted, "third").await;
     assert_eq!(counted.load(Ordering::SeqCst), 1);
     assert_eq!(
         rig.store.last_run("t").await.termination,
@@ -385,6 +377,26 @@ async fn recovery_never_takes_over_a_run_in_flight() {
     server.stop().await;
 }
 
+/// Starts a server with the worker identity `worker` on the SQLite store in `dir`, whose
+/// recovery continues the run [`stopped_mid_run`] left on `t` and ends it; the server and its
+/// rig.
+async fn recovered_to_its_end(
+    dir: &std::path::Path,
+    counted: &Arc<AtomicUsize>,
+    worker: &str,
+) -> (Rig, TestServer) {
+    let rig = Rig::on(sqlite(dir).await, vec![held_answer()])
+        .counting(counted)
+        .with_worker(worker);
+    let server = TestServer::start(rig.runtime(), config()).await;
+    rig.model.wait_holds(1).await;
+    let mut sse = server.events_after("t", "0").await;
+    rig.model.release(1);
+    let frames = sse.until(|f| f.is("run_finish")).await;
+    assert_eq!(finished(&frames), TerminationReason::NaturalEnd);
+    (rig, server)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recovery_is_not_held_up_by_a_waiting_thread() {
     // A thread left waiting for a decision (its run the older one), then a run stopped
@@ -404,19 +416,42 @@ async fn recovery_is_not_held_up_by_a_waiting_thread() {
     stopped_mid_run(dir.path(), &counted, None).await;
 
     // Recovery claims one run at a time: the stopped one, not the waiting one.
-    let rig = Rig::on(sqlite(dir.path()).await, vec![held_answer()])
-        .counting(&counted)
-        .with_worker("w");
-    let server = TestServer::start(rig.runtime(), config()).await;
-    rig.model.wait_holds(1).await;
-    let mut sse = server.events_after("t", "0").await;
-    rig.model.release(1);
-    let frames = sse.until(|f| f.is("run_finish")).await;
-    assert_eq!(finished(&frames), TerminationReason::NaturalEnd);
+    let (rig, server) = recovered_to_its_end(dir.path(), &counted, "w").await;
     // The waiting thread still waits.
     assert_eq!(
         rig.store.last_run("waiting").await.status.as_str(),
         "waiting"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_cannot_continue_does_not_hold_recovery_up() {
+    // The oldest unfinished run is of an agent this server does not serve, so its
+    // continuation fails before writing anything; then a run stopped mid-answer.
+    let dir = tempfile::tempdir().expect("dir");
+    {
+        let store = sqlite(dir.path()).await;
+        let run = awaken_store::RunRecord::new(
+            awaken_event::RunId::new("r-gone").expect("id"),
+            "gone",
+            awaken_store::Timestamp::from_unix_millis(1_000),
+        );
+        let commit = awaken_store::ThreadCommit::new(tid("orphan"), run, 0)
+            .with_messages([awaken_event::Message::user("hi")]);
+        store.commit(&commit).await.expect("the orphan's run");
+    }
+    let counted = Arc::new(AtomicUsize::new(0));
+    stopped_mid_run(dir.path(), &counted, None).await;
+
+    // Recovery claims one run at a time: the orphan's first, which fails and goes behind the
+    // other, then the stopped run, which ends.
+    let (rig, server) = recovered_to_its_end(dir.path(), &counted, "w").await;
+    assert_eq!(counted.load(Ordering::SeqCst), 1);
+    let orphan = rig.store.last_run("orphan").await;
+    assert_eq!(
+        (orphan.status.as_str(), orphan.updated_at.as_unix_millis()),
+        ("running", 1_000)
     );
     server.stop().await;
 }

@@ -25,7 +25,7 @@ impl Tables {
         limit: usize,
     ) -> Result<Vec<ClaimedRun>, StoreError> {
         lease::check_worker(worker_id)?;
-        // Every shard, locked in order, so the oldest runs of the whole store are claimed.
+        // Every shard, locked in order, so the claims follow one order over the whole store.
         let mut shards: Vec<MutexGuard<'_, Shard>> = self.shards.iter().map(lock).collect();
         let mut free: Vec<&mut RunRow> = shards
             .iter_mut()
@@ -38,7 +38,10 @@ impl Tables {
                     && r.claimable(now)
             })
             .collect();
-        free.sort_by(|a, b| lease::claim_order(&a.record).cmp(&lease::claim_order(&b.record)));
+        free.sort_by(|a, b| {
+            lease::claim_order(&a.record, a.lease_epoch)
+                .cmp(&lease::claim_order(&b.record, b.lease_epoch))
+        });
         let expires_at = now.saturating_add(lease_duration);
         Ok(free
             .into_iter()

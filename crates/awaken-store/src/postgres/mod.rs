@@ -342,7 +342,7 @@ impl ThreadStore for PostgresStore {
                          WHERE run_id = ANY(ARRAY(SELECT run_id FROM runs \
                              WHERE status = 'running' AND parent_run_id IS NULL \
                              AND (lease_owner IS NULL OR lease_expires_at <= $3) \
-                             ORDER BY updated_at, run_id LIMIT $4 FOR UPDATE SKIP LOCKED)) \
+                             ORDER BY lease_epoch, updated_at, run_id LIMIT $4 FOR UPDATE SKIP LOCKED)) \
                          RETURNING thread_id, lease_epoch, {RUN_COLUMNS}"
                     ),
                     &[

@@ -482,7 +482,7 @@ impl ThreadStore for SqliteStore {
                      WHERE run_id IN (SELECT run_id FROM runs WHERE status = 'running' \
                          AND parent_run_id IS NULL \
                          AND (lease_owner IS NULL OR lease_expires_at <= ?3) \
-                         ORDER BY updated_at, run_id LIMIT ?4) \
+                         ORDER BY lease_epoch, updated_at, run_id LIMIT ?4) \
                      RETURNING thread_id, lease_epoch, {RUN_COLUMNS}"
                 ))?;
                 let rows = stmt.query_map(

@@ -159,6 +159,7 @@ every_backend!(
     invalid_commits_write_nothing,
     list_and_delete,
     lease_claim_expiry_takeover,
+    claims_take_turns,
     claim_one_run,
     a_run_created_leased_is_its_creators,
     concurrent_claims_never_share,

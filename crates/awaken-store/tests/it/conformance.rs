@@ -940,6 +940,44 @@ pub async fn lease_claim_expiry_takeover(h: &Harness) {
     ));
 }
 
+/// Claims take turns: a run claimed and given back (its continuation failed before it wrote
+/// anything, so its update time stays the oldest) goes behind a run claimed fewer times.
+pub async fn claims_take_turns(h: &Harness) {
+    let s = &*h.store;
+    let lease = Duration::from_secs(30);
+    s.commit(&step("t1", "r1", 0, 1, 1_000)).await.expect("r1");
+    s.commit(&step("t2", "r2", 0, 1, 2_000)).await.expect("r2");
+    s.commit(&step("t3", "r3", 0, 1, 3_000)).await.expect("r3");
+    let mut order = Vec::new();
+    for round in 0..6 {
+        let claimed = s
+            .claim_runnable("w1", lease, at(10_000 + round), 1)
+            .await
+            .expect("claim");
+        assert_eq!(claimed.len(), 1, "round {round}");
+        order.push(claimed[0].run.run_id.to_string());
+        assert!(s.release(&claimed[0].lease).await.expect("release"));
+    }
+    assert_eq!(order, ["r1", "r2", "r3", "r1", "r2", "r3"]);
+    // r1 is claimed once more; several claimed at once come in the same order, r1 last.
+    let again = s
+        .claim_runnable("w1", lease, at(20_000), 1)
+        .await
+        .expect("claim r1");
+    assert_eq!(again[0].run.run_id.as_str(), "r1");
+    assert!(s.release(&again[0].lease).await.expect("release"));
+    let all = s
+        .claim_runnable("w2", lease, at(20_001), 5)
+        .await
+        .expect("claim all");
+    assert_eq!(
+        all.iter()
+            .map(|c| c.run.run_id.as_str())
+            .collect::<Vec<_>>(),
+        vec!["r2", "r3", "r1"]
+    );
+}
+
 /// `claim_run`: the lease a worker takes on the run it starts.
 pub async fn claim_one_run(h: &Harness) {
     let s = &*h.store;
