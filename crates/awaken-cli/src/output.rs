@@ -250,7 +250,23 @@ pub(crate) fn resume_command(args: &Args, thread: &ThreadId) -> String {
     if let Some(store) = &args.store {
         let _ = write!(command, " --store {}", shell_word(store));
     }
+    push_model_flags(&mut command, args);
     command
+}
+
+/// Appends the `--model` and `--script` of `args` to a suggested command, so that it goes on
+/// with the model the run had.
+pub(crate) fn push_model_flags(command: &mut String, args: &Args) {
+    if let Some(model) = &args.model {
+        let _ = write!(command, " --model {}", shell_word(model));
+    }
+    if let Some(script) = &args.script {
+        let _ = write!(
+            command,
+            " --script {}",
+            shell_word(&script.display().to_string())
+        );
+    }
 }
 
 /// The calls `thread` waits on, each with its question, and the commands that answer them.

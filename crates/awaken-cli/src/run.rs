@@ -13,7 +13,7 @@ use awaken_store::{CommitError, RunStatus};
 
 use crate::agent_file::AgentFile;
 use crate::args::Args;
-use crate::output::{Printer, shell_word, waiting_instructions};
+use crate::output::{Printer, push_model_flags, shell_word, waiting_instructions};
 use crate::setup::{
     Open, Purpose, is_memory_store, lease_duration, mcp_servers, open_failed, open_store, runtime,
     stored_thread, worker_id,
@@ -103,7 +103,7 @@ fn shown_prompt(args: &Args, prompt: &str) -> String {
 }
 
 /// The `awaken recover` command for this agent file and store.
-fn recover_command(args: &Args) -> String {
+pub(crate) fn recover_command(args: &Args) -> String {
     let mut cmd = String::from("awaken recover");
     if let Some(agent) = &args.agent {
         cmd.push_str(&format!(
@@ -114,6 +114,7 @@ fn recover_command(args: &Args) -> String {
     if let Some(store) = &args.store {
         cmd.push_str(&format!(" --store {}", shell_word(store)));
     }
+    push_model_flags(&mut cmd, args);
     cmd
 }
 
@@ -518,7 +519,7 @@ async fn finish(
 }
 
 /// `awaken run --agent FILE --thread THREAD [--store SPEC] [--supersede]`.
-fn continue_command(args: &Args, thread: &ThreadId, supersede: bool) -> String {
+pub(crate) fn continue_command(args: &Args, thread: &ThreadId, supersede: bool) -> String {
     let agent = args.agent.as_ref().map_or_else(
         || "AGENT_FILE".to_owned(),
         |a| shell_word(&a.display().to_string()),
@@ -530,6 +531,7 @@ fn continue_command(args: &Args, thread: &ThreadId, supersede: bool) -> String {
     if let Some(store) = &args.store {
         command.push_str(&format!(" --store {}", shell_word(store)));
     }
+    push_model_flags(&mut command, args);
     if supersede {
         command.push_str(" --supersede");
     }

@@ -16,8 +16,8 @@ use serde_json::{Value, json};
 use crate::agent_file::AgentFile;
 use crate::args::{Args, LogFormat, Parsed, parse_args};
 use crate::inspect::{ThreadRow, age, render_threads, render_transcript, utc};
-use crate::output::{clip, waiting_text};
-use crate::run::not_started;
+use crate::output::{clip, resume_command, waiting_text};
+use crate::run::{continue_command, not_started, recover_command};
 use crate::setup::{Purpose, runtime_of_files};
 use crate::tools::{AppendFile, ReadFile};
 
@@ -805,6 +805,38 @@ fn a_thread_changed_under_a_starting_run_exits_3_and_a_store_failure_1() {
         1 run `r1` of thread `t1` ended (natural_end) but the store holds it unfinished at its last checkpoint: the commit was not written: the store's blocking task failed: the disk went away
         continue it from there with
           awaken recover"#]].assert_eq(&exits.join("\n"));
+}
+
+/// The commands suggested to go on with a thread keep the model the run was given, so the
+/// continuation does not ask another one.
+#[test]
+fn suggested_commands_keep_the_model_and_script_of_the_run() {
+    let args = parse(&[
+        "run",
+        "--agent",
+        "my agent.toml",
+        "--store",
+        "sqlite:a.db",
+        "--model",
+        "openai:gpt-4o-mini",
+        "--script",
+        "replies.json",
+        "--thread",
+        "t1",
+        "hi",
+    ])
+    .expect("parsed");
+    let thread = ThreadId::new("t1").expect("id");
+    let commands = [
+        recover_command(&args),
+        resume_command(&args, &thread),
+        continue_command(&args, &thread, true),
+    ];
+    expect![[r#"
+        awaken recover --agent 'my agent.toml' --store sqlite:a.db --model openai:gpt-4o-mini --script replies.json
+        awaken resume t1 --agent 'my agent.toml' --store sqlite:a.db --model openai:gpt-4o-mini --script replies.json
+        awaken run --agent 'my agent.toml' --thread t1 --store sqlite:a.db --model openai:gpt-4o-mini --script replies.json --supersede"#]]
+    .assert_eq(&commands.join("\n"));
 }
 
 /// An agent file in `dir` whose scripted model answers `reply`, with `extra` TOML after it.
