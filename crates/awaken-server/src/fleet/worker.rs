@@ -676,8 +676,14 @@ impl EventSink for FleetSink<'_> {
     }
 }
 
+/// The least time between two announcements of new events: the threads touched meanwhile go
+/// in the next one. A front end following a run on another node sees its events at most this
+/// much later; the database is spared a transaction (and every listener a wake-up) per commit.
+const ANNOUNCE_GAP: Duration = Duration::from_millis(5);
+
 /// Announces the threads with new commits, in batches: one statement for every thread touched
-/// while the previous one was sent. Stops when the last clone is dropped.
+/// since the previous one, sent at once when none was sent in the last [`ANNOUNCE_GAP`]. Stops
+/// when the last clone is dropped.
 #[derive(Clone)]
 struct Notifier {
     inner: Arc<NotifierInner>,
@@ -695,6 +701,28 @@ struct Pending {
     wake: Notify,
 }
 
+impl Pending {
+    /// Announces the threads touched since the last announcement, if any.
+    async fn announce(&self, queue: &RunQueue) {
+        let threads: Vec<ThreadId> = self
+            .threads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .collect();
+        let Some(first) = threads.first() else {
+            return;
+        };
+        // A lost announcement costs a follower one poll interval, nothing more.
+        if let Err(e) = queue
+            .notify(&FleetWake::Events(first.clone()), &threads)
+            .await
+        {
+            tracing::debug!(error = %e, "cannot announce new events");
+        }
+    }
+}
+
 impl Drop for NotifierInner {
     fn drop(&mut self) {
         self.stop.cancel();
@@ -708,25 +736,22 @@ impl Notifier {
         let (task_pending, task_stop) = (Arc::clone(&pending), stop.clone());
         tokio::spawn(async move {
             loop {
-                tokio::select! {
-                    () = task_pending.wake.notified() => {}
-                    () = task_stop.cancelled() => return,
-                }
-                let threads: Vec<ThreadId> = task_pending
-                    .threads
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .drain()
-                    .collect();
-                // A lost announcement costs a follower one poll interval, nothing more.
-                let Some(first) = threads.first() else {
-                    continue;
+                let stopping = tokio::select! {
+                    () = task_pending.wake.notified() => false,
+                    () = task_stop.cancelled() => true,
                 };
-                if let Err(e) = queue
-                    .notify(&FleetWake::Events(first.clone()), &threads)
-                    .await
-                {
-                    tracing::debug!(error = %e, "cannot announce new events");
+                let sent = tokio::time::Instant::now();
+                task_pending.announce(&queue).await;
+                if stopping {
+                    return;
+                }
+                tokio::select! {
+                    () = tokio::time::sleep_until(sent + ANNOUNCE_GAP) => {}
+                    // The threads touched in the last gap are still announced.
+                    () = task_stop.cancelled() => {
+                        task_pending.announce(&queue).await;
+                        return;
+                    }
                 }
             }
         });
