@@ -732,14 +732,8 @@ async fn another_worker_takes_over_the_run_of_a_dead_one() {
     let mut sse = front.server.start_run("t", "hi").await;
     let part = sse.until(|f| f.is("tool_call_done")).await;
     w1.rig.model.wait_holds(1).await;
-    let (job, _) = front
-        .queue
-        .job_of_thread(&tid("t"))
-        .await
-        .expect("job")
-        .expect("a job");
     assert_eq!(
-        front.queue.job_state(job).await.expect("job state"),
+        job_of_t(&front).await,
         JobState::Pending {
             attempts: 1,
             claimed_by: Some("w1".into()),
@@ -798,6 +792,17 @@ async fn another_worker_takes_over_the_run_of_a_dead_one() {
     );
 }
 
+/// The state of the job of thread `t`, which `front`'s queue must hold.
+async fn job_of_t(front: &FrontEnd) -> JobState {
+    let (job, _) = front
+        .queue
+        .job_of_thread(&tid("t"))
+        .await
+        .expect("job")
+        .expect("a job");
+    front.queue.job_state(job).await.expect("job state")
+}
+
 /// A worker `w1` that drains quickly, holding a run of thread `t` (posted to `front`) on its
 /// second inference, after its tool ran; the stream with the frames read so far.
 async fn held_by_a_draining_worker(
@@ -831,14 +836,20 @@ async fn a_draining_worker_whose_store_does_not_answer_still_stops() {
     let (w1, _sse, _) = held_by_a_draining_worker(&fleet, &front, &Arc::default()).await;
     // The stopped run's lease release never comes back: the drain gives up on it.
     w1.rig.store.close_releases();
-    let started = std::time::Instant::now();
-    assert_eq!(
-        w1.stop().await,
+    stops_soon(
+        w1,
         WorkerReport {
             released: 1,
             ..WorkerReport::default()
-        }
-    );
+        },
+    )
+    .await;
+}
+
+/// Stops `worker`, which must report `report` and stop within seconds.
+async fn stops_soon(worker: RunningWorker, report: WorkerReport) {
+    let started = std::time::Instant::now();
+    assert_eq!(worker.stop().await, report);
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "{:?}",
@@ -846,41 +857,62 @@ async fn a_draining_worker_whose_store_does_not_answer_still_stops() {
     );
 }
 
+/// A drain whose job cannot be given back (the queue's table is held by another connection)
+/// abandons the job after its grace: the worker stops, the job counts as lost, and once its
+/// lease expires another worker finishes the run with the tool run once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_draining_worker_gives_its_held_run_back_and_another_finishes_it() {
-    let Some(fleet) = Fleet::new("drain").await else {
+async fn a_draining_worker_whose_queue_does_not_answer_abandons_the_job() {
+    let Some(fleet) = Fleet::new("drain_abandon").await else {
         return;
     };
     let front = fleet.front().await;
     let counted = Arc::new(AtomicUsize::new(0));
     let (w1, sse, part) = held_by_a_draining_worker(&fleet, &front, &counted).await;
+    let locker = lock_the_queue(&fleet).await;
     let model = Arc::clone(&w1.rig.model);
-    assert_eq!(
-        w1.stop().await,
+    stops_soon(
+        w1,
         WorkerReport {
-            released: 1,
+            lost: 1,
             ..WorkerReport::default()
-        }
-    );
-    // The job is queued again at once, the attempt not counted.
-    let (job, _) = front
-        .queue
-        .job_of_thread(&tid("t"))
-        .await
-        .expect("job")
-        .expect("a job");
-    assert_eq!(
-        front.queue.job_state(job).await.expect("job state"),
-        JobState::Pending {
-            attempts: 0,
-            claimed_by: None,
-            last_error: None
-        }
-    );
+        },
+    )
+    .await;
+    locker.batch_execute("ROLLBACK").await.expect("unlock");
 
+    // The job stays claimed by w1 until its lease expires; then w2 takes it over.
+    finished_by_another(&fleet, &front, (sse, part), &counted, &model).await;
+}
+
+/// A connection of its own holding the queue's table of `fleet` in a transaction, until it
+/// rolls back.
+async fn lock_the_queue(fleet: &Fleet) -> tokio_postgres::Client {
+    let (locker, connection) = tokio_postgres::connect(&fleet.url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    locker
+        .batch_execute(&format!(
+            "BEGIN; LOCK TABLE \"{}\".run_queue IN ACCESS EXCLUSIVE MODE",
+            fleet.schema
+        ))
+        .await
+        .expect("lock the queue");
+    locker
+}
+
+/// A worker `w2` continues the run of `t` that the stream (with its frames so far) follows,
+/// which `w1`'s `model` left after asking twice, and finishes it, its tool run once in all.
+async fn finished_by_another(
+    fleet: &Fleet,
+    front: &FrontEnd,
+    (sse, part): (Sse, Vec<Frame>),
+    counted: &Arc<AtomicUsize>,
+    model: &Held,
+) {
     let w2 = fleet
         .worker_with("w2", vec![text_turn(&["Done"])], worker_config(), |rig| {
-            rig.counting(&counted)
+            rig.counting(counted)
         })
         .await;
     let frames: Vec<Frame> = part.into_iter().chain(sse.rest().await).collect();
@@ -901,6 +933,35 @@ async fn a_draining_worker_gives_its_held_run_back_and_another_finishes_it() {
         front.queue.depth(now()).await.expect("depth"),
         QueueDepth::default()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_worker_gives_its_held_run_back_and_another_finishes_it() {
+    let Some(fleet) = Fleet::new("drain").await else {
+        return;
+    };
+    let front = fleet.front().await;
+    let counted = Arc::new(AtomicUsize::new(0));
+    let (w1, sse, part) = held_by_a_draining_worker(&fleet, &front, &counted).await;
+    let model = Arc::clone(&w1.rig.model);
+    assert_eq!(
+        w1.stop().await,
+        WorkerReport {
+            released: 1,
+            ..WorkerReport::default()
+        }
+    );
+    // The job is queued again at once, the attempt not counted.
+    assert_eq!(
+        job_of_t(&front).await,
+        JobState::Pending {
+            attempts: 0,
+            claimed_by: None,
+            last_error: None
+        }
+    );
+
+    finished_by_another(&fleet, &front, (sse, part), &counted, &model).await;
 }
 
 /// A run on thread `t` whose worker died inside its model, after the run's tool ran: the
@@ -1014,17 +1075,7 @@ async fn a_client_gone_while_its_run_is_queued_leaves_the_thread_usable() {
     };
     let front = fleet.front().await;
     // Another connection holds the queue's table, so the run's job waits to be queued.
-    let (locker, connection) = tokio_postgres::connect(&fleet.url, tokio_postgres::NoTls)
-        .await
-        .expect("connect");
-    let locker_conn = tokio::spawn(connection);
-    locker
-        .batch_execute(&format!(
-            "BEGIN; LOCK TABLE \"{}\".run_queue IN ACCESS EXCLUSIVE MODE",
-            fleet.schema
-        ))
-        .await
-        .expect("lock the queue");
+    let locker = lock_the_queue(&fleet).await;
     // The client gives up once its run's job waits for the table, and closes its connection.
     let post = front.post_later("/v1/threads/t/runs", json!({"message": "hi"}));
     guarded("the job to wait for the queue's table", async {
@@ -1083,6 +1134,4 @@ async fn a_client_gone_while_its_run_is_queued_leaves_the_thread_usable() {
     .await;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(worker.stop().await.completed, 2);
-    drop(locker);
-    let _ = locker_conn.await;
 }
