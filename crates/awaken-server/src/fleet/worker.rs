@@ -160,7 +160,14 @@ impl Worker {
             let mut wait = self.config.poll_interval;
             if free > 0 {
                 let now = now();
-                match self.claim(now, free).await {
+                // A queue that does not answer must not keep the worker from draining. A claim
+                // cut short may still be made: its jobs are taken over after their lease.
+                let claimed = tokio::select! {
+                    biased;
+                    claimed = self.claim(now, free) => claimed,
+                    () = &mut shutdown => break 'claiming,
+                };
+                match claimed {
                     Ok(claimed) => {
                         failures = 0;
                         let all = claimed.len() == free;
@@ -180,7 +187,11 @@ impl Worker {
                         if all {
                             continue;
                         }
-                        wait = self.until_due(now).await;
+                        wait = tokio::select! {
+                            biased;
+                            wait = self.until_due(now) => wait,
+                            () = &mut shutdown => break 'claiming,
+                        };
                     }
                     Err(e) => {
                         failures = failures.saturating_add(1);
@@ -234,6 +245,13 @@ impl Worker {
                     report.count(end);
                 }
             }
+        }
+        // The commits of the last moments are announced before the worker goes.
+        if tokio::time::timeout(self.config.drain_grace, notifier.close())
+            .await
+            .is_err()
+        {
+            tracing::warn!("the last new events were not announced in time");
         }
         let shut = self
             .runtime
@@ -677,13 +695,14 @@ impl EventSink for FleetSink<'_> {
 }
 
 /// The least time between two announcements of new events: the threads touched meanwhile go
-/// in the next one. A front end following a run on another node sees its events at most this
-/// much later; the database is spared a transaction (and every listener a wake-up) per commit.
+/// in the next one. A front end following a run on another node sees its events up to this much
+/// later (and the announcement's own time); the database is spared a transaction, and every
+/// listener a wake-up, per commit.
 const ANNOUNCE_GAP: Duration = Duration::from_millis(5);
 
 /// Announces the threads with new commits, in batches: one statement for every thread touched
 /// since the previous one, sent at once when none was sent in the last [`ANNOUNCE_GAP`]. Stops
-/// when the last clone is dropped.
+/// when closed or when the last clone is dropped.
 #[derive(Clone)]
 struct Notifier {
     inner: Arc<NotifierInner>,
@@ -692,6 +711,8 @@ struct Notifier {
 struct NotifierInner {
     pending: Arc<Pending>,
     stop: CancellationToken,
+    /// The task sending the announcements, until [`Notifier::close`] waits for it.
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// The threads touched since the last announcement, and the wake-up of the task sending it.
@@ -734,7 +755,7 @@ impl Notifier {
         let pending = Arc::new(Pending::default());
         let stop = CancellationToken::new();
         let (task_pending, task_stop) = (Arc::clone(&pending), stop.clone());
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             loop {
                 let stopping = tokio::select! {
                     () = task_pending.wake.notified() => false,
@@ -756,7 +777,28 @@ impl Notifier {
             }
         });
         Self {
-            inner: Arc::new(NotifierInner { pending, stop }),
+            inner: Arc::new(NotifierInner {
+                pending,
+                stop,
+                task: Mutex::new(Some(task)),
+            }),
+        }
+    }
+
+    /// Stops announcing once the threads touched so far are announced, and waits for that.
+    async fn close(&self) {
+        self.inner.stop.cancel();
+        let task = self
+            .inner
+            .task
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(task) = task
+            && let Err(e) = task.await
+            && e.is_panic()
+        {
+            tracing::error!(error = %e, "the task announcing new events failed");
         }
     }
 

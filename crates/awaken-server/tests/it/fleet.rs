@@ -857,9 +857,10 @@ async fn stops_soon(worker: RunningWorker, report: WorkerReport) {
     );
 }
 
-/// A drain whose job cannot be given back (the queue's table is held by another connection)
-/// abandons the job after its grace: the worker stops, the job counts as lost, and once its
-/// lease expires another worker finishes the run with the tool run once.
+/// A worker whose queue does not answer (its table held by another connection) still drains:
+/// its waiting look for jobs is given up, the job it cannot give back is abandoned after the
+/// grace period and counts as lost, and another worker finishes the run with the tool run
+/// once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_draining_worker_whose_queue_does_not_answer_abandons_the_job() {
     let Some(fleet) = Fleet::new("drain_abandon").await else {
@@ -869,6 +870,9 @@ async fn a_draining_worker_whose_queue_does_not_answer_abandons_the_job() {
     let counted = Arc::new(AtomicUsize::new(0));
     let (w1, sse, part) = held_by_a_draining_worker(&fleet, &front, &counted).await;
     let locker = lock_the_queue(&fleet).await;
+    // The worker looks at the queue every 100 ms: by now its look waits for the table too.
+    waits_for(&locker, "a statement to wait for the queue's table").await;
+    tokio::time::sleep(Duration::from_millis(250)).await;
     let model = Arc::clone(&w1.rig.model);
     stops_soon(
         w1,
@@ -880,7 +884,8 @@ async fn a_draining_worker_whose_queue_does_not_answer_abandons_the_job() {
     .await;
     locker.batch_execute("ROLLBACK").await.expect("unlock");
 
-    // The job stays claimed by w1 until its lease expires; then w2 takes it over.
+    // The job is given back if w1's abandoned release reached the database, or stays w1's
+    // until its lease expires; either way w2 takes it and continues the run.
     finished_by_another(&fleet, &front, (sse, part), &counted, &model).await;
 }
 
@@ -899,6 +904,29 @@ async fn lock_the_queue(fleet: &Fleet) -> tokio_postgres::Client {
         .await
         .expect("lock the queue");
     locker
+}
+
+/// Waits until some statement waits for the lock `locker` holds (`what` names it if it never
+/// does).
+async fn waits_for(locker: &tokio_postgres::Client, what: &str) {
+    guarded(what, async {
+        loop {
+            let waiting: i64 = locker
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))",
+                    &[],
+                )
+                .await
+                .expect("the waiting backends")
+                .get(0);
+            if waiting > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
 }
 
 /// A worker `w2` continues the run of `t` that the stream (with its frames so far) follows,
@@ -1078,24 +1106,7 @@ async fn a_client_gone_while_its_run_is_queued_leaves_the_thread_usable() {
     let locker = lock_the_queue(&fleet).await;
     // The client gives up once its run's job waits for the table, and closes its connection.
     let post = front.post_later("/v1/threads/t/runs", json!({"message": "hi"}));
-    guarded("the job to wait for the queue's table", async {
-        loop {
-            let waiting: i64 = locker
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity \
-                     WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))",
-                    &[],
-                )
-                .await
-                .expect("the waiting backends")
-                .get(0);
-            if waiting > 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
+    waits_for(&locker, "the job to wait for the queue's table").await;
     post.abort();
     assert!(post.await.is_err_and(|e| e.is_cancelled()));
     // The server sees the connection closed before the queue takes the job.
