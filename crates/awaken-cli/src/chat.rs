@@ -12,7 +12,7 @@ use tokio::io::{AsyncBufReadExt, BufReader, Lines, Stdin};
 
 use crate::Exit;
 use crate::args::Args;
-use crate::output::Printer;
+use crate::output::{Printer, chat_command};
 use crate::run::{Interrupts, changed_under, interrupts, start, summary_line, unwritten_end_hint};
 use crate::term::{self, err, errln};
 
@@ -212,8 +212,8 @@ impl Chat<'_> {
                 let hint = "\n(answer y or n; Ctrl-D leaves with the call still waiting) ";
                 let Some(line) = next_line(input, interrupts, hint).await? else {
                     errln!(
-                        "\nthe call still waits; `awaken chat --thread {}` asks again",
-                        self.thread
+                        "\nthe call still waits; `{}` asks again",
+                        chat_command(self.args, self.thread)
                     );
                     return Ok(None);
                 };

@@ -234,7 +234,8 @@ pub(crate) fn shell_word(word: &str) -> String {
     }
 }
 
-/// The start of the command that resumes `thread` with the agent file and store of `args`.
+/// The start of the command that resumes `thread` with the agent file, store and model of
+/// `args`.
 pub(crate) fn resume_command(args: &Args, thread: &ThreadId) -> String {
     let mut command = format!("awaken resume {}", shell_word(thread.as_str()));
     match &args.agent {
@@ -247,6 +248,29 @@ pub(crate) fn resume_command(args: &Args, thread: &ThreadId) -> String {
         }
         None => command.push_str(" --agent AGENT_FILE"),
     }
+    if let Some(store) = &args.store {
+        let _ = write!(command, " --store {}", shell_word(store));
+    }
+    push_model_flags(&mut command, args);
+    command
+}
+
+/// The command that goes on chatting on `thread` with the agent file, store and model of `args`.
+pub(crate) fn chat_command(args: &Args, thread: &ThreadId) -> String {
+    thread_command("chat", args, thread)
+}
+
+/// `awaken VERB --agent FILE --thread THREAD [--store SPEC] [--model M] [--script FILE]`, with
+/// the agent file, store and model of `args`.
+pub(crate) fn thread_command(verb: &str, args: &Args, thread: &ThreadId) -> String {
+    let agent = args.agent.as_ref().map_or_else(
+        || "AGENT_FILE".to_owned(),
+        |a| shell_word(&a.display().to_string()),
+    );
+    let mut command = format!(
+        "awaken {verb} --agent {agent} --thread {}",
+        shell_word(thread.as_str())
+    );
     if let Some(store) = &args.store {
         let _ = write!(command, " --store {}", shell_word(store));
     }

@@ -13,7 +13,7 @@ use awaken_store::{CommitError, RunStatus};
 
 use crate::agent_file::AgentFile;
 use crate::args::Args;
-use crate::output::{Printer, push_model_flags, shell_word, waiting_instructions};
+use crate::output::{Printer, push_model_flags, shell_word, thread_command, waiting_instructions};
 use crate::setup::{
     Open, Purpose, is_memory_store, lease_duration, mcp_servers, open_failed, open_store, runtime,
     stored_thread, worker_id,
@@ -102,7 +102,7 @@ fn shown_prompt(args: &Args, prompt: &str) -> String {
     }
 }
 
-/// The `awaken recover` command for this agent file and store.
+/// The `awaken recover` command for this agent file, store and model.
 pub(crate) fn recover_command(args: &Args) -> String {
     let mut cmd = String::from("awaken recover");
     if let Some(agent) = &args.agent {
@@ -518,20 +518,10 @@ async fn finish(
     })
 }
 
-/// `awaken run --agent FILE --thread THREAD [--store SPEC] [--supersede]`.
+/// `awaken run --agent FILE --thread THREAD [--store SPEC] [--model M] [--script FILE]
+/// [--supersede]`.
 pub(crate) fn continue_command(args: &Args, thread: &ThreadId, supersede: bool) -> String {
-    let agent = args.agent.as_ref().map_or_else(
-        || "AGENT_FILE".to_owned(),
-        |a| shell_word(&a.display().to_string()),
-    );
-    let mut command = format!(
-        "awaken run --agent {agent} --thread {}",
-        shell_word(thread.as_str())
-    );
-    if let Some(store) = &args.store {
-        command.push_str(&format!(" --store {}", shell_word(store)));
-    }
-    push_model_flags(&mut command, args);
+    let mut command = thread_command("run", args, thread);
     if supersede {
         command.push_str(" --supersede");
     }

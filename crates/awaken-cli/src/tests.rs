@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use crate::agent_file::AgentFile;
 use crate::args::{Args, LogFormat, Parsed, parse_args};
 use crate::inspect::{ThreadRow, age, render_threads, render_transcript, utc};
-use crate::output::{clip, resume_command, waiting_text};
+use crate::output::{chat_command, clip, resume_command, waiting_text};
 use crate::run::{continue_command, not_started, recover_command};
 use crate::setup::{Purpose, runtime_of_files};
 use crate::tools::{AppendFile, ReadFile};
@@ -831,11 +831,13 @@ fn suggested_commands_keep_the_model_and_script_of_the_run() {
         recover_command(&args),
         resume_command(&args, &thread),
         continue_command(&args, &thread, true),
+        chat_command(&args, &thread),
     ];
     expect![[r#"
         awaken recover --agent 'my agent.toml' --store sqlite:a.db --model openai:gpt-4o-mini --script replies.json
         awaken resume t1 --agent 'my agent.toml' --store sqlite:a.db --model openai:gpt-4o-mini --script replies.json
-        awaken run --agent 'my agent.toml' --thread t1 --store sqlite:a.db --model openai:gpt-4o-mini --script replies.json --supersede"#]]
+        awaken run --agent 'my agent.toml' --thread t1 --store sqlite:a.db --model openai:gpt-4o-mini --script replies.json --supersede
+        awaken chat --agent 'my agent.toml' --thread t1 --store sqlite:a.db --model openai:gpt-4o-mini --script replies.json"#]]
     .assert_eq(&commands.join("\n"));
 }
 
