@@ -217,7 +217,7 @@ pub trait ThreadStore: Send + Sync {
     /// Claims up to `limit` `Running` runs whose lease is free or expired at `now`, for
     /// `worker_id`, until `now + lease_duration`: the runs claimed fewest times first, then the
     /// oldest update, so a run whose continuation keeps failing goes behind the others instead
-    /// of being claimed first every time. A delegate's child run (one with a parent) is never
+    /// of being claimed first every time (every claim counts, a resume's `claim_run` too). A delegate's child run (one with a parent) is never
     /// claimed: its parent's call continues it. (A `Waiting` run waits for a decision, not for
     /// a worker: the resume that brings one claims it with [`claim_run`](Self::claim_run), so
     /// waiting runs never stand in the way of the runs a recovery is for.)

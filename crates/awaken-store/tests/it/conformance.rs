@@ -813,7 +813,7 @@ pub async fn lease_claim_expiry_takeover(h: &Harness) {
     child.run.parent_run_id = Some(rid("r1"));
     s.commit(&child).await.expect("r5 child");
 
-    // w1 claims one run (the oldest update first), then the other; done, waiting and child
+    // w1 claims one run (the oldest update first, neither claimed before), then the other; done, waiting and child
     // runs are never claimed.
     let a = s
         .claim_runnable("w1", lease, at(10_000), 1)
