@@ -354,13 +354,11 @@ impl AgentRuntime {
 
     /// The thread's latest run (`None`: the thread has none, or is unknown).
     async fn latest_run(&self, thread_id: &ThreadId) -> Result<Option<RunRecord>, RunError> {
-        Ok(self
-            .inner
+        self.inner
             .store
-            .load_checkpoint(thread_id)
+            .latest_run(thread_id)
             .await
-            .map_err(RunError::Store)?
-            .and_then(|cp| cp.run))
+            .map_err(RunError::Store)
     }
 }
 

@@ -322,12 +322,12 @@ async fn begin(
         (Job::Run(activation), cancel, run_id, false)
     } else {
         // The waiting run: the thread's latest.
-        let checkpoint = runtime
+        let latest = runtime
             .store()
-            .load_checkpoint(&thread)
+            .latest_run(&thread)
             .await
             .map_err(store_error)?;
-        let Some(run) = checkpoint.and_then(|c| c.run) else {
+        let Some(run) = latest else {
             return Err(A2aError::Internal {
                 detail: format!("context `{thread}` waits but has no run record"),
             }

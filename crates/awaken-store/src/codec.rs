@@ -161,6 +161,15 @@ pub(crate) fn thread_id(s: &str) -> Result<ThreadId, StoreError> {
     ThreadId::new(s).map_err(|e| StoreError::corrupt("thread id", e))
 }
 
+/// A thread names `rid` as its latest run, which is not stored with it: the commit that names
+/// a run writes it, so the store is damaged.
+pub(crate) fn latest_run_missing(rid: &str) -> StoreError {
+    StoreError::corrupt(
+        "run record",
+        format!("the latest run {rid:?} is not stored"),
+    )
+}
+
 pub(crate) fn run_id(s: &str) -> Result<RunId, StoreError> {
     RunId::new(s).map_err(|e| StoreError::corrupt("run id", e))
 }

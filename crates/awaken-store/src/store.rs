@@ -191,6 +191,16 @@ pub trait ThreadStore: Send + Sync {
     /// The runs of a thread, oldest first (by creation time, then run id).
     async fn list_runs(&self, thread_id: &ThreadId) -> Result<Vec<RunRecord>, StoreError>;
 
+    /// The record of the thread's latest run, as its checkpoint holds it (`None`: the thread is
+    /// unknown). The default reads the whole checkpoint; the stores read the one record, so a
+    /// look at where a long thread stands costs what a short one's does.
+    async fn latest_run(&self, thread_id: &ThreadId) -> Result<Option<RunRecord>, StoreError> {
+        Ok(self
+            .load_checkpoint(thread_id)
+            .await?
+            .and_then(|checkpoint| checkpoint.run))
+    }
+
     /// The thread of run `run_id`, if it is stored. The default looks through every thread's
     /// runs; the stores answer from their index of runs.
     async fn run_thread(&self, run_id: &RunId) -> Result<Option<ThreadId>, StoreError> {
@@ -287,6 +297,10 @@ impl<T: ThreadStore + ?Sized> ThreadStore for std::sync::Arc<T> {
 
     async fn list_runs(&self, thread_id: &ThreadId) -> Result<Vec<RunRecord>, StoreError> {
         (**self).list_runs(thread_id).await
+    }
+
+    async fn latest_run(&self, thread_id: &ThreadId) -> Result<Option<RunRecord>, StoreError> {
+        (**self).latest_run(thread_id).await
     }
 
     async fn run_thread(&self, run_id: &RunId) -> Result<Option<ThreadId>, StoreError> {

@@ -143,15 +143,13 @@ impl Tool for DelegateTool {
         }
         let run_id = child_run_id(ctx.idempotency_key().as_str())?;
         let thread_id = child_thread_id(ctx.thread_id(), ctx.call_id(), &run_id)?;
-        let checkpoint =
-            rt.store()
-                .load_checkpoint(&thread_id)
-                .await
-                .map_err(|e| ToolError::Execution {
-                    message: format!("the child thread could not be read: {e}"),
-                })?;
-        let existing = checkpoint
-            .and_then(|cp| cp.run)
+        let existing = rt
+            .store()
+            .latest_run(&thread_id)
+            .await
+            .map_err(|e| ToolError::Execution {
+                message: format!("the child thread could not be read: {e}"),
+            })?
             .filter(|r| r.run_id == run_id);
         let cancel = ctx.cancel_token().clone();
         let outcome = match existing {

@@ -111,6 +111,12 @@ impl ThreadStore for MemoryStore {
             .map_err(|e| e.of_thread(thread_id))
     }
 
+    async fn latest_run(&self, thread_id: &ThreadId) -> Result<Option<RunRecord>, StoreError> {
+        self.tables
+            .latest_run(thread_id)
+            .map_err(|e| e.of_thread(thread_id))
+    }
+
     async fn run_thread(&self, run_id: &RunId) -> Result<Option<ThreadId>, StoreError> {
         Ok(self.tables.run_index(run_id).get(run_id).cloned())
     }

@@ -86,6 +86,21 @@ impl Tables {
     }
 
     /// See `ThreadStore::list_runs`.
+    /// See `ThreadStore::latest_run`.
+    pub(super) fn latest_run(&self, thread_id: &ThreadId) -> Result<Option<RunRecord>, StoreError> {
+        let shard = self.shard(thread_id);
+        let Some(thread) = shard.threads.get(thread_id).and_then(|t| t.row.as_ref()) else {
+            return Ok(None);
+        };
+        let run_id = &thread.latest_run_id;
+        shard
+            .runs
+            .get(run_id)
+            .map(|slot| slot.record(run_id, &self.digests))
+            .transpose()
+    }
+
+    /// See `ThreadStore::list_runs`.
     pub(super) fn runs(&self, thread_id: &ThreadId) -> Result<Vec<RunRecord>, StoreError> {
         let shard = self.shard(thread_id);
         let mut runs: Vec<RunRecord> = Vec::new();

@@ -154,12 +154,7 @@ async fn checkpoint_tx(
                 &[&rid, &tid],
             )
             .await?
-            .ok_or_else(|| {
-                StoreError::corrupt(
-                    "run record",
-                    format!("the latest run {rid:?} is not stored"),
-                )
-            })?;
+            .ok_or_else(|| codec::latest_run_missing(&rid))?;
         let run = raw_run(&row, 0)?.decode()?;
         let run_revision: i64 = row.try_get(11)?;
         let batch: Option<String> = row.try_get(12)?;
@@ -226,6 +221,34 @@ pub(super) async fn runs(
         out.push(raw_run(&row, 0)?.decode()?);
     }
     Ok(out)
+}
+
+/// See `ThreadStore::latest_run`: the thread's row and its latest run's, in one statement.
+pub(super) async fn latest_run(
+    client: &mut Prepared<'_, Client>,
+    thread_id: &ThreadId,
+) -> Result<Option<RunRecord>, StoreError> {
+    let row = client
+        .query_opt(
+            &format!(
+                "SELECT t.latest_run_id, r.* FROM threads t LEFT JOIN LATERAL \
+                     (SELECT {RUN_COLUMNS} FROM runs \
+                      WHERE run_id = t.latest_run_id AND thread_id = t.thread_id) r ON true \
+                 WHERE t.thread_id = $1"
+            ),
+            &[&thread_id.as_str()],
+        )
+        .await?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let Some(rid) = row.try_get::<_, Option<String>>(0)? else {
+        return Ok(None);
+    };
+    if row.try_get::<_, Option<String>>(1)?.is_none() {
+        return Err(codec::latest_run_missing(&rid));
+    }
+    Ok(Some(raw_run(&row, 1)?.decode()?))
 }
 
 /// See `ThreadStore::load_events`.

@@ -257,6 +257,15 @@ impl ThreadStore for PostgresStore {
         .map_err(|e| e.of_thread(thread_id))
     }
 
+    async fn latest_run(&self, thread_id: &ThreadId) -> Result<Option<RunRecord>, StoreError> {
+        self.named(async {
+            let mut conn = self.pool.get().await?;
+            load::latest_run(&mut conn.prepared(), thread_id).await
+        })
+        .await
+        .map_err(|e| e.of_thread(thread_id))
+    }
+
     async fn run_thread(&self, run_id: &RunId) -> Result<Option<ThreadId>, StoreError> {
         self.named(async {
             let mut conn = self.pool.get().await?;

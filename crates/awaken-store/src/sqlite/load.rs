@@ -125,12 +125,7 @@ pub(super) fn checkpoint(
             .optional()?;
         // The commit that names a thread's latest run writes it: without its row, the run
         // (and the calls it waits on) would vanish from the checkpoint unnoticed.
-        let (raw, run_revision, batch) = row.ok_or_else(|| {
-            StoreError::corrupt(
-                "run record",
-                format!("the latest run {rid:?} is not stored"),
-            )
-        })?;
+        let (raw, run_revision, batch) = row.ok_or_else(|| codec::latest_run_missing(&rid))?;
         let run = raw.decode()?;
         checkpoint.run_state = PersistedState {
             revision: codec::count("state revision", run_revision)?,
@@ -190,6 +185,30 @@ pub(super) fn runs(conn: &Connection, thread_id: &ThreadId) -> Result<Vec<RunRec
         out.push(row?.decode()?);
     }
     Ok(out)
+}
+
+/// See `ThreadStore::latest_run`: the thread's row and its latest run's, in one read.
+pub(super) fn latest_run(
+    conn: &mut Connection,
+    thread_id: &ThreadId,
+) -> Result<Option<RunRecord>, StoreError> {
+    let tx = conn.transaction()?;
+    let tid = thread_id.as_str();
+    let latest: Option<Option<String>> = tx
+        .prepare_cached("SELECT latest_run_id FROM threads WHERE thread_id = ?1")?
+        .query_row([tid], |r| r.get(0))
+        .optional()?;
+    let Some(Some(rid)) = latest else {
+        return Ok(None);
+    };
+    let raw = tx
+        .prepare_cached(&format!(
+            "SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?1 AND thread_id = ?2"
+        ))?
+        .query_row(params![rid, tid], |r| raw_run(r, 0))
+        .optional()?
+        .ok_or_else(|| codec::latest_run_missing(&rid))?;
+    raw.decode().map(Some)
 }
 
 /// See `ThreadStore::load_events`.

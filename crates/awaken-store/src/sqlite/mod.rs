@@ -426,6 +426,13 @@ impl ThreadStore for SqliteStore {
             .map_err(|e| e.of_thread(thread_id))
     }
 
+    async fn latest_run(&self, thread_id: &ThreadId) -> Result<Option<RunRecord>, StoreError> {
+        let thread = thread_id.clone();
+        self.with_conn(move |conn, _| load::latest_run(conn, &thread))
+            .await
+            .map_err(|e| e.of_thread(thread_id))
+    }
+
     async fn run_thread(&self, run_id: &RunId) -> Result<Option<ThreadId>, StoreError> {
         let run = run_id.clone();
         self.with_conn(move |conn, _| load::run_thread(conn, &run))

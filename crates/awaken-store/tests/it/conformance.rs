@@ -1807,7 +1807,8 @@ pub async fn finished_threads_read_back_whole(h: &Harness) {
 
 /// Two runs writing to one thread in turn: their events keep their order, numbers and run ids
 /// through one run's end and the other's, and the second run's commits while the first one
-/// holds the thread are refused and write nothing.
+/// holds the thread are refused and write nothing. After each, `latest_run` reads the record
+/// the checkpoint holds.
 pub async fn runs_in_turn_read_back_in_order(h: &Harness) {
     let s = &*h.store;
     let events = every_kind_of_event("t1", "a");
@@ -1823,6 +1824,7 @@ pub async fn runs_in_turn_read_back_in_order(h: &Harness) {
         ("b", true),
     ];
     let mut outcomes = Vec::new();
+    assert_eq!(s.latest_run(&tid("t1")).await.expect("latest run"), None);
     for (i, (run_id, done)) in plan.into_iter().enumerate() {
         let batch = &events[i * 2..i * 2 + 2];
         let message = Message::user(format!("{run_id} {i}"));
@@ -1854,6 +1856,18 @@ pub async fn runs_in_turn_read_back_in_order(h: &Harness) {
         let (read, tails) = read_back(s, "t1").await;
         assert_eq!(read, messages, "after commit {i}");
         assert_tails(&tails, &expected, &format!("after commit {i}, "));
+        // The latest run's record alone reads back as the checkpoint holds it.
+        let held = s
+            .load_checkpoint(&tid("t1"))
+            .await
+            .expect("load")
+            .and_then(|c| c.run);
+        assert!(held.is_some(), "after commit {i}");
+        assert_eq!(
+            s.latest_run(&tid("t1")).await.expect("latest run"),
+            held,
+            "after commit {i}"
+        );
     }
     check(
         &outcomes.join("\n"),

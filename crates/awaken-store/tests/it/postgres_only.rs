@@ -225,6 +225,11 @@ async fn damaged_rows_of_a_thread_are_corrupt_errors_naming_it() {
         );
         let loaded = store.load_checkpoint(&tid("t1")).await;
         errors.push(loaded.expect_err(damage).to_string());
+        if undo.is_some() {
+            // The latest run's record alone says the same.
+            let latest = store.latest_run(&tid("t1")).await;
+            errors.push(latest.expect_err(damage).to_string());
+        }
         if let Some(undo) = undo {
             client.execute(undo, &[]).await.expect("undo");
         }
@@ -241,6 +246,7 @@ async fn damaged_rows_of_a_thread_are_corrupt_errors_naming_it() {
         })
         .collect();
     expect_test::expect![[r#"
+        stored run record of thread t1 in <database> could not be read: the latest run "r1" is not stored
         stored run record of thread t1 in <database> could not be read: the latest run "r1" is not stored
         stored message of thread t1 in <database> could not be read: expected value at line 1 column 1"#]]
     .assert_eq(&errors.join("\n"));

@@ -328,7 +328,8 @@ async fn a_damaged_row_is_a_corrupt_error_naming_its_thread() {
 
 /// Found by the `sqlite_rows` fuzz target: a thread whose latest run is not stored with it (its
 /// row renamed, or moved to another thread) read back as a thread without a run, losing the
-/// calls the run waits on; it is a `Corrupt` error naming the thread.
+/// calls the run waits on; it is a `Corrupt` error naming the thread, for the checkpoint and
+/// for the latest run's record alone.
 #[tokio::test]
 async fn a_latest_run_not_stored_with_its_thread_is_a_corrupt_error() {
     let mut errors = Vec::new();
@@ -344,8 +345,13 @@ async fn a_latest_run_not_stored_with_its_thread_is_a_corrupt_error() {
         let t1 = awaken_event::ThreadId::new("t1").expect("id");
         let loaded = store.load_checkpoint(&t1).await;
         errors.push(rendered(&loaded.expect_err(damage), &path));
+        // The latest run's record alone says the same.
+        let latest = store.latest_run(&t1).await;
+        errors.push(rendered(&latest.expect_err(damage), &path));
     }
     expect_test::expect![[r#"
+        Storage Some("<db>"): stored run record of thread t1 in <db> could not be read: the latest run "r1" is not stored
+        Storage Some("<db>"): stored run record of thread t1 in <db> could not be read: the latest run "r1" is not stored
         Storage Some("<db>"): stored run record of thread t1 in <db> could not be read: the latest run "r1" is not stored
         Storage Some("<db>"): stored run record of thread t1 in <db> could not be read: the latest run "r1" is not stored"#]]
     .assert_eq(&errors.join("\n"));
