@@ -191,8 +191,8 @@ pub trait ThreadStore: Send + Sync {
     /// The runs of a thread, oldest first (by creation time, then run id).
     async fn list_runs(&self, thread_id: &ThreadId) -> Result<Vec<RunRecord>, StoreError>;
 
-    /// The record of the thread's latest run, as its checkpoint holds it (`None`: the thread is
-    /// unknown). The default reads the whole checkpoint; the stores read the one record, so a
+    /// The record of the thread's latest run, as its checkpoint holds it (`None`: the thread has
+    /// none, or is unknown). The default reads the whole checkpoint; the stores read the one record, so a
     /// look at where a long thread stands costs what a short one's does.
     async fn latest_run(&self, thread_id: &ThreadId) -> Result<Option<RunRecord>, StoreError> {
         Ok(self

@@ -85,7 +85,6 @@ impl Tables {
         threads
     }
 
-    /// See `ThreadStore::list_runs`.
     /// See `ThreadStore::latest_run`.
     pub(super) fn latest_run(&self, thread_id: &ThreadId) -> Result<Option<RunRecord>, StoreError> {
         let shard = self.shard(thread_id);

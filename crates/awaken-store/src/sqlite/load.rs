@@ -208,6 +208,7 @@ pub(super) fn latest_run(
         .query_row(params![rid, tid], |r| raw_run(r, 0))
         .optional()?
         .ok_or_else(|| codec::latest_run_missing(&rid))?;
+    tx.commit()?;
     raw.decode().map(Some)
 }
 
