@@ -406,8 +406,8 @@ impl ThreadCommit {
     }
 
     /// Rejects an inconsistent commit before anything is written: blank agent id or lease
-    /// worker (checked or new), a run that is its own parent, a status that disagrees with the termination,
-    /// `updated_at` before `created_at`, profile state without a profile id or a profile key
+    /// worker (checked or new), a run that is its own parent, a status that disagrees with the
+    /// termination, `updated_at` before `created_at`, profile state without a profile id or a profile key
     /// without its version guard, a non-lifecycle event, a lease for another run, and a `Done`
     /// run whose batch still holds a call that is not closed.
     ///

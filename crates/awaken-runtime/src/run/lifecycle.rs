@@ -93,24 +93,25 @@ impl Run<'_> {
         if opening.resumed && !claimed_already {
             heartbeat = self.hold_lease(rt).await?;
         }
-        let created = (!opening.resumed && !claimed_already)
-            .then(|| self.new_lease(rt))
-            .flatten();
+        // The token of the lease a new run is created with, and the lease's duration.
+        let mut created = None;
         let set_at = tokio::time::Instant::now();
-        let token = created
-            .as_ref()
-            .map(|(lease, _)| lease.token(&self.identity.run_id));
-        if let (Some((lease, _)), Some(token)) = (&created, &token) {
+        if !opening.resumed
+            && !claimed_already
+            && let Some((lease, duration)) = self.new_lease(rt)
+        {
+            let token = lease.token(&self.identity.run_id);
             // A run dropped during its first commit, or whose first commit failed but may have
             // been written (its answer lost), gives the lease up.
             heartbeat = Some(rt.lease_guard(token.clone()));
-            self.durable.set_new_lease(Some(lease.clone()));
+            self.durable.set_new_lease(Some(lease));
+            created = Some((token, duration));
         }
         let written = self.commit(BatchChange::Keep).await;
-        if token.is_some() {
+        if let Some((token, _)) = &created {
             // From now on the run's commits carry the lease's token.
             self.durable.set_new_lease(None);
-            self.durable.set_lease(token);
+            self.durable.set_lease(Some(token.clone()));
         }
         if let Err(e) = written {
             // A refused first commit wrote nothing: the lease it would have created is not

@@ -153,20 +153,15 @@ async fn a_server_without_a_worker_identity_recovers_nothing() {
     };
 
     // A server with one finishes the run.
-    let rig = Rig::on(sqlite(dir.path()).await, vec![held_answer()])
-        .counting(&counted)
-        .with_worker("w");
     assert_eq!(
-        rig.store.stored("t").await,
+        Rig::on(sqlite(dir.path()).await, Vec::new())
+            .store
+            .stored("t")
+            .await,
         stored,
         "nothing was added meanwhile"
     );
-    let server = TestServer::start(rig.runtime(), config()).await;
-    rig.model.wait_holds(1).await;
-    let mut sse = server.events_after("t", "0").await;
-    rig.model.release(1);
-    let frames = sse.until(|f| f.is("run_finish")).await;
-    assert_eq!(finished(&frames), TerminationReason::NaturalEnd);
+    let (_rig, server) = recovered_to_its_end(dir.path(), &counted, "w").await;
     assert_eq!(counted.load(Ordering::SeqCst), 1);
     server.stop().await;
 }

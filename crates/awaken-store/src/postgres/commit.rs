@@ -61,7 +61,8 @@ const LOCK_PROFILE_KEY: &str =
 /// planned and started; so a commit writes with one of sixteen statements, made once.
 ///
 /// The parameters: `$1`–`$15` the run's row, `$16`–`$18` the thread's counters and revision,
-/// `$19`–`$20` the lease a new run is created with, then two arrays per table written, in the order of [`TABLE_CLAUSES`].
+/// `$19`–`$20` the lease a new run is created with, then two arrays per table written, in the
+/// order of [`TABLE_CLAUSES`].
 fn write_sql(written: [bool; 4]) -> &'static str {
     static FORMS: LazyLock<Vec<String>> = LazyLock::new(|| {
         (0..16usize)

@@ -77,13 +77,7 @@ pub(super) fn checkpoint(
 ) -> Result<Option<Checkpoint>, StoreError> {
     let tx = conn.transaction()?;
     let tid = thread_id.as_str();
-    let thread: Option<(Option<String>, i64, i64)> = tx
-        .prepare_cached(
-            "SELECT latest_run_id, state_revision, event_count FROM threads WHERE thread_id = ?1",
-        )?
-        .query_row([tid], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .optional()?;
-    let Some((latest_run, thread_revision, event_count)) = thread else {
+    let Some((latest_run, thread_revision, event_count)) = thread_row(&tx, tid)? else {
         return Ok(None);
     };
     let mut messages = Vec::new();
@@ -114,18 +108,7 @@ pub(super) fn checkpoint(
         last_event_seq: codec::count("event count", event_count)?,
     };
     if let Some(rid) = latest_run {
-        let row: Option<(RawRun, i64, Option<String>)> = tx
-            .prepare_cached(&format!(
-                "SELECT {RUN_COLUMNS}, state_revision, batch FROM runs \
-                 WHERE run_id = ?1 AND thread_id = ?2"
-            ))?
-            .query_row(params![rid, tid], |r| {
-                Ok((raw_run(r, 0)?, r.get(11)?, r.get(12)?))
-            })
-            .optional()?;
-        // The commit that names a thread's latest run writes it: without its row, the run
-        // (and the calls it waits on) would vanish from the checkpoint unnoticed.
-        let (raw, run_revision, batch) = row.ok_or_else(|| codec::latest_run_missing(&rid))?;
+        let (raw, run_revision, batch) = latest_run_row(&tx, &rid, tid)?;
         let run = raw.decode()?;
         checkpoint.run_state = PersistedState {
             revision: codec::count("state revision", run_revision)?,
@@ -187,29 +170,52 @@ pub(super) fn runs(conn: &Connection, thread_id: &ThreadId) -> Result<Vec<RunRec
     Ok(out)
 }
 
-/// See `ThreadStore::latest_run`: the thread's row and its latest run's, in one read.
+/// See `ThreadStore::latest_run`: the thread's row and its latest run's, with the
+/// checkpoint's statements, in one read transaction.
 pub(super) fn latest_run(
     conn: &mut Connection,
     thread_id: &ThreadId,
 ) -> Result<Option<RunRecord>, StoreError> {
     let tx = conn.transaction()?;
     let tid = thread_id.as_str();
-    let latest: Option<Option<String>> = tx
-        .prepare_cached("SELECT latest_run_id FROM threads WHERE thread_id = ?1")?
-        .query_row([tid], |r| r.get(0))
-        .optional()?;
-    let Some(Some(rid)) = latest else {
+    let Some((Some(rid), ..)) = thread_row(&tx, tid)? else {
         return Ok(None);
     };
-    let raw = tx
-        .prepare_cached(&format!(
-            "SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?1 AND thread_id = ?2"
-        ))?
-        .query_row(params![rid, tid], |r| raw_run(r, 0))
-        .optional()?
-        .ok_or_else(|| codec::latest_run_missing(&rid))?;
+    let (raw, ..) = latest_run_row(&tx, &rid, tid)?;
     tx.commit()?;
     raw.decode().map(Some)
+}
+
+/// The thread row of `tid`: its latest run, state revision and event count.
+fn thread_row(
+    tx: &rusqlite::Transaction<'_>,
+    tid: &str,
+) -> Result<Option<(Option<String>, i64, i64)>, StoreError> {
+    Ok(tx
+        .prepare_cached(
+            "SELECT latest_run_id, state_revision, event_count FROM threads WHERE thread_id = ?1",
+        )?
+        .query_row([tid], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .optional()?)
+}
+
+/// The row of `rid`, the latest run of thread `tid`, with its state revision and batch. The
+/// commit that names a thread's latest run writes it: without its row, the run (and the calls
+/// it waits on) would vanish unnoticed, so a missing one is `Corrupt`.
+fn latest_run_row(
+    tx: &rusqlite::Transaction<'_>,
+    rid: &str,
+    tid: &str,
+) -> Result<(RawRun, i64, Option<String>), StoreError> {
+    tx.prepare_cached(&format!(
+        "SELECT {RUN_COLUMNS}, state_revision, batch FROM runs \
+         WHERE run_id = ?1 AND thread_id = ?2"
+    ))?
+    .query_row(params![rid, tid], |r| {
+        Ok((raw_run(r, 0)?, r.get(11)?, r.get(12)?))
+    })
+    .optional()?
+    .ok_or_else(|| codec::latest_run_missing(rid))
 }
 
 /// See `ThreadStore::load_events`.
