@@ -270,15 +270,12 @@ async fn queued_runs(db: &BenchDb, runs: usize) -> Queued {
     let mut workers = Vec::with_capacity(WORKERS);
     for w in 0..WORKERS {
         let store = connect_store(store_config()).await;
-        // The pool's connections opened before the clock starts (one statement each).
-        let queue = store.queue();
-        let opened = futures_util::future::join_all(
-            (0..CONCURRENCY).map(|_| async { queue.depth(now()).await.map(|_| ()) }),
-        )
-        .await;
-        opened
-            .into_iter()
-            .collect::<Result<(), _>>()
+        // The pool's connections opened and prepared before the clock starts, as the worker
+        // does before its first claim.
+        store
+            .queue()
+            .warm_up(CONCURRENCY)
+            .await
             .unwrap_or_else(|e| panic!("opening worker {w}'s connections: {e}"));
         let model = CountFinals {
             model: LoopModel { n: STEPS },
@@ -372,7 +369,7 @@ async fn queued_runs(db: &BenchDb, runs: usize) -> Queued {
     );
     println!(
         "  ({counted} transactions committed, less {polls} reads of the queue's length and \
-         {opening} statements opening the pools: {transactions})"
+         {opening} statements setting the pools' connections up: {transactions})"
     );
     let server_cpu = cpu_since(&cpu_before.0, &cpu_after.0) as f64 / 1e9;
     let own_cpu = cpu_after.1.saturating_sub(cpu_before.1) as f64 / 1e9;

@@ -149,6 +149,17 @@ impl Worker {
             () = listener.ready() => {}
             () = &mut shutdown => return WorkerReport::default(),
         }
+        // Its connections opened and the jobs' statements prepared on each before the first
+        // claim, so the first jobs wait for neither; without them, they are made at first use.
+        tokio::select! {
+            biased;
+            warmed = self.queue.warm_up(self.config.concurrency) => {
+                if let Err(e) = warmed {
+                    tracing::warn!(error = %e, "run queue: cannot open the connections ahead");
+                }
+            }
+            () = &mut shutdown => return WorkerReport::default(),
+        }
         let notifier = Notifier::start(self.queue.clone());
         let held: Arc<Held> = Arc::default();
         let stop = CancellationToken::new();

@@ -45,13 +45,13 @@ pub(super) async fn write(
     }
 }
 
-const ENSURE_THREAD: &str = "INSERT INTO threads (thread_id, message_count, event_count, \
-         latest_run_id, state_revision, created_at, updated_at) \
+pub(super) const ENSURE_THREAD: &str = "INSERT INTO threads (thread_id, message_count, \
+         event_count, latest_run_id, state_revision, created_at, updated_at) \
      VALUES ($1, 0, 0, NULL, 0, $2, $2) ON CONFLICT (thread_id) DO NOTHING";
-const LOCK_THREAD: &str = "SELECT message_count, event_count, state_revision FROM threads \
-     WHERE thread_id = $1 FOR UPDATE";
-const LOCK_RUN: &str = "SELECT thread_id, lease_owner, lease_epoch, batch, status FROM runs \
-     WHERE run_id = $1 FOR UPDATE";
+pub(super) const LOCK_THREAD: &str = "SELECT message_count, event_count, state_revision \
+     FROM threads WHERE thread_id = $1 FOR UPDATE";
+pub(super) const LOCK_RUN: &str = "SELECT thread_id, lease_owner, lease_epoch, batch, status \
+     FROM runs WHERE run_id = $1 FOR UPDATE";
 const LOCK_PROFILE_KEY: &str =
     "SELECT version FROM profile_state WHERE profile_id = $1 AND key = $2 FOR UPDATE";
 /// The writes of a commit but the profile's, as one statement: the thread's counters and the
@@ -86,6 +86,15 @@ fn write_sql(written: [bool; 4]) -> &'static str {
         .rev()
         .fold(0, |mask, w| mask << 1 | usize::from(*w));
     &FORMS[mask]
+}
+
+/// The write statements of a run's steps: its events, with or without messages and the run's
+/// state (a thread's state is written by few runs).
+pub(super) fn run_writes() -> impl Iterator<Item = &'static str> {
+    [false, true]
+        .into_iter()
+        .flat_map(|messages| [false, true].map(|run_state| [messages, true, run_state, false]))
+        .map(write_sql)
 }
 
 /// The clauses writing the tables a commit may write besides the thread's and the run's rows,

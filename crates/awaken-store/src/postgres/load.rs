@@ -2,6 +2,7 @@
 //! listings.
 
 use std::collections::BTreeMap;
+use std::sync::LazyLock;
 
 use awaken_event::{ProfileId, ThreadId};
 use awaken_state::PersistedState;
@@ -95,42 +96,50 @@ pub(super) async fn checkpoint(
     Ok(checkpoint)
 }
 
+/// A checkpoint's statements: the thread's row, its messages and state, then its latest run's
+/// row and state.
+pub(super) const THREAD_ROW: &str =
+    "SELECT latest_run_id, state_revision, event_count FROM threads WHERE thread_id = $1";
+pub(super) const MESSAGES: &str = "SELECT body FROM messages WHERE thread_id = $1 ORDER BY idx";
+pub(super) const THREAD_STATE: &str = "SELECT key, value FROM thread_state WHERE thread_id = $1";
+pub(super) static RUN_ROW: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {RUN_COLUMNS}, state_revision, batch FROM runs WHERE run_id = $1 AND thread_id = $2"
+    )
+});
+pub(super) const RUN_STATE: &str = "SELECT key, value FROM run_state WHERE run_id = $1";
+/// A thread's runs, oldest first.
+pub(super) static RUNS: LazyLock<String> = LazyLock::new(|| {
+    format!("SELECT {RUN_COLUMNS} FROM runs WHERE thread_id = $1 ORDER BY created_at, run_id")
+});
+/// The thread's row and its latest run's, in one statement.
+pub(super) static LATEST_RUN: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT t.latest_run_id, r.* FROM threads t LEFT JOIN LATERAL \
+             (SELECT {RUN_COLUMNS} FROM runs \
+              WHERE run_id = t.latest_run_id AND thread_id = t.thread_id) r ON true \
+         WHERE t.thread_id = $1"
+    )
+});
+
 async fn checkpoint_tx(
     tx: &mut Prepared<'_, Transaction<'_>>,
     thread_id: &ThreadId,
 ) -> Result<Option<Checkpoint>, StoreError> {
     let tid = thread_id.as_str();
-    let Some(row) = tx
-        .query_opt(
-            "SELECT latest_run_id, state_revision, event_count FROM threads WHERE thread_id = $1",
-            &[&tid],
-        )
-        .await?
-    else {
+    let Some(row) = tx.query_opt(THREAD_ROW, &[&tid]).await? else {
         return Ok(None);
     };
     let latest_run: Option<String> = row.try_get(0)?;
     let thread_revision: i64 = row.try_get(1)?;
     let event_count: i64 = row.try_get(2)?;
     let mut messages = Vec::new();
-    for row in tx
-        .query(
-            "SELECT body FROM messages WHERE thread_id = $1 ORDER BY idx",
-            &[&tid],
-        )
-        .await?
-    {
+    for row in tx.query(MESSAGES, &[&tid]).await? {
         messages.push(codec::message(row.try_get::<_, &str>(0)?)?);
     }
     let thread_state = PersistedState {
         revision: codec::count("state revision", thread_revision)?,
-        values: state_map(
-            tx,
-            "SELECT key, value FROM thread_state WHERE thread_id = $1",
-            tid,
-            "thread state",
-        )
-        .await?,
+        values: state_map(tx, THREAD_STATE, tid, "thread state").await?,
     };
     let mut checkpoint = Checkpoint {
         thread_id: thread_id.clone(),
@@ -146,13 +155,7 @@ async fn checkpoint_tx(
         // The commit that names a thread's latest run writes it: without its row, the run
         // (and the calls it waits on) would vanish from the checkpoint unnoticed.
         let row = tx
-            .query_opt(
-                &format!(
-                    "SELECT {RUN_COLUMNS}, state_revision, batch FROM runs \
-                     WHERE run_id = $1 AND thread_id = $2"
-                ),
-                &[&rid, &tid],
-            )
+            .query_opt(&RUN_ROW, &[&rid, &tid])
             .await?
             .ok_or_else(|| codec::latest_run_missing(&rid))?;
         let run = raw_run(&row, 0)?.decode()?;
@@ -160,13 +163,7 @@ async fn checkpoint_tx(
         let batch: Option<String> = row.try_get(12)?;
         checkpoint.run_state = PersistedState {
             revision: codec::count("state revision", run_revision)?,
-            values: state_map(
-                tx,
-                "SELECT key, value FROM run_state WHERE run_id = $1",
-                &rid,
-                "run state",
-            )
-            .await?,
+            values: state_map(tx, RUN_STATE, &rid, "run state").await?,
         };
         checkpoint.batch = batch.as_deref().map(codec::batch).transpose()?;
         if let Some(pid) = &run.profile_id {
@@ -207,15 +204,7 @@ pub(super) async fn runs(
     client: &mut Prepared<'_, Client>,
     thread_id: &ThreadId,
 ) -> Result<Vec<RunRecord>, StoreError> {
-    let rows = client
-        .query(
-            &format!(
-                "SELECT {RUN_COLUMNS} FROM runs WHERE thread_id = $1 \
-                 ORDER BY created_at, run_id"
-            ),
-            &[&thread_id.as_str()],
-        )
-        .await?;
+    let rows = client.query(&RUNS, &[&thread_id.as_str()]).await?;
     let mut out = Vec::with_capacity(rows.len());
     for row in rows {
         out.push(raw_run(&row, 0)?.decode()?);
@@ -229,15 +218,7 @@ pub(super) async fn latest_run(
     thread_id: &ThreadId,
 ) -> Result<Option<RunRecord>, StoreError> {
     let row = client
-        .query_opt(
-            &format!(
-                "SELECT t.latest_run_id, r.* FROM threads t LEFT JOIN LATERAL \
-                     (SELECT {RUN_COLUMNS} FROM runs \
-                      WHERE run_id = t.latest_run_id AND thread_id = t.thread_id) r ON true \
-                 WHERE t.thread_id = $1"
-            ),
-            &[&thread_id.as_str()],
-        )
+        .query_opt(&LATEST_RUN, &[&thread_id.as_str()])
         .await?;
     let Some(row) = row else {
         return Ok(None);

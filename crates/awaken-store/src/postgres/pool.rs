@@ -2,8 +2,9 @@
 
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
+use futures_util::future::join_all;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, GenericClient, NoTls, Row, Statement};
@@ -17,6 +18,9 @@ pub(super) struct Pool {
     pub(super) schema: Option<String>,
     idle: Mutex<Vec<(Client, Statements)>>,
     permits: Semaphore,
+    max_connections: usize,
+    /// The statements every connection prepares as it opens, once [`Pool::warm`] named them.
+    ahead: OnceLock<&'static [&'static str]>,
 }
 
 /// The statements prepared on one connection, by their text: a statement is parsed and
@@ -37,6 +41,27 @@ impl Statements {
         let statement = client.prepare(sql).await?;
         self.0.insert(sql.into(), statement.clone());
         Ok(statement)
+    }
+
+    /// Prepares those of `sqls` not prepared yet, all at once (one round trip). One that
+    /// fails is left to its first use, which reports the error.
+    async fn prepare_ahead(&mut self, client: &Client, sqls: &[&str]) {
+        let missing: Vec<&str> = sqls
+            .iter()
+            .copied()
+            .filter(|sql| !self.0.contains_key(*sql))
+            .collect();
+        let prepared = join_all(missing.iter().map(|sql| client.prepare(sql))).await;
+        for (sql, prepared) in missing.into_iter().zip(prepared) {
+            match prepared {
+                Ok(statement) => {
+                    self.0.insert(sql.into(), statement);
+                }
+                Err(error) => {
+                    tracing::debug!(%error, sql, "postgres store: a statement not prepared ahead")
+                }
+            }
+        }
     }
 }
 
@@ -61,7 +86,28 @@ impl Pool {
             schema,
             idle: Mutex::new(Vec::new()),
             permits: Semaphore::new(max_connections),
+            max_connections,
+            ahead: OnceLock::new(),
         }
+    }
+
+    /// Opens up to `connections` connections (at most the pool's size) and prepares
+    /// `statements` on each, as every connection opened from now on does.
+    pub(super) async fn warm(
+        &self,
+        statements: &'static [&'static str],
+        connections: usize,
+    ) -> Result<(), StoreError> {
+        let statements = *self.ahead.get_or_init(|| statements);
+        // Held together until all are ready, so each is another connection.
+        let warmed = join_all((0..connections.min(self.max_connections)).map(|_| async {
+            let mut conn = self.get().await?;
+            let (client, prepared) = conn.split();
+            prepared.prepare_ahead(client, statements).await;
+            Ok::<_, StoreError>(conn)
+        }))
+        .await;
+        warmed.into_iter().try_for_each(|conn| conn.map(drop))
     }
 
     pub(super) async fn get(&self) -> Result<PooledClient<'_>, StoreError> {
@@ -81,7 +127,7 @@ impl Pool {
         };
         let (client, statements) = match reused {
             Some(reused) => reused,
-            None => (self.connect().await?, Statements::default()),
+            None => self.connect().await?,
         };
         Ok(PooledClient {
             client: Some(client),
@@ -92,7 +138,7 @@ impl Pool {
         })
     }
 
-    async fn connect(&self) -> Result<Client, StoreError> {
+    async fn connect(&self) -> Result<(Client, Statements), StoreError> {
         let (client, connection) = self.config.connect(NoTls).await?;
         tokio::spawn(async move {
             if let Err(error) = connection.await {
@@ -107,7 +153,23 @@ impl Pool {
             setup.push_str(&format!("; SET search_path TO \"{schema}\""));
         }
         client.batch_execute(&setup).await?;
-        Ok(client)
+        let mut statements = Statements::default();
+        if let Some(ahead) = self.ahead.get() {
+            statements.prepare_ahead(&client, ahead).await;
+        }
+        Ok((client, statements))
+    }
+}
+
+#[cfg(test)]
+impl Pool {
+    /// The statements each idle connection has prepared.
+    pub(super) fn idle_prepared(&self) -> Vec<std::collections::BTreeSet<String>> {
+        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let texts = |statements: &Statements| statements.0.keys().map(|k| k.to_string()).collect();
+        idle.iter()
+            .map(|(_, statements)| texts(statements))
+            .collect()
     }
 }
 

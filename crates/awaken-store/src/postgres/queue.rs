@@ -7,7 +7,7 @@
 //! so the claimed table stays small. Every change a worker or a front end waits for is also
 //! announced on one `LISTEN`/`NOTIFY` channel ([`FleetListener`](super::FleetListener)); polling covers a lost one.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use awaken_event::{RunId, ThreadId};
@@ -298,6 +298,30 @@ impl RunQueue {
 const JOB_COLUMNS: &str = "job_id, thread_id, run_id, agent_id, payload, priority, attempts, \
      max_attempts, cancel_requested, last_error, enqueued_at, claims";
 
+/// Claims due jobs: the ids go to the update as an array, found by key (`IN` over the subquery
+/// would be planned as a join that reads the whole queue).
+pub(super) static CLAIM: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE run_queue SET lease_owner = $1, lease_expires_at = $2, \
+             attempts = attempts + 1, claims = claims + 1 \
+         WHERE job_id = ANY(ARRAY(SELECT job_id FROM run_queue \
+             WHERE not_before <= $3 \
+             AND (lease_owner IS NULL OR lease_expires_at <= $3) \
+             AND ($5::TEXT[] IS NULL OR agent_id = ANY($5)) \
+             ORDER BY priority DESC, job_id LIMIT $4 FOR UPDATE SKIP LOCKED)) \
+         RETURNING {JOB_COLUMNS}"
+    )
+});
+pub(super) const NEXT_DUE: &str = "SELECT MIN(CASE WHEN lease_owner IS NULL \
+         OR lease_expires_at <= $1 THEN not_before \
+         ELSE GREATEST(not_before, lease_expires_at) END) \
+     FROM run_queue WHERE ($2::TEXT[] IS NULL OR agent_id = ANY($2))";
+pub(super) const HEARTBEAT: &str = "UPDATE run_queue SET lease_expires_at = $1 \
+     WHERE job_id = $2 AND lease_owner = $3 AND claims = $4 RETURNING cancel_requested";
+pub(super) const COMPLETE: &str =
+    "DELETE FROM run_queue WHERE job_id = $1 AND lease_owner = $2 AND claims = $3";
+pub(super) const NOTIFY: &str = "SELECT pg_notify($1, p) FROM unnest($2::TEXT[]) AS p";
+
 fn count(n: i32) -> u32 {
     u32::try_from(n).unwrap_or(0)
 }
@@ -356,6 +380,15 @@ impl RunQueue {
     fn payload(&self, wake: &FleetWake, thread: &str) -> String {
         let schema = self.pool.schema.as_deref().unwrap_or("");
         format!("{schema}\t{}\t{thread}", wake.kind())
+    }
+
+    /// Opens up to `connections` of the store's connections (at most its pool's size) and
+    /// prepares on each the statements a worker's jobs use, as every connection the store
+    /// opens from now on does (after a reconnect, say): a worker's first jobs then wait for
+    /// no statement to be parsed and planned on a connection that has not used it.
+    pub async fn warm_up(&self, connections: usize) -> Result<(), StoreError> {
+        self.named(self.pool.warm(super::job_statements(), connections))
+            .await
     }
 
     /// Queues `job` and wakes the workers; `ThreadBusy` when its thread has a job already.
@@ -432,21 +465,10 @@ impl RunQueue {
             let expires_at = now.saturating_add(lease_duration);
             let agents: Option<Vec<&str>> = agents.map(|a| a.iter().map(String::as_str).collect());
             let mut conn = self.pool.get().await?;
-            // The claimed ids go to the update as an array, found by key: `IN` over the
-            // subquery would be planned as a join that reads the whole queue.
             let rows = conn
                 .prepared()
                 .query(
-                    &format!(
-                        "UPDATE run_queue SET lease_owner = $1, lease_expires_at = $2, \
-                             attempts = attempts + 1, claims = claims + 1 \
-                         WHERE job_id = ANY(ARRAY(SELECT job_id FROM run_queue \
-                             WHERE not_before <= $3 \
-                             AND (lease_owner IS NULL OR lease_expires_at <= $3) \
-                             AND ($5::TEXT[] IS NULL OR agent_id = ANY($5)) \
-                             ORDER BY priority DESC, job_id LIMIT $4 FOR UPDATE SKIP LOCKED)) \
-                         RETURNING {JOB_COLUMNS}"
-                    ),
+                    &CLAIM,
                     &[
                         &worker_id,
                         &expires_at.as_unix_millis(),
@@ -482,12 +504,7 @@ impl RunQueue {
             let mut conn = self.pool.get().await?;
             let row = conn
                 .prepared()
-                .query_one(
-                    "SELECT MIN(CASE WHEN lease_owner IS NULL OR lease_expires_at <= $1 \
-                         THEN not_before ELSE GREATEST(not_before, lease_expires_at) END) \
-                     FROM run_queue WHERE ($2::TEXT[] IS NULL OR agent_id = ANY($2))",
-                    &[&now.as_unix_millis(), &agents],
-                )
+                .query_one(NEXT_DUE, &[&now.as_unix_millis(), &agents])
                 .await?;
             let due: Option<i64> = row.try_get(0)?;
             Ok(due.map(Timestamp::from_unix_millis))
@@ -509,9 +526,7 @@ impl RunQueue {
             let row = conn
                 .prepared()
                 .query_opt(
-                    "UPDATE run_queue SET lease_expires_at = $1 \
-                     WHERE job_id = $2 AND lease_owner = $3 AND claims = $4 \
-                     RETURNING cancel_requested",
+                    HEARTBEAT,
                     &[
                         &expires_at.as_unix_millis(),
                         &lease.job_id.0,
@@ -539,8 +554,7 @@ impl RunQueue {
             let n = conn
                 .prepared()
                 .execute(
-                    "DELETE FROM run_queue WHERE job_id = $1 AND lease_owner = $2 \
-                     AND claims = $3",
+                    COMPLETE,
                     &[&lease.job_id.0, &lease.worker_id, &attempt(lease.attempt)],
                 )
                 .await?;
@@ -814,10 +828,7 @@ impl RunQueue {
                 .collect();
             let mut conn = self.pool.get().await?;
             conn.prepared()
-                .execute(
-                    "SELECT pg_notify($1, p) FROM unnest($2::TEXT[]) AS p",
-                    &[&wake.channel(), &payloads],
-                )
+                .execute(NOTIFY, &[&wake.channel(), &payloads])
                 .await?;
             Ok(())
         })
