@@ -96,8 +96,8 @@ pub(super) async fn checkpoint(
     Ok(checkpoint)
 }
 
-/// A checkpoint's statements: the thread's row, its messages and state, then its latest run's
-/// row and state.
+// A checkpoint's statements: the thread's row, its messages and state, then its latest run's
+// row and state.
 pub(super) const THREAD_ROW: &str =
     "SELECT latest_run_id, state_revision, event_count FROM threads WHERE thread_id = $1";
 pub(super) const MESSAGES: &str = "SELECT body FROM messages WHERE thread_id = $1 ORDER BY idx";

@@ -43,27 +43,53 @@ impl Statements {
         Ok(statement)
     }
 
-    /// Prepares those of `sqls` not prepared yet, all at once (one round trip). One that
-    /// fails is left to its first use, which reports the error.
+    /// Prepares those of `sqls` not prepared yet, all at once (one round trip), then plans
+    /// them (one more). One that fails is left to its first use, which reports the error.
     async fn prepare_ahead(&mut self, client: &Client, sqls: &[&str]) {
         let missing: Vec<&str> = sqls
             .iter()
             .copied()
             .filter(|sql| !self.0.contains_key(*sql))
             .collect();
+        if missing.is_empty() {
+            return;
+        }
         let prepared = join_all(missing.iter().map(|sql| client.prepare(sql))).await;
-        for (sql, prepared) in missing.into_iter().zip(prepared) {
+        let mut failed = 0usize;
+        for (sql, prepared) in missing.iter().zip(prepared) {
             match prepared {
                 Ok(statement) => {
-                    self.0.insert(sql.into(), statement);
+                    self.0.insert((*sql).into(), statement);
                 }
                 Err(error) => {
-                    tracing::debug!(%error, sql, "postgres store: a statement not prepared ahead")
+                    failed += 1;
+                    tracing::debug!(%error, sql, "postgres store: a statement not prepared ahead");
                 }
             }
         }
+        if failed == missing.len() {
+            tracing::warn!(
+                statements = failed,
+                "postgres store: no statement could be prepared ahead; each is at its first use"
+            );
+            return;
+        }
+        if let Err(error) = client.batch_execute(PLAN_PREPARED).await {
+            tracing::debug!(%error, "postgres store: the statements were not planned ahead");
+        }
     }
 }
+
+/// Plans each statement prepared on the connection and not planned yet, without running it:
+/// `EXPLAIN EXECUTE` builds a prepared statement's generic plan (the one every use of it runs,
+/// under `plan_cache_mode = force_generic_plan`) and keeps it with the statement. A statement
+/// with parameters is explained with each one `NULL`, which a generic plan does not look at.
+const PLAN_PREPARED: &str = "DO $$ DECLARE s record; BEGIN \
+    FOR s IN SELECT name, cardinality(parameter_types) AS n FROM pg_prepared_statements \
+        WHERE generic_plans = 0 LOOP \
+        EXECUTE format('EXPLAIN EXECUTE %I%s', s.name, CASE WHEN s.n = 0 THEN '' \
+            ELSE '(' || array_to_string(array_fill('NULL'::text, ARRAY[s.n]), ',') || ')' END); \
+    END LOOP; END $$";
 
 /// A pooled connection, returned to the pool on drop unless it closed.
 pub(super) struct PooledClient<'a> {
@@ -91,7 +117,7 @@ impl Pool {
         }
     }
 
-    /// Opens up to `connections` connections (at most the pool's size) and prepares
+    /// Opens up to `connections` connections (at most the pool's size) and prepares and plans
     /// `statements` on each, as every connection opened from now on does.
     pub(super) async fn warm(
         &self,

@@ -383,9 +383,9 @@ impl RunQueue {
     }
 
     /// Opens up to `connections` of the store's connections (at most its pool's size) and
-    /// prepares on each the statements a worker's jobs use, as every connection the store
-    /// opens from now on does (after a reconnect, say): a worker's first jobs then wait for
-    /// no statement to be parsed and planned on a connection that has not used it.
+    /// prepares and plans on each the statements a worker's jobs use, as every connection the
+    /// store opens from now on does (after a reconnect, say): a worker's first jobs then wait
+    /// for no statement to be parsed and planned on a connection that has not used it.
     pub async fn warm_up(&self, connections: usize) -> Result<(), StoreError> {
         self.named(self.pool.warm(super::job_statements(), connections))
             .await

@@ -5,6 +5,8 @@ use awaken_event::{AgentEvent, Message, RunId, ThreadId};
 use awaken_state::PersistedState;
 use serde_json::json;
 
+use futures_util::future::join_all;
+
 use super::*;
 use crate::commit::NewLease;
 
@@ -38,6 +40,20 @@ async fn open(schema: &str, max_connections: usize, fresh: bool) -> Option<Postg
         .with_schema(schema)
         .with_max_connections(max_connections);
     Some(PostgresStore::connect(config).await.expect("connect"))
+}
+
+/// How many statements prepared on each of `n` of `store`'s connections at once are not
+/// planned yet.
+async fn unplanned(store: &PostgresStore, n: usize) -> Vec<i64> {
+    let connections = join_all((0..n).map(|_| store.pool.get())).await;
+    let mut counts = Vec::new();
+    for conn in &connections {
+        let conn = conn.as_ref().expect("connection");
+        let sql = "SELECT count(*) FROM pg_prepared_statements WHERE generic_plans = 0";
+        let row = conn.query_one(sql, &[]).await.expect("count");
+        counts.push(row.get(0));
+    }
+    counts
 }
 
 /// What each idle connection of `store` has prepared beyond a job's statements, and how many
@@ -82,7 +98,7 @@ fn step(expected: u64, messages: usize, run_state: bool, now: i64) -> ThreadComm
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn warmed_connections_have_a_jobs_statements_ready() {
+async fn warmed_connections_have_a_jobs_statements_prepared_and_planned() {
     let Some(store) = open("awaken_u_warm_up", 3, true).await else {
         return;
     };
@@ -99,6 +115,7 @@ async fn warmed_connections_have_a_jobs_statements_ready() {
     let queue = store.queue();
     queue.warm_up(2).await.expect("warm up");
     assert_eq!(beyond_and_lacking(&store), [(vec![], 0), (vec![], 0)]);
+    assert_eq!(unplanned(&store, 2).await, [0, 0]);
 
     // A job's path from its claim to its end prepares nothing more.
     let lease = Duration::from_secs(30);
@@ -151,6 +168,7 @@ async fn warmed_connections_have_a_jobs_statements_ready() {
     drop((a.expect("a"), b.expect("b"), c.expect("c")));
     let ready = [(vec![], 0), (vec![], 0), (vec![], 0)];
     assert_eq!(beyond_and_lacking(&store), ready);
+    assert_eq!(unplanned(&store, 3).await, [0, 0, 0]);
     queue.warm_up(8).await.expect("warm up again");
     assert_eq!(beyond_and_lacking(&store), ready);
 }
