@@ -149,8 +149,9 @@ impl Worker {
             () = listener.ready() => {}
             () = &mut shutdown => return WorkerReport::default(),
         }
-        // Its connections opened and the jobs' statements prepared on each before the first
-        // claim, so the first jobs wait for neither; without them, they are made at first use.
+        // Its connections opened and the jobs' statements prepared and planned on each before
+        // the first claim, so the first jobs wait for neither; without them, both are done at
+        // first use.
         tokio::select! {
             biased;
             warmed = self.queue.warm_up(self.config.concurrency) => {

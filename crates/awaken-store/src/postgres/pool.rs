@@ -55,21 +55,19 @@ impl Statements {
             return;
         }
         let prepared = join_all(missing.iter().map(|sql| client.prepare(sql))).await;
-        let mut failed = 0usize;
         for (sql, prepared) in missing.iter().zip(prepared) {
             match prepared {
                 Ok(statement) => {
                     self.0.insert((*sql).into(), statement);
                 }
                 Err(error) => {
-                    failed += 1;
                     tracing::debug!(%error, sql, "postgres store: a statement not prepared ahead");
                 }
             }
         }
-        if failed == missing.len() {
+        if !sqls.iter().any(|sql| self.0.contains_key(*sql)) {
             tracing::warn!(
-                statements = failed,
+                statements = sqls.len(),
                 "postgres store: no statement could be prepared ahead; each is at its first use"
             );
             return;
@@ -80,15 +78,19 @@ impl Statements {
     }
 }
 
-/// Plans each statement prepared on the connection and not planned yet, without running it:
-/// `EXPLAIN EXECUTE` builds a prepared statement's generic plan (the one every use of it runs,
-/// under `plan_cache_mode = force_generic_plan`) and keeps it with the statement. A statement
-/// with parameters is explained with each one `NULL`, which a generic plan does not look at.
+/// Plans each statement prepared on the connection, without running it: `EXPLAIN EXECUTE`
+/// builds a prepared statement's generic plan (the one every use of it runs, under
+/// `plan_cache_mode = force_generic_plan`) and keeps it with the statement, or finds it kept
+/// already. A statement with parameters is explained with each one `NULL`, which a generic
+/// plan does not look at; one that cannot be explained is left to be planned at first use.
 const PLAN_PREPARED: &str = "DO $$ DECLARE s record; BEGIN \
     FOR s IN SELECT name, cardinality(parameter_types) AS n FROM pg_prepared_statements \
-        WHERE generic_plans = 0 LOOP \
-        EXECUTE format('EXPLAIN EXECUTE %I%s', s.name, CASE WHEN s.n = 0 THEN '' \
-            ELSE '(' || array_to_string(array_fill('NULL'::text, ARRAY[s.n]), ',') || ')' END); \
+        WHERE NOT from_sql LOOP \
+        BEGIN \
+            EXECUTE format('EXPLAIN EXECUTE %I%s', s.name, CASE WHEN s.n = 0 THEN '' ELSE \
+                '(' || array_to_string(array_fill('NULL'::text, ARRAY[s.n]), ',') || ')' END); \
+        EXCEPTION WHEN OTHERS THEN NULL; \
+        END; \
     END LOOP; END $$";
 
 /// A pooled connection, returned to the pool on drop unless it closed.
