@@ -135,6 +135,7 @@ struct Reads {
     other: Result<Option<Checkpoint>, String>,
     events: Result<Vec<StoredEvent>, String>,
     runs: Result<Vec<RunRecord>, String>,
+    latest: Result<Option<RunRecord>, String>,
     profile: Result<ProfileState, String>,
     threads: Result<Vec<ThreadSummary>, String>,
 }
@@ -411,6 +412,7 @@ async fn read_all(store: &SqliteStore) -> Reads {
         other: store.load_checkpoint(&tid("t2")).await.map_err(text),
         events: store.load_events(&t1, 0).await.map_err(text),
         runs: store.list_runs(&t1).await.map_err(text),
+        latest: store.latest_run(&t1).await.map_err(text),
         profile: store
             .load_profile(&ProfileId::new("p1").expect("valid"))
             .await
@@ -454,6 +456,7 @@ fn reaches(c: usize, r: usize, rows: &[Vec<(Vec<SqlValue>, SqlValue)>], read: &s
         "other" => of_t2 || column.table == "profile_state",
         "events" => column.table == "events" && !of_t2,
         "runs" => column.table == "runs",
+        "latest" => matches!(column.table, "threads" | "runs"),
         "profile" => column.table == "profile_state",
         _ => column.table == "threads",
     }
@@ -488,6 +491,12 @@ fn check(f: &Fixture, damaged: &[(usize, usize, SqlValue)], latest: Option<&str>
     if !reached("runs") {
         assert_eq!(reads.runs, was.runs, "undamaged runs read back differently");
     }
+    if !reached("latest") {
+        assert_eq!(
+            reads.latest, was.latest,
+            "an undamaged latest run reads back differently"
+        );
+    }
     if !reached("profile") {
         assert_eq!(
             reads.profile, was.profile,
@@ -514,6 +523,15 @@ fn check(f: &Fixture, damaged: &[(usize, usize, SqlValue)], latest: Option<&str>
                 "the {what} error does not name thread t1: {e}"
             );
         }
+    }
+    // The latest run read alone is the checkpoint's, which reads all that it reads and more.
+    if let Ok(cp) = &reads.checkpoint {
+        let run = cp.as_ref().and_then(|cp| cp.run.clone());
+        assert_eq!(
+            reads.latest,
+            Ok(run),
+            "the latest run read alone is not the checkpoint's"
+        );
     }
     // A checkpoint holds its thread's latest run, with that run's batch.
     if let Ok(Some(cp)) = &reads.checkpoint {
