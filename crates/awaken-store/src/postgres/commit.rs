@@ -165,6 +165,11 @@ impl Rows<'_> {
     }
 }
 
+/// A run lease's renewal and release, matched on its holder and epoch.
+pub(super) const RENEW_RUN_LEASE: &str = "UPDATE runs SET lease_expires_at = $1 \
+     WHERE run_id = $2 AND lease_owner = $3 AND lease_epoch = $4";
+pub(super) const RELEASE_RUN_LEASE: &str = "UPDATE runs SET lease_owner = NULL, \
+     lease_expires_at = NULL WHERE run_id = $1 AND lease_owner = $2 AND lease_epoch = $3";
 pub(super) const RUN_THREAD: &str = "SELECT thread_id FROM runs WHERE run_id = $1";
 const UPSERT_PROFILE_KEY: &str = "INSERT INTO profile_state (profile_id, key, value, version) \
      VALUES ($1, $2, $3, 1) \

@@ -5,7 +5,7 @@
 //! connection pool is in `pool`, the schema in `schema`, a commit's transaction in `commit`, and
 //! the reads in `load`.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -39,42 +39,6 @@ pub use queue::{
 };
 
 use pool::Pool;
-
-const RENEW_RUN_LEASE: &str = "UPDATE runs SET lease_expires_at = $1 WHERE run_id = $2 \
-     AND lease_owner = $3 AND lease_epoch = $4";
-const RELEASE_RUN_LEASE: &str = "UPDATE runs SET lease_owner = NULL, lease_expires_at = NULL \
-     WHERE run_id = $1 AND lease_owner = $2 AND lease_epoch = $3";
-
-/// The statements a worker's job uses, from its claim to its end: the claim, the thread's
-/// latest run, runs and checkpoint, the run's lease, its steps' commits and their
-/// announcement, and the job's heartbeat and end. [`RunQueue::warm_up`] prepares them ahead.
-fn job_statements() -> &'static [&'static str] {
-    static STATEMENTS: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
-        let mut statements = vec![
-            queue::CLAIM.as_str(),
-            queue::NEXT_DUE,
-            queue::HEARTBEAT,
-            queue::COMPLETE,
-            queue::NOTIFY,
-            load::LATEST_RUN.as_str(),
-            load::RUNS.as_str(),
-            load::THREAD_ROW,
-            load::MESSAGES,
-            load::THREAD_STATE,
-            load::RUN_ROW.as_str(),
-            load::RUN_STATE,
-            RENEW_RUN_LEASE,
-            RELEASE_RUN_LEASE,
-            commit::ENSURE_THREAD,
-            commit::LOCK_THREAD,
-            commit::LOCK_RUN,
-            crate::one_run::HOLDER_QUERY,
-        ];
-        statements.extend(commit::run_writes());
-        statements
-    });
-    &STATEMENTS
-}
 
 /// How to connect a [`PostgresStore`].
 #[derive(Debug, Clone)]
@@ -459,7 +423,7 @@ impl ThreadStore for PostgresStore {
             let renewed = conn
                 .prepared()
                 .execute(
-                    RENEW_RUN_LEASE,
+                    commit::RENEW_RUN_LEASE,
                     &[
                         &expires_at.as_unix_millis(),
                         &lease.run_id.as_str(),
@@ -485,7 +449,7 @@ impl ThreadStore for PostgresStore {
             let n = conn
                 .prepared()
                 .execute(
-                    RELEASE_RUN_LEASE,
+                    commit::RELEASE_RUN_LEASE,
                     &[
                         &lease.run_id.as_str(),
                         &lease.worker_id,

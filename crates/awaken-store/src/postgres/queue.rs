@@ -14,6 +14,7 @@ use awaken_event::{RunId, ThreadId};
 use tokio_postgres::Row;
 
 use super::pool::Pool;
+use super::{commit, load};
 use crate::commit::Timestamp;
 use crate::error::{Database, InDatabase, StoreError};
 use crate::lease;
@@ -322,6 +323,37 @@ pub(super) const COMPLETE: &str =
     "DELETE FROM run_queue WHERE job_id = $1 AND lease_owner = $2 AND claims = $3";
 pub(super) const NOTIFY: &str = "SELECT pg_notify($1, p) FROM unnest($2::TEXT[]) AS p";
 
+/// The statements a worker's job uses, from its claim to its end: the claim, the thread's
+/// latest run, runs and checkpoint, the run's lease, its steps' commits and their
+/// announcement, and the job's heartbeat and end. [`RunQueue::warm_up`] prepares them ahead.
+pub(super) fn job_statements() -> &'static [&'static str] {
+    static STATEMENTS: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
+        let mut statements = vec![
+            CLAIM.as_str(),
+            NEXT_DUE,
+            HEARTBEAT,
+            COMPLETE,
+            NOTIFY,
+            load::LATEST_RUN.as_str(),
+            load::RUNS.as_str(),
+            load::THREAD_ROW,
+            load::MESSAGES,
+            load::THREAD_STATE,
+            load::RUN_ROW.as_str(),
+            load::RUN_STATE,
+            commit::RENEW_RUN_LEASE,
+            commit::RELEASE_RUN_LEASE,
+            commit::ENSURE_THREAD,
+            commit::LOCK_THREAD,
+            commit::LOCK_RUN,
+            crate::one_run::HOLDER_QUERY,
+        ];
+        statements.extend(commit::run_writes());
+        statements
+    });
+    &STATEMENTS
+}
+
 fn count(n: i32) -> u32 {
     u32::try_from(n).unwrap_or(0)
 }
@@ -387,7 +419,7 @@ impl RunQueue {
     /// store opens from now on does (after a reconnect, say): a worker's first jobs then wait
     /// for no statement to be parsed and planned on a connection that has not used it.
     pub async fn warm_up(&self, connections: usize) -> Result<(), StoreError> {
-        self.named(self.pool.warm(super::job_statements(), connections))
+        self.named(self.pool.warm(job_statements(), connections))
             .await
     }
 

@@ -59,7 +59,7 @@ async fn unplanned(store: &PostgresStore, n: usize) -> Vec<i64> {
 /// What each idle connection of `store` has prepared beyond a job's statements, and how many
 /// of those it lacks.
 fn beyond_and_lacking(store: &PostgresStore) -> Vec<(Vec<String>, usize)> {
-    let job: BTreeSet<&str> = job_statements().iter().copied().collect();
+    let job: BTreeSet<&str> = queue::job_statements().iter().copied().collect();
     store
         .pool
         .idle_prepared()
