@@ -1,10 +1,11 @@
 //! [`serve`]: the server on a listener, with recovery of unfinished runs and a graceful
 //! shutdown.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Mutex;
 
-use awaken_event::CancellationToken;
+use awaken_event::{CancellationToken, RunId};
 use awaken_runtime::{RecoverConfig, ShutdownMode};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -196,7 +197,8 @@ fn is_connection_error(e: &std::io::Error) -> bool {
 }
 
 /// Continues unfinished runs, one claim at a time (so each has its own cancel token), until
-/// `stop`; rests `recover_interval` whenever none is left to claim.
+/// `stop`; rests `recover_interval` whenever none is left to claim, or every run left has
+/// failed to continue since the last rest.
 async fn recover_loop(server: AgentServer, stop: CancellationToken) {
     let shared = &server.shared;
     let sink = RecoverySink {
@@ -206,6 +208,9 @@ async fn recover_loop(server: AgentServer, stop: CancellationToken) {
         pending_commit: Mutex::new(0),
     };
     let config = &shared.config;
+    // The runs that failed to continue since the last rest. Claims go to the runs claimed
+    // fewest times, so one of them claimed again means every other run has had its turn.
+    let mut failed: HashSet<RunId> = HashSet::new();
     loop {
         // Not a child of `stop`: a shutdown leaves a recovered run to its grace period, as any
         // other; this token only serves the cancel route.
@@ -227,9 +232,13 @@ async fn recover_loop(server: AgentServer, stop: CancellationToken) {
                         }
                     }
                 }
-                // A run that could not continue (its store failing) is looked at again after
-                // the interval, not at once.
-                runs.iter().any(|r| r.outcome.is_ok())
+                // A run that could not continue (its store failing, its agent not served here)
+                // goes behind the others, which are claimed at once; it is looked at again
+                // after the interval.
+                runs.iter().fold(false, |go_on, r| match &r.outcome {
+                    Ok(_) => true,
+                    Err(_) => failed.insert(r.run_id.clone()) || go_on,
+                })
             }
             Err(e) => {
                 tracing::warn!(error = %e, "recovery failed");
@@ -240,6 +249,7 @@ async fn recover_loop(server: AgentServer, stop: CancellationToken) {
             return;
         }
         if !continued {
+            failed.clear();
             tokio::select! {
                 () = stop.cancelled() => return,
                 () = tokio::time::sleep(config.recover_interval) => {}

@@ -5,9 +5,10 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use awaken_event::{AgentEvent, StopReason, TerminationReason};
-use awaken_server::EventId;
+use awaken_server::{EventId, ServerConfig};
 use awaken_store::ThreadStore;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -161,7 +162,7 @@ async fn a_server_without_a_worker_identity_recovers_nothing() {
         stored,
         "nothing was added meanwhile"
     );
-    let (_rig, server) = recovered_to_its_end(dir.path(), &counted, "w").await;
+    let (_rig, server) = recovered_to_its_end(dir.path(), &counted, "w", config()).await;
     assert_eq!(counted.load(Ordering::SeqCst), 1);
     server.stop().await;
 }
@@ -257,7 +258,7 @@ async fn a_recovered_run_survives_the_shutdown_of_the_server_that_recovered_it()
     }
 
     // A third finishes it.
-    let (rig, server) = recovered_to_its_end(dir.path(), &counted, "third").await;
+    let (rig, server) = recovered_to_its_end(dir.path(), &counted, "third", config()).await;
     assert_eq!(counted.load(Ordering::SeqCst), 1);
     assert_eq!(
         rig.store.last_run("t").await.termination,
@@ -379,11 +380,12 @@ async fn recovered_to_its_end(
     dir: &std::path::Path,
     counted: &Arc<AtomicUsize>,
     worker: &str,
+    config: ServerConfig,
 ) -> (Rig, TestServer) {
     let rig = Rig::on(sqlite(dir).await, vec![held_answer()])
         .counting(counted)
         .with_worker(worker);
-    let server = TestServer::start(rig.runtime(), config()).await;
+    let server = TestServer::start(rig.runtime(), config).await;
     rig.model.wait_holds(1).await;
     let mut sse = server.events_after("t", "0").await;
     rig.model.release(1);
@@ -411,7 +413,7 @@ async fn recovery_is_not_held_up_by_a_waiting_thread() {
     stopped_mid_run(dir.path(), &counted, None).await;
 
     // Recovery claims one run at a time: the stopped one, not the waiting one.
-    let (rig, server) = recovered_to_its_end(dir.path(), &counted, "w").await;
+    let (rig, server) = recovered_to_its_end(dir.path(), &counted, "w", config()).await;
     // The waiting thread still waits.
     assert_eq!(
         rig.store.last_run("waiting").await.status.as_str(),
@@ -420,28 +422,39 @@ async fn recovery_is_not_held_up_by_a_waiting_thread() {
     server.stop().await;
 }
 
+/// An unfinished run on thread `orphan` of an agent no server here serves, so its
+/// continuation fails before writing anything.
+async fn orphan_run(dir: &std::path::Path) {
+    let store = sqlite(dir).await;
+    let run = awaken_store::RunRecord::new(
+        awaken_event::RunId::new("r-gone").expect("id"),
+        "gone",
+        awaken_store::Timestamp::from_unix_millis(1_000),
+    );
+    let commit = awaken_store::ThreadCommit::new(tid("orphan"), run, 0)
+        .with_messages([awaken_event::Message::user("hi")]);
+    store.commit(&commit).await.expect("the orphan's run");
+}
+
+/// Recovery resting an hour between its rounds.
+fn resting() -> ServerConfig {
+    ServerConfig {
+        recover_interval: Duration::from_secs(3_600),
+        ..config()
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_that_cannot_continue_does_not_hold_recovery_up() {
-    // The oldest unfinished run is of an agent this server does not serve, so its
-    // continuation fails before writing anything; then a run stopped mid-answer.
+    // The oldest unfinished run cannot continue; then a run stopped mid-answer.
     let dir = tempfile::tempdir().expect("dir");
-    {
-        let store = sqlite(dir.path()).await;
-        let run = awaken_store::RunRecord::new(
-            awaken_event::RunId::new("r-gone").expect("id"),
-            "gone",
-            awaken_store::Timestamp::from_unix_millis(1_000),
-        );
-        let commit = awaken_store::ThreadCommit::new(tid("orphan"), run, 0)
-            .with_messages([awaken_event::Message::user("hi")]);
-        store.commit(&commit).await.expect("the orphan's run");
-    }
+    orphan_run(dir.path()).await;
     let counted = Arc::new(AtomicUsize::new(0));
     stopped_mid_run(dir.path(), &counted, None).await;
 
     // Recovery claims one run at a time: the orphan's first, which fails and goes behind the
-    // other, then the stopped run, which ends.
-    let (rig, server) = recovered_to_its_end(dir.path(), &counted, "w").await;
+    // other, then at once (not after the interval) the stopped run, which ends.
+    let (rig, server) = recovered_to_its_end(dir.path(), &counted, "w", resting()).await;
     assert_eq!(counted.load(Ordering::SeqCst), 1);
     let orphan = rig.store.last_run("orphan").await;
     assert_eq!(
@@ -449,6 +462,27 @@ async fn a_run_that_cannot_continue_does_not_hold_recovery_up() {
         ("running", 1_000)
     );
     server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_cannot_continue_is_claimed_twice_a_round() {
+    // Alone, it is claimed, fails, is claimed again (every other run has had its turn), fails
+    // again, and recovery rests: no loop of claims.
+    let dir = tempfile::tempdir().expect("dir");
+    orphan_run(dir.path()).await;
+    let rig = Rig::on(sqlite(dir.path()).await, vec![]).with_worker("w");
+    let server = TestServer::start(rig.runtime(), resting()).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.stop().await;
+    let later = awaken_store::Timestamp::from_unix_millis(i64::MAX / 2);
+    let claimed = rig
+        .store
+        .claim_runnable("check", Duration::from_secs(5), later, 1)
+        .await
+        .expect("claim");
+    let epochs: Vec<u64> = claimed.iter().map(|c| c.lease.epoch).collect();
+    // The server's two claims, then this one.
+    assert_eq!(epochs, [3]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
