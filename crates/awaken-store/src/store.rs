@@ -191,6 +191,17 @@ pub trait ThreadStore: Send + Sync {
     /// The runs of a thread, oldest first (by creation time, then run id).
     async fn list_runs(&self, thread_id: &ThreadId) -> Result<Vec<RunRecord>, StoreError>;
 
+    /// The record of run `run_id` if thread `thread_id` holds it (`None`: no such run on the
+    /// thread). The default looks through the thread's runs; the stores read the one record.
+    async fn load_run(
+        &self,
+        thread_id: &ThreadId,
+        run_id: &RunId,
+    ) -> Result<Option<RunRecord>, StoreError> {
+        let runs = self.list_runs(thread_id).await?;
+        Ok(runs.into_iter().find(|r| r.run_id == *run_id))
+    }
+
     /// The record of the thread's latest run, as its checkpoint holds it (`None`: the thread has
     /// none, or is unknown). The default reads the whole checkpoint; the stores read the one record, so a
     /// look at where a long thread stands costs what a short one's does.
@@ -297,6 +308,14 @@ impl<T: ThreadStore + ?Sized> ThreadStore for std::sync::Arc<T> {
 
     async fn list_runs(&self, thread_id: &ThreadId) -> Result<Vec<RunRecord>, StoreError> {
         (**self).list_runs(thread_id).await
+    }
+
+    async fn load_run(
+        &self,
+        thread_id: &ThreadId,
+        run_id: &RunId,
+    ) -> Result<Option<RunRecord>, StoreError> {
+        (**self).load_run(thread_id, run_id).await
     }
 
     async fn latest_run(&self, thread_id: &ThreadId) -> Result<Option<RunRecord>, StoreError> {

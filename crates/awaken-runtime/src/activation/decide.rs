@@ -262,12 +262,8 @@ async fn close_left_behind(
     stored: &mut Stored,
     lease: &LeaseToken,
 ) -> Result<(), RunError> {
-    let runs = rt
-        .store
-        .list_runs(thread_id)
-        .await
-        .map_err(RunError::Store)?;
-    let Some(record) = runs.into_iter().find(|r| &r.run_id == run_id) else {
+    let record = rt.store.load_run(thread_id, run_id).await;
+    let Some(record) = record.map_err(RunError::Store)? else {
         return Ok(());
     };
     if record.status == RunStatus::Done {

@@ -61,8 +61,8 @@ pub(super) async fn load(store: &dyn ThreadStore, start: &Start) -> Result<Store
         && let Some(run_id) = &act.run_id
         && act.parent_run_id.is_none()
     {
-        let runs = store.list_runs(thread_id).await.map_err(RunError::Store)?;
-        if runs.iter().any(|r| r.run_id == *run_id) {
+        let taken = store.load_run(thread_id, run_id).await;
+        if taken.map_err(RunError::Store)?.is_some() {
             return Err(RunError::RunIdTaken {
                 thread_id: thread_id.clone(),
                 run_id: run_id.clone(),

@@ -111,6 +111,16 @@ impl ThreadStore for MemoryStore {
             .map_err(|e| e.of_thread(thread_id))
     }
 
+    async fn load_run(
+        &self,
+        thread_id: &ThreadId,
+        run_id: &RunId,
+    ) -> Result<Option<RunRecord>, StoreError> {
+        self.tables
+            .run(thread_id, run_id)
+            .map_err(|e| e.of_thread(thread_id))
+    }
+
     async fn latest_run(&self, thread_id: &ThreadId) -> Result<Option<RunRecord>, StoreError> {
         self.tables
             .latest_run(thread_id)

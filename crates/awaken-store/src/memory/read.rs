@@ -1,7 +1,7 @@
 //! Reads of the memory store: what is shared under a shard's lock is decoded after it is
 //! released.
 
-use awaken_event::{ProfileId, ThreadId};
+use awaken_event::{ProfileId, RunId, ThreadId};
 use awaken_state::PersistedState;
 
 use crate::commit::RunRecord;
@@ -97,6 +97,18 @@ impl Tables {
             .get(run_id)
             .map(|slot| slot.record(run_id, &self.digests))
             .transpose()
+    }
+
+    /// See `ThreadStore::load_run`.
+    pub(super) fn run(
+        &self,
+        thread_id: &ThreadId,
+        run_id: &RunId,
+    ) -> Result<Option<RunRecord>, StoreError> {
+        match self.shard(thread_id).runs.get(run_id) {
+            Some(slot) if slot.is_on(thread_id)? => slot.record(run_id, &self.digests).map(Some),
+            _ => Ok(None),
+        }
     }
 
     /// See `ThreadStore::list_runs`.

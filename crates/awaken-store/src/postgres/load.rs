@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
-use awaken_event::{ProfileId, ThreadId};
+use awaken_event::{ProfileId, RunId, ThreadId};
 use awaken_state::PersistedState;
 use tokio_postgres::{Client, GenericClient, IsolationLevel, Row, Transaction};
 
@@ -109,8 +109,12 @@ pub(super) static RUN_ROW: LazyLock<String> = LazyLock::new(|| {
 });
 pub(super) const RUN_STATE: &str = "SELECT key, value FROM run_state WHERE run_id = $1";
 /// A thread's runs, oldest first.
-pub(super) static RUNS: LazyLock<String> = LazyLock::new(|| {
+static RUNS: LazyLock<String> = LazyLock::new(|| {
     format!("SELECT {RUN_COLUMNS} FROM runs WHERE thread_id = $1 ORDER BY created_at, run_id")
+});
+/// A run of a thread, by its id.
+pub(super) static RUN: LazyLock<String> = LazyLock::new(|| {
+    format!("SELECT {RUN_COLUMNS} FROM runs WHERE run_id = $1 AND thread_id = $2")
 });
 /// The thread's row and its latest run's, in one statement.
 pub(super) static LATEST_RUN: LazyLock<String> = LazyLock::new(|| {
@@ -210,6 +214,18 @@ pub(super) async fn runs(
         out.push(raw_run(&row, 0)?.decode()?);
     }
     Ok(out)
+}
+
+/// See `ThreadStore::load_run`.
+pub(super) async fn run(
+    client: &mut Prepared<'_, Client>,
+    thread_id: &ThreadId,
+    run_id: &RunId,
+) -> Result<Option<RunRecord>, StoreError> {
+    let row = client
+        .query_opt(&RUN, &[&run_id.as_str(), &thread_id.as_str()])
+        .await?;
+    row.map(|row| raw_run(&row, 0)?.decode()).transpose()
 }
 
 /// See `ThreadStore::latest_run`: the thread's row and its latest run's, in one statement.

@@ -250,6 +250,19 @@ impl ThreadStore for PostgresStore {
         .await
     }
 
+    async fn load_run(
+        &self,
+        thread_id: &ThreadId,
+        run_id: &RunId,
+    ) -> Result<Option<RunRecord>, StoreError> {
+        self.named(async {
+            let mut conn = self.pool.get().await?;
+            load::run(&mut conn.prepared(), thread_id, run_id).await
+        })
+        .await
+        .map_err(|e| e.of_thread(thread_id))
+    }
+
     async fn list_runs(&self, thread_id: &ThreadId) -> Result<Vec<RunRecord>, StoreError> {
         self.named(async {
             let mut conn = self.pool.get().await?;

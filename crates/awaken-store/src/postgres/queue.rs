@@ -324,7 +324,7 @@ pub(super) const COMPLETE: &str =
 pub(super) const NOTIFY: &str = "SELECT pg_notify($1, p) FROM unnest($2::TEXT[]) AS p";
 
 /// The statements a worker's job uses, from its claim to its end: the claim, the thread's
-/// latest run, runs and checkpoint, the run's lease, its steps' commits and their
+/// latest run, the job's run by id and the checkpoint, the run's lease, its steps' commits and their
 /// announcement, and the job's heartbeat and end. [`RunQueue::warm_up`] prepares them ahead.
 pub(super) fn job_statements() -> &'static [&'static str] {
     static STATEMENTS: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
@@ -335,7 +335,7 @@ pub(super) fn job_statements() -> &'static [&'static str] {
             COMPLETE,
             NOTIFY,
             load::LATEST_RUN.as_str(),
-            load::RUNS.as_str(),
+            load::RUN.as_str(),
             load::THREAD_ROW,
             load::MESSAGES,
             load::THREAD_STATE,

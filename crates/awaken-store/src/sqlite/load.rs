@@ -170,6 +170,23 @@ pub(super) fn runs(conn: &Connection, thread_id: &ThreadId) -> Result<Vec<RunRec
     Ok(out)
 }
 
+/// See `ThreadStore::load_run`.
+pub(super) fn run(
+    conn: &Connection,
+    thread_id: &ThreadId,
+    run_id: &RunId,
+) -> Result<Option<RunRecord>, StoreError> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?1 AND thread_id = ?2"
+    ))?;
+    let raw = stmt
+        .query_row(params![run_id.as_str(), thread_id.as_str()], |r| {
+            raw_run(r, 0)
+        })
+        .optional()?;
+    raw.map(|raw| raw.decode()).transpose()
+}
+
 /// See `ThreadStore::latest_run`: the thread's row and its latest run's, with the
 /// checkpoint's statements, in one read transaction.
 pub(super) fn latest_run(

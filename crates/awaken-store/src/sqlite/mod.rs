@@ -433,6 +433,17 @@ impl ThreadStore for SqliteStore {
             .map_err(|e| e.of_thread(thread_id))
     }
 
+    async fn load_run(
+        &self,
+        thread_id: &ThreadId,
+        run_id: &RunId,
+    ) -> Result<Option<RunRecord>, StoreError> {
+        let (thread, run) = (thread_id.clone(), run_id.clone());
+        self.with_conn(move |conn, _| load::run(conn, &thread, &run))
+            .await
+            .map_err(|e| e.of_thread(thread_id))
+    }
+
     async fn run_thread(&self, run_id: &RunId) -> Result<Option<ThreadId>, StoreError> {
         let run = run_id.clone();
         self.with_conn(move |conn, _| load::run_thread(conn, &run))

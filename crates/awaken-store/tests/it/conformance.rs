@@ -1869,6 +1869,16 @@ pub async fn runs_in_turn_read_back_in_order(h: &Harness) {
             "after commit {i}"
         );
     }
+    // Each run read by its id is the record the thread's list holds; on another thread, or
+    // an id no run has, there is none.
+    for run in s.list_runs(&tid("t1")).await.expect("runs") {
+        let read = s.load_run(&tid("t1"), &run.run_id).await.expect("run");
+        assert_eq!(read, Some(run.clone()));
+        let elsewhere = s.load_run(&tid("t2"), &run.run_id).await.expect("run");
+        assert_eq!(elsewhere, None, "run {} on another thread", run.run_id);
+    }
+    let unknown = s.load_run(&tid("t1"), &rid("zz")).await.expect("run");
+    assert_eq!(unknown, None);
     check(
         &outcomes.join("\n"),
         expect_test::expect![[r#"
