@@ -136,6 +136,7 @@ struct Reads {
     events: Result<Vec<StoredEvent>, String>,
     runs: Result<Vec<RunRecord>, String>,
     latest: Result<Option<RunRecord>, String>,
+    run: Result<Option<RunRecord>, String>,
     profile: Result<ProfileState, String>,
     threads: Result<Vec<ThreadSummary>, String>,
 }
@@ -413,6 +414,7 @@ async fn read_all(store: &SqliteStore) -> Reads {
         events: store.load_events(&t1, 0).await.map_err(text),
         runs: store.list_runs(&t1).await.map_err(text),
         latest: store.latest_run(&t1).await.map_err(text),
+        run: store.load_run(&t1, &rid("r1")).await.map_err(text),
         profile: store
             .load_profile(&ProfileId::new("p1").expect("valid"))
             .await
@@ -457,6 +459,7 @@ fn reaches(c: usize, r: usize, rows: &[Vec<(Vec<SqlValue>, SqlValue)>], read: &s
         "events" => column.table == "events" && !of_t2,
         "runs" => column.table == "runs",
         "latest" => matches!(column.table, "threads" | "runs"),
+        "run" => column.table == "runs",
         "profile" => column.table == "profile_state",
         _ => column.table == "threads",
     }
@@ -497,6 +500,12 @@ fn check(f: &Fixture, damaged: &[(usize, usize, SqlValue)], latest: Option<&str>
             "an undamaged latest run reads back differently"
         );
     }
+    if !reached("run") {
+        assert_eq!(
+            reads.run, was.run,
+            "an undamaged run reads back differently"
+        );
+    }
     if !reached("profile") {
         assert_eq!(
             reads.profile, was.profile,
@@ -514,6 +523,7 @@ fn check(f: &Fixture, damaged: &[(usize, usize, SqlValue)], latest: Option<&str>
         ("checkpoint", reads.checkpoint.as_ref().err()),
         ("events", reads.events.as_ref().err()),
         ("runs", reads.runs.as_ref().err()),
+        ("run", reads.run.as_ref().err()),
     ] {
         if let Some(e) = result
             && e.starts_with("corrupt")
@@ -531,6 +541,15 @@ fn check(f: &Fixture, damaged: &[(usize, usize, SqlValue)], latest: Option<&str>
             reads.latest,
             Ok(run),
             "the latest run read alone is not the checkpoint's"
+        );
+    }
+    // A run read by its id is the one the thread's list holds, which reads all it reads.
+    if let Ok(runs) = &reads.runs {
+        let listed = runs.iter().find(|r| r.run_id.as_str() == "r1").cloned();
+        assert_eq!(
+            reads.run,
+            Ok(listed),
+            "run r1 read by its id is not the listed one"
         );
     }
     // A checkpoint holds its thread's latest run, with that run's batch.
