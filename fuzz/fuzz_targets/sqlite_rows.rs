@@ -473,51 +473,23 @@ fn check(f: &Fixture, damaged: &[(usize, usize, SqlValue)], latest: Option<&str>
             .iter()
             .any(|(c, r, _)| reaches(*c, *r, &f.rows, read))
     };
-    if !reached("checkpoint") {
-        assert_eq!(
-            reads.checkpoint, was.checkpoint,
-            "undamaged rows of t1 read back differently"
-        );
+    macro_rules! unchanged {
+        ($($read:ident: $message:literal),* $(,)?) => {$(
+            if !reached(stringify!($read)) {
+                assert_eq!(reads.$read, was.$read, $message);
+            }
+        )*};
     }
-    if !reached("other") {
-        assert_eq!(
-            reads.other, was.other,
-            "undamaged rows of t2 read back differently"
-        );
-    }
-    if !reached("events") {
-        assert_eq!(
-            reads.events, was.events,
-            "undamaged events read back differently"
-        );
-    }
-    if !reached("runs") {
-        assert_eq!(reads.runs, was.runs, "undamaged runs read back differently");
-    }
-    if !reached("latest") {
-        assert_eq!(
-            reads.latest, was.latest,
-            "an undamaged latest run reads back differently"
-        );
-    }
-    if !reached("run") {
-        assert_eq!(
-            reads.run, was.run,
-            "an undamaged run reads back differently"
-        );
-    }
-    if !reached("profile") {
-        assert_eq!(
-            reads.profile, was.profile,
-            "an undamaged profile reads back differently"
-        );
-    }
-    if !reached("threads") {
-        assert_eq!(
-            reads.threads, was.threads,
-            "undamaged threads read back differently"
-        );
-    }
+    unchanged!(
+        checkpoint: "undamaged rows of t1 read back differently",
+        other: "undamaged rows of t2 read back differently",
+        events: "undamaged events read back differently",
+        runs: "undamaged runs read back differently",
+        latest: "an undamaged latest run reads back differently",
+        run: "an undamaged run reads back differently",
+        profile: "an undamaged profile reads back differently",
+        threads: "undamaged threads read back differently",
+    );
     // Errors about a thread's damaged data name the thread.
     for (what, result) in [
         ("checkpoint", reads.checkpoint.as_ref().err()),
