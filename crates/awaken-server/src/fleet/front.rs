@@ -71,6 +71,7 @@ pub(crate) async fn enqueue(
         .map_err(|e| ApiError::internal("unqueueable", format!("the run cannot be queued: {e}")))?;
     let mut new = NewJob::new(thread.clone(), run_id.clone(), agent, payload);
     new.max_attempts = front.config.max_attempts;
+    new.after_event = after;
     let now = Timestamp::from_system_time(std::time::SystemTime::now());
     match front.queue.enqueue(&new, now).await.map_err(store_failed)? {
         Enqueued::Queued(job_id) => {
@@ -81,6 +82,7 @@ pub(crate) async fn enqueue(
                 live: Arc::clone(live),
                 job_id,
                 run_id,
+                start: after,
                 after,
                 cancel,
             };
@@ -109,7 +111,7 @@ pub(crate) async fn live_or_follow(
     if local.as_ref().is_some_and(|r| !r.is_ended()) {
         return Ok(local);
     }
-    let Some((job_id, run_id)) = front
+    let Some(job) = front
         .queue
         .job_of_thread(thread)
         .await
@@ -129,8 +131,9 @@ pub(crate) async fn live_or_follow(
         server: server.clone(),
         front: Arc::clone(front),
         live: Arc::clone(&live),
-        job_id,
-        run_id,
+        job_id: job.job_id,
+        run_id: job.run_id,
+        start: job.after_event,
         after,
         cancel,
     };
@@ -144,8 +147,11 @@ struct Follower {
     front: Arc<Front>,
     live: Arc<LiveRun>,
     job_id: JobId,
-    /// The job's run: its `RunFinish` ends the activation.
+    /// The job's run: its first `RunFinish` after `start` ends the activation.
     run_id: RunId,
+    /// The thread's last stored event when the job was queued (a job continuing a waiting run
+    /// follows that run's earlier `RunFinish`).
+    start: u64,
     /// The last stored event already followed.
     after: u64,
     /// Cancelled by the cancel route: asks the queue to cancel the job.
@@ -247,6 +253,7 @@ impl Follower {
                 ..
             } = &stored.event
                 && *run_id == self.run_id
+                && stored.seq > self.start
             {
                 return Ok(Progress::Finished(json!({
                     "run_id": run_id,

@@ -485,7 +485,16 @@ async fn a_decision_posted_to_another_front_end_continues_the_run_on_another_wor
     assert_eq!(a.rig.store.stored("t").await, stored);
 
     // Another worker continues the run with the decision, streamed by front end B.
-    let w2 = fleet.worker("w2", vec![text_turn(&["approved"])]).await;
+    let w2 = fleet
+        .worker(
+            "w2",
+            vec![vec![
+                Piece::Hold,
+                text("approved"),
+                stop(StopReason::EndTurn),
+            ]],
+        )
+        .await;
     let response = b
         .server
         .post(
@@ -497,9 +506,20 @@ async fn a_decision_posted_to_another_front_end_continues_the_run_on_another_wor
             }]}),
         )
         .await;
-    let frames = Sse::new(response).await.rest().await;
+    let mut resumed = Sse::new(response).await;
+    let first = resumed.until(|f| f.is("step_start")).await;
+    w2.rig.model.wait_holds(1).await;
+    // Front end A, which did not queue the decision, follows the resumed run from the thread's
+    // start and from a position before the suspension: past the first activation's end.
+    let from_start = a.server.events_after("t", "0").await;
+    let from_before = a.server.reconnect("t", "3").await;
+    w2.rig.model.release(1);
+    let frames: Vec<Frame> = first.into_iter().chain(resumed.rest().await).collect();
+    let all = a.rig.store.stored("t").await;
+    assert_eq!(agent_events(&from_start.rest().await), all);
+    assert_eq!(agent_events(&from_before.rest().await), all[3..]);
     let events = checked_activation(&frames);
-    assert_eq!(events, a.rig.store.stored("t").await[stored.len()..]);
+    assert_eq!(events, all[stored.len()..]);
     expect![[r#"
         9 run_start resumed=true
         10 step_start 2
@@ -794,13 +814,13 @@ async fn another_worker_takes_over_the_run_of_a_dead_one() {
 
 /// The state of the job of thread `t`, which `front`'s queue must hold.
 async fn job_of_t(front: &FrontEnd) -> JobState {
-    let (job, _) = front
+    let job = front
         .queue
         .job_of_thread(&tid("t"))
         .await
         .expect("job")
         .expect("a job");
-    front.queue.job_state(job).await.expect("job state")
+    front.queue.job_state(job.job_id).await.expect("job state")
 }
 
 /// A worker `w1` that drains quickly, holding a run of thread `t` (posted to `front`) on its

@@ -35,7 +35,7 @@ mod tests;
 pub use listen::{FleetListener, Hear};
 pub use queue::{
     ClaimedJob, DeadJob, Enqueued, FleetWake, JobBeat, JobId, JobLease, JobState, NewJob,
-    QueueDepth, QueueError, Retried, RunQueue,
+    QueueDepth, QueueError, Retried, RunQueue, ThreadJob,
 };
 
 use pool::Pool;

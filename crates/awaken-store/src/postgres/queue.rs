@@ -55,6 +55,9 @@ pub struct NewJob {
     pub not_before: Timestamp,
     /// Attempts after which a job that keeps failing is dead-lettered (at least 1).
     pub max_attempts: u32,
+    /// The thread's last stored event when the job was queued: the job's events come after it
+    /// (a job continuing a waiting run shares its run id with that run's earlier events).
+    pub after_event: u64,
 }
 
 impl NewJob {
@@ -73,8 +76,20 @@ impl NewJob {
             priority: 0,
             not_before: Timestamp::EPOCH,
             max_attempts: 3,
+            after_event: 0,
         }
     }
+}
+
+/// A thread's queued or claimed job, as [`RunQueue::job_of_thread`] finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadJob {
+    /// The job.
+    pub job_id: JobId,
+    /// The run it starts or continues.
+    pub run_id: RunId,
+    /// The thread's last stored event when it was queued ([`NewJob::after_event`]).
+    pub after_event: u64,
 }
 
 /// What [`RunQueue::enqueue`] did.
@@ -433,14 +448,15 @@ impl RunQueue {
                 })?;
             let mut conn = self.pool.get().await?;
             let wake = self.payload(&FleetWake::Job, "");
+            let after_event = crate::codec::int(job.after_event);
             // Up to a few tries: a busy thread's job may end between the insert and the read.
             for _ in 0..3 {
                 let row = conn
                     .prepared()
                     .query_opt(
                         "WITH j AS (INSERT INTO run_queue (thread_id, run_id, agent_id, payload, \
-                             priority, not_before, enqueued_at, max_attempts) \
-                             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+                             priority, not_before, enqueued_at, max_attempts, after_event) \
+                             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $11) \
                              ON CONFLICT (thread_id) DO NOTHING RETURNING job_id) \
                          SELECT job_id, pg_notify($9, $10) FROM j",
                         &[
@@ -454,6 +470,7 @@ impl RunQueue {
                             &attempt(job.max_attempts.max(1)),
                             &JOBS_CHANNEL,
                             &wake,
+                            &after_event,
                         ],
                     )
                     .await?;
@@ -773,18 +790,24 @@ impl RunQueue {
     pub async fn job_of_thread(
         &self,
         thread_id: &ThreadId,
-    ) -> Result<Option<(JobId, RunId)>, StoreError> {
+    ) -> Result<Option<ThreadJob>, StoreError> {
         self.named(async {
             let mut conn = self.pool.get().await?;
             let row = conn
                 .prepared()
                 .query_opt(
-                    "SELECT job_id, run_id FROM run_queue WHERE thread_id = $1",
+                    "SELECT job_id, run_id, after_event FROM run_queue WHERE thread_id = $1",
                     &[&thread_id.as_str()],
                 )
                 .await?;
-            row.map(|r| Ok((JobId(r.try_get(0)?), run_of(r.try_get(1)?)?)))
-                .transpose()
+            row.map(|r| {
+                Ok(ThreadJob {
+                    job_id: JobId(r.try_get(0)?),
+                    run_id: run_of(r.try_get(1)?)?,
+                    after_event: crate::codec::count("job's first event", r.try_get(2)?)?,
+                })
+            })
+            .transpose()
         })
         .await
     }

@@ -115,6 +115,11 @@ DROP INDEX runs_unfinished;
 CREATE INDEX runs_unfinished ON runs (run_id) WHERE status <> 'done';
 ALTER TABLE runs SET (fillfactor = 70);
 "#,
+    // Where a job's events start: a follower of a job that continues an earlier run tells its
+    // activation's end from that run's earlier ones.
+    r#"
+ALTER TABLE run_queue ADD COLUMN after_event BIGINT NOT NULL DEFAULT 0;
+"#,
 ];
 
 /// Advisory lock key of schema migrations (any constant shared by every build).

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use awaken_store::{
     ClaimedJob, DeadJob, Enqueued, FleetListener, FleetWake, Hear, JobBeat, JobId, JobState,
-    NewJob, PostgresConfig, PostgresStore, QueueDepth, QueueError, Retried, RunQueue,
+    NewJob, PostgresConfig, PostgresStore, QueueDepth, QueueError, Retried, RunQueue, ThreadJob,
 };
 use expect_test::expect;
 use serde_json::json;
@@ -138,12 +138,13 @@ async fn claims_by_priority_then_enqueue_order_when_due() {
         "nested": [1, 2.5, null, true, { "deep": [[]] }],
         "big": 9_007_199_254_740_991_i64,
     });
-    enqueue(
+    let t5 = enqueue(
         &queue,
         &NewJob {
             priority: -1,
             max_attempts: 7,
             payload: payload.clone(),
+            after_event: 41,
             ..job("t5")
         },
         1_004,
@@ -159,6 +160,23 @@ async fn claims_by_priority_then_enqueue_order_when_due() {
     )
     .await;
     assert_eq!(queue.depth(at(2_000)).await.expect("depth"), depth(6, 0, 0));
+    // A thread's job, with where its events start.
+    assert_eq!(
+        queue.job_of_thread(&tid("t5")).await.expect("job"),
+        Some(ThreadJob {
+            job_id: t5,
+            run_id: rid("r-t5"),
+            after_event: 41,
+        })
+    );
+    assert_eq!(
+        queue
+            .job_of_thread(&tid("t1"))
+            .await
+            .expect("job")
+            .map(|j| j.after_event),
+        Some(0)
+    );
 
     // One at a time, so the order is the database's, not a sort of one batch.
     let mut order = Vec::new();
@@ -249,7 +267,8 @@ async fn a_thread_holds_one_job_at_a_time() {
         queue
             .job_of_thread(&tid("t1"))
             .await
-            .expect("job of thread"),
+            .expect("job of thread")
+            .map(|j| (j.job_id, j.run_id)),
         Some((first, rid("r-t1")))
     );
 
@@ -269,7 +288,8 @@ async fn a_thread_holds_one_job_at_a_time() {
         queue
             .job_of_thread(&tid("t1"))
             .await
-            .expect("job of thread"),
+            .expect("job of thread")
+            .map(|j| (j.job_id, j.run_id)),
         Some((second, rid("r-second")))
     );
     assert_eq!(
