@@ -330,32 +330,36 @@ struct EventsQuery {
     after: Option<String>,
 }
 
-/// The position a client asks for: `?after=` or else `Last-Event-ID`.
+/// The position a client asks for: the later of `?after=` and `Last-Event-ID` (a browser's
+/// `EventSource` opened with `?after=` reconnects to the same URL with the header).
 fn position(after: Option<&str>, headers: &HeaderMap) -> ApiResult<Option<EventId>> {
-    if let Some(a) = after {
-        return EventId::parse(a).map(Some).ok_or_else(|| {
-            ApiError::bad_field(
-                "invalid_event_id",
-                "after",
-                format!("`{a}` is not an event id (SEQ or SEQ.N)"),
-            )
-        });
-    }
-    match headers.get("last-event-id") {
-        None => Ok(None),
-        Some(v) => v
-            .to_str()
-            .ok()
-            .and_then(EventId::parse)
-            .map(Some)
-            .ok_or_else(|| {
+    let after = after
+        .map(|a| {
+            EventId::parse(a).ok_or_else(|| {
+                ApiError::bad_field(
+                    "invalid_event_id",
+                    "after",
+                    format!("`{a}` is not an event id (SEQ or SEQ.N)"),
+                )
+            })
+        })
+        .transpose()?;
+    let last = headers
+        .get("last-event-id")
+        .map(|v| {
+            v.to_str().ok().and_then(EventId::parse).ok_or_else(|| {
                 ApiError::bad_field(
                     "invalid_event_id",
                     "Last-Event-ID",
                     "the Last-Event-ID header is not an event id (SEQ or SEQ.N)",
                 )
-            }),
-    }
+            })
+        })
+        .transpose()?;
+    Ok(match (after, last) {
+        (Some(a), Some(l)) if a.key() > l.key() => Some(a),
+        (a, l) => l.or(a),
+    })
 }
 
 async fn thread_events(

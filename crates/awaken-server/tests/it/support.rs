@@ -652,11 +652,16 @@ impl TestServer {
 
     /// The thread's event stream after `last` (as `Last-Event-ID`).
     pub async fn reconnect(&self, thread: &str, last: &str) -> Sse {
-        let path = format!("/v1/threads/{thread}/events");
+        self.reconnect_to(&format!("/v1/threads/{thread}/events"), last)
+            .await
+    }
+
+    /// `GET path` with `Last-Event-ID: last`, as a browser's `EventSource` reconnects.
+    pub async fn reconnect_to(&self, path: &str, last: &str) -> Sse {
         let response = guarded(
             "a reconnect",
             self.client
-                .get(self.url(&path))
+                .get(self.url(path))
                 .header("Last-Event-ID", last)
                 .send(),
         )
