@@ -1,7 +1,10 @@
 //! `POST /cancel` on a run held mid-answer: the run ends cancelled, on the stream and in the
 //! store.
 
+use std::time::Duration;
+
 use awaken_event::{AgentEvent, StopReason, TerminationReason};
+use awaken_server::ServerConfig;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -57,4 +60,39 @@ async fn cancel_ends_a_held_run_cancelled() {
         refusal(unknown).await,
         (StatusCode::NOT_FOUND, "unknown_thread".into(), None)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_whose_run_has_not_ended_within_the_wait_is_accepted() {
+    let rig = Rig::memory(vec![vec![
+        text("Hel"),
+        Piece::Hold,
+        text("lo"),
+        stop(StopReason::EndTurn),
+    ]]);
+    let config = ServerConfig {
+        cancel_wait: Duration::ZERO,
+        ..config()
+    };
+    let server = TestServer::start(rig.runtime(), config).await;
+    let mut sse = server.start_run("t", "hi").await;
+    sse.until(|f| f.is_text("Hel")).await;
+    rig.model.wait_holds(1).await;
+    // The store holds the run's last commit: it cannot end within the wait.
+    rig.store.close_commits();
+
+    let response = server.post("/v1/threads/t/cancel", json!({})).await;
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    let answer: Value = response.json().await.expect("JSON");
+    assert_eq!(answer, json!({"cancelled": true, "outcome": null}));
+    // The run ends cancelled all the same once its commit goes through.
+    rig.store.wait_held_commits(1).await;
+    rig.store.open_commits();
+    let events = agent_events(&sse.rest().await);
+    let Some((_, AgentEvent::RunFinish { termination, .. })) = events.last() else {
+        panic!("the stream ends with run_finish: {events:#?}")
+    };
+    assert_eq!(**termination, TerminationReason::Cancelled);
+    let record = rig.store.last_run("t").await;
+    assert_eq!(record.termination, Some(TerminationReason::Cancelled));
 }

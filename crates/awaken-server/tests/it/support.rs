@@ -420,6 +420,11 @@ impl Watched {
         self.commits_open.send_replace(false);
     }
 
+    /// Lets commits go through.
+    pub fn open_commits(&self) {
+        self.commits_open.send_replace(true);
+    }
+
     /// Waits until `n` commits in all waited for the closed gate.
     pub async fn wait_held_commits(&self, n: usize) {
         let mut rx = self.held_commits.subscribe();
