@@ -16,8 +16,12 @@ use tokio::net::TcpListener;
 use crate::app::AgentServer;
 use crate::live::RecoverySink;
 
-/// hyper's initial read buffer, and the most a connection's buffer may hold.
+/// hyper's initial read buffer, and the least its cap may be.
 const READ_BUFFER: usize = 8 * 1024;
+
+/// Room in a connection's read buffer, past the headers' limit, for the request line and the
+/// separators of a request head.
+const HEAD_ROOM: usize = 8 * 1024;
 
 /// How long a client may take to send a request's head once it has started one.
 const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
@@ -123,16 +127,22 @@ pub async fn serve(
 /// connections still open then (a client that neither sends its request's body nor reads its
 /// answer) are closed, so none outlives the server.
 ///
-/// Each connection is hyper's HTTP/1 connection with its read buffer held to its initial
-/// 8 KiB (a request head or body larger than that is read in several pieces), so an idle
-/// stream holds one buffer of that size rather than a grown one.
+/// Each connection is hyper's HTTP/1 connection. Its read buffer starts at 8 KiB and grows
+/// only for a read that fills it; its cap lets a request head up to the headers' limit (and
+/// [`HEAD_ROOM`] more) reach the router, whose refusal of larger headers is a JSON body. A
+/// head past the cap is refused by hyper (431, no body).
 async fn accept(
     server: &AgentServer,
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<tokio::time::Instant> {
     let mut http = http1::Builder::new();
-    http.max_buf_size(READ_BUFFER)
+    let head = server
+        .shared
+        .config
+        .max_header_bytes
+        .saturating_add(HEAD_ROOM);
+    http.max_buf_size(READ_BUFFER.max(head))
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT);
     let connections = GracefulShutdown::new();

@@ -89,11 +89,11 @@ async fn a_body_over_the_limit_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn headers_over_the_limit_are_refused() {
     let rig = Rig::memory(Vec::new());
-    let config = awaken_server::ServerConfig {
+    let small = awaken_server::ServerConfig {
         max_header_bytes: 1024,
         ..config()
     };
-    let server = TestServer::start(rig.runtime(), config).await;
+    let server = TestServer::start(rig.runtime(), small).await;
     let big = server
         .client
         .get(server.url("/v1/agents"))
@@ -110,6 +110,28 @@ async fn headers_over_the_limit_are_refused() {
         )
     );
     assert_eq!(server.get("/v1/agents").await.status(), StatusCode::OK);
+
+    // On the default limit (16 KiB), past the connection's first buffer (8 KiB): headers under
+    // the limit are served, and over it refused with the JSON body.
+    let server = TestServer::start(rig.runtime(), config()).await;
+    let padded = |bytes: usize| {
+        server
+            .client
+            .get(server.url("/v1/agents"))
+            .header("x-padding", "x".repeat(bytes))
+            .send()
+    };
+    let under = padded(12 << 10).await.expect("request");
+    assert_eq!(under.status(), StatusCode::OK);
+    let over = padded(20 << 10).await.expect("request");
+    assert_eq!(
+        refusal(over).await,
+        refused(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "headers_too_large",
+            None
+        )
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
