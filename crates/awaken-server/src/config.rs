@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-/// How the server admits requests and keeps live runs.
-#[derive(Debug, Clone)]
+/// How the server admits requests and keeps live runs (its `Debug` form hides the token).
+#[derive(Clone)]
 pub struct ServerConfig {
     /// The bearer token every `/v1` request must carry (`Authorization: Bearer …`); `None`:
     /// no authentication (allowed on a loopback address, or with `insecure_no_auth`).
@@ -51,6 +51,54 @@ pub struct ServerConfig {
     pub lease_duration: Duration,
     /// How often the server looks for unfinished runs whose process went away.
     pub recover_interval: Duration,
+}
+
+impl std::fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Every field named, so a new one cannot be left out unseen.
+        let Self {
+            auth_token,
+            default_agent,
+            insecure_no_auth,
+            max_body_bytes,
+            max_header_bytes,
+            max_runs_in_flight,
+            retry_after,
+            replay_events,
+            broadcast_capacity,
+            finished_linger,
+            max_lingering,
+            keep_alive,
+            cancel_wait,
+            cors_origins,
+            chat_page,
+            shutdown_grace,
+            worker_id,
+            lease_duration,
+            recover_interval,
+        } = self;
+        f.debug_struct("ServerConfig")
+            .field("auth_token", &auth_token.as_ref().map(|_| "<redacted>"))
+            .field("default_agent", default_agent)
+            .field("insecure_no_auth", insecure_no_auth)
+            .field("max_body_bytes", max_body_bytes)
+            .field("max_header_bytes", max_header_bytes)
+            .field("max_runs_in_flight", max_runs_in_flight)
+            .field("retry_after", retry_after)
+            .field("replay_events", replay_events)
+            .field("broadcast_capacity", broadcast_capacity)
+            .field("finished_linger", finished_linger)
+            .field("max_lingering", max_lingering)
+            .field("keep_alive", keep_alive)
+            .field("cancel_wait", cancel_wait)
+            .field("cors_origins", cors_origins)
+            .field("chat_page", chat_page)
+            .field("shutdown_grace", shutdown_grace)
+            .field("worker_id", worker_id)
+            .field("lease_duration", lease_duration)
+            .field("recover_interval", recover_interval)
+            .finish()
+    }
 }
 
 impl Default for ServerConfig {

@@ -144,8 +144,9 @@ fn authorized(server: &AgentServer, headers: &HeaderMap) -> bool {
     headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|g| same_token(g, token))
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .is_some_and(|(_, given)| same_token(given.trim_start_matches(' '), token))
 }
 
 /// Whether two tokens are equal, in time that does not depend on where they differ (their

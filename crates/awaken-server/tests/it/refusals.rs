@@ -251,6 +251,27 @@ async fn the_api_needs_the_token_and_health_does_not() {
     assert_eq!(longer.status(), StatusCode::UNAUTHORIZED);
     let right = send("s3cret").await.expect("request");
     assert_eq!(right.status(), StatusCode::OK);
+    // The scheme's name is not case-sensitive; the token is.
+    let scheme = |value: &'static str| {
+        server
+            .client
+            .get(server.url("/v1/agents"))
+            .header("authorization", value)
+            .send()
+    };
+    let lower = scheme("bearer s3cret").await.expect("request");
+    assert_eq!(lower.status(), StatusCode::OK);
+    let token_case = scheme("Bearer S3CRET").await.expect("request");
+    assert_eq!(token_case.status(), StatusCode::UNAUTHORIZED);
+    let basic = scheme("Basic s3cret").await.expect("request");
+    assert_eq!(basic.status(), StatusCode::UNAUTHORIZED);
+    // Nor does the configuration print it.
+    let shown = format!("{:?}", config().with_auth_token("s3cret"));
+    assert!(!shown.contains("s3cret"), "{shown}");
+    assert!(
+        shown.contains("auth_token: Some(\"<redacted>\")"),
+        "{shown}"
+    );
     assert_eq!(server.get("/healthz").await.status(), StatusCode::OK);
     assert_eq!(server.get("/readyz").await.status(), StatusCode::OK);
 }
