@@ -256,6 +256,12 @@ impl Stream {
         }
     }
 
+    /// The whole output, from its start to its end.
+    pub(super) fn all(&mut self) -> String {
+        self.rest();
+        text(&self.seen)
+    }
+
     /// The rest of the output, up to its end.
     pub(super) fn rest(&mut self) -> String {
         while let Ok(chunk) = self.chunks.recv_timeout(STUCK) {

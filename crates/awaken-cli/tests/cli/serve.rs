@@ -223,6 +223,8 @@ fn serve_refuses_an_open_address_without_a_token_and_one_agent_id_in_two_files()
 #[test]
 fn serve_streams_a_run_over_http_and_stops_cleanly_on_sigterm() {
     const TOKEN: &str = "tok-3f9a1c7e";
+    // Provider keys in the environment: never in an answer or a log line either.
+    const KEY: &str = "sk-test-9b41d0e2";
     let agent = repo().join("examples/agents/assistant.toml");
     let (dir, store) = temp_store("serve");
     // `-v`: the information lines are on, and still never show the token.
@@ -236,7 +238,11 @@ fn serve_streams_a_run_over_http_and_stops_cleanly_on_sigterm() {
             "--listen",
             "127.0.0.1:0",
         ],
-        &[("AWAKEN_API_TOKEN", TOKEN)],
+        &[
+            ("AWAKEN_API_TOKEN", TOKEN),
+            ("OPENAI_API_KEY", KEY),
+            ("ANTHROPIC_API_KEY", KEY),
+        ],
         2,
     );
     assert!(
@@ -259,6 +265,13 @@ fn serve_streams_a_run_over_http_and_stops_cleanly_on_sigterm() {
     ] {
         assert!(events.contains(marker), "no {marker:?} in:\n{events}");
     }
+    let (_, agents) = request(&addr, "GET", "/v1/agents", &[&bearer], "");
+    for answer in [&events, &refusal, &agents] {
+        assert!(
+            !answer.contains(TOKEN) && !answer.contains(KEY),
+            "a secret was answered:\n{answer}"
+        );
+    }
     let ids = events.lines().filter(|l| l.starts_with("id: ")).count();
     let frames = events.lines().filter(|l| l.starts_with("event: ")).count();
     assert!(
@@ -271,7 +284,13 @@ fn serve_streams_a_run_over_http_and_stops_cleanly_on_sigterm() {
     let rest = stderr.rest();
     assert_eq!(status.code(), Some(0), "stderr:\n{rest}");
     assert!(rest.contains("awaken: shutting down"), "{rest}");
-    assert!(!rest.contains(TOKEN), "the token was printed:\n{rest}");
+    // Every line, the ones before the address included.
+    let all = stderr.all();
+    assert!(all.contains("serving"), "{all}");
+    assert!(
+        !all.contains(TOKEN) && !all.contains(KEY),
+        "a secret was printed:\n{all}"
+    );
 
     // The run was kept in the store.
     let shown = awaken(&["show", "t1", "--store", &store]);
@@ -459,6 +478,22 @@ fn the_readmes_curl_session_works_as_written() {
     );
 
     let (path, body) = readme_curl("/runs");
+    // A reader who ran the README's commands in order has the command line's thread on the
+    // same store: the HTTP session starts on another one.
+    let run = readme_shell_lines()
+        .into_iter()
+        .find(|l| l.contains(" -- run ") && l.contains("--thread"))
+        .expect("the README's run command on a thread");
+    let words = shell_words(&run);
+    let cli_thread = words
+        .iter()
+        .position(|w| w == "--thread")
+        .map(|i| &words[i + 1])
+        .expect("a thread after `--thread`");
+    assert!(
+        !path.contains(&format!("/threads/{cli_thread}/")),
+        "{path} is the command line's thread"
+    );
     let (status, events) = request(&addr, "POST", &path, &[], &body);
     assert!(status.starts_with("HTTP/1.1 200"), "{status}\n{events}");
     assert!(events.contains("event: tool_call_suspended\n"), "{events}");
