@@ -9,11 +9,12 @@
 //! `after_result` (the call's result is committed), `after_compaction_commit` (a commit
 //! carrying a change to the thread's compaction state — a summary — is in the store).
 //! awaken-context's `compaction_summarized` (the summariser answered, nothing of it is
-//! committed) comes with this feature too.
+//! committed) comes with this feature too, and so does the fleet worker's `before_job_end`
+//! (a queued job's activation ended and is committed; the queue has not been told).
 
 /// Kills the process here if `AWAKEN_CRASH_AT` names this boundary (and call, when given).
 #[cfg(feature = "failpoints")]
-pub(crate) fn hit(boundary: &str, call_id: Option<&str>) {
+pub fn hit(boundary: &str, call_id: Option<&str>) {
     use std::io::Write;
     use std::sync::OnceLock;
     static AT: OnceLock<Option<String>> = OnceLock::new();
@@ -47,4 +48,4 @@ pub(crate) fn hit(boundary: &str, call_id: Option<&str>) {
 /// Without the feature: nothing.
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
-pub(crate) fn hit(_boundary: &str, _call_id: Option<&str>) {}
+pub fn hit(_boundary: &str, _call_id: Option<&str>) {}

@@ -38,7 +38,8 @@ mod builtins;
 mod delegate;
 mod durable;
 mod error;
-mod failpoint;
+#[doc(hidden)]
+pub mod failpoint;
 mod handle;
 mod ids;
 mod inner;

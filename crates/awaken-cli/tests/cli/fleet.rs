@@ -28,12 +28,14 @@ const FLEET_LIMIT: Duration = Duration::from_secs(20 * 60);
 /// How long a test waits for something it polls for before it fails.
 const PATIENCE: Duration = Duration::from_secs(120);
 
-/// The boundaries a worker is killed at, each a commit of a run (docs/recovery.md).
-const BOUNDARIES: [&str; 4] = [
+/// The boundaries a worker is killed at (docs/recovery.md): around each commit of a run's
+/// calls, and after a job's activation ended, before the queue was told.
+const BOUNDARIES: [&str; 5] = [
     "before_requested",
     "after_requested",
     "after_executing",
     "after_result",
+    "before_job_end",
 ];
 
 /// The pause before each event of the slow agent's model turn, in milliseconds.

@@ -450,7 +450,10 @@ impl Drive {
         };
         let queue = &self.worker.queue;
         let told = match attempt {
-            Attempt::Done => queue.complete(&lease).await.map(|()| JobEnd::Completed),
+            Attempt::Done => {
+                awaken_runtime::failpoint::hit("before_job_end", None);
+                queue.complete(&lease).await.map(|()| JobEnd::Completed)
+            }
             Attempt::Failed { error, fatal: true } => {
                 tracing::warn!(%thread, job = %lease.job_id, %error, "job failed: dead-lettered");
                 queue
