@@ -1,7 +1,7 @@
 //! [`Worker`]: claims queued jobs and drives them through its runtime, up to a concurrency
 //! limit, under a lease it keeps with a heartbeat.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -89,7 +89,7 @@ pub struct Worker {
     worker_id: String,
     lease: Duration,
     /// Milliseconds from each claim to its run's first stored event, most recent last.
-    start_latencies: Arc<Mutex<Vec<u32>>>,
+    start_latencies: Arc<Mutex<VecDeque<u32>>>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -133,7 +133,9 @@ impl Worker {
         self.start_latencies
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .clone()
+            .iter()
+            .copied()
+            .collect()
     }
 
     /// Claims and drives jobs until `shutdown` completes, then drains: claims no more, gives
@@ -374,7 +376,7 @@ struct Parts {
     worker_id: String,
     lease: Duration,
     retry_backoff: Duration,
-    start_latencies: Arc<Mutex<Vec<u32>>>,
+    start_latencies: Arc<Mutex<VecDeque<u32>>>,
 }
 
 /// How a job's task ended.
@@ -684,7 +686,7 @@ struct FleetSink<'a> {
     thread: &'a ThreadId,
     claimed_at: Instant,
     started: std::sync::atomic::AtomicBool,
-    latencies: &'a Mutex<Vec<u32>>,
+    latencies: &'a Mutex<VecDeque<u32>>,
 }
 
 impl EventSink for FleetSink<'_> {
@@ -698,9 +700,9 @@ impl EventSink for FleetSink<'_> {
             let ms = u32::try_from(self.claimed_at.elapsed().as_millis()).unwrap_or(u32::MAX);
             let mut kept = self.latencies.lock().unwrap_or_else(|e| e.into_inner());
             if kept.len() >= LATENCIES_KEPT {
-                kept.remove(0);
+                kept.pop_front();
             }
-            kept.push(ms);
+            kept.push_back(ms);
         }
     }
 
