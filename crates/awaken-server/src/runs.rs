@@ -276,8 +276,8 @@ fn busy(thread: &ThreadId) -> ApiError {
     )
 }
 
-/// Waits until `closing`, a run that sent its `run_finish`, has ended: busy if it has not by
-/// `deadline`, 503 if the server shuts down meanwhile.
+/// Waits until `closing` (a run that sent its `run_finish`, or one cancelled to supersede it)
+/// has ended: busy if it has not by `deadline`, 503 if the server shuts down meanwhile.
 async fn finished(
     server: &AgentServer,
     thread: &ThreadId,
@@ -289,6 +289,15 @@ async fn finished(
         () = tokio::time::sleep_until(deadline) => Err(busy(thread)),
         () = server.shared.closing.cancelled() => Err(shutting_down(server, thread)),
     }
+}
+
+/// Cancels `running`, the thread's run a start asks to supersede, and waits until it ended
+/// with its checkpoint: busy if it has not within the cancel's wait, 503 if the server shuts
+/// down meanwhile.
+async fn superseded(server: &AgentServer, thread: &ThreadId, running: &LiveRun) -> ApiResult<()> {
+    running.cancel();
+    let deadline = tokio::time::Instant::now() + server.shared.config.cancel_wait;
+    finished(server, thread, running, deadline).await
 }
 
 /// Starts `job` on its own task (it goes on whatever its client does) and returns its live run
@@ -324,12 +333,14 @@ pub(crate) async fn start(
             shared.config.retry_after,
         )
     })?;
+    let supersede = matches!(&job, Job::Run(activation) if activation.supersede);
     let live = loop {
         match shared.live.begin(thread, Some(cancel.clone())) {
             Ok(live) => break live,
             Err(closing) if closing.is_finishing() => {
                 finished(server, thread, &closing, deadline).await?;
             }
+            Err(running) if supersede => superseded(server, thread, &running).await?,
             Err(_) => return Err(busy(thread)),
         }
     };

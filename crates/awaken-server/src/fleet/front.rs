@@ -19,7 +19,8 @@ use crate::job::Job;
 use crate::live::LiveRun;
 
 /// Queues `job` for `live`'s thread and follows it into `live`: 409 when the thread already
-/// has a queued or claimed job, or waits for decisions and the run does not supersede them.
+/// has a queued or claimed job (unless a run supersedes it: the job is cancelled and waited
+/// for first), or waits for decisions and the run does not supersede them.
 pub(crate) async fn enqueue(
     server: &AgentServer,
     front: &Arc<Front>,
@@ -29,6 +30,47 @@ pub(crate) async fn enqueue(
     job: Job,
 ) -> Result<(), ApiError> {
     let thread = &live.thread_id;
+    let supersede = matches!(&job, Job::Run(activation) if activation.supersede);
+    let (enqueued, run_id, after) = loop {
+        let (enqueued, run_id, after) = queue_once(server, front, thread, &job).await?;
+        match enqueued {
+            Enqueued::ThreadBusy(held) if supersede => {
+                superseded(server, front, thread, held).await?;
+            }
+            enqueued => break (enqueued, run_id, after),
+        }
+    };
+    match enqueued {
+        Enqueued::Queued(job_id) => {
+            tracing::debug!(%thread, %job_id, %run_id, "run queued");
+            let follower = Follower {
+                server: server.clone(),
+                front: Arc::clone(front),
+                live: Arc::clone(live),
+                job_id,
+                run_id,
+                start: after,
+                after,
+                cancel,
+            };
+            live.set_task(tokio::spawn(follower.follow(Some(permit))));
+            Ok(())
+        }
+        Enqueued::ThreadBusy(job_id) => Err(ApiError::conflict(
+            "thread_busy",
+            format!("thread `{thread}` has a queued or running run ({job_id})"),
+        )),
+    }
+}
+
+/// Queues `job` as the thread stands now: what the queue did, the job's run and the thread's
+/// last stored event (where the job's events start).
+async fn queue_once(
+    server: &AgentServer,
+    front: &Front,
+    thread: &ThreadId,
+    job: &Job,
+) -> Result<(Enqueued, RunId, u64), ApiError> {
     let runtime = &server.shared.runtime;
     let checkpoint = runtime
         .store()
@@ -37,7 +79,7 @@ pub(crate) async fn enqueue(
         .map_err(store_failed)?;
     let after = checkpoint.as_ref().map_or(0, |c| c.last_event_seq);
     let latest = checkpoint.as_ref().and_then(|c| c.run.as_ref());
-    let (run_id, agent, payload) = match &job {
+    let (run_id, agent, payload) = match job {
         Job::Run(activation) => {
             if latest.is_some_and(|r| r.status == RunStatus::Waiting) && !activation.supersede {
                 return Err(ApiError::conflict(
@@ -73,28 +115,52 @@ pub(crate) async fn enqueue(
     new.max_attempts = front.config.max_attempts;
     new.after_event = after;
     let now = Timestamp::from_system_time(std::time::SystemTime::now());
-    match front.queue.enqueue(&new, now).await.map_err(store_failed)? {
-        Enqueued::Queued(job_id) => {
-            tracing::debug!(%thread, %job_id, %run_id, "run queued");
-            let follower = Follower {
-                server: server.clone(),
-                front: Arc::clone(front),
-                live: Arc::clone(live),
-                job_id,
-                run_id,
-                start: after,
-                after,
-                cancel,
-            };
-            live.set_task(tokio::spawn(follower.follow(Some(permit))));
-            Ok(())
+    let enqueued = front.queue.enqueue(&new, now).await.map_err(store_failed)?;
+    Ok((enqueued, run_id, after))
+}
+
+/// Asks the queue to cancel `held`, the thread's job a start supersedes, and waits until it
+/// has ended (its worker ended its run cancelled at its checkpoint): busy if it has not
+/// within the cancel's wait, 503 if the server shuts down meanwhile.
+async fn superseded(
+    server: &AgentServer,
+    front: &Front,
+    thread: &ThreadId,
+    held: JobId,
+) -> Result<(), ApiError> {
+    let shared = &server.shared;
+    front
+        .queue
+        .request_cancel(thread)
+        .await
+        .map_err(store_failed)?;
+    let deadline = tokio::time::Instant::now() + shared.config.cancel_wait;
+    loop {
+        match front.queue.job_state(held).await.map_err(store_failed)? {
+            JobState::Gone | JobState::Dead { .. } => return Ok(()),
+            _ => {}
         }
-        Enqueued::ThreadBusy(job_id) => Err(ApiError::conflict(
-            "thread_busy",
-            format!("thread `{thread}` has a queued or running run ({job_id})"),
-        )),
+        tokio::select! {
+            () = tokio::time::sleep(SUPERSEDE_POLL) => {}
+            () = tokio::time::sleep_until(deadline) => {
+                return Err(ApiError::conflict(
+                    "thread_busy",
+                    format!("thread `{thread}`'s run did not end within the cancel's wait"),
+                ));
+            }
+            () = shared.closing.cancelled() => {
+                return Err(ApiError::unavailable(
+                    "shutting_down",
+                    "the server is shutting down",
+                    shared.config.retry_after,
+                ));
+            }
+        }
     }
 }
+
+/// How often a start superseding a queued job looks whether it has ended.
+const SUPERSEDE_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// The live run of `thread` in this front end: the one it follows, or a new follower of the
 /// thread's queued or claimed job (from stored event `after` on); `None` when it has neither.

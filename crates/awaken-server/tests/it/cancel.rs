@@ -96,3 +96,76 @@ async fn a_cancel_whose_run_has_not_ended_within_the_wait_is_accepted() {
     let record = rig.store.last_run("t").await;
     assert_eq!(record.termination, Some(TerminationReason::Cancelled));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_that_supersedes_a_running_run_cancels_it_first() {
+    let rig = Rig::memory(vec![
+        vec![
+            text("Hel"),
+            Piece::Hold,
+            text("lo"),
+            stop(StopReason::EndTurn),
+        ],
+        text_turn(&["instead"]),
+    ]);
+    let server = TestServer::start(rig.runtime(), config()).await;
+    let mut first = server.start_run("t", "hi").await;
+    let part = first.until(|f| f.is_text("Hel")).await;
+    rig.model.wait_holds(1).await;
+
+    // Without `supersede` the thread is busy; with it, the running run ends cancelled at its
+    // checkpoint and the new one runs.
+    let busy = server
+        .post("/v1/threads/t/runs", json!({"message": "again"}))
+        .await;
+    assert_eq!(
+        refusal(busy).await,
+        (StatusCode::CONFLICT, "thread_busy".into(), None)
+    );
+    let response = server
+        .post(
+            "/v1/threads/t/runs",
+            json!({"message": "instead", "supersede": true}),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let second = checked_live(&Sse::new(response).await.rest().await);
+    let Some((
+        _,
+        AgentEvent::RunFinish {
+            termination,
+            response,
+            ..
+        },
+    )) = second.last()
+    else {
+        panic!("the new run finished: {second:#?}")
+    };
+    assert_eq!(**termination, TerminationReason::NaturalEnd);
+    assert_eq!(response.as_deref(), Some("instead"));
+    let first: Vec<Frame> = part.into_iter().chain(first.rest().await).collect();
+    let first = checked_live(&first);
+    let Some((_, AgentEvent::RunFinish { termination, .. })) = first.last() else {
+        panic!("the first run finished: {first:#?}")
+    };
+    assert_eq!(**termination, TerminationReason::Cancelled);
+
+    let shown: Value = server
+        .get("/v1/threads/t")
+        .await
+        .json()
+        .await
+        .expect("JSON");
+    let kinds: Vec<&Value> = shown["runs"]
+        .as_array()
+        .expect("runs")
+        .iter()
+        .map(|r| &r["termination"]["kind"])
+        .collect();
+    assert_eq!(
+        kinds,
+        [&json!("cancelled"), &json!("natural_end")],
+        "{shown}"
+    );
+    assert_eq!(rig.model.requests(), 2);
+}

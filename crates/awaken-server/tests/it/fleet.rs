@@ -540,6 +540,69 @@ async fn a_decision_posted_to_another_front_end_continues_the_run_on_another_wor
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_that_supersedes_a_run_held_on_a_worker_cancels_it_first() {
+    let Some(fleet) = Fleet::new("supersede_held").await else {
+        return;
+    };
+    let a = fleet.front().await;
+    let b = fleet.front().await;
+    let held = || {
+        vec![
+            text("Hel"),
+            Piece::Hold,
+            text("lo"),
+            stop(StopReason::EndTurn),
+        ]
+    };
+    let worker = fleet
+        .worker("w1", vec![held(), held(), text_turn(&["instead"])])
+        .await;
+    let body = json!({"message": "instead", "supersede": true});
+    let mut first = a.server.start_run("t", "hi").await;
+    let first_part = first.until(|f| f.is("run_start")).await;
+    worker.rig.model.wait_holds(1).await;
+
+    // On the front end that follows the run and on one that does not: busy without
+    // `supersede`.
+    for front in [&a, &b] {
+        let busy = front
+            .server
+            .post("/v1/threads/t/runs", json!({"message": "again"}))
+            .await;
+        assert_eq!(
+            refusal(busy).await,
+            (StatusCode::CONFLICT, "thread_busy".into(), None)
+        );
+    }
+    // With it, on the front end following the held run: that run ends cancelled, the new one
+    // runs (and is held in turn).
+    let response = a.server.post("/v1/threads/t/runs", body.clone()).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut second = Sse::new(response).await;
+    let second_part = second.until(|f| f.is("run_start")).await;
+    worker.rig.model.wait_holds(2).await;
+    // And on a front end that follows none.
+    let response = b.server.post("/v1/threads/t/runs", body).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let third = Sse::new(response).await.rest().await;
+
+    let first: Vec<Frame> = first_part.into_iter().chain(first.rest().await).collect();
+    let second: Vec<Frame> = second_part.into_iter().chain(second.rest().await).collect();
+    for (frames, ended) in [
+        (&first, TerminationReason::Cancelled),
+        (&second, TerminationReason::Cancelled),
+        (&third, TerminationReason::NaturalEnd),
+    ] {
+        checked_activation(frames);
+        assert_eq!(termination(frames), ended);
+    }
+    let joined: Vec<Frame> = [first, second, third].concat();
+    assert_eq!(agent_events(&joined), a.rig.store.stored("t").await);
+    assert_eq!(worker.rig.model.requests(), 3);
+    assert_eq!(worker.stop().await.completed, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_on_the_front_end_ends_a_run_held_on_a_worker() {
     let Some(fleet) = Fleet::new("cancel_held").await else {
         return;
