@@ -437,6 +437,9 @@ async fn start_run(
     let mut activation =
         RunActivation::new(thread.clone(), agent).with_user_message(request.message);
     if let Some(inference) = request.inference {
+        inference
+            .validate("inference")
+            .map_err(|e| ApiError::bad_field("invalid_inference", "inference", e.to_string()))?;
         activation = activation.with_inference(inference);
     }
     if request.supersede {

@@ -7,6 +7,7 @@ mod ai_sdk;
 mod cancel;
 mod decisions;
 mod fleet;
+mod layers;
 mod page;
 mod reconnect;
 mod refusals;

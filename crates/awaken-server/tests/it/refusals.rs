@@ -367,3 +367,59 @@ async fn a_run_started_right_after_the_last_ones_finish_waits_for_it_to_close() 
     assert_eq!(outcome["response"], "two", "{outcome}");
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runs_inference_override_reaches_the_model_and_is_checked_first() {
+    let rig = Rig::memory(vec![text_turn(&["Hello"])]);
+    let server = TestServer::start(rig.runtime(), config()).await;
+    // Out of range: refused before anything runs, naming the field.
+    for inference in [
+        json!({"temperature": 2.5}),
+        json!({"top_p": -0.1}),
+        json!({"max_tokens": 0}),
+        json!({"upstream_model": " "}),
+    ] {
+        let response = server
+            .post(
+                "/v1/threads/t/runs",
+                json!({"message": "hi", "inference": inference}),
+            )
+            .await;
+        assert_eq!(
+            refusal(response).await,
+            refused(
+                StatusCode::BAD_REQUEST,
+                "invalid_inference",
+                Some("inference")
+            ),
+            "{inference}"
+        );
+    }
+    let unknown = server
+        .post(
+            "/v1/threads/t/runs",
+            json!({"message": "hi", "inference": {"temprature": 0.2}}),
+        )
+        .await;
+    assert_eq!(refusal(unknown).await.0, StatusCode::BAD_REQUEST);
+    assert_eq!(rig.model.requests(), 0);
+    assert!(rig.store.stored("t").await.is_empty());
+
+    // In range: the model's request carries it.
+    let frames = Sse::new(
+        server
+            .post(
+                "/v1/threads/t/runs",
+                json!({"message": "hi", "inference": {"temperature": 0.25, "max_tokens": 77}}),
+            )
+            .await,
+    )
+    .await
+    .rest()
+    .await;
+    checked_live(&frames);
+    let overrides = rig.model.overrides();
+    assert_eq!(overrides.len(), 1);
+    assert_eq!(overrides[0].temperature, Some(0.25));
+    assert_eq!(overrides[0].max_tokens, Some(77));
+}

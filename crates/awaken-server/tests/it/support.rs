@@ -19,7 +19,7 @@ use awaken_phase::PhaseContext;
 use awaken_plugin::{FnGate, Plugin, PluginError, PluginManifest, PluginRegistrar};
 use awaken_runtime::{AgentRuntime, IdSource, SequentialIds, SystemIds};
 use awaken_server::{AgentServer, EventId, QueueConfig, ServeError, ServerConfig, serve};
-use awaken_spec::{AgentSpec, ModelSpec};
+use awaken_spec::{AgentSpec, InferenceOverride, ModelSpec};
 use awaken_store::{
     ClaimedRun, CommitError, CommitReceipt, LeaseError, LeaseToken, MemoryStore, ProfileState,
     RunQueue, RunRecord, RunStatus, SqliteConfig, SqliteStore, StoreError, StoredEvent,
@@ -101,6 +101,8 @@ pub fn call_turn(id: &str, name: &str, args: Value) -> Vec<Piece> {
 /// [`Piece::Hold`], waits for a permit the test hands out with [`Held::release`].
 pub struct Held {
     turns: Mutex<VecDeque<Vec<Piece>>>,
+    /// The inference overrides of each request, in order.
+    overrides: Mutex<Vec<InferenceOverride>>,
     gate: Arc<Semaphore>,
     requests: Arc<watch::Sender<usize>>,
     holds: Arc<watch::Sender<usize>>,
@@ -110,6 +112,7 @@ impl Held {
     pub fn new(turns: Vec<Vec<Piece>>) -> Arc<Self> {
         Arc::new(Self {
             turns: Mutex::new(turns.into()),
+            overrides: Mutex::new(Vec::new()),
             gate: Arc::new(Semaphore::new(0)),
             requests: Arc::new(watch::channel(0).0),
             holds: Arc::new(watch::channel(0).0),
@@ -119,6 +122,11 @@ impl Held {
     /// Lets `n` held streams go on past their hold.
     pub fn release(&self, n: usize) {
         self.gate.add_permits(n);
+    }
+
+    /// The inference overrides each request so far carried.
+    pub fn overrides(&self) -> Vec<InferenceOverride> {
+        self.overrides.lock().expect("overrides").clone()
     }
 
     /// Inferences asked for so far.
@@ -140,7 +148,11 @@ impl LlmExecutor for Held {
         "held"
     }
 
-    fn execute_stream(&self, _request: InferenceRequest) -> LlmEventStream {
+    fn execute_stream(&self, request: InferenceRequest) -> LlmEventStream {
+        self.overrides
+            .lock()
+            .expect("overrides")
+            .push(request.overrides);
         let pieces = self
             .turns
             .lock()
