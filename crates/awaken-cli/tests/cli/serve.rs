@@ -326,19 +326,66 @@ fn sigterm_during_a_run_leaves_it_for_the_next_start_which_finishes_it() {
     let (dir, store) = temp_store("serve-sigterm");
     // The first server's model hangs after the tool call; the second one's answers.
     let hanging = appender(&dir, "hanging.toml", "wait_for_cancel = true");
-    let answering = appender(&dir, "answering.toml", "text = \"Added.\"");
-    let (process, mut stderr, addr) = start_serving(
+    let (process, mut stderr, mut events) = serving_a_hanging_run(&hanging, &store, "1", &[]);
+
+    process.signal("-TERM");
+    // The open stream is told, then ended; the run is left at its last checkpoint.
+    events.until("event: shutdown");
+    let status = process.wait();
+    let rest = stderr.rest();
+    assert_eq!(status.code(), Some(0), "stderr:\n{rest}");
+    assert!(rest.contains("grace period over"), "{rest}");
+
+    next_start_finishes_the_run(&dir, &store, &[]);
+}
+
+#[test]
+fn a_second_signal_exits_at_once_and_the_next_start_finishes_the_run() {
+    let (dir, store) = temp_store("serve-second-signal");
+    let hanging = appender(&dir, "hanging.toml", "wait_for_cancel = true");
+    // A short lease: the server that exits at once leaves its run's lease to expire.
+    let lease = [("AWAKEN_LEASE_SECS", "1")];
+    let (process, mut stderr, mut events) = serving_a_hanging_run(&hanging, &store, "60", &lease);
+
+    process.signal("-TERM");
+    events.until("event: shutdown");
+    stderr.until("awaken: shutting down");
+    // The grace period would last a minute; the second signal does not wait for it.
+    let asked = std::time::Instant::now();
+    process.signal("-TERM");
+    let status = process.wait();
+    assert_eq!(status.code(), Some(130), "stderr:\n{}", stderr.rest());
+    assert!(
+        asked.elapsed() < Duration::from_secs(30),
+        "exited after {:?}",
+        asked.elapsed()
+    );
+
+    std::thread::sleep(Duration::from_millis(1_100));
+    next_start_finishes_the_run(&dir, &store, &lease);
+}
+
+/// `awaken serve` of the agent file `hanging` on `store` with a shutdown grace of `grace`
+/// seconds, and a run on thread `todo` whose model hangs after its tool call: the server, its
+/// stderr and the run's event stream, read up to the second step's start.
+fn serving_a_hanging_run(
+    hanging: &Path,
+    store: &str,
+    grace: &str,
+    env: &[(&str, &str)],
+) -> (Watched, Stream, Stream) {
+    let (process, stderr, addr) = start_serving(
         &[
             "--agent",
-            path_str(&hanging),
+            path_str(hanging),
             "--store",
-            &store,
+            store,
             "--listen",
             "127.0.0.1:0",
             "--shutdown-grace",
-            "1",
+            grace,
         ],
-        &[],
+        env,
         1,
     );
     let mut socket = TcpStream::connect(&addr).expect("connect");
@@ -356,26 +403,23 @@ fn sigterm_during_a_run_leaves_it_for_the_next_start_which_finishes_it() {
     let mut events = Stream::new(socket);
     events.until("event: tool_call_done");
     events.until("event: step_start");
+    (process, stderr, events)
+}
 
-    process.signal("-TERM");
-    // The open stream is told, then ended; the run is left at its last checkpoint.
-    events.until("event: shutdown");
-    let status = process.wait();
-    let rest = stderr.rest();
-    assert_eq!(status.code(), Some(0), "stderr:\n{rest}");
-    assert!(rest.contains("grace period over"), "{rest}");
-
-    // The next start on the store finishes the run; the tool ran once in all.
+/// Starts `awaken serve` on `store` with an agent that answers, whose recovery finishes the
+/// run on thread `todo` a server left; the append under `dir` ran once in all.
+fn next_start_finishes_the_run(dir: &Path, store: &str, env: &[(&str, &str)]) {
+    let answering = appender(dir, "answering.toml", "text = \"Added.\"");
     let (process, mut stderr, addr) = start_serving(
         &[
             "--agent",
             path_str(&answering),
             "--store",
-            &store,
+            store,
             "--listen",
             "127.0.0.1:0",
         ],
-        &[],
+        env,
         1,
     );
     let mut finished = String::new();
