@@ -1,6 +1,7 @@
 //! The runs in flight in this server: one [`LiveRun`] per thread in a concurrent registry,
-//! each with a bounded replay buffer of its activation's events and a bounded broadcast for the
-//! clients attached. The run writes to them and never waits for a client.
+//! each with a replay buffer of its activation's events (bounded once they are committed: the
+//! frames since the last commit stay, since the store cannot give them back) and a bounded
+//! broadcast for the clients attached. The run writes to them and never waits for a client.
 
 use std::collections::VecDeque;
 use std::fmt;

@@ -233,3 +233,51 @@ async fn a_refused_start_leaves_the_ended_runs_events_to_reconnecting_clients() 
         "a reconnect gets what it got before the refusal"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_reads_nothing_never_holds_its_run_back() {
+    // An answer far larger than the loopback socket's buffers, in 64 KiB deltas, streamed
+    // through a broadcast of four frames.
+    const DELTAS: usize = 160;
+    let chunk = "x".repeat(64 << 10);
+    let mut turn = vec![Piece::Hold];
+    turn.extend(text_turn(&vec![chunk.as_str(); DELTAS]));
+    let rig = Rig::memory(vec![turn]);
+    let config = awaken_server::ServerConfig {
+        broadcast_capacity: 4,
+        ..config()
+    };
+    let server = TestServer::start(rig.runtime(), config).await;
+    let response = server
+        .post("/v1/threads/t/runs", json!({"message": "hi"}))
+        .await;
+    rig.model.wait_holds(1).await;
+    rig.model.release(1);
+    // The run ends while its client has read none of the answer: the socket's buffers fill,
+    // the client's frames fall out of the broadcast, and the run goes on.
+    guarded("the run to end with its client reading nothing", async {
+        while !matches!(
+            rig.store.stored("t").await.last(),
+            Some((_, AgentEvent::RunFinish { .. }))
+        ) {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    // Then it reads: every frame once, caught up from the run's buffer.
+    let frames = Sse::new(response).await.rest().await;
+    let events = checked_live(&frames);
+    let text: String = events
+        .iter()
+        .filter_map(|(_, e)| match e {
+            AgentEvent::TextDelta { delta } => Some(delta.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(text.len(), DELTAS * chunk.len());
+    assert!(
+        !frames.iter().any(|f| f.is("lagged")),
+        "the buffer held every frame"
+    );
+    assert_eq!(stored_only(&events), rig.store.stored("t").await);
+}
