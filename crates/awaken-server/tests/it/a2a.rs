@@ -367,13 +367,7 @@ async fn a_failing_model_fails_the_task_with_its_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_ends_a_held_task_canceled() {
-    let (rig, server) = rig_server(vec![vec![
-        text("Hel"),
-        Piece::Hold,
-        text("lo"),
-        stop(StopReason::EndTurn),
-    ]])
-    .await;
+    let (rig, server) = rig_server(vec![held()]).await;
     let response = post(
         &server,
         "/message:stream",

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use awaken_event::{AgentEvent, StopReason, TerminationReason};
+use awaken_event::{AgentEvent, TerminationReason};
 use awaken_server::ServerConfig;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -12,12 +12,7 @@ use crate::support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_ends_a_held_run_cancelled() {
-    let rig = Rig::memory(vec![vec![
-        text("Hel"),
-        Piece::Hold,
-        text("lo"),
-        stop(StopReason::EndTurn),
-    ]]);
+    let rig = Rig::memory(vec![held()]);
     let server = TestServer::start(rig.runtime(), config()).await;
     let mut sse = server.start_run("t", "hi").await;
     let part = sse.until(|f| f.is_text("Hel")).await;
@@ -64,12 +59,7 @@ async fn cancel_ends_a_held_run_cancelled() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_whose_run_has_not_ended_within_the_wait_is_accepted() {
-    let rig = Rig::memory(vec![vec![
-        text("Hel"),
-        Piece::Hold,
-        text("lo"),
-        stop(StopReason::EndTurn),
-    ]]);
+    let rig = Rig::memory(vec![held()]);
     let config = ServerConfig {
         cancel_wait: Duration::ZERO,
         ..config()
@@ -99,15 +89,7 @@ async fn a_cancel_whose_run_has_not_ended_within_the_wait_is_accepted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_that_supersedes_a_running_run_cancels_it_first() {
-    let rig = Rig::memory(vec![
-        vec![
-            text("Hel"),
-            Piece::Hold,
-            text("lo"),
-            stop(StopReason::EndTurn),
-        ],
-        text_turn(&["instead"]),
-    ]);
+    let rig = Rig::memory(vec![held(), text_turn(&["instead"])]);
     let server = TestServer::start(rig.runtime(), config()).await;
     let mut first = server.start_run("t", "hi").await;
     let part = first.until(|f| f.is_text("Hel")).await;

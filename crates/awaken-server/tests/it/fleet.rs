@@ -546,14 +546,6 @@ async fn a_start_that_supersedes_a_run_held_on_a_worker_cancels_it_first() {
     };
     let a = fleet.front().await;
     let b = fleet.front().await;
-    let held = || {
-        vec![
-            text("Hel"),
-            Piece::Hold,
-            text("lo"),
-            stop(StopReason::EndTurn),
-        ]
-    };
     let worker = fleet
         .worker("w1", vec![held(), held(), text_turn(&["instead"])])
         .await;
@@ -608,17 +600,7 @@ async fn cancel_on_the_front_end_ends_a_run_held_on_a_worker() {
         return;
     };
     let front = fleet.front().await;
-    let worker = fleet
-        .worker(
-            "w1",
-            vec![vec![
-                text("Hel"),
-                Piece::Hold,
-                text("lo"),
-                stop(StopReason::EndTurn),
-            ]],
-        )
-        .await;
+    let worker = fleet.worker("w1", vec![held()]).await;
     let mut sse = front.server.start_run("t", "hi").await;
     let part = sse.until(|f| f.is("run_start")).await;
     worker.rig.model.wait_holds(1).await;

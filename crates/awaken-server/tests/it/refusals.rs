@@ -2,7 +2,6 @@
 //! the limit, too many runs, malformed requests, unknown threads, a missing or wrong token, and
 //! serving on a public address without one.
 
-use awaken_event::StopReason;
 use awaken_server::{ServeError, ServerConfig};
 use reqwest::StatusCode;
 use serde_json::json;
@@ -15,16 +14,6 @@ fn refused(
     field: Option<&str>,
 ) -> (StatusCode, String, Option<String>) {
     (status, code.into(), field.map(Into::into))
-}
-
-/// An answer held after its first delta.
-fn held() -> Vec<Piece> {
-    vec![
-        text("Hel"),
-        Piece::Hold,
-        text("lo"),
-        stop(StopReason::EndTurn),
-    ]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -75,6 +75,16 @@ pub fn text_turn(parts: &[&str]) -> Vec<Piece> {
     turn
 }
 
+/// An answer held after its first delta (`Hel`, then `lo` once released).
+pub fn held() -> Vec<Piece> {
+    vec![
+        text("Hel"),
+        Piece::Hold,
+        text("lo"),
+        stop(StopReason::EndTurn),
+    ]
+}
+
 /// The pieces of a call of `name` with `args` as call `id` (no `Stop`).
 pub fn call(id: &str, name: &str, args: Value) -> Vec<Piece> {
     vec![
