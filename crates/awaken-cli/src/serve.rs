@@ -37,7 +37,7 @@ const TOKEN_ENV: &str = "AWAKEN_API_TOKEN";
 /// `awaken serve --agent FILE...`: serves until a signal, then shuts down gracefully (exit 0).
 pub(crate) async fn serve(args: Args) -> Result<u8, Exit> {
     let addr = args.listen.unwrap_or(DEFAULT_LISTEN);
-    let token = token(&args);
+    let token = token(&args)?;
     refuse_unauthenticated(addr, token.is_some(), args.insecure_no_auth)?;
     let files = agent_files(&args)?;
     if args.max_attempts.is_some() && !args.queue {
@@ -137,14 +137,25 @@ pub(crate) fn agent_files(args: &Args) -> Result<Vec<AgentFile>, Exit> {
         .map_err(bad_input)
 }
 
-/// The token: `--auth-token`, else a non-empty `AWAKEN_API_TOKEN`.
-fn token(args: &Args) -> Option<Secret> {
-    args.auth_token.clone().or_else(|| {
+/// The token: `--auth-token`, else a non-empty `AWAKEN_API_TOKEN`; refused when it holds
+/// whitespace, which no `Authorization: Bearer` header can carry (every client would be
+/// refused).
+fn token(args: &Args) -> Result<Option<Secret>, Exit> {
+    let token = args.auth_token.clone().or_else(|| {
         std::env::var(TOKEN_ENV)
             .ok()
             .filter(|t| !t.trim().is_empty())
             .map(Secret::new)
-    })
+    });
+    if let Some(t) = &token
+        && t.expose().chars().any(char::is_whitespace)
+    {
+        return Err(bad_input(anyhow!(
+            "the token ({TOKEN_ENV} or --auth-token) holds whitespace, which a bearer token \
+             cannot carry: no client could send it"
+        )));
+    }
+    Ok(token)
 }
 
 /// Refuses an address other than loopback without a token, unless `--insecure-no-auth`

@@ -22,8 +22,9 @@ pub struct ServerConfig {
     pub max_runs_in_flight: usize,
     /// What a refused start is told to wait before trying again.
     pub retry_after: Duration,
-    /// Events a live run keeps for clients that attach late or reconnect (the oldest go
-    /// first); a client further behind reads the stored events.
+    /// Committed events a live run keeps for clients that attach late or reconnect (the
+    /// oldest go first; the frames since the last commit are all kept, as the store cannot
+    /// give them back); a client further behind reads the stored events.
     pub replay_events: usize,
     /// Events a live run's broadcast holds for a client that reads slower than the run writes;
     /// a client further behind catches up from the replay buffer or the store.

@@ -331,8 +331,8 @@ struct EventsQuery {
     after: Option<String>,
 }
 
-/// The position a client asks for: the later of `?after=` and `Last-Event-ID` (a browser's
-/// `EventSource` opened with `?after=` reconnects to the same URL with the header).
+/// The position a client asks for: `Last-Event-ID`, else `?after=` (a browser's `EventSource`
+/// opened with `?after=` reconnects to the same URL with the header, its latest position).
 fn position(after: Option<&str>, headers: &HeaderMap) -> ApiResult<Option<EventId>> {
     let after = after
         .map(|a| {
@@ -357,10 +357,7 @@ fn position(after: Option<&str>, headers: &HeaderMap) -> ApiResult<Option<EventI
             })
         })
         .transpose()?;
-    Ok(match (after, last) {
-        (Some(a), Some(l)) if a.key() > l.key() => Some(a),
-        (a, l) => l.or(a),
-    })
+    Ok(last.or(after))
 }
 
 async fn thread_events(
@@ -395,7 +392,8 @@ struct StartRun {
     /// A run-level inference override.
     #[serde(default)]
     inference: Option<InferenceOverride>,
-    /// Close a waiting thread's suspended calls as cancelled and start anyway.
+    /// Start anyway: a waiting thread's suspended calls are closed as cancelled, a run in
+    /// flight is cancelled at its checkpoint first.
     #[serde(default)]
     supersede: bool,
     /// The profile whose profile-scoped state the run sees.

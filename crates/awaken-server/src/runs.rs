@@ -323,6 +323,12 @@ pub(crate) async fn start(
     if let Some(closing) = shared.live.get(thread).filter(|r| r.is_finishing()) {
         finished(server, thread, &closing, deadline).await?;
     }
+    // A run superseded ends first, for the same reason: its place among the runs in flight
+    // is the new one's.
+    let supersede = matches!(&job, Job::Run(activation) if activation.supersede);
+    if supersede && let Some(running) = shared.live.get(thread).filter(|r| !r.is_ended()) {
+        superseded(server, thread, &running).await?;
+    }
     let permit = shared.admission.clone().try_acquire_owned().map_err(|_| {
         ApiError::unavailable(
             "too_many_runs",
@@ -333,7 +339,6 @@ pub(crate) async fn start(
             shared.config.retry_after,
         )
     })?;
-    let supersede = matches!(&job, Job::Run(activation) if activation.supersede);
     let live = loop {
         match shared.live.begin(thread, Some(cancel.clone())) {
             Ok(live) => break live,

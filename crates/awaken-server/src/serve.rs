@@ -130,7 +130,8 @@ pub async fn serve(
 /// Each connection is hyper's HTTP/1 connection. Its read buffer starts at 8 KiB and grows
 /// only for a read that fills it; its cap lets a request head up to the headers' limit (and
 /// [`HEAD_ROOM`] more) reach the router, whose refusal of larger headers is a JSON body. A
-/// head past the cap is refused by hyper (431, no body).
+/// head past the cap is refused by hyper (431, no body). hyper holds its write buffer to the
+/// same cap.
 async fn accept(
     server: &AgentServer,
     listener: TcpListener,

@@ -189,6 +189,24 @@ fn serve_refuses_an_open_address_without_a_token_and_one_agent_id_in_two_files()
     for what_to_do in ["AWAKEN_API_TOKEN", "--auth-token", "--insecure-no-auth"] {
         assert!(err.contains(what_to_do), "{err}");
     }
+    // A token no bearer header can carry would refuse every client: refused at the start,
+    // and not repeated.
+    let spaced = awaken_env(
+        &[
+            "serve",
+            "--agent",
+            path_str(&agent),
+            "--store",
+            "memory",
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &[("AWAKEN_API_TOKEN", "tok en\n")],
+    );
+    expect_code(&spaced, 2);
+    let err = text(&spaced.stderr);
+    assert!(err.contains("holds whitespace"), "{err}");
+    assert!(!err.contains("tok en"), "{err}");
 
     let dir = temp_dir("serve-same-id");
     let again = dir.join("again.toml");

@@ -90,20 +90,18 @@ async fn a_cancel_whose_run_has_not_ended_within_the_wait_is_accepted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_that_supersedes_a_running_run_cancels_it_first() {
     let rig = Rig::memory(vec![held(), text_turn(&["instead"])]);
-    let server = TestServer::start(rig.runtime(), config()).await;
+    // One run in flight at most: the superseded run's place is the new one's.
+    let server = TestServer::start(rig.runtime(), config().with_max_runs_in_flight(1)).await;
     let mut first = server.start_run("t", "hi").await;
     let part = first.until(|f| f.is_text("Hel")).await;
     rig.model.wait_holds(1).await;
 
-    // Without `supersede` the thread is busy; with it, the running run ends cancelled at its
-    // checkpoint and the new one runs.
-    let busy = server
+    // Without `supersede` the start is refused; with it, the running run ends cancelled at
+    // its checkpoint and the new one runs.
+    let refused = server
         .post("/v1/threads/t/runs", json!({"message": "again"}))
         .await;
-    assert_eq!(
-        refusal(busy).await,
-        (StatusCode::CONFLICT, "thread_busy".into(), None)
-    );
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
     let response = server
         .post(
             "/v1/threads/t/runs",
