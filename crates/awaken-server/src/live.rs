@@ -341,6 +341,12 @@ impl LiveRun {
     }
 
     fn push(&self, seq: Option<u64>, event: &AgentEvent) {
+        self.push_with(seq, event, true);
+    }
+
+    /// [`Self::push`]; `lifecycle`: whether a `RunFinish` or `RunStart` marks this run
+    /// finishing or not (false for the thread's history before a followed job's events).
+    fn push_with(&self, seq: Option<u64>, event: &AgentEvent, lifecycle: bool) {
         if !self.started.swap(true, Ordering::AcqRel) {
             self.replaced
                 .lock()
@@ -379,11 +385,13 @@ impl LiveRun {
         }
         log.frames.push_back(frame.clone());
         // Before the frame goes out, so a client that saw `run_finish` finds the run finishing.
-        // (A follower reading a thread from an earlier position sees earlier runs' ends: the
-        // next `RunStart` clears it.)
         match event {
-            AgentEvent::RunFinish { .. } => self.finishing.store(true, Ordering::Release),
-            AgentEvent::RunStart { .. } => self.finishing.store(false, Ordering::Release),
+            AgentEvent::RunFinish { .. } if lifecycle => {
+                self.finishing.store(true, Ordering::Release);
+            }
+            AgentEvent::RunStart { .. } if lifecycle => {
+                self.finishing.store(false, Ordering::Release);
+            }
             _ => {}
         }
         if let Some(tx) = &log.tx {
@@ -396,6 +404,14 @@ impl LiveRun {
     pub(crate) fn push_stored(&self, seq: u64, event: &AgentEvent) {
         self.committed(seq);
         self.push(Some(seq), event);
+    }
+
+    /// Pushes a stored event of the thread from before the followed job's events (a client
+    /// following from an earlier position): an earlier run's end does not make this run
+    /// finishing, so a start on the thread is not held up waiting for it to close.
+    pub(crate) fn push_earlier(&self, seq: u64, event: &AgentEvent) {
+        self.committed(seq);
+        self.push_with(Some(seq), event, false);
     }
 
     fn committed(&self, last_seq: u64) {

@@ -292,8 +292,8 @@ async fn finished(
 }
 
 /// Cancels `running`, the thread's run a start asks to supersede, and waits until it ended
-/// with its checkpoint: busy if it has not within the cancel's wait, 503 if the server shuts
-/// down meanwhile.
+/// with its checkpoint: busy if it has not within the cancel's wait (the cancel stands), 503
+/// if the server shuts down meanwhile.
 async fn superseded(server: &AgentServer, thread: &ThreadId, running: &LiveRun) -> ApiResult<()> {
     running.cancel();
     let deadline = tokio::time::Instant::now() + server.shared.config.cancel_wait;

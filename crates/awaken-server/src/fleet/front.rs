@@ -31,11 +31,13 @@ pub(crate) async fn enqueue(
 ) -> Result<(), ApiError> {
     let thread = &live.thread_id;
     let supersede = matches!(&job, Job::Run(activation) if activation.supersede);
+    // One wait in all, however many jobs the thread turns out to hold meanwhile.
+    let deadline = tokio::time::Instant::now() + server.shared.config.cancel_wait;
     let (enqueued, run_id, after) = loop {
         let (enqueued, run_id, after) = queue_once(server, front, thread, &job).await?;
         match enqueued {
             Enqueued::ThreadBusy(held) if supersede => {
-                superseded(server, front, thread, held).await?;
+                superseded(server, front, thread, held, deadline).await?;
             }
             enqueued => break (enqueued, run_id, after),
         }
@@ -119,14 +121,16 @@ async fn queue_once(
     Ok((enqueued, run_id, after))
 }
 
-/// Asks the queue to cancel `held`, the thread's job a start supersedes, and waits until it
-/// has ended (its worker ended its run cancelled at its checkpoint): busy if it has not
-/// within the cancel's wait, 503 if the server shuts down meanwhile.
+/// Asks the queue to cancel the thread's job (`held`, unless it ended meanwhile: then the one
+/// that took its place), which a start supersedes, and waits until `held` has ended (a worker
+/// ended its run cancelled at its checkpoint): busy if it has not by `deadline`, 503 if the
+/// server shuts down meanwhile. The cancel stands either way.
 async fn superseded(
     server: &AgentServer,
     front: &Front,
     thread: &ThreadId,
     held: JobId,
+    deadline: tokio::time::Instant,
 ) -> Result<(), ApiError> {
     let shared = &server.shared;
     front
@@ -134,7 +138,6 @@ async fn superseded(
         .request_cancel(thread)
         .await
         .map_err(store_failed)?;
-    let deadline = tokio::time::Instant::now() + shared.config.cancel_wait;
     loop {
         match front.queue.job_state(held).await.map_err(store_failed)? {
             JobState::Gone | JobState::Dead { .. } => return Ok(()),
@@ -310,6 +313,10 @@ impl Follower {
         let moved = !events.is_empty();
         for stored in events {
             self.after = stored.seq;
+            if stored.seq <= self.start {
+                self.live.push_earlier(stored.seq, &stored.event);
+                continue;
+            }
             self.live.push_stored(stored.seq, &stored.event);
             if let AgentEvent::RunFinish {
                 run_id,
@@ -319,7 +326,6 @@ impl Follower {
                 ..
             } = &stored.event
                 && *run_id == self.run_id
-                && stored.seq > self.start
             {
                 return Ok(Progress::Finished(json!({
                     "run_id": run_id,

@@ -669,6 +669,72 @@ async fn a_job_cancelled_before_any_worker_claims_it_ends_cancelled() {
     ended_cancelled_unasked(&a, worker, completed, QueueDepth::default()).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_following_a_queued_job_from_the_start_does_not_hold_up_a_superseding_start() {
+    let Some(fleet) = Fleet::new("supersede_queued").await else {
+        return;
+    };
+    let a = fleet.front().await;
+    let b = fleet.front().await;
+    // A first run of the thread, ended.
+    let w1 = fleet.worker("w1", vec![text_turn(&["first"])]).await;
+    let first = a.server.start_run("t", "hi").await.rest().await;
+    assert_eq!(termination(&first), TerminationReason::NaturalEnd);
+    assert_eq!(w1.stop().await.completed, 1);
+    // A second one queued on front end B, with no worker to claim it.
+    let mut listener = listening(&a.queue).await;
+    let queued = b.post_later("/v1/threads/t/runs", json!({"message": "again"}));
+    job_announced(&mut listener).await;
+    // A client follows the thread on front end A from its start: the first run's
+    // `run_finish` comes by, and is not the queued job's end.
+    let mut watching = a.server.events_after("t", "0").await;
+    let history = watching.until(|f| f.is("run_finish")).await;
+    assert_eq!(history, first);
+
+    // A start without `supersede` is refused at once, not after waiting for a run to close.
+    let asked = std::time::Instant::now();
+    let busy = a
+        .server
+        .post("/v1/threads/t/runs", json!({"message": "third"}))
+        .await;
+    assert_eq!(
+        refusal(busy).await,
+        (StatusCode::CONFLICT, "thread_busy".into(), None)
+    );
+    assert!(
+        asked.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        asked.elapsed()
+    );
+    // With it, the queued job is cancelled once a worker claims it, and the new run runs.
+    let w2 = fleet.worker("w2", vec![text_turn(&["third"])]).await;
+    let response = a
+        .server
+        .post(
+            "/v1/threads/t/runs",
+            json!({"message": "third", "supersede": true}),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let third = Sse::new(response).await.rest().await;
+    checked_activation(&third);
+    assert_eq!(termination(&third), TerminationReason::NaturalEnd);
+    let second = Sse::new(
+        guarded("the queued run's answer", queued)
+            .await
+            .expect("posted"),
+    )
+    .await
+    .rest()
+    .await;
+    assert_eq!(termination(&second), TerminationReason::Cancelled);
+    // The watching client saw the cancelled job to its end.
+    let rest = watching.rest().await;
+    assert_eq!(rest, second);
+    assert_eq!(w2.rig.model.requests(), 1);
+    assert_eq!(w2.stop().await.completed, 2);
+}
+
 /// Checks that thread `t`'s last run ended `Cancelled` with `worker`'s model never asked,
 /// then stops the worker: it reports `report`, and the queue is left as `left`.
 async fn ended_cancelled_unasked(

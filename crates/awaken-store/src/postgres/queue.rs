@@ -804,7 +804,7 @@ impl RunQueue {
                 Ok(ThreadJob {
                     job_id: JobId(r.try_get(0)?),
                     run_id: run_of(r.try_get(1)?)?,
-                    after_event: crate::codec::count("job's first event", r.try_get(2)?)?,
+                    after_event: crate::codec::count("job's thread event count", r.try_get(2)?)?,
                 })
             })
             .transpose()
