@@ -55,6 +55,7 @@ mod resume;
 mod run;
 mod runtime;
 mod shown;
+mod steering;
 mod turns;
 
 pub use active::ShutdownMode;
@@ -81,3 +82,4 @@ pub use recovered::{RecoveredRun, Takeover};
 pub use request::{RecoverConfig, RunActivation};
 pub use resume::{DecisionError, DecisionsUpdate, Resume, ResumeDecisionsKey};
 pub use runtime::AgentRuntime;
+pub use steering::{NotTaken, Steering, Taken};

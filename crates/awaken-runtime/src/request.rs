@@ -5,6 +5,7 @@ use awaken_event::{CancellationToken, Message, ProfileId, RunId, ThreadId};
 use awaken_spec::InferenceOverride;
 
 use crate::handle::RunHandle;
+use crate::steering::Steering;
 
 /// A request to run an agent on a thread.
 #[derive(Debug, Clone)]
@@ -21,6 +22,8 @@ pub struct RunActivation {
     pub inference: Option<InferenceOverride>,
     /// Cancels the run when cancelled.
     pub cancel: CancellationToken,
+    /// Messages for the run while it is in flight, taken at its next step.
+    pub steering: Steering,
     /// On a thread waiting for decisions: close its suspended calls as cancelled and start
     /// this run instead of refusing it.
     pub supersede: bool,
@@ -43,6 +46,7 @@ impl RunActivation {
             profile_id: None,
             inference: None,
             cancel: CancellationToken::new(),
+            steering: Steering::new(),
             supersede: false,
             run_id: None,
             parent_run_id: None,
@@ -94,6 +98,18 @@ impl RunActivation {
     /// A handle that cancels this run.
     pub fn handle(&self) -> RunHandle {
         RunHandle::new(self.cancel.clone())
+    }
+
+    /// The run's steering inbox: messages sent there while it is in flight are taken at its
+    /// next step (see [`Steering`]).
+    pub fn steering(&self) -> Steering {
+        self.steering.clone()
+    }
+
+    /// Gives the run `steering` as its inbox (one the caller made beforehand).
+    pub fn with_steering(mut self, steering: Steering) -> Self {
+        self.steering = steering;
+        self
     }
 }
 

@@ -13,6 +13,7 @@ use awaken_tool::{ArgumentValidator, ToolBatch};
 use serde::{Deserialize, Serialize};
 
 use crate::handle::RunHandle;
+use crate::steering::Steering;
 
 /// A request to continue a waiting thread with decisions on its suspended calls.
 #[derive(Debug, Clone)]
@@ -23,6 +24,8 @@ pub struct Resume {
     pub decisions: Vec<ToolCallResume>,
     /// Cancels the continued run when cancelled.
     pub cancel: CancellationToken,
+    /// Messages for the continued run while it is in flight, taken at its next step.
+    pub steering: Steering,
 }
 
 impl Resume {
@@ -32,6 +35,7 @@ impl Resume {
             thread_id,
             decisions: Vec::new(),
             cancel: CancellationToken::new(),
+            steering: Steering::new(),
         }
     }
 
@@ -44,6 +48,17 @@ impl Resume {
     /// A handle that cancels the continued run.
     pub fn handle(&self) -> RunHandle {
         RunHandle::new(self.cancel.clone())
+    }
+
+    /// The continued run's steering inbox (see [`Steering`]).
+    pub fn steering(&self) -> Steering {
+        self.steering.clone()
+    }
+
+    /// Gives the continued run `steering` as its inbox.
+    pub fn with_steering(mut self, steering: Steering) -> Self {
+        self.steering = steering;
+        self
     }
 }
 

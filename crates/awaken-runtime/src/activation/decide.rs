@@ -20,6 +20,7 @@ use crate::error::RunError;
 use crate::inner::RuntimeInner;
 use crate::resume::{recorded_decisions, suspended_calls, validate_decisions};
 use crate::run::Continue;
+use crate::steering::Steering;
 
 /// What an activation runs.
 pub(super) struct Plan {
@@ -28,6 +29,9 @@ pub(super) struct Plan {
     /// A new run's messages.
     pub(super) messages: Vec<Message>,
     pub(super) cancel: CancellationToken,
+    /// Messages for the run while it is in flight (a recovered run's: an inbox nobody else
+    /// holds).
+    pub(super) steering: Steering,
     /// A new run's inference override (boxed: most runs have none).
     pub(super) inference: Option<Box<InferenceOverride>>,
     /// The run it continues, if it does (boxed: most activations start afresh).
@@ -55,6 +59,7 @@ impl Plan {
     fn continuing(
         continued: Continued,
         cancel: CancellationToken,
+        steering: Steering,
         lease: Option<LeaseToken>,
     ) -> Self {
         let record = &continued.record;
@@ -63,6 +68,7 @@ impl Plan {
             profile_id: record.profile_id.clone(),
             messages: Vec::new(),
             cancel,
+            steering,
             inference: None,
             run_id: Some(record.run_id.clone()),
             parent_run_id: record.parent_run_id.clone(),
@@ -117,7 +123,12 @@ pub(super) async fn decide(
                 run_state,
                 how: Continue::Recover,
             };
-            Ok(Plan::continuing(continued, cancel, claimed.lease))
+            Ok(Plan::continuing(
+                continued,
+                cancel,
+                Steering::new(),
+                claimed.lease,
+            ))
         }
         Start::Fresh(act) => {
             match stored.latest.take() {
@@ -154,6 +165,7 @@ pub(super) async fn decide(
                 profile_id: act.profile_id,
                 messages: act.messages,
                 cancel: act.cancel,
+                steering: act.steering,
                 inference: act.inference.map(Box::new),
                 continued: None,
                 run_id: act.run_id,
@@ -188,7 +200,12 @@ pub(super) async fn decide(
                 run_state,
                 how: Continue::Decide(recorded, resume.decisions),
             };
-            Ok(Plan::continuing(continued, resume.cancel, None))
+            Ok(Plan::continuing(
+                continued,
+                resume.cancel,
+                resume.steering,
+                None,
+            ))
         }
     }
 }

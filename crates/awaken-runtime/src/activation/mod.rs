@@ -29,10 +29,16 @@ pub(crate) fn activate<'a>(
     let start = Box::new(start);
     async move {
         let span = start.span();
+        // Closed whichever way the activation ends (a refusal, an endpoint-backed agent, the
+        // run's end): no steering message waits for a run that is gone.
+        let steering = start.steering().cloned();
         let Some(_active) = rt.active.enter(start.cancel()) else {
+            if let Some(s) = &steering {
+                s.close();
+            }
             return Err(RunError::ShuttingDown);
         };
-        async move {
+        let ended = async move {
             let (run, opening) = match build(rt, start, sink).await? {
                 Built::Done(outcome) => return Ok(outcome),
                 Built::Run(run, opening) => (run, opening),
@@ -40,6 +46,10 @@ pub(crate) fn activate<'a>(
             run.run_to_end(rt, opening).await
         }
         .instrument(span)
-        .await
+        .await;
+        if let Some(s) = &steering {
+            s.close();
+        }
+        ended
     }
 }

@@ -6,6 +6,7 @@ use awaken_store::{ClaimedRun, LeaseToken};
 
 use crate::request::RunActivation;
 use crate::resume::Resume;
+use crate::steering::Steering;
 
 /// An unfinished run to continue: claimed by `recover()` (with its lease) or found by a
 /// delegate tool re-run after a crash (the parent's lease covers it).
@@ -71,6 +72,15 @@ impl Start {
             Start::Fresh(act) => &act.cancel,
             Start::Resume(resume) => &resume.cancel,
             Start::Recover(_, cancel) => cancel,
+        }
+    }
+
+    /// The activation's steering inbox (a recovered run has none of its caller's).
+    pub(super) fn steering(&self) -> Option<&Steering> {
+        match self {
+            Start::Fresh(act) => Some(&act.steering),
+            Start::Resume(resume) => Some(&resume.steering),
+            Start::Recover(..) => None,
         }
     }
 }

@@ -24,6 +24,7 @@ use crate::builtins::{RunStatsKey, StepDirectivesKey, StopRequestKey};
 use crate::durable::Durable;
 use crate::intercept::CallInterceptKey;
 use crate::progress::ProgressQueue;
+use crate::steering::Steering;
 
 mod calls;
 mod concurrent;
@@ -47,6 +48,8 @@ pub(crate) struct Run<'a> {
     engine: PhaseEngine,
     identity: Arc<RunIdentity>,
     cancel: CancellationToken,
+    /// Messages for the run, taken at the start of each step.
+    steering: Steering,
     /// Shared with phase contexts and requests; appended in place once they are gone, so a
     /// step's cost does not grow with the thread.
     history: History,
@@ -120,6 +123,7 @@ pub(crate) struct RunParts<'a> {
     pub(crate) engine: PhaseEngine,
     pub(crate) identity: Arc<RunIdentity>,
     pub(crate) cancel: CancellationToken,
+    pub(crate) steering: Steering,
     /// The thread's history, repaired.
     pub(crate) history: Vec<Message>,
     /// The activation's new messages.
@@ -148,6 +152,7 @@ impl<'a> Run<'a> {
             engine,
             identity,
             cancel,
+            steering,
             mut history,
             messages,
             run_override,
@@ -200,6 +205,7 @@ impl<'a> Run<'a> {
             engine,
             identity,
             cancel,
+            steering,
             history: history.into(),
             run_override,
             gates,

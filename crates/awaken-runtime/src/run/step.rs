@@ -91,6 +91,13 @@ impl Run<'_> {
             }
         }
         loop {
+            // A normal step first takes the steering messages waiting (the first step of a
+            // resumed or recovered run, above, finishes calls, whose results must follow them
+            // at once). Boxed: a rare path, whose commit every run's future need not hold room
+            // for.
+            if self.steering.waiting() > 0 {
+                Box::pin(self.take_steering()).await?;
+            }
             if let StepEnd::End(t) = self.step(None).await? {
                 return Ok(t);
             }
@@ -213,11 +220,21 @@ impl Run<'_> {
                 .await?;
         }
 
-        if calls.is_empty() {
-            self.end_step(false).await?;
-            return Ok(StepEnd::End(final_answer_end(stop_reason)));
-        }
         let max_rounds = self.resolved.spec.max_rounds;
+        if calls.is_empty() {
+            let after = self.end_step(false).await?;
+            let end = final_answer_end(stop_reason);
+            // A steering message waits: the run goes on to take it instead of ending, unless
+            // a stop condition or the round limit ends it (then the message is refused).
+            if end == TerminationReason::NaturalEnd
+                && matches!(after, StepEnd::Continue)
+                && self.read_stats(|s| s.inferences) < max_rounds
+                && !self.steering.close_unless_waiting()
+            {
+                return Ok(StepEnd::Continue);
+            }
+            return Ok(StepEnd::End(end));
+        }
         if self.read_stats(|s| s.inferences) >= max_rounds {
             for call in calls.iter() {
                 self.close(
@@ -241,6 +258,24 @@ impl Run<'_> {
             self.run_calls_sequentially(&calls).await?
         };
         self.end_step(suspended).await
+    }
+
+    /// Takes the steering messages waiting for the step about to start: appended to the
+    /// history and committed in a commit of their own before it, so its inference sees them;
+    /// then each sender learns the step.
+    async fn take_steering(&mut self) -> Result<(), Failure> {
+        let waiting = self.steering.take();
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        let mut replies = Vec::with_capacity(waiting.len());
+        for (message, reply) in waiting {
+            self.push_message(message);
+            replies.push(reply);
+        }
+        self.checkpoint(BatchChange::Keep).await?;
+        crate::steering::taken(replies, self.step + 1);
+        Ok(())
     }
 
     /// Runs `StepEnd` and counts the step; returns how the run goes on: it waits when a call

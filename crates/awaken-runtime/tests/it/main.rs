@@ -26,6 +26,7 @@ mod profile;
 mod recovery;
 mod scenarios;
 mod spans;
+mod steering;
 mod support;
 mod take_over;
 mod tools;

@@ -1,0 +1,168 @@
+//! [`Steering`]: messages for a run in flight. The run takes the waiting ones before its next
+//! step starts and commits them to the thread, so that step's inference sees them; a run whose model answers without calls while a message waits goes on with another
+//! step instead of ending. Every message is either taken (its sender learns the step) or
+//! refused once the run has ended: none is dropped unseen.
+
+use std::sync::{Arc, Mutex};
+
+use awaken_event::Message;
+use tokio::sync::oneshot;
+
+/// Where a steering message went: the step whose start took it, committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Taken {
+    /// The step (the run's numbering, as its `step_start` events count).
+    pub step: u32,
+}
+
+/// Why a steering message was not taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NotTaken {
+    /// The run ended (or its step's commit failed) before a step took the message.
+    #[error("the run ended before a step took the message")]
+    Ended,
+}
+
+type Reply = oneshot::Sender<Result<Taken, NotTaken>>;
+
+/// A run's inbox of steering messages, shared by the run and whoever steers it (clone it:
+/// clones share the inbox). A new one is open; the run closes it as it ends.
+#[derive(Clone, Default)]
+pub struct Steering {
+    inner: Arc<Mutex<Inbox>>,
+}
+
+#[derive(Default)]
+struct Inbox {
+    waiting: Vec<(Message, Reply)>,
+    closed: bool,
+}
+
+impl std::fmt::Debug for Steering {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let inbox = self.lock();
+        f.debug_struct("Steering")
+            .field("waiting", &inbox.waiting.len())
+            .field("closed", &inbox.closed)
+            .finish()
+    }
+}
+
+impl Steering {
+    /// An open inbox.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Queues `message` (the user's) for the run; resolves when a step took it (committed to
+    /// the thread) or the run ended without taking it. A run whose future is dropped mid-way
+    /// answers neither: wait on the run's end as well.
+    pub fn send(
+        &self,
+        message: Message,
+    ) -> impl Future<Output = Result<Taken, NotTaken>> + Send + 'static {
+        let (reply, answer) = oneshot::channel();
+        {
+            let mut inbox = self.lock();
+            if inbox.closed {
+                let _ = reply.send(Err(NotTaken::Ended));
+            } else {
+                inbox.waiting.push((message, reply));
+            }
+        }
+        async move { answer.await.unwrap_or(Err(NotTaken::Ended)) }
+    }
+
+    /// Whether the run has ended (later messages are refused).
+    pub fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
+    /// How many messages wait for the run's next step.
+    pub fn waiting(&self) -> usize {
+        self.lock().waiting.len()
+    }
+
+    /// The waiting messages, for the step about to take them.
+    pub(crate) fn take(&self) -> Vec<(Message, Reply)> {
+        std::mem::take(&mut self.lock().waiting)
+    }
+
+    /// Closes the inbox unless a message waits (the run then goes on to take it); whether it
+    /// closed. One lock: a message sent meanwhile is either seen here or refused.
+    pub(crate) fn close_unless_waiting(&self) -> bool {
+        let mut inbox = self.lock();
+        if inbox.waiting.is_empty() {
+            inbox.closed = true;
+        }
+        inbox.closed
+    }
+
+    /// Closes the inbox as the run ends: later messages are refused, and so are the waiting
+    /// ones.
+    pub(crate) fn close(&self) {
+        let waiting = {
+            let mut inbox = self.lock();
+            inbox.closed = true;
+            std::mem::take(&mut inbox.waiting)
+        };
+        for (_, reply) in waiting {
+            let _ = reply.send(Err(NotTaken::Ended));
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inbox> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Tells each sender its message was taken at `step`.
+pub(crate) fn taken(replies: impl IntoIterator<Item = Reply>, step: u32) {
+    for reply in replies {
+        let _ = reply.send(Ok(Taken { step }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_message_is_taken_or_refused_never_dropped() {
+        let steering = Steering::new();
+        let first = steering.send(Message::user("one"));
+        let taken_now = steering.take();
+        assert_eq!(taken_now.len(), 1);
+        assert_eq!(taken_now[0].0.text(), "one");
+        taken(taken_now.into_iter().map(|(_, r)| r), 3);
+        assert_eq!(first.await, Ok(Taken { step: 3 }));
+
+        // A message waiting keeps the inbox open; once taken, it closes.
+        let second = steering.send(Message::user("two"));
+        assert!(!steering.close_unless_waiting());
+        let replies: Vec<_> = steering.take().into_iter().map(|(_, r)| r).collect();
+        assert!(steering.close_unless_waiting());
+        assert!(steering.is_closed());
+        taken(replies, 4);
+        assert_eq!(second.await, Ok(Taken { step: 4 }));
+        // After it closed, refused at once.
+        assert_eq!(
+            steering.send(Message::user("late")).await,
+            Err(NotTaken::Ended)
+        );
+
+        // A run that ends with messages waiting refuses them; one whose step dropped them
+        // (a failed commit) too.
+        let open = Steering::new();
+        let waiting = open.send(Message::user("left"));
+        let dropped = open.send(Message::user("lost commit"));
+        let mut taken_then_failed = open.take();
+        let left = open.send(Message::user("after"));
+        open.close();
+        taken_then_failed.clear();
+        assert_eq!(waiting.await, Err(NotTaken::Ended));
+        assert_eq!(dropped.await, Err(NotTaken::Ended));
+        assert_eq!(left.await, Err(NotTaken::Ended));
+    }
+}

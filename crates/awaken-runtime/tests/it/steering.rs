@@ -1,0 +1,172 @@
+//! Steering a run in flight: a message sent while a tool runs is committed at the next step,
+//! before the inference that sees it; one waiting when the model answers without calls keeps
+//! the run going for another step; one the run cannot take any more is refused, never dropped.
+
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use awaken_event::{AgentEvent, Message, Role, TerminationReason, ThreadId, ToolDescriptor};
+use awaken_llm::{ScriptToolCall, ScriptTurn};
+use awaken_runtime::{NotTaken, Steering, Taken};
+use awaken_tool::{Tool, ToolCallContext, ToolError, ToolOutput};
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+
+use crate::interrupted::strictly_alternating;
+use crate::support::Scenario;
+
+/// What a steering message's sender was told, once it was.
+type Answer = Arc<Mutex<Option<JoinHandle<Result<Taken, NotTaken>>>>>;
+
+/// Sends `text` to `steering` on a task of its own, keeping its answer in `answer`.
+fn send(steering: &Steering, text: &str, answer: &Answer) {
+    let sent = tokio::spawn(steering.send(Message::user(text)));
+    *answer.lock().expect("answer") = Some(sent);
+}
+
+async fn answer_of(answer: &Answer) -> Result<Taken, NotTaken> {
+    let sent = answer
+        .lock()
+        .expect("answer")
+        .take()
+        .expect("a message was sent");
+    sent.await.expect("the sender's task")
+}
+
+/// `steer`: sends the message "Also buy eggs." to the run's steering while it runs.
+struct Steers(Steering, Answer);
+
+#[async_trait]
+impl Tool for Steers {
+    fn descriptor(&self) -> ToolDescriptor {
+        ToolDescriptor::new("steer", "Steers the run while it runs")
+    }
+    async fn execute(
+        &self,
+        _args: &Value,
+        _ctx: &ToolCallContext,
+    ) -> Result<ToolOutput, ToolError> {
+        send(&self.0, "Also buy eggs.", &self.1);
+        Ok(ToolOutput::success(json!({"steered": true})))
+    }
+}
+
+fn thread() -> ThreadId {
+    ThreadId::new("thread").expect("id")
+}
+
+fn texts(messages: &[Message]) -> Vec<(Role, String)> {
+    messages.iter().map(|m| (m.role, m.text())).collect()
+}
+
+#[tokio::test]
+async fn a_message_sent_while_a_tool_runs_is_taken_at_the_next_step() {
+    let steering = Steering::new();
+    let answer = Answer::default();
+    let mut scenario = Scenario::new(vec![
+        ScriptTurn::default().with_tool_call(ScriptToolCall::new("steer", json!({})).with_id("c1")),
+        ScriptTurn::text("Noted: milk and eggs."),
+    ]);
+    scenario
+        .tools
+        .push(Arc::new(Steers(steering.clone(), answer.clone())));
+    let inbox = steering.clone();
+    let done = scenario
+        .activation(move |a| a.with_steering(inbox))
+        .run()
+        .await;
+    assert_eq!(done.outcome.termination, TerminationReason::NaturalEnd);
+    assert_eq!(answer_of(&answer).await, Ok(Taken { step: 2 }));
+
+    // The second request ends with the message, after the call's result, and is one the
+    // strictest providers accept.
+    let requests = done.executor.requests();
+    assert_eq!(requests.len(), 2);
+    let second = requests[1].messages.to_vec();
+    assert_eq!(
+        second.last().map(|m| (m.role, m.text())),
+        Some((Role::User, "Also buy eggs.".to_owned()))
+    );
+    strictly_alternating(&second).expect("a request the strictest providers accept");
+    // Stored in that order.
+    let stored = done.runtime.history(&thread()).await.expect("history");
+    let roles: Vec<Role> = stored.iter().map(|m| m.role).collect();
+    assert_eq!(
+        roles,
+        [
+            Role::User,
+            Role::Assistant,
+            Role::Tool,
+            Role::User,
+            Role::Assistant
+        ]
+    );
+    assert_eq!(texts(&stored)[3].1, "Also buy eggs.");
+    // The run is over: a later message is refused at once.
+    assert_eq!(
+        steering.send(Message::user("late")).await,
+        Err(NotTaken::Ended)
+    );
+    assert!(steering.is_closed());
+}
+
+/// Two text answers (`First.`, `Second.`), with "One more thing." sent to the run as the
+/// first answer comes in (so it waits when the run would end); the outcome and the message's
+/// answer.
+async fn steered_at_the_first_answer(
+    max_rounds: Option<u32>,
+) -> (crate::support::Outcome, Result<Taken, NotTaken>) {
+    let steering = Steering::new();
+    let answer = Answer::default();
+    let (inbox, sender, sent) = (steering.clone(), steering.clone(), answer.clone());
+    let mut scenario = Scenario::new(vec![
+        ScriptTurn::text("First."),
+        ScriptTurn::text("Second."),
+    ]);
+    if let Some(n) = max_rounds {
+        scenario = scenario.spec(|s| s.with_max_rounds(n));
+    }
+    let done = scenario
+        .activation(move |a| a.with_steering(inbox))
+        .cancel_when(move |event| {
+            if matches!(event, AgentEvent::InferenceComplete { .. })
+                && sent.lock().expect("answer").is_none()
+            {
+                send(&sender, "One more thing.", &sent);
+            }
+            false
+        })
+        .run()
+        .await;
+    let taken = answer_of(&answer).await;
+    (done, taken)
+}
+
+#[tokio::test]
+async fn a_message_waiting_at_the_final_answer_keeps_the_run_going() {
+    let (done, taken) = steered_at_the_first_answer(None).await;
+    assert_eq!(done.outcome.termination, TerminationReason::NaturalEnd);
+    assert_eq!(done.outcome.steps, 2);
+    assert_eq!(done.outcome.response.as_deref(), Some("Second."));
+    assert_eq!(taken, Ok(Taken { step: 2 }));
+    let stored = done.runtime.history(&thread()).await.expect("history");
+    assert_eq!(
+        texts(&stored),
+        [
+            (Role::User, "hi".to_owned()),
+            (Role::Assistant, "First.".to_owned()),
+            (Role::User, "One more thing.".to_owned()),
+            (Role::Assistant, "Second.".to_owned()),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_message_the_round_limit_leaves_no_step_for_is_refused() {
+    let (done, taken) = steered_at_the_first_answer(Some(1)).await;
+    assert_eq!(done.outcome.termination, TerminationReason::NaturalEnd);
+    assert_eq!(done.outcome.steps, 1);
+    assert_eq!(taken, Err(NotTaken::Ended));
+    let stored = done.runtime.history(&thread()).await.expect("history");
+    assert_eq!(stored.len(), 2, "{:?}", texts(&stored));
+}
