@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use awaken_event::{AgentEvent, CancellationToken, EventSink, ThreadId};
+use awaken_runtime::Steering;
 use axum::body::Bytes;
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
@@ -176,6 +177,8 @@ pub(crate) struct LiveRun {
     /// The ended run of the thread this one replaced in the registry, until this one's first
     /// event: a run that fails before any puts it back, so its clients can still reconnect.
     replaced: Mutex<Option<Arc<LiveRun>>>,
+    /// The run's steering inbox, for a run this server drives (a followed one has none).
+    steering: std::sync::OnceLock<Steering>,
 }
 
 /// What a client attaching to a live run gets: the buffered frames after its position, the
@@ -216,7 +219,18 @@ impl LiveRun {
             finishing: AtomicBool::new(false),
             task: Mutex::new(None),
             replaced: Mutex::new(None),
+            steering: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Keeps the steering inbox of the run this server drives.
+    pub(crate) fn set_steering(&self, steering: Steering) {
+        let _ = self.steering.set(steering);
+    }
+
+    /// The run's steering inbox, when this server drives it.
+    pub(crate) fn steering(&self) -> Option<&Steering> {
+        self.steering.get()
     }
 
     /// Keeps the run's task, so a shutdown can stop it.

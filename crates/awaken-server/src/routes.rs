@@ -4,7 +4,8 @@
 
 use std::sync::atomic::Ordering;
 
-use awaken_runtime::RunActivation;
+use awaken_event::Message;
+use awaken_runtime::{RunActivation, Steering};
 use awaken_spec::InferenceOverride;
 use axum::Json;
 use axum::Router;
@@ -54,6 +55,7 @@ fn router(server: AgentServer) -> Router {
         .route("/threads/{thread}/runs", post(start_run))
         .route("/threads/{thread}/decisions", post(decide))
         .route("/threads/{thread}/cancel", post(cancel))
+        .route("/threads/{thread}/messages", post(steer))
         .merge(crate::agui::routes())
         .merge(crate::ai_sdk::routes())
         .fallback(not_found)
@@ -314,6 +316,7 @@ async fn get_thread(
         .waiting_calls(&thread)
         .await
         .map_err(ApiError::from)?;
+    let live = server.shared.live.get(&thread).filter(|r| !r.is_ended());
     Ok(Json(json!({
         "thread_id": thread,
         "messages": checkpoint.messages,
@@ -321,7 +324,9 @@ async fn get_thread(
         "state": checkpoint.thread_state,
         "waiting": waiting,
         "last_event_seq": checkpoint.last_event_seq,
-        "live": server.shared.live.get(&thread).is_some_and(|r| !r.is_ended()),
+        "live": live.is_some(),
+        // Messages sent to the run in flight that no step has taken yet.
+        "messages_waiting": live.and_then(|r| r.steering().map(Steering::waiting)).unwrap_or(0),
     })))
 }
 
@@ -498,6 +503,65 @@ async fn decide(
         answer(stream),
     )
     .await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SteerBody {
+    /// The user's message for the run in flight.
+    message: String,
+}
+
+/// Steers the thread's run in flight here: the message is committed at the run's next step,
+/// before the inference that sees it, and the answer says which step took it; 409 when no
+/// run here can take it.
+async fn steer(
+    State(server): State<AgentServer>,
+    Path(raw): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let thread = thread_id(&raw)?;
+    let request: SteerBody = json_body(body)?;
+    if request.message.trim().is_empty() {
+        return Err(ApiError::bad_field(
+            "empty_message",
+            "message",
+            "the message is empty",
+        ));
+    }
+    let Some(live) = server.shared.live.get(&thread).filter(|r| !r.is_ended()) else {
+        return Err(ApiError::conflict(
+            "not_running",
+            format!("thread `{thread}` has no run in flight here: start a run with the message"),
+        ));
+    };
+    let Some(steering) = live.steering().cloned() else {
+        return Err(ApiError::conflict(
+            "not_steerable",
+            format!(
+                "thread `{thread}`'s run is driven by a worker of the fleet; steering reaches the runs a server drives itself"
+            ),
+        ));
+    };
+    let not_taken = || {
+        ApiError::conflict(
+            "not_taken",
+            format!(
+                "thread `{thread}`'s run ended before a step took the message: start a run with it"
+            ),
+        )
+    };
+    let sent = steering.send(Message::user(request.message));
+    tokio::select! {
+        // First: a message taken as its run ends is answered as taken.
+        biased;
+        taken = sent => match taken {
+            Ok(taken) => Ok(Json(json!({"taken": true, "step": taken.step})).into_response()),
+            Err(_) => Err(not_taken()),
+        },
+        // A run stopped without closing its inbox (its task dropped at a shutdown).
+        _ = live.ended() => Err(not_taken()),
+    }
 }
 
 async fn cancel(State(server): State<AgentServer>, Path(raw): Path<String>) -> ApiResult {

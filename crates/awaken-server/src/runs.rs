@@ -373,6 +373,10 @@ pub(crate) async fn start(
         // buffered before the answer starts (no trip through the scheduler); the rest runs on
         // its own task. Nothing awaits between the two, so a client going away cannot drop the
         // run.
+        live.set_steering(match &job {
+            Job::Run(activation) => activation.steering(),
+            Job::Resume(resume) => resume.steering(),
+        });
         let mut run = Box::pin(drive(server.clone(), Arc::clone(&live), permit, job));
         if std::future::poll_fn(|cx| Poll::Ready(run.as_mut().poll(cx).is_pending())).await {
             live.set_task(tokio::spawn(run));

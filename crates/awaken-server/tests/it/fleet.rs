@@ -255,8 +255,7 @@ impl FrontEnd {
     /// Posts `body` to `path` on a task of its own: its answer comes once a worker drives the
     /// run.
     fn post_later(&self, path: &str, body: Value) -> tokio::task::JoinHandle<reqwest::Response> {
-        let request = self.server.client.post(self.server.url(path)).json(&body);
-        tokio::spawn(async move { request.send().await.expect("request") })
+        self.server.post_later(path, body)
     }
 }
 
@@ -604,6 +603,16 @@ async fn cancel_on_the_front_end_ends_a_run_held_on_a_worker() {
     let mut sse = front.server.start_run("t", "hi").await;
     let part = sse.until(|f| f.is("run_start")).await;
     worker.rig.model.wait_holds(1).await;
+
+    // Steering reaches the runs a server drives itself, not one a worker drives.
+    let steer = front
+        .server
+        .post("/v1/threads/t/messages", json!({"message": "also"}))
+        .await;
+    assert_eq!(
+        refusal(steer).await,
+        (StatusCode::CONFLICT, "not_steerable".into(), None)
+    );
 
     let response = front.server.post("/v1/threads/t/cancel", json!({})).await;
     assert_eq!(response.status(), StatusCode::OK);

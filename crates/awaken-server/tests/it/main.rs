@@ -12,5 +12,6 @@ mod page;
 mod reconnect;
 mod refusals;
 mod shutdown;
+mod steer;
 mod stream;
 mod support;

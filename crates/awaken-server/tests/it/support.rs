@@ -658,6 +658,16 @@ impl TestServer {
             .expect("request")
     }
 
+    /// Posts `body` to `path` on a task of its own, for an answer that comes later.
+    pub fn post_later(
+        &self,
+        path: &str,
+        body: Value,
+    ) -> tokio::task::JoinHandle<reqwest::Response> {
+        let request = self.client.post(self.url(path)).json(&body);
+        tokio::spawn(async move { request.send().await.expect("request") })
+    }
+
     /// Starts a run of `message` on `thread` and returns its stream.
     pub async fn start_run(&self, thread: &str, message: &str) -> Sse {
         let response = self

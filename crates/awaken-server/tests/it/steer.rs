@@ -1,0 +1,140 @@
+//! `POST /v1/threads/{thread}/messages`: a message for the run in flight, committed at its
+//! next step before the inference that sees it; answered with that step, or refused when no
+//! run here can take it.
+
+use awaken_event::{AgentEvent, StopReason, TerminationReason};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+/// `GET /v1/threads/{thread}`'s answer.
+async fn shown(server: &TestServer, thread: &str) -> Value {
+    server
+        .get(&format!("/v1/threads/{thread}"))
+        .await
+        .json()
+        .await
+        .expect("JSON")
+}
+
+/// The thread's stored messages, as (role, text).
+async fn messages(server: &TestServer, thread: &str) -> Vec<(String, String)> {
+    shown(server, thread).await["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .map(|m| {
+            let text: String = m["content"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p["text"].as_str())
+                .collect();
+            (m["role"].as_str().unwrap_or_default().to_owned(), text)
+        })
+        .collect()
+}
+
+/// Waits until the thread's run in flight has `n` messages waiting for its next step.
+async fn waiting(server: &TestServer, thread: &str, n: u64) {
+    guarded("the message to wait for the run", async {
+        loop {
+            if shown(server, thread).await["messages_waiting"] == n {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
+/// Posts `message` to thread `t`'s run while its model holds, waits until it waits for the
+/// run, releases the model, and returns the answer (200).
+async fn steered_while_held(server: &TestServer, rig: &Rig, message: &str) -> Value {
+    let steered = server.post_later("/v1/threads/t/messages", json!({"message": message}));
+    waiting(server, "t", 1).await;
+    rig.model.release(1);
+    let response = guarded("the steering answer", steered)
+        .await
+        .expect("posted");
+    assert_eq!(response.status(), StatusCode::OK);
+    response.json().await.expect("JSON")
+}
+
+fn last_termination(frames: &[Frame]) -> TerminationReason {
+    match agent_events(frames).pop() {
+        Some((_, AgentEvent::RunFinish { termination, .. })) => *termination,
+        other => panic!("the stream ends with run_finish: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_for_a_run_in_flight_is_taken_at_its_next_step() {
+    let mut first = vec![Piece::Hold];
+    first.extend(call("c1", "echo", json!({"text": "milk"})));
+    first.push(stop(StopReason::ToolCalls));
+    let rig = Rig::memory(vec![first, text_turn(&["Noted: milk and eggs."])]);
+    let server = TestServer::start(rig.runtime(), config()).await;
+    let stream = server.start_run("t", "Remind me to buy milk").await;
+    rig.model.wait_holds(1).await;
+
+    // Sent while the model holds its first answer: taken at the second step.
+    let answer = steered_while_held(&server, &rig, "Also eggs.").await;
+    assert_eq!(answer, json!({"taken": true, "step": 2}));
+
+    let frames = stream.rest().await;
+    checked_live(&frames);
+    assert_eq!(last_termination(&frames), TerminationReason::NaturalEnd);
+    // Tool calls and results carry no text part.
+    let expected = [
+        ("user", "Remind me to buy milk"),
+        ("assistant", ""),
+        ("tool", ""),
+        ("user", "Also eggs."),
+        ("assistant", "Noted: milk and eggs."),
+    ]
+    .map(|(role, text)| (role.to_owned(), text.to_owned()));
+    assert_eq!(messages(&server, "t").await, expected);
+
+    // The run is over: nothing here takes a message, and a blank one is refused first.
+    let over = server
+        .post("/v1/threads/t/messages", json!({"message": "And bread."}))
+        .await;
+    assert_eq!(
+        refusal(over).await,
+        (StatusCode::CONFLICT, "not_running".into(), None)
+    );
+    let blank = server
+        .post("/v1/threads/t/messages", json!({"message": " "}))
+        .await;
+    assert_eq!(
+        refusal(blank).await,
+        (
+            StatusCode::BAD_REQUEST,
+            "empty_message".into(),
+            Some("message".into())
+        )
+    );
+    assert_eq!(rig.model.requests(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_waiting_at_the_final_answer_keeps_the_run_going() {
+    let rig = Rig::memory(vec![
+        vec![Piece::Hold, text("First."), stop(StopReason::EndTurn)],
+        text_turn(&["Second."]),
+    ]);
+    let server = TestServer::start(rig.runtime(), config()).await;
+    let stream = server.start_run("t", "hi").await;
+    rig.model.wait_holds(1).await;
+    let answer = steered_while_held(&server, &rig, "One more.").await;
+    assert_eq!(answer["step"], 2);
+    let frames = stream.rest().await;
+    let events = checked_live(&frames);
+    let Some((_, AgentEvent::RunFinish { response, .. })) = events.last() else {
+        panic!("the run finished: {frames:#?}")
+    };
+    assert_eq!(response.as_deref(), Some("Second."));
+    assert_eq!(rig.model.requests(), 2);
+}
