@@ -19,12 +19,13 @@ pub struct Taken {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum NotTaken {
-    /// The run ended (or its step's commit failed) before a step took the message.
+    /// The run ended before a step took the message (or before a commit stored it).
     #[error("the run ended before a step took the message")]
     Ended,
 }
 
-type Reply = oneshot::Sender<Result<Taken, NotTaken>>;
+/// Where a steering message's sender learns what became of it.
+pub(crate) type Reply = oneshot::Sender<Result<Taken, NotTaken>>;
 
 /// A run's inbox of steering messages, shared by the run and whoever steers it (clone it:
 /// clones share the inbox). A new one is open; the run closes it as it ends.
@@ -152,8 +153,8 @@ mod tests {
             Err(NotTaken::Ended)
         );
 
-        // A run that ends with messages waiting refuses them; one whose step dropped them
-        // (a failed commit) too.
+        // A run that ends with messages waiting refuses them; one that dropped the replies
+        // of messages it took (its future dropped mid-commit) too.
         let open = Steering::new();
         let waiting = open.send(Message::user("left"));
         let dropped = open.send(Message::user("lost commit"));

@@ -223,11 +223,6 @@ impl LiveRun {
         }
     }
 
-    /// Keeps the steering inbox of the run this server drives.
-    pub(crate) fn set_steering(&self, steering: Steering) {
-        let _ = self.steering.set(steering);
-    }
-
     /// The run's steering inbox, when this server drives it.
     pub(crate) fn steering(&self) -> Option<&Steering> {
         self.steering.get()
@@ -477,7 +472,7 @@ impl RecoverySink {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone();
-            *current = self.live.begin(thread_id, Some(cancel)).ok();
+            *current = self.live.begin(thread_id, Some(cancel), None).ok();
             let durable = *self
                 .pending_commit
                 .lock()
@@ -554,14 +549,19 @@ impl LiveRuns {
         &self,
         thread_id: &ThreadId,
         handle: Option<CancellationToken>,
+        steering: Option<&Steering>,
     ) -> Result<Arc<LiveRun>, Arc<LiveRun>> {
         let run = || {
-            Arc::new(LiveRun::new(
+            let run = LiveRun::new(
                 thread_id.clone(),
                 handle.clone(),
                 self.replay,
                 self.broadcast,
-            ))
+            );
+            if let Some(s) = steering {
+                let _ = run.steering.set(s.clone());
+            }
+            Arc::new(run)
         };
         match self.runs.entry(thread_id.clone()) {
             Entry::Occupied(o) if !o.get().is_ended() => Err(o.get().clone()),

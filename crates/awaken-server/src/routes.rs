@@ -539,7 +539,7 @@ async fn steer(
         return Err(ApiError::conflict(
             "not_steerable",
             format!(
-                "thread `{thread}`'s run is driven by a worker of the fleet; steering reaches the runs a server drives itself"
+                "thread `{thread}`'s run takes no messages: it was recovered after a restart, or a worker of the fleet drives it"
             ),
         ));
     };
@@ -547,7 +547,7 @@ async fn steer(
         ApiError::conflict(
             "not_taken",
             format!(
-                "thread `{thread}`'s run ended before a step took the message: start a run with it"
+                "thread `{thread}`'s run ended (finished, waiting for a decision, cancelled or stopped) before a step took the message"
             ),
         )
     };
@@ -561,6 +561,11 @@ async fn steer(
         },
         // A run stopped without closing its inbox (its task dropped at a shutdown).
         _ = live.ended() => Err(not_taken()),
+        () = server.shared.closing.cancelled() => Err(ApiError::unavailable(
+            "shutting_down",
+            "the server is shutting down: the run may still take the message at its next step before it stops (the thread's messages show whether it did)",
+            server.shared.config.retry_after,
+        )),
     }
 }
 

@@ -339,8 +339,17 @@ pub(crate) async fn start(
             shared.config.retry_after,
         )
     })?;
+    // The inbox of a run this server drives (a fleet front end's follower has none).
+    let steering = match (&job, &shared.front) {
+        (_, Some(_)) => None,
+        (Job::Run(activation), None) => Some(activation.steering()),
+        (Job::Resume(resume), None) => Some(resume.steering()),
+    };
     let live = loop {
-        match shared.live.begin(thread, Some(cancel.clone())) {
+        match shared
+            .live
+            .begin(thread, Some(cancel.clone()), steering.as_ref())
+        {
             Ok(live) => break live,
             Err(closing) if closing.is_finishing() => {
                 finished(server, thread, &closing, deadline).await?;
@@ -373,10 +382,6 @@ pub(crate) async fn start(
         // buffered before the answer starts (no trip through the scheduler); the rest runs on
         // its own task. Nothing awaits between the two, so a client going away cannot drop the
         // run.
-        live.set_steering(match &job {
-            Job::Run(activation) => activation.steering(),
-            Job::Resume(resume) => resume.steering(),
-        });
         let mut run = Box::pin(drive(server.clone(), Arc::clone(&live), permit, job));
         if std::future::poll_fn(|cx| Poll::Ready(run.as_mut().poll(cx).is_pending())).await {
             live.set_task(tokio::spawn(run));

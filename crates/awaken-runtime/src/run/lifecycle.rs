@@ -40,6 +40,13 @@ impl Run<'_> {
             Err(Failure::Error(message)) => TerminationReason::Error { message },
         };
         let (termination, end_written) = self.finish(termination).await;
+        // Steering messages a failed commit left pending were stored by the last commit if it
+        // was written (else they were not: dropping the replies refuses them).
+        for (step, reply) in std::mem::take(&mut self.steering_unanswered) {
+            if end_written.is_ok() {
+                crate::steering::taken([reply], step);
+            }
+        }
         let event = match &termination {
             TerminationReason::Cancelled => LifecycleEvent::RunCancel(&lifecycle_run),
             TerminationReason::Error { message } => {

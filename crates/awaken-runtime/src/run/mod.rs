@@ -114,6 +114,9 @@ pub(crate) struct Run<'a> {
     /// The watch of the agent's visible state keys (boxed: most agents have none, and then
     /// nothing watches the run's commits).
     visible: Option<Box<crate::shown::Visible>>,
+    /// Steering messages whose commit failed: they wait in the run's pending commit, so the
+    /// run's last commit decides whether they were taken (and at which step).
+    steering_unanswered: Vec<(u32, crate::steering::Reply)>,
 }
 
 /// What a run is built from: everything the activation decided.
@@ -235,6 +238,7 @@ impl<'a> Run<'a> {
             open_calls: Vec::new(),
             alternating: 0,
             visible,
+            steering_unanswered: Vec::new(),
         };
         (run.seen_fallbacks, run.step) = run.engine.store().read(|s| {
             (

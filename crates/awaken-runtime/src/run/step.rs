@@ -95,7 +95,7 @@ impl Run<'_> {
             // resumed or recovered run, above, finishes calls, whose results must follow them
             // at once). Boxed: a rare path, whose commit every run's future need not hold room
             // for.
-            if self.steering.waiting() > 0 {
+            if self.steering.waiting() > 0 && !self.cancel.is_cancelled() {
                 Box::pin(self.take_steering()).await?;
             }
             if let StepEnd::End(t) = self.step(None).await? {
@@ -229,6 +229,7 @@ impl Run<'_> {
             if end == TerminationReason::NaturalEnd
                 && matches!(after, StepEnd::Continue)
                 && self.read_stats(|s| s.inferences) < max_rounds
+                && !self.cancel.is_cancelled()
                 && !self.steering.close_unless_waiting()
             {
                 return Ok(StepEnd::Continue);
@@ -273,8 +274,14 @@ impl Run<'_> {
             self.push_message(message);
             replies.push(reply);
         }
-        self.checkpoint(BatchChange::Keep).await?;
-        crate::steering::taken(replies, self.step + 1);
+        let step = self.step + 1;
+        if let Err(failure) = self.checkpoint(BatchChange::Keep).await {
+            // The messages wait in the pending commit, which the run's last one writes.
+            self.steering_unanswered
+                .extend(replies.into_iter().map(|r| (step, r)));
+            return Err(failure);
+        }
+        crate::steering::taken(replies, step);
         Ok(())
     }
 

@@ -111,10 +111,11 @@ async fn a_message_sent_while_a_tool_runs_is_taken_at_the_next_step() {
 }
 
 /// Two text answers (`First.`, `Second.`), with "One more thing." sent to the run as the
-/// first answer comes in (so it waits when the run would end); the outcome and the message's
-/// answer.
+/// first answer comes in (so it waits when the run would end), the run cancelled then too when
+/// `cancel`; the outcome and the message's answer.
 async fn steered_at_the_first_answer(
     max_rounds: Option<u32>,
+    cancel: bool,
 ) -> (crate::support::Outcome, Result<Taken, NotTaken>) {
     let steering = Steering::new();
     let answer = Answer::default();
@@ -133,6 +134,7 @@ async fn steered_at_the_first_answer(
                 && sent.lock().expect("answer").is_none()
             {
                 send(&sender, "One more thing.", &sent);
+                return cancel;
             }
             false
         })
@@ -144,7 +146,7 @@ async fn steered_at_the_first_answer(
 
 #[tokio::test]
 async fn a_message_waiting_at_the_final_answer_keeps_the_run_going() {
-    let (done, taken) = steered_at_the_first_answer(None).await;
+    let (done, taken) = steered_at_the_first_answer(None, false).await;
     assert_eq!(done.outcome.termination, TerminationReason::NaturalEnd);
     assert_eq!(done.outcome.steps, 2);
     assert_eq!(done.outcome.response.as_deref(), Some("Second."));
@@ -163,10 +165,23 @@ async fn a_message_waiting_at_the_final_answer_keeps_the_run_going() {
 
 #[tokio::test]
 async fn a_message_the_round_limit_leaves_no_step_for_is_refused() {
-    let (done, taken) = steered_at_the_first_answer(Some(1)).await;
+    let (done, taken) = steered_at_the_first_answer(Some(1), false).await;
     assert_eq!(done.outcome.termination, TerminationReason::NaturalEnd);
     assert_eq!(done.outcome.steps, 1);
     assert_eq!(taken, Err(NotTaken::Ended));
     let stored = done.runtime.history(&thread()).await.expect("history");
     assert_eq!(stored.len(), 2, "{:?}", texts(&stored));
+}
+
+#[tokio::test]
+async fn a_run_cancelled_with_a_message_waiting_takes_none() {
+    let (done, taken) = steered_at_the_first_answer(None, true).await;
+    assert_eq!(done.outcome.steps, 1);
+    assert_eq!(taken, Err(NotTaken::Ended));
+    let stored = done.runtime.history(&thread()).await.expect("history");
+    assert!(
+        !stored.iter().any(|m| m.text() == "One more thing."),
+        "{:?}",
+        texts(&stored)
+    );
 }

@@ -189,7 +189,7 @@ pub(crate) async fn live_or_follow(
         return Ok(local);
     };
     let cancel = CancellationToken::new();
-    let live = match shared.live.begin(thread, Some(cancel.clone())) {
+    let live = match shared.live.begin(thread, Some(cancel.clone()), None) {
         Ok(live) => live,
         // Another request began following it meanwhile.
         Err(running) => return Ok(Some(running)),

@@ -138,3 +138,36 @@ async fn a_message_waiting_at_the_final_answer_keeps_the_run_going() {
     assert_eq!(response.as_deref(), Some("Second."));
     assert_eq!(rig.model.requests(), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_for_a_run_that_stops_to_wait_for_a_decision_is_refused() {
+    let mut first = vec![Piece::Hold];
+    first.extend(call("c1", "guarded", json!({"text": "x"})));
+    first.push(stop(StopReason::ToolCalls));
+    let rig = Rig::memory(vec![first]);
+    let server = TestServer::start(rig.runtime(), config()).await;
+    let stream = server.start_run("t", "hi").await;
+    rig.model.wait_holds(1).await;
+    // The run suspends at the call: it ends with the message still waiting, which it refuses.
+    let steered = server.post_later("/v1/threads/t/messages", json!({"message": "Wait."}));
+    waiting(&server, "t", 1).await;
+    rig.model.release(1);
+    let response = guarded("the steering answer", steered)
+        .await
+        .expect("posted");
+    assert_eq!(
+        refusal(response).await,
+        (StatusCode::CONFLICT, "not_taken".into(), None)
+    );
+    assert_eq!(
+        last_termination(&stream.rest().await),
+        TerminationReason::Suspended
+    );
+    assert!(
+        !messages(&server, "t")
+            .await
+            .iter()
+            .any(|(_, text)| text == "Wait."),
+        "the message was not stored"
+    );
+}
