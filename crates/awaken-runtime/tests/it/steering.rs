@@ -8,6 +8,9 @@ use async_trait::async_trait;
 use awaken_event::{AgentEvent, Message, Role, TerminationReason, ThreadId, ToolDescriptor};
 use awaken_llm::{ScriptToolCall, ScriptTurn};
 use awaken_runtime::{NotTaken, Steering, Taken};
+use awaken_store::{
+    MemoryStore, PostgresConfig, PostgresStore, SqliteConfig, SqliteStore, ThreadStore,
+};
 use awaken_tool::{Tool, ToolCallContext, ToolError, ToolOutput};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
@@ -59,8 +62,8 @@ fn texts(messages: &[Message]) -> Vec<(Role, String)> {
     messages.iter().map(|m| (m.role, m.text())).collect()
 }
 
-#[tokio::test]
-async fn a_message_sent_while_a_tool_runs_is_taken_at_the_next_step() {
+/// A message sent while a tool runs, on `store`: taken at the next step.
+async fn taken_at_the_next_step(store: Arc<dyn ThreadStore>) {
     let steering = Steering::new();
     let answer = Answer::default();
     let mut scenario = Scenario::new(vec![
@@ -72,6 +75,7 @@ async fn a_message_sent_while_a_tool_runs_is_taken_at_the_next_step() {
         .push(Arc::new(Steers(steering.clone(), answer.clone())));
     let inbox = steering.clone();
     let done = scenario
+        .store(store)
         .activation(move |a| a.with_steering(inbox))
         .run()
         .await;
@@ -108,6 +112,40 @@ async fn a_message_sent_while_a_tool_runs_is_taken_at_the_next_step() {
         Err(NotTaken::Ended)
     );
     assert!(steering.is_closed());
+}
+
+#[tokio::test]
+async fn a_message_sent_while_a_tool_runs_is_taken_at_the_next_step() {
+    taken_at_the_next_step(Arc::new(MemoryStore::new())).await;
+}
+
+#[tokio::test]
+async fn a_message_is_taken_at_the_next_step_on_sqlite() {
+    let dir = crate::support::fresh_dir("steering-sqlite");
+    let store = SqliteStore::open(SqliteConfig::file(dir.join("threads.db")))
+        .await
+        .expect("sqlite");
+    taken_at_the_next_step(Arc::new(store)).await;
+}
+
+#[tokio::test]
+async fn a_message_is_taken_at_the_next_step_on_postgres() {
+    let Some(url) = crate::leases::postgres_url() else {
+        use std::io::Write as _;
+        let _ = writeln!(
+            std::io::stderr(),
+            "awaken-runtime: the PostgreSQL steering test was SKIPPED (AWAKEN_TEST_POSTGRES_URL is not set)"
+        );
+        return;
+    };
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let schema = format!("awaken_steering_{}_{nanos}", std::process::id());
+    let store = PostgresStore::connect(PostgresConfig::new(&url).with_schema(&schema))
+        .await
+        .expect("postgres");
+    taken_at_the_next_step(Arc::new(store)).await;
 }
 
 /// Two text answers (`First.`, `Second.`), with "One more thing." sent to the run as the

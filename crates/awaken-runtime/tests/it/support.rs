@@ -78,6 +78,8 @@ pub struct Scenario {
     pub activation: Option<Box<dyn FnOnce(RunActivation) -> RunActivation + Send>>,
     /// Cancels the run when it emits an event this accepts.
     pub cancel_when: Option<Box<dyn Fn(&AgentEvent) -> bool + Send + Sync>>,
+    /// The store (the runtime's default, in memory, without one).
+    pub store: Option<Arc<dyn awaken_store::ThreadStore>>,
 }
 
 pub struct Outcome {
@@ -96,7 +98,13 @@ impl Scenario {
             plugins: Vec::new(),
             activation: None,
             cancel_when: None,
+            store: None,
         }
+    }
+
+    pub fn store(mut self, store: Arc<dyn awaken_store::ThreadStore>) -> Self {
+        self.store = Some(store);
+        self
     }
 
     pub fn spec(mut self, f: impl FnOnce(AgentSpec) -> AgentSpec) -> Self {
@@ -140,6 +148,9 @@ impl Scenario {
         }
         for p in self.plugins {
             builder = builder.with_plugin(p);
+        }
+        if let Some(store) = self.store {
+            builder = builder.with_store(store);
         }
         let runtime = builder.build().expect("valid runtime");
         let mut activation = RunActivation::new(ThreadId::new("thread").expect("id"), "agent")
