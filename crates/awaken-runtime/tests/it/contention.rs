@@ -186,18 +186,9 @@ async fn sixty_four_runs_of_one_profile_on_sqlite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sixty_four_runs_of_one_profile_on_postgres() {
-    let Some(url) = crate::leases::postgres_url() else {
-        use std::io::Write as _;
-        let _ = writeln!(
-            std::io::stderr(),
-            "awaken-runtime: the PostgreSQL contention test was SKIPPED (AWAKEN_TEST_POSTGRES_URL is not set)"
-        );
+    let Some((url, schema)) = crate::leases::postgres_schema("contention") else {
         return;
     };
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let schema = format!("awaken_contention_{}_{nanos}", std::process::id());
     let store = awaken_store::PostgresStore::connect(
         awaken_store::PostgresConfig::new(&url)
             .with_schema(&schema)

@@ -35,6 +35,23 @@ pub fn postgres_url() -> Option<String> {
     }
 }
 
+/// The test server's URL and a schema of `test`'s own (new at each run), or `None` when no
+/// server is configured (the test is skipped, with a note).
+pub fn postgres_schema(test: &str) -> Option<(String, String)> {
+    let Some(url) = postgres_url() else {
+        use std::io::Write as _;
+        let _ = writeln!(
+            std::io::stderr(),
+            "awaken-runtime: the PostgreSQL {test} test was SKIPPED (AWAKEN_TEST_POSTGRES_URL is not set)"
+        );
+        return None;
+    };
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    Some((url, format!("awaken_{test}_{}_{nanos}", std::process::id())))
+}
+
 async fn store(url: &str, schema: &str) -> Arc<dyn ThreadStore> {
     Arc::new(
         PostgresStore::connect(
@@ -161,18 +178,9 @@ async fn all_done(store: &dyn ThreadStore) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_share_twenty_runs_and_one_takes_over_a_dead_workers_lease() {
-    let Some(url) = postgres_url() else {
-        use std::io::Write as _;
-        let _ = writeln!(
-            std::io::stderr(),
-            "awaken-runtime: the PostgreSQL lease test was SKIPPED (AWAKEN_TEST_POSTGRES_URL is not set)"
-        );
+    let Some((url, schema)) = postgres_schema("leases") else {
         return;
     };
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let schema = format!("awaken_leases_{}_{nanos}", std::process::id());
     let dir = crate::support::fresh_dir(&schema);
     let marker = dir.join("marker");
 

@@ -130,18 +130,9 @@ async fn a_message_is_taken_at_the_next_step_on_sqlite() {
 
 #[tokio::test]
 async fn a_message_is_taken_at_the_next_step_on_postgres() {
-    let Some(url) = crate::leases::postgres_url() else {
-        use std::io::Write as _;
-        let _ = writeln!(
-            std::io::stderr(),
-            "awaken-runtime: the PostgreSQL steering test was SKIPPED (AWAKEN_TEST_POSTGRES_URL is not set)"
-        );
+    let Some((url, schema)) = crate::leases::postgres_schema("steering") else {
         return;
     };
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let schema = format!("awaken_steering_{}_{nanos}", std::process::id());
     let store = PostgresStore::connect(PostgresConfig::new(&url).with_schema(&schema))
         .await
         .expect("postgres");
