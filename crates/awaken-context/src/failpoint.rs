@@ -19,7 +19,8 @@ pub(crate) fn hit(name: &str) {
             .append(true)
             .open(marker)
     {
-        let _ = writeln!(f, "{name}");
+        // One write of the whole line, as the runtime's failpoints do.
+        let _ = f.write_all(format!("{name}\n").as_bytes());
         let _ = f.sync_all();
     }
     let pid = std::process::id().to_string();

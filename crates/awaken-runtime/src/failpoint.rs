@@ -34,7 +34,9 @@ pub fn hit(boundary: &str, call_id: Option<&str>) {
             .append(true)
             .open(marker)
     {
-        let _ = writeln!(f, "{at}");
+        // One write of the whole line: threads reaching the point at once append whole lines
+        // (`writeln!` may write the name and the newline apart).
+        let _ = f.write_all(format!("{at}\n").as_bytes());
         let _ = f.sync_all();
     }
     let pid = std::process::id().to_string();
