@@ -171,15 +171,11 @@ fn dechunk(mut rest: &str) -> String {
 #[test]
 fn serve_refuses_an_open_address_without_a_token_and_one_agent_id_in_two_files() {
     let agent = repo().join("examples/agents/assistant.toml");
-    let out = awaken(&[
-        "serve",
-        "--agent",
-        path_str(&agent),
-        "--store",
-        "memory",
-        "--listen",
-        "0.0.0.0:0",
-    ]);
+    let serving = |listen: &str, env: &[(&str, &str)]| {
+        let args = ["serve", "--agent", path_str(&agent), "--store", "memory"];
+        awaken_env(&[&args[..], &["--listen", listen]].concat(), env)
+    };
+    let out = serving("0.0.0.0:0", &[]);
     expect_code(&out, 2);
     let err = text(&out.stderr);
     assert!(
@@ -191,18 +187,7 @@ fn serve_refuses_an_open_address_without_a_token_and_one_agent_id_in_two_files()
     }
     // A token no bearer header can carry would refuse every client: refused at the start,
     // and not repeated.
-    let spaced = awaken_env(
-        &[
-            "serve",
-            "--agent",
-            path_str(&agent),
-            "--store",
-            "memory",
-            "--listen",
-            "127.0.0.1:0",
-        ],
-        &[("AWAKEN_API_TOKEN", "tok en\n")],
-    );
+    let spaced = serving("127.0.0.1:0", &[("AWAKEN_API_TOKEN", "tok en\n")]);
     expect_code(&spaced, 2);
     let err = text(&spaced.stderr);
     assert!(err.contains("holds whitespace"), "{err}");
@@ -541,7 +526,7 @@ fn the_readmes_curl_session_works_as_written() {
 
     let (path, body) = readme_curl("/runs");
     // A reader who ran the README's commands in order has the command line's thread on the
-    // same store: the HTTP session starts on another one.
+    // same store: the HTTP example starts on another one.
     let run = readme_shell_lines()
         .into_iter()
         .find(|l| l.contains(" -- run ") && l.contains("--thread"))

@@ -78,11 +78,7 @@ async fn a_cancel_whose_run_has_not_ended_within_the_wait_is_accepted() {
     // The run ends cancelled all the same once its commit goes through.
     rig.store.wait_held_commits(1).await;
     rig.store.open_commits();
-    let events = agent_events(&sse.rest().await);
-    let Some((_, AgentEvent::RunFinish { termination, .. })) = events.last() else {
-        panic!("the stream ends with run_finish: {events:#?}")
-    };
-    assert_eq!(**termination, TerminationReason::Cancelled);
+    assert_eq!(termination(&sse.rest().await), TerminationReason::Cancelled);
     let record = rig.store.last_run("t").await;
     assert_eq!(record.termination, Some(TerminationReason::Cancelled));
 }
@@ -109,26 +105,16 @@ async fn a_start_that_supersedes_a_running_run_cancels_it_first() {
         )
         .await;
     assert_eq!(response.status(), StatusCode::OK);
-    let second = checked_live(&Sse::new(response).await.rest().await);
-    let Some((
-        _,
-        AgentEvent::RunFinish {
-            termination,
-            response,
-            ..
-        },
-    )) = second.last()
-    else {
+    let second = Sse::new(response).await.rest().await;
+    let events = checked_live(&second);
+    assert_eq!(termination(&second), TerminationReason::NaturalEnd);
+    let Some((_, AgentEvent::RunFinish { response, .. })) = events.last() else {
         panic!("the new run finished: {second:#?}")
     };
-    assert_eq!(**termination, TerminationReason::NaturalEnd);
     assert_eq!(response.as_deref(), Some("instead"));
     let first: Vec<Frame> = part.into_iter().chain(first.rest().await).collect();
-    let first = checked_live(&first);
-    let Some((_, AgentEvent::RunFinish { termination, .. })) = first.last() else {
-        panic!("the first run finished: {first:#?}")
-    };
-    assert_eq!(**termination, TerminationReason::Cancelled);
+    checked_live(&first);
+    assert_eq!(termination(&first), TerminationReason::Cancelled);
 
     let shown: Value = server
         .get("/v1/threads/t")

@@ -18,7 +18,7 @@ fn ticket(events: &[(awaken_server::EventId, AgentEvent)]) -> SuspendTicket {
         .expect("a suspended call")
 }
 
-fn termination(events: &[(awaken_server::EventId, AgentEvent)]) -> TerminationReason {
+fn ended_as(events: &[(awaken_server::EventId, AgentEvent)]) -> TerminationReason {
     match events.last() {
         Some((_, AgentEvent::RunFinish { termination, .. })) => (**termination).clone(),
         other => panic!("the activation ends with run_finish: {other:?}"),
@@ -45,7 +45,7 @@ async fn approve_and_deny_after_a_restart_on_sqlite() {
         for thread in ["approve", "deny"] {
             let frames = server.start_run(thread, "hi").await.rest().await;
             let events = checked_live(&frames);
-            assert_eq!(termination(&events), TerminationReason::Suspended);
+            assert_eq!(ended_as(&events), TerminationReason::Suspended);
             assert_eq!(stored_only(&events), rig.store.stored(thread).await);
         }
         approve_ticket = ticket(&rig.store.stored("approve").await);
@@ -166,7 +166,7 @@ async fn approve_and_deny_after_a_restart_on_sqlite() {
         })
         .expect("the call was closed");
     assert_eq!(done.0, "cancelled", "{done:?}");
-    assert_eq!(termination(&events), TerminationReason::NaturalEnd);
+    assert_eq!(ended_as(&events), TerminationReason::NaturalEnd);
     let stored = rig.store.stored("deny").await;
     assert_eq!(stored_only(&events), stored[deny_last as usize..]);
 

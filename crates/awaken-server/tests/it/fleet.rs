@@ -279,13 +279,6 @@ fn now() -> Timestamp {
 }
 
 /// The termination of the activation `frames` end with.
-fn termination(frames: &[Frame]) -> TerminationReason {
-    match frames.last().map(Frame::agent_event) {
-        Some((_, AgentEvent::RunFinish { termination, .. })) => *termination,
-        _ => panic!("the stream ends with run_finish: {frames:#?}"),
-    }
-}
-
 /// The ticket of the suspended call among `events`.
 fn ticket(events: &[(EventId, AgentEvent)]) -> SuspendTicket {
     events

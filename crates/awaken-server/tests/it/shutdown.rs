@@ -33,13 +33,6 @@ fn held_answer() -> Vec<Piece> {
     vec![Piece::Hold, text("Done"), stop(StopReason::EndTurn)]
 }
 
-fn finished(frames: &[Frame]) -> TerminationReason {
-    match frames.last().map(Frame::agent_event) {
-        Some((_, AgentEvent::RunFinish { termination, .. })) => *termination,
-        _ => panic!("the stream ends with run_finish: {frames:#?}"),
-    }
-}
-
 /// Starts the run of [`count_then_held`] on `t` in a server on the SQLite store in `dir`
 /// (its runs holding leases under `worker`, if given), holds it mid-answer, shuts the server
 /// down and checks the shutdown; the frames the client got.
@@ -104,7 +97,7 @@ async fn restart_finishes_the_run(worker: Option<&str>) {
         "the stopped activation's events come from the store"
     );
     checked_live(&frames[resumed..]);
-    assert_eq!(finished(&frames), TerminationReason::NaturalEnd);
+    assert_eq!(termination(&frames), TerminationReason::NaturalEnd);
     assert_eq!(stored_only(&events), rig.store.stored("t").await);
     // The tool ran once in all; the recovered run asked the model once.
     assert_eq!(counted.load(Ordering::SeqCst), 1);
@@ -194,7 +187,7 @@ async fn a_client_reconnecting_across_a_restart_gets_each_stored_event_once() {
     let mut back = server.reconnect("t", &last).await;
     rig.model.release(1);
     let rest = back.until(|f| f.is("run_finish")).await;
-    assert_eq!(finished(&rest), TerminationReason::NaturalEnd);
+    assert_eq!(termination(&rest), TerminationReason::NaturalEnd);
     let stored = rig.store.stored("t").await;
     let recovering = stored
         .iter()
@@ -359,7 +352,7 @@ async fn recovery_never_takes_over_a_run_in_flight() {
     rig.model.release(1);
     let frames = sse.until(|f| f.is("run_finish")).await;
     checked_live(&frames);
-    assert_eq!(finished(&frames), TerminationReason::NaturalEnd);
+    assert_eq!(termination(&frames), TerminationReason::NaturalEnd);
     // One activation drove it: the model was asked once, the store holds one run start.
     assert_eq!(rig.model.requests(), 1);
     let starts = rig
@@ -390,7 +383,7 @@ async fn recovered_to_its_end(
     let mut sse = server.events_after("t", "0").await;
     rig.model.release(1);
     let frames = sse.until(|f| f.is("run_finish")).await;
-    assert_eq!(finished(&frames), TerminationReason::NaturalEnd);
+    assert_eq!(termination(&frames), TerminationReason::NaturalEnd);
     (rig, server)
 }
 
@@ -406,7 +399,7 @@ async fn recovery_is_not_held_up_by_a_waiting_thread() {
         );
         let server = TestServer::start(rig.runtime(), config()).await;
         let frames = server.start_run("waiting", "hi").await.rest().await;
-        assert_eq!(finished(&frames), TerminationReason::Suspended);
+        assert_eq!(termination(&frames), TerminationReason::Suspended);
         server.stop().await;
     }
     let counted = Arc::new(AtomicUsize::new(0));
@@ -499,7 +492,7 @@ async fn a_recovered_run_can_be_cancelled() {
     let response = server.post("/v1/threads/t/cancel", json!({})).await;
     assert_eq!(response.status(), StatusCode::OK);
     let frames = sse.until(|f| f.is("run_finish")).await;
-    assert_eq!(finished(&frames), TerminationReason::Cancelled);
+    assert_eq!(termination(&frames), TerminationReason::Cancelled);
     let record = rig.store.last_run("t").await;
     assert_eq!(
         (record.status.as_str(), record.termination),
@@ -523,7 +516,7 @@ async fn a_slow_first_recovery_never_takes_over_a_run_started_meanwhile() {
     rig.model.release(1);
     let frames = sse.until(|f| f.is("run_finish")).await;
     checked_live(&frames);
-    assert_eq!(finished(&frames), TerminationReason::NaturalEnd);
+    assert_eq!(termination(&frames), TerminationReason::NaturalEnd);
     // One activation drove it.
     assert_eq!(rig.model.requests(), 1);
     let starts = rig

@@ -62,13 +62,6 @@ async fn steered_while_held(server: &TestServer, rig: &Rig, message: &str) -> Va
     response.json().await.expect("JSON")
 }
 
-fn last_termination(frames: &[Frame]) -> TerminationReason {
-    match agent_events(frames).pop() {
-        Some((_, AgentEvent::RunFinish { termination, .. })) => *termination,
-        other => panic!("the stream ends with run_finish: {other:?}"),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_for_a_run_in_flight_is_taken_at_its_next_step() {
     let mut first = vec![Piece::Hold];
@@ -85,7 +78,7 @@ async fn a_message_for_a_run_in_flight_is_taken_at_its_next_step() {
 
     let frames = stream.rest().await;
     checked_live(&frames);
-    assert_eq!(last_termination(&frames), TerminationReason::NaturalEnd);
+    assert_eq!(termination(&frames), TerminationReason::NaturalEnd);
     // Tool calls and results carry no text part.
     let expected = [
         ("user", "Remind me to buy milk"),
@@ -160,7 +153,7 @@ async fn a_message_for_a_run_that_stops_to_wait_for_a_decision_is_refused() {
         (StatusCode::CONFLICT, "not_taken".into(), None)
     );
     assert_eq!(
-        last_termination(&stream.rest().await),
+        termination(&stream.rest().await),
         TerminationReason::Suspended
     );
     assert!(

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use awaken_event::{
-    AgentEvent, EventSink, ResumeMode, StopReason, SuspendTicket, ThreadId, ToolCallId,
-    ToolDescriptor, check_activation,
+    AgentEvent, EventSink, ResumeMode, StopReason, SuspendTicket, TerminationReason, ThreadId,
+    ToolCallId, ToolDescriptor, check_activation,
 };
 use awaken_llm::{InferenceRequest, LlmEventStream, LlmExecutor, LlmStreamEvent};
 use awaken_phase::PhaseContext;
@@ -73,6 +73,14 @@ pub fn text_turn(parts: &[&str]) -> Vec<Piece> {
     let mut turn: Vec<Piece> = parts.iter().map(|p| text(p)).collect();
     turn.push(stop(StopReason::EndTurn));
     turn
+}
+
+/// How the run of `frames` ended: the termination of the `run_finish` that ends them.
+pub fn termination(frames: &[Frame]) -> TerminationReason {
+    match frames.last().map(Frame::agent_event) {
+        Some((_, AgentEvent::RunFinish { termination, .. })) => *termination,
+        _ => panic!("the stream ends with run_finish: {frames:#?}"),
+    }
 }
 
 /// An answer held after its first delta (`Hel`, then `lo` once released).
