@@ -239,6 +239,33 @@ pub struct RunStats {
     /// `tools_in_step`): a run recovered between steps still applies `StopOnTool` to them.
     #[serde(default = "no_tools", skip_serializing_if = "slice_is_empty")]
     pub last_step_tools: Arc<[Arc<str>]>,
+    /// The receipts of the steering messages the run took that came with one
+    /// ([`Steering::send_with_receipt`](crate::Steering::send_with_receipt)), in the order
+    /// taken: stored with the messages, they tell which ones the run has (empty: no
+    /// allocation).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steering_receipts: Vec<SteeringReceipt>,
+}
+
+/// A steering message's receipt and the step that took the message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SteeringReceipt {
+    /// The receipt it came with.
+    pub receipt: Arc<str>,
+    /// The step that took it.
+    pub step: u32,
+}
+
+impl RunStats {
+    /// The statistics of a stored run state (the defaults when it holds none, or holds
+    /// something else under their key).
+    pub fn of_stored(state: &awaken_state::PersistedState) -> Self {
+        state
+            .values
+            .get(RunStatsKey::KEY)
+            .and_then(|v| serde_json::from_value(v.clone()).ok())
+            .unwrap_or_default()
+    }
 }
 
 fn slice_is_empty<T>(list: &Arc<[T]>) -> bool {
@@ -273,6 +300,7 @@ impl Default for RunStats {
             usage: TokenUsage::default(),
             tools_in_step: no_tools(),
             last_step_tools: no_tools(),
+            steering_receipts: Vec::new(),
         }
     }
 }
@@ -299,6 +327,13 @@ pub enum StatsUpdate {
     HandlersFailed {
         /// How many.
         count: u32,
+    },
+    /// Steering messages with receipts were taken at a step.
+    Steered {
+        /// Their receipts, in the order taken.
+        receipts: Vec<Arc<str>>,
+        /// The step.
+        step: u32,
     },
 }
 
@@ -339,6 +374,11 @@ impl StateKey for RunStatsKey {
             StatsUpdate::HandlersFailed { count } => {
                 value.handler_failures = value.handler_failures.saturating_add(count);
             }
+            StatsUpdate::Steered { receipts, step } => value.steering_receipts.extend(
+                receipts
+                    .into_iter()
+                    .map(|receipt| SteeringReceipt { receipt, step }),
+            ),
         }
         Ok(())
     }
@@ -591,8 +631,18 @@ mod tests {
             },
             tools_in_step: tools(&["echo"]),
             last_step_tools: tools(&["echo", "search"]),
+            steering_receipts: vec![SteeringReceipt {
+                receipt: "41".into(),
+                step: 2,
+            }],
         };
         let text = serde_json::to_string(&busy).expect("json");
+        let mut stored = awaken_state::PersistedState::default();
+        stored.values.insert(
+            RunStatsKey::KEY.to_owned(),
+            serde_json::from_str(&text).expect("value"),
+        );
+        assert_eq!(RunStats::of_stored(&stored), busy);
         assert_eq!(serde_json::from_str::<RunStats>(&text).expect("read"), busy);
         // Stored before zero fields were left out: every field written.
         let earlier = r#"{"inferences":5,"steps":5,"consecutive_errors":0,"usage":{"input_tokens":0,"output_tokens":0},"tools_in_step":[]}"#;

@@ -64,8 +64,8 @@ pub use builtins::{
     AddContextMessage, DirectiveChange, DirectiveUpdate, ExcludeTool, IncludeOnlyTools,
     LOOP_ACTIONS_PLUGIN, LoopActionHandler, LoopActionsPlugin, RequestStop, RequestStopHandler,
     RunStats, RunStatsKey, RuntimeBuiltins, STOP_CONDITIONS_PLUGIN, SetInferenceOverride,
-    StatsUpdate, StepDirectives, StepDirectivesKey, StopConditionsPlugin, StopRequest,
-    StopRequestKey,
+    StatsUpdate, SteeringReceipt, StepDirectives, StepDirectivesKey, StopConditionsPlugin,
+    StopRequest, StopRequestKey,
 };
 pub use delegate::{
     DEFAULT_MAX_DELEGATION_DEPTH, DelegationDepthKey, RemoteWait, RemoteWaitUpdate, RemoteWaitsKey,

@@ -19,6 +19,7 @@ use crate::outcome::RunOutcome;
 use crate::recovered::{RecoveredRun, Takeover};
 use crate::request::{RecoverConfig, RunActivation};
 use crate::resume::{Resume, recorded_decisions, suspended_calls};
+use crate::steering::Steering;
 
 /// Runs agents. Cheap to clone (clones share everything).
 #[derive(Clone)]
@@ -223,7 +224,10 @@ impl AgentRuntime {
                 self.inner.release(&claimed.lease).await;
                 continue;
             }
-            recovered.push(self.continue_claimed(claimed, config, sink).await);
+            recovered.push(
+                self.continue_claimed(claimed, config, Steering::new(), sink)
+                    .await,
+            );
         }
         Ok(recovered)
     }
@@ -247,10 +251,45 @@ impl AgentRuntime {
         config: &RecoverConfig,
         sink: &dyn EventSink,
     ) -> Result<Takeover, RunError> {
+        self.take_over_steered(thread_id, config, Steering::new(), sink)
+            .await
+    }
+
+    /// [`take_over`](Self::take_over), the continued run taking its steering messages from
+    /// `steering` (closed when this returns, whether or not a run was continued).
+    pub async fn take_over_steered(
+        &self,
+        thread_id: &ThreadId,
+        config: &RecoverConfig,
+        steering: Steering,
+        sink: &dyn EventSink,
+    ) -> Result<Takeover, RunError> {
+        let claimed = match self.claim_to_take_over(thread_id, config).await {
+            Ok(Ok(claimed)) => claimed,
+            Ok(Err(takeover)) => {
+                steering.close();
+                return Ok(takeover);
+            }
+            Err(e) => {
+                steering.close();
+                return Err(e);
+            }
+        };
+        Ok(Takeover::Recovered(
+            self.continue_claimed(claimed, config, steering, sink).await,
+        ))
+    }
+
+    /// The lease of the thread's unfinished run, for `take_over`; otherwise what it answers.
+    async fn claim_to_take_over(
+        &self,
+        thread_id: &ThreadId,
+        config: &RecoverConfig,
+    ) -> Result<Result<ClaimedRun, Takeover>, RunError> {
         let latest = self.latest_run(thread_id).await?;
         let run_id = match &latest {
             Some(run) if continuable(run) => run.run_id.clone(),
-            _ => return Ok(Takeover::Nothing { latest }),
+            _ => return Ok(Err(Takeover::Nothing { latest })),
         };
         let claimed = self
             .inner
@@ -267,22 +306,20 @@ impl AgentRuntime {
             // The run's worker suspended it (or it was superseded) since it was read.
             Some(claimed) if !continuable(&claimed.run) => {
                 self.inner.release(&claimed.lease).await;
-                Ok(Takeover::Nothing {
+                Ok(Err(Takeover::Nothing {
                     latest: Some(claimed.run),
-                })
+                }))
             }
-            Some(claimed) => Ok(Takeover::Recovered(
-                self.continue_claimed(claimed, config, sink).await,
-            )),
+            Some(claimed) => Ok(Ok(claimed)),
             None => {
                 // Refused: another worker holds the lease, or the run ended since it was read.
                 let latest = self.latest_run(thread_id).await?;
-                match latest {
+                Ok(Err(match latest {
                     Some(run) if run.run_id == run_id && continuable(&run) => {
-                        Ok(Takeover::Held { run_id })
+                        Takeover::Held { run_id }
                     }
-                    latest => Ok(Takeover::Nothing { latest }),
-                }
+                    latest => Takeover::Nothing { latest },
+                }))
             }
         }
     }
@@ -331,6 +368,7 @@ impl AgentRuntime {
         &self,
         claimed: ClaimedRun,
         config: &RecoverConfig,
+        steering: Steering,
         sink: &dyn EventSink,
     ) -> RecoveredRun {
         let lease = claimed.lease.clone();
@@ -340,8 +378,8 @@ impl AgentRuntime {
         let heartbeat =
             self.inner
                 .spawn_heartbeat(lease.clone(), config.lease_duration, cancel.clone());
-        let outcome =
-            activation::activate(&self.inner, Start::Recover(claimed.into(), cancel), sink).await;
+        let start = Start::Recover(claimed.into(), cancel, steering);
+        let outcome = activation::activate(&self.inner, start, sink).await;
         heartbeat.stop();
         // A finished run's last commit released the lease; a waiting or failed one did not.
         self.inner.release(&lease).await;

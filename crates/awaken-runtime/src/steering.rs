@@ -36,8 +36,16 @@ pub struct Steering {
 
 #[derive(Default)]
 struct Inbox {
-    waiting: Vec<(Message, Reply)>,
+    waiting: Vec<Waiting>,
     closed: bool,
+}
+
+/// A message waiting for the run's next step: its receipt, if it came with one, and where
+/// its sender learns what became of it.
+pub(crate) struct Waiting {
+    pub(crate) message: Message,
+    pub(crate) receipt: Option<Arc<str>>,
+    pub(crate) reply: Reply,
 }
 
 impl std::fmt::Debug for Steering {
@@ -63,13 +71,38 @@ impl Steering {
         &self,
         message: Message,
     ) -> impl Future<Output = Result<Taken, NotTaken>> + Send + 'static {
+        self.queue(message, None)
+    }
+
+    /// [`send`](Self::send) with a receipt: the step that takes the message records
+    /// `receipt` and the step's number in the run's statistics
+    /// ([`RunStats::steering_receipts`](crate::RunStats::steering_receipts)), in the commit
+    /// that stores the message. Whoever continues the run after its process stopped can then
+    /// tell a message the run took from one it did not, though no answer came.
+    pub fn send_with_receipt(
+        &self,
+        message: Message,
+        receipt: impl Into<Arc<str>>,
+    ) -> impl Future<Output = Result<Taken, NotTaken>> + Send + 'static {
+        self.queue(message, Some(receipt.into()))
+    }
+
+    fn queue(
+        &self,
+        message: Message,
+        receipt: Option<Arc<str>>,
+    ) -> impl Future<Output = Result<Taken, NotTaken>> + Send + 'static {
         let (reply, answer) = oneshot::channel();
         {
             let mut inbox = self.lock();
             if inbox.closed {
                 let _ = reply.send(Err(NotTaken::Ended));
             } else {
-                inbox.waiting.push((message, reply));
+                inbox.waiting.push(Waiting {
+                    message,
+                    receipt,
+                    reply,
+                });
             }
         }
         async move { answer.await.unwrap_or(Err(NotTaken::Ended)) }
@@ -86,7 +119,7 @@ impl Steering {
     }
 
     /// The waiting messages, for the step about to take them.
-    pub(crate) fn take(&self) -> Vec<(Message, Reply)> {
+    pub(crate) fn take(&self) -> Vec<Waiting> {
         std::mem::take(&mut self.lock().waiting)
     }
 
@@ -100,16 +133,17 @@ impl Steering {
         inbox.closed
     }
 
-    /// Closes the inbox as the run ends: later messages are refused, and so are the waiting
-    /// ones.
-    pub(crate) fn close(&self) {
+    /// Closes the inbox: later messages are refused, and so are the waiting ones. The run
+    /// closes it as it ends; whoever gave it a run whose future may be dropped before its end
+    /// closes it as well, so that no sender waits on a run that is gone.
+    pub fn close(&self) {
         let waiting = {
             let mut inbox = self.lock();
             inbox.closed = true;
             std::mem::take(&mut inbox.waiting)
         };
-        for (_, reply) in waiting {
-            let _ = reply.send(Err(NotTaken::Ended));
+        for w in waiting {
+            let _ = w.reply.send(Err(NotTaken::Ended));
         }
     }
 
@@ -135,14 +169,15 @@ mod tests {
         let first = steering.send(Message::user("one"));
         let taken_now = steering.take();
         assert_eq!(taken_now.len(), 1);
-        assert_eq!(taken_now[0].0.text(), "one");
-        taken(taken_now.into_iter().map(|(_, r)| r), 3);
+        assert_eq!(taken_now[0].message.text(), "one");
+        assert_eq!(taken_now[0].receipt, None);
+        taken(taken_now.into_iter().map(|w| w.reply), 3);
         assert_eq!(first.await, Ok(Taken { step: 3 }));
 
         // A message waiting keeps the inbox open; once taken, it closes.
         let second = steering.send(Message::user("two"));
         assert!(!steering.close_unless_waiting());
-        let replies: Vec<_> = steering.take().into_iter().map(|(_, r)| r).collect();
+        let replies: Vec<_> = steering.take().into_iter().map(|w| w.reply).collect();
         assert!(steering.close_unless_waiting());
         assert!(steering.is_closed());
         taken(replies, 4);
@@ -157,8 +192,9 @@ mod tests {
         // of messages it took (its future dropped mid-commit) too.
         let open = Steering::new();
         let waiting = open.send(Message::user("left"));
-        let dropped = open.send(Message::user("lost commit"));
+        let dropped = open.send_with_receipt(Message::user("lost commit"), "r-1");
         let mut taken_then_failed = open.take();
+        assert_eq!(taken_then_failed[1].receipt.as_deref(), Some("r-1"));
         let left = open.send(Message::user("after"));
         open.close();
         taken_then_failed.clear();

@@ -89,7 +89,7 @@ pub(super) async fn decide(
     notes: &mut Vec<AgentEvent>,
 ) -> Result<Plan, RunError> {
     match start {
-        Start::Recover(claimed, cancel) => {
+        Start::Recover(claimed, cancel, steering) => {
             let latest = stored.latest.take();
             let Some(Latest::Unfinished {
                 record,
@@ -123,12 +123,7 @@ pub(super) async fn decide(
                 run_state,
                 how: Continue::Recover,
             };
-            Ok(Plan::continuing(
-                continued,
-                cancel,
-                Steering::new(),
-                claimed.lease,
-            ))
+            Ok(Plan::continuing(continued, cancel, steering, claimed.lease))
         }
         Start::Fresh(act) => {
             match stored.latest.take() {

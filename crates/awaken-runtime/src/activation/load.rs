@@ -80,7 +80,7 @@ pub(super) async fn load(store: &dyn ThreadStore, start: &Start) -> Result<Store
     let last_event_seq = cp.last_event_seq;
     let last_run_id = cp.run.as_ref().map(|r| r.run_id.clone());
     let recovering = match start {
-        Start::Recover(claimed, _) => Some(&claimed.run_id),
+        Start::Recover(claimed, ..) => Some(&claimed.run_id),
         _ => None,
     };
     let latest = match cp.run {

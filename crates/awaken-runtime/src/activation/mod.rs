@@ -31,11 +31,9 @@ pub(crate) fn activate<'a>(
         let span = start.span();
         // Closed whichever way the activation ends (a refusal, an endpoint-backed agent, the
         // run's end): no steering message waits for a run that is gone.
-        let steering = start.steering().cloned();
+        let steering = start.steering().clone();
         let Some(_active) = rt.active.enter(start.cancel()) else {
-            if let Some(s) = &steering {
-                s.close();
-            }
+            steering.close();
             return Err(RunError::ShuttingDown);
         };
         let ended = async move {
@@ -47,9 +45,7 @@ pub(crate) fn activate<'a>(
         }
         .instrument(span)
         .await;
-        if let Some(s) = &steering {
-            s.close();
-        }
+        steering.close();
         ended
     }
 }

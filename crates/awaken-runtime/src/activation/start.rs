@@ -33,8 +33,9 @@ pub(crate) enum Start {
     /// The waiting run of a thread, with decisions.
     Resume(Resume),
     /// An unfinished run claimed by `recover()` (its lease held by this runtime) or continued
-    /// by a delegate tool, with the token that cancels it.
-    Recover(Unfinished, CancellationToken),
+    /// by a delegate tool, with the token that cancels it and its steering inbox (a run
+    /// `take_over` continues can have its caller's).
+    Recover(Unfinished, CancellationToken, Steering),
 }
 
 impl Start {
@@ -43,7 +44,7 @@ impl Start {
         match self {
             Start::Fresh(act) => &act.thread_id,
             Start::Resume(resume) => &resume.thread_id,
-            Start::Recover(claimed, _) => &claimed.thread_id,
+            Start::Recover(claimed, ..) => &claimed.thread_id,
         }
     }
 
@@ -71,16 +72,16 @@ impl Start {
         match self {
             Start::Fresh(act) => &act.cancel,
             Start::Resume(resume) => &resume.cancel,
-            Start::Recover(_, cancel) => cancel,
+            Start::Recover(_, cancel, _) => cancel,
         }
     }
 
-    /// The activation's steering inbox (a recovered run has none of its caller's).
-    pub(super) fn steering(&self) -> Option<&Steering> {
+    /// The activation's steering inbox.
+    pub(super) fn steering(&self) -> &Steering {
         match self {
-            Start::Fresh(act) => Some(&act.steering),
-            Start::Resume(resume) => Some(&resume.steering),
-            Start::Recover(..) => None,
+            Start::Fresh(act) => &act.steering,
+            Start::Resume(resume) => &resume.steering,
+            Start::Recover(_, _, steering) => steering,
         }
     }
 }

@@ -31,6 +31,7 @@ use crate::outcome::RunOutcome;
 use crate::request::RunActivation;
 use crate::resume::Resume;
 use crate::runtime::AgentRuntime;
+use crate::steering::Steering;
 
 pub(crate) mod child;
 pub(crate) mod remote;
@@ -192,8 +193,12 @@ impl Tool for DelegateTool {
                     run_id: record.run_id.clone(),
                     lease: None,
                 };
-                activation::activate(rt.inner(), Start::Recover(unfinished, cancel), &NullSink)
-                    .await
+                activation::activate(
+                    rt.inner(),
+                    Start::Recover(unfinished, cancel, Steering::new()),
+                    &NullSink,
+                )
+                .await
             }
             // The child waits for a human: forward the parent's decision, or ask again.
             Some(_) => match ctx.resume() {

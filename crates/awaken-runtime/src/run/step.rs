@@ -269,12 +269,18 @@ impl Run<'_> {
         if waiting.is_empty() {
             return Ok(());
         }
-        let mut replies = Vec::with_capacity(waiting.len());
-        for (message, reply) in waiting {
-            self.push_message(message);
-            replies.push(reply);
-        }
         let step = self.step + 1;
+        let mut replies = Vec::with_capacity(waiting.len());
+        let mut receipts = Vec::new();
+        for w in waiting {
+            self.push_message(w.message);
+            replies.push(w.reply);
+            receipts.extend(w.receipt);
+        }
+        if !receipts.is_empty() {
+            // In the commit that stores the messages.
+            self.count(StatsUpdate::Steered { receipts, step })?;
+        }
         if let Err(failure) = self.checkpoint(BatchChange::Keep).await {
             // The messages wait in the pending commit, which the run's last one writes.
             self.steering_unanswered

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use awaken_event::{AgentEvent, Message, Role, TerminationReason, ThreadId, ToolDescriptor};
 use awaken_llm::{ScriptToolCall, ScriptTurn};
-use awaken_runtime::{NotTaken, Steering, Taken};
+use awaken_runtime::{NotTaken, RunStats, Steering, SteeringReceipt, Taken};
 use awaken_store::{
     MemoryStore, PostgresConfig, PostgresStore, SqliteConfig, SqliteStore, ThreadStore,
 };
@@ -27,6 +27,12 @@ fn send(steering: &Steering, text: &str, answer: &Answer) {
     *answer.lock().expect("answer") = Some(sent);
 }
 
+/// [`send`] with the receipt `41`.
+fn send_with_receipt(steering: &Steering, text: &str, answer: &Answer) {
+    let sent = tokio::spawn(steering.send_with_receipt(Message::user(text), "41"));
+    *answer.lock().expect("answer") = Some(sent);
+}
+
 async fn answer_of(answer: &Answer) -> Result<Taken, NotTaken> {
     let sent = answer
         .lock()
@@ -36,7 +42,8 @@ async fn answer_of(answer: &Answer) -> Result<Taken, NotTaken> {
     sent.await.expect("the sender's task")
 }
 
-/// `steer`: sends the message "Also buy eggs." to the run's steering while it runs.
+/// `steer`: sends the message "Also buy eggs." (receipt `41`) to the run's steering while it
+/// runs.
 struct Steers(Steering, Answer);
 
 #[async_trait]
@@ -49,7 +56,7 @@ impl Tool for Steers {
         _args: &Value,
         _ctx: &ToolCallContext,
     ) -> Result<ToolOutput, ToolError> {
-        send(&self.0, "Also buy eggs.", &self.1);
+        send_with_receipt(&self.0, "Also buy eggs.", &self.1);
         Ok(ToolOutput::success(json!({"steered": true})))
     }
 }
@@ -106,6 +113,22 @@ async fn taken_at_the_next_step(store: Arc<dyn ThreadStore>) {
         ]
     );
     assert_eq!(texts(&stored)[3].1, "Also buy eggs.");
+    // Its receipt is stored with the run, with the step that took it.
+    let checkpoint = done
+        .runtime
+        .store()
+        .load_checkpoint(&thread())
+        .await
+        .expect("load")
+        .expect("stored");
+    let receipts = RunStats::of_stored(&checkpoint.run_state).steering_receipts;
+    assert_eq!(
+        receipts,
+        [SteeringReceipt {
+            receipt: "41".into(),
+            step: 2
+        }]
+    );
     // The run is over: a later message is refused at once.
     assert_eq!(
         steering.send(Message::user("late")).await,
