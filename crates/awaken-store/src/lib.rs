@@ -58,7 +58,7 @@ pub use memory::fuzzing;
 pub use postgres::{
     ClaimedJob, DeadJob, Enqueued, FleetListener, FleetWake, Hear, JobBeat, JobId, JobLease,
     JobState, NewJob, PostgresConfig, PostgresStore, QueueDepth, QueueError, Retried, RunQueue,
-    ThreadJob,
+    SteerAnswer, SteerId, SteerMessage, ThreadJob,
 };
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteConfig, SqliteStore, Synchronous};

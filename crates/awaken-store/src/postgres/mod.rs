@@ -29,6 +29,7 @@ mod load;
 mod pool;
 mod queue;
 mod schema;
+mod steer;
 #[cfg(test)]
 mod tests;
 
@@ -37,6 +38,7 @@ pub use queue::{
     ClaimedJob, DeadJob, Enqueued, FleetWake, JobBeat, JobId, JobLease, JobState, NewJob,
     QueueDepth, QueueError, Retried, RunQueue, ThreadJob,
 };
+pub use steer::{SteerAnswer, SteerId, SteerMessage};
 
 use pool::Pool;
 

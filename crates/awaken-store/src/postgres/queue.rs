@@ -137,6 +137,9 @@ pub struct ClaimedJob {
     pub last_error: Option<String>,
     /// When it was enqueued.
     pub enqueued_at: Timestamp,
+    /// Whether it has steering messages, waiting or given to an earlier claim
+    /// ([`RunQueue::deliver_steering`], [`RunQueue::unsettled_steering`]).
+    pub steering: bool,
     /// The lease to carry in heartbeats and in the job's end.
     pub lease: JobLease,
     /// When the lease expires unless renewed.
@@ -150,6 +153,9 @@ pub struct JobBeat {
     pub expires_at: Timestamp,
     /// Whether a cancel was requested.
     pub cancel_requested: bool,
+    /// Whether steering messages wait that this claim has not been given
+    /// ([`RunQueue::deliver_steering`]).
+    pub steering_waiting: bool,
 }
 
 /// Where a job stands.
@@ -255,10 +261,14 @@ pub enum FleetWake {
     Job,
     /// A cancel was requested for the thread's job.
     Cancel(ThreadId),
+    /// A steering message waits for the thread's job.
+    Steer(ThreadId),
     /// The thread has new stored events.
     Events(ThreadId),
     /// The thread's job ended without a last event to show it (dead-lettered).
     Done(ThreadId),
+    /// A steering message for the thread's job was answered (taken or refused).
+    Steered(ThreadId),
     /// The listening connection was lost and is back: notifications may have been missed, so
     /// look again at whatever is waited for.
     Lost,
@@ -266,10 +276,12 @@ pub enum FleetWake {
 
 impl FleetWake {
     /// The channel it is announced on.
-    fn channel(&self) -> &'static str {
+    pub(super) fn channel(&self) -> &'static str {
         match self {
-            FleetWake::Job | FleetWake::Cancel(_) | FleetWake::Lost => JOBS_CHANNEL,
-            FleetWake::Events(_) | FleetWake::Done(_) => RUNS_CHANNEL,
+            FleetWake::Job | FleetWake::Cancel(_) | FleetWake::Steer(_) | FleetWake::Lost => {
+                JOBS_CHANNEL
+            }
+            FleetWake::Events(_) | FleetWake::Done(_) | FleetWake::Steered(_) => RUNS_CHANNEL,
         }
     }
 
@@ -277,8 +289,10 @@ impl FleetWake {
         match self {
             FleetWake::Job => "job",
             FleetWake::Cancel(_) => "cancel",
+            FleetWake::Steer(_) => "steer",
             FleetWake::Events(_) => "events",
             FleetWake::Done(_) => "done",
+            FleetWake::Steered(_) => "steered",
             FleetWake::Lost => "lost",
         }
     }
@@ -288,8 +302,10 @@ impl FleetWake {
         Some(match kind {
             "job" => FleetWake::Job,
             "cancel" => FleetWake::Cancel(thread()?),
+            "steer" => FleetWake::Steer(thread()?),
             "events" => FleetWake::Events(thread()?),
             "done" => FleetWake::Done(thread()?),
+            "steered" => FleetWake::Steered(thread()?),
             _ => return None,
         })
     }
@@ -312,7 +328,8 @@ impl RunQueue {
 
 /// The columns of a claimed job, in [`claimed_job`]'s order.
 const JOB_COLUMNS: &str = "job_id, thread_id, run_id, agent_id, payload, priority, attempts, \
-     max_attempts, cancel_requested, last_error, enqueued_at, claims";
+     max_attempts, cancel_requested, last_error, enqueued_at, claims, \
+     EXISTS (SELECT 1 FROM run_steering s WHERE s.job_id = run_queue.job_id)";
 
 /// Claims due jobs: the ids go to the update as an array, found by key (`IN` over the subquery
 /// would be planned as a join that reads the whole queue).
@@ -333,7 +350,9 @@ pub(super) const NEXT_DUE: &str = "SELECT MIN(CASE WHEN lease_owner IS NULL \
          ELSE GREATEST(not_before, lease_expires_at) END) \
      FROM run_queue WHERE ($2::TEXT[] IS NULL OR agent_id = ANY($2))";
 pub(super) const HEARTBEAT: &str = "UPDATE run_queue SET lease_expires_at = $1 \
-     WHERE job_id = $2 AND lease_owner = $3 AND claims = $4 RETURNING cancel_requested";
+     WHERE job_id = $2 AND lease_owner = $3 AND claims = $4 RETURNING cancel_requested, \
+     EXISTS (SELECT 1 FROM run_steering s WHERE s.job_id = $2 AND s.state = 'waiting' \
+         AND s.delivered_claim IS DISTINCT FROM $4)";
 pub(super) const COMPLETE: &str =
     "DELETE FROM run_queue WHERE job_id = $1 AND lease_owner = $2 AND claims = $3";
 pub(super) const NOTIFY: &str = "SELECT pg_notify($1, p) FROM unnest($2::TEXT[]) AS p";
@@ -373,7 +392,7 @@ fn count(n: i32) -> u32 {
     u32::try_from(n).unwrap_or(0)
 }
 
-fn attempt(n: u32) -> i32 {
+pub(super) fn attempt(n: u32) -> i32 {
     i32::try_from(n).unwrap_or(i32::MAX)
 }
 
@@ -405,6 +424,7 @@ fn claimed_job(
         cancel_requested: row.try_get(8)?,
         last_error: row.try_get(9)?,
         enqueued_at: Timestamp::from_unix_millis(row.try_get(10)?),
+        steering: row.try_get(12)?,
         lease: JobLease {
             job_id,
             worker_id: worker_id.to_owned(),
@@ -416,7 +436,7 @@ fn claimed_job(
 
 impl RunQueue {
     /// What `operation` gives, an error from the database naming it.
-    async fn named<T, E: InDatabase>(
+    pub(super) async fn named<T, E: InDatabase>(
         &self,
         operation: impl Future<Output = Result<T, E>>,
     ) -> Result<T, E> {
@@ -424,7 +444,7 @@ impl RunQueue {
     }
 
     /// A notification payload: the schema, the kind, the thread.
-    fn payload(&self, wake: &FleetWake, thread: &str) -> String {
+    pub(super) fn payload(&self, wake: &FleetWake, thread: &str) -> String {
         let schema = self.pool.schema.as_deref().unwrap_or("");
         format!("{schema}\t{}\t{thread}", wake.kind())
     }
@@ -590,6 +610,7 @@ impl RunQueue {
             Ok(JobBeat {
                 expires_at,
                 cancel_requested: row.try_get(0)?,
+                steering_waiting: row.try_get(1)?,
             })
         })
         .await

@@ -120,6 +120,20 @@ ALTER TABLE runs SET (fillfactor = 70);
     r#"
 ALTER TABLE run_queue ADD COLUMN after_event BIGINT NOT NULL DEFAULT 0;
 "#,
+    // Steering messages for queued or claimed jobs, until their senders read the answers.
+    r#"
+CREATE TABLE run_steering (
+    steer_id        BIGSERIAL PRIMARY KEY,
+    job_id          BIGINT NOT NULL,
+    thread_id       TEXT NOT NULL,
+    message         TEXT NOT NULL,
+    sent_at         BIGINT NOT NULL,
+    delivered_claim INTEGER,
+    state           TEXT NOT NULL DEFAULT 'waiting',
+    step            INTEGER
+);
+CREATE INDEX run_steering_by_job ON run_steering (job_id);
+"#,
 ];
 
 /// Advisory lock key of schema migrations (any constant shared by every build).

@@ -5,9 +5,11 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use awaken_event::Message;
 use awaken_store::{
     ClaimedJob, DeadJob, Enqueued, FleetListener, FleetWake, Hear, JobBeat, JobId, JobState,
-    NewJob, PostgresConfig, PostgresStore, QueueDepth, QueueError, Retried, RunQueue, ThreadJob,
+    NewJob, PostgresConfig, PostgresStore, QueueDepth, QueueError, Retried, RunQueue, SteerAnswer,
+    SteerId, ThreadJob,
 };
 use expect_test::expect;
 use serde_json::json;
@@ -404,7 +406,8 @@ async fn a_lease_is_renewed_and_lost_once_another_worker_claims() {
             .expect("beat"),
         JobBeat {
             expires_at: at(15_000),
-            cancel_requested: false
+            cancel_requested: false,
+            steering_waiting: false,
         }
     );
     assert_eq!(
@@ -422,7 +425,8 @@ async fn a_lease_is_renewed_and_lost_once_another_worker_claims() {
             .expect("beat"),
         JobBeat {
             expires_at: at(16_000),
-            cancel_requested: true
+            cancel_requested: true,
+            steering_waiting: false,
         }
     );
     assert_eq!(
@@ -706,6 +710,121 @@ async fn next_due_is_the_soonest_due_time_or_lease_expiry() {
     // A job claimable now is due now (or earlier).
     let due = queue.next_due(at(7_000), None).await.expect("due");
     assert!(due.is_some_and(|d| d <= at(7_000)), "{due:?}");
+}
+
+/// The ids and texts of the steering messages `lease`'s claim is handed.
+async fn delivered(queue: &RunQueue, job: &ClaimedJob) -> Vec<(SteerId, String)> {
+    queue
+        .deliver_steering(&job.lease)
+        .await
+        .expect("deliver")
+        .into_iter()
+        .map(|m| (m.id, m.message.text()))
+        .collect()
+}
+
+async fn steer(queue: &RunQueue, thread: &str, text: &str, now: i64) -> Option<SteerId> {
+    queue
+        .steer(&tid(thread), &Message::user(text), at(now))
+        .await
+        .expect("steer")
+}
+
+async fn answer(queue: &RunQueue, id: SteerId) -> SteerAnswer {
+    queue.steer_answer(id).await.expect("answer")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steering_message_reaches_each_claim_once_and_is_answered_once() {
+    let Some(store) = postgres_store("queue_steer").await else {
+        return;
+    };
+    let queue = store.queue();
+    let mut listener = queue.listen(Hear::All);
+    listener.ready().await;
+    assert_eq!(steer(&queue, "t1", "too early", 500).await, None);
+    enqueue(&queue, &job("t1"), 1_000).await;
+    assert_eq!(next(&mut listener).await, FleetWake::Job);
+
+    // Sent while the job is queued: the claim says it has one, and is handed it once.
+    let first = steer(&queue, "t1", "turn left", 1_000)
+        .await
+        .expect("stored");
+    assert_eq!(next(&mut listener).await, FleetWake::Steer(tid("t1")));
+    let w1 = claim_one(&queue, "w1", 1_000).await;
+    assert!(w1.steering);
+    let beat = queue
+        .heartbeat(&w1.lease, LEASE, at(2_000))
+        .await
+        .expect("beat");
+    assert!(beat.steering_waiting);
+    assert_eq!(
+        delivered(&queue, &w1).await,
+        [(first, "turn left".to_owned())]
+    );
+    assert_eq!(delivered(&queue, &w1).await, []);
+    let beat = queue
+        .heartbeat(&w1.lease, LEASE, at(3_000))
+        .await
+        .expect("beat");
+    assert!(!beat.steering_waiting);
+    assert_eq!(answer(&queue, first).await, SteerAnswer::Waiting);
+
+    // Answered: its sender is told, reads the answer once.
+    let second = steer(&queue, "t1", "and right", 3_000)
+        .await
+        .expect("stored");
+    assert_eq!(next(&mut listener).await, FleetWake::Steer(tid("t1")));
+    assert_eq!(
+        delivered(&queue, &w1).await,
+        [(second, "and right".to_owned())]
+    );
+    queue
+        .settle_steering(&[(second, Some(3))])
+        .await
+        .expect("settle");
+    assert_eq!(next(&mut listener).await, FleetWake::Steered(tid("t1")));
+    assert_eq!(answer(&queue, second).await, SteerAnswer::Taken { step: 3 });
+    assert_eq!(answer(&queue, second).await, SteerAnswer::Unknown);
+
+    // The claim stops unanswered: the next one finds the message unsettled, and is handed it
+    // again; the earlier claim is handed nothing more.
+    let w2 = claim_one(&queue, "w2", 3_000 + LEASE.as_millis() as i64).await;
+    assert!(w2.steering);
+    assert_eq!(
+        queue
+            .unsettled_steering(&w2.lease)
+            .await
+            .expect("unsettled"),
+        [first]
+    );
+    let third = steer(&queue, "t1", "stop", 20_000).await.expect("stored");
+    assert_eq!(delivered(&queue, &w1).await, []);
+    assert_eq!(
+        delivered(&queue, &w2).await,
+        [(first, "turn left".to_owned()), (third, "stop".to_owned())]
+    );
+    assert_eq!(
+        queue
+            .unsettled_steering(&w2.lease)
+            .await
+            .expect("unsettled"),
+        []
+    );
+    // Settled once: a later settling changes nothing.
+    for settled in [None, Some(9)] {
+        queue
+            .settle_steering(&[(first, settled)])
+            .await
+            .expect("settle");
+    }
+    assert_eq!(answer(&queue, first).await, SteerAnswer::NotTaken);
+
+    // Its job gone with it unanswered: not taken.
+    queue.complete(&w2.lease).await.expect("complete");
+    assert_eq!(answer(&queue, third).await, SteerAnswer::NotTaken);
+    assert_eq!(answer(&queue, third).await, SteerAnswer::Unknown);
+    assert_eq!(steer(&queue, "t1", "too late", 21_000).await, None);
 }
 
 /// The next notification; fails the test when none comes within [`WAKE_BOUND`].
