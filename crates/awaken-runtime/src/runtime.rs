@@ -251,33 +251,41 @@ impl AgentRuntime {
         config: &RecoverConfig,
         sink: &dyn EventSink,
     ) -> Result<Takeover, RunError> {
-        self.take_over_steered(thread_id, config, Steering::new(), sink)
-            .await
+        self.take_over_with(thread_id, config, None, sink).await
     }
 
     /// [`take_over`](Self::take_over), the continued run taking its steering messages from
-    /// `steering` (closed when this returns, whether or not a run was continued).
+    /// `steering` when it is `run_id` (its activation closes the inbox as it ends); the inbox is
+    /// left open otherwise, for the caller's next activation of that run.
     pub async fn take_over_steered(
         &self,
         thread_id: &ThreadId,
         config: &RecoverConfig,
+        run_id: &RunId,
         steering: Steering,
         sink: &dyn EventSink,
     ) -> Result<Takeover, RunError> {
-        let claimed = match self.claim_to_take_over(thread_id, config).await {
-            Ok(Ok(claimed)) => claimed,
-            Ok(Err(takeover)) => {
-                steering.close();
-                return Ok(takeover);
+        self.take_over_with(thread_id, config, Some((run_id, steering)), sink)
+            .await
+    }
+
+    async fn take_over_with(
+        &self,
+        thread_id: &ThreadId,
+        config: &RecoverConfig,
+        steered: Option<(&RunId, Steering)>,
+        sink: &dyn EventSink,
+    ) -> Result<Takeover, RunError> {
+        Ok(match self.claim_to_take_over(thread_id, config).await? {
+            Ok(claimed) => {
+                let steering = match steered {
+                    Some((run_id, steering)) if claimed.run.run_id == *run_id => steering,
+                    _ => Steering::new(),
+                };
+                Takeover::Recovered(self.continue_claimed(claimed, config, steering, sink).await)
             }
-            Err(e) => {
-                steering.close();
-                return Err(e);
-            }
-        };
-        Ok(Takeover::Recovered(
-            self.continue_claimed(claimed, config, steering, sink).await,
-        ))
+            Err(takeover) => takeover,
+        })
     }
 
     /// The lease of the thread's unfinished run, for `take_over`; otherwise what it answers.

@@ -8,6 +8,8 @@ use std::sync::{Arc, Mutex};
 use awaken_event::Message;
 use tokio::sync::oneshot;
 
+use crate::builtins::SteeringReceipt;
+
 /// Where a steering message went: the step whose start took it, committed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Taken {
@@ -38,6 +40,9 @@ pub struct Steering {
 struct Inbox {
     waiting: Vec<Waiting>,
     closed: bool,
+    /// The receipts the run took before this activation, with their steps: a message sent
+    /// again with one of them is answered at once, not taken twice.
+    earlier: Vec<SteeringReceipt>,
 }
 
 /// A message waiting for the run's next step: its receipt, if it came with one, and where
@@ -95,7 +100,12 @@ impl Steering {
         let (reply, answer) = oneshot::channel();
         {
             let mut inbox = self.lock();
-            if inbox.closed {
+            if let Some(step) = receipt
+                .as_ref()
+                .and_then(|r| earlier_step(&inbox.earlier, r))
+            {
+                let _ = reply.send(Ok(Taken { step }));
+            } else if inbox.closed {
                 let _ = reply.send(Err(NotTaken::Ended));
             } else {
                 inbox.waiting.push(Waiting {
@@ -116,6 +126,33 @@ impl Steering {
     /// How many messages wait for the run's next step.
     pub fn waiting(&self) -> usize {
         self.lock().waiting.len()
+    }
+
+    /// Records the receipts the run took before (in an earlier activation, whose process may
+    /// have stopped before answering): a message waiting, or sent later, with one of them is
+    /// answered as taken at that step, and not taken again.
+    pub(crate) fn taken_before(&self, receipts: &[SteeringReceipt]) {
+        let answered = {
+            let mut inbox = self.lock();
+            inbox.earlier = receipts.to_vec();
+            let (answered, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut inbox.waiting)
+                .into_iter()
+                .partition(|w| {
+                    w.receipt
+                        .as_ref()
+                        .is_some_and(|r| earlier_step(receipts, r).is_some())
+                });
+            inbox.waiting = waiting;
+            answered
+        };
+        for w in answered {
+            let step = w
+                .receipt
+                .as_ref()
+                .and_then(|r| earlier_step(receipts, r))
+                .unwrap_or_default();
+            let _ = w.reply.send(Ok(Taken { step }));
+        }
     }
 
     /// The waiting messages, for the step about to take them.
@@ -150,6 +187,14 @@ impl Steering {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inbox> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// The step that took `receipt`, among `earlier`.
+fn earlier_step(earlier: &[SteeringReceipt], receipt: &str) -> Option<u32> {
+    earlier
+        .iter()
+        .find(|e| &*e.receipt == receipt)
+        .map(|e| e.step)
 }
 
 /// Tells each sender its message was taken at `step`.
@@ -201,5 +246,29 @@ mod tests {
         assert_eq!(waiting.await, Err(NotTaken::Ended));
         assert_eq!(dropped.await, Err(NotTaken::Ended));
         assert_eq!(left.await, Err(NotTaken::Ended));
+    }
+
+    #[tokio::test]
+    async fn a_receipt_the_run_took_before_is_answered_not_taken_again() {
+        let steering = Steering::new();
+        let waiting = steering.send_with_receipt(Message::user("again"), "7");
+        let other = steering.send_with_receipt(Message::user("new"), "8");
+        steering.taken_before(&[SteeringReceipt {
+            receipt: "7".into(),
+            step: 4,
+        }]);
+        assert_eq!(waiting.await, Ok(Taken { step: 4 }));
+        let left = steering.take();
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].receipt.as_deref(), Some("8"));
+        // Sent again later, even once the inbox closed: answered the same.
+        steering.close();
+        assert_eq!(
+            steering
+                .send_with_receipt(Message::user("again"), "7")
+                .await,
+            Ok(Taken { step: 4 })
+        );
+        drop(other);
     }
 }

@@ -529,6 +529,22 @@ async fn steer(
             "the message is empty",
         ));
     }
+    let not_taken = || {
+        ApiError::conflict(
+            "not_taken",
+            format!(
+                "thread `{thread}`'s run ended (finished, waiting for a decision, cancelled or stopped) before a step took the message"
+            ),
+        )
+    };
+    // A front end of the fleet: the message goes through the queue to the run's worker.
+    if let Some(front) = &server.shared.front {
+        let message = Message::user(request.message);
+        return match crate::fleet::front::steer(&server, front, &thread, message).await? {
+            Some(step) => Ok(Json(json!({"taken": true, "step": step})).into_response()),
+            None => Err(not_taken()),
+        };
+    }
     let Some(live) = server.shared.live.get(&thread).filter(|r| !r.is_ended()) else {
         return Err(ApiError::conflict(
             "not_running",
@@ -538,18 +554,8 @@ async fn steer(
     let Some(steering) = live.steering().cloned() else {
         return Err(ApiError::conflict(
             "not_steerable",
-            format!(
-                "thread `{thread}`'s run takes no messages: it was recovered after a restart, or a worker of the fleet drives it"
-            ),
+            format!("thread `{thread}`'s run takes no messages: it was recovered after a restart"),
         ));
-    };
-    let not_taken = || {
-        ApiError::conflict(
-            "not_taken",
-            format!(
-                "thread `{thread}`'s run ended (finished, waiting for a decision, cancelled or stopped) before a step took the message"
-            ),
-        )
     };
     let sent = steering.send(Message::user(request.message));
     tokio::select! {

@@ -240,12 +240,20 @@ impl<'a> Run<'a> {
             visible,
             steering_unanswered: Vec::new(),
         };
+        let mut earlier_receipts = Vec::new();
         (run.seen_fallbacks, run.step) = run.engine.store().read(|s| {
             (
                 run.compaction_fallbacks_in(s).0,
-                run.stats_in(s, |s| s.steps),
+                run.stats_in(s, |s| {
+                    earlier_receipts.clone_from(&s.steering_receipts);
+                    s.steps
+                }),
             )
         });
+        if !earlier_receipts.is_empty() {
+            // A continued run's messages taken before are not taken again if sent again.
+            run.steering.taken_before(&earlier_receipts);
+        }
         run.first_step = run.step;
         let span = tracing::Span::current();
         if !span.is_disabled() {

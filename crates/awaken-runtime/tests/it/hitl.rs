@@ -655,3 +655,52 @@ impl Plugin for ApprovalAnswer {
         )
     }
 }
+
+/// A message the run took before it suspended, sent again with its receipt to the resumed run
+/// (a fleet worker that took the job over hands over what its predecessor had not answered):
+/// answered as taken at its step, not taken twice.
+#[tokio::test]
+async fn a_message_taken_before_a_suspension_is_not_taken_again_by_the_resume() {
+    let (_dir, store) = sqlite("steered-receipt").await;
+    let first = process(store.clone(), vec![two_echoes()], 25);
+    let inbox = awaken_runtime::Steering::new();
+    let taken = inbox.send_with_receipt(Message::user("and tea"), "41");
+    let out = first
+        .runtime
+        .run_to_completion(
+            RunActivation::new(thread(), "agent")
+                .with_user_message("hi")
+                .with_steering(inbox),
+        )
+        .await
+        .expect("run");
+    assert_eq!(out.termination, TerminationReason::Suspended);
+    assert_eq!(taken.await, Ok(awaken_runtime::Taken { step: 1 }));
+    let tickets = first.runtime.waiting_calls(&thread()).await.expect("read");
+
+    let second = process(store.clone(), vec![ScriptTurn::text("done")], 25);
+    let again = awaken_runtime::Steering::new();
+    let resent = again.send_with_receipt(Message::user("and tea"), "41");
+    let new = again.send_with_receipt(Message::user("and milk"), "42");
+    let mut request = Resume::new(thread()).with_steering(again);
+    for t in &tickets {
+        request = request.with_decision(ToolCallResume::approve(&t.call));
+    }
+    let done = second
+        .runtime
+        .resume(request, &VecSink::new())
+        .await
+        .expect("resumed");
+    assert_eq!(done.termination, TerminationReason::NaturalEnd);
+    assert_eq!(resent.await, Ok(awaken_runtime::Taken { step: 1 }));
+    assert_eq!(new.await, Ok(awaken_runtime::Taken { step: 3 }));
+    let history = second.runtime.history(&thread()).await.expect("history");
+    expect_test::expect![[r#"user | user | assistant | tool [{"type":"json","value":{"echoed":"a"}}] | tool [{"type":"json","value":{"echoed":"b"}}] | user | assistant"#]]
+        .assert_eq(&roles(&history));
+    let texts: Vec<String> = history
+        .iter()
+        .filter(|m| m.role == Role::User)
+        .map(Message::text)
+        .collect();
+    assert_eq!(texts, ["hi", "and tea", "and milk"]);
+}

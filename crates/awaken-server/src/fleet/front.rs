@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
-use awaken_event::{AgentEvent, CancellationToken, RunId, ThreadId};
-use awaken_store::{Enqueued, JobId, JobState, NewJob, RunStatus, Timestamp};
+use awaken_event::{AgentEvent, CancellationToken, Message, RunId, ThreadId};
+use awaken_store::{Enqueued, JobId, JobState, NewJob, RunStatus, SteerAnswer, Timestamp};
 use serde_json::json;
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -160,6 +160,57 @@ async fn superseded(
             }
         }
     }
+}
+
+/// Stores `message` for the thread's queued or claimed job, whose worker hands it to the run,
+/// and waits for its answer: the step that took it, or `None` when the run (or its job) ended
+/// without taking it. 409 when the thread has no job; 503 if the server shuts down meanwhile.
+pub(crate) async fn steer(
+    server: &AgentServer,
+    front: &Arc<Front>,
+    thread: &ThreadId,
+    message: Message,
+) -> Result<Option<u32>, ApiError> {
+    let shared = &server.shared;
+    let waiter = front.steered_waiter(thread, &shared.closing);
+    let forget = || {
+        front
+            .steered
+            .remove_if(thread, |_, w| Arc::strong_count(w) <= 2);
+    };
+    let now = Timestamp::from_system_time(std::time::SystemTime::now());
+    let stored = front.queue.steer(thread, &message, now).await;
+    let Some(id) = stored.map_err(store_failed)? else {
+        forget();
+        return Err(ApiError::conflict(
+            "not_running",
+            format!("thread `{thread}` has no queued or running run: start a run with the message"),
+        ));
+    };
+    let answer = loop {
+        // Registered before the look: an answer recorded after it wakes this wait.
+        let notified = waiter.notified();
+        let mut notified = std::pin::pin!(notified);
+        notified.as_mut().enable();
+        match front.queue.steer_answer(id).await {
+            Ok(SteerAnswer::Waiting) => {}
+            Ok(SteerAnswer::Taken { step }) => break Ok(Some(step)),
+            Ok(_) => break Ok(None),
+            Err(e) => break Err(store_failed(e)),
+        }
+        tokio::select! {
+            () = notified => {}
+            () = tokio::time::sleep(front.config.poll_interval) => {}
+            () = shared.closing.cancelled() => break Err(ApiError::unavailable(
+                "shutting_down",
+                "the server is shutting down: the run may still take the message at its next step (the thread's messages show whether it did)",
+                shared.config.retry_after,
+            )),
+        }
+    };
+    drop(waiter);
+    forget();
+    answer
 }
 
 /// How often a start superseding a queued job looks whether it has ended.

@@ -14,6 +14,7 @@
 pub(crate) mod front;
 mod job;
 pub(crate) mod queued;
+mod steer;
 mod worker;
 
 pub(crate) use front::live_or_follow;

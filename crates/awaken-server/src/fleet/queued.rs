@@ -34,6 +34,9 @@ pub(crate) struct Front {
     pub(crate) queue: RunQueue,
     pub(super) config: QueueConfig,
     pub(super) waiters: DashMap<ThreadId, Arc<Notify>>,
+    /// The wake-ups of the requests waiting for a steering message's answer, by thread (all of
+    /// a thread's are woken at once).
+    pub(super) steered: DashMap<ThreadId, Arc<Notify>>,
     listening: OnceLock<()>,
 }
 
@@ -43,6 +46,7 @@ impl Front {
             queue,
             config,
             waiters: DashMap::new(),
+            steered: DashMap::new(),
             listening: OnceLock::new(),
         }
     }
@@ -54,15 +58,39 @@ impl Front {
         thread: &ThreadId,
         closing: &CancellationToken,
     ) -> Arc<Notify> {
+        self.listen(closing);
+        self.waiters.entry(thread.clone()).or_default().clone()
+    }
+
+    /// The wake-up of the requests waiting for an answer to a steering message of `thread`
+    /// (woken with `notify_waiters`: register before looking); starts listening as `waiter`.
+    pub(super) fn steered_waiter(
+        self: &Arc<Self>,
+        thread: &ThreadId,
+        closing: &CancellationToken,
+    ) -> Arc<Notify> {
+        self.listen(closing);
+        self.steered.entry(thread.clone()).or_default().clone()
+    }
+
+    fn listen(self: &Arc<Self>, closing: &CancellationToken) {
         self.listening.get_or_init(|| {
             tokio::spawn(listen(Arc::downgrade(self), closing.clone()));
         });
-        self.waiters.entry(thread.clone()).or_default().clone()
     }
 }
 
-/// Wakes the followers of the threads the queue's notifications name (all of them after a
-/// lost connection), until the server closes or the front end is gone.
+impl Front {
+    /// Wakes every follower and every request waiting for a steering answer.
+    fn wake_all(&self) {
+        self.waiters.iter().for_each(|w| w.notify_one());
+        self.steered.iter().for_each(|w| w.notify_waiters());
+    }
+}
+
+/// Wakes the followers of the threads the queue's notifications name, and the requests
+/// waiting for their steering answers (all of them after a lost connection), until the server
+/// closes or the front end is gone.
 async fn listen(front: Weak<Front>, closing: CancellationToken) {
     let Some(mut listener) = front.upgrade().map(|f| f.queue.listen(Hear::Runs)) else {
         return;
@@ -73,7 +101,7 @@ async fn listen(front: Weak<Front>, closing: CancellationToken) {
         () = closing.cancelled() => return,
     }
     if let Some(front) = front.upgrade() {
-        front.waiters.iter().for_each(|w| w.notify_one());
+        front.wake_all();
     }
     loop {
         let wake = tokio::select! {
@@ -89,7 +117,12 @@ async fn listen(front: Weak<Front>, closing: CancellationToken) {
                     waiter.notify_one();
                 }
             }
-            FleetWake::Lost => front.waiters.iter().for_each(|w| w.notify_one()),
+            FleetWake::Steered(thread) => {
+                if let Some(waiter) = front.steered.get(&thread) {
+                    waiter.notify_waiters();
+                }
+            }
+            FleetWake::Lost => front.wake_all(),
             _ => {}
         }
     }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use awaken_event::{AgentEvent, CancellationToken, EventSink, ThreadId};
 use awaken_runtime::{
-    AgentRuntime, CheckpointError, RecoverConfig, RunError, ShutdownMode, Takeover,
+    AgentRuntime, CheckpointError, RecoverConfig, RunError, ShutdownMode, Steering, Takeover,
 };
 use awaken_store::{
     ClaimedJob, CommitError, FleetWake, Hear, JobLease, QueueError, Retried, RunQueue, RunStatus,
@@ -18,6 +18,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
 use super::job::{Activation, JobPayload};
+use super::steer::{Delivery, settle_not_taken};
 
 /// How a [`Worker`] claims and drives jobs.
 #[derive(Debug, Clone)]
@@ -187,12 +188,21 @@ impl Worker {
                         let all = claimed.len() == free;
                         for job in claimed {
                             let cancel = CancellationToken::new();
-                            held.insert(job.thread_id.clone(), (job.lease.clone(), cancel.clone()));
+                            let poke = Arc::new(Notify::new());
+                            held.insert(
+                                job.thread_id.clone(),
+                                HeldJob {
+                                    lease: job.lease.clone(),
+                                    cancel: cancel.clone(),
+                                    steer: Arc::clone(&poke),
+                                },
+                            );
                             let drive = Drive {
                                 worker: self.clone_parts(),
                                 notifier: notifier.clone(),
                                 held: Arc::clone(&held),
                                 cancel,
+                                steer: poke,
                                 stop: stop.clone(),
                                 claimed_at: Instant::now(),
                             };
@@ -226,10 +236,20 @@ impl Worker {
                         FleetWake::Cancel(thread) => {
                             if let Some(entry) = held.get(&thread) {
                                 tracing::info!(%thread, "cancel requested: cancelling the run");
-                                entry.1.cancel();
+                                entry.cancel.cancel();
                             }
                         }
-                        FleetWake::Events(_) | FleetWake::Done(_) => {}
+                        FleetWake::Steer(thread) => {
+                            if let Some(entry) = held.get(&thread) {
+                                entry.steer.notify_one();
+                            }
+                        }
+                        FleetWake::Events(_) | FleetWake::Done(_) | FleetWake::Steered(_) => {}
+                        FleetWake::Lost => {
+                            // A steering message announced meanwhile may wait.
+                            held.iter().for_each(|entry| entry.steer.notify_one());
+                            break;
+                        }
                         _ => break,
                     },
                     Some(end) = jobs.join_next(), if !jobs.is_empty() => {
@@ -395,13 +415,22 @@ struct Drive {
     held: Arc<Held>,
     /// Cancels the job's run (a cancel request).
     cancel: CancellationToken,
+    /// Woken when steering messages wait for the job.
+    steer: Arc<Notify>,
     /// Stops the job at its last checkpoint (the worker's drain).
     stop: CancellationToken,
     claimed_at: Instant,
 }
 
-/// The cancel of each job this worker drives, by its thread, with the claim it belongs to.
-type Held = DashMap<ThreadId, (JobLease, CancellationToken)>;
+/// Each job this worker drives, by its thread.
+type Held = DashMap<ThreadId, HeldJob>;
+
+/// A job this worker drives: the claim, what cancels its run, what wakes its steering.
+struct HeldJob {
+    lease: JobLease,
+    cancel: CancellationToken,
+    steer: Arc<Notify>,
+}
 
 /// How an attempt ended, before the queue is told.
 enum Attempt {
@@ -415,7 +444,7 @@ impl Drive {
     /// Forgets the cancel of `thread`'s job if it is still this claim's: after a lease lost
     /// to this same worker's next claim of the job, the entry is that claim's.
     fn unhold(&self, thread: &ThreadId, lease: &JobLease) {
-        self.held.remove_if(thread, |_, (held, _)| held == lease);
+        self.held.remove_if(thread, |_, held| held.lease == *lease);
     }
 
     /// Drives `job` with its lease kept alive; tells the queue how it ended.
@@ -427,12 +456,20 @@ impl Drive {
             self.worker.queue.clone(),
             lease.clone(),
             self.worker.lease,
-            self.cancel.clone(),
+            (self.cancel.clone(), Arc::clone(&self.steer)),
             lost.clone(),
         ));
         let _beat = AbortOnDrop(beat);
+        let inbox = Steering::new();
+        let mut delivery = Delivery::new(
+            self.worker.queue.clone(),
+            lease.clone(),
+            inbox.clone(),
+            Arc::clone(&self.steer),
+        );
         let end = tokio::select! {
-            attempt = self.attempt(&job) => Some(attempt),
+            attempt = self.attempt(&job, &inbox) => Some(attempt),
+            never = delivery.run(job.steering) => match never {},
             () = lost.cancelled() => None,
             () = self.stop.cancelled() => {
                 self.unhold(&thread, &lease);
@@ -451,6 +488,12 @@ impl Drive {
             return JobEnd::Lost;
         };
         let queue = &self.worker.queue;
+        // The messages handed over and not taken are answered now unless another claim of
+        // the job is to come (it is handed them again).
+        let not_taken = delivery.not_taken().await;
+        if matches!(attempt, Attempt::Done | Attempt::Failed { fatal: true, .. }) {
+            settle_not_taken(&self.worker.runtime, queue, &job, &not_taken).await;
+        }
         let told = match attempt {
             Attempt::Done => {
                 awaken_runtime::failpoint::hit("before_job_end", None);
@@ -506,7 +549,7 @@ impl Drive {
     /// its last worker left `Running` is ended `Cancelled` at its checkpoint, so no later run
     /// of the thread goes on with it; if that attempt had in fact ended the activation (its
     /// worker stopped before telling the queue), the job is done.
-    async fn attempt(&self, job: &ClaimedJob) -> Attempt {
+    async fn attempt(&self, job: &ClaimedJob, inbox: &Steering) -> Attempt {
         let exhausted = job.attempts > job.max_attempts;
         let gave_up = || Attempt::Failed {
             error: format!(
@@ -540,7 +583,11 @@ impl Drive {
             .with_lease_duration(self.worker.lease)
             .with_cancel(self.cancel.clone());
         let latest = loop {
-            match runtime.take_over(&job.thread_id, &recover, &sink).await {
+            let steering = inbox.clone();
+            match runtime
+                .take_over_steered(&job.thread_id, &recover, &job.run_id, steering, &sink)
+                .await
+            {
                 Ok(Takeover::Recovered(run)) => {
                     if run.run_id == job.run_id {
                         return match run.outcome {
@@ -579,9 +626,11 @@ impl Drive {
             Activation::Run(_) if ran => Attempt::Done,
             _ if exhausted && !ran => gave_up(),
             Activation::Run(activation) => {
+                let activation = activation.with_steering(inbox.clone());
                 attempt_of(runtime.run(activation, &sink).await.map(|_| ()))
             }
-            Activation::Resume(mut resume) => {
+            Activation::Resume(resume) => {
+                let mut resume = resume.with_steering(inbox.clone());
                 let waiting = latest
                     .as_ref()
                     .is_some_and(|r| r.run_id == job.run_id && r.status == RunStatus::Waiting);
@@ -642,13 +691,14 @@ fn retried(e: &RunError) -> bool {
     }
 }
 
-/// Renews `lease` every third of its duration: a requested cancel cancels `cancel`; a lost
-/// lease cancels `lost` (the job is another worker's now).
+/// Renews `lease` every third of its duration: a requested cancel cancels `cancel`; steering
+/// messages waiting wake `steer` (in case their notification was lost); a lost lease cancels
+/// `lost` (the job is another worker's now).
 async fn heartbeat(
     queue: RunQueue,
     lease: JobLease,
     duration: Duration,
-    cancel: CancellationToken,
+    (cancel, steer): (CancellationToken, Arc<Notify>),
     lost: CancellationToken,
 ) {
     let every = (duration / 3).max(Duration::from_millis(10));
@@ -659,6 +709,9 @@ async fn heartbeat(
                 if beat.cancel_requested && !cancel.is_cancelled() {
                     tracing::info!(job = %lease.job_id, "cancel requested: cancelling the run");
                     cancel.cancel();
+                }
+                if beat.steering_waiting {
+                    steer.notify_one();
                 }
             }
             Err(QueueError::Lost { .. }) => {

@@ -12,10 +12,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use awaken_event::{AgentEvent, StopReason, SuspendTicket, TerminationReason};
+use awaken_event::{AgentEvent, Role, StopReason, SuspendTicket, TerminationReason};
 use awaken_server::{EventId, QueueConfig, Worker, WorkerConfig, WorkerReport};
 use awaken_store::{
-    FleetWake, JobState, PostgresConfig, PostgresStore, QueueDepth, RunQueue, RunStatus, Timestamp,
+    FleetWake, JobState, PostgresConfig, PostgresStore, QueueDepth, RunQueue, RunStatus,
+    ThreadStore, Timestamp,
 };
 use expect_test::expect;
 use reqwest::StatusCode;
@@ -86,6 +87,19 @@ struct Process {
 }
 
 impl Fleet {
+    /// A connection of its own to the fleet's schema.
+    async fn client(&self) -> tokio_postgres::Client {
+        let (client, connection) = tokio_postgres::connect(&self.url, tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+        tokio::spawn(connection);
+        client
+            .batch_execute(&format!("SET search_path TO \"{}\"", self.schema))
+            .await
+            .expect("search path");
+        client
+    }
+
     /// The fleet of `test`, in schema `awaken_fleet_<test>` dropped first; `None` when the
     /// test is skipped.
     async fn new(test: &str) -> Option<Self> {
@@ -597,16 +611,6 @@ async fn cancel_on_the_front_end_ends_a_run_held_on_a_worker() {
     let part = sse.until(|f| f.is("run_start")).await;
     worker.rig.model.wait_holds(1).await;
 
-    // Steering reaches the runs a server drives itself, not one a worker drives.
-    let steer = front
-        .server
-        .post("/v1/threads/t/messages", json!({"message": "also"}))
-        .await;
-    assert_eq!(
-        refusal(steer).await,
-        (StatusCode::CONFLICT, "not_steerable".into(), None)
-    );
-
     let response = front.server.post("/v1/threads/t/cancel", json!({})).await;
     assert_eq!(response.status(), StatusCode::OK);
     let answer: Value = response.json().await.expect("JSON");
@@ -626,6 +630,130 @@ async fn cancel_on_the_front_end_ends_a_run_held_on_a_worker() {
     assert_eq!(answer["outcome"]["run_id"], record.run_id.as_str());
     assert_eq!(worker.rig.model.requests(), 1);
     assert_eq!(worker.stop().await.completed, 1);
+}
+
+/// Waits until `n` steering messages were handed to a worker's claim.
+async fn steering_delivered(fleet: &Fleet, n: i64) {
+    let client = fleet.client().await;
+    guarded("the message to reach the worker", async {
+        loop {
+            let row = client
+                .query_one(
+                    "SELECT COUNT(*) FROM run_steering WHERE delivered_claim IS NOT NULL",
+                    &[],
+                )
+                .await
+                .expect("count");
+            if row.get::<_, i64>(0) >= n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
+/// The thread's stored messages, as (role, text).
+async fn stored_messages(front: &FrontEnd, thread: &str) -> Vec<(Role, String)> {
+    front
+        .rig
+        .store
+        .load_checkpoint(&tid(thread))
+        .await
+        .expect("load")
+        .map(|cp| cp.messages)
+        .unwrap_or_default()
+        .iter()
+        .map(|m| (m.role, m.text()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_posted_to_any_front_end_reaches_the_run_on_its_worker() {
+    let Some(fleet) = Fleet::new("steer_held").await else {
+        return;
+    };
+    let a = fleet.front().await;
+    let b = fleet.front().await;
+    let no_job = b
+        .server
+        .post("/v1/threads/t/messages", json!({"message": "early"}))
+        .await;
+    assert_eq!(
+        refusal(no_job).await,
+        (StatusCode::CONFLICT, "not_running".into(), None)
+    );
+
+    // Sent while the run is queued, to a front end that does not follow it: the worker hands
+    // it over before the first step, which takes it.
+    let mut listener = a.queue.listen(awaken_store::Hear::All);
+    guarded("the listener", listener.ready()).await;
+    let first = a.post_later("/v1/threads/t/runs", json!({"message": "hi"}));
+    job_announced(&mut listener).await;
+    let early = b.post_later("/v1/threads/t/messages", json!({"message": "and tea"}));
+    guarded("the message to be stored", async {
+        while listener.recv().await != FleetWake::Steer(tid("t")) {}
+    })
+    .await;
+    let mut call_then_held = call_turn("c1", "echo", json!({"text": "a"}));
+    call_then_held.insert(2, Piece::Hold);
+    let worker = fleet
+        .worker(
+            "w1",
+            vec![
+                text_turn(&["Tea too."]),
+                call_then_held,
+                text_turn(&["Eggs too."]),
+            ],
+        )
+        .await;
+    let answer = guarded("the steering answer", early).await.expect("posted");
+    assert_eq!(answer.status(), StatusCode::OK);
+    let answer: Value = answer.json().await.expect("JSON");
+    assert_eq!(answer, json!({"taken": true, "step": 1}));
+    let response = guarded("the run's answer", first).await.expect("posted");
+    let frames = Sse::new(response).await.rest().await;
+    checked_activation(&frames);
+    assert_eq!(termination(&frames), TerminationReason::NaturalEnd);
+
+    // Sent while the worker's model holds, to the front end that does not follow the run:
+    // taken at the next step, after the call's result.
+    let mut sse = a.server.start_run("t", "milk").await;
+    let part = sse.until(|f| f.is("run_start")).await;
+    worker.rig.model.wait_holds(1).await;
+    let steered = b.post_later("/v1/threads/t/messages", json!({"message": "eggs"}));
+    steering_delivered(&fleet, 1).await;
+    worker.rig.model.release(1);
+    let answer = guarded("the steering answer", steered)
+        .await
+        .expect("posted");
+    assert_eq!(answer.status(), StatusCode::OK);
+    let answer: Value = answer.json().await.expect("JSON");
+    assert_eq!(answer, json!({"taken": true, "step": 2}));
+    let frames: Vec<Frame> = part.into_iter().chain(sse.rest().await).collect();
+    checked_activation(&frames);
+    assert_eq!(termination(&frames), TerminationReason::NaturalEnd);
+    let user = |t: &str| (Role::User, t.to_owned());
+    let stored = stored_messages(&a, "t").await;
+    assert_eq!(
+        stored
+            .iter()
+            .filter(|(r, _)| *r == Role::User)
+            .cloned()
+            .collect::<Vec<_>>(),
+        [user("hi"), user("and tea"), user("milk"), user("eggs")]
+    );
+    assert_eq!(stored[stored.len() - 2], user("eggs"), "{stored:?}");
+    assert_eq!(worker.rig.model.requests(), 3);
+    // Read once: the table keeps nothing of answered messages.
+    let client = fleet.client().await;
+    let left: i64 = client
+        .query_one("SELECT COUNT(*) FROM run_steering", &[])
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(left, 0);
+    assert_eq!(worker.stop().await.completed, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -137,8 +137,8 @@ pub struct ClaimedJob {
     pub last_error: Option<String>,
     /// When it was enqueued.
     pub enqueued_at: Timestamp,
-    /// Whether it has steering messages, waiting or given to an earlier claim
-    /// ([`RunQueue::deliver_steering`], [`RunQueue::unsettled_steering`]).
+    /// Whether it has steering messages waiting, some maybe given to an earlier claim that did
+    /// not answer them ([`RunQueue::deliver_steering`]).
     pub steering: bool,
     /// The lease to carry in heartbeats and in the job's end.
     pub lease: JobLease,

@@ -1,10 +1,10 @@
 //! Steering messages for queued runs: a front end stores one for the thread's job and waits
 //! for its answer; the job's worker hands it to the run, and records whether a step took it.
 //!
-//! A message given to a claim that stopped before answering is settled by the next claim from
-//! the run's stored steering receipts (the message's id is its receipt): taken if the run
-//! stored it, handed to the run again otherwise. A message still waiting when its job is gone
-//! was not taken.
+//! A message given to a claim that stopped before answering is handed to the next claim again,
+//! its id as its receipt: the run's stored steering receipts tell whether the run took it
+//! already (it is then answered, not taken twice). A message still waiting when its job is
+//! gone was not taken.
 
 use awaken_event::{Message, ThreadId};
 
@@ -145,9 +145,9 @@ impl RunQueue {
         .await
     }
 
-    /// Hands the job's waiting steering messages this claim has not been given to `lease`'s
-    /// claim (recorded, so that a later claim settles them), oldest first; none once the lease
-    /// is lost.
+    /// Hands the job's waiting steering messages this claim has not been given (those an
+    /// earlier claim was given and did not answer included) to `lease`'s claim, oldest first;
+    /// none once the lease is lost.
     pub async fn deliver_steering(
         &self,
         lease: &JobLease,
@@ -179,28 +179,6 @@ impl RunQueue {
                 .collect::<Result<Vec<_>, StoreError>>()?;
             messages.sort_by_key(|m| m.id);
             Ok(messages)
-        })
-        .await
-    }
-
-    /// The job's steering messages an earlier claim was given and did not answer: the run
-    /// may have taken them before that claim stopped.
-    pub async fn unsettled_steering(&self, lease: &JobLease) -> Result<Vec<SteerId>, StoreError> {
-        self.named(async {
-            let mut conn = self.pool.get().await?;
-            let rows = conn
-                .prepared()
-                .query(
-                    "SELECT steer_id FROM run_steering WHERE job_id = $1 AND state = 'waiting' \
-                         AND delivered_claim IS NOT NULL AND delivered_claim <> $2 \
-                     ORDER BY steer_id",
-                    &[&lease.job_id.0, &attempt(lease.attempt)],
-                )
-                .await?;
-            rows.iter()
-                .map(|r| Ok(SteerId(r.try_get(0)?)))
-                .collect::<Result<Vec<_>, tokio_postgres::Error>>()
-                .map_err(StoreError::from)
         })
         .await
     }
