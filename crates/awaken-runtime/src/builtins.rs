@@ -15,6 +15,8 @@ use awaken_state::{
 };
 use serde::{Deserialize, Serialize};
 
+use crate::steering::SteeringReceipt;
+
 /// Id of the loop-actions plugin.
 pub const LOOP_ACTIONS_PLUGIN: &str = "awaken.loop_actions";
 /// Id of the stop-conditions plugin.
@@ -245,15 +247,6 @@ pub struct RunStats {
     /// allocation).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub steering_receipts: Vec<SteeringReceipt>,
-}
-
-/// A steering message's receipt and the step that took the message.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SteeringReceipt {
-    /// The receipt it came with.
-    pub receipt: Arc<str>,
-    /// The step that took it.
-    pub step: u32,
 }
 
 impl RunStats {

@@ -64,8 +64,8 @@ pub use builtins::{
     AddContextMessage, DirectiveChange, DirectiveUpdate, ExcludeTool, IncludeOnlyTools,
     LOOP_ACTIONS_PLUGIN, LoopActionHandler, LoopActionsPlugin, RequestStop, RequestStopHandler,
     RunStats, RunStatsKey, RuntimeBuiltins, STOP_CONDITIONS_PLUGIN, SetInferenceOverride,
-    StatsUpdate, SteeringReceipt, StepDirectives, StepDirectivesKey, StopConditionsPlugin,
-    StopRequest, StopRequestKey,
+    StatsUpdate, StepDirectives, StepDirectivesKey, StopConditionsPlugin, StopRequest,
+    StopRequestKey,
 };
 pub use delegate::{
     DEFAULT_MAX_DELEGATION_DEPTH, DelegationDepthKey, RemoteWait, RemoteWaitUpdate, RemoteWaitsKey,
@@ -82,4 +82,4 @@ pub use recovered::{RecoveredRun, Takeover};
 pub use request::{RecoverConfig, RunActivation};
 pub use resume::{DecisionError, DecisionsUpdate, Resume, ResumeDecisionsKey};
 pub use runtime::AgentRuntime;
-pub use steering::{NotTaken, Steering, Taken};
+pub use steering::{NotTaken, Steering, SteeringReceipt, Taken};

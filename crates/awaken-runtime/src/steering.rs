@@ -6,9 +6,18 @@
 use std::sync::{Arc, Mutex};
 
 use awaken_event::Message;
+use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
-use crate::builtins::SteeringReceipt;
+/// A steering message's receipt and the step that took the message (see
+/// [`Steering::send_with_receipt`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SteeringReceipt {
+    /// The receipt it came with.
+    pub receipt: Arc<str>,
+    /// The step that took it.
+    pub step: u32,
+}
 
 /// Where a steering message went: the step whose start took it, committed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
