@@ -784,8 +784,83 @@ fn cancel_slow_run(streaming: &str, cancelling: &str, thread: &str, answered: &s
     note(&format!("{thread}: cancel to the run's end"), took);
 }
 
+/// How long the steered agent's model pauses before each event of its first answer: time
+/// for a steering message to reach its worker.
+const STEER_PAUSE_MS: u64 = 2_000;
+
+/// An agent (`steered`) whose answer comes slowly (a steering message, a user's, starts its
+/// script again).
+fn steered_agent() -> String {
+    format!(
+        "[agent]\nid = \"steered\"\nmodel = \"default\"\n\n\
+         [[script.turns]]\ndeltas = [\"Working on it.\"]\ndelay_ms = {STEER_PAUSE_MS}\n"
+    )
+}
+
+/// Streams a run of the steered agent on `thread` from the front end at `streaming`, steers
+/// it through the front end at `steering` once it started, and checks that the next step took
+/// the message: the run went on to answer it instead of ending after its first answer.
+fn steer_slow_run(streaming: &str, steering: &str, thread: &str) {
+    let mut socket = TcpStream::connect(streaming).expect("connect to the server");
+    let body = json!({ "message": "Make coffee.", "agent": "steered" }).to_string();
+    socket
+        .write_all(
+            format!(
+                "POST /v1/threads/{thread}/runs HTTP/1.1\r\nHost: {streaming}\r\n\
+                 Content-Type: application/json\r\nContent-Length: {}\r\n\
+                 Connection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .expect("send the run");
+    let mut events = Stream::new(socket);
+    events.until("event: run_start\n");
+    let asked = Instant::now();
+    let (status, answer) = request(
+        steering,
+        "POST",
+        &format!("/v1/threads/{thread}/messages"),
+        &[],
+        r#"{"message": "And tea."}"#,
+    );
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}\n{answer}");
+    let answer: Value = serde_json::from_str(&answer).expect("the answer is JSON");
+    assert_eq!(answer, json!({"taken": true, "step": 2}));
+    note(&format!("{thread}: steering to its step"), asked.elapsed());
+    events.until("event: run_finish\n");
+    let finish = events.until("\n\n");
+    assert!(
+        finish.contains(r#""termination":{"kind":"natural_end"}"#),
+        "{finish}"
+    );
+    let (shown, events) = stored(streaming, thread);
+    if let Err(v) = awaken::event::check_activation(&events) {
+        panic!("{thread}: event grammar violated: {v}");
+    }
+    let messages: Vec<(&str, &str)> = shown["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .map(|m| {
+            let text = m["content"][0]["text"].as_str().unwrap_or_default();
+            (m["role"].as_str().unwrap_or_default(), text)
+        })
+        .collect();
+    assert_eq!(
+        messages,
+        [
+            ("user", "Make coffee."),
+            ("assistant", "Working on it."),
+            ("user", "And tea."),
+            ("assistant", "Working on it."),
+        ],
+        "{shown}"
+    );
+}
+
 #[test]
-fn a_cancel_and_an_approval_reach_runs_on_a_worker_in_another_process() {
+fn a_cancel_an_approval_and_steering_reach_runs_on_a_worker_in_another_process() {
     let Some(server) = postgres_url("the fleet cancel and approval test") else {
         return;
     };
@@ -793,7 +868,11 @@ fn a_cancel_and_an_approval_reach_runs_on_a_worker_in_another_process() {
     let dir = temp_dir("fleet-signals");
     let agents = write_scripted_agents(
         &dir,
-        &[("scribe.toml", SCRIBE), ("slow.toml", &slow_agent())],
+        &[
+            ("scribe.toml", SCRIBE),
+            ("slow.toml", &slow_agent()),
+            ("steered.toml", &steered_agent()),
+        ],
     );
     let (front, front_err, addr) = front_end(&db.url, &agents);
     let (other, other_err, other_addr) = front_end(&db.url, &agents);
@@ -832,12 +911,14 @@ fn a_cancel_and_an_approval_reach_runs_on_a_worker_in_another_process() {
     // A cancel through the front end that streams the run, and through another one.
     cancel_slow_run(&addr, &addr, "slow-here", "HTTP/1.1 200");
     cancel_slow_run(&addr, &other_addr, "slow-elsewhere", "HTTP/1.1 202");
+    // A steering message through a front end that does not stream the run.
+    steer_slow_run(&addr, &other_addr, "steered");
 
     let report = stop_worker(process, stderr);
     assert_eq!(
         (report.completed, report.dead),
-        (4, 0),
-        "the suspended run, its continuation and two cancelled runs: {report:?}"
+        (5, 0),
+        "the suspended run, its continuation, two cancelled runs and a steered one: {report:?}"
     );
     stop_front_end(front, front_err);
     stop_front_end(other, other_err);
@@ -871,14 +952,14 @@ fn postgres_script(args: &[&str]) -> Output {
         .args(args)
         .env_remove("AWAKEN_TEST_POSTGRES_DIR")
         .env_remove("AWAKEN_TEST_POSTGRES_URL")
-        .env("AWAKEN_PG_PORT", "56500")
+        .env("AWAKEN_PG_PORT", "26500")
         .stdin(Stdio::null())
         .output()
         .expect("bash runs")
 }
 
 impl PrivateCluster {
-    /// A new cluster on a free port from 56500; `None` (skipped, with a note) when `initdb` is
+    /// A new cluster on a free port from 26500; `None` (skipped, with a note) when `initdb` is
     /// not installed, unless `AWAKEN_REQUIRE_POSTGRES=1` (then the script installs it).
     fn start() -> Option<Self> {
         if !initdb_found() && std::env::var("AWAKEN_REQUIRE_POSTGRES").as_deref() != Ok("1") {
