@@ -7,8 +7,10 @@
 #
 # `start` installs Debian's `postgresql` package when no `initdb` is found, creates a cluster
 # under a fresh /tmp directory (trust auth, loopback only, fsync off: test data only), starts it
-# on the first free port from $AWAKEN_PG_PORT (default 55432), creates the database
-# `awaken_test`, and prints only `export` lines on stdout (everything else goes to stderr).
+# on the first free port from $AWAKEN_PG_PORT (default 25432: below the kernel's ephemeral
+# ports, which a client's connection may hold when the server binds, or rebinds on a restart),
+# creates the database `awaken_test`, and prints only `export` lines on stdout (everything else
+# goes to stderr).
 # As root, the server runs as the `postgres` user (initdb refuses root).
 set -euo pipefail
 
@@ -44,10 +46,10 @@ start() {
     bin=$(find_bin)
     [[ -n "$bin" ]] || { log "initdb still missing after the install"; exit 1; }
   fi
-  local port=${AWAKEN_PG_PORT:-55432} tries=0
+  local port=${AWAKEN_PG_PORT:-25432} tries=0
   while ! port_free "$port"; do
     port=$((port + 1)); tries=$((tries + 1))
-    [[ $tries -lt 20 ]] || { log "no free port near ${AWAKEN_PG_PORT:-55432}"; exit 1; }
+    [[ $tries -lt 20 ]] || { log "no free port near ${AWAKEN_PG_PORT:-25432}"; exit 1; }
   done
   local dir
   dir=$(mktemp -d /tmp/awaken-pg.XXXXXX)
