@@ -317,6 +317,19 @@ async fn get_thread(
         .await
         .map_err(ApiError::from)?;
     let live = server.shared.live.get(&thread).filter(|r| !r.is_ended());
+    // Messages sent to the run in flight that no step has taken yet (in the fleet's queue, for
+    // a front end).
+    let steering_waiting = match &server.shared.front {
+        Some(front) => front
+            .queue
+            .steering_waiting(&thread)
+            .await
+            .map_err(store_failed)?,
+        None => live
+            .as_ref()
+            .and_then(|r| r.steering().map(Steering::waiting))
+            .unwrap_or(0) as u64,
+    };
     Ok(Json(json!({
         "thread_id": thread,
         "messages": checkpoint.messages,
@@ -325,8 +338,7 @@ async fn get_thread(
         "waiting": waiting,
         "last_event_seq": checkpoint.last_event_seq,
         "live": live.is_some(),
-        // Messages sent to the run in flight that no step has taken yet.
-        "messages_waiting": live.and_then(|r| r.steering().map(Steering::waiting)).unwrap_or(0),
+        "messages_waiting": steering_waiting,
     })))
 }
 

@@ -723,6 +723,17 @@ async fn a_message_posted_to_any_front_end_reaches_the_run_on_its_worker() {
     worker.rig.model.wait_holds(1).await;
     let steered = b.post_later("/v1/threads/t/messages", json!({"message": "eggs"}));
     steering_delivered(&fleet, 1).await;
+    // Both front ends show it waiting for the run.
+    for front in [&a, &b] {
+        let shown: Value = front
+            .server
+            .get("/v1/threads/t")
+            .await
+            .json()
+            .await
+            .expect("JSON");
+        assert_eq!(shown["messages_waiting"], 1, "{shown}");
+    }
     worker.rig.model.release(1);
     let answer = guarded("the steering answer", steered)
         .await
@@ -745,6 +756,14 @@ async fn a_message_posted_to_any_front_end_reaches_the_run_on_its_worker() {
     );
     assert_eq!(stored[stored.len() - 2], user("eggs"), "{stored:?}");
     assert_eq!(worker.rig.model.requests(), 3);
+    let shown: Value = b
+        .server
+        .get("/v1/threads/t")
+        .await
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(shown["messages_waiting"], 0, "{shown}");
     // Read once: the table keeps nothing of answered messages.
     let client = fleet.client().await;
     let left: i64 = client

@@ -110,6 +110,23 @@ impl RunQueue {
         .await
     }
 
+    /// How many steering messages for the thread's job wait for the run to take them.
+    pub async fn steering_waiting(&self, thread_id: &ThreadId) -> Result<u64, StoreError> {
+        self.named(async {
+            let mut conn = self.pool.get().await?;
+            let row = conn
+                .prepared()
+                .query_one(
+                    "SELECT COUNT(*) FROM run_steering r JOIN run_queue q \
+                         ON q.job_id = r.job_id WHERE r.thread_id = $1 AND r.state = 'waiting'",
+                    &[&thread_id.as_str()],
+                )
+                .await?;
+            Ok(u64::try_from(row.try_get::<_, i64>(0)?).unwrap_or(0))
+        })
+        .await
+    }
+
     /// What became of steering message `id`. Once answered (or its job is gone with it
     /// unanswered), the message is deleted: the answer is read once.
     pub async fn steer_answer(&self, id: SteerId) -> Result<SteerAnswer, StoreError> {
