@@ -270,16 +270,15 @@ impl Run<'_> {
             return Ok(());
         }
         let step = self.step + 1;
+        let receipts: Vec<_> = waiting.iter().filter_map(|w| w.receipt.clone()).collect();
+        if !receipts.is_empty() {
+            // In the commit that stores the messages (before them: a failed count takes none).
+            self.count(StatsUpdate::Steered { receipts, step })?;
+        }
         let mut replies = Vec::with_capacity(waiting.len());
-        let mut receipts = Vec::new();
         for w in waiting {
             self.push_message(w.message);
             replies.push(w.reply);
-            receipts.extend(w.receipt);
-        }
-        if !receipts.is_empty() {
-            // In the commit that stores the messages.
-            self.count(StatsUpdate::Steered { receipts, step })?;
         }
         if let Err(failure) = self.checkpoint(BatchChange::Keep).await {
             // The messages wait in the pending commit, which the run's last one writes.

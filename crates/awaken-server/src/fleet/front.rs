@@ -172,45 +172,63 @@ pub(crate) async fn steer(
     message: Message,
 ) -> Result<Option<u32>, ApiError> {
     let shared = &server.shared;
-    let waiter = front.steered_waiter(thread, &shared.closing);
-    let forget = || {
-        front
-            .steered
-            .remove_if(thread, |_, w| Arc::strong_count(w) <= 2);
+    let waiter = SteeredWaiter {
+        front,
+        thread,
+        notify: Some(front.steered_waiter(thread, &shared.closing)),
     };
     let now = Timestamp::from_system_time(std::time::SystemTime::now());
     let stored = front.queue.steer(thread, &message, now).await;
     let Some(id) = stored.map_err(store_failed)? else {
-        forget();
         return Err(ApiError::conflict(
             "not_running",
             format!("thread `{thread}` has no queued or running run: start a run with the message"),
         ));
     };
-    let answer = loop {
+    let notify = waiter.notify.as_ref().map(Arc::clone).unwrap_or_default();
+    loop {
         // Registered before the look: an answer recorded after it wakes this wait.
-        let notified = waiter.notified();
+        let notified = notify.notified();
         let mut notified = std::pin::pin!(notified);
         notified.as_mut().enable();
-        match front.queue.steer_answer(id).await {
-            Ok(SteerAnswer::Waiting) => {}
-            Ok(SteerAnswer::Taken { step }) => break Ok(Some(step)),
-            Ok(_) => break Ok(None),
-            Err(e) => break Err(store_failed(e)),
+        match front.queue.steer_answer(id).await.map_err(store_failed)? {
+            SteerAnswer::Waiting => {}
+            SteerAnswer::Taken { step } => return Ok(Some(step)),
+            SteerAnswer::NotTaken => return Ok(None),
+            _ => {
+                return Err(ApiError::internal(
+                    "steering_lost",
+                    "the message's answer is no longer stored: the thread's messages show whether a step took it",
+                ));
+            }
         }
         tokio::select! {
             () = notified => {}
             () = tokio::time::sleep(front.config.poll_interval) => {}
-            () = shared.closing.cancelled() => break Err(ApiError::unavailable(
+            () = shared.closing.cancelled() => return Err(ApiError::unavailable(
                 "shutting_down",
                 "the server is shutting down: the run may still take the message at its next step (the thread's messages show whether it did)",
                 shared.config.retry_after,
             )),
         }
-    };
-    drop(waiter);
-    forget();
-    answer
+    }
+}
+
+/// A steering request's wake-up, given back as the request ends however it ends (its client
+/// gone included): the thread's entry goes when no other request holds it.
+struct SteeredWaiter<'a> {
+    front: &'a Front,
+    thread: &'a ThreadId,
+    notify: Option<Arc<tokio::sync::Notify>>,
+}
+
+impl Drop for SteeredWaiter<'_> {
+    fn drop(&mut self) {
+        drop(self.notify.take());
+        self.front
+            .steered
+            .remove_if(self.thread, |_, w| Arc::strong_count(w) <= 1);
+    }
 }
 
 /// How often a start superseding a queued job looks whether it has ended.

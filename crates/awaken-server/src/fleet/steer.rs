@@ -3,12 +3,13 @@
 //!
 //! A message is taken once however often it is handed over: a claim that stops before
 //! answering leaves it to the next claim, whose run answers it from its stored receipts if
-//! the earlier one took it.
+//! the earlier one took it. As the job ends for good, the messages still unanswered are
+//! answered from those receipts before the job leaves the queue.
 
 use std::sync::Arc;
 
 use awaken_runtime::{AgentRuntime, RunStats, Steering, Taken};
-use awaken_store::{ClaimedJob, JobLease, RunQueue, SteerId};
+use awaken_store::{ClaimedJob, JobLease, RunQueue, SteerId, Timestamp};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
@@ -19,9 +20,10 @@ pub(super) struct Delivery {
     inbox: Steering,
     /// Woken when the queue says messages wait (a notification, a heartbeat).
     poke: Arc<Notify>,
-    /// Each handed message's answer, recorded as soon as it is taken; the ids of those not
-    /// taken, for the job's end.
-    answers: JoinSet<Option<SteerId>>,
+    /// Each handed message's answer, recorded as soon as it is taken.
+    answers: JoinSet<()>,
+    /// Whether messages were (or may have been) handed to this claim.
+    handed: bool,
 }
 
 impl Delivery {
@@ -37,14 +39,12 @@ impl Delivery {
             inbox,
             poke,
             answers: JoinSet::new(),
+            handed: false,
         }
     }
 
-    /// Hands messages over at once when `waiting`, then whenever poked; never returns.
-    pub(super) async fn run(&mut self, waiting: bool) -> std::convert::Infallible {
-        if waiting {
-            self.deliver().await;
-        }
+    /// Hands messages over whenever poked; never returns.
+    pub(super) async fn run(&mut self) -> std::convert::Infallible {
         loop {
             self.poke.notified().await;
             self.deliver().await;
@@ -53,7 +53,9 @@ impl Delivery {
 
     /// Hands the messages this claim has not been given to the inbox. One the store failed to
     /// hand over stays waiting, for the next poke or heartbeat.
-    async fn deliver(&mut self) {
+    pub(super) async fn deliver(&mut self) {
+        // Set first: a delivery cut short may have been recorded.
+        self.handed = true;
         let messages = match self.queue.deliver_steering(&self.lease).await {
             Ok(messages) => messages,
             Err(e) => {
@@ -65,55 +67,52 @@ impl Delivery {
             let answer = self.inbox.send_with_receipt(m.message, m.id.to_string());
             let queue = self.queue.clone();
             self.answers.spawn(async move {
-                match answer.await {
-                    Ok(Taken { step }) => {
-                        if let Err(e) = queue.settle_steering(&[(m.id, Some(step))]).await {
-                            tracing::warn!(steer = %m.id, error = %e, "cannot record a steering message as taken");
-                        }
-                        None
-                    }
-                    Err(_) => Some(m.id),
+                // One not taken is answered at the job's end, or handed to its next claim.
+                if let Ok(Taken { step }) = answer.await
+                    && let Err(e) = queue.settle_steering(&[(m.id, Some(step))], now()).await
+                {
+                    tracing::warn!(steer = %m.id, error = %e, "cannot record a steering message as taken");
                 }
             });
         }
     }
 
-    /// Once the attempt is over: the ids of the messages handed over and not taken (the
-    /// inbox is closed first, so every answer comes).
-    pub(super) async fn not_taken(mut self) -> Vec<SteerId> {
+    /// Once the attempt is over: closes the inbox (every answer comes) and waits for the
+    /// answers to be recorded; whether messages were handed to this claim.
+    pub(super) async fn finish(mut self) -> bool {
         self.inbox.close();
-        let mut ids = Vec::new();
-        while let Some(answer) = self.answers.join_next().await {
-            if let Ok(Some(id)) = answer {
-                ids.push(id);
-            }
-        }
-        ids
+        while self.answers.join_next().await.is_some() {}
+        self.handed
     }
 }
 
-/// Records the messages `ids` of `job`, which its activation ended without taking: taken
-/// after all if the run's stored receipts have them (an earlier claim's run took them before it
-/// stopped), not taken otherwise. When the store cannot be read they stay unanswered, and
-/// read as not taken once the job is gone.
-pub(super) async fn settle_not_taken(
+/// Answers, as the job ends for good, each of its messages still unanswered: taken at its
+/// step if the run's stored receipts have it (this claim's run took it and its answer was not
+/// recorded, or an earlier claim's run took it before its worker stopped), not taken otherwise.
+/// An error leaves them unanswered: the job must not end then, or they would read as not
+/// taken.
+pub(super) async fn settle_unanswered(
     runtime: &AgentRuntime,
     queue: &RunQueue,
     job: &ClaimedJob,
-    ids: &[SteerId],
-) {
+) -> Result<(), String> {
+    let ids = queue
+        .unanswered_steering(job.lease.job_id)
+        .await
+        .map_err(|e| e.to_string())?;
     if ids.is_empty() {
-        return;
+        return Ok(());
     }
-    let receipts = match runtime.store().load_checkpoint(&job.thread_id).await {
-        Ok(Some(cp)) if cp.run.as_ref().is_some_and(|r| r.run_id == job.run_id) => {
+    let receipts = match runtime
+        .store()
+        .load_checkpoint(&job.thread_id)
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        Some(cp) if cp.run.as_ref().is_some_and(|r| r.run_id == job.run_id) => {
             RunStats::of_stored(&cp.run_state).steering_receipts
         }
-        Ok(_) => Vec::new(),
-        Err(e) => {
-            tracing::warn!(thread = %job.thread_id, error = %e, "cannot read which steering messages the run took");
-            return;
-        }
+        _ => Vec::new(),
     };
     let settled: Vec<(SteerId, Option<u32>)> = ids
         .iter()
@@ -126,7 +125,13 @@ pub(super) async fn settle_not_taken(
             (*id, step)
         })
         .collect();
-    if let Err(e) = queue.settle_steering(&settled).await {
-        tracing::warn!(thread = %job.thread_id, error = %e, "cannot record the steering messages not taken");
-    }
+    queue
+        .settle_steering(&settled, now())
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// The current time.
+fn now() -> Timestamp {
+    Timestamp::from_system_time(std::time::SystemTime::now())
 }

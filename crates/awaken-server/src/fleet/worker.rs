@@ -18,7 +18,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
 use super::job::{Activation, JobPayload};
-use super::steer::{Delivery, settle_not_taken};
+use super::steer::{Delivery, settle_unanswered};
 
 /// How a [`Worker`] claims and drives jobs.
 #[derive(Debug, Clone)]
@@ -467,9 +467,13 @@ impl Drive {
             inbox.clone(),
             Arc::clone(&self.steer),
         );
+        if job.steering {
+            // Before the first step, which takes what waits.
+            delivery.deliver().await;
+        }
         let end = tokio::select! {
             attempt = self.attempt(&job, &inbox) => Some(attempt),
-            never = delivery.run(job.steering) => match never {},
+            never = delivery.run() => match never {},
             () = lost.cancelled() => None,
             () = self.stop.cancelled() => {
                 self.unhold(&thread, &lease);
@@ -488,11 +492,19 @@ impl Drive {
             return JobEnd::Lost;
         };
         let queue = &self.worker.queue;
-        // The messages handed over and not taken are answered now unless another claim of
-        // the job is to come (it is handed them again).
-        let not_taken = delivery.not_taken().await;
-        if matches!(attempt, Attempt::Done | Attempt::Failed { fatal: true, .. }) {
-            settle_not_taken(&self.worker.runtime, queue, &job, &not_taken).await;
+        // Steering messages not answered yet are answered now if no claim of the job is to
+        // come (another claim is handed them again).
+        let handed = delivery.finish().await;
+        let last = match &attempt {
+            Attempt::Done | Attempt::Failed { fatal: true, .. } => true,
+            Attempt::Failed { fatal: false, .. } => job.attempts >= job.max_attempts,
+        };
+        if last
+            && (handed || job.steering)
+            && let Err(e) = settle_unanswered(&self.worker.runtime, queue, &job).await
+        {
+            tracing::warn!(%thread, error = %e, "cannot answer the job's steering messages; it is taken over after its lease");
+            return JobEnd::Lost;
         }
         let told = match attempt {
             Attempt::Done => {

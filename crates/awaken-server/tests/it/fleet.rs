@@ -12,11 +12,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use awaken_event::{AgentEvent, Role, StopReason, SuspendTicket, TerminationReason};
+use awaken_event::{AgentEvent, Message, Role, StopReason, SuspendTicket, TerminationReason};
 use awaken_server::{EventId, QueueConfig, Worker, WorkerConfig, WorkerReport};
 use awaken_store::{
     FleetWake, JobState, PostgresConfig, PostgresStore, QueueDepth, RunQueue, RunStatus,
-    ThreadStore, Timestamp,
+    SteerAnswer, SteerId, ThreadStore, Timestamp,
 };
 use expect_test::expect;
 use reqwest::StatusCode;
@@ -773,6 +773,88 @@ async fn a_message_posted_to_any_front_end_reaches_the_run_on_its_worker() {
         .get(0);
     assert_eq!(left, 0);
     assert_eq!(worker.stop().await.completed, 2);
+}
+
+/// The state and step of steering message `id`, as stored.
+async fn steering_row(client: &tokio_postgres::Client, id: SteerId) -> (String, Option<i32>) {
+    let row = client
+        .query_one(
+            "SELECT state, step FROM run_steering WHERE steer_id = $1",
+            &[&id.0],
+        )
+        .await
+        .expect("the message's row");
+    (row.get(0), row.get(1))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_taken_by_a_dead_worker_is_not_taken_again_by_the_next() {
+    let Some(fleet) = Fleet::new("steer_takeover").await else {
+        return;
+    };
+    let front = fleet.front().await;
+    let counted = Arc::new(AtomicUsize::new(0));
+    let mut call_then_held = call_turn("c1", "echo", json!({"text": "a"}));
+    call_then_held.insert(2, Piece::Hold);
+    let mut w1 = fleet
+        .process("w1", vec![call_then_held, held()], &counted)
+        .await;
+    let mut sse = front.server.start_run("t", "milk").await;
+    let part = sse.until(|f| f.is("run_start")).await;
+    w1.rig.model.wait_holds(1).await;
+    let id = front
+        .queue
+        .steer(&tid("t"), &Message::user("eggs"), now())
+        .await
+        .expect("steer")
+        .expect("the thread has a job");
+    steering_delivered(&fleet, 1).await;
+    w1.rig.model.release(1);
+    // Step 2 took it and its answer was recorded; the worker then dies with its run held in
+    // that step. Made unrecorded again, as if it had died between the run's commit and the
+    // record.
+    let client = fleet.client().await;
+    guarded("the answer to be recorded", async {
+        while steering_row(&client, id).await.0 != "taken" {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    w1.rig.model.wait_holds(2).await;
+    client
+        .execute(
+            "UPDATE run_steering SET state = 'waiting', step = NULL, answered_at = NULL \
+             WHERE steer_id = $1",
+            &[&id.0],
+        )
+        .await
+        .expect("unrecord");
+    w1.kill();
+
+    // The next worker is handed the message again with the job; the run it takes over holds
+    // the message's receipt, so the message is answered as taken at step 2, not taken twice.
+    let w2 = fleet
+        .worker("w2", vec![text_turn(&["Eggs and milk."])])
+        .await;
+    let frames: Vec<Frame> = part.into_iter().chain(sse.rest().await).collect();
+    assert_eq!(termination(&frames), TerminationReason::NaturalEnd);
+    assert_eq!(
+        steering_row(&client, id).await,
+        ("taken".to_owned(), Some(2))
+    );
+    assert_eq!(
+        front.queue.steer_answer(id).await.expect("answer"),
+        SteerAnswer::Taken { step: 2 }
+    );
+    let users: Vec<String> = stored_messages(&front, "t")
+        .await
+        .into_iter()
+        .filter(|(r, _)| *r == Role::User)
+        .map(|(_, t)| t)
+        .collect();
+    assert_eq!(users, ["milk", "eggs"]);
+    assert_eq!(w2.rig.model.requests(), 1);
+    assert_eq!(w2.stop().await.completed, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,9 +11,11 @@ use super::queue::{FleetWake, JOBS_CHANNEL, RUNS_CHANNEL, RunQueue};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Hear {
-    /// Jobs to claim and cancels ([`FleetWake::Job`], [`FleetWake::Cancel`]): a worker's.
+    /// Jobs to claim, cancels and steering messages ([`FleetWake::Job`],
+    /// [`FleetWake::Cancel`], [`FleetWake::Steer`]): a worker's.
     Jobs,
-    /// Runs' new events and ends ([`FleetWake::Events`], [`FleetWake::Done`]): a front end's.
+    /// Runs' new events and ends, and steering answers ([`FleetWake::Events`],
+    /// [`FleetWake::Done`], [`FleetWake::Steered`]): a front end's.
     Runs,
     /// Both.
     All,

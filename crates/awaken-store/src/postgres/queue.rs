@@ -329,7 +329,8 @@ impl RunQueue {
 /// The columns of a claimed job, in [`claimed_job`]'s order.
 const JOB_COLUMNS: &str = "job_id, thread_id, run_id, agent_id, payload, priority, attempts, \
      max_attempts, cancel_requested, last_error, enqueued_at, claims, \
-     EXISTS (SELECT 1 FROM run_steering s WHERE s.job_id = run_queue.job_id)";
+     EXISTS (SELECT 1 FROM run_steering s WHERE s.job_id = run_queue.job_id \
+         AND s.state = 'waiting')";
 
 /// Claims due jobs: the ids go to the update as an array, found by key (`IN` over the subquery
 /// would be planned as a join that reads the whole queue).

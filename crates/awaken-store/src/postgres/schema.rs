@@ -130,7 +130,8 @@ CREATE TABLE run_steering (
     sent_at         BIGINT NOT NULL,
     delivered_claim INTEGER,
     state           TEXT NOT NULL DEFAULT 'waiting',
-    step            INTEGER
+    step            INTEGER,
+    answered_at     BIGINT
 );
 CREATE INDEX run_steering_by_job ON run_steering (job_id);
 "#,

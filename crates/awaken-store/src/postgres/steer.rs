@@ -9,7 +9,7 @@
 use awaken_event::{Message, ThreadId};
 
 use super::queue::{
-    FleetWake, JOBS_CHANNEL, JobLease, QueueError, RUNS_CHANNEL, RunQueue, attempt,
+    FleetWake, JOBS_CHANNEL, JobId, JobLease, QueueError, RUNS_CHANNEL, RunQueue, attempt,
 };
 use crate::commit::Timestamp;
 use crate::error::StoreError;
@@ -47,12 +47,14 @@ pub enum SteerAnswer {
     },
     /// The run ended, or its job did, before a step took it.
     NotTaken,
-    /// No such message (its answer was read already, or it was never stored).
+    /// No such message: its answer was read already, or deleted unread an hour after it was
+    /// recorded (or it was never stored).
     Unknown,
 }
 
-/// How long an answered message, or one whose job is gone, is kept for a sender that has not
-/// read it (one that stopped waiting): then it is deleted with the next message stored.
+/// How long an answer is kept for a sender that has not read it (one that stopped waiting),
+/// and a message whose job ended without answering it: then it is deleted with the next message
+/// stored.
 const KEPT_MS: i64 = 60 * 60 * 1000;
 
 /// The answer a settled row's state and step make.
@@ -86,8 +88,8 @@ impl RunQueue {
             let row = conn
                 .prepared()
                 .query_opt(
-                    "WITH old AS (DELETE FROM run_steering r WHERE r.sent_at < $5 \
-                         AND (r.state <> 'waiting' OR NOT EXISTS \
+                    "WITH old AS (DELETE FROM run_steering r WHERE r.answered_at < $5 \
+                         OR (r.state = 'waiting' AND r.sent_at < $5 AND NOT EXISTS \
                              (SELECT 1 FROM run_queue q WHERE q.job_id = r.job_id))), \
                      s AS (INSERT INTO run_steering (job_id, thread_id, message, sent_at) \
                          SELECT job_id, thread_id, $2, $3 FROM run_queue WHERE thread_id = $1 \
@@ -200,11 +202,33 @@ impl RunQueue {
         .await
     }
 
-    /// Records what became of steering messages: taken at the step given, or not taken
-    /// (`None`); their senders are told. Only messages still unanswered change.
+    /// The job's messages not answered yet (some maybe taken by a run whose worker stopped
+    /// before it recorded so), oldest first.
+    pub async fn unanswered_steering(&self, job_id: JobId) -> Result<Vec<SteerId>, StoreError> {
+        self.named(async {
+            let mut conn = self.pool.get().await?;
+            let rows = conn
+                .prepared()
+                .query(
+                    "SELECT steer_id FROM run_steering WHERE job_id = $1 AND state = 'waiting' \
+                     ORDER BY steer_id",
+                    &[&job_id.0],
+                )
+                .await?;
+            rows.iter()
+                .map(|r| Ok(SteerId(r.try_get(0)?)))
+                .collect::<Result<Vec<_>, tokio_postgres::Error>>()
+                .map_err(StoreError::from)
+        })
+        .await
+    }
+
+    /// Records at `now` what became of steering messages: taken at the step given, or not
+    /// taken (`None`); their senders are told. Only messages still unanswered change.
     pub async fn settle_steering(
         &self,
         settled: &[(SteerId, Option<u32>)],
+        now: Timestamp,
     ) -> Result<(), QueueError> {
         if settled.is_empty() {
             return Ok(());
@@ -217,14 +241,14 @@ impl RunQueue {
             let mut conn = self.pool.get().await.map_err(QueueError::Backend)?;
             conn.prepared()
                 .query(
-                    "WITH s AS (UPDATE run_steering r SET step = a.step, \
+                    "WITH s AS (UPDATE run_steering r SET step = a.step, answered_at = $5, \
                          state = CASE WHEN a.step IS NULL THEN 'refused' ELSE 'taken' END \
                          FROM unnest($1::BIGINT[], $2::INTEGER[]) AS a(id, step) \
                          WHERE r.steer_id = a.id AND r.state = 'waiting' \
                          RETURNING r.thread_id) \
                      SELECT pg_notify($3, $4 || E'\\tsteered\\t' || t) \
                      FROM (SELECT DISTINCT thread_id AS t FROM s) d",
-                    &[&ids, &steps, &RUNS_CHANNEL, &schema],
+                    &[&ids, &steps, &RUNS_CHANNEL, &schema, &now.as_unix_millis()],
                 )
                 .await?;
             Ok(())

@@ -780,7 +780,7 @@ async fn a_steering_message_reaches_each_claim_once_and_is_answered_once() {
         [(second, "and right".to_owned())]
     );
     queue
-        .settle_steering(&[(second, Some(3))])
+        .settle_steering(&[(second, Some(3))], at(3_000))
         .await
         .expect("settle");
     assert_eq!(next(&mut listener).await, FleetWake::Steered(tid("t1")));
@@ -800,17 +800,56 @@ async fn a_steering_message_reaches_each_claim_once_and_is_answered_once() {
     // Settled once: a later settling changes nothing.
     for settled in [None, Some(9)] {
         queue
-            .settle_steering(&[(first, settled)])
+            .settle_steering(&[(first, settled)], at(20_000))
             .await
             .expect("settle");
     }
     assert_eq!(answer(&queue, first).await, SteerAnswer::NotTaken);
 
+    // The job's messages not answered yet.
+    assert_eq!(
+        queue
+            .unanswered_steering(w2.lease.job_id)
+            .await
+            .expect("unanswered"),
+        [third]
+    );
     // Its job gone with it unanswered: not taken.
     queue.complete(&w2.lease).await.expect("complete");
     assert_eq!(answer(&queue, third).await, SteerAnswer::NotTaken);
     assert_eq!(answer(&queue, third).await, SteerAnswer::Unknown);
     assert_eq!(steer(&queue, "t1", "too late", 21_000).await, None);
+
+    // A message waiting for its live job is kept however long it waits; an answer nobody read
+    // is deleted an hour after it was recorded, with the next message stored.
+    const HOUR: i64 = 60 * 60 * 1000;
+    enqueue(&queue, &job("t2"), 30_000).await;
+    let slow = steer(&queue, "t2", "whenever", 30_000)
+        .await
+        .expect("stored");
+    steer(&queue, "t2", "later", 30_000 + 2 * HOUR)
+        .await
+        .expect("stored");
+    assert_eq!(answer(&queue, slow).await, SteerAnswer::Waiting);
+    queue
+        .settle_steering(&[(slow, Some(1))], at(30_000 + 2 * HOUR))
+        .await
+        .expect("settle");
+    steer(&queue, "t2", "and later", 30_000 + 3 * HOUR - 1)
+        .await
+        .expect("stored");
+    assert_eq!(answer(&queue, slow).await, SteerAnswer::Taken { step: 1 });
+    let unread = steer(&queue, "t2", "unread", 30_000 + 3 * HOUR)
+        .await
+        .expect("stored");
+    queue
+        .settle_steering(&[(unread, None)], at(30_000 + 3 * HOUR))
+        .await
+        .expect("settle");
+    steer(&queue, "t2", "much later", 30_000 + 4 * HOUR + 1)
+        .await
+        .expect("stored");
+    assert_eq!(answer(&queue, unread).await, SteerAnswer::Unknown);
 }
 
 /// The next notification; fails the test when none comes within [`WAKE_BOUND`].
