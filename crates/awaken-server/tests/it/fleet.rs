@@ -3,7 +3,8 @@
 //! A run posted to a front end is driven by a worker and streamed from the store; a client
 //! reconnects across front ends; decisions, cancels and refusals go through the queue; a job
 //! that cannot run is dead-lettered; a dead worker's run is taken over and a draining worker's
-//! run is given back, and another worker finishes each.
+//! run is given back, and another worker finishes each; steering messages reach the run on its
+//! worker, and one a dead worker's run took is answered taken, never taken twice.
 //!
 //! Skipped (with one note) unless `AWAKEN_TEST_POSTGRES_URL` is set; `AWAKEN_REQUIRE_POSTGRES=1`
 //! makes a missing server a failure.
@@ -610,6 +611,9 @@ async fn cancel_on_the_front_end_ends_a_run_held_on_a_worker() {
     let mut sse = front.server.start_run("t", "hi").await;
     let part = sse.until(|f| f.is("run_start")).await;
     worker.rig.model.wait_holds(1).await;
+    // A message waiting for the run as it is cancelled: not taken.
+    let steered = front.post_later("/v1/threads/t/messages", json!({"message": "also"}));
+    steering_delivered(&fleet, 1).await;
 
     let response = front.server.post("/v1/threads/t/cancel", json!({})).await;
     assert_eq!(response.status(), StatusCode::OK);
@@ -628,6 +632,19 @@ async fn cancel_on_the_front_end_ends_a_run_held_on_a_worker() {
     assert_eq!(record.status, RunStatus::Done);
     assert_eq!(record.termination, Some(TerminationReason::Cancelled));
     assert_eq!(answer["outcome"]["run_id"], record.run_id.as_str());
+    let steered = guarded("the steering answer", steered)
+        .await
+        .expect("posted");
+    assert_eq!(
+        refusal(steered).await,
+        (StatusCode::CONFLICT, "not_taken".into(), None)
+    );
+    assert!(
+        !stored_messages(&front, "t")
+            .await
+            .iter()
+            .any(|(_, text)| text == "also")
+    );
     assert_eq!(worker.rig.model.requests(), 1);
     assert_eq!(worker.stop().await.completed, 1);
 }
@@ -854,6 +871,99 @@ async fn a_message_taken_by_a_dead_worker_is_not_taken_again_by_the_next() {
         .collect();
     assert_eq!(users, ["milk", "eggs"]);
     assert_eq!(w2.rig.model.requests(), 1);
+    assert_eq!(w2.stop().await.completed, 1);
+}
+
+/// How many statements ending a job wait for `locker`'s lock.
+async fn job_ends_waiting(locker: &tokio_postgres::Client) -> i64 {
+    locker
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid)) \
+             AND query LIKE 'DELETE FROM run_queue WHERE job_id%'",
+            &[],
+        )
+        .await
+        .expect("the waiting backends")
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_a_finished_run_took_is_answered_by_the_worker_that_ends_its_job() {
+    let Some(fleet) = Fleet::new("steer_unrecorded").await else {
+        return;
+    };
+    let front = fleet.front().await;
+    let counted = Arc::new(AtomicUsize::new(0));
+    let mut call_then_held = call_turn("c1", "echo", json!({"text": "a"}));
+    call_then_held.insert(2, Piece::Hold);
+    let mut w1 = fleet
+        .process("w1", vec![call_then_held, text_turn(&["Done."])], &counted)
+        .await;
+    let mut sse = front.server.start_run("t", "milk").await;
+    let part = sse.until(|f| f.is("run_start")).await;
+    w1.rig.model.wait_holds(1).await;
+    let id = front
+        .queue
+        .steer(&tid("t"), &Message::user("eggs"), now())
+        .await
+        .expect("steer")
+        .expect("the thread has a job");
+    steering_delivered(&fleet, 1).await;
+
+    // The run takes the message at step 2 and finishes, but its worker dies before the job
+    // ends (held up by a lock on the queue) and before the answer is recorded (undone here).
+    let locker = lock_the_queue(&fleet).await;
+    w1.rig.model.release(1);
+    let client = fleet.client().await;
+    guarded("the run to end and its job's end to wait", async {
+        while steering_row(&client, id).await.0 != "taken" || job_ends_waiting(&locker).await == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    client
+        .execute(
+            "UPDATE run_steering SET state = 'waiting', step = NULL, answered_at = NULL \
+             WHERE steer_id = $1",
+            &[&id.0],
+        )
+        .await
+        .expect("unrecord");
+    w1.kill();
+    locker
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid)) \
+             AND query LIKE 'DELETE FROM run_queue WHERE job_id%'",
+            &[],
+        )
+        .await
+        .expect("end the dead worker's statement");
+    locker.batch_execute("ROLLBACK").await.expect("unlock");
+    let frames: Vec<Frame> = part.into_iter().chain(sse.rest().await).collect();
+    assert_eq!(termination(&frames), TerminationReason::NaturalEnd);
+
+    // The next worker finds the run finished, and answers the message from its receipts
+    // before it ends the job.
+    let w2 = fleet.worker("w2", vec![]).await;
+    guarded("the job to end", async {
+        while front
+            .queue
+            .job_of_thread(&tid("t"))
+            .await
+            .expect("job")
+            .is_some()
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(
+        front.queue.steer_answer(id).await.expect("answer"),
+        SteerAnswer::Taken { step: 2 }
+    );
+    assert_eq!(w2.rig.model.requests(), 0);
     assert_eq!(w2.stop().await.completed, 1);
 }
 
