@@ -266,7 +266,7 @@ pub(crate) fn shutting_down(server: &AgentServer, thread: &ThreadId) -> ApiError
 
 /// How long a new run waits for the thread's run that sent its `run_finish` to close before
 /// it is refused as busy.
-const FINISHING_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+pub(crate) const FINISHING_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// 409: the thread has a run in flight here.
 fn busy(thread: &ThreadId) -> ApiError {

@@ -740,13 +740,11 @@ fn slow_agent() -> String {
     )
 }
 
-/// Streams a run of the slow agent on `thread` from the front end at `streaming`, cancels it
-/// through the front end at `cancelling` once it started (the cancel answered with the status
-/// line `answered`), and checks that the stream ends with the run cancelled before the model's
-/// first pause is over.
-fn cancel_slow_run(streaming: &str, cancelling: &str, thread: &str, answered: &str) {
+/// Posts a run of `agent` with `message` on `thread` to the front end at `streaming`: its
+/// event stream, read up to the run's start.
+fn started_run(streaming: &str, thread: &str, message: &str, agent: &str) -> Stream {
     let mut socket = TcpStream::connect(streaming).expect("connect to the server");
-    let body = json!({ "message": "Take your time.", "agent": "slow" }).to_string();
+    let body = json!({ "message": message, "agent": agent }).to_string();
     socket
         .write_all(
             format!(
@@ -760,6 +758,15 @@ fn cancel_slow_run(streaming: &str, cancelling: &str, thread: &str, answered: &s
         .expect("send the run");
     let mut events = Stream::new(socket);
     events.until("event: run_start\n");
+    events
+}
+
+/// Streams a run of the slow agent on `thread` from the front end at `streaming`, cancels it
+/// through the front end at `cancelling` once it started (the cancel answered with the status
+/// line `answered`), and checks that the stream ends with the run cancelled before the model's
+/// first pause is over.
+fn cancel_slow_run(streaming: &str, cancelling: &str, thread: &str, answered: &str) {
+    let mut events = started_run(streaming, thread, "Take your time.", "slow");
     let asked = Instant::now();
     let (status, answer) = request(
         cancelling,
@@ -801,21 +808,7 @@ fn steered_agent() -> String {
 /// it through the front end at `steering` once it started, and checks that the next step took
 /// the message: the run went on to answer it instead of ending after its first answer.
 fn steer_slow_run(streaming: &str, steering: &str, thread: &str) {
-    let mut socket = TcpStream::connect(streaming).expect("connect to the server");
-    let body = json!({ "message": "Make coffee.", "agent": "steered" }).to_string();
-    socket
-        .write_all(
-            format!(
-                "POST /v1/threads/{thread}/runs HTTP/1.1\r\nHost: {streaming}\r\n\
-                 Content-Type: application/json\r\nContent-Length: {}\r\n\
-                 Connection: close\r\n\r\n{body}",
-                body.len()
-            )
-            .as_bytes(),
-        )
-        .expect("send the run");
-    let mut events = Stream::new(socket);
-    events.until("event: run_start\n");
+    let mut events = started_run(streaming, thread, "Make coffee.", "steered");
     let asked = Instant::now();
     let (status, answer) = request(
         steering,

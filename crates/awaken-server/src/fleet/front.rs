@@ -6,7 +6,9 @@
 use std::sync::Arc;
 
 use awaken_event::{AgentEvent, CancellationToken, Message, RunId, ThreadId};
-use awaken_store::{Enqueued, JobId, JobState, NewJob, RunStatus, SteerAnswer, Timestamp};
+use awaken_store::{
+    Enqueued, JobId, JobState, NewJob, RunStatus, SteerAnswer, ThreadJob, Timestamp,
+};
 use serde_json::json;
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -20,7 +22,8 @@ use crate::live::LiveRun;
 
 /// Queues `job` for `live`'s thread and follows it into `live`: 409 when the thread already
 /// has a queued or claimed job (unless a run supersedes it: the job is cancelled and waited
-/// for first), or waits for decisions and the run does not supersede them.
+/// for first; or its run has ended and only the job's end is left: that is waited for, up to
+/// 5 s), or waits for decisions and the run does not supersede them.
 pub(crate) async fn enqueue(
     server: &AgentServer,
     front: &Arc<Front>,
@@ -33,11 +36,29 @@ pub(crate) async fn enqueue(
     let supersede = matches!(&job, Job::Run(activation) if activation.supersede);
     // One wait in all, however many jobs the thread turns out to hold meanwhile.
     let deadline = tokio::time::Instant::now() + server.shared.config.cancel_wait;
+    // A start right after the thread's run ended waits for its job to leave the queue, once.
+    let mut waited = false;
     let (enqueued, run_id, after) = loop {
         let (enqueued, run_id, after) = queue_once(server, front, thread, &job).await?;
         match enqueued {
             Enqueued::ThreadBusy(held) if supersede => {
                 superseded(server, front, thread, held, deadline).await?;
+            }
+            Enqueued::ThreadBusy(held) if !waited => {
+                waited = true;
+                let Some(job) = front
+                    .queue
+                    .job_of_thread(thread)
+                    .await
+                    .map_err(store_failed)?
+                else {
+                    continue;
+                };
+                if job.job_id != held || !ending(server, thread, &job).await? {
+                    break (enqueued, run_id, after);
+                }
+                let finishing = tokio::time::Instant::now() + crate::runs::FINISHING_WAIT;
+                job_gone(server, front, held, finishing, || busy(thread, held)).await?;
             }
             enqueued => break (enqueued, run_id, after),
         }
@@ -58,11 +79,16 @@ pub(crate) async fn enqueue(
             live.set_task(tokio::spawn(follower.follow(Some(permit))));
             Ok(())
         }
-        Enqueued::ThreadBusy(job_id) => Err(ApiError::conflict(
-            "thread_busy",
-            format!("thread `{thread}` has a queued or running run ({job_id})"),
-        )),
+        Enqueued::ThreadBusy(job_id) => Err(busy(thread, job_id)),
     }
+}
+
+/// 409: the thread has a queued or claimed job.
+fn busy(thread: &ThreadId, job_id: JobId) -> ApiError {
+    ApiError::conflict(
+        "thread_busy",
+        format!("thread `{thread}` has a queued or running run ({job_id})"),
+    )
 }
 
 /// Queues `job` as the thread stands now: what the queue did, the job's run and the thread's
@@ -132,12 +158,47 @@ async fn superseded(
     held: JobId,
     deadline: tokio::time::Instant,
 ) -> Result<(), ApiError> {
-    let shared = &server.shared;
     front
         .queue
         .request_cancel(thread)
         .await
         .map_err(store_failed)?;
+    job_gone(server, front, held, deadline, || {
+        ApiError::conflict(
+            "thread_busy",
+            format!("thread `{thread}`'s run did not end within the cancel's wait"),
+        )
+    })
+    .await
+}
+
+/// Whether `held`, the thread's job, is ending: its run has stored its end (finished, or
+/// waiting for decisions), and only its worker's word to the queue is left.
+async fn ending(
+    server: &AgentServer,
+    thread: &ThreadId,
+    held: &ThreadJob,
+) -> Result<bool, ApiError> {
+    let latest = server
+        .shared
+        .runtime
+        .store()
+        .latest_run(thread)
+        .await
+        .map_err(store_failed)?;
+    Ok(latest.is_some_and(|r| r.run_id == held.run_id && r.status != RunStatus::Running))
+}
+
+/// Waits until `held` has left the queue (ended, or dead-lettered): `late()` if it has not by
+/// `deadline`, 503 if the server shuts down meanwhile.
+async fn job_gone(
+    server: &AgentServer,
+    front: &Front,
+    held: JobId,
+    deadline: tokio::time::Instant,
+    late: impl Fn() -> ApiError,
+) -> Result<(), ApiError> {
+    let shared = &server.shared;
     loop {
         match front.queue.job_state(held).await.map_err(store_failed)? {
             JobState::Gone | JobState::Dead { .. } => return Ok(()),
@@ -145,12 +206,7 @@ async fn superseded(
         }
         tokio::select! {
             () = tokio::time::sleep(SUPERSEDE_POLL) => {}
-            () = tokio::time::sleep_until(deadline) => {
-                return Err(ApiError::conflict(
-                    "thread_busy",
-                    format!("thread `{thread}`'s run did not end within the cancel's wait"),
-                ));
-            }
+            () = tokio::time::sleep_until(deadline) => return Err(late()),
             () = shared.closing.cancelled() => {
                 return Err(ApiError::unavailable(
                     "shutting_down",

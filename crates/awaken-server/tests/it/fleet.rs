@@ -804,17 +804,20 @@ async fn steering_row(client: &tokio_postgres::Client, id: SteerId) -> (String, 
     (row.get(0), row.get(1))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_message_taken_by_a_dead_worker_is_not_taken_again_by_the_next() {
-    let Some(fleet) = Fleet::new("steer_takeover").await else {
-        return;
-    };
-    let front = fleet.front().await;
+/// A run of `milk` on thread `t`, posted to `front`, on a worker process `w1` whose model
+/// calls `echo` and holds, then answers `then`; "eggs" sent for the run through the queue and
+/// handed to the worker while the model holds. The worker, the stream and its frames so far,
+/// and the message's id.
+async fn steered_on_a_worker_process(
+    fleet: &Fleet,
+    front: &FrontEnd,
+    then: Vec<Piece>,
+) -> (Process, Sse, Vec<Frame>, SteerId) {
     let counted = Arc::new(AtomicUsize::new(0));
     let mut call_then_held = call_turn("c1", "echo", json!({"text": "a"}));
     call_then_held.insert(2, Piece::Hold);
-    let mut w1 = fleet
-        .process("w1", vec![call_then_held, held()], &counted)
+    let w1 = fleet
+        .process("w1", vec![call_then_held, then], &counted)
         .await;
     let mut sse = front.server.start_run("t", "milk").await;
     let part = sse.until(|f| f.is("run_start")).await;
@@ -825,7 +828,17 @@ async fn a_message_taken_by_a_dead_worker_is_not_taken_again_by_the_next() {
         .await
         .expect("steer")
         .expect("the thread has a job");
-    steering_delivered(&fleet, 1).await;
+    steering_delivered(fleet, 1).await;
+    (w1, sse, part, id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_taken_by_a_dead_worker_is_not_taken_again_by_the_next() {
+    let Some(fleet) = Fleet::new("steer_takeover").await else {
+        return;
+    };
+    let front = fleet.front().await;
+    let (mut w1, sse, part, id) = steered_on_a_worker_process(&fleet, &front, held()).await;
     w1.rig.model.release(1);
     // Step 2 took it and its answer was recorded; the worker then dies with its run held in
     // that step. Made unrecorded again, as if it had died between the run's commit and the
@@ -894,22 +907,8 @@ async fn a_message_a_finished_run_took_is_answered_by_the_worker_that_ends_its_j
         return;
     };
     let front = fleet.front().await;
-    let counted = Arc::new(AtomicUsize::new(0));
-    let mut call_then_held = call_turn("c1", "echo", json!({"text": "a"}));
-    call_then_held.insert(2, Piece::Hold);
-    let mut w1 = fleet
-        .process("w1", vec![call_then_held, text_turn(&["Done."])], &counted)
-        .await;
-    let mut sse = front.server.start_run("t", "milk").await;
-    let part = sse.until(|f| f.is("run_start")).await;
-    w1.rig.model.wait_holds(1).await;
-    let id = front
-        .queue
-        .steer(&tid("t"), &Message::user("eggs"), now())
-        .await
-        .expect("steer")
-        .expect("the thread has a job");
-    steering_delivered(&fleet, 1).await;
+    let (mut w1, sse, part, id) =
+        steered_on_a_worker_process(&fleet, &front, text_turn(&["Done."])).await;
 
     // The run takes the message at step 2 and finishes, but its worker dies before the job
     // ends (held up by a lock on the queue) and before the answer is recorded (undone here).
@@ -965,6 +964,46 @@ async fn a_message_a_finished_run_took_is_answered_by_the_worker_that_ends_its_j
     );
     assert_eq!(w2.rig.model.requests(), 0);
     assert_eq!(w2.stop().await.completed, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_right_after_a_run_ended_waits_for_its_job_to_leave_the_queue() {
+    let Some(fleet) = Fleet::new("start_after_end").await else {
+        return;
+    };
+    let front = fleet.front().await;
+    let worker = fleet
+        .worker("w1", vec![held(), text_turn(&["Again."])])
+        .await;
+    let mut sse = front.server.start_run("t", "hi").await;
+    let part = sse.until(|f| f.is("run_start")).await;
+    worker.rig.model.wait_holds(1).await;
+    // The job's row locked: the run ends, but its worker's word to the queue waits.
+    let locker = fleet.client().await;
+    locker
+        .batch_execute("BEGIN; SELECT job_id FROM run_queue WHERE thread_id = 't' FOR UPDATE")
+        .await
+        .expect("lock the job");
+    worker.rig.model.release(1);
+    let frames: Vec<Frame> = part.into_iter().chain(sse.rest().await).collect();
+    assert_eq!(termination(&frames), TerminationReason::NaturalEnd);
+    waits_for(&locker, "the job's end to wait for its row").await;
+
+    // The next start waits for the job to leave the queue instead of being refused busy.
+    let next = front.post_later("/v1/threads/t/runs", json!({"message": "again"}));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !next.is_finished(),
+        "answered while the job was still queued"
+    );
+    locker.batch_execute("ROLLBACK").await.expect("unlock");
+    let response = guarded("the next run's answer", next)
+        .await
+        .expect("posted");
+    let frames = Sse::new(response).await.rest().await;
+    checked_activation(&frames);
+    assert_eq!(termination(&frames), TerminationReason::NaturalEnd);
+    assert_eq!(worker.stop().await.completed, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
