@@ -19,6 +19,10 @@ use tokio::sync::{broadcast, watch};
 use crate::config::ServerConfig;
 use crate::error::ApiError;
 
+/// How long a new run waits for the thread's run that sent its `run_finish` to close (on a
+/// fleet front end, for its job to leave the queue) before it is refused as busy.
+pub(crate) const FINISHING_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A position in a thread's event stream: `seq`, the number of a stored event, and `sub`, the
 /// count of streamed deltas after it (0: the stored event itself). Written `seq` or `seq.sub`;
 /// this is the SSE `id` a client sends back as `Last-Event-ID`.

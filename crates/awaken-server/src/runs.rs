@@ -264,10 +264,6 @@ pub(crate) fn shutting_down(server: &AgentServer, thread: &ThreadId) -> ApiError
     )
 }
 
-/// How long a new run waits for the thread's run that sent its `run_finish` to close before
-/// it is refused as busy.
-pub(crate) const FINISHING_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
-
 /// 409: the thread has a run in flight here.
 fn busy(thread: &ThreadId) -> ApiError {
     ApiError::conflict(
@@ -319,7 +315,7 @@ pub(crate) async fn start(
     // A run that sent its `run_finish` has only its lifecycle hook and its lease's release
     // left: a client starting the next run at once waits for it to close (before taking a
     // place among the runs in flight, which that run still holds).
-    let deadline = tokio::time::Instant::now() + FINISHING_WAIT;
+    let deadline = tokio::time::Instant::now() + crate::live::FINISHING_WAIT;
     if let Some(closing) = shared.live.get(thread).filter(|r| r.is_finishing()) {
         finished(server, thread, &closing, deadline).await?;
     }

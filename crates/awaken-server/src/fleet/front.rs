@@ -57,7 +57,7 @@ pub(crate) async fn enqueue(
                 if job.job_id != held || !ending(server, thread, &job).await? {
                     break (enqueued, run_id, after);
                 }
-                let finishing = tokio::time::Instant::now() + crate::runs::FINISHING_WAIT;
+                let finishing = tokio::time::Instant::now() + crate::live::FINISHING_WAIT;
                 job_gone(server, front, held, finishing, || busy(thread, held)).await?;
             }
             enqueued => break (enqueued, run_id, after),
