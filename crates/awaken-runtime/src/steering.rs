@@ -19,6 +19,16 @@ pub struct SteeringReceipt {
     pub step: u32,
 }
 
+impl SteeringReceipt {
+    /// The step that took the message of `receipt`, among `receipts`.
+    pub fn step_in(receipts: &[SteeringReceipt], receipt: &str) -> Option<u32> {
+        receipts
+            .iter()
+            .find(|r| &*r.receipt == receipt)
+            .map(|r| r.step)
+    }
+}
+
 /// Where a steering message went: the step whose start took it, committed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Taken {
@@ -111,7 +121,7 @@ impl Steering {
             let mut inbox = self.lock();
             if let Some(step) = receipt
                 .as_ref()
-                .and_then(|r| earlier_step(&inbox.earlier, r))
+                .and_then(|r| SteeringReceipt::step_in(&inbox.earlier, r))
             {
                 let _ = reply.send(Ok(Taken { step }));
             } else if inbox.closed {
@@ -149,7 +159,7 @@ impl Steering {
                 .partition(|w| {
                     w.receipt
                         .as_ref()
-                        .is_some_and(|r| earlier_step(receipts, r).is_some())
+                        .is_some_and(|r| SteeringReceipt::step_in(receipts, r).is_some())
                 });
             inbox.waiting = waiting;
             answered
@@ -158,7 +168,7 @@ impl Steering {
             let step = w
                 .receipt
                 .as_ref()
-                .and_then(|r| earlier_step(receipts, r))
+                .and_then(|r| SteeringReceipt::step_in(receipts, r))
                 .unwrap_or_default();
             let _ = w.reply.send(Ok(Taken { step }));
         }
@@ -196,14 +206,6 @@ impl Steering {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inbox> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
-}
-
-/// The step that took `receipt`, among `earlier`.
-fn earlier_step(earlier: &[SteeringReceipt], receipt: &str) -> Option<u32> {
-    earlier
-        .iter()
-        .find(|e| &*e.receipt == receipt)
-        .map(|e| e.step)
 }
 
 /// Tells each sender its message was taken at `step`.

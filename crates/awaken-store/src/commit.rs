@@ -34,6 +34,11 @@ impl Timestamp {
         self.0
     }
 
+    /// The system clock's time now.
+    pub fn now() -> Self {
+        Self::from_system_time(SystemTime::now())
+    }
+
     /// Converts a [`SystemTime`] (saturating; times before the epoch become the epoch).
     pub fn from_system_time(time: SystemTime) -> Self {
         let millis = time

@@ -6,9 +6,7 @@
 use std::sync::Arc;
 
 use awaken_event::{AgentEvent, CancellationToken, Message, RunId, ThreadId};
-use awaken_store::{
-    Enqueued, JobId, JobState, NewJob, RunStatus, SteerAnswer, ThreadJob, Timestamp,
-};
+use awaken_store::{Enqueued, JobId, JobState, NewJob, RunStatus, SteerAnswer, Timestamp};
 use serde_json::json;
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -44,19 +42,10 @@ pub(crate) async fn enqueue(
             Enqueued::ThreadBusy(held) if supersede => {
                 superseded(server, front, thread, held, deadline).await?;
             }
-            Enqueued::ThreadBusy(held) if !waited => {
+            Enqueued::ThreadBusy(held)
+                if !waited && ending(server, front, thread, held).await? =>
+            {
                 waited = true;
-                let Some(job) = front
-                    .queue
-                    .job_of_thread(thread)
-                    .await
-                    .map_err(store_failed)?
-                else {
-                    continue;
-                };
-                if job.job_id != held || !ending(server, thread, &job).await? {
-                    break (enqueued, run_id, after);
-                }
                 let finishing = tokio::time::Instant::now() + crate::live::FINISHING_WAIT;
                 job_gone(server, front, held, finishing, || busy(thread, held)).await?;
             }
@@ -142,8 +131,11 @@ async fn queue_once(
     let mut new = NewJob::new(thread.clone(), run_id.clone(), agent, payload);
     new.max_attempts = front.config.max_attempts;
     new.after_event = after;
-    let now = Timestamp::from_system_time(std::time::SystemTime::now());
-    let enqueued = front.queue.enqueue(&new, now).await.map_err(store_failed)?;
+    let enqueued = front
+        .queue
+        .enqueue(&new, Timestamp::now())
+        .await
+        .map_err(store_failed)?;
     Ok((enqueued, run_id, after))
 }
 
@@ -173,12 +165,23 @@ async fn superseded(
 }
 
 /// Whether `held`, the thread's job, is ending: its run has stored its end (finished, or
-/// waiting for decisions), and only its worker's word to the queue is left.
+/// waiting for decisions), and only its worker's word to the queue is left; or it is gone.
 async fn ending(
     server: &AgentServer,
+    front: &Front,
     thread: &ThreadId,
-    held: &ThreadJob,
+    held: JobId,
 ) -> Result<bool, ApiError> {
+    let job = front
+        .queue
+        .job_of_thread(thread)
+        .await
+        .map_err(store_failed)?;
+    let job = match job {
+        Some(job) if job.job_id == held => job,
+        // Another job took its place (busy), or it is gone (the next look queues).
+        other => return Ok(other.is_none()),
+    };
     let latest = server
         .shared
         .runtime
@@ -186,7 +189,7 @@ async fn ending(
         .latest_run(thread)
         .await
         .map_err(store_failed)?;
-    Ok(latest.is_some_and(|r| r.run_id == held.run_id && r.status != RunStatus::Running))
+    Ok(latest.is_some_and(|r| r.run_id == job.run_id && r.status != RunStatus::Running))
 }
 
 /// Waits until `held` has left the queue (ended, or dead-lettered): `late()` if it has not by
@@ -231,20 +234,18 @@ pub(crate) async fn steer(
     let waiter = SteeredWaiter {
         front,
         thread,
-        notify: Some(front.steered_waiter(thread, &shared.closing)),
+        notify: front.steered_waiter(thread, &shared.closing),
     };
-    let now = Timestamp::from_system_time(std::time::SystemTime::now());
-    let stored = front.queue.steer(thread, &message, now).await;
+    let stored = front.queue.steer(thread, &message, Timestamp::now()).await;
     let Some(id) = stored.map_err(store_failed)? else {
         return Err(ApiError::conflict(
             "not_running",
             format!("thread `{thread}` has no queued or running run: start a run with the message"),
         ));
     };
-    let notify = waiter.notify.as_ref().map(Arc::clone).unwrap_or_default();
     loop {
         // Registered before the look: an answer recorded after it wakes this wait.
-        let notified = notify.notified();
+        let notified = waiter.notify.notified();
         let mut notified = std::pin::pin!(notified);
         notified.as_mut().enable();
         match front.queue.steer_answer(id).await.map_err(store_failed)? {
@@ -275,15 +276,15 @@ pub(crate) async fn steer(
 struct SteeredWaiter<'a> {
     front: &'a Front,
     thread: &'a ThreadId,
-    notify: Option<Arc<tokio::sync::Notify>>,
+    notify: Arc<tokio::sync::Notify>,
 }
 
 impl Drop for SteeredWaiter<'_> {
     fn drop(&mut self) {
-        drop(self.notify.take());
+        // Held by the map and by this request only.
         self.front
             .steered
-            .remove_if(self.thread, |_, w| Arc::strong_count(w) <= 1);
+            .remove_if(self.thread, |_, w| Arc::strong_count(w) <= 2);
     }
 }
 

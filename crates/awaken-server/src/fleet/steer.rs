@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use awaken_runtime::SteeringReceipt;
 use awaken_runtime::{AgentRuntime, RunStats, Steering, Taken};
 use awaken_store::{ClaimedJob, JobLease, RunQueue, SteerId, Timestamp};
 use tokio::sync::Notify;
@@ -69,7 +70,7 @@ impl Delivery {
             self.answers.spawn(async move {
                 // One not taken is answered at the job's end, or handed to its next claim.
                 if let Ok(Taken { step }) = answer.await
-                    && let Err(e) = queue.settle_steering(&[(m.id, Some(step))], now()).await
+                    && let Err(e) = queue.settle_steering(&[(m.id, Some(step))], Timestamp::now()).await
                 {
                     tracing::warn!(steer = %m.id, error = %e, "cannot record a steering message as taken");
                 }
@@ -116,22 +117,10 @@ pub(super) async fn settle_unanswered(
     };
     let settled: Vec<(SteerId, Option<u32>)> = ids
         .iter()
-        .map(|id| {
-            let receipt = id.to_string();
-            let step = receipts
-                .iter()
-                .find(|r| *r.receipt == *receipt)
-                .map(|r| r.step);
-            (*id, step)
-        })
+        .map(|id| (*id, SteeringReceipt::step_in(&receipts, &id.to_string())))
         .collect();
     queue
-        .settle_steering(&settled, now())
+        .settle_steering(&settled, Timestamp::now())
         .await
         .map_err(|e| e.to_string())
-}
-
-/// The current time.
-fn now() -> Timestamp {
-    Timestamp::from_system_time(std::time::SystemTime::now())
 }

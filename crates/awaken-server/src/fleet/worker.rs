@@ -174,7 +174,7 @@ impl Worker {
             let free = self.config.concurrency.saturating_sub(jobs.len());
             let mut wait = self.config.poll_interval;
             if free > 0 {
-                let now = now();
+                let now = Timestamp::now();
                 // A queue that does not answer must not keep the worker from draining. A claim
                 // cut short may still be made: its jobs are taken over after their lease.
                 let claimed = tokio::select! {
@@ -378,11 +378,6 @@ impl WorkerReport {
     }
 }
 
-/// The current time.
-fn now() -> Timestamp {
-    Timestamp::from_system_time(std::time::SystemTime::now())
-}
-
 /// `base` doubled `n - 1` times.
 fn backoff(base: Duration, n: u32) -> Duration {
     base.saturating_mul(1u32 << n.saturating_sub(1).min(16))
@@ -514,7 +509,7 @@ impl Drive {
             Attempt::Failed { error, fatal: true } => {
                 tracing::warn!(%thread, job = %lease.job_id, %error, "job failed: dead-lettered");
                 queue
-                    .dead_letter(&lease, &error, now())
+                    .dead_letter(&lease, &error, Timestamp::now())
                     .await
                     .map(|()| JobEnd::Dead)
             }
@@ -522,10 +517,10 @@ impl Drive {
                 error,
                 fatal: false,
             } => {
-                let due = now().saturating_add(
+                let due = Timestamp::now().saturating_add(
                     backoff(self.worker.retry_backoff, lease.attempt).min(Duration::from_secs(60)),
                 );
-                let retried = queue.retry(&lease, &error, due, now()).await;
+                let retried = queue.retry(&lease, &error, due, Timestamp::now()).await;
                 match &retried {
                     Ok(Retried::Requeued(_)) => {
                         tracing::warn!(%thread, job = %lease.job_id, %error, "job failed: retried later")
@@ -716,7 +711,7 @@ async fn heartbeat(
     let every = (duration / 3).max(Duration::from_millis(10));
     loop {
         tokio::time::sleep(every).await;
-        match queue.heartbeat(&lease, duration, now()).await {
+        match queue.heartbeat(&lease, duration, Timestamp::now()).await {
             Ok(beat) => {
                 if beat.cancel_requested && !cancel.is_cancelled() {
                     tracing::info!(job = %lease.job_id, "cancel requested: cancelling the run");
