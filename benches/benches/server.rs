@@ -72,7 +72,7 @@ fn main() {
         // The in-process figure right before the served one, so both see the same host.
         let in_process = throughput(&loop_runtime(5), 32, scale(5000, 64)).runs_per_s;
         println!("  (in-process loop-5 c32: {in_process:.0} runs/s)");
-        let served = served_runs(&client, 64, scale(10_000, 640));
+        let served = served_runs(&client, 64, scale(40_000, 640));
         add("server/loop5_runs_per_s_c64", served.runs_per_s, "runs/s");
         add(
             "server/loop5_ratio_to_inprocess_c32",
@@ -106,14 +106,18 @@ struct Served {
 }
 
 /// `clients` keep-alive connections, each POSTing streamed loop-5 runs on fresh threads one
-/// after another and reading each stream to its end, `total` runs in all.
+/// after another and reading each stream to its end, `total` runs in all after one untimed
+/// run each (so that the clients' simultaneous first requests, a burst no steady load sends,
+/// are not measured).
 fn served_runs(client: &tokio::runtime::Runtime, clients: usize, total: usize) -> Served {
     let server = Server::start(loop_runtime(5), ServerConfig::default());
     let addr = server.addr;
-    let cpu_before = (threads_cpu_ns(SERVER_THREADS), own_cpu_ns());
     let remaining = Arc::new(AtomicUsize::new(total));
     let next_thread = Arc::new(AtomicUsize::new(0));
-    let (elapsed, mut latencies, events) = client.block_on(guarded("the c64 workload", async {
+    let warm = Arc::new(tokio::sync::Barrier::new(clients + 1));
+    let mut pauses = None;
+    let mut cpu_before = (None, None);
+    let (elapsed, latencies, events) = client.block_on(guarded("the c64 workload", async {
         let mut conns = Vec::with_capacity(clients);
         for _ in 0..clients {
             conns.push(
@@ -122,30 +126,39 @@ fn served_runs(client: &tokio::runtime::Runtime, clients: usize, total: usize) -
                     .unwrap_or_else(|e| panic!("connect: {e}")),
             );
         }
-        let started = Instant::now();
         let tasks: Vec<_> = conns
             .into_iter()
             .map(|mut conn| {
-                let (remaining, next_thread) = (remaining.clone(), next_thread.clone());
+                let (remaining, next_thread, warm) =
+                    (remaining.clone(), next_thread.clone(), warm.clone());
                 tokio::spawn(async move {
-                    let mut latencies = Vec::new();
                     let mut sse = SseReader::default();
+                    let run = async |conn: &mut Conn, sse: &mut SseReader| {
+                        let n = next_thread.fetch_add(1, Ordering::Relaxed);
+                        streamed_run(conn, &format!("s{n}"), sse)
+                            .await
+                            .unwrap_or_else(|e| panic!("run on thread s{n}: {e}"))
+                    };
+                    run(&mut conn, &mut sse).await;
+                    warm.wait().await;
+                    let mut latencies = Vec::new();
                     let mut events = 0;
                     while remaining
                         .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| r.checked_sub(1))
                         .is_ok()
                     {
-                        let n = next_thread.fetch_add(1, Ordering::Relaxed);
-                        let run = streamed_run(&mut conn, &format!("s{n}"), &mut sse)
-                            .await
-                            .unwrap_or_else(|e| panic!("run on thread s{n}: {e}"));
-                        latencies.push(run.first_event);
+                        let run = run(&mut conn, &mut sse).await;
+                        latencies.push((run.written, run.first_event));
                         events = run.events;
                     }
                     (latencies, events)
                 })
             })
             .collect();
+        warm.wait().await;
+        cpu_before = (threads_cpu_ns(SERVER_THREADS), own_cpu_ns());
+        pauses = Some(PauseProbe::start());
+        let started = Instant::now();
         let mut latencies = Vec::with_capacity(total);
         let mut events = 0;
         for task in tasks {
@@ -155,6 +168,7 @@ fn served_runs(client: &tokio::runtime::Runtime, clients: usize, total: usize) -
         }
         (started.elapsed(), latencies, events)
     }));
+    let pauses = pauses.map(PauseProbe::stop).unwrap_or_default();
     let cpu = |before: Option<u64>, after: Option<u64>| {
         before
             .zip(after)
@@ -165,24 +179,52 @@ fn served_runs(client: &tokio::runtime::Runtime, clients: usize, total: usize) -
         cpu(cpu_before.1, own_cpu_ns()),
     );
     server.stop();
-    latencies.sort();
-    let percentile = |p: f64| {
-        let i = ((latencies.len() as f64 * p).ceil() as usize).clamp(1, latencies.len());
-        latencies[i - 1].as_secs_f64() * 1e6
+    // The runs whose wait for their first event overlapped a pause of the host's.
+    let paused = |(written, waited): &(Instant, Duration)| {
+        let read = *written + *waited;
+        pauses.iter().any(|p| p.from < read && p.to > *written)
     };
+    let unpaused = percentiles(latencies.iter().filter(|l| !paused(l)).map(|l| l.1));
+    let all = percentiles(latencies.iter().map(|l| l.1));
     println!(
         "  (served c{clients}: {events} events per run; first event p50 {:.0} us, p90 {:.0} us, max {:.0} us)",
-        percentile(0.5),
-        percentile(0.9),
-        percentile(1.0)
+        all(0.5),
+        all(0.9),
+        all(1.0)
     );
     println!(
         "  (CPU over the c{clients} workload: server threads {server_cpu:.2} s, client {client_cpu:.2} s, in {:.2} s)",
         elapsed.as_secs_f64()
     );
+    println!(
+        "  (the host paused this program {} times for over {} us while it ran, the longest {} us; \
+         the first event's p99 over the {} runs that no pause overlapped: {:.0} us)",
+        pauses.len(),
+        PauseProbe::OVER.as_micros(),
+        pauses
+            .iter()
+            .map(Pause::length)
+            .max()
+            .unwrap_or_default()
+            .as_micros(),
+        latencies.iter().filter(|l| !paused(l)).count(),
+        unpaused(0.99)
+    );
     Served {
         runs_per_s: total as f64 / elapsed.as_secs_f64(),
-        first_event_p99_us: percentile(0.99),
+        first_event_p99_us: all(0.99),
+    }
+}
+
+/// The percentiles of `durations`, in µs (`p` in 0..=1; NaN when there are none).
+fn percentiles(durations: impl Iterator<Item = Duration>) -> impl Fn(f64) -> f64 {
+    let mut sorted: Vec<Duration> = durations.collect();
+    sorted.sort();
+    move |p: f64| {
+        let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len().max(1));
+        sorted
+            .get(i - 1)
+            .map_or(f64::NAN, |d| d.as_secs_f64() * 1e6)
     }
 }
 
@@ -333,6 +375,63 @@ async fn guarded<F: Future>(what: &str, f: F) -> F::Output {
         .unwrap_or_else(|_| panic!("{what} took longer than {GUARD:?}"))
 }
 
+/// A thread that sleeps [`PauseProbe::TICK`] at a time and keeps each wake-up later than that
+/// by over [`PauseProbe::OVER`]: the moments the host gave this program no core at all (a
+/// sleeping thread that wakes is scheduled ahead of busy ones, so on a host that does not
+/// pause it wakes on time even with every core busy).
+struct PauseProbe {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<Pause>>,
+}
+
+impl PauseProbe {
+    const TICK: Duration = Duration::from_millis(1);
+    const OVER: Duration = Duration::from_millis(1);
+
+    fn start() -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = std::thread::spawn({
+            let stop = stop.clone();
+            move || {
+                let mut late = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let asleep = Instant::now();
+                    std::thread::sleep(Self::TICK);
+                    let woke = Instant::now();
+                    let due = asleep + Self::TICK;
+                    if woke.saturating_duration_since(due) > Self::OVER {
+                        late.push(Pause {
+                            from: due,
+                            to: woke,
+                        });
+                    }
+                }
+                late
+            }
+        });
+        Self { stop, thread }
+    }
+
+    /// The late wake-ups.
+    fn stop(self) -> Vec<Pause> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap_or_default()
+    }
+}
+
+/// A late wake-up of the [`PauseProbe`]: from when it was due to when it came.
+#[derive(Clone, Copy)]
+struct Pause {
+    from: Instant,
+    to: Instant,
+}
+
+impl Pause {
+    fn length(&self) -> Duration {
+        self.to - self.from
+    }
+}
+
 // ---- the server ----
 
 /// A server on a loopback port, on its own 2-worker runtime.
@@ -436,6 +535,8 @@ impl LlmExecutor for WaitModel {
 
 /// What one streamed run took.
 struct RunStats {
+    /// When the request was written.
+    written: Instant,
     /// From the request written to the first SSE event read.
     first_event: Duration,
     /// The events of the stream.
@@ -476,6 +577,7 @@ async fn streamed_run(conn: &mut Conn, thread: &str, sse: &mut SseReader) -> io:
         *conn = Conn::connect(conn.addr).await?;
     }
     Ok(RunStats {
+        written,
         first_event: first_event.unwrap_or_default(),
         events: sse.events,
     })
