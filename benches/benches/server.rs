@@ -1,8 +1,8 @@
 //! The server benchmark: the loop-5 agent of the end-to-end benchmark served by
-//! `awaken-server` on 127.0.0.1 (memory store, a 2-worker runtime), driven by a small HTTP/1.1
-//! client on the program's main thread (keep-alive connections, chunked bodies, SSE frames),
-//! and the figures written for `cargo xtask bench` (what each measures and its target:
-//! `docs/performance.md`).
+//! `awaken-server` on 127.0.0.1 (memory store, a 2-worker runtime; for the idle streams, in a
+//! second process of this program), driven by a small HTTP/1.1 client on the program's main
+//! thread (keep-alive connections, chunked bodies, SSE frames), and the figures written for
+//! `cargo xtask bench` (what each measures and its target: `docs/performance.md`).
 //!
 //! Writes a JSON array of `{"name", "value", "unit"}` to `$AWAKEN_BENCH_EXTRA_DIR/server.json`
 //! (and prints it). `AWAKEN_BENCH_QUICK=1` runs every workload with small counts;
@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use awaken_benches::{agent_builder, loop_runtime, loop_spec, rss_kib, throughput};
+use awaken_benches::{agent_builder, loop_runtime, loop_spec, throughput};
 use awaken_event::StopReason;
 use awaken_llm::{InferenceRequest, LlmEventStream, LlmExecutor, LlmStreamEvent};
 use awaken_runtime::AgentRuntime;
@@ -41,7 +41,17 @@ thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(64 << 10));
 }
 
+/// Set (to the number of streams) in the process [`idle_streams`] starts for its server.
+const IDLE_SERVER_ENV: &str = "AWAKEN_BENCH_IDLE_SERVER";
+
 fn main() {
+    if let Some(streams) = std::env::var(IDLE_SERVER_ENV)
+        .ok()
+        .and_then(|n| n.parse().ok())
+    {
+        idle_server(streams);
+        return;
+    }
     let quick = std::env::var("AWAKEN_BENCH_QUICK").is_ok_and(|v| v == "1");
     let scale = |full: usize, small: usize| if quick { small } else { full };
     let only = std::env::var("AWAKEN_BENCH_ONLY").unwrap_or_default();
@@ -56,8 +66,6 @@ fn main() {
         figures.push(json!({"name": name, "value": value, "unit": unit}));
     };
 
-    // First, on a fresh heap: memory freed by an earlier workload would be reused by the
-    // streams without the resident set growing.
     if want("server/kib_per_idle_stream") {
         let kib = idle_streams(&client, scale(1000, 100));
         add("server/kib_per_idle_stream", kib, "KiB");
@@ -228,18 +236,13 @@ fn percentiles(durations: impl Iterator<Item = Duration>) -> impl Fn(f64) -> f64
     }
 }
 
-/// Starts `streams` runs whose model waits, attaches one client to each thread's live events
-/// (`GET /v1/threads/{t}/events?after=0`) and waits until every client has its first event;
-/// the resident set's growth over the attaching, per stream, in KiB. Then releases the models
-/// and reads every stream to its end.
+/// Starts `streams` runs whose model waits on a server in a process of its own (so that its
+/// resident set is the server's alone, on a fresh heap), attaches one client to each thread's
+/// live events (`GET /v1/threads/{t}/events?after=0`) and waits until every client has its
+/// first event; the server's resident set's growth over the attaching, per stream, in KiB.
+/// Then releases the models and reads every stream to its end.
 fn idle_streams(client: &tokio::runtime::Runtime, streams: usize) -> f64 {
-    let gate = Arc::new(Gate::default());
-    let runtime = agent_builder(Arc::new(WaitModel { gate: gate.clone() }))
-        .with_agent_spec(loop_spec(1))
-        .build()
-        .unwrap_or_else(|e| panic!("bench runtime: {e}"));
-    let config = ServerConfig::default().with_max_runs_in_flight(streams + 64);
-    let server = Server::start(runtime, config);
+    let mut server = IdleServer::start(streams);
     let addr = server.addr;
     let kib = client.block_on(guarded("the idle streams", async {
         // Each run is started by a request that waits for its outcome (`?stream=false`): it
@@ -267,9 +270,9 @@ fn idle_streams(client: &tokio::runtime::Runtime, streams: usize) -> f64 {
                 })
             })
             .collect();
-        let mut waiting = gate.waiting.subscribe();
-        let _ = waiting.wait_for(|n| *n >= streams).await;
-        let before = rss_kib();
+        server.command(&format!("wait {streams}"));
+        server.expect("waiting").await;
+        let before = server.rss_kib();
 
         let attached = Arc::new(watch::channel(0usize).0);
         let clients: Vec<_> = (0..streams)
@@ -298,10 +301,6 @@ fn idle_streams(client: &tokio::runtime::Runtime, streams: usize) -> f64 {
                         }
                         sse.frames();
                     }
-                    // The client's own buffers would count as the server's: give their room
-                    // back while the stream idles.
-                    conn.shrink();
-                    sse.data.shrink_to_fit();
                     attached.send_modify(|n| *n += 1);
                     while conn.body_data(&mut framing, &mut sse.data).await? {
                         sse.frames();
@@ -316,9 +315,9 @@ fn idle_streams(client: &tokio::runtime::Runtime, streams: usize) -> f64 {
             })
             .collect();
         let _ = attached.subscribe().wait_for(|n| *n >= streams).await;
-        let after = rss_kib();
+        let after = server.rss_kib();
 
-        gate.release();
+        server.command("release");
         for task in starters {
             task.await
                 .unwrap_or_else(|e| panic!("{e}"))
@@ -338,6 +337,126 @@ fn idle_streams(client: &tokio::runtime::Runtime, streams: usize) -> f64 {
     }));
     server.stop();
     kib
+}
+
+/// The server of the idle-stream workload, run by [`idle_streams`] in a process of its own:
+/// prints `addr <address>`, then follows the lines of its standard input (`wait <n>`: prints
+/// `waiting` once `n` models wait; `release`: releases them; `stop`: shuts down and exits).
+fn idle_server(streams: usize) {
+    use std::io::Write as _;
+    let gate = Arc::new(Gate::default());
+    let runtime = agent_builder(Arc::new(WaitModel { gate: gate.clone() }))
+        .with_agent_spec(loop_spec(1))
+        .build()
+        .unwrap_or_else(|e| panic!("bench runtime: {e}"));
+    let config = ServerConfig::default().with_max_runs_in_flight(streams + 64);
+    let server = Server::start(runtime, config);
+    let mut out = std::io::stdout().lock();
+    let mut say = |line: &str| {
+        writeln!(out, "{line}")
+            .and_then(|()| out.flush())
+            .unwrap_or_else(|e| panic!("telling the bench: {e}"));
+    };
+    say(&format!("addr {}", server.addr));
+    for line in std::io::stdin().lines() {
+        let line = line.unwrap_or_else(|e| panic!("reading the bench's commands: {e}"));
+        match line.split_once(' ') {
+            Some(("wait", n)) => {
+                let n: usize = n.parse().unwrap_or_else(|e| panic!("`{line}`: {e}"));
+                let mut waiting = gate.waiting.subscribe();
+                server.rt.block_on(guarded("the models' wait", async {
+                    let _ = waiting.wait_for(|w| *w >= n).await;
+                }));
+                say("waiting");
+            }
+            None if line == "release" => gate.release(),
+            None if line == "stop" => break,
+            _ => panic!("unknown command `{line}`"),
+        }
+    }
+    server.stop();
+}
+
+/// The process [`idle_server`] runs in, seen from the bench: its address, its output's lines
+/// and its resident set.
+struct IdleServer {
+    child: std::process::Child,
+    addr: SocketAddr,
+    lines: tokio::sync::mpsc::UnboundedReceiver<String>,
+}
+
+impl IdleServer {
+    fn start(streams: usize) -> Self {
+        use std::io::BufRead as _;
+        let exe = std::env::current_exe().unwrap_or_else(|e| panic!("the bench's path: {e}"));
+        let mut child = std::process::Command::new(exe)
+            .env(IDLE_SERVER_ENV, streams.to_string())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting the idle-stream server: {e}"));
+        let out = child.stdout.take().map(std::io::BufReader::new);
+        let (tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
+        // Read on a thread of its own: the client's runtime has its connections to drive.
+        std::thread::spawn(move || {
+            for line in out
+                .into_iter()
+                .flat_map(|o| o.lines())
+                .map_while(Result::ok)
+            {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let first = lines.blocking_recv().unwrap_or_default();
+        let addr = first
+            .strip_prefix("addr ")
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("the idle-stream server said `{first}`, not its address"));
+        Self { child, addr, lines }
+    }
+
+    fn command(&mut self, line: &str) {
+        use std::io::Write as _;
+        let stdin = self.child.stdin.as_mut();
+        stdin
+            .map_or(Err(io::ErrorKind::BrokenPipe.into()), |s| {
+                writeln!(s, "{line}").and_then(|()| s.flush())
+            })
+            .unwrap_or_else(|e| panic!("telling the idle-stream server `{line}`: {e}"));
+    }
+
+    async fn expect(&mut self, line: &str) {
+        match self.lines.recv().await {
+            Some(l) if l == line => {}
+            other => panic!("the idle-stream server said {other:?}, not `{line}`"),
+        }
+    }
+
+    /// The server process's resident set, in KiB.
+    fn rss_kib(&self) -> f64 {
+        let statm = std::fs::read_to_string(format!("/proc/{}/statm", self.child.id()))
+            .unwrap_or_else(|e| panic!("the idle-stream server's statm: {e}"));
+        statm
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse::<f64>().ok())
+            .map_or(0.0, |pages| pages * 4.0)
+    }
+
+    /// Stops the server and waits for its process to exit.
+    fn stop(mut self) {
+        self.command("stop");
+        let status = self
+            .child
+            .wait()
+            .unwrap_or_else(|e| panic!("waiting for the idle-stream server: {e}"));
+        assert!(
+            status.success(),
+            "the idle-stream server exited with {status}"
+        );
+    }
 }
 
 /// The CPU time so far of this process's threads named `name`, in ns
@@ -625,13 +744,6 @@ impl Conn {
 
     async fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
         self.stream.write_all(bytes).await
-    }
-
-    /// Drops the consumed bytes and the buffer's spare room.
-    fn shrink(&mut self) {
-        self.buf.drain(..self.pos);
-        self.pos = 0;
-        self.buf.shrink_to_fit();
     }
 
     /// Reads more bytes into the buffer (after dropping the consumed ones); an error at the end
