@@ -128,6 +128,10 @@ pub struct RecoverConfig {
     /// Cancels the recovered runs (each ends `Cancelled` with its checkpoint) and stops
     /// claiming more.
     pub cancel: CancellationToken,
+    /// The inbox the first run a `recover` call continues takes its steering messages from,
+    /// for a caller that recovers a run at a time and lets clients steer it (none: each run
+    /// gets an inbox nobody else holds, as every later run of the call does).
+    pub steering: Option<Steering>,
 }
 
 impl RecoverConfig {
@@ -139,6 +143,7 @@ impl RecoverConfig {
             limit: 64,
             agents: None,
             cancel: CancellationToken::new(),
+            steering: None,
         }
     }
 
@@ -163,6 +168,12 @@ impl RecoverConfig {
     /// Sets the number of runs claimed per call.
     pub fn with_limit(mut self, limit: usize) -> Self {
         self.limit = limit;
+        self
+    }
+
+    /// Sets the inbox of the first run a `recover` call continues.
+    pub fn with_steering(mut self, steering: Steering) -> Self {
+        self.steering = Some(steering);
         self
     }
 }

@@ -199,7 +199,8 @@ impl AgentRuntime {
     /// with a heartbeat while the run is driven, and releases it at the end. A `Requested` call
     /// is gated again; an `Executing` call with no result follows its tool's recovery policy
     /// and is never silently re-run. Runs waiting for a human are left waiting. Each recovered
-    /// run streams its activation to `sink`, one after another.
+    /// run streams its activation to `sink`, one after another; the first takes its steering
+    /// messages from `config.steering` when that is set.
     pub async fn recover(
         &self,
         config: &RecoverConfig,
@@ -213,6 +214,7 @@ impl AgentRuntime {
             .await
             .map_err(RunError::Store)?;
         let mut recovered = Vec::with_capacity(claims.len());
+        let mut steering = config.steering.clone();
         for claimed in claims {
             let foreign = config
                 .agents
@@ -224,10 +226,8 @@ impl AgentRuntime {
                 self.inner.release(&claimed.lease).await;
                 continue;
             }
-            recovered.push(
-                self.continue_claimed(claimed, config, Steering::new(), sink)
-                    .await,
-            );
+            let steering = steering.take().unwrap_or_default();
+            recovered.push(self.continue_claimed(claimed, config, steering, sink).await);
         }
         Ok(recovered)
     }

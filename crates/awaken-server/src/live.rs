@@ -462,6 +462,8 @@ pub(crate) struct RecoverySink {
     pub(crate) current: Mutex<Option<Arc<LiveRun>>>,
     /// The token that cancels the run being recovered.
     pub(crate) cancel: Mutex<CancellationToken>,
+    /// The steering inbox of the run being recovered.
+    pub(crate) steering: Mutex<Steering>,
     /// The last event the latest commit stored (a recovered run's first commit comes before
     /// its `RunStart` opens its live run).
     pub(crate) pending_commit: Mutex<u64>,
@@ -476,7 +478,15 @@ impl RecoverySink {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone();
-            *current = self.live.begin(thread_id, Some(cancel), None).ok();
+            let steering = self
+                .steering
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            *current = self
+                .live
+                .begin(thread_id, Some(cancel), Some(&steering))
+                .ok();
             let durable = *self
                 .pending_commit
                 .lock()

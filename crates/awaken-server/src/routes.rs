@@ -557,16 +557,17 @@ async fn steer(
             None => Err(not_taken()),
         };
     }
-    let Some(live) = server.shared.live.get(&thread).filter(|r| !r.is_ended()) else {
+    // Every run this server drives (started, resumed or recovered here) has an inbox.
+    let Some((live, steering)) = server
+        .shared
+        .live
+        .get(&thread)
+        .filter(|r| !r.is_ended())
+        .and_then(|r| Some((r.clone(), r.steering()?.clone())))
+    else {
         return Err(ApiError::conflict(
             "not_running",
             format!("thread `{thread}` has no run in flight here: start a run with the message"),
-        ));
-    };
-    let Some(steering) = live.steering().cloned() else {
-        return Err(ApiError::conflict(
-            "not_steerable",
-            format!("thread `{thread}`'s run takes no messages: it was recovered after a restart"),
         ));
     };
     let sent = steering.send(Message::user(request.message));

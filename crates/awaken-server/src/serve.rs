@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Mutex;
 
 use awaken_event::{CancellationToken, RunId};
-use awaken_runtime::{RecoverConfig, ShutdownMode};
+use awaken_runtime::{RecoverConfig, ShutdownMode, Steering};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -216,6 +216,7 @@ async fn recover_loop(server: AgentServer, stop: CancellationToken) {
         live: shared.live.clone(),
         current: Mutex::new(None),
         cancel: Mutex::new(CancellationToken::new()),
+        steering: Mutex::new(Steering::new()),
         pending_commit: Mutex::new(0),
     };
     let config = &shared.config;
@@ -227,10 +228,14 @@ async fn recover_loop(server: AgentServer, stop: CancellationToken) {
         // other; this token only serves the cancel route.
         let cancel = CancellationToken::new();
         *sink.cancel.lock().unwrap_or_else(|e| e.into_inner()) = cancel.clone();
+        // Likewise an inbox of its own, so that clients can steer the recovered run.
+        let steering = Steering::new();
+        *sink.steering.lock().unwrap_or_else(|e| e.into_inner()) = steering.clone();
         let recover = RecoverConfig::new(config.worker_id.clone())
             .with_lease_duration(config.lease_duration)
             .with_limit(1)
-            .with_cancel(cancel);
+            .with_cancel(cancel)
+            .with_steering(steering);
         let continued = match shared.runtime.recover(&recover, &sink).await {
             Ok(runs) => {
                 for run in &runs {

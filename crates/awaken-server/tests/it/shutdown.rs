@@ -503,6 +503,41 @@ async fn a_recovered_run_can_be_cancelled() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovered_run_takes_a_message() {
+    let dir = tempfile::tempdir().expect("dir");
+    let counted = Arc::new(AtomicUsize::new(0));
+    stopped_mid_run(dir.path(), &counted, None).await;
+    let rig = Rig::on(
+        sqlite(dir.path()).await,
+        vec![held_answer(), text_turn(&["Counted, and noted."])],
+    )
+    .counting(&counted)
+    .with_worker("w");
+    let server = TestServer::start(rig.runtime(), config()).await;
+    rig.model.wait_holds(1).await;
+    let mut sse = server.events_after("t", "0").await;
+
+    // Sent while the recovered run's model holds its answer: the run goes on for a step
+    // that takes it.
+    let answer = steered_while_held(&server, &rig, "Count once more?").await;
+    assert_eq!(answer, json!({"taken": true, "step": 3}));
+    let frames = sse.until(|f| f.is("run_finish")).await;
+    assert_eq!(termination(&frames), TerminationReason::NaturalEnd);
+    let expected = [
+        ("user", "hi"),
+        ("assistant", ""),
+        ("tool", ""),
+        ("assistant", "Done"),
+        ("user", "Count once more?"),
+        ("assistant", "Counted, and noted."),
+    ]
+    .map(|(role, text)| (role.to_owned(), text.to_owned()));
+    assert_eq!(messages(&server, "t").await, expected);
+    assert_eq!(counted.load(Ordering::SeqCst), 1);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_first_recovery_never_takes_over_a_run_started_meanwhile() {
     // The store answers recovery's first claim, asked before any run, only once a run is in
     // flight (and holds its lease).

@@ -4,63 +4,9 @@
 
 use awaken_event::{AgentEvent, StopReason, TerminationReason};
 use reqwest::StatusCode;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::support::*;
-
-/// `GET /v1/threads/{thread}`'s answer.
-async fn shown(server: &TestServer, thread: &str) -> Value {
-    server
-        .get(&format!("/v1/threads/{thread}"))
-        .await
-        .json()
-        .await
-        .expect("JSON")
-}
-
-/// The thread's stored messages, as (role, text).
-async fn messages(server: &TestServer, thread: &str) -> Vec<(String, String)> {
-    shown(server, thread).await["messages"]
-        .as_array()
-        .expect("messages")
-        .iter()
-        .map(|m| {
-            let text: String = m["content"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|p| p["text"].as_str())
-                .collect();
-            (m["role"].as_str().unwrap_or_default().to_owned(), text)
-        })
-        .collect()
-}
-
-/// Waits until the thread's run in flight has `n` messages waiting for its next step.
-async fn waiting(server: &TestServer, thread: &str, n: u64) {
-    guarded("the message to wait for the run", async {
-        loop {
-            if shown(server, thread).await["messages_waiting"] == n {
-                return;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
-    })
-    .await;
-}
-
-/// Posts `message` to thread `t`'s run while its model holds, waits until it waits for the
-/// run, releases the model, and returns the answer (200).
-async fn steered_while_held(server: &TestServer, rig: &Rig, message: &str) -> Value {
-    let steered = server.post_later("/v1/threads/t/messages", json!({"message": message}));
-    waiting(server, "t", 1).await;
-    rig.model.release(1);
-    let response = guarded("the steering answer", steered)
-        .await
-        .expect("posted");
-    assert_eq!(response.status(), StatusCode::OK);
-    response.json().await.expect("JSON")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_for_a_run_in_flight_is_taken_at_its_next_step() {
