@@ -114,15 +114,17 @@ struct Served {
 }
 
 /// `clients` keep-alive connections, each POSTing streamed loop-5 runs on fresh threads one
-/// after another and reading each stream to its end, `total` runs in all after one untimed
-/// run each (so that the clients' simultaneous first requests, a burst no steady load sends,
-/// are not measured).
+/// after another and reading each stream to its end: untimed runs until every client has
+/// finished one (the clients' first requests leave together, a burst no steady load sends),
+/// then `total` runs timed, each written after the clock started.
 fn served_runs(client: &tokio::runtime::Runtime, clients: usize, total: usize) -> Served {
     let server = Server::start(loop_runtime(5), ServerConfig::default());
     let addr = server.addr;
     let remaining = Arc::new(AtomicUsize::new(total));
     let next_thread = Arc::new(AtomicUsize::new(0));
-    let warm = Arc::new(tokio::sync::Barrier::new(clients + 1));
+    // How many clients have finished their first run; then, when the clock started.
+    let warmed = Arc::new(watch::channel(0usize).0);
+    let timing = Arc::new(std::sync::OnceLock::<Instant>::new());
     let mut pauses = None;
     let mut cpu_before = (None, None);
     let (elapsed, latencies, events) = client.block_on(guarded("the c64 workload", async {
@@ -137,40 +139,50 @@ fn served_runs(client: &tokio::runtime::Runtime, clients: usize, total: usize) -
         let tasks: Vec<_> = conns
             .into_iter()
             .map(|mut conn| {
-                let (remaining, next_thread, warm) =
-                    (remaining.clone(), next_thread.clone(), warm.clone());
+                let (remaining, next_thread) = (remaining.clone(), next_thread.clone());
+                let (warmed, timing) = (warmed.clone(), timing.clone());
                 tokio::spawn(async move {
                     let mut sse = SseReader::default();
                     let run = async |conn: &mut Conn, sse: &mut SseReader| {
                         let n = next_thread.fetch_add(1, Ordering::Relaxed);
                         streamed_run(conn, &format!("s{n}"), sse)
                             .await
-                            .unwrap_or_else(|e| panic!("run on thread s{n}: {e}"))
+                            .map_err(|e| io::Error::other(format!("run on thread s{n}: {e}")))
                     };
-                    run(&mut conn, &mut sse).await;
-                    warm.wait().await;
+                    // Counted even when it failed, so that the clock is not waited for.
+                    let first = run(&mut conn, &mut sse).await;
+                    warmed.send_modify(|n| *n += 1);
+                    first?;
+                    // The load goes on, untimed, until the clock starts.
+                    while timing.get().is_none() {
+                        run(&mut conn, &mut sse).await?;
+                    }
                     let mut latencies = Vec::new();
                     let mut events = 0;
                     while remaining
                         .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| r.checked_sub(1))
                         .is_ok()
                     {
-                        let run = run(&mut conn, &mut sse).await;
+                        let run = run(&mut conn, &mut sse).await?;
                         latencies.push((run.written, run.first_event));
                         events = run.events;
                     }
-                    (latencies, events)
+                    io::Result::Ok((latencies, events))
                 })
             })
             .collect();
-        warm.wait().await;
+        let _ = warmed.subscribe().wait_for(|n| *n >= clients).await;
         cpu_before = (threads_cpu_ns(SERVER_THREADS), own_cpu_ns());
         pauses = Some(PauseProbe::start());
         let started = Instant::now();
+        let _ = timing.set(started);
         let mut latencies = Vec::with_capacity(total);
         let mut events = 0;
         for task in tasks {
-            let (l, e) = task.await.unwrap_or_else(|e| panic!("{e}"));
+            let (l, e) = task
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap_or_else(|e| panic!("{e}"));
             latencies.extend(l);
             events = events.max(e);
         }
@@ -242,7 +254,7 @@ fn percentiles(durations: impl Iterator<Item = Duration>) -> impl Fn(f64) -> f64
 /// first event; the server's resident set's growth over the attaching, per stream, in KiB.
 /// Then releases the models and reads every stream to its end.
 fn idle_streams(client: &tokio::runtime::Runtime, streams: usize) -> f64 {
-    let mut server = IdleServer::start(streams);
+    let mut server = IdleServer::start(client, streams);
     let addr = server.addr;
     let kib = client.block_on(guarded("the idle streams", async {
         // Each run is started by a request that waits for its outcome (`?stream=false`): it
@@ -386,7 +398,7 @@ struct IdleServer {
 }
 
 impl IdleServer {
-    fn start(streams: usize) -> Self {
+    fn start(client: &tokio::runtime::Runtime, streams: usize) -> Self {
         use std::io::BufRead as _;
         let exe = std::env::current_exe().unwrap_or_else(|e| panic!("the bench's path: {e}"));
         let mut child = std::process::Command::new(exe)
@@ -409,7 +421,9 @@ impl IdleServer {
                 }
             }
         });
-        let first = lines.blocking_recv().unwrap_or_default();
+        let first = client
+            .block_on(guarded("the idle-stream server's address", lines.recv()))
+            .unwrap_or_default();
         let addr = first
             .strip_prefix("addr ")
             .and_then(|a| a.parse().ok())
@@ -456,6 +470,16 @@ impl IdleServer {
             status.success(),
             "the idle-stream server exited with {status}"
         );
+    }
+}
+
+impl Drop for IdleServer {
+    /// A bench that failed leaves no server behind.
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 

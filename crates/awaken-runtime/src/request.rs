@@ -130,7 +130,8 @@ pub struct RecoverConfig {
     pub cancel: CancellationToken,
     /// The inbox the first run a `recover` call continues takes its steering messages from,
     /// for a caller that recovers a run at a time and lets clients steer it (none: each run
-    /// gets an inbox nobody else holds, as every later run of the call does).
+    /// gets an inbox nobody else holds, as every later run of the call does). The run closes
+    /// it as it ends: a config used for another call needs a new one.
     pub steering: Option<Steering>,
 }
 

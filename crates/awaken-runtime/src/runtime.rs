@@ -241,8 +241,9 @@ impl AgentRuntime {
     /// it at the end, and returns [`Takeover::Recovered`]. While another worker holds the lease
     /// (the run is live, or its worker died and the lease has not expired) nothing is run:
     /// [`Takeover::Held`], to try again later. Anything else is [`Takeover::Nothing`] with the
-    /// latest run's record. `config.limit` and `config.agents` do not apply (the caller names
-    /// the thread). A cancelled `config.cancel` ends the claimed run `Cancelled` with its
+    /// latest run's record. `config.limit`, `config.agents` and `config.steering` do not apply
+    /// (the caller names the thread; [`take_over_steered`](Self::take_over_steered) takes an
+    /// inbox). A cancelled `config.cancel` ends the claimed run `Cancelled` with its
     /// checkpoint, before its next step when it was cancelled before the claim: a cancel of
     /// the run is never left with the run still `Running` for a later recovery to go on with.
     pub async fn take_over(

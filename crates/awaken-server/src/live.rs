@@ -238,7 +238,7 @@ impl LiveRun {
     }
 
     /// Cancels the run (it ends `Cancelled` with its checkpoint); `false` when it has no
-    /// handle (a recovered run) or ended already.
+    /// handle or ended already.
     pub(crate) fn cancel(&self) -> bool {
         if self.is_ended() {
             return false;
