@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use awaken_benches::{agent_builder, loop_runtime, loop_spec, throughput};
+use awaken_benches::{agent_builder, loop_runtime, loop_spec, process_rss_kib, throughput};
 use awaken_event::StopReason;
 use awaken_llm::{InferenceRequest, LlmEventStream, LlmExecutor, LlmStreamEvent};
 use awaken_runtime::AgentRuntime;
@@ -450,13 +450,8 @@ impl IdleServer {
 
     /// The server process's resident set, in KiB.
     fn rss_kib(&self) -> f64 {
-        let statm = std::fs::read_to_string(format!("/proc/{}/statm", self.child.id()))
-            .unwrap_or_else(|e| panic!("the idle-stream server's statm: {e}"));
-        statm
-            .split_whitespace()
-            .nth(1)
-            .and_then(|p| p.parse::<f64>().ok())
-            .map_or(0.0, |pages| pages * 4.0)
+        process_rss_kib(self.child.id())
+            .unwrap_or_else(|| panic!("the idle-stream server's resident set cannot be read"))
     }
 
     /// Stops the server and waits for its process to exit.

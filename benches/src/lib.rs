@@ -140,14 +140,19 @@ pub fn activation() -> RunActivation {
 
 /// The process's resident set, in KiB (0 without `/proc/self/statm`).
 pub fn rss_kib() -> f64 {
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| {
-            s.split_whitespace()
-                .nth(1)
-                .and_then(|p| p.parse::<f64>().ok())
-        })
-        .map_or(0.0, |pages| pages * 4.0)
+    statm_rss_kib("/proc/self/statm").unwrap_or(0.0)
+}
+
+/// The resident set of the process `pid`, in KiB (`None` without its `statm`).
+pub fn process_rss_kib(pid: u32) -> Option<f64> {
+    statm_rss_kib(&format!("/proc/{pid}/statm"))
+}
+
+/// The resident set a `statm` file gives, in KiB.
+fn statm_rss_kib(path: &str) -> Option<f64> {
+    let statm = std::fs::read_to_string(path).ok()?;
+    let pages: f64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4.0)
 }
 
 /// The process's peak RSS since the last [`reset_peak_rss`] (`VmHWM`), in KiB.

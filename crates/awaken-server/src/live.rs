@@ -460,10 +460,8 @@ impl EventSink for LiveSink {
 pub(crate) struct RecoverySink {
     pub(crate) live: Arc<LiveRuns>,
     pub(crate) current: Mutex<Option<Arc<LiveRun>>>,
-    /// The token that cancels the run being recovered.
-    pub(crate) cancel: Mutex<CancellationToken>,
-    /// The steering inbox of the run being recovered.
-    pub(crate) steering: Mutex<Steering>,
+    /// The token that cancels the run being recovered, and its steering inbox.
+    pub(crate) handles: Mutex<(CancellationToken, Steering)>,
     /// The last event the latest commit stored (a recovered run's first commit comes before
     /// its `RunStart` opens its live run).
     pub(crate) pending_commit: Mutex<u64>,
@@ -473,13 +471,8 @@ impl RecoverySink {
     fn route(&self, seq: Option<u64>, event: &AgentEvent) {
         let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
         if let AgentEvent::RunStart { thread_id, .. } = event {
-            let cancel = self
-                .cancel
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone();
-            let steering = self
-                .steering
+            let (cancel, steering) = self
+                .handles
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone();

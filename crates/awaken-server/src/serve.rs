@@ -215,8 +215,7 @@ async fn recover_loop(server: AgentServer, stop: CancellationToken) {
     let sink = RecoverySink {
         live: shared.live.clone(),
         current: Mutex::new(None),
-        cancel: Mutex::new(CancellationToken::new()),
-        steering: Mutex::new(Steering::new()),
+        handles: Mutex::new((CancellationToken::new(), Steering::new())),
         pending_commit: Mutex::new(0),
     };
     let config = &shared.config;
@@ -225,12 +224,10 @@ async fn recover_loop(server: AgentServer, stop: CancellationToken) {
     let mut failed: HashSet<RunId> = HashSet::new();
     loop {
         // Not a child of `stop`: a shutdown leaves a recovered run to its grace period, as any
-        // other; this token only serves the cancel route.
-        let cancel = CancellationToken::new();
-        *sink.cancel.lock().unwrap_or_else(|e| e.into_inner()) = cancel.clone();
-        // Likewise an inbox of its own, so that clients can steer the recovered run.
-        let steering = Steering::new();
-        *sink.steering.lock().unwrap_or_else(|e| e.into_inner()) = steering.clone();
+        // other; this token only serves the cancel route. The inbox lets clients steer it.
+        let (cancel, steering) = (CancellationToken::new(), Steering::new());
+        *sink.handles.lock().unwrap_or_else(|e| e.into_inner()) =
+            (cancel.clone(), steering.clone());
         let recover = RecoverConfig::new(config.worker_id.clone())
             .with_lease_duration(config.lease_duration)
             .with_limit(1)
