@@ -135,6 +135,7 @@ impl EventSink for Terminal {
                 | AgentEvent::ToolCallResumed { .. }
                 | AgentEvent::Warning { .. }
                 | AgentEvent::Error { .. }
+                | AgentEvent::MessageAdded { .. }
                 | AgentEvent::StepEnd { .. }
                 | AgentEvent::RunFinish { .. }
         );
@@ -168,6 +169,9 @@ impl EventSink for Terminal {
                 ResumeDecision::Deny => outln!("✗ {call_id} denied"),
             },
             AgentEvent::Warning { detail, .. } => outln!("warning: {detail}"),
+            AgentEvent::MessageAdded { step, message } => {
+                outln!("» {} (taken at step {step})", clip(&message.text(), 200));
+            }
             AgentEvent::Error { message } => outln!("error: {message}"),
             _ => {}
         }

@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use crate::ids::{RunId, ThreadId, ToolCallId};
 use crate::inference::{StopReason, TokenUsage};
+use crate::message::Message;
 use crate::termination::TerminationReason;
 use crate::tool::{ResumeDecision, SuspendTicket, ToolCallState, ToolResult};
 
@@ -195,6 +196,14 @@ pub enum AgentEvent {
         /// What went wrong.
         message: String,
     },
+    /// A message sent to the run while it was in flight (steering) was added to the thread,
+    /// between two steps: step `step`, about to start, is the first to see it.
+    MessageAdded {
+        /// The step that takes the message.
+        step: u32,
+        /// The message as stored.
+        message: Message,
+    },
 }
 
 impl AgentEvent {
@@ -220,6 +229,7 @@ impl AgentEvent {
             Self::ActionDeadLettered { .. } => "action_dead_lettered",
             Self::Warning { .. } => "warning",
             Self::Error { .. } => "error",
+            Self::MessageAdded { .. } => "message_added",
         }
     }
 

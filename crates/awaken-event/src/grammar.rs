@@ -2,9 +2,10 @@
 //!
 //! Per activation: `RunStart` first; exactly one `RunFinish`, last; `StepStart`/`StepEnd`
 //! balanced, numbered alike, never nested; deltas, tool-call events and inference results only
-//! inside a step; every call opened by `ToolCallStart` (or re-opened by `ToolCallResumed`) is
-//! closed by `ToolCallDone` or `ToolCallSuspended` before its step ends. Across activations of
-//! one stream, a `ToolCallResumed` must name a call that an earlier activation suspended.
+//! inside a step, a steered message (`MessageAdded`) only between steps; every call opened by
+//! `ToolCallStart` (or re-opened by `ToolCallResumed`) is closed by `ToolCallDone` or
+//! `ToolCallSuspended` before its step ends. Across activations of one stream, a
+//! `ToolCallResumed` must name a call that an earlier activation suspended.
 
 use std::collections::{HashMap, HashSet};
 
@@ -60,6 +61,14 @@ pub enum ViolationKind {
     OutsideStep {
         /// The event's type.
         event: &'static str,
+    },
+    /// An event that belongs between steps came inside one.
+    #[error("{event} inside step {step}")]
+    InsideStep {
+        /// The event's type.
+        event: &'static str,
+        /// The open step.
+        step: u32,
     },
     /// A step ended with tool calls neither done nor suspended.
     #[error("step {step} ended with unclosed tool calls: {calls:?}")]
@@ -314,6 +323,13 @@ impl GrammarChecker {
             | AgentEvent::ActionDeadLettered { .. }
             | AgentEvent::Warning { .. }
             | AgentEvent::Error { .. } => {}
+            AgentEvent::MessageAdded { .. } => {
+                if let Some(step) = self.step {
+                    return Err(
+                        self.violation(name, ViolationKind::InsideStep { event: name, step })
+                    );
+                }
+            }
         }
         Ok(())
     }

@@ -118,6 +118,10 @@ fn samples() -> Vec<AgentEvent> {
         AgentEvent::Error {
             message: "boom".into(),
         },
+        AgentEvent::MessageAdded {
+            step: 3,
+            message: crate::Message::user("and the eggs"),
+        },
     ]
 }
 
@@ -142,13 +146,14 @@ fn covered(e: &AgentEvent) -> usize {
         AgentEvent::ActionDeadLettered { .. } => 16,
         AgentEvent::Warning { .. } => 17,
         AgentEvent::Error { .. } => 18,
+        AgentEvent::MessageAdded { .. } => 19,
     }
 }
 
 #[test]
 fn samples_cover_every_variant_once() {
     let idx: Vec<usize> = samples().iter().map(covered).collect();
-    assert_eq!(idx, (0..19).collect::<Vec<_>>());
+    assert_eq!(idx, (0..20).collect::<Vec<_>>());
 }
 
 #[test]

@@ -79,6 +79,13 @@ fn text() -> AgentEvent {
     AgentEvent::TextDelta { delta: "x".into() }
 }
 
+fn added(step: u32) -> AgentEvent {
+    AgentEvent::MessageAdded {
+        step,
+        message: Message::user("also this"),
+    }
+}
+
 fn natural() -> AgentEvent {
     finish(TerminationReason::NaturalEnd)
 }
@@ -119,6 +126,7 @@ fn accepts_valid_activations() {
             stop_reason: awaken_event::StopReason::EndTurn,
         },
         end(1),
+        added(2),
         step(2),
         text(),
         end(2),
@@ -194,6 +202,16 @@ fn rejects_each_violation() {
             "finish in step",
             vec![start(false), step(1), natural()],
             "#2 run_finish: run_finish while step 1 is open",
+        ),
+        (
+            "steered message in a step",
+            vec![start(false), step(1), added(2)],
+            "#2 message_added: message_added inside step 1",
+        ),
+        (
+            "steered message before start",
+            vec![added(1)],
+            "#0 message_added: event before run_start",
         ),
         (
             "nested step",

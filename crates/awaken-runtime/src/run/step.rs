@@ -262,8 +262,8 @@ impl Run<'_> {
     }
 
     /// Takes the steering messages waiting for the step about to start: appended to the
-    /// history and committed in a commit of their own before it, so its inference sees them;
-    /// then each sender learns the step.
+    /// history and committed in a commit of their own before it, so its inference sees them,
+    /// each with its `MessageAdded` event; then each sender learns the step.
     async fn take_steering(&mut self) -> Result<(), Failure> {
         let waiting = self.steering.take();
         if waiting.is_empty() {
@@ -277,6 +277,11 @@ impl Run<'_> {
         }
         let mut replies = Vec::with_capacity(waiting.len());
         for w in waiting {
+            // Emitted after the commit that stores the message, as one of its facts.
+            self.fact(AgentEvent::MessageAdded {
+                step,
+                message: w.message.clone(),
+            });
             self.push_message(w.message);
             replies.push(w.reply);
         }

@@ -200,15 +200,7 @@ impl Rig {
                 render(&emitted)
             );
         }
-        let stored: Vec<AgentEvent> = self
-            .runtime
-            .store()
-            .load_events(&thread(), 0)
-            .await
-            .expect("events")
-            .into_iter()
-            .map(|e| e.event)
-            .collect();
+        let stored = crate::support::stored_events(&self.runtime, &thread()).await;
         if let Err(v) = check_events(&stored) {
             panic!(
                 "stored events violate the grammar: {v}\n{}",

@@ -5,7 +5,9 @@
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use awaken_event::{AgentEvent, Message, Role, TerminationReason, ThreadId, ToolDescriptor};
+use awaken_event::{
+    AgentEvent, Message, Role, TerminationReason, ThreadId, ToolDescriptor, check_activation,
+};
 use awaken_llm::{ScriptToolCall, ScriptTurn};
 use awaken_runtime::{NotTaken, RunStats, Steering, SteeringReceipt, Taken};
 use awaken_store::{
@@ -113,6 +115,38 @@ async fn taken_at_the_next_step(store: Arc<dyn ThreadStore>) {
         ]
     );
     assert_eq!(texts(&stored)[3].1, "Also buy eggs.");
+    // Its event comes between the steps, emitted and stored alike, and names the step.
+    let added = |events: &[AgentEvent]| -> Vec<String> {
+        events
+            .iter()
+            .filter(|e| {
+                matches!(
+                    e,
+                    AgentEvent::MessageAdded { .. }
+                        | AgentEvent::StepStart { .. }
+                        | AgentEvent::StepEnd { .. }
+                )
+            })
+            .map(|e| match e {
+                AgentEvent::MessageAdded { step, message } => {
+                    format!("added {step}: {:?} {}", message.role, message.text())
+                }
+                other => other.type_name().to_owned(),
+            })
+            .collect()
+    };
+    let expected = [
+        "step_start",
+        "step_end",
+        "added 2: User Also buy eggs.",
+        "step_start",
+        "step_end",
+    ];
+    assert_eq!(added(&done.events), expected);
+    check_activation(&done.events).expect("the emitted events' grammar");
+    let stored_events = crate::support::stored_events(&done.runtime, &thread()).await;
+    assert_eq!(added(&stored_events), expected);
+    check_activation(&stored_events).expect("the stored events' grammar");
     // Its receipt is stored with the run, with the step that took it.
     let checkpoint = done
         .runtime

@@ -184,6 +184,18 @@ impl Scenario {
     }
 }
 
+/// The thread's stored events, in order.
+pub async fn stored_events(runtime: &AgentRuntime, thread: &ThreadId) -> Vec<AgentEvent> {
+    runtime
+        .store()
+        .load_events(thread, 0)
+        .await
+        .expect("events")
+        .into_iter()
+        .map(|e| e.event)
+        .collect()
+}
+
 /// One line per event, ids kept, noise (inference timings) left out.
 pub fn render(events: &[AgentEvent]) -> String {
     let mut out = String::new();

@@ -1,13 +1,13 @@
 //! The translator on paths an HTTP test cannot steer: notices, a stream cut short, deltas
 //! interleaved in every order, state deltas, a suspended run whose calls were all announced
-//! before this activation.
+//! before this activation, messages steered into a run.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use awaken_event::{
-    AgentEvent, PendingCall, ResumeMode, RunId, SuspendTicket, TerminationReason, ThreadId,
-    TokenUsage, ToolCallId, ToolCallState, ToolResult,
+    AgentEvent, Message, PendingCall, ResumeMode, RunId, SuspendTicket, TerminationReason,
+    ThreadId, TokenUsage, ToolCallId, ToolCallState, ToolResult,
 };
 use serde_json::{Value, json};
 
@@ -345,5 +345,66 @@ fn state_deltas_become_patches_on_the_keys_the_stream_knows() {
     assert_eq!(
         out[2]["delta"],
         json!([{"op": "replace", "path": "/k", "value": 2}, {"op": "add", "path": "/n", "value": 1}])
+    );
+}
+
+#[test]
+fn a_steered_message_is_a_user_text_message_between_the_steps() {
+    let events = [
+        start(),
+        AgentEvent::StepStart { step: 1 },
+        AgentEvent::TextDelta {
+            delta: "First.".into(),
+        },
+        AgentEvent::StepEnd { step: 1 },
+        AgentEvent::MessageAdded {
+            step: 2,
+            message: Message::user("One more thing."),
+        },
+        AgentEvent::MessageAdded {
+            step: 2,
+            message: Message::user("And another."),
+        },
+        AgentEvent::StepStart { step: 2 },
+        AgentEvent::TextDelta {
+            delta: "Second.".into(),
+        },
+        AgentEvent::StepEnd { step: 2 },
+        finish(TerminationReason::NaturalEnd),
+    ];
+    let out = translate(ctx(), &events, &[]);
+    assert_ordered(&out);
+    let added: Vec<_> = out
+        .iter()
+        .filter(|e| {
+            e["messageId"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("r-u"))
+        })
+        .map(|e| format!("{} {} {}", e["type"], e["messageId"], e["delta"]))
+        .collect();
+    assert_eq!(
+        added,
+        [
+            r#""TEXT_MESSAGE_START" "r-u1" null"#,
+            r#""TEXT_MESSAGE_CONTENT" "r-u1" "One more thing.""#,
+            r#""TEXT_MESSAGE_END" "r-u1" null"#,
+            r#""TEXT_MESSAGE_START" "r-u2" null"#,
+            r#""TEXT_MESSAGE_CONTENT" "r-u2" "And another.""#,
+            r#""TEXT_MESSAGE_END" "r-u2" null"#,
+        ]
+    );
+    // Between the first step's end and the second's start; the answers keep their own ids.
+    let at = |ty: &str, id: &str| {
+        out.iter()
+            .position(|e| e["type"] == ty && (e["messageId"] == id || e["stepName"] == id))
+            .expect(ty)
+    };
+    assert!(at("STEP_FINISHED", "step-1") < at("TEXT_MESSAGE_START", "r-u1"));
+    assert!(at("TEXT_MESSAGE_END", "r-u2") < at("STEP_STARTED", "step-2"));
+    assert_eq!(out[at("TEXT_MESSAGE_START", "r-u1")]["role"], "user");
+    assert_ne!(
+        at("TEXT_MESSAGE_START", "r-m1"),
+        at("TEXT_MESSAGE_START", "r-m2")
     );
 }

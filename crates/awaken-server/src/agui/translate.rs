@@ -56,6 +56,8 @@ pub(crate) struct Translator {
     /// The assistant message of the current step (text and tool calls share it).
     message: Option<String>,
     messages: u32,
+    /// Messages sent to the run in flight, so far.
+    added: u32,
     text_open: bool,
     /// The open reasoning message's id.
     reasoning: Option<String>,
@@ -75,6 +77,7 @@ impl Translator {
             step: None,
             message: None,
             messages: 0,
+            added: 0,
             text_open: false,
             reasoning: None,
             reasonings: 0,
@@ -230,6 +233,7 @@ impl Translator {
             AgentEvent::Error { message } => {
                 out.push(json!({"type": "CUSTOM", "name": "awaken.error", "value": {"message": message}}));
             }
+            AgentEvent::MessageAdded { message, .. } => self.added(message, out),
             AgentEvent::RunFinish {
                 termination,
                 response,
@@ -305,6 +309,26 @@ impl Translator {
         let id = format!("{}-m{}", self.ctx.run_id, self.messages);
         self.message = Some(id.clone());
         id
+    }
+
+    /// A message sent to the run in flight, as a text message of its role (a tool message is
+    /// not one a client sends).
+    fn added(&mut self, message: &Message, out: &mut Vec<Value>) {
+        let role = match message.role {
+            Role::User => "user",
+            Role::System => "system",
+            Role::Assistant => "assistant",
+            Role::Tool => return,
+        };
+        self.close_step(out);
+        self.added += 1;
+        let id = format!("{}-u{}", self.ctx.run_id, self.added);
+        out.push(json!({"type": "TEXT_MESSAGE_START", "messageId": id, "role": role}));
+        let text = message.text();
+        if !text.is_empty() {
+            out.push(json!({"type": "TEXT_MESSAGE_CONTENT", "messageId": id, "delta": text}));
+        }
+        out.push(json!({"type": "TEXT_MESSAGE_END", "messageId": id}));
     }
 
     fn open_call(&mut self, id: &str, name: &str, out: &mut Vec<Value>) {

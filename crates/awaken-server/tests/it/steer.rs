@@ -3,6 +3,7 @@
 //! run here can take it.
 
 use awaken_event::{AgentEvent, StopReason, TerminationReason};
+use awaken_server::EventId;
 use reqwest::StatusCode;
 use serde_json::json;
 
@@ -23,8 +24,30 @@ async fn a_message_for_a_run_in_flight_is_taken_at_its_next_step() {
     assert_eq!(answer, json!({"taken": true, "step": 2}));
 
     let frames = stream.rest().await;
-    checked_live(&frames);
+    let live = checked_live(&frames);
     assert_eq!(termination(&frames), TerminationReason::NaturalEnd);
+    // The stream shows the message between the steps, under its stored id; so does the
+    // thread's stored log, to a client that comes back later.
+    let added = |events: &[(EventId, AgentEvent)]| -> Vec<String> {
+        let mut shown = Vec::new();
+        for (id, e) in events {
+            match e {
+                AgentEvent::MessageAdded { step, message } => {
+                    shown.push(format!("{id} added {step}: {}", message.text()));
+                }
+                AgentEvent::StepStart { step } => shown.push(format!("step_start {step}")),
+                _ => {}
+            }
+        }
+        shown
+    };
+    let shown = added(&live);
+    assert_eq!(shown.len(), 3, "{shown:?}");
+    assert_eq!(shown[0], "step_start 1");
+    assert!(shown[1].ends_with(" added 2: Also eggs."), "{shown:?}");
+    assert_eq!(shown[2], "step_start 2");
+    let stored = server.events_after("t", "0").await.rest().await;
+    assert_eq!(added(&checked_activation(&stored))[1], shown[1]);
     // Tool calls and results carry no text part.
     let expected = [
         ("user", "Remind me to buy milk"),

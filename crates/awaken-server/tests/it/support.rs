@@ -1065,6 +1065,7 @@ pub fn emitted_after_commit(event: &AgentEvent) -> bool {
             | AgentEvent::ToolCallDone { .. }
             | AgentEvent::ToolCallSuspended { .. }
             | AgentEvent::StepEnd { .. }
+            | AgentEvent::MessageAdded { .. }
             | AgentEvent::RunFinish { .. }
     )
 }

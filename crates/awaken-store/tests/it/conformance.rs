@@ -1638,6 +1638,10 @@ fn every_kind_of_event(thread: &str, run_id: &str) -> Vec<AgentEvent> {
         AgentEvent::Error {
             message: "e".into(),
         },
+        AgentEvent::MessageAdded {
+            step: 2,
+            message: Message::user("and \u{e9}ggs"),
+        },
         AgentEvent::StepEnd { step: u32::MAX },
         AgentEvent::RunFinish {
             thread_id: tid(thread),
