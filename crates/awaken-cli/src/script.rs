@@ -1,8 +1,9 @@
 //! The scripted provider across processes. A script describes the model's answers to one prompt:
 //! each inference plays the turn after those the thread's current run already played, read
-//! from the stored history (the assistant messages since the last user message). So a run that
-//! suspends, is cancelled or crashes goes on with the right turn when another invocation
-//! resumes, continues or recovers it, and a new prompt starts the script again.
+//! from the store (the inferences the run's statistics count). So a run that suspends, is
+//! cancelled or crashes goes on with the right turn when another invocation resumes, continues
+//! or recovers it, a message sent to the run in flight is answered by its next turn, and a new
+//! prompt starts the script again.
 
 use std::sync::Arc;
 
@@ -11,12 +12,23 @@ use awaken::llm::{
     InferenceExecutionError, InferenceRequest, LlmEventStream, LlmExecutor, Script, ScriptTurn,
     ScriptedExecutor,
 };
-use awaken_store::ThreadStore;
+use awaken::runtime::RunStats;
+use awaken_store::{Checkpoint, RunStatus, ThreadStore};
 use futures_util::StreamExt;
 use futures_util::stream;
 
-/// The number of turns the thread's current run has played: the assistant messages after the
-/// last user message of `history`.
+/// The number of turns the thread's current run has played: the inferences its statistics
+/// count while it runs, else the assistant messages after the last user message.
+pub(crate) fn played(checkpoint: &Checkpoint) -> usize {
+    match &checkpoint.run {
+        Some(run) if run.status == RunStatus::Running => {
+            RunStats::of_stored(&checkpoint.run_state).inferences as usize
+        }
+        _ => script_offset(&checkpoint.messages),
+    }
+}
+
+/// The assistant messages after the last user message of `history`.
 pub(crate) fn script_offset(history: &[Message]) -> usize {
     history
         .iter()
@@ -27,7 +39,7 @@ pub(crate) fn script_offset(history: &[Message]) -> usize {
 }
 
 /// Plays a script per thread (the request's routing key is its thread id), starting each
-/// inference at [`script_offset`] of the thread's stored history.
+/// inference at the turn after those [`played`] of the thread as stored.
 pub(crate) struct ThreadScript {
     turns: Arc<[ScriptTurn]>,
     store: Arc<dyn ThreadStore>,
@@ -59,7 +71,7 @@ impl LlmExecutor for ThreadScript {
                 .and_then(|k| ThreadId::new(k).ok());
             let played = match thread {
                 Some(thread) => match store.load_checkpoint(&thread).await {
-                    Ok(checkpoint) => checkpoint.map_or(0, |c| script_offset(&c.messages)),
+                    Ok(checkpoint) => checkpoint.as_ref().map_or(0, played),
                     Err(e) => {
                         return stream::once(async move {
                             Err(InferenceExecutionError::Config {

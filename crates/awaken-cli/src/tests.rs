@@ -736,6 +736,47 @@ fn the_script_goes_on_after_the_turns_of_the_current_prompt() {
     );
 }
 
+#[test]
+fn the_script_goes_on_past_a_message_sent_to_the_run_in_flight() {
+    use awaken::runtime::RunStatsKey;
+    use awaken::state::StateKey;
+    use awaken_store::Checkpoint;
+    // The run answered, took a message sent while it ran, and asks again: its statistics
+    // count one inference, though a user message follows its answer.
+    let mut run = RunRecord::new(
+        RunId::new("r1").expect("id"),
+        "a",
+        Timestamp::from_unix_millis(1_796_172_000_000),
+    );
+    let mut checkpoint = Checkpoint {
+        thread_id: ThreadId::new("t1").expect("id"),
+        messages: vec![
+            Message::user("count"),
+            Message::assistant("one, two"),
+            Message::user("and back"),
+        ],
+        thread_state: Default::default(),
+        run: Some(run.clone()),
+        run_state: Default::default(),
+        profile: None,
+        batch: None,
+        last_event_seq: 0,
+    };
+    checkpoint.run_state.values.insert(
+        RunStatsKey::KEY.into(),
+        json!({"inferences": 1, "steps": 1}),
+    );
+    assert_eq!(crate::script::played(&checkpoint), 1);
+    // A new prompt's run has played nothing yet.
+    checkpoint.run_state = Default::default();
+    assert_eq!(crate::script::played(&checkpoint), 0);
+    // A thread whose last run ended: the answers after the last user message.
+    run.status = RunStatus::Done;
+    checkpoint.run = Some(run);
+    checkpoint.messages.push(Message::assistant("three"));
+    assert_eq!(crate::script::played(&checkpoint), 1);
+}
+
 /// An activation that did not start because the thread changed under it (another process wrote
 /// to it, or holds its run) exits 3 and says the command can be run again; a failure of the
 /// store exits 1 with the store's own message, and a run whose end was not written exits 1

@@ -795,12 +795,13 @@ fn cancel_slow_run(streaming: &str, cancelling: &str, thread: &str, answered: &s
 /// for a steering message to reach its worker.
 const STEER_PAUSE_MS: u64 = 2_000;
 
-/// An agent (`steered`) whose answer comes slowly (a steering message, a user's, starts its
-/// script again).
+/// An agent (`steered`) whose first answer comes slowly; its second answers the message sent
+/// to the run meanwhile.
 fn steered_agent() -> String {
     format!(
         "[agent]\nid = \"steered\"\nmodel = \"default\"\n\n\
-         [[script.turns]]\ndeltas = [\"Working on it.\"]\ndelay_ms = {STEER_PAUSE_MS}\n"
+         [[script.turns]]\ndeltas = [\"Working on it.\"]\ndelay_ms = {STEER_PAUSE_MS}\n\n\
+         [[script.turns]]\ntext = \"Tea too.\"\n"
     )
 }
 
@@ -831,6 +832,17 @@ fn steer_slow_run(streaming: &str, steering: &str, thread: &str) {
     if let Err(v) = awaken::event::check_activation(&events) {
         panic!("{thread}: event grammar violated: {v}");
     }
+    // The message's event, stored by the worker, is between the steps.
+    let added: Vec<String> = events
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::MessageAdded { step, message } => {
+                Some(format!("{step}: {}", message.text()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(added, ["2: And tea."], "{thread}");
     let messages: Vec<(&str, &str)> = shown["messages"]
         .as_array()
         .expect("messages")
@@ -846,7 +858,7 @@ fn steer_slow_run(streaming: &str, steering: &str, thread: &str) {
             ("user", "Make coffee."),
             ("assistant", "Working on it."),
             ("user", "And tea."),
-            ("assistant", "Working on it."),
+            ("assistant", "Tea too."),
         ],
         "{shown}"
     );
