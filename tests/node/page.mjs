@@ -1,12 +1,14 @@
 // Drives the chat page of `awaken serve` in headless Chromium: a turn whose tool call waits for
 // approval, approved from the page; a reload that keeps the thread; a second such turn denied in a
-// new thread; a slow answer in a new thread reloaded while it streams; back to the first thread. Any console error, page error or failed request fails the run.
+// new thread; a slow answer in a new thread, a message sent to the agent while it streams and a
+// reload while the answer to that streams; back to the first thread. Any console error, page
+// error or failed request fails the run.
 //
 //   node page.mjs http://127.0.0.1:PORT SCREENSHOT.png
 //
 // The server's agent (written by the Rust test that runs this) is scripted: turn 1 calls
 // `append_file` (the permission plugin asks) and turn 2 answers, for agent `scribe`; agent
-// `counter` streams its one answer slowly.
+// `counter` streams its two answers slowly.
 
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -25,6 +27,9 @@ const FIRST = "I'll add that to your list.";
 const SECOND = 'Added "buy milk" to todo.txt.';
 const REFUSED = "I did not add it: the append was refused.";
 const SLOW = "Counting slowly: one, two, three, four, five, six, seven, eight.";
+const STEER = "Then count back down";
+const BACK = "Back down: seven, six, five, four, three, two, one.";
+const STEERED_USAGE = "90 input · 17 output tokens";
 const USAGE = "30 input · 12 output tokens";
 
 const problems = [];
@@ -181,21 +186,52 @@ try {
   );
   await check("the Cancel button shows while the run is live", page.$eval("#cancel", (b) => !b.hidden));
 
+  step = "sending a message to the running agent";
+  await page.focus("#message");
+  await page.keyboard.type(STEER);
+  await page.keyboard.press("Enter");
+  await check("the composer is emptied", page.$eval("#message", (m) => m.value === ""));
+  // Shown once the run took it, at its next step: between the two answers.
+  await page.waitForFunction(
+    (want) => [...document.querySelectorAll(".turn.user.steered .text")].some((n) => n.innerText === want),
+    {},
+    STEER,
+  );
+  await page.waitForFunction(
+    (first) => document.querySelector(".turn.assistant:last-of-type .parts")?.innerText.includes(first),
+    {},
+    BACK.split(":")[0],
+  );
+  const turns = await page.$$eval("#transcript .turn", (ns) => ns.map((n) => (n.classList.contains("user") ? "user" : "agent")));
+  if (turns.join(" ") !== "user agent user agent") fail(`the message shows between the answers: ${turns.join(" ")}`);
+  const firstAnswer = await text(".turn.assistant .parts");
+  if (!firstAnswer.includes(SLOW)) fail(`the first answer is whole above the message; it shows:\n${firstAnswer}`);
+
   step = "reloading during the live run";
   await page.reload({ waitUntil: "domcontentloaded" });
   await page.waitForSelector("body.live");
   await check("the reloaded page shows the Cancel button", page.$eval("#cancel", (b) => !b.hidden));
   const midway = await lastAnswer();
-  if (midway.includes(SLOW)) fail(`the run was still streaming after the reload; the whole answer was already there:\n${midway}`);
+  if (midway.includes(BACK)) fail(`the run was still streaming after the reload; the whole answer was already there:\n${midway}`);
   const again = decodeURIComponent(await page.evaluate(() => location.hash.slice(1)));
   if (again !== counting) fail(`the thread is kept in the address (got ${again}, not ${counting})`);
   await page.waitForSelector('.turn.assistant:last-of-type .run-end[data-termination="natural_end"]', { timeout: 30000 });
   const slow = await lastAnswer();
-  if (!slow.includes(SLOW)) fail(`the slow answer streams to its end after the reload; it shows:\n${slow}`);
+  if (!slow.includes(BACK)) fail(`the slow answer streams to its end after the reload; it shows:\n${slow}`);
   const slowEnd = await text(".run-end");
-  if (!slowEnd.includes("40 input · 9 output tokens")) fail(`the slow run's tokens are shown; it shows ${JSON.stringify(slowEnd)}`);
+  if (!slowEnd.includes(STEERED_USAGE)) fail(`the slow run's tokens are shown; it shows ${JSON.stringify(slowEnd)}`);
   const slowUsers = await texts(".turn.user .text");
-  if (slowUsers.join("|") !== "Count slowly") fail(`the message is shown once: ${JSON.stringify(slowUsers)}`);
+  if (slowUsers.join("|") !== `Count slowly|${STEER}`) fail(`each message is shown once: ${JSON.stringify(slowUsers)}`);
+  const marked = await texts(".turn.user.steered .text");
+  if (marked.join("|") !== STEER) fail(`the message sent to the running agent is marked as such: ${JSON.stringify(marked)}`);
+
+  step = "reloading the thread with the message sent to the running agent";
+  await page.reload({ waitUntil: "domcontentloaded" });
+  await page.waitForSelector('.turn.assistant:last-of-type .run-end[data-termination="natural_end"]');
+  const ends = await texts(".run-end");
+  if (ends.length !== 1 || !ends[0].includes(STEERED_USAGE)) fail(`the run's end shows once, under its last answer: ${JSON.stringify(ends)}`);
+  const reloadedUsers = await texts(".turn.user.steered .text");
+  if (reloadedUsers.join("|") !== STEER) fail(`the reloaded thread marks the message sent to the running agent: ${JSON.stringify(reloadedUsers)}`);
   await check("the agent of the thread is selected", page.$eval("#agent", (s) => s.value === "counter"));
   await check("the Cancel button is hidden after the run", page.$eval("#cancel", (b) => b.hidden));
 

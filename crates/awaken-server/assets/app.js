@@ -1,6 +1,7 @@
 // The chat page: talks to the server's /v1 API with fetch and reads run streams as
 // Server-Sent Events from a streamed body (a POST's stream cannot use EventSource). A dropped
-// stream is resumed from the id of the last event received.
+// stream is resumed from the id of the last event received. A message sent while a run streams
+// goes to that run, which takes it at its next step.
 
 const $ = (id) => document.getElementById(id);
 
@@ -24,6 +25,7 @@ const ui = {
 const TOKEN_KEY = "awaken.token";
 const AGENT_KEY = "awaken.agent";
 const RECONNECTS = 5;
+const LIVE_STATUS = "The agent is running… a message sent now reaches it at its next step.";
 
 const state = {
   token: localStorage.getItem(TOKEN_KEY) ?? "",
@@ -115,7 +117,8 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 async function follow(thread, open, from) {
   stopFollowing();
   const controller = new AbortController();
-  const stream = { thread, controller };
+  let ended;
+  const stream = { thread, controller, done: new Promise((resolve) => (ended = resolve)) };
   state.stream = stream;
   setLive(true);
   let lastId = from ?? null;
@@ -175,6 +178,7 @@ async function follow(thread, open, from) {
       setLive(false);
       refreshThreads();
     }
+    ended();
   }
 }
 
@@ -244,9 +248,10 @@ function scrollDown() {
   ui.transcript.scrollTop = ui.transcript.scrollHeight;
 }
 
-function userBlock(text) {
-  const block = el("article", "turn user");
-  block.append(el("h3", "who", "You"), el("p", "text", text));
+// A user's message; `steered` when it was sent to a run in flight.
+function userBlock(text, steered) {
+  const block = el("article", steered ? "turn user steered" : "turn user");
+  block.append(el("h3", "who", steered ? "You, while the agent worked" : "You"), el("p", "text", text));
   ui.transcript.append(block);
   view.block = null;
   view.part = null;
@@ -451,6 +456,9 @@ function onEvent(e) {
     case "warning":
       note("warning", `${e.kind.replace(/_/g, " ")}: ${e.detail}`);
       break;
+    case "message_added":
+      if (e.message?.role === "user") userBlock(messageText(e.message), true);
+      break;
     default:
       break;
   }
@@ -470,15 +478,23 @@ function toolContent(message) {
   return { value, isError };
 }
 
+function messageText(message) {
+  return (message.content ?? []).map((b) => b.text ?? "").join("");
+}
+
 // Renders a stored thread: its messages, each run's end, and the calls waiting for a decision.
-function renderThread(info) {
+// `steered` holds the positions, among the user's messages, of those sent to a run in flight.
+function renderThread(info, steered = new Set()) {
   clearTranscript();
   const ends = [];
+  let users = 0;
   for (const message of info.messages ?? []) {
     if (message.role === "user") {
-      const text = (message.content ?? []).map((b) => b.text ?? "").join("");
-      userBlock(text);
-      ends.push(null);
+      const isSteered = steered.has(users);
+      users += 1;
+      userBlock(messageText(message), isSteered);
+      // A message sent to a run in flight belongs to that run's turn.
+      if (!isSteered) ends.push(null);
       continue;
     }
     if (message.role === "assistant") {
@@ -516,7 +532,9 @@ function renderThread(info) {
       }
     });
   }
-  view.block = ends.length ? ends[ends.length - 1] : view.block;
+  // A live run's next events go on the last answer, unless a message of the user's follows it.
+  const last = ui.transcript.lastElementChild;
+  view.block = last?.classList.contains("assistant") ? last : null;
   view.part = null;
   for (const ticket of info.waiting ?? []) askCard(ticket);
   const agent = runs.at(-1)?.agent_id;
@@ -539,9 +557,9 @@ function hideError() {
 function setLive(live) {
   ui.cancel.hidden = !live;
   ui.cancel.disabled = false;
-  ui.send.disabled = live;
+  ui.send.textContent = live ? "Send to the agent" : "Send";
   ui.transcript.setAttribute("aria-busy", live ? "true" : "false");
-  ui.status.textContent = live ? "The agent is running…" : "";
+  ui.status.textContent = live ? LIVE_STATUS : "";
   document.body.classList.toggle("live", live);
 }
 
@@ -618,8 +636,9 @@ async function showThread(thread) {
   }
   const res = await api("GET", threadPath(thread));
   const info = await res.json();
+  const steered = await steeredMessages(thread, info);
   if (state.thread !== thread) return;
-  renderThread(info);
+  renderThread(info, steered);
   if (info.live) {
     const after = String(info.last_event_seq ?? 0);
     follow(
@@ -628,6 +647,43 @@ async function showThread(thread) {
       after,
     );
   }
+}
+
+// The positions, among the thread's user messages, of those sent to a run in flight, read from
+// the thread's stored events when it has more user messages than runs (none otherwise): each
+// run's start brings one message, each `message_added` of the user's one more.
+async function steeredMessages(thread, info) {
+  const steered = new Set();
+  const users = (info.messages ?? []).filter((m) => m.role === "user").length;
+  const runs = (info.runs ?? []).filter((r) => !r.parent_run_id).length;
+  const last = Number(info.last_event_seq ?? 0);
+  if (users <= runs || last === 0) return steered;
+  const controller = new AbortController();
+  try {
+    const res = await api("GET", `${threadPath(thread)}/events?after=0`, undefined, controller.signal);
+    let seen = 0;
+    for await (const f of sseFrames(res)) {
+      let event;
+      try {
+        event = JSON.parse(f.data);
+      } catch {
+        continue;
+      }
+      if (event.type === "run_start" && !event.resumed && !event.parent_run_id) seen += 1;
+      if (event.type === "message_added" && event.message?.role === "user") {
+        steered.add(seen);
+        seen += 1;
+      }
+      // The stored events end at `last`; a live run's follow.
+      if (f.id && parseInt(f.id, 10) >= last) break;
+    }
+  } catch {
+    // Shown without the runs' ends.
+    return new Set();
+  } finally {
+    controller.abort();
+  }
+  return steered;
 }
 
 async function openFromHash() {
@@ -645,14 +701,20 @@ async function openFromHash() {
   }
 }
 
+// Sends the composer's message: to the run in flight, else as the start of the thread's next run.
 async function send() {
   const message = ui.message.value;
-  if (!message.trim() || state.stream) return;
+  if (!message.trim()) return;
+  if (state.stream) await steer(state.stream, message);
+  else await startRun(message);
+}
+
+async function startRun(message) {
   const thread = state.thread;
   hideError();
   ui.transcript.querySelector(".empty")?.remove();
   const block = userBlock(message);
-  ui.message.value = "";
+  if (ui.message.value === message) ui.message.value = "";
   const body = { message };
   if (ui.agent.value) body.agent = ui.agent.value;
   let failed = false;
@@ -667,6 +729,28 @@ async function send() {
   if (failed) {
     block.remove();
     if (!ui.message.value) ui.message.value = message;
+  }
+}
+
+// Sends `message` to the run `stream` follows. The message shows when the run takes it (its
+// `message_added` event); a run that ends first leaves it to start the thread's next run.
+async function steer(stream, message) {
+  hideError();
+  ui.message.value = "";
+  ui.status.textContent = "Sent: the agent reads it at its next step…";
+  try {
+    await api("POST", `${threadPath(stream.thread)}/messages`, { message });
+    if (state.stream === stream) ui.status.textContent = LIVE_STATUS;
+  } catch (e) {
+    if (!(e instanceof ApiError) || e.status !== 409) {
+      showError(e.message);
+      if (!ui.message.value) ui.message.value = message;
+      return;
+    }
+    // Not taken: the run ended first (or stopped to wait for a decision).
+    await stream.done;
+    if (state.thread === stream.thread && !state.stream) await startRun(message);
+    else if (!ui.message.value) ui.message.value = message;
   }
 }
 

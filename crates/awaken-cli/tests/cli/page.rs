@@ -1,6 +1,7 @@
 //! The chat page of `awaken serve` in a real browser: `tests/node/page.mjs` drives headless
 //! Chromium through `puppeteer-core` (pinned by `tests/node/package-lock.json`) to approve a
-//! call, deny another, reload a finished and a streaming thread, and take a screenshot of the page.
+//! call, deny another, send a message to a running agent, reload a finished and a streaming
+//! thread, and take a screenshot of the page.
 
 use std::path::{Path, PathBuf};
 
@@ -8,7 +9,8 @@ use super::serve::node_against_served;
 use crate::{path_str, peer_present, repo, temp_dir};
 
 /// The agents the page talks to. `scribe`: turn 1 calls `append_file`, which the permission
-/// plugin asks about; turn 2 answers (another answer when the call was denied). `counter`: one answer streamed slowly.
+/// plugin asks about; turn 2 answers (another answer when the call was denied). `counter`: two
+/// answers streamed slowly, the second for a message sent while the first streams.
 const AGENTS: [(&str, &str); 2] = [
     (
         "scribe.toml",
@@ -64,6 +66,11 @@ context_window = 32000
 deltas = ["Counting slowly:", " one,", " two,", " three,", " four,", " five,", " six,", " seven,", " eight."]
 delay_ms = 400
 usage = { input_tokens = 40, output_tokens = 9 }
+
+[[script.turns]]
+deltas = ["Back down:", " seven,", " six,", " five,", " four,", " three,", " two,", " one."]
+delay_ms = 400
+usage = { input_tokens = 50, output_tokens = 8 }
 "#,
     ),
 ];
