@@ -2,10 +2,10 @@
 //!
 //! Per activation: `RunStart` first; exactly one `RunFinish`, last; `StepStart`/`StepEnd`
 //! balanced, numbered alike, never nested; deltas, tool-call events and inference results only
-//! inside a step, a steered message (`MessageAdded`) only between steps; every call opened by
-//! `ToolCallStart` (or re-opened by `ToolCallResumed`) is closed by `ToolCallDone` or
-//! `ToolCallSuspended` before its step ends. Across activations of one stream, a
-//! `ToolCallResumed` must name a call that an earlier activation suspended.
+//! inside a step, a steered message (`MessageAdded`) only between steps, for the step that
+//! starts next; every call opened by `ToolCallStart` (or re-opened by `ToolCallResumed`) is
+//! closed by `ToolCallDone` or `ToolCallSuspended` before its step ends. Across activations of
+//! one stream, a `ToolCallResumed` must name a call that an earlier activation suspended.
 
 use std::collections::{HashMap, HashSet};
 
@@ -70,6 +70,14 @@ pub enum ViolationKind {
         /// The open step.
         step: u32,
     },
+    /// A `MessageAdded` named another step than the one that started next.
+    #[error("message_added for step {added}, but step {step} came next")]
+    AddedForAnotherStep {
+        /// The step the message was added for.
+        added: u32,
+        /// The step that came next (or that another message was added for).
+        step: u32,
+    },
     /// A step ended with tool calls neither done nor suspended.
     #[error("step {step} ended with unclosed tool calls: {calls:?}")]
     UnclosedToolCalls {
@@ -132,6 +140,8 @@ pub struct GrammarChecker {
     in_activation: bool,
     finished_once: bool,
     step: Option<u32>,
+    /// The step the messages added since the last step are for.
+    added_for: Option<u32>,
     open_calls: HashMap<ToolCallId, Opened>,
     seen_calls: HashSet<ToolCallId>,
     suspended: HashSet<ToolCallId>,
@@ -238,6 +248,7 @@ impl GrammarChecker {
                 }
                 self.in_activation = true;
                 self.step = None;
+                self.added_for = None;
                 self.open_calls.clear();
                 self.seen_calls.clear();
             }
@@ -247,12 +258,22 @@ impl GrammarChecker {
                 }
                 self.in_activation = false;
                 self.finished_once = true;
+                // A run may end right after a message was added (its step never starts).
+                self.added_for = None;
             }
             AgentEvent::StepStart { step } => {
                 if let Some(open) = self.step {
                     return Err(
                         self.violation(name, ViolationKind::NestedStep { step: *step, open })
                     );
+                }
+                if let Some(added) = self.added_for.take()
+                    && added != *step
+                {
+                    return Err(self.violation(
+                        name,
+                        ViolationKind::AddedForAnotherStep { added, step: *step },
+                    ));
                 }
                 self.step = Some(*step);
             }
@@ -323,12 +344,24 @@ impl GrammarChecker {
             | AgentEvent::ActionDeadLettered { .. }
             | AgentEvent::Warning { .. }
             | AgentEvent::Error { .. } => {}
-            AgentEvent::MessageAdded { .. } => {
+            AgentEvent::MessageAdded { step: added, .. } => {
                 if let Some(step) = self.step {
                     return Err(
                         self.violation(name, ViolationKind::InsideStep { event: name, step })
                     );
                 }
+                if let Some(earlier) = self.added_for
+                    && earlier != *added
+                {
+                    return Err(self.violation(
+                        name,
+                        ViolationKind::AddedForAnotherStep {
+                            added: earlier,
+                            step: *added,
+                        },
+                    ));
+                }
+                self.added_for = Some(*added);
             }
         }
         Ok(())

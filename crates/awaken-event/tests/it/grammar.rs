@@ -137,6 +137,11 @@ fn accepts_valid_activations() {
         natural(),
     ];
     assert_eq!(verdict(&tools), "ok");
+    // A run may end right after a message was added (its commit failed, or it was cancelled).
+    assert_eq!(
+        verdict(&[start(false), added(1), finish(TerminationReason::Cancelled)]),
+        "ok"
+    );
     assert!(check_activation(&tools).is_ok());
     // No step at all (e.g. cancelled before the first step) is fine.
     assert_eq!(
@@ -207,6 +212,16 @@ fn rejects_each_violation() {
             "steered message in a step",
             vec![start(false), step(1), added(2)],
             "#2 message_added: message_added inside step 1",
+        ),
+        (
+            "steered message for a later step",
+            vec![start(false), step(1), end(1), added(3), step(2)],
+            "#4 step_start: message_added for step 3, but step 2 came next",
+        ),
+        (
+            "steered messages for two steps",
+            vec![start(false), added(1), added(2)],
+            "#2 message_added: message_added for step 1, but step 2 came next",
         ),
         (
             "steered message before start",

@@ -145,10 +145,13 @@ impl Durable {
     }
 
     /// Emits the held-back events without a commit (when the run can no longer commit): they
-    /// are not stored, so the sink gets no sequence numbers.
+    /// are not stored, so the sink gets no sequence numbers. A steered message never stored
+    /// was not taken (its sender is told so): no event says it was added.
     pub(crate) fn flush_uncommitted(&mut self, sink: &dyn EventSink) {
         for event in self.facts.drain(..) {
-            sink.emit(&event);
+            if !matches!(event, AgentEvent::MessageAdded { .. }) {
+                sink.emit(&event);
+            }
         }
         self.pending.events.clear();
     }

@@ -2,6 +2,7 @@
 //! before the inference that sees it; one waiting when the model answers without calls keeps
 //! the run going for another step; one the run cannot take any more is refused, never dropped.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -9,16 +10,16 @@ use awaken_event::{
     AgentEvent, Message, Role, TerminationReason, ThreadId, ToolDescriptor, check_activation,
 };
 use awaken_llm::{ScriptToolCall, ScriptTurn};
-use awaken_runtime::{NotTaken, RunStats, Steering, SteeringReceipt, Taken};
+use awaken_runtime::{NotTaken, RunError, RunStats, Steering, SteeringReceipt, Taken};
 use awaken_store::{
-    MemoryStore, PostgresConfig, PostgresStore, SqliteConfig, SqliteStore, ThreadStore,
+    MemoryStore, PostgresConfig, PostgresStore, SqliteConfig, SqliteStore, StoreError, ThreadStore,
 };
 use awaken_tool::{Tool, ToolCallContext, ToolError, ToolOutput};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 use crate::interrupted::strictly_alternating;
-use crate::support::Scenario;
+use crate::support::{Intercepted, Scenario, render};
 
 /// What a steering message's sender was told, once it was.
 type Answer = Arc<Mutex<Option<JoinHandle<Result<Taken, NotTaken>>>>>;
@@ -194,6 +195,58 @@ async fn a_message_is_taken_at_the_next_step_on_postgres() {
         .await
         .expect("postgres");
     taken_at_the_next_step(Arc::new(store)).await;
+}
+
+#[tokio::test]
+async fn a_message_whose_commits_fail_is_refused_and_not_announced() {
+    let steering = Steering::new();
+    let answer = Answer::default();
+    let mut scenario = Scenario::new(vec![
+        ScriptTurn::default().with_tool_call(ScriptToolCall::new("steer", json!({})).with_id("c1")),
+        ScriptTurn::text("Noted."),
+    ]);
+    scenario
+        .tools
+        .push(Arc::new(Steers(steering.clone(), answer.clone())));
+    // From the commit that would store the message on, every commit fails: the run's last
+    // one too.
+    let failing = AtomicBool::new(false);
+    let store = Intercepted::new(Arc::new(MemoryStore::new()), move |commit| {
+        if commit.messages.iter().any(|m| m.text() == "Also buy eggs.") {
+            failing.store(true, Ordering::SeqCst);
+        }
+        if failing.load(Ordering::SeqCst) {
+            return Err(StoreError::Task {
+                detail: "the disk is gone".into(),
+            }
+            .into());
+        }
+        Ok(())
+    });
+    let inbox = steering.clone();
+    let (result, events, _, _) = scenario
+        .store(Arc::new(store))
+        .activation(move |a| a.with_steering(inbox))
+        .attempt()
+        .await;
+    assert!(
+        matches!(result, Err(RunError::EndNotWritten { .. })),
+        "{result:?}"
+    );
+    assert_eq!(answer_of(&answer).await, Err(NotTaken::Ended));
+    // The run's end is shown, but no event says the message it never stored was added.
+    assert!(
+        matches!(events.last(), Some(AgentEvent::RunFinish { .. })),
+        "{}",
+        render(&events)
+    );
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, AgentEvent::MessageAdded { .. })),
+        "{}",
+        render(&events)
+    );
 }
 
 /// Two text answers (`First.`, `Second.`), with "One more thing." sent to the run as the

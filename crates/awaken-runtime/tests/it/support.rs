@@ -137,6 +137,28 @@ impl Scenario {
     }
 
     pub async fn run(self) -> Outcome {
+        let (outcome, events, executor, runtime) = self.attempt().await;
+        let outcome = outcome.expect("the run starts");
+        if let Err(v) = check_activation(&events) {
+            panic!("event grammar violated: {v}\n{}", render(&events));
+        }
+        Outcome {
+            outcome,
+            events,
+            executor,
+            runtime,
+        }
+    }
+
+    /// Runs the activation; what `run` returns, its result unchecked.
+    pub async fn attempt(
+        self,
+    ) -> (
+        Result<RunOutcome, RunError>,
+        Vec<AgentEvent>,
+        Arc<ScriptedExecutor>,
+        AgentRuntime,
+    ) {
         let executor = Arc::new(ScriptedExecutor::from_turns(self.turns).expect("valid script"));
         let mut builder = AgentRuntime::builder()
             .with_ids(Arc::new(SequentialIds::default()))
@@ -167,20 +189,8 @@ impl Scenario {
                 cancel.cancel();
             }
         };
-        let outcome = runtime
-            .run(activation, &watched)
-            .await
-            .expect("the run starts");
-        let events = sink.events();
-        if let Err(v) = check_activation(&events) {
-            panic!("event grammar violated: {v}\n{}", render(&events));
-        }
-        Outcome {
-            outcome,
-            events,
-            executor,
-            runtime,
-        }
+        let outcome = runtime.run(activation, &watched).await;
+        (outcome, sink.events(), executor, runtime)
     }
 }
 
