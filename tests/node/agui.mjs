@@ -7,7 +7,8 @@
 //
 // The server serves the scripted agents of crates/awaken-cli/tests/cli/agui.rs: `reader`
 // (reasoning, text and a `read_file` call, then the answer), `scribe` (an `append_file` call that
-// waits for approval, then the answer once approved) and `broken` (a model error). Exits
+// waits for approval, then the answer once approved), `broken` (a model error) and `barista` (a
+// slow answer, then one to the message sent to the run meanwhile through the native API). Exits
 // non-zero with a message on the first check that fails.
 
 import { HttpAgent, verifyEvents } from '@ag-ui/client';
@@ -147,6 +148,42 @@ const types = (events) => events.map((e) => e.type);
   check(last.type === 'RUN_ERROR' && last.code === 'run_failed' && last.message.includes('the scripted model fails'),
     'the failing run does not end with RUN_ERROR naming the failure', raw);
   check(errors.length === 1, 'the client did not report the run error to its subscriber', errors);
+}
+
+// 4. A message sent to the run in flight (native `POST …/messages`) streams as a user's text
+// message between the steps, and the client holds it between the two answers.
+{
+  const thread = 'agui-steered';
+  const agent = new TappedAgent({ url: url('barista'), threadId: thread });
+  agent.addMessage({ id: 'u1', role: 'user', content: 'Make coffee.' });
+  let steered;
+  agent.subscribe({
+    onTextMessageContentEvent: () => {
+      steered ??= fetch(`${base}/v1/threads/${thread}/messages`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ message: 'And tea.' }),
+      }).then(async (res) => ({ status: res.status, body: await res.json() }));
+    },
+  });
+  const { raw, result } = await runChecked(agent, {}, 'the steered run');
+  check(steered !== undefined, 'no text came to send the message on', raw);
+  const answer = await steered;
+  check(answer.status === 200 && answer.body.taken === true && answer.body.step === 2,
+    'the message was not taken at the second step', answer);
+  const start = raw.find((e) => e.type === 'TEXT_MESSAGE_START' && e.role === 'user');
+  check(start !== undefined, 'the message is not streamed as a user text message', raw);
+  const content = raw.find((e) => e.type === 'TEXT_MESSAGE_CONTENT' && e.messageId === start.messageId);
+  check(content?.delta === 'And tea.', 'the user text message does not carry the message', raw);
+  const at = (pred) => raw.findIndex(pred);
+  check(at((e) => e.type === 'STEP_FINISHED') < at((e) => e === start)
+    && at((e) => e === start) < at((e) => e.type === 'STEP_STARTED' && e.stepName === 'step-2'),
+  'the message is not between the steps', types(raw));
+  const said = agent.messages.map((m) => `${m.role}: ${m.content ?? ''}`);
+  check(JSON.stringify(said) === JSON.stringify([
+    'user: Make coffee.', 'assistant: Making coffee.', 'user: And tea.', 'assistant: Tea too.',
+  ]), 'the client does not hold the message between the two answers', said);
+  check(result.result === 'Tea too.', 'the run result is not the answer to the message', result);
 }
 
 console.log('agui: all checks passed');

@@ -41,6 +41,9 @@ const view = {
   block: null,
   part: null,
   calls: new Map(),
+  // The current run's last answer (a run's end goes under it) and how the run ended.
+  answer: null,
+  termination: null,
 };
 
 // ---- the API ----
@@ -135,7 +138,10 @@ async function follow(thread, open, from) {
           attempts = 0;
           const outcome = onFrame(f);
           if (outcome === "start") finished = false;
-          if (outcome === "finish") finished = true;
+          if (outcome === "finish") {
+            finished = true;
+            stream.termination = view.termination;
+          }
           if (outcome === "stop") stopped = true;
         }
       } catch (e) {
@@ -178,7 +184,7 @@ async function follow(thread, open, from) {
       setLive(false);
       refreshThreads();
     }
-    ended();
+    ended(stream.termination);
   }
 }
 
@@ -240,6 +246,7 @@ function pretty(value) {
 function clearTranscript() {
   ui.transcript.replaceChildren();
   view.block = null;
+  view.answer = null;
   view.part = null;
   view.calls = new Map();
 }
@@ -265,6 +272,7 @@ function assistantBlock() {
     block.append(el("h3", "who", "Agent"), el("div", "parts"));
     ui.transcript.append(block);
     view.block = block;
+    view.answer = block;
     view.part = null;
     // Call ids are the model's: unique within a run's answer, not within a thread.
     view.calls = new Map();
@@ -384,7 +392,8 @@ function terminationText(t) {
 }
 
 function footer(termination, usage) {
-  const block = assistantBlock();
+  // Under the run's last answer, also when a message of the user's came after it.
+  const block = view.block ?? view.answer ?? assistantBlock();
   block.querySelector(".run-end")?.remove();
   const end = el("p", "run-end");
   end.dataset.termination = termination?.kind ?? "";
@@ -400,7 +409,10 @@ function footer(termination, usage) {
 function onEvent(e) {
   switch (e.type) {
     case "run_start":
-      if (!e.resumed) view.block = null;
+      if (!e.resumed) {
+        view.block = null;
+        view.answer = null;
+      }
       assistantBlock().querySelector(".run-end")?.remove();
       view.part = null;
       break;
@@ -447,6 +459,7 @@ function onEvent(e) {
       break;
     }
     case "run_finish":
+      view.termination = e.termination?.kind ?? null;
       footer(e.termination, e.usage);
       view.part = null;
       break;
@@ -742,15 +755,24 @@ async function steer(stream, message) {
     await api("POST", `${threadPath(stream.thread)}/messages`, { message });
     if (state.stream === stream) ui.status.textContent = LIVE_STATUS;
   } catch (e) {
-    if (!(e instanceof ApiError) || e.status !== 409) {
+    const status = e instanceof ApiError ? e.status : 0;
+    if (status !== 409) {
       showError(e.message);
-      if (!ui.message.value) ui.message.value = message;
+      // A refusal took nothing: the message goes back to the box. Otherwise (the server shutting
+      // down, the connection lost) the run may still take it, and sending it again could add it
+      // twice.
+      if (status >= 400 && status < 500 && !ui.message.value) ui.message.value = message;
       return;
     }
-    // Not taken: the run ended first (or stopped to wait for a decision).
-    await stream.done;
-    if (state.thread === stream.thread && !state.stream) await startRun(message);
-    else if (!ui.message.value) ui.message.value = message;
+    // Not taken: the run ended first. A finished run leaves it to start the next one.
+    const ended = await stream.done;
+    if (state.thread === stream.thread && !state.stream && (ended === "natural_end" || ended === "stopped")) {
+      await startRun(message);
+      return;
+    }
+    if (!ui.message.value) ui.message.value = message;
+    const how = ended ? ended.replace(/_/g, " ") : "ended";
+    ui.status.textContent = `The run ended (${how}) before it took your message; it is back in the box.`;
   }
 }
 

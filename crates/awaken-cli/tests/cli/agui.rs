@@ -1,6 +1,7 @@
 //! `awaken serve`'s AG-UI edge read by `@ag-ui/client`'s own `HttpAgent` (`tests/node/agui.mjs`,
 //! pinned by `tests/node/package-lock.json`), whose run pipeline verifies every stream: text
-//! and a tool call, an interrupt answered by a resume, and a model error.
+//! and a tool call, an interrupt answered by a resume, a model error, and a message sent to a
+//! run in flight.
 
 use std::path::{Path, PathBuf};
 
@@ -35,6 +36,20 @@ deltas = ["The note says: ", "hello."]
         ),
         ("scribe.toml", SCRIBE),
         ("broken.toml", BROKEN),
+        (
+            "barista.toml",
+            r#"[agent]
+id = "barista"
+model = "default"
+
+[[script.turns]]
+deltas = ["Making ", "coffee."]
+delay_ms = 300
+
+[[script.turns]]
+text = "Tea too."
+"#,
+        ),
     ];
     write_scripted_agents(dir, &files)
 }

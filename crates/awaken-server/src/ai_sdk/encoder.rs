@@ -224,7 +224,8 @@ impl UiMessageEncoder {
                 self.done = true;
             }
             // Progress, state, warnings and in-run errors have no chunk of their own (the run's
-            // end says whether it failed).
+            // end says whether it failed), nor a user's message added to the run (the stream is
+            // the assistant's message).
             _ => {}
         }
     }
