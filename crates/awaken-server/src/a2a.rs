@@ -584,13 +584,12 @@ async fn cancel(server: &AgentServer, agent: &str, task_id: &str) -> A2aResult {
         return ok(&task::load(server, &at).await?);
     }
     if let Some(front) = &server.shared.front
-        && front
-            .queue
-            .request_cancel(&at.thread)
+        && crate::fleet::front::cancel_job(server, front, &at.thread)
             .await
             .map_err(store_error)?
             .is_some()
     {
+        let at = task::refresh(server, &at).await?;
         return ok(&task::load(server, &at).await?);
     }
     Err(A2aError::Refused {

@@ -26,6 +26,7 @@ use tower_http::trace::TraceLayer;
 
 use crate::app::AgentServer;
 use crate::error::ApiError;
+use crate::fleet::front::JobCancel;
 use crate::live::EventId;
 use crate::runs::{
     Answer, Decision, Job, json_body, launch, pick_agent, resume_of, store_failed, stored_thread,
@@ -603,20 +604,34 @@ async fn cancel(State(server): State<AgentServer>, Path(raw): Path<String>) -> A
                 .into_response(),
         });
     }
-    // A queued or claimed job this front end does not follow: the queue tells its worker.
-    if let Some(front) = &server.shared.front
-        && front
-            .queue
-            .request_cancel(&thread)
+    // A queued or claimed job this front end does not follow: one no worker has claimed ends
+    // here at once; the queue tells the worker of any other.
+    if let Some(front) = &server.shared.front {
+        match crate::fleet::front::cancel_job(&server, front, &thread)
             .await
             .map_err(store_failed)?
-            .is_some()
-    {
-        return Ok((
-            StatusCode::ACCEPTED,
-            Json(json!({"cancelled": true, "outcome": null})),
-        )
-            .into_response());
+        {
+            Some(JobCancel::Ended) => {
+                let checkpoint = stored_thread(&server, &thread).await?;
+                let outcome = checkpoint.run.as_ref().map(|r| {
+                    json!({
+                        "run_id": r.run_id,
+                        "termination": r.termination,
+                        "steps": r.steps,
+                        "usage": r.usage,
+                    })
+                });
+                return Ok(Json(json!({"cancelled": true, "outcome": outcome})).into_response());
+            }
+            Some(JobCancel::Asked) => {
+                return Ok((
+                    StatusCode::ACCEPTED,
+                    Json(json!({"cancelled": true, "outcome": null})),
+                )
+                    .into_response());
+            }
+            None => {}
+        }
     }
     let checkpoint = stored_thread(&server, &thread).await?;
     let status = checkpoint.run.as_ref().map(|r| r.status.to_string());

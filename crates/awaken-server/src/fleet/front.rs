@@ -139,10 +139,59 @@ async fn queue_once(
     Ok((enqueued, run_id, after))
 }
 
-/// Asks the queue to cancel the thread's job (`held`, unless it ended meanwhile: then the one
-/// that took its place), which a start supersedes, and waits until `held` has ended (a worker
-/// ended its run cancelled at its checkpoint): busy if it has not by `deadline`, 503 if the
-/// server shuts down meanwhile. The cancel stands either way.
+/// How a cancel reached the thread's job.
+pub(crate) enum JobCancel {
+    /// No worker had claimed it: this server ended its run `Cancelled` and the job is gone.
+    Ended,
+    /// The queue asks its worker (or the worker that claims it) to cancel it.
+    Asked,
+}
+
+/// Cancels the thread's job: one no worker has claimed yet is claimed here and its run ended
+/// `Cancelled` at once, as a worker would (when this server's runtime has a worker identity),
+/// so the cancel does not wait for a free worker; any other is asked to stop through the queue.
+/// `None` when the thread has no job.
+pub(crate) async fn cancel_job(
+    server: &AgentServer,
+    front: &Front,
+    thread: &ThreadId,
+) -> Result<Option<JobCancel>, awaken_store::StoreError> {
+    let runtime = &server.shared.runtime;
+    if let Some((worker_id, lease)) = runtime.worker()
+        && let Some(job) = front
+            .queue
+            .claim_unclaimed(thread, worker_id, lease, Timestamp::now())
+            .await?
+    {
+        let job_id = job.lease.job_id;
+        tracing::debug!(%thread, %job_id, "cancelling a job no worker has claimed");
+        // On a task of its own: a request going away does not leave the job half-ended.
+        let ending = tokio::spawn(super::worker::end_cancelled(
+            runtime.clone(),
+            front.queue.clone(),
+            job,
+        ));
+        match ending.await {
+            Ok(true) => return Ok(Some(JobCancel::Ended)),
+            Ok(false) => {}
+            Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+            Err(_) => {}
+        }
+        // Not ended here (the store failed meanwhile): the job, marked cancelled, is ended by
+        // the worker that claims it next, at once or once this claim's lease expires.
+        return Ok(Some(JobCancel::Asked));
+    }
+    Ok(front
+        .queue
+        .request_cancel(thread)
+        .await?
+        .map(|_| JobCancel::Asked))
+}
+
+/// Cancels the thread's job (`held`, unless it ended meanwhile: then the one that took its
+/// place), which a start supersedes, and waits until `held` has ended (its run ended cancelled
+/// at its checkpoint): busy if it has not by `deadline`, 503 if the server shuts down
+/// meanwhile. The cancel stands either way.
 async fn superseded(
     server: &AgentServer,
     front: &Front,
@@ -150,9 +199,7 @@ async fn superseded(
     held: JobId,
     deadline: tokio::time::Instant,
 ) -> Result<(), ApiError> {
-    front
-        .queue
-        .request_cancel(thread)
+    cancel_job(server, front, thread)
         .await
         .map_err(store_failed)?;
     job_gone(server, front, held, deadline, || {
@@ -396,7 +443,7 @@ impl Follower {
             // After the read: a run found finished is not cancelled (the cancel names the
             // thread, whose next job it would reach).
             if cancel_asked && !cancel_told {
-                match self.front.queue.request_cancel(&thread).await {
+                match cancel_job(&server, &self.front, &thread).await {
                     Ok(_) => cancel_told = true,
                     Err(e) => {
                         tracing::warn!(%thread, error = %e, "cannot ask the queue to cancel a run");

@@ -383,6 +383,39 @@ fn backoff(base: Duration, n: u32) -> Duration {
     base.saturating_mul(1u32 << n.saturating_sub(1).min(16))
 }
 
+/// Drives `job`, claimed cancelled through [`RunQueue::claim_unclaimed`] under the worker
+/// identity of `runtime`, to its end as a worker would: its run ends `Cancelled` at its first
+/// step, its steering messages are refused, the queue is told and its events are announced.
+/// Whether the job left the queue.
+pub(crate) async fn end_cancelled(runtime: AgentRuntime, queue: RunQueue, job: ClaimedJob) -> bool {
+    let Some((worker_id, lease)) = runtime.worker().map(|(id, lease)| (id.to_owned(), lease))
+    else {
+        return false;
+    };
+    let notifier = Notifier::start(queue.clone());
+    let cancel = CancellationToken::new();
+    cancel.cancel();
+    let drive = Drive {
+        worker: Parts {
+            runtime,
+            queue,
+            worker_id,
+            lease,
+            retry_backoff: WorkerConfig::default().retry_backoff,
+            start_latencies: Arc::default(),
+        },
+        notifier: notifier.clone(),
+        held: Arc::default(),
+        cancel,
+        steer: Arc::default(),
+        stop: CancellationToken::new(),
+        claimed_at: Instant::now(),
+    };
+    let end = drive.job(job).await;
+    notifier.close().await;
+    matches!(end, JobEnd::Completed)
+}
+
 /// What a job task needs of its worker.
 #[derive(Clone)]
 struct Parts {

@@ -135,11 +135,25 @@ impl Fleet {
         self.front_with(QueueConfig::default().max_attempts).await
     }
 
+    /// A front end whose runtime has the worker identity `id`, as `awaken serve --queue`
+    /// builds it: it ends a job no worker has claimed when the job is cancelled.
+    async fn front_named(&self, id: &str) -> FrontEnd {
+        self.front_of(QueueConfig::default().max_attempts, Some(id))
+            .await
+    }
+
     /// A front end queueing jobs dead-lettered after `max_attempts` claims.
     async fn front_with(&self, max_attempts: u32) -> FrontEnd {
+        self.front_of(max_attempts, None).await
+    }
+
+    async fn front_of(&self, max_attempts: u32, id: Option<&str>) -> FrontEnd {
         let store = self.store().await;
         let queue = store.queue();
-        let rig = Rig::on(Arc::new(store), Vec::new());
+        let mut rig = Rig::on(Arc::new(store), Vec::new());
+        if let Some(id) = id {
+            rig = rig.with_worker(id);
+        }
         let queue_config = QueueConfig {
             poll_interval: Duration::from_millis(200),
             max_attempts,
@@ -606,7 +620,9 @@ async fn cancel_on_the_front_end_ends_a_run_held_on_a_worker() {
     let Some(fleet) = Fleet::new("cancel_held").await else {
         return;
     };
-    let front = fleet.front().await;
+    // With a worker identity of its own, as `awaken serve --queue` has: a claimed job is
+    // still cancelled by its worker.
+    let front = fleet.front_named("front-a").await;
     let worker = fleet.worker("w1", vec![held()]).await;
     let mut sse = front.server.start_run("t", "hi").await;
     let part = sse.until(|f| f.is("run_start")).await;
@@ -632,13 +648,7 @@ async fn cancel_on_the_front_end_ends_a_run_held_on_a_worker() {
     assert_eq!(record.status, RunStatus::Done);
     assert_eq!(record.termination, Some(TerminationReason::Cancelled));
     assert_eq!(answer["outcome"]["run_id"], record.run_id.as_str());
-    let steered = guarded("the steering answer", steered)
-        .await
-        .expect("posted");
-    assert_eq!(
-        refusal(steered).await,
-        (StatusCode::CONFLICT, "not_taken".into(), None)
-    );
+    refused_not_taken(steered).await;
     assert!(
         !stored_messages(&front, "t")
             .await
@@ -651,16 +661,16 @@ async fn cancel_on_the_front_end_ends_a_run_held_on_a_worker() {
 
 /// Waits until `n` steering messages were handed to a worker's claim.
 async fn steering_delivered(fleet: &Fleet, n: i64) {
+    steering_rows(fleet, n, "delivered_claim IS NOT NULL").await;
+}
+
+/// Waits until `n` steering messages for which `condition` holds are stored.
+async fn steering_rows(fleet: &Fleet, n: i64, condition: &str) {
     let client = fleet.client().await;
-    guarded("the message to reach the worker", async {
+    let count = format!("SELECT COUNT(*) FROM run_steering WHERE {condition}");
+    guarded("the steering messages", async {
         loop {
-            let row = client
-                .query_one(
-                    "SELECT COUNT(*) FROM run_steering WHERE delivered_claim IS NOT NULL",
-                    &[],
-                )
-                .await
-                .expect("count");
+            let row = client.query_one(count.as_str(), &[]).await.expect("count");
             if row.get::<_, i64>(0) >= n {
                 return;
             }
@@ -1033,20 +1043,101 @@ async fn a_job_cancelled_before_any_worker_claims_it_ends_cancelled() {
     let worker = fleet.worker("w1", vec![text_turn(&["never"])]).await;
     // The worker starts the run and it ends at once, cancelled, its model never asked; the
     // client's stream ends with it.
-    let response = guarded("the run's answer", posted).await.expect("posted");
-    let frames = Sse::new(response).await.rest().await;
-    let events = checked_activation(&frames);
-    expect![[r#"
-        1 run_start resumed=false
-        2 run_finish cancelled response=None
-    "#]]
-    .assert_eq(&render(&events));
-    assert_eq!(events, a.rig.store.stored("t").await);
+    ended_at_its_start(&a, "t", posted).await;
     let completed = WorkerReport {
         completed: 1,
         ..WorkerReport::default()
     };
     ended_cancelled_unasked(&a, worker, completed, QueueDepth::default()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_front_end_ends_a_job_no_worker_has_claimed_when_it_is_cancelled() {
+    let Some(fleet) = Fleet::new("cancel_unclaimed").await else {
+        return;
+    };
+    let a = fleet.front_named("front-a").await;
+    let b = fleet.front_named("front-b").await;
+    let mut listener = listening(&a.queue).await;
+    let on_t = a.post_later("/v1/threads/t/runs", json!({"message": "hi"}));
+    job_announced(&mut listener).await;
+    let on_u = a.post_later("/v1/threads/u/runs", json!({"message": "hello"}));
+    job_announced(&mut listener).await;
+    // A message for t's queued run, waiting with its job.
+    let steered = b.post_later("/v1/threads/t/messages", json!({"message": "also"}));
+    steering_rows(&fleet, 1, "state = 'waiting'").await;
+
+    // No worker runs: front end B, which does not follow t's job, ends it itself at once.
+    let response = b.server.post("/v1/threads/t/cancel", json!({})).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let answer: Value = response.json().await.expect("JSON");
+    assert_eq!(answer["cancelled"], true);
+    assert_eq!(
+        answer["outcome"]["termination"],
+        json!({"kind": "cancelled"})
+    );
+    // Front end A, whose client follows u's job, does the same.
+    let response = a.server.post("/v1/threads/u/cancel", json!({})).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let answer: Value = response.json().await.expect("JSON");
+    assert_eq!(
+        answer["outcome"]["termination"],
+        json!({"kind": "cancelled"})
+    );
+
+    // Each client's stream ends with its run, cancelled at its start with the message stored.
+    for (thread, posted, message) in [("t", on_t, "hi"), ("u", on_u, "hello")] {
+        ended_at_its_start(&a, thread, posted).await;
+        assert_eq!(
+            stored_messages(&a, thread).await,
+            [(Role::User, message.to_owned())]
+        );
+    }
+    // The run took no message: the one waiting is refused.
+    refused_not_taken(steered).await;
+    assert_eq!(
+        a.queue.depth(now()).await.expect("depth"),
+        QueueDepth::default()
+    );
+    // A worker started later finds nothing to run.
+    let worker = fleet.worker("w1", vec![text_turn(&["never"])]).await;
+    ended_cancelled_unasked(&a, worker, WorkerReport::default(), QueueDepth::default()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_superseding_a_job_no_worker_has_claimed_does_not_wait_for_a_worker() {
+    let Some(fleet) = Fleet::new("supersede_unclaimed").await else {
+        return;
+    };
+    let a = fleet.front_named("front-a").await;
+    let mut listener = listening(&a.queue).await;
+    let queued = a.post_later("/v1/threads/t/runs", json!({"message": "first"}));
+    job_announced(&mut listener).await;
+    // With no worker, the superseding start ends the queued job and queues its own at once.
+    let superseding = a.post_later(
+        "/v1/threads/t/runs",
+        json!({"message": "second", "supersede": true}),
+    );
+    let first = answered("the first run's answer", queued).await;
+    assert_eq!(termination(&first), TerminationReason::Cancelled);
+    job_announced(&mut listener).await;
+    let worker = fleet
+        .worker("w1", vec![text_turn(&["second answer"])])
+        .await;
+    let second = answered("the second run's answer", superseding).await;
+    checked_activation(&second);
+    assert_eq!(termination(&second), TerminationReason::NaturalEnd);
+    assert_eq!(
+        stored_messages(&a, "t").await,
+        [
+            (Role::User, "first".to_owned()),
+            (Role::User, "second".to_owned()),
+            (Role::Assistant, "second answer".to_owned()),
+        ]
+    );
+    assert_eq!(worker.rig.model.requests(), 1);
+    let report = worker.stop().await;
+    assert_eq!(report.completed, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1099,20 +1190,47 @@ async fn a_client_following_a_queued_job_from_the_start_does_not_hold_up_a_super
     let third = Sse::new(response).await.rest().await;
     checked_activation(&third);
     assert_eq!(termination(&third), TerminationReason::NaturalEnd);
-    let second = Sse::new(
-        guarded("the queued run's answer", queued)
-            .await
-            .expect("posted"),
-    )
-    .await
-    .rest()
-    .await;
+    let second = answered("the queued run's answer", queued).await;
     assert_eq!(termination(&second), TerminationReason::Cancelled);
     // The watching client saw the cancelled job to its end.
     let rest = watching.rest().await;
     assert_eq!(rest, second);
     assert_eq!(w2.rig.model.requests(), 1);
     assert_eq!(w2.stop().await.completed, 2);
+}
+
+/// Checks that the steering message posted with `post_later` was refused (409 `not_taken`).
+async fn refused_not_taken(steered: tokio::task::JoinHandle<reqwest::Response>) {
+    let steered = guarded("the steering answer", steered)
+        .await
+        .expect("posted");
+    assert_eq!(
+        refusal(steered).await,
+        (StatusCode::CONFLICT, "not_taken".into(), None)
+    );
+}
+
+/// Checks that the run posted with `post_later` on `thread` ended `Cancelled` at its start:
+/// its client's stream and the store hold its start and its end, nothing between.
+async fn ended_at_its_start(
+    front: &FrontEnd,
+    thread: &str,
+    posted: tokio::task::JoinHandle<reqwest::Response>,
+) {
+    let frames = answered("the run's answer", posted).await;
+    let events = checked_activation(&frames);
+    expect![[r#"
+        1 run_start resumed=false
+        2 run_finish cancelled response=None
+    "#]]
+    .assert_eq(&render(&events));
+    assert_eq!(events, front.rig.store.stored(thread).await);
+}
+
+/// The whole stream answering a request posted with `post_later`.
+async fn answered(what: &str, posted: tokio::task::JoinHandle<reqwest::Response>) -> Vec<Frame> {
+    let response = guarded(what, posted).await.expect("posted");
+    Sse::new(response).await.rest().await
 }
 
 /// Checks that thread `t`'s last run ended `Cancelled` with `worker`'s model never asked,
@@ -1162,8 +1280,7 @@ async fn a_thread_with_a_queued_job_refuses_another_run() {
 
     // The queued run goes on once a worker runs.
     let worker = fleet.worker("w1", vec![text_turn(&["first"])]).await;
-    let response = guarded("the run's answer", posted).await.expect("posted");
-    let frames = Sse::new(response).await.rest().await;
+    let frames = answered("the run's answer", posted).await;
     checked_activation(&frames);
     assert_eq!(termination(&frames), TerminationReason::NaturalEnd);
     assert_eq!(worker.rig.model.requests(), 1);

@@ -346,6 +346,15 @@ pub(super) static CLAIM: LazyLock<String> = LazyLock::new(|| {
          RETURNING {JOB_COLUMNS}"
     )
 });
+/// Claims the thread's job for a cancel if no worker ever has, marked cancelled.
+pub(super) static CLAIM_UNCLAIMED: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE run_queue SET lease_owner = $1, lease_expires_at = $2, \
+             attempts = attempts + 1, claims = claims + 1, cancel_requested = TRUE \
+         WHERE thread_id = $3 AND claims = 0 AND lease_owner IS NULL \
+         RETURNING {JOB_COLUMNS}"
+    )
+});
 pub(super) const NEXT_DUE: &str = "SELECT MIN(CASE WHEN lease_owner IS NULL \
          OR lease_expires_at <= $1 THEN not_before \
          ELSE GREATEST(not_before, lease_expires_at) END) \
@@ -558,6 +567,38 @@ impl RunQueue {
                     .then(a.lease.job_id.cmp(&b.lease.job_id))
             });
             Ok(jobs)
+        })
+        .await
+    }
+
+    /// Claims the thread's job, marked cancelled, for `worker_id` until `now + lease_duration`
+    /// when no worker has claimed it yet (none is driving it, and none has begun its run): the
+    /// claimer ends its run cancelled as a worker would, so a cancel need not wait for a free
+    /// worker. `None` when the thread has no job, or one already claimed.
+    pub async fn claim_unclaimed(
+        &self,
+        thread_id: &ThreadId,
+        worker_id: &str,
+        lease_duration: Duration,
+        now: Timestamp,
+    ) -> Result<Option<ClaimedJob>, StoreError> {
+        self.named(async {
+            lease::check_worker(worker_id)?;
+            let expires_at = now.saturating_add(lease_duration);
+            let mut conn = self.pool.get().await?;
+            let row = conn
+                .prepared()
+                .query_opt(
+                    &CLAIM_UNCLAIMED,
+                    &[
+                        &worker_id,
+                        &expires_at.as_unix_millis(),
+                        &thread_id.as_str(),
+                    ],
+                )
+                .await?;
+            row.map(|row| claimed_job(&row, worker_id, expires_at))
+                .transpose()
         })
         .await
     }
