@@ -49,7 +49,8 @@ impl AgentServer {
 
     /// A front end of a fleet: runs are queued in `queue` for the workers, and each one's
     /// stored events are streamed to its clients from the store, whichever worker drives it.
-    /// `runtime` resolves the agents and reads the store (the queue's); it drives nothing.
+    /// `runtime` resolves the agents and reads the store (the queue's); it drives no run but a
+    /// job cancelled before any worker claimed it, when it has a worker identity.
     pub fn queued(
         runtime: AgentRuntime,
         config: ServerConfig,

@@ -611,12 +611,20 @@ async fn cancel(State(server): State<AgentServer>, Path(raw): Path<String>) -> A
             .await
             .map_err(store_failed)?
         {
-            Some(JobCancel::Ended) => {
-                let checkpoint = stored_thread(&server, &thread).await?;
-                let outcome = checkpoint.run.as_ref().map(|r| {
+            Some(JobCancel::Ended(run_id)) => {
+                let record = server
+                    .shared
+                    .runtime
+                    .store()
+                    .load_run(&thread, &run_id)
+                    .await
+                    .ok()
+                    .flatten();
+                let outcome = record.map(|r| {
                     json!({
                         "run_id": r.run_id,
                         "termination": r.termination,
+                        "response": null,
                         "steps": r.steps,
                         "usage": r.usage,
                     })

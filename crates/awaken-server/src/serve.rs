@@ -77,7 +77,7 @@ pub async fn serve(
     // A runtime whose runs hold no lease cannot recover while it serves: a claim could take one
     // of its own runs in flight.
     let recovery = if server.is_queued() {
-        // The fleet's workers continue unfinished runs; a front end drives none.
+        // The fleet's workers continue unfinished runs; a front end recovers none.
         None
     } else if server.runtime().worker().is_some() {
         Some(tokio::spawn(recover_loop(

@@ -141,8 +141,9 @@ async fn queue_once(
 
 /// How a cancel reached the thread's job.
 pub(crate) enum JobCancel {
-    /// No worker had claimed it: this server ended its run `Cancelled` and the job is gone.
-    Ended,
+    /// No worker had claimed it: this server ended its run (this one) `Cancelled` and the job
+    /// is gone.
+    Ended(RunId),
     /// The queue asks its worker (or the worker that claims it) to cancel it.
     Asked,
 }
@@ -156,30 +157,22 @@ pub(crate) async fn cancel_job(
     front: &Front,
     thread: &ThreadId,
 ) -> Result<Option<JobCancel>, awaken_store::StoreError> {
-    let runtime = &server.shared.runtime;
-    if let Some((worker_id, lease)) = runtime.worker()
-        && let Some(job) = front
-            .queue
-            .claim_unclaimed(thread, worker_id, lease, Timestamp::now())
-            .await?
-    {
-        let job_id = job.lease.job_id;
-        tracing::debug!(%thread, %job_id, "cancelling a job no worker has claimed");
-        // On a task of its own: a request going away does not leave the job half-ended.
-        let ending = tokio::spawn(super::worker::end_cancelled(
-            runtime.clone(),
-            front.queue.clone(),
-            job,
-        ));
-        match ending.await {
-            Ok(true) => return Ok(Some(JobCancel::Ended)),
-            Ok(false) => {}
-            Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
-            Err(_) => {}
-        }
-        // Not ended here (the store failed meanwhile): the job, marked cancelled, is ended by
-        // the worker that claims it next, at once or once this claim's lease expires.
-        return Ok(Some(JobCancel::Asked));
+    // The claim and the run on a task of their own: a request going away leaves no job
+    // claimed and not driven.
+    let ending = tokio::spawn(super::worker::end_unclaimed(
+        server.shared.runtime.clone(),
+        front.queue.clone(),
+        thread.clone(),
+    ));
+    // Bounded: a thread's earlier run held elsewhere keeps the job waiting for its lease.
+    match tokio::time::timeout(server.shared.config.cancel_wait, ending).await {
+        Ok(Ok(Ok(Some(run_id)))) => return Ok(Some(JobCancel::Ended(run_id))),
+        Ok(Ok(Ok(None))) => {}
+        Ok(Ok(Err(e))) => return Err(e),
+        Ok(Err(join)) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+        // The runtime is shutting down, or the wait ran out: the job, claimed and marked
+        // cancelled (or not claimed here), is ended by whoever holds or claims it next.
+        Ok(Err(_)) | Err(_) => {}
     }
     Ok(front
         .queue

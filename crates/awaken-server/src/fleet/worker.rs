@@ -5,7 +5,7 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use awaken_event::{AgentEvent, CancellationToken, EventSink, ThreadId};
+use awaken_event::{AgentEvent, CancellationToken, EventSink, RunId, ThreadId};
 use awaken_runtime::{
     AgentRuntime, CheckpointError, RecoverConfig, RunError, ShutdownMode, Steering, Takeover,
 };
@@ -383,15 +383,29 @@ fn backoff(base: Duration, n: u32) -> Duration {
     base.saturating_mul(1u32 << n.saturating_sub(1).min(16))
 }
 
-/// Drives `job`, claimed cancelled through [`RunQueue::claim_unclaimed`] under the worker
-/// identity of `runtime`, to its end as a worker would: its run ends `Cancelled` at its first
-/// step, its steering messages are refused, the queue is told and its events are announced.
-/// Whether the job left the queue.
-pub(crate) async fn end_cancelled(runtime: AgentRuntime, queue: RunQueue, job: ClaimedJob) -> bool {
+/// Claims the thread's job if no worker has yet, marked cancelled, under the worker identity
+/// of `runtime` (for an agent it serves), and drives it to its end as a worker would: its run
+/// ends `Cancelled` at its first step, its steering messages are refused, the queue is told
+/// and its events are announced. The job's run once the job left the queue; `None` when
+/// there was no such job or it is left to a worker (the store failed meanwhile).
+pub(crate) async fn end_unclaimed(
+    runtime: AgentRuntime,
+    queue: RunQueue,
+    thread: ThreadId,
+) -> Result<Option<RunId>, awaken_store::StoreError> {
     let Some((worker_id, lease)) = runtime.worker().map(|(id, lease)| (id.to_owned(), lease))
     else {
-        return false;
+        return Ok(None);
     };
+    let agents = runtime.resolver().registries().agent_ids();
+    let Some(job) = queue
+        .claim_unclaimed(&thread, &worker_id, lease, Timestamp::now(), &agents)
+        .await?
+    else {
+        return Ok(None);
+    };
+    tracing::debug!(%thread, job_id = %job.lease.job_id, "cancelling a job no worker has claimed");
+    let run_id = job.run_id.clone();
     let notifier = Notifier::start(queue.clone());
     let cancel = CancellationToken::new();
     cancel.cancel();
@@ -413,7 +427,7 @@ pub(crate) async fn end_cancelled(runtime: AgentRuntime, queue: RunQueue, job: C
     };
     let end = drive.job(job).await;
     notifier.close().await;
-    matches!(end, JobEnd::Completed)
+    Ok(matches!(end, JobEnd::Completed).then_some(run_id))
 }
 
 /// What a job task needs of its worker.

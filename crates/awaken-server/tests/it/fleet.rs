@@ -138,21 +138,30 @@ impl Fleet {
     /// A front end whose runtime has the worker identity `id`, as `awaken serve --queue`
     /// builds it: it ends a job no worker has claimed when the job is cancelled.
     async fn front_named(&self, id: &str) -> FrontEnd {
-        self.front_of(QueueConfig::default().max_attempts, Some(id))
+        self.front_of(QueueConfig::default().max_attempts, Some(id), None)
+            .await
+    }
+
+    /// [`front_named`](Self::front_named), serving agent `agent` alone.
+    async fn front_serving(&self, id: &str, agent: &str) -> FrontEnd {
+        self.front_of(QueueConfig::default().max_attempts, Some(id), Some(agent))
             .await
     }
 
     /// A front end queueing jobs dead-lettered after `max_attempts` claims.
     async fn front_with(&self, max_attempts: u32) -> FrontEnd {
-        self.front_of(max_attempts, None).await
+        self.front_of(max_attempts, None, None).await
     }
 
-    async fn front_of(&self, max_attempts: u32, id: Option<&str>) -> FrontEnd {
+    async fn front_of(&self, max_attempts: u32, id: Option<&str>, agent: Option<&str>) -> FrontEnd {
         let store = self.store().await;
         let queue = store.queue();
         let mut rig = Rig::on(Arc::new(store), Vec::new());
         if let Some(id) = id {
             rig = rig.with_worker(id);
+        }
+        if let Some(agent) = agent {
+            rig = rig.with_agent(agent);
         }
         let queue_config = QueueConfig {
             poll_interval: Duration::from_millis(200),
@@ -1066,6 +1075,13 @@ async fn a_front_end_ends_a_job_no_worker_has_claimed_when_it_is_cancelled() {
     // A message for t's queued run, waiting with its job.
     let steered = b.post_later("/v1/threads/t/messages", json!({"message": "also"}));
     steering_rows(&fleet, 1, "state = 'waiting'").await;
+
+    // A front end that does not serve the job's agent only asks the queue: the job waits on.
+    let other = fleet.front_serving("front-c", "other").await;
+    let response = other.server.post("/v1/threads/t/cancel", json!({})).await;
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    let depth = a.queue.depth(now()).await.expect("depth");
+    assert_eq!((depth.queued, depth.claimed), (2, 0));
 
     // No worker runs: front end B, which does not follow t's job, ends it itself at once.
     let response = b.server.post("/v1/threads/t/cancel", json!({})).await;

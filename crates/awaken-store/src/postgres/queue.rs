@@ -346,12 +346,14 @@ pub(super) static CLAIM: LazyLock<String> = LazyLock::new(|| {
          RETURNING {JOB_COLUMNS}"
     )
 });
-/// Claims the thread's job for a cancel if no worker ever has, marked cancelled.
+/// Claims the thread's job for a cancel if no worker ever has (and it is for one of the
+/// agents `$4`), marked cancelled; the claim is numbered but counts no attempt.
 pub(super) static CLAIM_UNCLAIMED: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE run_queue SET lease_owner = $1, lease_expires_at = $2, \
-             attempts = attempts + 1, claims = claims + 1, cancel_requested = TRUE \
+             claims = claims + 1, cancel_requested = TRUE \
          WHERE thread_id = $3 AND claims = 0 AND lease_owner IS NULL \
+             AND agent_id = ANY($4) \
          RETURNING {JOB_COLUMNS}"
     )
 });
@@ -572,15 +574,17 @@ impl RunQueue {
     }
 
     /// Claims the thread's job, marked cancelled, for `worker_id` until `now + lease_duration`
-    /// when no worker has claimed it yet (none is driving it, and none has begun its run): the
-    /// claimer ends its run cancelled as a worker would, so a cancel need not wait for a free
-    /// worker. `None` when the thread has no job, or one already claimed.
+    /// when no worker has claimed it yet (none is driving it, and none has begun its run) and
+    /// it is for one of `agents`: the claimer ends its run cancelled as a worker would, so a
+    /// cancel need not wait for a free worker. The claim counts no attempt (a claimer that
+    /// fails leaves the job all of its attempts). `None` when the thread has no such job.
     pub async fn claim_unclaimed(
         &self,
         thread_id: &ThreadId,
         worker_id: &str,
         lease_duration: Duration,
         now: Timestamp,
+        agents: &[String],
     ) -> Result<Option<ClaimedJob>, StoreError> {
         self.named(async {
             lease::check_worker(worker_id)?;
@@ -594,6 +598,7 @@ impl RunQueue {
                         &worker_id,
                         &expires_at.as_unix_millis(),
                         &thread_id.as_str(),
+                        &agents,
                     ],
                 )
                 .await?;
