@@ -1157,6 +1157,74 @@ async fn a_start_superseding_a_job_no_worker_has_claimed_does_not_wait_for_a_wor
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancels_racing_a_workers_claims_end_every_job_once() {
+    let Some(fleet) = Fleet::new("cancel_race").await else {
+        return;
+    };
+    const RUNS: usize = 16;
+    let a = fleet.front_named("front-a").await;
+    let b = fleet.front_named("front-b").await;
+    let mut listener = listening(&a.queue).await;
+    let mut posted = Vec::new();
+    for i in 0..RUNS {
+        let body = json!({"message": format!("run {i}")});
+        posted.push(a.post_later(&format!("/v1/threads/r{i}/runs"), body));
+        job_announced(&mut listener).await;
+    }
+    // A worker claims the jobs (its model holds each run) while front end B cancels them all:
+    // each job is ended once, by the front end before any claim or by the worker after one.
+    let worker = fleet
+        .worker("w1", (0..RUNS).map(|_| held()).collect())
+        .await;
+    // Once it holds as many runs as it drives at once: those are cancelled through the queue,
+    // and it claims more as they end, while the front end ends the others.
+    worker.rig.model.wait_holds(4).await;
+    let cancels: Vec<_> = (0..RUNS)
+        .map(|i| b.post_later(&format!("/v1/threads/r{i}/cancel"), json!({})))
+        .collect();
+    let mut ended_here = 0;
+    for cancel in cancels {
+        let response = guarded("a cancel", cancel).await.expect("cancel");
+        match response.status() {
+            StatusCode::OK => ended_here += 1,
+            StatusCode::ACCEPTED => {}
+            other => panic!("a cancel answered {other}"),
+        }
+    }
+    for (i, posted) in posted.into_iter().enumerate() {
+        let thread = format!("r{i}");
+        let frames = answered("a run's answer", posted).await;
+        assert_eq!(
+            termination(&frames),
+            TerminationReason::Cancelled,
+            "{thread}"
+        );
+        assert_eq!(
+            checked_activation(&frames),
+            a.rig.store.stored(&thread).await
+        );
+        let runs = a.rig.store.list_runs(&tid(&thread)).await.expect("runs");
+        assert_eq!(runs.len(), 1, "{thread}: {runs:?}");
+        assert_eq!(
+            stored_messages(&a, &thread).await.first(),
+            Some(&(Role::User, format!("run {i}"))),
+        );
+    }
+    assert_eq!(
+        a.queue.depth(now()).await.expect("depth"),
+        QueueDepth::default()
+    );
+    let report = worker.stop().await;
+    // Every job the front end did not end, the worker did; none failed.
+    assert_eq!(
+        report.completed as usize + ended_here,
+        RUNS,
+        "{ended_here} ended by the front end; the worker: {report:?}"
+    );
+    assert_eq!((report.dead, report.lost), (0, 0), "{report:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_following_a_queued_job_from_the_start_does_not_hold_up_a_superseding_start() {
     let Some(fleet) = Fleet::new("supersede_queued").await else {
         return;
