@@ -18,7 +18,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use awaken_benches::{agent_builder, loop_runtime, loop_spec, process_rss_kib, throughput};
+use awaken_benches::{
+    agent_builder, loop_runtime, loop_spec, nearest_rank, process_rss_kib, throughput,
+};
 use awaken_event::StopReason;
 use awaken_llm::{InferenceRequest, LlmEventStream, LlmExecutor, LlmStreamEvent};
 use awaken_runtime::AgentRuntime;
@@ -240,12 +242,7 @@ fn served_runs(client: &tokio::runtime::Runtime, clients: usize, total: usize) -
 fn percentiles(durations: impl Iterator<Item = Duration>) -> impl Fn(f64) -> f64 {
     let mut sorted: Vec<Duration> = durations.collect();
     sorted.sort();
-    move |p: f64| {
-        let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len().max(1));
-        sorted
-            .get(i - 1)
-            .map_or(f64::NAN, |d| d.as_secs_f64() * 1e6)
-    }
+    move |p: f64| nearest_rank(&sorted, p).map_or(f64::NAN, |d| d.as_secs_f64() * 1e6)
 }
 
 /// Starts `streams` runs whose model waits on a server in a process of its own (so that its

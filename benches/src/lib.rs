@@ -138,6 +138,13 @@ pub fn activation() -> RunActivation {
     .with_user_message("go")
 }
 
+/// The `p` quantile (0 to 1) of `sorted`, by nearest rank: the value at rank `ceil(p * len)`
+/// (at least the first); `None` when `sorted` is empty.
+pub fn nearest_rank<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
+    let rank = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len().max(1));
+    sorted.get(rank - 1).copied()
+}
+
 /// The process's resident set, in KiB (0 without `/proc/self/statm`).
 pub fn rss_kib() -> f64 {
     statm_rss_kib("/proc/self/statm").unwrap_or(0.0)

@@ -22,10 +22,10 @@ mod db;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use awaken_benches::step_commit::{COMMITS_PER_THREAD, StepState, nth_step_commit};
-use awaken_benches::{LoopModel, agent_builder, loop_runtime, loop_spec};
+use awaken_benches::{LoopModel, agent_builder, loop_runtime, loop_spec, nearest_rank};
 use awaken_event::{Message, Role, ThreadId};
 use awaken_llm::{InferenceRequest, LlmEventStream, LlmExecutor};
 use awaken_server::{Worker, WorkerConfig, WorkerReport};
@@ -402,7 +402,7 @@ async fn check_runs(config: PostgresConfig, runs: usize, thread: impl Fn(usize) 
     let store = connect_store(config.with_max_connections(4)).await;
     let depth = store
         .queue()
-        .depth(now())
+        .depth(Timestamp::now())
         .await
         .unwrap_or_else(|e| panic!("the queue's depth: {e}"));
     assert_eq!(
@@ -515,7 +515,7 @@ async fn takeover(
     };
 
     let killed = Instant::now();
-    let killed_ms = now().as_unix_millis();
+    let killed_ms = Timestamp::now().as_unix_millis();
     w1_rt.shutdown_background();
     let job_lease = lease(reader, schema, "run_queue", "thread_id", thread.as_str()).await;
     let run_lease = lease(reader, schema, "runs", "run_id", run_id.as_str()).await;
@@ -730,7 +730,9 @@ impl LlmExecutor for Stamped {
     }
 
     fn execute_stream(&self, request: InferenceRequest) -> LlmEventStream {
-        let _ = self.stamps.send((Instant::now(), now().as_unix_millis()));
+        let _ = self
+            .stamps
+            .send((Instant::now(), Timestamp::now().as_unix_millis()));
         self.model.execute_stream(request)
     }
 }
@@ -743,7 +745,7 @@ async fn connect_store(config: PostgresConfig) -> PostgresStore {
 
 /// Queues `job`, which must be its thread's only one.
 async fn enqueue(queue: &RunQueue, job: &NewJob) {
-    match queue.enqueue(job, now()).await {
+    match queue.enqueue(job, Timestamp::now()).await {
         Ok(Enqueued::Queued(_)) => {}
         other => panic!("queueing the job of {}: {other:?}", job.thread_id),
     }
@@ -754,14 +756,9 @@ fn run_payload() -> Value {
     json!({"kind": "run", "messages": [Message::user("go")]})
 }
 
-fn now() -> Timestamp {
-    Timestamp::from_system_time(SystemTime::now())
-}
-
 /// The `p` quantile of `sorted` (not empty).
 fn percentile(sorted: &[u32], p: f64) -> f64 {
-    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len());
-    f64::from(sorted[i - 1])
+    f64::from(nearest_rank(sorted, p).expect("not empty"))
 }
 
 /// Awaits `f`, failing the program with `what` when it takes longer than [`GUARD`].

@@ -589,6 +589,15 @@ async fn steer(
     }
 }
 
+/// 202: the cancel stands, and the run has not ended yet (or ends elsewhere).
+fn cancel_pending() -> Response {
+    (
+        StatusCode::ACCEPTED,
+        Json(json!({"cancelled": true, "outcome": null})),
+    )
+        .into_response()
+}
+
 async fn cancel(State(server): State<AgentServer>, Path(raw): Path<String>) -> ApiResult {
     let thread = thread_id(&raw)?;
     if let Some(live) = server.shared.live.get(&thread)
@@ -597,11 +606,7 @@ async fn cancel(State(server): State<AgentServer>, Path(raw): Path<String>) -> A
         let wait = server.shared.config.cancel_wait;
         return Ok(match tokio::time::timeout(wait, live.ended()).await {
             Ok(outcome) => Json(json!({"cancelled": true, "outcome": outcome?})).into_response(),
-            Err(_) => (
-                StatusCode::ACCEPTED,
-                Json(json!({"cancelled": true, "outcome": null})),
-            )
-                .into_response(),
+            Err(_) => cancel_pending(),
         });
     }
     // A queued or claimed job this front end does not follow: one no worker has claimed ends
@@ -631,13 +636,7 @@ async fn cancel(State(server): State<AgentServer>, Path(raw): Path<String>) -> A
                 });
                 return Ok(Json(json!({"cancelled": true, "outcome": outcome})).into_response());
             }
-            Some(JobCancel::Asked) => {
-                return Ok((
-                    StatusCode::ACCEPTED,
-                    Json(json!({"cancelled": true, "outcome": null})),
-                )
-                    .into_response());
-            }
+            Some(JobCancel::Asked) => return Ok(cancel_pending()),
             None => {}
         }
     }

@@ -455,7 +455,7 @@ async fn a_first_commit_written_but_answered_as_failed_gives_its_lease_up() {
         "{out:?}"
     );
     // The run was written, leased: its lease was given up, so a recovery takes it at once.
-    let now = awaken_store::Timestamp::from_system_time(std::time::SystemTime::now());
+    let now = awaken_store::Timestamp::now();
     let claimed = memory
         .claim_runnable("other", Duration::from_secs(30), now, 10)
         .await
@@ -478,7 +478,7 @@ async fn a_run_whose_lease_was_taken_over_says_so_at_its_end() {
         epoch: 1,
     };
     assert!(store.release(&token).await.expect("release"));
-    let now = awaken_store::Timestamp::from_system_time(std::time::SystemTime::now());
+    let now = awaken_store::Timestamp::now();
     let taken = store
         .claim_run(&run_id, "other", Duration::from_secs(30), now)
         .await

@@ -312,10 +312,6 @@ async fn job_announced(listener: &mut awaken_store::FleetListener) {
     .await;
 }
 
-fn now() -> Timestamp {
-    Timestamp::from_system_time(std::time::SystemTime::now())
-}
-
 /// The termination of the activation `frames` end with.
 /// The ticket of the suspended call among `events`.
 fn ticket(events: &[(EventId, AgentEvent)]) -> SuspendTicket {
@@ -391,7 +387,7 @@ async fn a_worker_drives_a_posted_run_and_the_front_end_streams_its_stored_event
         }
     );
     assert_eq!(
-        front.queue.depth(now()).await.expect("depth"),
+        front.queue.depth(Timestamp::now()).await.expect("depth"),
         QueueDepth::default()
     );
 }
@@ -509,7 +505,7 @@ async fn a_decision_posted_to_another_front_end_continues_the_run_on_another_wor
     );
     assert_eq!(b.queue.job_of_thread(&tid("t")).await.expect("job"), None);
     assert_eq!(
-        b.queue.depth(now()).await.expect("depth"),
+        b.queue.depth(Timestamp::now()).await.expect("depth"),
         QueueDepth::default()
     );
     assert_eq!(a.rig.store.stored("t").await, stored);
@@ -843,7 +839,7 @@ async fn steered_on_a_worker_process(
     w1.rig.model.wait_holds(1).await;
     let id = front
         .queue
-        .steer(&tid("t"), &Message::user("eggs"), now())
+        .steer(&tid("t"), &Message::user("eggs"), Timestamp::now())
         .await
         .expect("steer")
         .expect("the thread has a job");
@@ -1080,7 +1076,7 @@ async fn a_front_end_ends_a_job_no_worker_has_claimed_when_it_is_cancelled() {
     let other = fleet.front_serving("front-c", "other").await;
     let response = other.server.post("/v1/threads/t/cancel", json!({})).await;
     assert_eq!(response.status(), StatusCode::ACCEPTED);
-    let depth = a.queue.depth(now()).await.expect("depth");
+    let depth = a.queue.depth(Timestamp::now()).await.expect("depth");
     assert_eq!((depth.queued, depth.claimed), (2, 0));
 
     // No worker runs: front end B, which does not follow t's job, ends it itself at once.
@@ -1112,7 +1108,7 @@ async fn a_front_end_ends_a_job_no_worker_has_claimed_when_it_is_cancelled() {
     // The run took no message: the one waiting is refused.
     refused_not_taken(steered).await;
     assert_eq!(
-        a.queue.depth(now()).await.expect("depth"),
+        a.queue.depth(Timestamp::now()).await.expect("depth"),
         QueueDepth::default()
     );
     // A worker started later finds nothing to run.
@@ -1211,7 +1207,7 @@ async fn cancels_racing_a_workers_claims_end_every_job_once() {
         );
     }
     assert_eq!(
-        a.queue.depth(now()).await.expect("depth"),
+        a.queue.depth(Timestamp::now()).await.expect("depth"),
         QueueDepth::default()
     );
     let report = worker.stop().await;
@@ -1330,7 +1326,10 @@ async fn ended_cancelled_unasked(
     assert_eq!(record.termination, Some(TerminationReason::Cancelled));
     assert_eq!(worker.rig.model.requests(), 0);
     assert_eq!(worker.stop().await, report);
-    assert_eq!(front.queue.depth(now()).await.expect("depth"), left);
+    assert_eq!(
+        front.queue.depth(Timestamp::now()).await.expect("depth"),
+        left
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1355,7 +1354,7 @@ async fn a_thread_with_a_queued_job_refuses_another_run() {
         );
     }
     assert_eq!(
-        a.queue.depth(now()).await.expect("depth"),
+        a.queue.depth(Timestamp::now()).await.expect("depth"),
         QueueDepth {
             queued: 1,
             ..QueueDepth::default()
@@ -1417,7 +1416,7 @@ async fn a_job_no_worker_can_run_is_dead_lettered_and_its_client_told() {
         }
     );
     assert_eq!(
-        front.queue.depth(now()).await.expect("depth"),
+        front.queue.depth(Timestamp::now()).await.expect("depth"),
         QueueDepth {
             dead: 2,
             ..QueueDepth::default()
@@ -1499,7 +1498,7 @@ async fn another_worker_takes_over_the_run_of_a_dead_one() {
         }
     );
     assert_eq!(
-        front.queue.depth(now()).await.expect("depth"),
+        front.queue.depth(Timestamp::now()).await.expect("depth"),
         QueueDepth::default()
     );
 }
@@ -1670,7 +1669,7 @@ async fn finished_by_another(
     assert_eq!(w2.rig.model.requests(), 1);
     assert_eq!(w2.stop().await.completed, 1);
     assert_eq!(
-        front.queue.depth(now()).await.expect("depth"),
+        front.queue.depth(Timestamp::now()).await.expect("depth"),
         QueueDepth::default()
     );
 }
