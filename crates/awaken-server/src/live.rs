@@ -153,8 +153,9 @@ pub(crate) enum Status {
 /// The events of a run's activation kept for clients, and the broadcast to the attached ones.
 struct Log {
     frames: VecDeque<Frame>,
-    /// Whether frames were dropped from the front of the buffer.
-    trimmed: bool,
+    /// The id of the last frame dropped from the front of the buffer that the store does not
+    /// have (a streamed delta).
+    lost: Option<EventId>,
     /// The id of the last event.
     last: EventId,
     /// The number of the activation's first stored event.
@@ -191,8 +192,11 @@ pub(crate) struct LiveRun {
 pub(crate) struct Attached {
     pub(crate) backlog: Vec<Frame>,
     pub(crate) rx: Option<broadcast::Receiver<Frame>>,
-    /// The id of the oldest frame kept, when frames before it were dropped.
-    pub(crate) kept_from: Option<EventId>,
+    /// The id of the last streamed delta dropped from the buffer (a client before it lost
+    /// deltas: the stored events are in the store).
+    pub(crate) lost: Option<EventId>,
+    /// Every event numbered up to this one is in the store.
+    pub(crate) durable: u64,
     /// The id of the first frame of the activation kept (the stored events before it come from
     /// the store).
     pub(crate) first: Option<EventId>,
@@ -211,7 +215,7 @@ impl LiveRun {
             handle,
             log: Mutex::new(Log {
                 frames: VecDeque::new(),
-                trimmed: false,
+                lost: None,
                 last: EventId::default(),
                 start: None,
                 durable: 0,
@@ -344,12 +348,12 @@ impl LiveRun {
             .filter(|f| after.is_none_or(|a| f.id.key() > a.key()))
             .cloned()
             .collect();
-        let first = log.frames.front().map(|f| f.id);
         Attached {
             backlog,
             rx,
-            kept_from: if log.trimmed { first } else { None },
-            first,
+            lost: log.lost,
+            first: log.frames.front().map(|f| f.id),
+            durable: log.durable,
         }
     }
 
@@ -357,8 +361,9 @@ impl LiveRun {
         self.push_with(seq, event, true);
     }
 
-    /// [`Self::push`]; `lifecycle`: whether a `RunFinish` or `RunStart` marks this run
-    /// finishing or not (false for the thread's history before a followed job's events).
+    /// [`Self::push`]; `lifecycle`: whether the event is the activation's, so that its first
+    /// stored one starts it and a `RunFinish` or `RunStart` marks this run finishing or not
+    /// (false for the thread's history before a followed job's events).
     fn push_with(&self, seq: Option<u64>, event: &AgentEvent, lifecycle: bool) {
         if !self.started.swap(true, Ordering::AcqRel) {
             self.replaced
@@ -382,7 +387,7 @@ impl LiveRun {
                 activation: None,
             },
         };
-        if let Some(seq) = seq {
+        if let Some(seq) = seq.filter(|_| lifecycle) {
             log.start.get_or_insert(seq);
         }
         if id.seq > log.durable {
@@ -393,8 +398,11 @@ impl LiveRun {
         while log.frames.len() >= self.capacity
             && log.frames.front().is_some_and(|f| f.id.seq <= log.durable)
         {
-            log.frames.pop_front();
-            log.trimmed = true;
+            if let Some(f) = log.frames.pop_front()
+                && f.id.sub > 0
+            {
+                log.lost = Some(f.id);
+            }
         }
         log.frames.push_back(frame.clone());
         // Before the frame goes out, so a client that saw `run_finish` finds the run finishing.
@@ -430,6 +438,17 @@ impl LiveRun {
     fn committed(&self, last_seq: u64) {
         let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
         log.durable = log.durable.max(last_seq);
+    }
+
+    /// Makes the activation start after stored event `seq` (a followed job's, from the
+    /// thread's position when it was queued): a client with no position starts there, whatever
+    /// earlier events of the thread a follower pushes for a client from further back.
+    pub(crate) fn starts_after(&self, seq: u64) {
+        self.log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .start
+            .get_or_insert(seq + 1);
     }
 
     /// The number of the activation's first stored event, once it was emitted.
@@ -476,10 +495,7 @@ impl RecoverySink {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone();
-            *current = self
-                .live
-                .begin(thread_id, Some(cancel), Some(&steering))
-                .ok();
+            *current = self.live.begin_recovered(thread_id, cancel, &steering);
             let durable = *self
                 .pending_commit
                 .lock()
@@ -558,18 +574,7 @@ impl LiveRuns {
         handle: Option<CancellationToken>,
         steering: Option<&Steering>,
     ) -> Result<Arc<LiveRun>, Arc<LiveRun>> {
-        let run = || {
-            let run = LiveRun::new(
-                thread_id.clone(),
-                handle.clone(),
-                self.replay,
-                self.broadcast,
-            );
-            if let Some(s) = steering {
-                let _ = run.steering.set(s.clone());
-            }
-            Arc::new(run)
-        };
+        let run = || self.new_run(thread_id, handle.clone(), steering);
         match self.runs.entry(thread_id.clone()) {
             Entry::Occupied(o) if !o.get().is_ended() => Err(o.get().clone()),
             Entry::Occupied(mut o) => {
@@ -582,8 +587,48 @@ impl LiveRuns {
         }
     }
 
+    fn new_run(
+        &self,
+        thread_id: &ThreadId,
+        handle: Option<CancellationToken>,
+        steering: Option<&Steering>,
+    ) -> Arc<LiveRun> {
+        let run = LiveRun::new(thread_id.clone(), handle, self.replay, self.broadcast);
+        if let Some(s) = steering {
+            let _ = run.steering.set(s.clone());
+        }
+        Arc::new(run)
+    }
+
+    /// Registers the live run of a run recovered on `thread_id`. The recovered run holds the
+    /// thread's lease, so a run registered there that has emitted nothing is a start bound to
+    /// be refused busy: it gives way (its end leaves this entry in place).
+    fn begin_recovered(
+        &self,
+        thread_id: &ThreadId,
+        handle: CancellationToken,
+        steering: &Steering,
+    ) -> Option<Arc<LiveRun>> {
+        match self.begin(thread_id, Some(handle.clone()), Some(steering)) {
+            Ok(run) => Some(run),
+            Err(starting) if !starting.has_events() => {
+                let run = self.new_run(thread_id, Some(handle), Some(steering));
+                self.runs.insert(thread_id.clone(), Arc::clone(&run));
+                Some(run)
+            }
+            Err(_) => None,
+        }
+    }
+
     /// The live (or recently ended) run of `thread_id`.
     pub(crate) fn get(&self, thread_id: &ThreadId) -> Option<Arc<LiveRun>> {
+        let run = self.runs.get(thread_id).map(|r| r.clone())?;
+        if !run.is_ended() {
+            return Some(run);
+        }
+        // An ended run goes once its time is over, whether or not another run ended since.
+        let mut ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
+        self.expire(&mut ended, std::time::Instant::now());
         self.runs.get(thread_id).map(|r| r.clone())
     }
 
@@ -623,6 +668,15 @@ impl LiveRuns {
         let now = std::time::Instant::now();
         let mut ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
         ended.push_back((now, Arc::clone(run)));
+        self.expire(&mut ended, now);
+    }
+
+    /// Removes the ended runs kept past their time or past `max_lingering`, oldest first.
+    fn expire(
+        &self,
+        ended: &mut VecDeque<(std::time::Instant, Arc<LiveRun>)>,
+        now: std::time::Instant,
+    ) {
         while let Some((at, oldest)) = ended.front() {
             if ended.len() <= self.max_lingering && now.duration_since(*at) < self.linger {
                 break;
@@ -639,5 +693,93 @@ impl LiveRuns {
             .filter(|r| !r.is_ended())
             .map(|r| r.clone())
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use awaken_event::{RunId, TerminationReason};
+
+    use super::*;
+
+    fn run_start(thread: &ThreadId) -> AgentEvent {
+        AgentEvent::RunStart {
+            thread_id: thread.clone(),
+            run_id: RunId::new("r").expect("id"),
+            agent_id: "agent".into(),
+            parent_run_id: None,
+            resumed: true,
+        }
+    }
+
+    #[test]
+    fn a_recovered_run_takes_the_place_of_a_start_that_emitted_nothing() {
+        let runs = Arc::new(LiveRuns::new(&ServerConfig::default()));
+        let thread = ThreadId::new("t").expect("id");
+        // A start registered, bound to be refused busy: the recovered run holds the lease.
+        let Ok(starting) = runs.begin(&thread, None, None) else {
+            panic!("registered")
+        };
+        let sink = RecoverySink {
+            live: runs.clone(),
+            current: Mutex::new(None),
+            handles: Mutex::new((CancellationToken::new(), Steering::new())),
+            pending_commit: Mutex::new(0),
+        };
+        sink.emit_stored(&run_start(&thread), 1);
+        let recovered = runs.get(&thread).expect("the recovered run");
+        assert!(!Arc::ptr_eq(&recovered, &starting));
+        assert!(recovered.has_events() && recovered.steering().is_some());
+        // The refused start goes; the recovered run stays, and can be cancelled.
+        starting.end(Err(ApiError::conflict("thread_busy", "busy")));
+        runs.remove(&starting);
+        let live = runs.get(&thread).expect("still registered");
+        assert!(Arc::ptr_eq(&live, &recovered));
+        assert!(live.cancel());
+        sink.emit_stored(
+            &AgentEvent::RunFinish {
+                thread_id: thread.clone(),
+                run_id: RunId::new("r").expect("id"),
+                termination: Box::new(TerminationReason::Cancelled),
+                response: None,
+                usage: Default::default(),
+            },
+            2,
+        );
+        assert!(live.is_ended());
+    }
+
+    #[test]
+    fn a_recovered_run_never_replaces_a_run_that_emitted_events() {
+        let runs = Arc::new(LiveRuns::new(&ServerConfig::default()));
+        let thread = ThreadId::new("t").expect("id");
+        let Ok(running) = runs.begin(&thread, None, None) else {
+            panic!("registered")
+        };
+        running.push(Some(1), &run_start(&thread));
+        assert!(
+            runs.begin_recovered(&thread, CancellationToken::new(), &Steering::new())
+                .is_none()
+        );
+        assert!(Arc::ptr_eq(&runs.get(&thread).expect("kept"), &running));
+    }
+
+    #[test]
+    fn an_ended_run_is_let_go_once_its_time_is_over_with_no_other_run_ending() {
+        let config = ServerConfig {
+            finished_linger: std::time::Duration::from_millis(20),
+            ..ServerConfig::default()
+        };
+        let runs = LiveRuns::new(&config);
+        let thread = ThreadId::new("t").expect("id");
+        let Ok(run) = runs.begin(&thread, None, None) else {
+            panic!("registered")
+        };
+        run.push(Some(1), &run_start(&thread));
+        run.end(Ok(serde_json::Value::Null));
+        runs.linger(&run);
+        assert!(runs.get(&thread).is_some(), "kept for reconnecting clients");
+        std::thread::sleep(std::time::Duration::from_millis(40));
+        assert!(runs.get(&thread).is_none());
     }
 }

@@ -566,6 +566,7 @@ async fn steer(
         .filter(|r| !r.is_ended())
         .and_then(|r| Some((r.clone(), r.steering()?.clone())))
     else {
+        stored_thread(&server, &thread).await?;
         return Err(ApiError::conflict(
             "not_running",
             format!("thread `{thread}` has no run in flight here: start a run with the message"),
@@ -605,7 +606,12 @@ async fn cancel(State(server): State<AgentServer>, Path(raw): Path<String>) -> A
     {
         let wait = server.shared.config.cancel_wait;
         return Ok(match tokio::time::timeout(wait, live.ended()).await {
-            Ok(outcome) => Json(json!({"cancelled": true, "outcome": outcome?})).into_response(),
+            Ok(outcome) => {
+                let outcome = outcome?;
+                // A run that ended on its own as the cancel came says so.
+                let cancelled = outcome["termination"]["kind"] == "cancelled";
+                Json(json!({"cancelled": cancelled, "outcome": outcome})).into_response()
+            }
             Err(_) => cancel_pending(),
         });
     }

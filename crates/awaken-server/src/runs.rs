@@ -7,7 +7,7 @@ use std::task::Poll;
 
 use awaken_event::{ResumeDecision, ThreadId, ToolCallResume};
 use awaken_runtime::{DecisionError, Resume, RunOutcome};
-use awaken_store::Checkpoint;
+use awaken_store::{Checkpoint, RunStatus};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -138,11 +138,25 @@ pub(crate) async fn resume_of(
         ));
     }
     let runtime = &server.shared.runtime;
-    stored_thread(server, thread).await?;
+    let stored = stored_thread(server, thread).await?;
     let tickets = runtime
         .waiting_calls(thread)
         .await
         .map_err(ApiError::from)?;
+    // A call suspended while other calls of its step still run waits only once its run ends.
+    if tickets.is_empty()
+        && stored
+            .run
+            .as_ref()
+            .is_some_and(|r| r.status == RunStatus::Running)
+    {
+        return Err(ApiError::conflict(
+            "thread_busy",
+            format!(
+                "thread `{thread}`'s run is still in flight: decide its suspended calls once it has ended (its `run_finish`)"
+            ),
+        ));
+    }
     if tickets.is_empty() {
         return Err(ApiError::conflict(
             "not_waiting",
@@ -316,14 +330,20 @@ pub(crate) async fn start(
     // left: a client starting the next run at once waits for it to close (before taking a
     // place among the runs in flight, which that run still holds).
     let deadline = tokio::time::Instant::now() + crate::live::FINISHING_WAIT;
-    if let Some(closing) = shared.live.get(thread).filter(|r| r.is_finishing()) {
-        finished(server, thread, &closing, deadline).await?;
-    }
-    // A run superseded ends first, for the same reason: its place among the runs in flight
-    // is the new one's.
     let supersede = matches!(&job, Job::Run(activation) if activation.supersede);
-    if supersede && let Some(running) = shared.live.get(thread).filter(|r| !r.is_ended()) {
-        superseded(server, thread, &running).await?;
+    match shared.live.get(thread) {
+        Some(closing) if closing.is_finishing() => {
+            finished(server, thread, &closing, deadline).await?;
+        }
+        // A run superseded ends first, for the same reason: its place among the runs in
+        // flight is the new one's.
+        Some(running) if supersede && !running.is_ended() => {
+            superseded(server, thread, &running).await?;
+        }
+        // Busy before full: a thread's run in flight answers the same however loaded the
+        // server is.
+        Some(running) if !running.is_ended() => return Err(busy(thread)),
+        _ => {}
     }
     let permit = shared.admission.clone().try_acquire_owned().map_err(|_| {
         ApiError::unavailable(

@@ -178,15 +178,15 @@ impl<E: Encoder> EventStream<E> {
         let attached = live.attach(after);
         if let Some(a) = after {
             match attached.first {
-                // (No stored event lies between a position and the buffer's first event when
-                // that is the next stored one: the store is not asked.)
-                Some(first)
-                    if a.key() < first.key() && (first.sub > 0 || first.seq > a.seq + 1) =>
-                {
-                    if attached.kept_from.is_some() {
+                Some(first) if a.key() < first.key() => {
+                    if attached.lost.is_some_and(|d| d.key() > a.key()) {
                         self.notice("lagged", &lagged(a, first));
                     }
-                    self.queue_stored(a, Some(first)).await?;
+                    // (No stored event lies between a position and the buffer's first event
+                    // when that is the next stored one: the store is not asked.)
+                    if first.sub > 0 || first.seq > a.seq + 1 {
+                        self.queue_stored(a, Some(first)).await?;
+                    }
                 }
                 Some(_) => {}
                 None => self.queue_stored(a, None).await?,
@@ -196,6 +196,17 @@ impl<E: Encoder> EventStream<E> {
             self.push(f);
         }
         self.rx = attached.rx;
+        // An ended run's buffer may be older than the store: another process may have run the
+        // thread since. (A position past what the run stored names no stored event.)
+        if self.rx.is_none()
+            && let Some(last) = self.last.filter(|l| l.seq <= attached.durable)
+        {
+            let last = EventId {
+                activation: None,
+                ..last
+            };
+            self.queue_stored(last, None).await?;
+        }
         Ok(())
     }
 

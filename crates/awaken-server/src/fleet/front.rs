@@ -361,6 +361,7 @@ pub(crate) async fn live_or_follow(
         Err(running) => return Ok(Some(running)),
     };
     // Its clients come with a position and attach now, whenever its next event is stored.
+    live.starts_after(job.after_event);
     live.mark_started();
     let follower = Follower {
         server: server.clone(),
@@ -413,6 +414,11 @@ impl Follower {
                 // Nothing new: the job may have ended without its run's end.
                 Ok(Progress::Still) => match self.front.queue.job_state(self.job_id).await {
                     Ok(JobState::Dead { error, attempts }) => {
+                        // What its worker stored before giving up on it comes first (a run it
+                        // ended `Cancelled` then ends the activation).
+                        if let Ok(Progress::Finished(outcome)) = self.read().await {
+                            break Ok(outcome);
+                        }
                         break Err(ApiError::internal(
                             "run_failed",
                             format!("the run failed after {attempts} attempt(s): {error}"),

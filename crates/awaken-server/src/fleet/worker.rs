@@ -595,9 +595,10 @@ impl Drive {
         }
     }
 
-    /// One attempt at `job`: first continues the thread's unfinished run if its worker is gone
-    /// (the job's own run, or one left before it), then starts the job's activation unless its
-    /// run already had it.
+    /// One attempt at `job`: first continues the job's own run if its worker is gone (another
+    /// run the thread was left with, by a job given up on or a stopped process, is ended
+    /// `Cancelled` at its checkpoint instead), then starts the job's activation unless its run
+    /// already had it.
     ///
     /// A job claimed again after its last attempt is given up (dead-lettered), after the run
     /// its last worker left `Running` is ended `Cancelled` at its checkpoint, so no later run

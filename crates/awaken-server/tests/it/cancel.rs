@@ -92,12 +92,12 @@ async fn a_start_that_supersedes_a_running_run_cancels_it_first() {
     let part = first.until(|f| f.is_text("Hel")).await;
     rig.model.wait_holds(1).await;
 
-    // Without `supersede` the start is refused; with it, the running run ends cancelled at
-    // its checkpoint and the new one runs.
+    // Without `supersede` the start is refused (the thread is busy, whether or not the server
+    // has room); with it, the running run ends cancelled at its checkpoint and the new one runs.
     let refused = server
         .post("/v1/threads/t/runs", json!({"message": "again"}))
         .await;
-    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(refused.status(), StatusCode::CONFLICT);
     let response = server
         .post(
             "/v1/threads/t/runs",

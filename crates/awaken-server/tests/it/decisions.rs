@@ -187,3 +187,31 @@ async fn approve_and_deny_after_a_restart_on_sqlite() {
     assert_eq!(rig.store.last_run("deny").await.status.as_str(), "done");
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_for_a_run_still_in_flight_is_refused_busy_not_unwaited() {
+    // The run suspends its call, but its end (the commit that makes it wait) is not written:
+    // the store holds it `Running` with the call suspended, as while its step's other calls run.
+    let rig = Rig::memory(vec![call_turn("c1", "guarded", json!({"text": "a"}))]);
+    rig.store.fail_ends(true);
+    let server = TestServer::start(rig.runtime(), config()).await;
+    let ended = server
+        .post("/v1/threads/t/runs?stream=false", json!({"message": "hi"}))
+        .await;
+    assert_eq!(refusal(ended).await.1, "end_not_written");
+    let suspended = ticket(&rig.store.stored("t").await);
+    assert_eq!(rig.store.last_run("t").await.status.as_str(), "running");
+    let refused = server
+        .post(
+            "/v1/threads/t/decisions",
+            decisions("c1", "approve", &suspended.call.argument_digest),
+        )
+        .await;
+    let (status, code, _) = refusal(refused).await;
+    assert_eq!(
+        (status, code.as_str()),
+        (StatusCode::CONFLICT, "thread_busy")
+    );
+    assert_eq!(rig.store.last_run("t").await.status.as_str(), "running");
+    assert_eq!(rig.model.requests(), 1);
+}

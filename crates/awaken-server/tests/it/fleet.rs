@@ -1857,3 +1857,69 @@ async fn a_client_gone_while_its_run_is_queued_leaves_the_thread_usable() {
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(worker.stop().await.completed, 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_front_end_streams_the_threads_latest_job_however_its_clients_attach() {
+    let Some(fleet) = Fleet::new("latest").await else {
+        return;
+    };
+    let a = fleet.front().await;
+    let b = fleet.front().await;
+    let worker = fleet
+        .worker(
+            "w1",
+            vec![
+                text_turn(&["one"]),
+                vec![Piece::Hold, text("two"), stop(StopReason::EndTurn)],
+                text_turn(&["three"]),
+            ],
+        )
+        .await;
+    // The thread's first run, through A, which keeps it ended for reconnecting clients.
+    let first = a.server.start_run("t", "hi").await.rest().await;
+    checked_activation(&first);
+    let first_last = first
+        .iter()
+        .rev()
+        .find_map(|f| f.id.clone())
+        .expect("an id");
+
+    // The next, through B, held in its model. On A, a client from the thread's start follows
+    // it from there; the AI SDK's resume route (no position) streams the job's run alone.
+    let second = b.server.start_run("t", "again").await;
+    worker.rig.model.wait_holds(1).await;
+    let from_start = a.server.events_after("t", "0").await;
+    let resumed = a.server.get("/v1/ai-sdk/chat/t/stream").await;
+    assert_eq!(resumed.status(), StatusCode::OK);
+    let resumed = Sse::new(resumed).await;
+    worker.rig.model.release(1);
+    let second = checked_activation(&second.rest().await);
+    let stored = a.rig.store.stored("t").await;
+    assert_eq!(stored_only(&agent_events(&from_start.rest().await)), stored);
+    let Some((_, AgentEvent::RunStart { run_id, .. })) = second.first() else {
+        panic!("the second run's start: {second:?}");
+    };
+    let resumed = resumed.rest().await;
+    assert!(
+        resumed[0].data.contains(&format!(r#""runId":"{run_id}""#)),
+        "{resumed:#?}"
+    );
+    assert_eq!(resumed.last().map(|f| f.data.as_str()), Some("[DONE]"));
+
+    // A third run, through B, ends. A client of A reconnecting from the first run's end gets
+    // every event stored since, though A may still keep the first run (or the second's
+    // follower) ended.
+    let third = b.server.start_run("t", "more").await.rest().await;
+    checked_activation(&third);
+    let since: Vec<_> = a
+        .rig
+        .store
+        .stored("t")
+        .await
+        .into_iter()
+        .filter(|(id, _)| id.seq > EventId::parse(&first_last).expect("id").seq)
+        .collect();
+    let back = a.server.reconnect("t", &first_last).await.rest().await;
+    assert_eq!(stored_only(&agent_events(&back)), since);
+    assert_eq!(worker.stop().await.completed, 3);
+}

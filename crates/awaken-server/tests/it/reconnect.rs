@@ -284,3 +284,83 @@ async fn a_client_that_reads_nothing_never_holds_its_run_back() {
     );
     assert_eq!(stored_only(&events), rig.store.stored("t").await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnect_to_an_ended_run_gets_what_another_process_stored_since() {
+    let rig = Rig::memory(vec![text_turn(&["first"]), text_turn(&["second"])]);
+    let server = TestServer::start(rig.runtime(), config()).await;
+    let frames = server.start_run("t", "hi").await.rest().await;
+    checked_live(&frames);
+    let last = frames
+        .iter()
+        .rev()
+        .find_map(|f| f.id.clone())
+        .expect("the ended run's last id");
+    // Another process (here a runtime of its own on the same store) runs the thread next, while
+    // this server still keeps the ended run for reconnecting clients.
+    rig.runtime()
+        .run_to_completion(
+            awaken_runtime::RunActivation::new(tid("t"), "agent").with_user_message("again"),
+        )
+        .await
+        .expect("the other process's run");
+    let stored = rig.store.stored("t").await;
+    let last_seq = EventId::parse(&last).expect("an id").seq;
+    let later: Vec<_> = stored.iter().filter(|(id, _)| id.seq > last_seq).collect();
+    assert!(!later.is_empty());
+
+    let resumed = server.reconnect("t", &last).await.rest().await;
+    let events = agent_events(&resumed);
+    assert_ids_increase(&events);
+    assert_eq!(
+        render(&stored_only(&events)),
+        render(&later.into_iter().cloned().collect::<Vec<_>>()),
+        "every event stored since, once"
+    );
+    let all = server.events_after("t", "0").await.rest().await;
+    let all = agent_events(&all);
+    assert_ids_increase(&all);
+    assert_eq!(render(&stored_only(&all)), render(&stored));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_is_told_it_lagged_only_when_deltas_it_had_not_read_are_gone() {
+    let rig = Rig::memory(vec![vec![
+        text("a"),
+        text("b"),
+        text("c"),
+        Piece::Hold,
+        text("d"),
+        stop(StopReason::EndTurn),
+    ]]);
+    let config = awaken_server::ServerConfig {
+        replay_events: 2,
+        ..config()
+    };
+    let server = TestServer::start(rig.runtime(), config).await;
+    // The buffer has dropped the stored `run_start` by the time the start's stream attaches:
+    // that stream reads it from the store, and has lost nothing.
+    let mut first = server.start_run("t", "hi").await;
+    let part = first.until(|f| f.is_text("a")).await;
+    let at = part
+        .last()
+        .and_then(|f| f.id.clone())
+        .expect("the first delta's id");
+    rig.model.wait_holds(1).await;
+    let back = server.reconnect("t", &at).await;
+    rig.model.release(1);
+    let frames = back.rest().await;
+    for stream in [&part, &frames] {
+        assert!(stream.iter().all(|f| f.id.is_some()), "{stream:#?}");
+    }
+    assert!(part[0].is("run_start"), "{part:#?}");
+    let deltas: Vec<String> = agent_events(&frames)
+        .iter()
+        .filter_map(|(_, e)| match e {
+            AgentEvent::TextDelta { delta } => Some(delta.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(deltas, ["b", "c", "d"], "{frames:#?}");
+    drop(first);
+}

@@ -143,6 +143,14 @@ async fn a_start_over_the_limit_of_runs_is_told_to_retry() {
         refusal(other).await,
         refused(StatusCode::SERVICE_UNAVAILABLE, "too_many_runs", None)
     );
+    // The thread of the run in flight is busy, however full the server is.
+    let same = server
+        .post("/v1/threads/one/runs", json!({"message": "again"}))
+        .await;
+    assert_eq!(
+        refusal(same).await,
+        refused(StatusCode::CONFLICT, "thread_busy", None)
+    );
     // Once the run ended, its place is free again.
     rig.model.release(1);
     sse.rest().await;

@@ -67,6 +67,13 @@ async fn a_message_for_a_run_in_flight_is_taken_at_its_next_step() {
         refusal(over).await,
         (StatusCode::CONFLICT, "not_running".into(), None)
     );
+    let nowhere = server
+        .post("/v1/threads/nobody/messages", json!({"message": "Hello?"}))
+        .await;
+    assert_eq!(
+        refusal(nowhere).await,
+        (StatusCode::NOT_FOUND, "unknown_thread".into(), None)
+    );
     let blank = server
         .post("/v1/threads/t/messages", json!({"message": " "}))
         .await;
