@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use awaken_event::{EventSink, Message, NullSink, RunId, SuspendTicket, ThreadId};
+use awaken_event::{
+    CancellationToken, EventSink, Message, NullSink, RunId, SuspendTicket, ThreadId,
+};
 use awaken_plugin::{
     HookStats, LifecycleEvent, LifecycleHook, PluginError, RegistryError, ReloadOutcome,
 };
@@ -255,9 +257,12 @@ impl AgentRuntime {
         self.take_over_with(thread_id, config, None, sink).await
     }
 
-    /// [`take_over`](Self::take_over), the continued run taking its steering messages from
-    /// `steering` when it is `run_id` (its activation closes the inbox as it ends); the inbox is
-    /// left open otherwise, for the caller's next activation of that run.
+    /// [`take_over`](Self::take_over) for the caller's run `run_id`: that run, when it is the
+    /// one continued, takes its steering messages from `steering` (its activation closes the
+    /// inbox as it ends). Another unfinished run of the thread (one an earlier job gave up on,
+    /// or a stopped process left) is not continued but ended `Cancelled` at its checkpoint, as
+    /// under a cancelled `config.cancel`: the caller's run comes after it, and nobody waits for
+    /// it any more. The inbox is left open then, for the caller's next activation.
     pub async fn take_over_steered(
         &self,
         thread_id: &ThreadId,
@@ -278,13 +283,22 @@ impl AgentRuntime {
         sink: &dyn EventSink,
     ) -> Result<Takeover, RunError> {
         Ok(match self.claim_to_take_over(thread_id, config).await? {
-            Ok(claimed) => {
-                let steering = match steered {
-                    Some((run_id, steering)) if claimed.run.run_id == *run_id => steering,
-                    _ => Steering::new(),
-                };
-                Takeover::Recovered(self.continue_claimed(claimed, config, steering, sink).await)
-            }
+            Ok(claimed) => Takeover::Recovered(match steered {
+                Some((run_id, steering)) if claimed.run.run_id == *run_id => {
+                    self.continue_claimed(claimed, config, steering, sink).await
+                }
+                Some(_) => {
+                    let cancel = CancellationToken::new();
+                    cancel.cancel();
+                    let ended = config.clone().with_cancel(cancel);
+                    self.continue_claimed(claimed, &ended, Steering::new(), sink)
+                        .await
+                }
+                None => {
+                    self.continue_claimed(claimed, config, Steering::new(), sink)
+                        .await
+                }
+            }),
             Err(takeover) => takeover,
         })
     }

@@ -194,13 +194,9 @@ async fn a_run_gets_the_id_it_was_given_and_a_taken_id_is_refused() {
     assert_eq!(runs, ["job-7 Done", "run-1 Done"]);
 }
 
-/// A run left unfinished by a dead process, taken over by a caller whose cancel came first
-/// (a queued run cancelled while no worker held it): the run ends `Cancelled` with its
-/// checkpoint, and no step of it runs again.
-#[tokio::test]
-async fn a_cancelled_take_over_ends_the_unfinished_run_cancelled() {
-    let store: Arc<dyn ThreadStore> = Arc::new(MemoryStore::new());
-    // The first process's writes stop after its first two commits: the run stays `Running`.
+/// A run of `store` left `Running` by a process whose writes stopped after its first two
+/// commits, its lease expired.
+async fn left_running(store: &Arc<dyn ThreadStore>) -> awaken_store::RunRecord {
     let dying = Arc::new(Intercepted::dies_after(store.clone(), 2));
     let _ = runtime(dying)
         .run(
@@ -210,6 +206,16 @@ async fn a_cancelled_take_over_ends_the_unfinished_run_cancelled() {
         .await;
     let run = dead_lease_expired(store.as_ref()).await;
     assert_eq!(run.status, RunStatus::Running);
+    run
+}
+
+/// A run left unfinished by a dead process, taken over by a caller whose cancel came first
+/// (a queued run cancelled while no worker held it): the run ends `Cancelled` with its
+/// checkpoint, and no step of it runs again.
+#[tokio::test]
+async fn a_cancelled_take_over_ends_the_unfinished_run_cancelled() {
+    let store: Arc<dyn ThreadStore> = Arc::new(MemoryStore::new());
+    let run = left_running(&store).await;
 
     let cancel = CancellationToken::new();
     cancel.cancel();
@@ -245,4 +251,59 @@ async fn a_cancelled_take_over_ends_the_unfinished_run_cancelled() {
         .await
         .expect("take over");
     assert!(matches!(again, Takeover::Nothing { .. }), "{again:?}");
+}
+
+/// A caller taking over for its own run (a queued job) finds another run of the thread left
+/// unfinished (a job given up on, a stopped process): that run is ended `Cancelled` at its
+/// checkpoint, with no step of it run again, and the caller's run can start after it.
+#[tokio::test]
+async fn a_take_over_for_another_run_ends_the_unfinished_one_cancelled() {
+    let store: Arc<dyn ThreadStore> = Arc::new(MemoryStore::new());
+    let left = left_running(&store).await;
+
+    let rt = runtime(store.clone());
+    let job = RunId::new("job-2").expect("id");
+    let sink = VecSink::new();
+    let taken = rt
+        .take_over_steered(
+            &thread(),
+            &RecoverConfig::new("w2"),
+            &job,
+            awaken_runtime::Steering::new(),
+            &sink,
+        )
+        .await
+        .expect("take over");
+    let Takeover::Recovered(recovered) = taken else {
+        panic!("the unfinished run is taken over to be ended: {taken:?}");
+    };
+    assert_eq!(recovered.run_id, left.run_id);
+    let out = recovered.outcome.expect("ended");
+    assert_eq!(out.termination, TerminationReason::Cancelled);
+    let events = sink.events();
+    if let Err(v) = check_activation(&events) {
+        panic!("the ended run's events: {v}");
+    }
+    // Its step opens and closes on the cancel: no model call, no tool.
+    let kinds: Vec<&str> = events.iter().map(|e| e.type_name()).collect();
+    assert_eq!(
+        kinds,
+        ["run_start", "step_start", "step_end", "run_finish"],
+        "{events:?}"
+    );
+    let stored = store.load_run(&thread(), &left.run_id).await.expect("load");
+    let stored = stored.expect("the left run");
+    assert_eq!(stored.status, RunStatus::Done);
+    assert_eq!(stored.termination, Some(TerminationReason::Cancelled));
+    // The caller's run starts after it.
+    let out = rt
+        .run_to_completion(
+            RunActivation::new(thread(), "agent")
+                .with_user_message("next")
+                .with_run_id(job.clone()),
+        )
+        .await
+        .expect("the caller's run");
+    assert_eq!(out.run_id, job);
+    assert_eq!(out.termination, TerminationReason::NaturalEnd);
 }
