@@ -1923,3 +1923,46 @@ async fn a_front_end_streams_the_threads_latest_job_however_its_clients_attach()
     assert_eq!(stored_only(&agent_events(&back)), since);
     assert_eq!(worker.stop().await.completed, 3);
 }
+
+/// A worker told to drain while its claim waits for the queue gives the claim up, and the job
+/// counts no attempt: the next worker runs it though one attempt is all it may have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_cut_short_by_a_drain_leaves_its_job_uncounted() {
+    let Some(fleet) = Fleet::new("drain_claim").await else {
+        return;
+    };
+    let front = fleet.front_with(1).await;
+    let mut listener = listening(&front.queue).await;
+    let posted = front.post_later("/v1/threads/t/runs", json!({"message": "hi"}));
+    job_announced(&mut listener).await;
+    let locker = lock_the_queue(&fleet).await;
+    let config = WorkerConfig {
+        drain_grace: Duration::from_secs(5),
+        ..worker_config()
+    };
+    let w1 = fleet
+        .worker_with("w1", vec![text_turn(&["never"])], config, |rig| rig)
+        .await;
+    waits_for(&locker, "the worker's claim to wait for the queue's table").await;
+    let model = Arc::clone(&w1.rig.model);
+    let stopping = tokio::spawn(w1.stop());
+    // Time for the drain to begin while the claim still waits.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    locker.batch_execute("ROLLBACK").await.expect("unlock");
+    assert_eq!(stopping.await.expect("joined"), WorkerReport::default());
+    assert_eq!(model.requests(), 0);
+
+    let w2 = fleet.worker("w2", vec![text_turn(&["done"])]).await;
+    let frames = Sse::new(posted.await.expect("answered")).await.rest().await;
+    checked_activation(&frames);
+    assert_eq!(termination(&frames), TerminationReason::NaturalEnd);
+    assert_eq!(w2.stop().await.completed, 1);
+    assert!(
+        front
+            .queue
+            .dead_letters(10)
+            .await
+            .expect("dead letters")
+            .is_empty()
+    );
+}
