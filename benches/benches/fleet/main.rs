@@ -746,7 +746,7 @@ async fn connect_store(config: PostgresConfig) -> PostgresStore {
 /// Queues `job`, which must be its thread's only one.
 async fn enqueue(queue: &RunQueue, job: &NewJob) {
     match queue.enqueue(job, Timestamp::now()).await {
-        Ok(Enqueued::Queued(_)) => {}
+        Ok(Enqueued::Queued { .. }) => {}
         other => panic!("queueing the job of {}: {other:?}", job.thread_id),
     }
 }

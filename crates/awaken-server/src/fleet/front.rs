@@ -36,8 +36,8 @@ pub(crate) async fn enqueue(
     let deadline = tokio::time::Instant::now() + server.shared.config.cancel_wait;
     // A start right after the thread's run ended waits for its job to leave the queue, once.
     let mut waited = false;
-    let (enqueued, run_id, after) = loop {
-        let (enqueued, run_id, after) = queue_once(server, front, thread, &job).await?;
+    let (enqueued, run_id) = loop {
+        let (enqueued, run_id) = queue_once(server, front, thread, &job).await?;
         match enqueued {
             Enqueued::ThreadBusy(held) if supersede => {
                 superseded(server, front, thread, held, deadline).await?;
@@ -49,11 +49,14 @@ pub(crate) async fn enqueue(
                 let finishing = tokio::time::Instant::now() + crate::live::FINISHING_WAIT;
                 job_gone(server, front, held, finishing, || busy(thread, held)).await?;
             }
-            enqueued => break (enqueued, run_id, after),
+            enqueued => break (enqueued, run_id),
         }
     };
     match enqueued {
-        Enqueued::Queued(job_id) => {
+        Enqueued::Queued {
+            job_id,
+            after_event: after,
+        } => {
             tracing::debug!(%thread, %job_id, %run_id, "run queued");
             let follower = Follower {
                 server: server.clone(),
@@ -80,14 +83,14 @@ fn busy(thread: &ThreadId, job_id: JobId) -> ApiError {
     )
 }
 
-/// Queues `job` as the thread stands now: what the queue did, the job's run and the thread's
-/// last stored event (where the job's events start).
+/// Queues `job` as the thread stands now: what the queue did (with, for a queued job, where its
+/// events start) and the job's run.
 async fn queue_once(
     server: &AgentServer,
     front: &Front,
     thread: &ThreadId,
     job: &Job,
-) -> Result<(Enqueued, RunId, u64), ApiError> {
+) -> Result<(Enqueued, RunId), ApiError> {
     let runtime = &server.shared.runtime;
     let checkpoint = runtime
         .store()
@@ -136,7 +139,7 @@ async fn queue_once(
         .enqueue(&new, Timestamp::now())
         .await
         .map_err(store_failed)?;
-    Ok((enqueued, run_id, after))
+    Ok((enqueued, run_id))
 }
 
 /// How a cancel reached the thread's job.

@@ -95,8 +95,15 @@ pub struct ThreadJob {
 /// What [`RunQueue::enqueue`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Enqueued {
-    /// The job is queued.
-    Queued(JobId),
+    /// The job is queued, its events after `after_event`: the job's own, or the thread's last
+    /// stored event when the insert was made if that is later (the thread's previous job may
+    /// have stored its last events after the caller looked).
+    Queued {
+        /// The queued job.
+        job_id: JobId,
+        /// Where its events start.
+        after_event: u64,
+    },
     /// The thread already has this job queued or claimed; nothing was queued.
     ThreadBusy(JobId),
 }
@@ -488,9 +495,10 @@ impl RunQueue {
                     .query_opt(
                         "WITH j AS (INSERT INTO run_queue (thread_id, run_id, agent_id, payload, \
                              priority, not_before, enqueued_at, max_attempts, after_event) \
-                             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $11) \
-                             ON CONFLICT (thread_id) DO NOTHING RETURNING job_id) \
-                         SELECT job_id, pg_notify($9, $10) FROM j",
+                             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, GREATEST($11, COALESCE(\
+                                 (SELECT event_count FROM threads WHERE thread_id = $1), 0))) \
+                             ON CONFLICT (thread_id) DO NOTHING RETURNING job_id, after_event) \
+                         SELECT job_id, after_event, pg_notify($9, $10) FROM j",
                         &[
                             &job.thread_id.as_str(),
                             &job.run_id.as_str(),
@@ -507,7 +515,13 @@ impl RunQueue {
                     )
                     .await?;
                 if let Some(row) = row {
-                    return Ok(Enqueued::Queued(JobId(row.try_get(0)?)));
+                    return Ok(Enqueued::Queued {
+                        job_id: JobId(row.try_get(0)?),
+                        after_event: crate::codec::count(
+                            "queued job's first event",
+                            row.try_get(1)?,
+                        )?,
+                    });
                 }
                 let held = conn
                     .prepared()

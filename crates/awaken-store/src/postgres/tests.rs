@@ -173,3 +173,61 @@ async fn warmed_connections_have_a_jobs_statements_prepared_and_planned() {
     queue.warm_up(8).await.expect("warm up again");
     assert_eq!(beyond_and_lacking(&store), ready);
 }
+
+/// A job queued with the thread's position as its caller last read it starts after the
+/// thread's last stored event when the insert was made, should the thread have gone on since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_job_starts_after_the_threads_last_event_when_it_was_queued() {
+    let Some(store) = open("awaken_u_after_event", 1, true).await else {
+        return;
+    };
+    let thread = ThreadId::new("t").expect("id");
+    let new = |run: &str, after_event| NewJob {
+        after_event,
+        ..NewJob::new(thread.clone(), RunId::new(run).expect("id"), "a", json!({}))
+    };
+    let queued = |outcome| match outcome {
+        Enqueued::Queued {
+            job_id,
+            after_event,
+        } => (job_id, after_event),
+        busy => panic!("expected a queued job, got {busy:?}"),
+    };
+    // A thread with no event yet: the caller's position.
+    let queue = store.queue();
+    let (first, after) = queued(
+        queue
+            .enqueue(&new("r0", 0), at(500))
+            .await
+            .expect("enqueue"),
+    );
+    assert_eq!(after, 0);
+    let lease = queue
+        .claim("w", Duration::from_secs(30), at(600), 1, None)
+        .await;
+    let lease = lease.expect("claim").pop().expect("the job").lease;
+    assert_eq!(lease.job_id, first);
+    // Its run stores two events after the next caller read the thread at none, then ends.
+    store
+        .commit(&step(0, 1, false, 1_000))
+        .await
+        .expect("commit");
+    store
+        .commit(&step(1, 0, false, 1_001))
+        .await
+        .expect("commit");
+    queue.complete(&lease).await.expect("complete");
+    let (next, after) = queued(
+        queue
+            .enqueue(&new("r1", 0), at(1_100))
+            .await
+            .expect("enqueue"),
+    );
+    assert_eq!(after, 2);
+    let job = queue
+        .job_of_thread(&thread)
+        .await
+        .expect("job")
+        .expect("queued");
+    assert_eq!((job.job_id, job.after_event), (next, 2));
+}

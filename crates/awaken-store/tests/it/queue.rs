@@ -34,7 +34,7 @@ fn job(thread: &str) -> NewJob {
 
 fn queued(outcome: Enqueued) -> JobId {
     match outcome {
-        Enqueued::Queued(id) => id,
+        Enqueued::Queued { job_id, .. } => job_id,
         busy => panic!("expected a queued job, got {busy:?}"),
     }
 }
@@ -322,14 +322,14 @@ async fn a_thread_holds_one_job_at_a_time() {
     let winners: Vec<JobId> = outcomes
         .iter()
         .filter_map(|o| match o {
-            Enqueued::Queued(id) => Some(*id),
+            Enqueued::Queued { job_id, .. } => Some(*job_id),
             Enqueued::ThreadBusy(_) => None,
         })
         .collect();
     assert_eq!(winners.len(), 1, "{outcomes:?}");
     assert!(
         outcomes.iter().all(
-            |o| matches!(o, Enqueued::Queued(id) | Enqueued::ThreadBusy(id) if *id == winners[0])
+            |o| matches!(o, Enqueued::Queued { job_id: id, .. } | Enqueued::ThreadBusy(id) if *id == winners[0])
         ),
         "{outcomes:?}"
     );
