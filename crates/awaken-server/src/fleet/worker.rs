@@ -234,9 +234,18 @@ impl Worker {
                     () = &mut shutdown => break 'claiming,
                     wake = listener.recv() => match wake {
                         FleetWake::Cancel(thread) => {
+                            // The notification names the thread: the job held may be a later
+                            // one than the job cancelled, so the job's own flag decides.
                             if let Some(entry) = held.get(&thread) {
-                                tracing::info!(%thread, "cancel requested: cancelling the run");
-                                entry.cancel.cancel();
+                                let (queue, lease) = (self.queue.clone(), entry.lease.clone());
+                                let (cancel, duration) = (entry.cancel.clone(), self.lease);
+                                tokio::spawn(async move {
+                                    let beat = queue.heartbeat(&lease, duration, Timestamp::now());
+                                    if beat.await.is_ok_and(|b| b.cancel_requested) {
+                                        tracing::info!(%thread, "cancel requested: cancelling the run");
+                                        cancel.cancel();
+                                    }
+                                });
                             }
                         }
                         FleetWake::Steer(thread) => {

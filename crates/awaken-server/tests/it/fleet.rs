@@ -1966,3 +1966,38 @@ async fn a_claim_cut_short_by_a_drain_leaves_its_job_uncounted() {
             .is_empty()
     );
 }
+
+/// A cancel's notification names a thread, and may come late: a worker holding a later job
+/// of the thread than the one cancelled goes on with it, as that job's own cancel flag is not
+/// set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_cancel_notification_leaves_the_threads_next_job_running() {
+    let Some(fleet) = Fleet::new("late_cancel").await else {
+        return;
+    };
+    let front = fleet.front().await;
+    let worker = fleet
+        .worker(
+            "w1",
+            vec![vec![Piece::Hold, text("done"), stop(StopReason::EndTurn)]],
+        )
+        .await;
+    let sse = front.server.start_run("t", "hi").await;
+    worker.rig.model.wait_holds(1).await;
+    let (notifier, connection) = tokio_postgres::connect(&fleet.url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    let wake = format!("{}\tcancel\tt", fleet.schema);
+    notifier
+        .execute("SELECT pg_notify('awaken_fleet_jobs', $1)", &[&wake])
+        .await
+        .expect("notify");
+    // Time for the worker to hear it and look at the job.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    worker.rig.model.release(1);
+    let frames = sse.rest().await;
+    checked_activation(&frames);
+    assert_eq!(termination(&frames), TerminationReason::NaturalEnd);
+    assert_eq!(worker.stop().await.completed, 1);
+}
