@@ -11,6 +11,7 @@
 //!
 //! [`AgentServer::queued`]: crate::AgentServer::queued
 
+mod announce;
 pub(crate) mod front;
 mod job;
 pub(crate) mod queued;

@@ -1,7 +1,7 @@
 //! [`Worker`]: claims queued jobs and drives them through its runtime, up to a concurrency
 //! limit, under a lease it keeps with a heartbeat.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,7 @@ use dashmap::DashMap;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
+use super::announce::Notifier;
 use super::job::{Activation, JobPayload};
 use super::steer::{Delivery, settle_unanswered};
 
@@ -825,123 +826,6 @@ impl EventSink for FleetSink<'_> {
 
     fn committed(&self, _last_seq: u64) {
         self.notifier.touch(self.thread);
-    }
-}
-
-/// The least time between two announcements of new events: the threads touched meanwhile go
-/// in the next one. A front end following a run on another node sees its events up to this much
-/// later (and the announcement's own time); the database is spared a transaction, and every
-/// listener a wake-up, per commit.
-const ANNOUNCE_GAP: Duration = Duration::from_millis(5);
-
-/// Announces the threads with new commits, in batches: one statement for every thread touched
-/// since the previous one, sent at once when none was sent in the last [`ANNOUNCE_GAP`]. Stops
-/// when closed or when the last clone is dropped.
-#[derive(Clone)]
-struct Notifier {
-    inner: Arc<NotifierInner>,
-}
-
-struct NotifierInner {
-    pending: Arc<Pending>,
-    stop: CancellationToken,
-    /// The task sending the announcements, until [`Notifier::close`] waits for it.
-    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
-}
-
-/// The threads touched since the last announcement, and the wake-up of the task sending it.
-#[derive(Default)]
-struct Pending {
-    threads: Mutex<HashSet<ThreadId>>,
-    wake: Notify,
-}
-
-impl Pending {
-    /// Announces the threads touched since the last announcement, if any.
-    async fn announce(&self, queue: &RunQueue) {
-        let threads: Vec<ThreadId> = self
-            .threads
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain()
-            .collect();
-        let Some(first) = threads.first() else {
-            return;
-        };
-        // A lost announcement costs a follower one poll interval, nothing more.
-        if let Err(e) = queue
-            .notify(&FleetWake::Events(first.clone()), &threads)
-            .await
-        {
-            tracing::debug!(error = %e, "cannot announce new events");
-        }
-    }
-}
-
-impl Drop for NotifierInner {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
-impl Notifier {
-    fn start(queue: RunQueue) -> Self {
-        let pending = Arc::new(Pending::default());
-        let stop = CancellationToken::new();
-        let (task_pending, task_stop) = (Arc::clone(&pending), stop.clone());
-        let task = tokio::spawn(async move {
-            loop {
-                let stopping = tokio::select! {
-                    () = task_pending.wake.notified() => false,
-                    () = task_stop.cancelled() => true,
-                };
-                let sent = tokio::time::Instant::now();
-                task_pending.announce(&queue).await;
-                if stopping {
-                    return;
-                }
-                tokio::select! {
-                    () = tokio::time::sleep_until(sent + ANNOUNCE_GAP) => {}
-                    // The threads touched in the last gap are still announced.
-                    () = task_stop.cancelled() => {
-                        task_pending.announce(&queue).await;
-                        return;
-                    }
-                }
-            }
-        });
-        Self {
-            inner: Arc::new(NotifierInner {
-                pending,
-                stop,
-                task: Mutex::new(Some(task)),
-            }),
-        }
-    }
-
-    /// Stops announcing once the threads touched so far are announced, and waits for that.
-    async fn close(&self) {
-        self.inner.stop.cancel();
-        let task = self
-            .inner
-            .task
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(task) = task
-            && let Err(e) = task.await
-            && e.is_panic()
-        {
-            tracing::error!(error = %e, "the task announcing new events failed");
-        }
-    }
-
-    fn touch(&self, thread: &ThreadId) {
-        let pending = &self.inner.pending;
-        let mut threads = pending.threads.lock().unwrap_or_else(|e| e.into_inner());
-        if threads.insert(thread.clone()) && threads.len() == 1 {
-            pending.wake.notify_one();
-        }
     }
 }
 
