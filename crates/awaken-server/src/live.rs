@@ -587,6 +587,7 @@ impl LiveRuns {
         }
     }
 
+    /// A live run of `thread_id`, not registered yet.
     fn new_run(
         &self,
         thread_id: &ThreadId,
