@@ -614,8 +614,17 @@ impl LiveRuns {
             Ok(run) => Some(run),
             Err(starting) if !starting.has_events() => {
                 let run = self.new_run(thread_id, Some(handle), Some(steering));
-                self.runs.insert(thread_id.clone(), Arc::clone(&run));
-                Some(run)
+                // Unless something else took the entry since that start.
+                match self.runs.entry(thread_id.clone()) {
+                    Entry::Occupied(mut o)
+                        if Arc::ptr_eq(o.get(), &starting) || o.get().is_ended() =>
+                    {
+                        o.insert(Arc::clone(&run));
+                        Some(run)
+                    }
+                    Entry::Occupied(_) => None,
+                    Entry::Vacant(v) => Some(v.insert(run).clone()),
+                }
             }
             Err(_) => None,
         }

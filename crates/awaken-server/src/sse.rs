@@ -159,6 +159,7 @@ impl<E: Encoder> EventStream<E> {
                 return Ok(());
             }
         }
+        let positioned = after.is_some();
         // A position sent before its event was stored, in another activation than the live
         // one, is checked against the store.
         // Without a position, the client starts at the activation's first event (a start's own
@@ -176,6 +177,7 @@ impl<E: Encoder> EventStream<E> {
             self.last = after;
         }
         let attached = live.attach(after);
+        let mut read_to_end = false;
         if let Some(a) = after {
             match attached.first {
                 Some(first) if a.key() < first.key() => {
@@ -189,17 +191,26 @@ impl<E: Encoder> EventStream<E> {
                     }
                 }
                 Some(_) => {}
-                None => self.queue_stored(a, None).await?,
+                None => {
+                    self.queue_stored(a, None).await?;
+                    read_to_end = true;
+                }
             }
         }
         for f in attached.backlog {
             self.push(f);
         }
         self.rx = attached.rx;
-        // An ended run's buffer may be older than the store: another process may have run the
-        // thread since. (A position past what the run stored names no stored event.)
-        if self.rx.is_none()
-            && let Some(last) = self.last.filter(|l| l.seq <= attached.durable)
+        // A client reconnecting to an ended run (a start's own stream comes with no position)
+        // may be behind the store: another process may have run the thread since. (A frame
+        // of the run sent before its commit names a stored event only up to what it stored.)
+        if positioned
+            && !read_to_end
+            && !self.ended
+            && self.rx.is_none()
+            && let Some(last) = self
+                .last
+                .filter(|l| l.activation.is_none() || l.seq <= attached.durable)
         {
             let last = EventId {
                 activation: None,

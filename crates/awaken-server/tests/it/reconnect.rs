@@ -306,7 +306,11 @@ async fn a_reconnect_to_an_ended_run_gets_what_another_process_stored_since() {
         .expect("the other process's run");
     let stored = rig.store.stored("t").await;
     let last_seq = EventId::parse(&last).expect("an id").seq;
-    let later: Vec<_> = stored.iter().filter(|(id, _)| id.seq > last_seq).collect();
+    let later: Vec<_> = stored
+        .iter()
+        .filter(|(id, _)| id.seq > last_seq)
+        .cloned()
+        .collect();
     assert!(!later.is_empty());
 
     let resumed = server.reconnect("t", &last).await.rest().await;
@@ -314,13 +318,26 @@ async fn a_reconnect_to_an_ended_run_gets_what_another_process_stored_since() {
     assert_ids_increase(&events);
     assert_eq!(
         render(&stored_only(&events)),
-        render(&later.into_iter().cloned().collect::<Vec<_>>()),
+        render(&later),
         "every event stored since, once"
     );
     let all = server.events_after("t", "0").await.rest().await;
     let all = agent_events(&all);
     assert_ids_increase(&all);
     assert_eq!(render(&stored_only(&all)), render(&stored));
+    // A client that followed the other process's run from its start reconnects here too.
+    let (middle, _) = &later[later.len() / 2];
+    let rest: Vec<_> = later
+        .iter()
+        .filter(|(id, _)| id.seq > middle.seq)
+        .cloned()
+        .collect();
+    let resumed = server
+        .reconnect("t", &middle.to_string())
+        .await
+        .rest()
+        .await;
+    assert_eq!(stored_only(&agent_events(&resumed)), rest);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

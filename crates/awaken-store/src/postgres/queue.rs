@@ -13,7 +13,7 @@ use std::time::Duration;
 use awaken_event::{RunId, ThreadId};
 use tokio_postgres::Row;
 
-use super::pool::Pool;
+use super::pool::{End, Pool};
 use super::{commit, load};
 use crate::commit::Timestamp;
 use crate::error::{Database, InDatabase, StoreError};
@@ -26,6 +26,20 @@ pub(super) const JOBS_CHANNEL: &str = "awaken_fleet_jobs";
 /// The channel of what front ends following runs wait for: new events, ends. Apart from the
 /// jobs' so that workers, which never follow a run, are not woken by every step's events.
 pub(super) const RUNS_CHANNEL: &str = "awaken_fleet_runs";
+
+/// Queues a job unless its thread has one, with the later of the caller's position and the
+/// thread's last stored event as where its events start, and wakes the workers.
+const ENQUEUE: &str = "WITH j AS (INSERT INTO run_queue (thread_id, run_id, agent_id, payload, \
+         priority, not_before, enqueued_at, max_attempts, after_event) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, GREATEST($11, COALESCE(\
+             (SELECT event_count FROM threads WHERE thread_id = $1), 0))) \
+         ON CONFLICT (thread_id) DO NOTHING RETURNING job_id) \
+     SELECT job_id, pg_notify($9, $10) FROM j";
+
+/// A job just queued starts after the thread's last stored event as seen now, if later.
+const AFTER_EVENT: &str = "UPDATE run_queue SET after_event = GREATEST(after_event, COALESCE(\
+         (SELECT event_count FROM threads WHERE thread_id = $2), 0)) \
+     WHERE job_id = $1 RETURNING after_event";
 
 /// A job's number in the queue, given at enqueue and never reused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -488,47 +502,55 @@ impl RunQueue {
             let mut conn = self.pool.get().await?;
             let wake = self.payload(&FleetWake::Job, "");
             let after_event = crate::codec::int(job.after_event);
+            let tid = job.thread_id.as_str();
             // Up to a few tries: a busy thread's job may end between the insert and the read.
             for _ in 0..3 {
-                let row = conn
-                    .prepared()
-                    .query_opt(
-                        "WITH j AS (INSERT INTO run_queue (thread_id, run_id, agent_id, payload, \
-                             priority, not_before, enqueued_at, max_attempts, after_event) \
-                             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, GREATEST($11, COALESCE(\
-                                 (SELECT event_count FROM threads WHERE thread_id = $1), 0))) \
-                             ON CONFLICT (thread_id) DO NOTHING RETURNING job_id, after_event) \
-                         SELECT job_id, after_event, pg_notify($9, $10) FROM j",
-                        &[
-                            &job.thread_id.as_str(),
-                            &job.run_id.as_str(),
-                            &job.agent_id,
-                            &payload,
-                            &job.priority,
-                            &job.not_before.as_unix_millis(),
-                            &now.as_unix_millis(),
-                            &attempt(job.max_attempts.max(1)),
-                            &JOBS_CHANNEL,
-                            &wake,
-                            &after_event,
-                        ],
-                    )
-                    .await?;
-                if let Some(row) = row {
+                let queued = {
+                    let (client, statements) = conn.begin();
+                    let insert = statements.get(client, ENQUEUE).await?;
+                    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 11] = [
+                        &tid,
+                        &job.run_id.as_str(),
+                        &job.agent_id,
+                        &payload,
+                        &job.priority,
+                        &job.not_before.as_unix_millis(),
+                        &now.as_unix_millis(),
+                        &attempt(job.max_attempts.max(1)),
+                        &JOBS_CHANNEL,
+                        &wake,
+                        &after_event,
+                    ];
+                    let (_, row) = tokio::try_join!(
+                        biased;
+                        client.batch_execute("BEGIN"),
+                        client.query_opt(&insert, &params),
+                    )?;
+                    match row {
+                        // A statement of its own, so a snapshot taken after the insert: the
+                        // last events of the thread's previous job, stored before its row
+                        // left the queue, are counted even if they were stored after the
+                        // insert's snapshot.
+                        Some(row) => {
+                            let job_id: i64 = row.try_get(0)?;
+                            let reread = statements.get(client, AFTER_EVENT).await?;
+                            let row = client.query_one(&reread, &[&job_id, &tid]).await?;
+                            Some((job_id, row.try_get::<_, i64>(0)?))
+                        }
+                        None => None,
+                    }
+                };
+                if let Some((job_id, after_event)) = queued {
+                    conn.end(End::Commit).await?;
                     return Ok(Enqueued::Queued {
-                        job_id: JobId(row.try_get(0)?),
-                        after_event: crate::codec::count(
-                            "queued job's first event",
-                            row.try_get(1)?,
-                        )?,
+                        job_id: JobId(job_id),
+                        after_event: crate::codec::count("queued job's first event", after_event)?,
                     });
                 }
+                conn.end(End::Rollback).await?;
                 let held = conn
                     .prepared()
-                    .query_opt(
-                        "SELECT job_id FROM run_queue WHERE thread_id = $1",
-                        &[&job.thread_id.as_str()],
-                    )
+                    .query_opt("SELECT job_id FROM run_queue WHERE thread_id = $1", &[&tid])
                     .await?;
                 if let Some(row) = held {
                     return Ok(Enqueued::ThreadBusy(JobId(row.try_get(0)?)));
