@@ -283,22 +283,20 @@ impl AgentRuntime {
         sink: &dyn EventSink,
     ) -> Result<Takeover, RunError> {
         Ok(match self.claim_to_take_over(thread_id, config).await? {
-            Ok(claimed) => Takeover::Recovered(match steered {
-                Some((run_id, steering)) if claimed.run.run_id == *run_id => {
-                    self.continue_claimed(claimed, config, steering, sink).await
-                }
-                Some(_) => {
-                    let cancel = CancellationToken::new();
-                    cancel.cancel();
-                    let ended = config.clone().with_cancel(cancel);
-                    self.continue_claimed(claimed, &ended, Steering::new(), sink)
-                        .await
-                }
-                None => {
-                    self.continue_claimed(claimed, config, Steering::new(), sink)
-                        .await
-                }
-            }),
+            Ok(claimed) => {
+                let ended;
+                let (config, steering) = match steered {
+                    Some((run_id, steering)) if claimed.run.run_id == *run_id => (config, steering),
+                    Some(_) => {
+                        let cancel = CancellationToken::new();
+                        cancel.cancel();
+                        ended = config.clone().with_cancel(cancel);
+                        (&ended, Steering::new())
+                    }
+                    None => (config, Steering::new()),
+                };
+                Takeover::Recovered(self.continue_claimed(claimed, config, steering, sink).await)
+            }
             Err(takeover) => takeover,
         })
     }

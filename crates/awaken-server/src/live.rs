@@ -610,23 +610,15 @@ impl LiveRuns {
         handle: CancellationToken,
         steering: &Steering,
     ) -> Option<Arc<LiveRun>> {
-        match self.begin(thread_id, Some(handle.clone()), Some(steering)) {
-            Ok(run) => Some(run),
-            Err(starting) if !starting.has_events() => {
-                let run = self.new_run(thread_id, Some(handle), Some(steering));
-                // Unless something else took the entry since that start.
-                match self.runs.entry(thread_id.clone()) {
-                    Entry::Occupied(mut o)
-                        if Arc::ptr_eq(o.get(), &starting) || o.get().is_ended() =>
-                    {
-                        o.insert(Arc::clone(&run));
-                        Some(run)
-                    }
-                    Entry::Occupied(_) => None,
-                    Entry::Vacant(v) => Some(v.insert(run).clone()),
-                }
+        let run = || self.new_run(thread_id, Some(handle), Some(steering));
+        match self.runs.entry(thread_id.clone()) {
+            Entry::Occupied(o) if o.get().has_events() && !o.get().is_ended() => None,
+            Entry::Occupied(mut o) => {
+                let run = run();
+                o.insert(Arc::clone(&run));
+                Some(run)
             }
-            Err(_) => None,
+            Entry::Vacant(v) => Some(v.insert(run()).clone()),
         }
     }
 
@@ -712,6 +704,13 @@ mod tests {
 
     use super::*;
 
+    fn begun(runs: &LiveRuns, thread: &ThreadId) -> Arc<LiveRun> {
+        let Ok(run) = runs.begin(thread, None, None) else {
+            panic!("registered")
+        };
+        run
+    }
+
     fn run_start(thread: &ThreadId) -> AgentEvent {
         AgentEvent::RunStart {
             thread_id: thread.clone(),
@@ -727,9 +726,7 @@ mod tests {
         let runs = Arc::new(LiveRuns::new(&ServerConfig::default()));
         let thread = ThreadId::new("t").expect("id");
         // A start registered, bound to be refused busy: the recovered run holds the lease.
-        let Ok(starting) = runs.begin(&thread, None, None) else {
-            panic!("registered")
-        };
+        let starting = begun(&runs, &thread);
         let sink = RecoverySink {
             live: runs.clone(),
             current: Mutex::new(None),
@@ -763,9 +760,7 @@ mod tests {
     fn a_recovered_run_never_replaces_a_run_that_emitted_events() {
         let runs = Arc::new(LiveRuns::new(&ServerConfig::default()));
         let thread = ThreadId::new("t").expect("id");
-        let Ok(running) = runs.begin(&thread, None, None) else {
-            panic!("registered")
-        };
+        let running = begun(&runs, &thread);
         running.push(Some(1), &run_start(&thread));
         assert!(
             runs.begin_recovered(&thread, CancellationToken::new(), &Steering::new())
@@ -782,9 +777,7 @@ mod tests {
         };
         let runs = LiveRuns::new(&config);
         let thread = ThreadId::new("t").expect("id");
-        let Ok(run) = runs.begin(&thread, None, None) else {
-            panic!("registered")
-        };
+        let run = begun(&runs, &thread);
         run.push(Some(1), &run_start(&thread));
         run.end(Ok(serde_json::Value::Null));
         runs.linger(&run);

@@ -209,6 +209,30 @@ async fn left_running(store: &Arc<dyn ThreadStore>) -> awaken_store::RunRecord {
     run
 }
 
+/// Checks that `taken` ended `left` `Cancelled`, as `sink` and `store` show it; its events.
+async fn ended_cancelled(
+    taken: Takeover,
+    left: &awaken_store::RunRecord,
+    store: &Arc<dyn ThreadStore>,
+    sink: &VecSink,
+) -> Vec<awaken_event::AgentEvent> {
+    let Takeover::Recovered(recovered) = taken else {
+        panic!("the unfinished run is taken over to be ended: {taken:?}");
+    };
+    assert_eq!(recovered.run_id, left.run_id);
+    let out = recovered.outcome.expect("ended");
+    assert_eq!(out.termination, TerminationReason::Cancelled);
+    let events = sink.events();
+    if let Err(v) = check_activation(&events) {
+        panic!("the ended run's events: {v}");
+    }
+    let stored = store.load_run(&thread(), &left.run_id).await.expect("load");
+    let stored = stored.expect("the left run");
+    assert_eq!(stored.status, RunStatus::Done);
+    assert_eq!(stored.termination, Some(TerminationReason::Cancelled));
+    events
+}
+
 /// A run left unfinished by a dead process, taken over by a caller whose cancel came first
 /// (a queued run cancelled while no worker held it): the run ends `Cancelled` with its
 /// checkpoint, and no step of it runs again.
@@ -228,23 +252,7 @@ async fn a_cancelled_take_over_ends_the_unfinished_run_cancelled() {
         )
         .await
         .expect("take over");
-    let Takeover::Recovered(recovered) = taken else {
-        panic!("the unfinished run is taken over to be ended: {taken:?}");
-    };
-    assert_eq!(recovered.run_id, run.run_id);
-    let out = recovered.outcome.expect("ended");
-    assert_eq!(out.termination, TerminationReason::Cancelled);
-    if let Err(v) = check_activation(&sink.events()) {
-        panic!("the cancelled continuation's events: {v}");
-    }
-    let stored = store
-        .load_checkpoint(&thread())
-        .await
-        .expect("load")
-        .and_then(|c| c.run)
-        .expect("the run");
-    assert_eq!(stored.status, RunStatus::Done);
-    assert_eq!(stored.termination, Some(TerminationReason::Cancelled));
+    ended_cancelled(taken, &run, &store, &sink).await;
     // Nothing is left for a later run to continue.
     let again = runtime(store.clone())
         .take_over(&thread(), &RecoverConfig::new("w3"), &VecSink::new())
@@ -274,16 +282,7 @@ async fn a_take_over_for_another_run_ends_the_unfinished_one_cancelled() {
         )
         .await
         .expect("take over");
-    let Takeover::Recovered(recovered) = taken else {
-        panic!("the unfinished run is taken over to be ended: {taken:?}");
-    };
-    assert_eq!(recovered.run_id, left.run_id);
-    let out = recovered.outcome.expect("ended");
-    assert_eq!(out.termination, TerminationReason::Cancelled);
-    let events = sink.events();
-    if let Err(v) = check_activation(&events) {
-        panic!("the ended run's events: {v}");
-    }
+    let events = ended_cancelled(taken, &left, &store, &sink).await;
     // Its step opens and closes on the cancel: no model call, no tool.
     let kinds: Vec<&str> = events.iter().map(|e| e.type_name()).collect();
     assert_eq!(
@@ -291,10 +290,6 @@ async fn a_take_over_for_another_run_ends_the_unfinished_one_cancelled() {
         ["run_start", "step_start", "step_end", "run_finish"],
         "{events:?}"
     );
-    let stored = store.load_run(&thread(), &left.run_id).await.expect("load");
-    let stored = stored.expect("the left run");
-    assert_eq!(stored.status, RunStatus::Done);
-    assert_eq!(stored.termination, Some(TerminationReason::Cancelled));
     // The caller's run starts after it.
     let out = rt
         .run_to_completion(

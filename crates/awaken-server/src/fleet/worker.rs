@@ -188,13 +188,12 @@ impl Worker {
                         failures = 0;
                         let all = claimed.len() == free;
                         for job in claimed {
-                            let cancel = CancellationToken::new();
-                            let poke = Arc::new(Notify::new());
+                            let (poke, beat) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
                             held.insert(
                                 job.thread_id.clone(),
                                 HeldJob {
                                     lease: job.lease.clone(),
-                                    cancel: cancel.clone(),
+                                    beat: Arc::clone(&beat),
                                     steer: Arc::clone(&poke),
                                 },
                             );
@@ -202,8 +201,9 @@ impl Worker {
                                 worker: self.clone_parts(),
                                 notifier: notifier.clone(),
                                 held: Arc::clone(&held),
-                                cancel,
+                                cancel: CancellationToken::new(),
                                 steer: poke,
+                                beat,
                                 stop: stop.clone(),
                                 claimed_at: Instant::now(),
                             };
@@ -236,17 +236,10 @@ impl Worker {
                     wake = listener.recv() => match wake {
                         FleetWake::Cancel(thread) => {
                             // The notification names the thread: the job held may be a later
-                            // one than the job cancelled, so the job's own flag decides.
+                            // one than the job cancelled, so the job's own flag, read by its
+                            // heartbeat, decides.
                             if let Some(entry) = held.get(&thread) {
-                                let (queue, lease) = (self.queue.clone(), entry.lease.clone());
-                                let (cancel, duration) = (entry.cancel.clone(), self.lease);
-                                tokio::spawn(async move {
-                                    let beat = queue.heartbeat(&lease, duration, Timestamp::now());
-                                    if beat.await.is_ok_and(|b| b.cancel_requested) {
-                                        tracing::info!(%thread, "cancel requested: cancelling the run");
-                                        cancel.cancel();
-                                    }
-                                });
+                                entry.beat.notify_one();
                             }
                         }
                         FleetWake::Steer(thread) => {
@@ -432,6 +425,7 @@ pub(crate) async fn end_unclaimed(
         held: Arc::default(),
         cancel,
         steer: Arc::default(),
+        beat: Arc::default(),
         stop: CancellationToken::new(),
         claimed_at: Instant::now(),
     };
@@ -469,6 +463,8 @@ struct Drive {
     cancel: CancellationToken,
     /// Woken when steering messages wait for the job.
     steer: Arc<Notify>,
+    /// Makes the job's heartbeat beat now (a cancel was notified for its thread).
+    beat: Arc<Notify>,
     /// Stops the job at its last checkpoint (the worker's drain).
     stop: CancellationToken,
     claimed_at: Instant,
@@ -477,10 +473,11 @@ struct Drive {
 /// Each job this worker drives, by its thread.
 type Held = DashMap<ThreadId, HeldJob>;
 
-/// A job this worker drives: the claim, what cancels its run, what wakes its steering.
+/// A job this worker drives: the claim, what makes its heartbeat beat now, what wakes its
+/// steering.
 struct HeldJob {
     lease: JobLease,
-    cancel: CancellationToken,
+    beat: Arc<Notify>,
     steer: Arc<Notify>,
 }
 
@@ -509,6 +506,7 @@ impl Drive {
             lease.clone(),
             self.worker.lease,
             (self.cancel.clone(), Arc::clone(&self.steer)),
+            Arc::clone(&self.beat),
             lost.clone(),
         ));
         let _beat = AbortOnDrop(beat);
@@ -756,19 +754,23 @@ fn retried(e: &RunError) -> bool {
     }
 }
 
-/// Renews `lease` every third of its duration: a requested cancel cancels `cancel`; steering
-/// messages waiting wake `steer` (in case their notification was lost); a lost lease cancels
-/// `lost` (the job is another worker's now).
+/// Renews `lease` every third of its duration, and at once when `now` is woken: a requested
+/// cancel cancels `cancel`; steering messages waiting wake `steer` (in case their notification
+/// was lost); a lost lease cancels `lost` (the job is another worker's now).
 async fn heartbeat(
     queue: RunQueue,
     lease: JobLease,
     duration: Duration,
     (cancel, steer): (CancellationToken, Arc<Notify>),
+    now: Arc<Notify>,
     lost: CancellationToken,
 ) {
     let every = (duration / 3).max(Duration::from_millis(10));
     loop {
-        tokio::time::sleep(every).await;
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            () = now.notified() => {}
+        }
         match queue.heartbeat(&lease, duration, Timestamp::now()).await {
             Ok(beat) => {
                 if beat.cancel_requested && !cancel.is_cancelled() {

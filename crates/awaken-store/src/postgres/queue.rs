@@ -27,12 +27,10 @@ pub(super) const JOBS_CHANNEL: &str = "awaken_fleet_jobs";
 /// jobs' so that workers, which never follow a run, are not woken by every step's events.
 pub(super) const RUNS_CHANNEL: &str = "awaken_fleet_runs";
 
-/// Queues a job unless its thread has one, with the later of the caller's position and the
-/// thread's last stored event as where its events start, and wakes the workers.
+/// Queues a job unless its thread has one, and wakes the workers (at the commit).
 const ENQUEUE: &str = "WITH j AS (INSERT INTO run_queue (thread_id, run_id, agent_id, payload, \
          priority, not_before, enqueued_at, max_attempts, after_event) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, GREATEST($11, COALESCE(\
-             (SELECT event_count FROM threads WHERE thread_id = $1), 0))) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $11) \
          ON CONFLICT (thread_id) DO NOTHING RETURNING job_id) \
      SELECT job_id, pg_notify($9, $10) FROM j";
 

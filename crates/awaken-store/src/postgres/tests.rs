@@ -186,21 +186,16 @@ async fn a_queued_job_starts_after_the_threads_last_event_when_it_was_queued() {
         after_event,
         ..NewJob::new(thread.clone(), RunId::new(run).expect("id"), "a", json!({}))
     };
-    let queued = |outcome| match outcome {
-        Enqueued::Queued {
+    let queue = store.queue();
+    let enqueue = async |run, now| match queue.enqueue(&new(run, 0), at(now)).await {
+        Ok(Enqueued::Queued {
             job_id,
             after_event,
-        } => (job_id, after_event),
-        busy => panic!("expected a queued job, got {busy:?}"),
+        }) => (job_id, after_event),
+        other => panic!("expected a queued job, got {other:?}"),
     };
     // A thread with no event yet: the caller's position.
-    let queue = store.queue();
-    let (first, after) = queued(
-        queue
-            .enqueue(&new("r0", 0), at(500))
-            .await
-            .expect("enqueue"),
-    );
+    let (first, after) = enqueue("r0", 500).await;
     assert_eq!(after, 0);
     let lease = queue
         .claim("w", Duration::from_secs(30), at(600), 1, None)
@@ -217,12 +212,7 @@ async fn a_queued_job_starts_after_the_threads_last_event_when_it_was_queued() {
         .await
         .expect("commit");
     queue.complete(&lease).await.expect("complete");
-    let (next, after) = queued(
-        queue
-            .enqueue(&new("r1", 0), at(1_100))
-            .await
-            .expect("enqueue"),
-    );
+    let (next, after) = enqueue("r1", 1_100).await;
     assert_eq!(after, 2);
     let job = queue
         .job_of_thread(&thread)
